@@ -1,0 +1,400 @@
+"""The channel interface: what a provider implements for each CA (`ci_interface_t`).
+
+One :class:`ChannelInterface` object stands for one CA, as one
+``ci_interface_t`` table does in ``ib_ci.h``.  Its methods are the ``ci_*``
+verbs with out-parameters turned into return values and ``ib_api_status_t``
+returns turned into the exceptions of :mod:`ibal.status`.
+
+Contract, for every verb (the rules the conformance suite checks):
+
+* Handles are opaque objects the provider creates; the access layer never looks
+  inside and only passes back handles this provider returned and that are not
+  yet destroyed.  A provider should still refuse a foreign or destroyed handle
+  with the matching ``INVALID_*_HANDLE`` exception rather than misbehave.
+* A verb that fails changes nothing (no half-created object is left behind).
+* Optional verbs keep the default implementation here, which raises
+  ``Unsupported``; the provider's :class:`Capabilities` must agree.
+* Upcalls (completion, async event) may come from any thread, including from
+  inside a verb such as ``post_send``.  The access layer queues them: they
+  never run consumer code on the provider's stack.  After ``destroy_cq`` /
+  ``destroy_qp`` / ``destroy_srq`` / ``close_ca`` returns, the provider makes no
+  upcall for that object.
+* R_KEYs and L_KEYs are 32-bit integers whose big-endian bytes are what goes on
+  the wire; nobody swaps them.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from ibal.status import Unsupported
+from ibal.types import (
+    VERBS_VERSION,
+    AccessFlags,
+    AvAttr,
+    BindWr,
+    CaAttr,
+    CaMod,
+    CiOp,
+    EventRecord,
+    Gid,
+    MrAttr,
+    MrKeys,
+    MrModMask,
+    PdType,
+    PhysCreate,
+    PortAttrMod,
+    QpAttr,
+    QpCaps,
+    QpMod,
+    QpType,
+    RecvWr,
+    SendWr,
+    SrqAttr,
+    SrqAttrMask,
+    Wc,
+    WrType,
+)
+
+Handle = Any
+"""A provider's opaque handle (CA, PD, AV, QP, CQ, SRQ, MR, MW, multicast)."""
+
+CompletionCallback = Callable[[Any], None]
+"""``ci_completion_cb_t``: called with the ``cq_context`` given at ``create_cq``."""
+
+AsyncEventCallback = Callable[[EventRecord], None]
+"""``ci_async_event_cb_t``."""
+
+
+class QpCreated(NamedTuple):
+    handle: Handle
+    attr: QpAttr
+
+
+class SrqCreated(NamedTuple):
+    handle: Handle
+    attr: SrqAttr
+
+
+class CqCreated(NamedTuple):
+    handle: Handle
+    size: int
+
+
+class MwCreated(NamedTuple):
+    handle: Handle
+    rkey: int
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a CA can do, so "not supported" can be told from "broken".
+
+    ``reasons`` says, per capability name left out, why (shown in conformance
+    skips and in ``ibal info``).
+    """
+
+    qp_types: frozenset[QpType] = frozenset({QpType.RC, QpType.UC, QpType.UD})
+    opcodes: Mapping[QpType, frozenset[WrType]] = field(
+        default_factory=lambda: {
+            QpType.RC: frozenset(WrType),
+            QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE}),
+            QpType.UD: frozenset({WrType.SEND}),
+        }
+    )
+    special_qps: frozenset[QpType] = frozenset()
+    atomics: bool = True
+    mw_types: frozenset[int] = frozenset({1})
+    srq: bool = True
+    peek_cq: bool = True
+    rearm_n_cq: bool = True
+    resize_cq: bool = True
+    multicast: bool = True
+    phys_mr: bool = False
+    shared_mr: bool = False
+    modify_mr: bool = True
+    local_mad: bool = False
+    vendor_call: bool = False
+    violation_counters: bool = False
+    modify_ca: bool = True
+    inline_data: bool = True
+    immediate: bool = True
+    solicited_events: bool = True
+    sqd: bool = True
+    apm: bool = False
+    async_event_injection: bool = False
+    reasons: Mapping[str, str] = field(default_factory=dict)
+
+    def supports_opcode(self, qp_type: QpType, opcode: WrType) -> bool:
+        if opcode.is_atomic and not self.atomics:
+            return False
+        return opcode in self.opcodes.get(qp_type, frozenset())
+
+    def reason(self, name: str) -> str:
+        """Why ``name`` is missing, for skip messages."""
+        return self.reasons.get(name, f"provider does not declare {name!r}")
+
+
+class ChannelInterface(abc.ABC):
+    """One CA of a provider: ``ci_interface_t`` as an object.
+
+    Identity attributes (``guid``, ``vendor_id``, ``device_id``,
+    ``revision``, ``version``) are read by ``register_ca``; ``name`` is the
+    device name users see (``mock0``, ``rxe0``).
+    """
+
+    guid: int
+    name: str
+    vendor_id: int = 0
+    device_id: int = 0
+    revision: int = 0
+    version: int = VERBS_VERSION
+    provider_name: str = ""
+
+    @property
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities:
+        """What this CA supports; constant while it is registered."""
+
+    # ------------------------------------------------------------------ CA access
+    @abc.abstractmethod
+    def open_ca(
+        self,
+        completion_cb: CompletionCallback,
+        async_event_cb: AsyncEventCallback,
+        ca_context: Any,
+    ) -> Handle:
+        """`ci_open_ca`: the single open instance; a second open raises ``ResourceBusy``."""
+
+    @abc.abstractmethod
+    def query_ca(self, h_ca: Handle) -> CaAttr:
+        """`ci_query_ca`."""
+
+    def modify_ca(
+        self, h_ca: Handle, port_num: int, ca_mod: CaMod, port_attr_mod: PortAttrMod
+    ) -> None:
+        """`ci_modify_ca`: ``InvalidPort``, ``InvalidParameter`` for unknown bits,
+        ``Unsupported`` for counters the CA lacks."""
+        raise Unsupported("modify_ca")
+
+    @abc.abstractmethod
+    def close_ca(self, h_ca: Handle) -> None:
+        """`ci_close_ca`: ``ResourceBusy`` while any resource remains; no upcall after."""
+
+    def vendor_call(self, h_ca: Handle, handles: Sequence[Handle], op: CiOp) -> CiOp:
+        """`ci_vendor_call`: the vendor escape hatch."""
+        raise Unsupported("vendor_call")
+
+    # -------------------------------------------------------------------- PD / AV
+    @abc.abstractmethod
+    def allocate_pd(self, h_ca: Handle, pd_type: PdType) -> Handle:
+        """`ci_allocate_pd`."""
+
+    @abc.abstractmethod
+    def deallocate_pd(self, h_pd: Handle) -> None:
+        """`ci_deallocate_pd`: ``ResourceBusy`` while QPs, MRs, MWs, AVs or SRQs use it."""
+
+    @abc.abstractmethod
+    def create_av(self, h_pd: Handle, attr: AvAttr) -> Handle:
+        """`ci_create_av`."""
+
+    @abc.abstractmethod
+    def query_av(self, h_av: Handle) -> AvAttr:
+        """`ci_query_av` (the AL knows the PD)."""
+
+    @abc.abstractmethod
+    def modify_av(self, h_av: Handle, attr: AvAttr) -> None:
+        """`ci_modify_av`."""
+
+    @abc.abstractmethod
+    def destroy_av(self, h_av: Handle) -> None:
+        """`ci_destroy_av`."""
+
+    # ------------------------------------------------------------------------ QP
+    @abc.abstractmethod
+    def create_qp(
+        self,
+        h_pd: Handle,
+        qp_type: QpType,
+        caps: QpCaps,
+        send_cq: Handle,
+        recv_cq: Handle,
+        srq: Handle | None,
+        sq_signaled: bool,
+        qp_context: Any,
+    ) -> QpCreated:
+        """`ci_create_qp`: the QP starts in RESET; ``attr.caps`` are the granted sizes."""
+
+    def create_spl_qp(
+        self,
+        h_pd: Handle,
+        port_num: int,
+        qp_type: QpType,
+        caps: QpCaps,
+        send_cq: Handle,
+        recv_cq: Handle,
+        qp_context: Any,
+    ) -> QpCreated:
+        """`ci_create_spl_qp`: QP0/QP1/raw on a port; ``ResourceBusy`` if it exists."""
+        raise Unsupported("special QPs")
+
+    @abc.abstractmethod
+    def modify_qp(self, h_qp: Handle, mod: QpMod) -> QpAttr:
+        """`ci_modify_qp`: the AL has checked ``mod`` against :mod:`ibal.qp_fsm`."""
+
+    @abc.abstractmethod
+    def query_qp(self, h_qp: Handle) -> QpAttr:
+        """`ci_query_qp`."""
+
+    @abc.abstractmethod
+    def destroy_qp(self, h_qp: Handle, timewait_us: int = 0) -> None:
+        """`ci_destroy_qp`: outstanding WRs never complete after it returns."""
+
+    # ----------------------------------------------------------------------- SRQ
+    def create_srq(self, h_pd: Handle, attr: SrqAttr, srq_context: Any) -> SrqCreated:
+        """`ci_create_srq` (later ``ib_ci.h``)."""
+        raise Unsupported("SRQ")
+
+    def modify_srq(self, h_srq: Handle, attr: SrqAttr, mask: SrqAttrMask) -> None:
+        """`ci_modify_srq`."""
+        raise Unsupported("SRQ")
+
+    def query_srq(self, h_srq: Handle) -> SrqAttr:
+        """`ci_query_srq`."""
+        raise Unsupported("SRQ")
+
+    def destroy_srq(self, h_srq: Handle) -> None:
+        """`ci_destroy_srq`: ``ResourceBusy`` while QPs use it."""
+        raise Unsupported("SRQ")
+
+    def post_srq_recv(self, h_srq: Handle, wrs: Sequence[RecvWr]) -> None:
+        """`ci_post_srq_recv`: raises a :class:`ibal.status.PostError` on failure."""
+        raise Unsupported("SRQ")
+
+    # ------------------------------------------------------------------------ CQ
+    @abc.abstractmethod
+    def create_cq(self, h_ca: Handle, size: int, cq_context: Any) -> CqCreated:
+        """`ci_create_cq`: the granted size is at least ``size``."""
+
+    def resize_cq(self, h_cq: Handle, size: int) -> int:
+        """`ci_resize_cq`: ``Overflow`` if more entries are queued than ``size``."""
+        raise Unsupported("resize_cq")
+
+    @abc.abstractmethod
+    def query_cq(self, h_cq: Handle) -> int:
+        """`ci_query_cq`: the size."""
+
+    @abc.abstractmethod
+    def destroy_cq(self, h_cq: Handle) -> None:
+        """`ci_destroy_cq`: ``ResourceBusy`` while QPs use it; pending notifications dropped."""
+
+    # ------------------------------------------------------------------------ MR
+    @abc.abstractmethod
+    def register_mr(
+        self, h_pd: Handle, buffer: memoryview, vaddr: int, access: AccessFlags
+    ) -> MrKeys:
+        """`ci_register_mr`: ``buffer`` is the consumer's memory at ``vaddr``."""
+
+    def register_pmr(self, h_pd: Handle, create: PhysCreate, vaddr: int) -> MrKeys:
+        """`ci_register_pmr`: ``vaddr`` is a request; the result says what was assigned."""
+        raise Unsupported("physical memory registration")
+
+    @abc.abstractmethod
+    def query_mr(self, h_mr: Handle) -> MrAttr:
+        """`ci_query_mr`."""
+
+    def modify_mr(
+        self,
+        h_mr: Handle,
+        mask: MrModMask,
+        buffer: memoryview | None,
+        vaddr: int | None,
+        access: AccessFlags | None,
+        h_pd: Handle | None,
+    ) -> MrKeys:
+        """`ci_modify_mr`: re-registration; new keys.  ``ResourceBusy`` with windows bound."""
+        raise Unsupported("re-registration")
+
+    def register_smr(
+        self, h_mr: Handle, h_pd: Handle, access: AccessFlags, vaddr: int
+    ) -> MrKeys:
+        """`ci_register_smr`: a second region over ``h_mr``'s pages."""
+        raise Unsupported("shared memory regions")
+
+    @abc.abstractmethod
+    def deregister_mr(self, h_mr: Handle) -> None:
+        """`ci_deregister_mr`: ``ResourceBusy`` with windows bound or shared regions."""
+
+    # ------------------------------------------------------------------------ MW
+    def create_mw(self, h_pd: Handle) -> MwCreated:
+        """`ci_create_mw`: the window starts unbound."""
+        raise Unsupported("memory windows")
+
+    def query_mw(self, h_mw: Handle) -> int:
+        """`ci_query_mw`: the current R_KEY."""
+        raise Unsupported("memory windows")
+
+    def bind_mw(self, h_mw: Handle, h_qp: Handle, bind: BindWr) -> int:
+        """`ci_bind_mw`: posts the bind on ``h_qp``; returns the new R_KEY."""
+        raise Unsupported("memory windows")
+
+    def destroy_mw(self, h_mw: Handle) -> None:
+        """`ci_destroy_mw`."""
+        raise Unsupported("memory windows")
+
+    # ------------------------------------------------------------ post and poll
+    @abc.abstractmethod
+    def post_send(self, h_qp: Handle, wrs: Sequence[SendWr]) -> None:
+        """`ci_post_send`: raises :func:`ibal.status.post_error` at the first bad WR."""
+
+    @abc.abstractmethod
+    def post_recv(self, h_qp: Handle, wrs: Sequence[RecvWr]) -> None:
+        """`ci_post_recv`."""
+
+    @abc.abstractmethod
+    def poll_cq(self, h_cq: Handle, max_entries: int) -> list[Wc]:
+        """`ci_poll_cq`: up to ``max_entries`` completions in order; ``[]`` when empty."""
+
+    def peek_cq(self, h_cq: Handle) -> int:
+        """`ci_peek_cq` (optional)."""
+        raise Unsupported("peek_cq")
+
+    @abc.abstractmethod
+    def enable_cq_notify(self, h_cq: Handle, solicited: bool) -> None:
+        """`ci_enable_cq_notify`: one callback for the next (solicited) completion."""
+
+    def enable_ncomp_cq_notify(self, h_cq: Handle, n_cqes: int) -> None:
+        """`ci_enable_ncomp_cq_notify` (optional)."""
+        raise Unsupported("enable_ncomp_cq_notify")
+
+    # ---------------------------------------------------------------- multicast
+    def attach_mcast(self, h_qp: Handle, gid: Gid, lid: int) -> Handle:
+        """`ci_attach_mcast`."""
+        raise Unsupported("multicast")
+
+    def detach_mcast(self, h_mcast: Handle) -> None:
+        """`ci_detach_mcast`."""
+        raise Unsupported("multicast")
+
+    # --------------------------------------------------------------- local MAD
+    def local_mad(self, h_ca: Handle, port_num: int, mad: bytes) -> bytes:
+        """`ci_local_mad` (optional): the response to a 256-byte MAD for this port."""
+        raise Unsupported("local_mad")
+
+    # ------------------------------------------------------ testing backdoors
+    def inject_async_event(self, record: EventRecord) -> None:
+        """Raise an async event on demand (fault injection; optional)."""
+        raise Unsupported("async event injection")
+
+
+MANDATORY_VERBS: tuple[str, ...] = tuple(
+    sorted(
+        name
+        for name, member in vars(ChannelInterface).items()
+        if getattr(member, "__isabstractmethod__", False) and name != "capabilities"
+    )
+)
+"""The verbs every provider implements; the rest may raise ``Unsupported``."""

@@ -1,0 +1,1 @@
+"""Provider plugins shipped with ibal."""

@@ -1,0 +1,792 @@
+"""Enums and records shared by the access layer and the provider contract.
+
+Values follow IBAL's ``ib_types.h`` (upstream WinOFED) where the seed documents
+leave them out, and the IBA spec where IBAL and the spec disagree; see
+``docs/decisions.md``.  Out-parameters of the C API become fields of these
+records or return values.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from ipaddress import IPv6Address
+from typing import Any
+
+Gid = IPv6Address
+"""A GID is 16 bytes in IPv6 format; ``Gid(bytes16)`` or ``Gid("fe80::1")``."""
+
+VERBS_VERSION = 1
+"""The contract version a provider declares; the AL refuses any other."""
+
+MAD_SIZE = 256
+DEFAULT_PKEY = 0xFFFF
+QP1_WELL_KNOWN_QKEY = 0x80010000
+MULTICAST_LID_BASE = 0xC000
+PERMISSIVE_LID = 0xFFFF
+IB_ANY_INDEX = -1
+
+
+# --------------------------------------------------------------------------- enums
+
+
+class QpType(enum.IntEnum):
+    """`ib_qp_type_t` (upstream ordinals)."""
+
+    RC = 0
+    UC = 1
+    RD = 2
+    UD = 3
+    QP0 = 4
+    QP1 = 5
+    RAW_IPV6 = 6
+    RAW_ETHER = 7
+    MAD = 8
+    QP0_ALIAS = 9
+    QP1_ALIAS = 10
+
+    @property
+    def is_special(self) -> bool:
+        return self in _SPECIAL_QP_TYPES
+
+    @property
+    def is_datagram(self) -> bool:
+        return self in _DATAGRAM_QP_TYPES
+
+    @property
+    def is_connected(self) -> bool:
+        return self in (QpType.RC, QpType.UC, QpType.RD)
+
+
+_SPECIAL_QP_TYPES = frozenset(
+    {QpType.QP0, QpType.QP1, QpType.RAW_IPV6, QpType.RAW_ETHER, QpType.QP0_ALIAS, QpType.QP1_ALIAS}
+)
+_DATAGRAM_QP_TYPES = frozenset(
+    {QpType.UD, QpType.QP0, QpType.QP1, QpType.MAD, QpType.QP0_ALIAS, QpType.QP1_ALIAS}
+)
+
+
+class QpState(enum.IntEnum):
+    """`ib_qp_state_t` (upstream bit values); SQERR is the IBA "SQE" state."""
+
+    RESET = 0x1
+    INIT = 0x2
+    RTR = 0x4
+    RTS = 0x8
+    SQD = 0x10
+    SQERR = 0x80
+    ERROR = 0x100
+
+
+class AccessFlags(enum.IntFlag):
+    """`ib_access_t`."""
+
+    NONE = 0
+    RDMA_READ = 0x1
+    RDMA_WRITE = 0x2
+    ATOMIC = 0x4
+    LOCAL_WRITE = 0x8
+    MW_BIND = 0x10
+
+    @property
+    def is_remote(self) -> bool:
+        return bool(self & (AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE | AccessFlags.ATOMIC))
+
+
+ALL_ACCESS = (
+    AccessFlags.RDMA_READ
+    | AccessFlags.RDMA_WRITE
+    | AccessFlags.ATOMIC
+    | AccessFlags.LOCAL_WRITE
+    | AccessFlags.MW_BIND
+)
+
+
+class SendOpt(enum.IntFlag):
+    """`ib_send_opt_t`."""
+
+    NONE = 0
+    IMMEDIATE = 0x1
+    FENCE = 0x2
+    SIGNALED = 0x4
+    SOLICITED = 0x8
+    INLINE = 0x10
+    LOCAL = 0x20
+
+
+class RecvOpt(enum.IntFlag):
+    """`ib_recv_opt_t`."""
+
+    NONE = 0
+    IMMEDIATE = 0x1
+    FORWARD = 0x2
+    GRH_VALID = 0x4
+
+
+class WrType(enum.IntEnum):
+    """`ib_wr_type_t`: immediate data is the IMMEDIATE send option, as in IBAL."""
+
+    SEND = 0
+    RDMA_WRITE = 1
+    RDMA_READ = 2
+    COMPARE_SWAP = 3
+    FETCH_ADD = 4
+
+    @property
+    def is_atomic(self) -> bool:
+        return self in (WrType.COMPARE_SWAP, WrType.FETCH_ADD)
+
+
+class WcType(enum.IntEnum):
+    """`ib_wc_type_t`."""
+
+    SEND = 0
+    RDMA_WRITE = 1
+    RDMA_READ = 2
+    COMPARE_SWAP = 3
+    FETCH_ADD = 4
+    MW_BIND = 5
+    RECV = 0x80
+    RECV_RDMA_WRITE = 0x81
+
+
+WC_TYPE_FOR_WR: dict[WrType, WcType] = {
+    WrType.SEND: WcType.SEND,
+    WrType.RDMA_WRITE: WcType.RDMA_WRITE,
+    WrType.RDMA_READ: WcType.RDMA_READ,
+    WrType.COMPARE_SWAP: WcType.COMPARE_SWAP,
+    WrType.FETCH_ADD: WcType.FETCH_ADD,
+}
+
+
+class WcStatus(enum.IntEnum):
+    """`ib_wc_status_t`."""
+
+    SUCCESS = 0
+    LOCAL_LEN_ERR = 1
+    LOCAL_OP_ERR = 2
+    LOCAL_PROTECTION_ERR = 3
+    WR_FLUSHED_ERR = 4
+    MEM_WINDOW_BIND_ERR = 5
+    REM_ACCESS_ERR = 6
+    REM_OP_ERR = 7
+    RNR_RETRY_ERR = 8
+    TIMEOUT_RETRY_ERR = 9
+    REM_INVALID_REQ_ERR = 10
+    BAD_RESP_ERR = 11
+    LOCAL_ACCESS_ERR = 12
+    GENERAL_ERR = 13
+    UNMATCHED_RESPONSE = 14
+    CANCELED = 15
+
+
+class AsyncEvent(enum.IntEnum):
+    """`ib_async_event_t` (upstream, from 1); unknown provider codes map to UNKNOWN."""
+
+    SQ_ERROR = 1
+    SQ_DRAINED = 2
+    RQ_ERROR = 3
+    CQ_ERROR = 4
+    QP_FATAL = 5
+    QP_COMM = 6
+    QP_APM = 7
+    LOCAL_FATAL = 8
+    PKEY_TRAP = 9
+    QKEY_TRAP = 10
+    MKEY_TRAP = 11
+    PORT_TRAP = 12
+    SYSIMG_GUID_TRAP = 13
+    BUF_OVERRUN = 14
+    LINK_INTEGRITY = 15
+    FLOW_CTRL_ERROR = 16
+    BKEY_TRAP = 17
+    QP_APM_ERROR = 18
+    WQ_REQ_ERROR = 19
+    WQ_ACCESS_ERROR = 20
+    PORT_ACTIVE = 21
+    PORT_DOWN = 22
+    CLIENT_REREGISTER = 23
+    SRQ_LIMIT_REACHED = 24
+    SRQ_CATAS_ERROR = 25
+    SRQ_QP_LAST_WQE_REACHED = 26
+    LID_CHANGE = 27
+    PKEY_CHANGE = 28
+    SM_CHANGE = 29
+    GID_CHANGE = 30
+    CQ_OVERFLOW = 31
+    UNKNOWN = 32
+
+    @classmethod
+    def _missing_(cls, value: object) -> AsyncEvent:
+        return cls.UNKNOWN
+
+    @property
+    def source(self) -> EventSource:
+        """Which kind of object the event concerns (decides whose callback gets it)."""
+        return _EVENT_SOURCE.get(self, EventSource.CA)
+
+
+class EventSource(enum.Enum):
+    CA = "ca"
+    QP = "qp"
+    CQ = "cq"
+    SRQ = "srq"
+
+
+_EVENT_SOURCE = {
+    **{
+        e: EventSource.QP
+        for e in (
+            AsyncEvent.SQ_ERROR,
+            AsyncEvent.SQ_DRAINED,
+            AsyncEvent.RQ_ERROR,
+            AsyncEvent.QP_FATAL,
+            AsyncEvent.QP_COMM,
+            AsyncEvent.QP_APM,
+            AsyncEvent.QP_APM_ERROR,
+            AsyncEvent.WQ_REQ_ERROR,
+            AsyncEvent.WQ_ACCESS_ERROR,
+            AsyncEvent.SRQ_QP_LAST_WQE_REACHED,
+        )
+    },
+    AsyncEvent.CQ_ERROR: EventSource.CQ,
+    AsyncEvent.CQ_OVERFLOW: EventSource.CQ,
+    AsyncEvent.SRQ_LIMIT_REACHED: EventSource.SRQ,
+    AsyncEvent.SRQ_CATAS_ERROR: EventSource.SRQ,
+}
+
+
+class PdType(enum.IntEnum):
+    """`ib_pd_type_t`: a hint to the provider."""
+
+    NORMAL = 0
+    ALIAS = 1
+    SQP = 2
+    UD = 3
+
+
+class LinkState(enum.IntEnum):
+    """Port logical state (PortInfo.PortState)."""
+
+    NO_CHANGE = 0
+    DOWN = 1
+    INIT = 2
+    ARMED = 3
+    ACTIVE = 4
+    ACT_DEFER = 5
+
+
+class Mtu(enum.IntEnum):
+    """IBA MTU encoding."""
+
+    MTU_256 = 1
+    MTU_512 = 2
+    MTU_1024 = 3
+    MTU_2048 = 4
+    MTU_4096 = 5
+
+    @property
+    def bytes(self) -> int:
+        return 128 << self.value
+
+
+class ApmState(enum.IntEnum):
+    """`ib_apm_state_t`."""
+
+    MIGRATED = 1
+    REARM = 2
+    ARMED = 3
+
+
+class AtomicCap(enum.IntEnum):
+    """How far atomics are atomic (IBA: none, this HCA only, global)."""
+
+    NONE = 0
+    LOCAL = 1
+    GLOBAL = 2
+
+
+class MrModMask(enum.IntFlag):
+    """`ib_mr_mod_t`: what re-registration changes."""
+
+    ADDR = 0x1
+    PD = 0x2
+    ACCESS = 0x4
+
+
+class SrqAttrMask(enum.IntFlag):
+    """`ib_srq_attr_mask_t`."""
+
+    MAX_WR = 0x1
+    LIMIT = 0x2
+
+
+class PortCap(enum.IntFlag):
+    """PortInfo.CapabilityMask bits (IBA 14.2.5.6)."""
+
+    NONE = 0
+    IS_SM = 1 << 1
+    IS_NOTICE_SUPPORTED = 1 << 2
+    IS_TRAP_SUPPORTED = 1 << 3
+    IS_APM_SUPPORTED = 1 << 5
+    IS_SLMAP_SUPPORTED = 1 << 6
+    IS_MKEY_NVRAM = 1 << 7
+    IS_PKEY_NVRAM = 1 << 8
+    IS_LEDINFO_SUPPORTED = 1 << 9
+    IS_SM_DISABLED = 1 << 10
+    IS_SYSGUID_SUPPORTED = 1 << 11
+    IS_CM_SUPPORTED = 1 << 16
+    IS_SNMP_SUPPORTED = 1 << 17
+    IS_REINIT_SUPPORTED = 1 << 18
+    IS_DEV_MGMT_SUPPORTED = 1 << 19
+    IS_VEND_SUPPORTED = 1 << 20
+    IS_DR_NOTICE_SUPPORTED = 1 << 21
+    IS_CAPM_NOTICE_SUPPORTED = 1 << 22
+    IS_BOOT_MGMT_SUPPORTED = 1 << 23
+    IS_CLIENT_REREGISTER_SUPPORTED = 1 << 25
+
+
+class CaMod(enum.IntFlag):
+    """`ib_ca_mod_t`: which port attributes ``modify_ca`` changes.
+
+    The ``IS_*`` bits select PortInfo capability bits, which take the value they
+    have in ``PortAttrMod.cap``; the counter bits reset violation counters.
+    """
+
+    NONE = 0
+    IS_CM_SUPPORTED = 1 << 0
+    IS_SNMP_SUPPORTED = 1 << 1
+    IS_DEV_MGMT_SUPPORTED = 1 << 2
+    IS_VEND_SUPPORTED = 1 << 3
+    IS_SM = 1 << 4
+    IS_SM_DISABLED = 1 << 5
+    QKEY_CTR = 1 << 6
+    PKEY_CTR = 1 << 7
+    IS_NOTICE_SUPPORTED = 1 << 8
+    IS_TRAP_SUPPORTED = 1 << 9
+    IS_APM_SUPPORTED = 1 << 10
+    IS_SLMAP_SUPPORTED = 1 << 11
+    IS_PKEY_NVRAM = 1 << 12
+    IS_MKEY_NVRAM = 1 << 13
+    IS_SYSGUID_SUPPORTED = 1 << 14
+    IS_DR_NOTICE_SUPPORTED = 1 << 15
+    IS_BOOT_MGMT_SUPPORTED = 1 << 16
+    IS_CAPM_NOTICE_SUPPORTED = 1 << 17
+    IS_REINIT_SUPPORTED = 1 << 18
+    IS_LEDINFO_SUPPORTED = 1 << 19
+    SHUTDOWN_PORT = 1 << 20
+    INIT_TYPE_VALUE = 1 << 21
+    SYSTEM_IMAGE_GUID = 1 << 22
+    IS_CLIENT_REREGISTER_SUPPORTED = 1 << 23
+
+
+CA_MOD_VALID = CaMod(sum(int(m) for m in CaMod))
+"""Every defined bit; anything outside is an unknown command (INVALID_PARAMETER)."""
+
+CA_MOD_TO_PORT_CAP: dict[CaMod, PortCap] = {
+    CaMod[name]: PortCap[name] for name in CaMod.__members__ if name in PortCap.__members__
+}
+
+
+class NodeType(enum.IntEnum):
+    CA = 1
+    SWITCH = 2
+    ROUTER = 3
+
+
+class LinkLayer(enum.Enum):
+    INFINIBAND = "InfiniBand"
+    ETHERNET = "Ethernet"
+
+
+# ------------------------------------------------------------------- CA attributes
+
+
+@dataclass(frozen=True, slots=True)
+class PortAttr:
+    """`ib_port_attr_t`: one port as ``query_ca`` reports it."""
+
+    port_num: int
+    port_guid: int
+    lid: int = 0
+    lmc: int = 0
+    sm_lid: int = 0
+    sm_sl: int = 0
+    link_state: LinkState = LinkState.DOWN
+    active_mtu: Mtu = Mtu.MTU_1024
+    max_mtu: Mtu = Mtu.MTU_4096
+    cap: PortCap = PortCap.NONE
+    pkeys: tuple[int, ...] = (DEFAULT_PKEY,)
+    gids: tuple[Gid, ...] = ()
+    qkey_violations: int = 0
+    pkey_violations: int = 0
+    subnet_timeout: int = 18
+    init_type_reply: int = 0
+    max_vls: int = 1
+    link_layer: LinkLayer = LinkLayer.INFINIBAND
+    active_speed: str = "2.5 Gbps"
+    active_width: str = "4X"
+
+
+@dataclass(frozen=True, slots=True)
+class CaAttr:
+    """`ib_ca_attr_t`: identity and limits of a CA."""
+
+    ca_guid: int
+    vendor_id: int = 0
+    device_id: int = 0
+    revision: int = 0
+    fw_version: str = ""
+    system_image_guid: int = 0
+    node_type: NodeType = NodeType.CA
+    max_pds: int = 0
+    max_qps: int = 0
+    max_wrs: int = 0
+    max_sges: int = 0
+    max_cqs: int = 0
+    max_cqes: int = 0
+    max_srqs: int = 0
+    max_srq_wrs: int = 0
+    max_srq_sges: int = 0
+    max_avs: int = 0
+    max_mrs: int = 0
+    max_mws: int = 0
+    max_mr_size: int = 0
+    max_inline: int = 0
+    max_qp_init_depth: int = 0
+    max_qp_resp_res: int = 0
+    max_mcast_grps: int = 0
+    max_qps_per_mcast_grp: int = 0
+    page_size_cap: int = 4096
+    atomicity: AtomicCap = AtomicCap.NONE
+    local_ack_delay: int = 0
+    has_local_sma: bool = False
+    ports: tuple[PortAttr, ...] = ()
+
+    @property
+    def num_ports(self) -> int:
+        return len(self.ports)
+
+    def port(self, port_num: int) -> PortAttr:
+        """The port numbered ``port_num`` (ports count from 1)."""
+        for p in self.ports:
+            if p.port_num == port_num:
+                return p
+        raise KeyError(port_num)
+
+
+@dataclass(frozen=True, slots=True)
+class PortAttrMod:
+    """`ib_port_attr_mod_t`: new values for the bits ``CaMod`` selects."""
+
+    cap: PortCap = PortCap.NONE
+    init_type: int = 0
+    system_image_guid: int = 0
+
+
+# ---------------------------------------------------------------- address vectors
+
+
+@dataclass(frozen=True, slots=True)
+class Grh:
+    """Global route: required for RoCE and off-subnet destinations."""
+
+    dgid: Gid
+    sgid_index: int = 0
+    flow_label: int = 0
+    hop_limit: int = 64
+    traffic_class: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AvAttr:
+    """`ib_av_attr_t`: where a datagram goes (or a connected QP's path)."""
+
+    port_num: int
+    dlid: int = 0
+    sl: int = 0
+    grh: Grh | None = None
+    static_rate: int = 0
+    path_bits: int = 0
+
+
+# ------------------------------------------------------------------------- QPs
+
+
+@dataclass(frozen=True, slots=True)
+class QpCaps:
+    """Queue depths and SGE counts asked for at create and granted by the provider."""
+
+    sq_depth: int = 16
+    rq_depth: int = 16
+    sq_sge: int = 1
+    rq_sge: int = 1
+    max_inline: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QpMod:
+    """`ib_qp_mod_t` flattened: the target state and the attributes to set.
+
+    ``None`` means "not given".  Which attributes a transition requires and
+    allows is the table in :mod:`ibal.qp_fsm`.
+    """
+
+    state: QpState
+    current_state: QpState | None = None
+    port_num: int | None = None
+    pkey_index: int | None = None
+    qkey: int | None = None
+    access: AccessFlags | None = None
+    primary_av: AvAttr | None = None
+    alternate_av: AvAttr | None = None
+    path_mtu: Mtu | None = None
+    dest_qp: int | None = None
+    rq_psn: int | None = None
+    sq_psn: int | None = None
+    resp_res: int | None = None
+    init_depth: int | None = None
+    rnr_nak_timeout: int | None = None
+    local_ack_timeout: int | None = None
+    retry_cnt: int | None = None
+    rnr_retry_cnt: int | None = None
+    apm_state: ApmState | None = None
+    sqd_event: bool | None = None
+    sq_depth: int | None = None
+    rq_depth: int | None = None
+
+    def given(self) -> frozenset[str]:
+        """Names of the attributes set (besides ``state``)."""
+        return frozenset(
+            n for n in QPMOD_ATTRS if getattr(self, n) is not None
+        )
+
+
+QPMOD_ATTRS: tuple[str, ...] = tuple(
+    n for n in QpMod.__dataclass_fields__ if n != "state"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class QpAttr:
+    """`ib_qp_attr_t`: what ``query_qp`` reports.
+
+    The access layer fills ``pd``, ``send_cq``, ``recv_cq`` and ``srq`` with
+    its own objects; providers leave them ``None``.
+    """
+
+    qp_type: QpType
+    qp_num: int
+    state: QpState = QpState.RESET
+    caps: QpCaps = QpCaps()
+    sq_signaled: bool = True
+    dest_qp: int = 0
+    port_num: int = 0
+    pkey_index: int = 0
+    qkey: int = 0
+    access: AccessFlags = AccessFlags.NONE
+    primary_av: AvAttr | None = None
+    alternate_av: AvAttr | None = None
+    path_mtu: Mtu | None = None
+    sq_psn: int = 0
+    rq_psn: int = 0
+    resp_res: int = 0
+    init_depth: int = 0
+    rnr_nak_timeout: int = 0
+    local_ack_timeout: int = 0
+    retry_cnt: int = 0
+    rnr_retry_cnt: int = 0
+    apm_state: ApmState = ApmState.MIGRATED
+    sq_draining: bool = False
+    pd: Any = None
+    send_cq: Any = None
+    recv_cq: Any = None
+    srq: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class SrqAttr:
+    """`ib_srq_attr_t`."""
+
+    max_wr: int = 16
+    max_sge: int = 1
+    srq_limit: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DgrmInfo:
+    """`ib_dgrm_info_t`: what ``init_dgrm_svc`` binds a datagram QP to."""
+
+    port_guid: int
+    qkey: int = 0
+    pkey_index: int = 0
+
+
+# ---------------------------------------------------------------- work requests
+
+
+@dataclass(slots=True)
+class Sge:
+    """`ib_local_ds_t`: one scatter/gather element in registered memory."""
+
+    addr: int
+    length: int
+    lkey: int
+
+
+@dataclass(slots=True)
+class UdDest:
+    """The datagram part of a send work request.
+
+    ``av`` is an access-layer AV object for consumers; the AL hands providers
+    their own AV handle in its place.
+    """
+
+    av: Any
+    remote_qp: int
+    remote_qkey: int = 0
+    pkey_index: int = 0
+
+
+@dataclass(slots=True)
+class SendWr:
+    """`ib_send_wr_t`; a list of these is what ``post_send`` takes."""
+
+    wr_id: int = 0
+    opcode: WrType = WrType.SEND
+    sg_list: Sequence[Sge] = ()
+    send_opt: SendOpt = SendOpt.SIGNALED
+    imm: int = 0
+    remote_addr: int = 0
+    rkey: int = 0
+    compare_add: int = 0
+    swap: int = 0
+    ud: UdDest | None = None
+
+
+@dataclass(slots=True)
+class RecvWr:
+    """`ib_recv_wr_t`."""
+
+    wr_id: int = 0
+    sg_list: Sequence[Sge] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Wc:
+    """`ib_wc_t`: one work completion."""
+
+    wr_id: int
+    wc_type: WcType
+    status: WcStatus = WcStatus.SUCCESS
+    length: int = 0
+    imm: int | None = None
+    recv_opt: RecvOpt = RecvOpt.NONE
+    qp_num: int = 0
+    src_qp: int = 0
+    slid: int = 0
+    sl: int = 0
+    pkey_index: int = 0
+    path_bits: int = 0
+    vendor_err: int = 0
+    grh: bytes | None = None
+
+
+@dataclass(slots=True)
+class BindWr:
+    """`ib_bind_wr_t`: bind a memory window to ``[addr, addr+length)`` of ``mr``.
+
+    ``mr`` is an access-layer MR for consumers and the provider's MR handle
+    below the AL.  ``length == 0`` unbinds.
+    """
+
+    mr: Any
+    addr: int
+    length: int
+    access: AccessFlags
+    current_rkey: int
+    wr_id: int = 0
+    send_opt: SendOpt = SendOpt.SIGNALED
+
+
+# ------------------------------------------------------------------------- memory
+
+
+@dataclass(frozen=True, slots=True)
+class MrAttr:
+    """`ib_mr_attr_t`; ``pd`` is filled by the access layer."""
+
+    local_lb: int
+    local_ub: int
+    remote_lb: int
+    remote_ub: int
+    access: AccessFlags
+    lkey: int
+    rkey: int
+    pd: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class MrKeys:
+    """What a registration returns: keys and the I/O virtual address assigned."""
+
+    handle: Any
+    lkey: int
+    rkey: int
+    vaddr: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class PhysCreate:
+    """`ib_phys_create_t`: pages that are to look contiguous to the HCA.
+
+    Each page is a writable buffer standing for a physical range; ``length``
+    bytes starting ``buf_offset`` into the first page are registered.
+    """
+
+    pages: Sequence[memoryview]
+    page_size: int
+    length: int
+    access: AccessFlags
+    buf_offset: int = 0
+
+
+# -------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """`ib_event_rec_t`: what a provider reports through the async-event upcall.
+
+    ``context`` is the context given at creation of the object concerned
+    (``qp_context``, ``cq_context``, ``srq_context``) or the ``ca_context``.
+    """
+
+    code: AsyncEvent
+    context: Any
+    vendor_specific: int = 0
+    port_num: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncEventRec:
+    """`ib_async_event_rec_t`: what the AL hands consumers' event callbacks."""
+
+    code: AsyncEvent
+    context: Any
+    handle: Any
+    vendor_specific: int = 0
+    port_num: int = 0
+
+
+@dataclass(slots=True)
+class CiOp:
+    """`ib_ci_op_t`: a vendor command and its data, with the vendor's status."""
+
+    command: int
+    data: bytes = b""
+    status: int = 0
+    out: bytes = b""
+    extra: dict[str, Any] = field(default_factory=dict)
