@@ -1,0 +1,210 @@
+"""The ``ibal`` command line: devices, info, conformance, demo (and the lab)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ibal.al import AccessLayer, AlManager
+from ibal.ci import ProviderManager
+from ibal.status import IbError
+from ibal.types import CaAttr, PortAttr
+
+
+
+class _LazyConsole:
+    """A console made at first use, so ``COLUMNS`` set by a caller (or test) is honoured."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(Console(), name)
+
+
+console: Console = _LazyConsole()  # type: ignore[assignment]
+
+
+def _parse_options(pairs: tuple[str, ...]) -> dict[str, object]:
+    import json
+
+    options: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
+
+
+@contextmanager
+def _open(providers: tuple[str, ...], options: dict[str, object]) -> Iterator[tuple[AlManager, AccessLayer]]:
+    """Start the named providers (default: every installed one) and open an AL."""
+    mgr = AlManager()
+    names = list(providers) or ProviderManager().names()
+    for name in names:
+        try:
+            mgr.start_provider(name, options if providers else {})
+        except IbError as exc:
+            mgr.unavailable[name] = exc.detail or str(exc)
+    al = mgr.open_al()
+    try:
+        yield mgr, al
+    finally:
+        al.close()
+        mgr.close()
+
+
+@click.group()
+@click.version_option(package_name="ibal")
+def main() -> None:
+    """ibal: an InfiniBand access layer for Python."""
+
+
+@main.command()
+@click.option("-p", "--provider", "providers", multiple=True, help="Only these providers.")
+@click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
+def devices(providers: tuple[str, ...], options: tuple[str, ...]) -> None:
+    """List the CAs every provider registered (like ibv_devices)."""
+    with _open(providers, _parse_options(options)) as (mgr, al):
+        table = Table(title="CAs")
+        for col in ("device", "provider", "node GUID", "ports"):
+            table.add_column(col)
+        for guid in al.get_ca_guids():
+            ca = al.open_ca(guid)
+            attr = ca.query()
+            table.add_row(ca.name, ca.provider_name, _guid(guid), str(attr.num_ports))
+            ca.close(wait=True)
+        console.print(table)
+        for name, reason in sorted(mgr.unavailable.items()):
+            console.print(f"[yellow]{name}[/]: no CA ({reason})")
+
+
+@main.command()
+@click.argument("ca_name", required=False)
+@click.option("-p", "--provider", "providers", multiple=True, help="Only these providers.")
+@click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
+def info(ca_name: str | None, providers: tuple[str, ...], options: tuple[str, ...]) -> None:
+    """Show CA and port attributes (like ibv_devinfo / ibstat)."""
+    with _open(providers, _parse_options(options)) as (mgr, al):
+        shown = 0
+        for guid in al.get_ca_guids():
+            ca = al.open_ca(guid)
+            try:
+                if ca_name and ca_name not in (ca.name, _guid(guid), hex(guid)):
+                    continue
+                _print_ca(ca.name, ca.provider_name, ca.query())
+                caps = ca.capabilities
+                missing = ", ".join(f"{k} ({v})" for k, v in caps.reasons.items())
+                if missing:
+                    console.print(f"  [dim]not supported: {missing}[/]")
+                shown += 1
+            finally:
+                ca.close(wait=True)
+        if not shown:
+            console.print(f"[red]no CA {ca_name or ''}[/]")
+            for name, reason in sorted(mgr.unavailable.items()):
+                console.print(f"[yellow]{name}[/]: no CA ({reason})")
+            sys.exit(1)
+
+
+def _guid(guid: int) -> str:
+    return f"{guid:016x}"
+
+
+def _print_ca(name: str, provider: str, attr: CaAttr) -> None:
+    console.print(f"[bold]CA '{name}'[/] ({provider})")
+    rows = [
+        ("node GUID", _guid(attr.ca_guid)),
+        ("system image GUID", _guid(attr.system_image_guid)),
+        ("vendor / device / rev", f"0x{attr.vendor_id:x} / 0x{attr.device_id:x} / {attr.revision}"),
+        ("firmware", attr.fw_version or "-"),
+        ("max QP / WR / SGE", f"{attr.max_qps} / {attr.max_wrs} / {attr.max_sges}"),
+        ("max CQ / CQE", f"{attr.max_cqs} / {attr.max_cqes}"),
+        ("max PD / MR / MW", f"{attr.max_pds} / {attr.max_mrs} / {attr.max_mws}"),
+        ("max SRQ / SRQ WR", f"{attr.max_srqs} / {attr.max_srq_wrs}"),
+        ("max inline / MR size", f"{attr.max_inline} / {attr.max_mr_size}"),
+        ("atomics", attr.atomicity.name),
+    ]
+    for key, value in rows:
+        console.print(f"  {key:<22} {value}")
+    for port in attr.ports:
+        _print_port(port)
+
+
+def _print_port(port: PortAttr) -> None:
+    console.print(f"  [bold]port {port.port_num}[/]")
+    rows = [
+        ("state", port.link_state.name),
+        ("link layer", port.link_layer.value),
+        ("port GUID", _guid(port.port_guid)),
+        ("LID / LMC / SM LID", f"0x{port.lid:x} / {port.lmc} / 0x{port.sm_lid:x}"),
+        ("active / max MTU", f"{port.active_mtu.bytes} / {port.max_mtu.bytes}"),
+        ("rate", f"{port.active_width} {port.active_speed}"),
+        ("capabilities", str(port.cap).replace("PortCap.", "") or "-"),
+        ("P_Keys", " ".join(f"0x{k:04x}" for k in port.pkeys)),
+    ]
+    for key, value in rows:
+        console.print(f"    {key:<20} {value}")
+    for i, gid in enumerate(port.gids):
+        console.print(f"    GID[{i}]{'':<14} {gid}")
+
+
+@main.command()
+@click.argument("provider")
+@click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
+@click.option("-k", "keyword", default=None, help="Only checks matching this pytest -k expression.")
+@click.option("-x", "exitfirst", is_flag=True, help="Stop at the first failure.")
+def conformance(provider: str, options: tuple[str, ...], keyword: str | None, exitfirst: bool) -> None:
+    """Run the conformance suite against PROVIDER, with progress and a summary table."""
+    from ibal.testing.cli import run_cli
+
+    extra = []
+    if keyword:
+        extra += ["-k", keyword]
+    if exitfirst:
+        extra.append("-x")
+    sys.exit(run_cli(provider, _parse_options(options), extra, console))
+
+
+@main.command()
+def demo() -> None:
+    """Open the AL, build the resource tree on two mock CAs and move data with each opcode."""
+    from ibal.demo import Step, demo_fabric, run_demo
+
+    table = Table(title="ibal demo: every opcode between two CAs of the embedded mock fabric")
+    for col in ("operation", "completions", "result", "ok"):
+        table.add_column(col)
+
+    def show(step: Step) -> None:
+        comps = "\n".join(
+            f"{side}: {wc.wc_type.name} {wc.status.name} len={wc.length}"
+            for side, wc in step.completions
+        )
+        table.add_row(step.name, comps, step.check, "[green]yes[/]" if step.ok else "[red]NO[/]")
+
+    with demo_fabric() as al:
+        report = run_demo(al, show)
+    console.print(f"CAs: {', '.join(report.cas)}")
+    console.print(table)
+    console.print("[green]all operations completed and verified[/]" if report.ok else "[red]demo failed[/]")
+    sys.exit(0 if report.ok else 1)
+
+
+def _mount_lab() -> None:
+    try:
+        from ibal.lab.cli import lab
+    except ImportError:  # the lab is optional at import time
+        return
+    main.add_command(lab)
+
+
+_mount_lab()
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Generate the documentation pages that are derived from code tables.
+
+``python -m ibal.docgen`` rewrites them; ``tests/test_docs.py`` fails when a page
+is stale, so the docs cannot drift from the tables they describe.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from ibal import qp_fsm
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def qp_state_machine_md() -> str:
+    """docs/qp-state-machine.md from :mod:`ibal.qp_fsm`."""
+    lines = [
+        "# The QP state machine",
+        "",
+        "Generated from `ibal/qp_fsm.py` by `python -m ibal.docgen`; do not edit.",
+        "",
+        "Every `qp.modify(QpMod(...))` is checked against this table before a provider",
+        "sees it. An illegal transition raises `InvalidQpState`, a missing required",
+        "attribute `InvalidParameter`, an attribute the transition does not take",
+        "`InvalidSetting`; the QP keeps its state. Attribute names are `QpMod` fields",
+        "(`resp_res` is IBA's max_dest_rd_atomic, `init_depth` its max_rd_atomic,",
+        "`primary_av` the primary path).",
+        "",
+        "| transport | from | to | required | optional |",
+        "|---|---|---|---|---|",
+    ]
+    for transport, a, b, req, opt in qp_fsm.table_rows():
+        lines.append(f"| {transport} | {a} | {b} | {req or '-'} | {opt or '-'} |")
+    lines += [
+        "",
+        "Posting: sends are accepted in RTS and SQD, receives in every state but RESET",
+        "(a QP in ERROR flushes them with `WR_FLUSHED_ERR`).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def mapping_md() -> str:
+    """docs/mapping.md from ``ibal.al.compat.IBAL_MAPPING``."""
+    from ibal.al.compat import IBAL_MAPPING
+
+    done = sum(1 for row in IBAL_MAPPING if row[2] == "done")
+    lines = [
+        "# `ib_al.h` → ibal",
+        "",
+        "Generated from `ibal.al.compat.IBAL_MAPPING` by `python -m ibal.docgen`; do not edit.",
+        "",
+        f"Every entry of the IBAL access-layer reference ({len(IBAL_MAPPING)} entries; "
+        f"{done} done). The C spelling also exists as a function in `ibal.al.compat`",
+        "where it is done.",
+        "",
+        "| IBAL | ibal | status |",
+        "|---|---|---|",
+    ]
+    for c_name, py_name, status in IBAL_MAPPING:
+        lines.append(f"| `{c_name}` | {f'`{py_name}`' if py_name else '-'} | {status} |")
+    return "\n".join(lines) + "\n"
+
+
+PAGES: dict[str, Callable[[], str]] = {
+    "qp-state-machine.md": qp_state_machine_md,
+    "mapping.md": mapping_md,
+}
+
+
+def main() -> int:
+    for name, render in PAGES.items():
+        (DOCS / name).write_text(render())
+        print(f"wrote docs/{name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""The ibal command line on the embedded mock fabric."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from ibal.cli import main
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner(env={"COLUMNS": "200"})
+
+
+def test_demo_moves_data_with_every_opcode(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["demo"])
+    assert result.exit_code == 0, result.output
+    for op in ("SEND", "SEND with immediate", "RDMA WRITE", "RDMA WRITE with immediate",
+               "RDMA READ", "ATOMIC FETCH_ADD", "ATOMIC COMPARE_SWAP", "UD SEND"):
+        assert re.search(rf"\b{re.escape(op)}\b", result.output), op
+    assert "hello, fabric" in result.output
+    assert "fetched 41, remote now 42" in result.output
+    assert "fetched 42, remote now 7" in result.output
+    assert "all operations completed and verified" in result.output
+
+
+def test_devices_lists_mock_cas(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["devices", "-p", "mock", "-o", "cas=3"])
+    assert result.exit_code == 0, result.output
+    assert {"mock0", "mock1", "mock2"} <= set(re.findall(r"mock\d", result.output))
+
+
+def test_info_shows_ports_and_limits(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["info", "-p", "mock", "mock0"])
+    assert result.exit_code == 0, result.output
+    assert "CA 'mock0'" in result.output
+    assert "ACTIVE" in result.output
+    assert re.search(r"GID\[0\]\s+fe80:", result.output)
+    assert "max QP / WR / SGE" in result.output
+
+
+def test_info_unknown_ca_fails(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["info", "-p", "mock", "nosuchca"])
+    assert result.exit_code == 1
+    assert "no CA nosuchca" in result.output
