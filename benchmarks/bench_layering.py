@@ -52,10 +52,18 @@ def rc_mods(attr: CaAttr, remote_qpn: int) -> list[QpMod]:
     port = attr.ports[0]
     return [
         QpMod(QpState.INIT, pkey_index=0, port_num=port.port_num, access=ACCESS),
-        QpMod(QpState.RTR, primary_av=av_for(port, port.port_num), path_mtu=Mtu.MTU_1024,
-              dest_qp=remote_qpn, rq_psn=0, resp_res=4, rnr_nak_timeout=1),
-        QpMod(QpState.RTS, sq_psn=0, local_ack_timeout=14, retry_cnt=7, rnr_retry_cnt=7,
-              init_depth=4),
+        QpMod(
+            QpState.RTR,
+            primary_av=av_for(port, port.port_num),
+            path_mtu=Mtu.MTU_1024,
+            dest_qp=remote_qpn,
+            rq_psn=0,
+            resp_res=4,
+            rnr_nak_timeout=1,
+        ),
+        QpMod(
+            QpState.RTS, sq_psn=0, local_ack_timeout=14, retry_cnt=7, rnr_retry_cnt=7, init_depth=4
+        ),
     ]
 
 
@@ -92,8 +100,14 @@ def direct(provider: str, options: dict[str, Any], seconds: float) -> dict[str, 
         buf = bytearray(4096)
         keys = ci.register_mr(h_pd, memoryview(buf), _address(buf), ACCESS)
         wrs = [
-            SendWr(wr_id=i, opcode=WrType.RDMA_WRITE, sg_list=[Sge(keys.vaddr, 8, keys.lkey)],
-                   send_opt=SendOpt.SIGNALED, remote_addr=keys.vaddr + 2048, rkey=keys.rkey)
+            SendWr(
+                wr_id=i,
+                opcode=WrType.RDMA_WRITE,
+                sg_list=[Sge(keys.vaddr, 8, keys.lkey)],
+                send_opt=SendOpt.SIGNALED,
+                remote_addr=keys.vaddr + 2048,
+                rkey=keys.rkey,
+            )
             for i in range(WINDOW)
         ]
 
@@ -150,8 +164,14 @@ def through_al(provider: str, options: dict[str, Any], seconds: float) -> dict[s
         buf = bytearray(4096)
         mr = pd.reg_mem(buf, ACCESS)
         wrs = [
-            SendWr(wr_id=i, opcode=WrType.RDMA_WRITE, sg_list=[mr.sge(0, 8)],
-                   send_opt=SendOpt.SIGNALED, remote_addr=mr.vaddr + 2048, rkey=mr.rkey)
+            SendWr(
+                wr_id=i,
+                opcode=WrType.RDMA_WRITE,
+                sg_list=[mr.sge(0, 8)],
+                send_opt=SendOpt.SIGNALED,
+                remote_addr=mr.vaddr + 2048,
+                rkey=mr.rkey,
+            )
             for i in range(WINDOW)
         ]
 
@@ -189,7 +209,9 @@ def main() -> None:
     print(f"provider: {args.provider}")
     print(f"{'operation':<40} {'direct':>12} {'through AL':>12} {'AL/direct':>10}")
     for name in low:
-        print(f"{name:<40} {low[name]:>12,.0f} {high[name]:>12,.0f} {high[name] / low[name]:>10.2f}")
+        print(
+            f"{name:<40} {low[name]:>12,.0f} {high[name]:>12,.0f} {high[name] / low[name]:>10.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from ibal.status import IbError
 from ibal.types import CaAttr, PortAttr
 
 
-
 class _LazyConsole:
     """A console made at first use, so ``COLUMNS`` set by a caller (or test) is honoured."""
 
@@ -43,7 +42,9 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, object]:
 
 
 @contextmanager
-def _open(providers: tuple[str, ...], options: dict[str, object]) -> Iterator[tuple[AlManager, AccessLayer]]:
+def _open(
+    providers: tuple[str, ...], options: dict[str, object]
+) -> Iterator[tuple[AlManager, AccessLayer]]:
     """Start the named providers (default: every installed one) and open an AL."""
     mgr = AlManager()
     names = list(providers) or ProviderManager().names()
@@ -160,7 +161,9 @@ def _print_port(port: PortAttr) -> None:
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
 @click.option("-k", "keyword", default=None, help="Only checks matching this pytest -k expression.")
 @click.option("-x", "exitfirst", is_flag=True, help="Stop at the first failure.")
-def conformance(provider: str, options: tuple[str, ...], keyword: str | None, exitfirst: bool) -> None:
+def conformance(
+    provider: str, options: tuple[str, ...], keyword: str | None, exitfirst: bool
+) -> None:
     """Run the conformance suite against PROVIDER, with progress and a summary table."""
     from ibal.testing.cli import run_cli
 
@@ -192,7 +195,9 @@ def demo() -> None:
         report = run_demo(al, show)
     console.print(f"CAs: {', '.join(report.cas)}")
     console.print(table)
-    console.print("[green]all operations completed and verified[/]" if report.ok else "[red]demo failed[/]")
+    console.print(
+        "[green]all operations completed and verified[/]" if report.ok else "[red]demo failed[/]"
+    )
     sys.exit(0 if report.ok else 1)
 
 

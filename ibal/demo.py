@@ -36,10 +36,7 @@ from ibal.types import (
 )
 
 ACCESS = (
-    AccessFlags.LOCAL_WRITE
-    | AccessFlags.RDMA_WRITE
-    | AccessFlags.RDMA_READ
-    | AccessFlags.ATOMIC
+    AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.RDMA_READ | AccessFlags.ATOMIC
 )
 BUF_SIZE = 4096
 UD_QKEY = 0x11111111
@@ -53,29 +50,35 @@ def av_for(port: PortAttr, local_port: int = 1) -> AvAttr:
 
 def connect_rc(qp: Qp, port_num: int, remote_qpn: int, remote_port: PortAttr) -> None:
     """RESET → INIT → RTR → RTS for an RC (or UC) QP, with the attributes IBA requires."""
-    rc = qp.qp_type is QpType.RC
     qp.modify(QpMod(QpState.INIT, pkey_index=0, port_num=port_num, access=ACCESS))
-    qp.modify(
-        QpMod(
-            QpState.RTR,
-            primary_av=av_for(remote_port, port_num),
-            path_mtu=Mtu.MTU_1024,
-            dest_qp=remote_qpn,
-            rq_psn=0,
-            **({"resp_res": 4, "rnr_nak_timeout": 1} if rc else {}),
+    av = av_for(remote_port, port_num)
+    if qp.qp_type is QpType.RC:
+        qp.modify(
+            QpMod(
+                QpState.RTR,
+                primary_av=av,
+                path_mtu=Mtu.MTU_1024,
+                dest_qp=remote_qpn,
+                rq_psn=0,
+                resp_res=4,
+                rnr_nak_timeout=1,
+            )
         )
-    )
-    qp.modify(
-        QpMod(
-            QpState.RTS,
-            sq_psn=0,
-            **(
-                {"local_ack_timeout": 14, "retry_cnt": 7, "rnr_retry_cnt": 7, "init_depth": 4}
-                if rc
-                else {}
-            ),
+        qp.modify(
+            QpMod(
+                QpState.RTS,
+                sq_psn=0,
+                local_ack_timeout=14,
+                retry_cnt=7,
+                rnr_retry_cnt=7,
+                init_depth=4,
+            )
         )
-    )
+    else:
+        qp.modify(
+            QpMod(QpState.RTR, primary_av=av, path_mtu=Mtu.MTU_1024, dest_qp=remote_qpn, rq_psn=0)
+        )
+        qp.modify(QpMod(QpState.RTS, sq_psn=0))
 
 
 def wait_wc(cq: Cq, count: int = 1, timeout: float = 10.0) -> list[Wc]:
@@ -155,9 +158,7 @@ def demo_fabric(manager: AlManager | None = None) -> Iterator[AccessLayer]:
             mgr.close()
 
 
-def run_demo(
-    al: AccessLayer, on_step: Callable[[Step], None] | None = None
-) -> DemoReport:
+def run_demo(al: AccessLayer, on_step: Callable[[Step], None] | None = None) -> DemoReport:
     """Move data with every opcode between two CAs (or two QPs of one CA) and check it."""
     report = DemoReport()
     guids = al.get_ca_guids()
@@ -178,8 +179,13 @@ def run_demo(
         b.rc.post_recv(RecvWr(wr_id=100, sg_list=[b.mr.sge(1024, 256)]))
         a.buf[0 : len(payload)] = payload
         a.rc.post_send(
-            SendWr(wr_id=1, opcode=WrType.SEND, sg_list=[a.mr.sge(0, len(payload))],
-                   send_opt=opt, imm=imm)
+            SendWr(
+                wr_id=1,
+                opcode=WrType.SEND,
+                sg_list=[a.mr.sge(0, len(payload))],
+                send_opt=opt,
+                imm=imm,
+            )
         )
         sent, got = wait_wc(a.cq)[0], wait_wc(b.cq)[0]
         landed = bytes(b.buf[1024 : 1024 + len(payload)])
@@ -194,61 +200,119 @@ def run_demo(
 
     # RDMA WRITE: A's bytes into B's buffer at offset 2048, no receive consumed.
     a.buf[0:16] = b"written remotely"
-    a.rc.post_send(SendWr(wr_id=2, opcode=WrType.RDMA_WRITE, sg_list=[a.mr.sge(0, 16)],
-                          remote_addr=b.mr.vaddr + 2048, rkey=b.mr.rkey))
+    a.rc.post_send(
+        SendWr(
+            wr_id=2,
+            opcode=WrType.RDMA_WRITE,
+            sg_list=[a.mr.sge(0, 16)],
+            remote_addr=b.mr.vaddr + 2048,
+            rkey=b.mr.rkey,
+        )
+    )
     wc = wait_wc(a.cq)[0]
     landed = bytes(b.buf[2048:2064])
     step("RDMA WRITE", [("A", wc)], f"B's memory holds {landed!r}", landed == b"written remotely")
 
     b.rc.post_recv(RecvWr(wr_id=101, sg_list=[]))
     a.buf[0:8] = b"imm-wrt!"
-    a.rc.post_send(SendWr(wr_id=3, opcode=WrType.RDMA_WRITE, sg_list=[a.mr.sge(0, 8)],
-                          send_opt=SendOpt.SIGNALED | SendOpt.IMMEDIATE, imm=0x1234,
-                          remote_addr=b.mr.vaddr + 2100, rkey=b.mr.rkey))
+    a.rc.post_send(
+        SendWr(
+            wr_id=3,
+            opcode=WrType.RDMA_WRITE,
+            sg_list=[a.mr.sge(0, 8)],
+            send_opt=SendOpt.SIGNALED | SendOpt.IMMEDIATE,
+            imm=0x1234,
+            remote_addr=b.mr.vaddr + 2100,
+            rkey=b.mr.rkey,
+        )
+    )
     sent, got = wait_wc(a.cq)[0], wait_wc(b.cq)[0]
     landed = bytes(b.buf[2100:2108])
-    step("RDMA WRITE with immediate", [("A", sent), ("B", got)],
-         f"B's memory holds {landed!r}, imm=0x{got.imm or 0:x}",
-         landed == b"imm-wrt!" and got.imm == 0x1234)
+    step(
+        "RDMA WRITE with immediate",
+        [("A", sent), ("B", got)],
+        f"B's memory holds {landed!r}, imm=0x{got.imm or 0:x}",
+        landed == b"imm-wrt!" and got.imm == 0x1234,
+    )
 
     # RDMA READ: B's bytes into A's buffer.
     b.buf[3000:3012] = b"read back me"
-    a.rc.post_send(SendWr(wr_id=4, opcode=WrType.RDMA_READ, sg_list=[a.mr.sge(512, 12)],
-                          remote_addr=b.mr.vaddr + 3000, rkey=b.mr.rkey))
+    a.rc.post_send(
+        SendWr(
+            wr_id=4,
+            opcode=WrType.RDMA_READ,
+            sg_list=[a.mr.sge(512, 12)],
+            remote_addr=b.mr.vaddr + 3000,
+            rkey=b.mr.rkey,
+        )
+    )
     wc = wait_wc(a.cq)[0]
     landed = bytes(a.buf[512:524])
     step("RDMA READ", [("A", wc)], f"A's memory holds {landed!r}", landed == b"read back me")
 
     if a.ca.capabilities.atomics:
         struct.pack_into("<Q", b.buf, 3584, 41)
-        a.rc.post_send(SendWr(wr_id=5, opcode=WrType.FETCH_ADD, sg_list=[a.mr.sge(1536, 8)],
-                              remote_addr=b.mr.vaddr + 3584, rkey=b.mr.rkey, compare_add=1))
+        a.rc.post_send(
+            SendWr(
+                wr_id=5,
+                opcode=WrType.FETCH_ADD,
+                sg_list=[a.mr.sge(1536, 8)],
+                remote_addr=b.mr.vaddr + 3584,
+                rkey=b.mr.rkey,
+                compare_add=1,
+            )
+        )
         wc = wait_wc(a.cq)[0]
         (old,) = struct.unpack_from("<Q", a.buf, 1536)
         (new,) = struct.unpack_from("<Q", b.buf, 3584)
-        step("ATOMIC FETCH_ADD", [("A", wc)], f"fetched {old}, remote now {new}",
-             old == 41 and new == 42)
+        step(
+            "ATOMIC FETCH_ADD",
+            [("A", wc)],
+            f"fetched {old}, remote now {new}",
+            old == 41 and new == 42,
+        )
 
-        a.rc.post_send(SendWr(wr_id=6, opcode=WrType.COMPARE_SWAP, sg_list=[a.mr.sge(1544, 8)],
-                              remote_addr=b.mr.vaddr + 3584, rkey=b.mr.rkey,
-                              compare_add=42, swap=7))
+        a.rc.post_send(
+            SendWr(
+                wr_id=6,
+                opcode=WrType.COMPARE_SWAP,
+                sg_list=[a.mr.sge(1544, 8)],
+                remote_addr=b.mr.vaddr + 3584,
+                rkey=b.mr.rkey,
+                compare_add=42,
+                swap=7,
+            )
+        )
         wc = wait_wc(a.cq)[0]
         (old,) = struct.unpack_from("<Q", a.buf, 1544)
         (new,) = struct.unpack_from("<Q", b.buf, 3584)
-        step("ATOMIC COMPARE_SWAP", [("A", wc)], f"fetched {old}, remote now {new}",
-             old == 42 and new == 7)
+        step(
+            "ATOMIC COMPARE_SWAP",
+            [("A", wc)],
+            f"fetched {old}, remote now {new}",
+            old == 42 and new == 7,
+        )
 
     # UD SEND through an address vector.
     av = a.pd.create_av(av_for(b.port, a.port.port_num))
     b.ud.post_recv(RecvWr(wr_id=102, sg_list=[b.mr.sge(0, 40 + 64)]))  # 40-byte GRH first
     a.buf[0:9] = b"datagram!"
-    a.ud.post_send(SendWr(wr_id=7, opcode=WrType.SEND, sg_list=[a.mr.sge(0, 9)],
-                          ud=UdDest(av=av, remote_qp=b.ud.num, remote_qkey=UD_QKEY)))
+    a.ud.post_send(
+        SendWr(
+            wr_id=7,
+            opcode=WrType.SEND,
+            sg_list=[a.mr.sge(0, 9)],
+            ud=UdDest(av=av, remote_qp=b.ud.num, remote_qkey=UD_QKEY),
+        )
+    )
     sent, got = wait_wc(a.cq)[0], wait_wc(b.cq)[0]
     landed = bytes(b.buf[40:49])
-    step("UD SEND", [("A", sent), ("B", got)],
-         f"receiver got {landed!r} from QP 0x{got.src_qp:x}",
-         landed == b"datagram!" and got.src_qp == a.ud.num)
+    step(
+        "UD SEND",
+        [("A", sent), ("B", got)],
+        f"receiver got {landed!r} from QP 0x{got.src_qp:x}",
+        landed == b"datagram!" and got.src_qp == a.ud.num,
+    )
     av.destroy()
 
     for ep in (a, b):

@@ -18,8 +18,16 @@ def runner() -> CliRunner:
 def test_demo_moves_data_with_every_opcode(runner: CliRunner) -> None:
     result = runner.invoke(main, ["demo"])
     assert result.exit_code == 0, result.output
-    for op in ("SEND", "SEND with immediate", "RDMA WRITE", "RDMA WRITE with immediate",
-               "RDMA READ", "ATOMIC FETCH_ADD", "ATOMIC COMPARE_SWAP", "UD SEND"):
+    for op in (
+        "SEND",
+        "SEND with immediate",
+        "RDMA WRITE",
+        "RDMA WRITE with immediate",
+        "RDMA READ",
+        "ATOMIC FETCH_ADD",
+        "ATOMIC COMPARE_SWAP",
+        "UD SEND",
+    ):
         assert re.search(rf"\b{re.escape(op)}\b", result.output), op
     assert "hello, fabric" in result.output
     assert "fetched 41, remote now 42" in result.output
