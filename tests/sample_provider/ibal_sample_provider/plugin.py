@@ -1,0 +1,18 @@
+"""The entry point: how ibal finds this provider.
+
+``pyproject.toml`` names this module in the ``ibal.providers`` entry-point
+group.  ibal imports it only when the provider called "sample" is asked for,
+then calls the hook below once.  The hook only says what the provider is
+called and how to make one; looking for devices waits for ``Provider.start``.
+"""
+
+from __future__ import annotations
+
+from ibal.ci import ProviderRegistry, hookimpl
+
+from ibal_sample_provider.provider import SampleProvider
+
+
+@hookimpl
+def ibal_register_providers(registry: ProviderRegistry) -> None:
+    registry.add("sample", SampleProvider, "a loopback HCA: the template for provider authors")
