@@ -1,8 +1,36 @@
 """ibal: an InfiniBand access layer for Python (IBAL's ``ib_al.h`` over ``ib_ci.h`` providers)."""
 
+from typing import TYPE_CHECKING, Any
+
 from ibal import status, types
 from ibal.status import IbError, Status
 
+if TYPE_CHECKING:
+    from ibal.al import AccessLayer, AlManager, QpCreate, open_al
+
 __version__ = "0.1.0"
 
-__all__ = ["IbError", "Status", "__version__", "status", "types"]
+_AL_EXPORTS = frozenset({"AccessLayer", "AlManager", "QpCreate", "open_al"})
+
+
+def __getattr__(name: str) -> Any:
+    # The access layer is imported on first use, so ``import ibal`` stays light
+    # (the pytest plugin and the CLI import the package before they need it).
+    if name in _AL_EXPORTS:
+        from ibal import al
+
+        return getattr(al, name)
+    raise AttributeError(f"module 'ibal' has no attribute {name!r}")
+
+
+__all__ = [
+    "AccessLayer",
+    "AlManager",
+    "IbError",
+    "QpCreate",
+    "Status",
+    "__version__",
+    "open_al",
+    "status",
+    "types",
+]

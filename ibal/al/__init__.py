@@ -1,0 +1,57 @@
+"""The access layer (``ib_al.h``): AL instances, CAs and verbs objects over the CI contract.
+
+See ``docs/api.md``.  Every handle is an :class:`~ibal.al.obj.AlObject`;
+callbacks run on the manager's dispatcher thread; ``ibal.al.compat`` has the
+C spellings.
+"""
+
+from ibal.al.access_layer import AccessLayer
+from ibal.al.av import Av
+from ibal.al.ca import Ca
+from ibal.al.cq import Cq
+from ibal.al.dispatcher import Dispatcher, in_callback
+from ibal.al.manager import PROVIDERS_ENV, AlManager, default_manager, open_al
+from ibal.al.mr import Mr, Mw
+from ibal.al.obj import SYNC_DESTROY, AlObject
+from ibal.al.pd import Pd
+from ibal.al.pnp import (
+    DeviceAttrMask,
+    PnpClass,
+    PnpEvent,
+    PnpEventBit,
+    PnpRec,
+    PnpRegistration,
+)
+from ibal.al.qp import McastAttachment, Qp, QpCreate
+from ibal.al.srq import Srq
+from ibal.al.stash import Stash, StashKey
+
+__all__ = [
+    "PROVIDERS_ENV",
+    "SYNC_DESTROY",
+    "AccessLayer",
+    "AlManager",
+    "AlObject",
+    "Av",
+    "Ca",
+    "Cq",
+    "DeviceAttrMask",
+    "Dispatcher",
+    "McastAttachment",
+    "Mr",
+    "Mw",
+    "Pd",
+    "PnpClass",
+    "PnpEvent",
+    "PnpEventBit",
+    "PnpRec",
+    "PnpRegistration",
+    "Qp",
+    "QpCreate",
+    "Srq",
+    "Stash",
+    "StashKey",
+    "default_manager",
+    "in_callback",
+    "open_al",
+]

@@ -1,0 +1,199 @@
+"""``Ca``: one AL instance's handle on a registered CA (``ib_open_ca``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ibal.al.cq import CompCallback, Cq
+from ibal.al.obj import READY, AlObject, CaObject, DestroyCallback, _SyncDestroy
+from ibal.al.pd import Pd, _check_cb
+from ibal.ci.interface import Capabilities
+from ibal.status import (
+    InvalidCaHandle,
+    InvalidHandle,
+    InvalidParameter,
+    InvalidPort,
+    Unsupported,
+)
+from ibal.types import (
+    CA_MOD_VALID,
+    MAD_SIZE,
+    AsyncEventRec,
+    CaAttr,
+    CaMod,
+    CiOp,
+    PdType,
+    PortAttrMod,
+)
+
+if TYPE_CHECKING:
+    from ibal.al.access_layer import AccessLayer
+    from ibal.al.cica import CiCa
+
+EventCallback = Callable[[AsyncEventRec], object]
+
+
+class Ca(CaObject):
+    """An open CA.  Several AL instances may open the same CA; each gets its own ``Ca``."""
+
+    _invalid = InvalidCaHandle
+    _rank = 70
+    _kind = "CA"
+
+    def __init__(
+        self, al: AccessLayer, cica: CiCa, event_cb: EventCallback | None, context: Any
+    ) -> None:
+        super().__init__(al._mgr, al, al, cica, context)
+        self._event_cb = event_cb
+        self._h = cica.h_ca
+        self._close_cica = False
+
+    # ------------------------------------------------------------------ attributes
+    @property
+    def guid(self) -> int:
+        return self._cica.guid
+
+    @property
+    def name(self) -> str:
+        return self._cica.name
+
+    @property
+    def provider_name(self) -> str:
+        return self._cica.provider_name
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._cica.capabilities
+
+    # ------------------------------------------------------------------ verbs
+    def query(self) -> CaAttr:
+        """``ib_query_ca``: a fresh ``CaAttr`` (no size probe: Python returns objects)."""
+        self._use()
+        try:
+            return self._ci.query_ca(self._h)
+        finally:
+            self._unuse()
+
+    def modify(self, port_num: int, ca_mod: CaMod, port_attr_mod: PortAttrMod) -> None:
+        """``ib_modify_ca``: port capability bits and violation counters."""
+        self._check()
+        if not isinstance(port_num, int) or self._cica.port(port_num) is None:
+            raise InvalidPort(f"CA {self.name} has no port {port_num!r}")
+        if not isinstance(ca_mod, int) or int(ca_mod) & ~int(CA_MOD_VALID):
+            raise InvalidParameter(f"unknown ca_mod bits in {ca_mod!r}")
+        if not isinstance(port_attr_mod, PortAttrMod):
+            raise InvalidParameter("a PortAttrMod is required")
+        mod = CaMod(int(ca_mod))
+        caps = self._cica.capabilities
+        if mod & (CaMod.QKEY_CTR | CaMod.PKEY_CTR) and not caps.violation_counters:
+            raise Unsupported(caps.reason("violation_counters"))
+        self._use()
+        try:
+            self._ci.modify_ca(self._h, port_num, mod, port_attr_mod)
+        finally:
+            self._unuse()
+
+    def close(
+        self,
+        destroy_cb: DestroyCallback | _SyncDestroy | None = None,
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """``ib_close_ca``: asynchronous; everything opened on it is destroyed first."""
+        self._destroy(destroy_cb, wait, timeout)
+
+    def alloc_pd(self, pd_type: PdType = PdType.NORMAL, *, context: Any = None) -> Pd:
+        """``ib_alloc_pd``."""
+        self._check()
+        try:
+            kind = PdType(pd_type)
+        except ValueError:
+            raise InvalidParameter(f"unknown PD type {pd_type!r}") from None
+        pd = Pd(self, kind, context)
+
+        def make() -> None:
+            pd._h = self._ci.allocate_pd(self._h, kind)
+
+        return self._spawn(pd, make)
+
+    def create_cq(
+        self,
+        size: int,
+        *,
+        comp_cb: CompCallback | None = None,
+        event_cb: EventCallback | None = None,
+        context: Any = None,
+    ) -> Cq:
+        """``ib_create_cq``: ``comp_cb(cq, context)`` runs on the dispatcher after a rearm."""
+        self._check()
+        _check_cb(comp_cb, "comp_cb")
+        _check_cb(event_cb, "event_cb")
+        cq = Cq(self, comp_cb, event_cb, context)
+        cq._check_size(size)
+
+        def make() -> None:
+            created = self._ci.create_cq(self._h, size, cq)
+            cq._h, cq._size = created.handle, created.size
+
+        return self._spawn(cq, make)
+
+    def ci_call(self, op: CiOp, handles: Sequence[AlObject] = ()) -> CiOp:
+        """``ib_ci_call``: the vendor escape hatch, with PD/CQ/AV/QP/MR/MW handles."""
+        from ibal.al.av import Av
+        from ibal.al.mr import Mr, Mw
+        from ibal.al.qp import Qp
+
+        self._check()
+        if not isinstance(op, CiOp):
+            raise InvalidParameter("a CiOp is required")
+        allowed = (Pd, Cq, Av, Qp, Mr, Mw)
+        objs = list(handles)
+        for h in objs:
+            if (
+                not isinstance(h, allowed)
+                or h._al is not self._al
+                or h._cica is not self._cica
+                or h._state is not READY
+            ):
+                raise InvalidHandle(f"{h!r} cannot be passed to ci_call")
+        used: list[AlObject] = []
+        try:
+            for h in objs:
+                try:
+                    h._use()
+                except InvalidHandle:
+                    raise InvalidHandle(f"{h!r} was destroyed") from None
+                used.append(h)
+            self._use()
+            used.append(self)
+            return self._ci.vendor_call(self._h, [h._h for h in objs], op)
+        finally:
+            for h in used:
+                h._unuse()
+
+    def local_mad(self, port_num: int, mad: bytes) -> bytes:
+        """``ib_local_mad``: the CA's response to a 256-byte MAD on ``port_num``."""
+        self._check()
+        if not isinstance(port_num, int) or self._cica.port(port_num) is None:
+            raise InvalidPort(f"CA {self.name} has no port {port_num!r}")
+        if not isinstance(mad, (bytes, bytearray, memoryview)) or len(mad) != MAD_SIZE:
+            raise InvalidParameter(f"a MAD is {MAD_SIZE} bytes")
+        self._use()
+        try:
+            return self._ci.local_mad(self._h, port_num, bytes(mad))
+        finally:
+            self._unuse()
+
+    # ------------------------------------------------------------------ life cycle
+    def _unlink(self) -> None:
+        cica = self._cica
+        cica.cas.pop(self, None)
+        if cica.removing and not cica.cas and not cica.closing:
+            cica.closing = True
+            self._close_cica = True
+
+    def _after_free(self) -> None:
+        if self._close_cica:
+            self._mgr._close_cica(self._cica)

@@ -1,0 +1,132 @@
+"""``CiCa``: one registered CA, opened once, shared by every AL instance (IBAL ``al_ci_ca.c``).
+
+``ci.open_ca`` allows a single open instance, so the manager opens each CA
+exactly once at ``register_ca`` and every AL's :class:`~ibal.al.ca.Ca` handle
+is multiplexed over it.  The CI upcalls land here: completions carry the
+``cq_context`` (the AL's own :class:`Cq`), async events an
+:class:`~ibal.types.EventRecord` whose context is the AL object concerned
+(``qp_context``/``cq_context``/``srq_context``) or this record (``ca_context``).
+Both are only queued on the dispatcher: nothing runs on the provider's stack.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from ibal.al.cq import Cq
+from ibal.al.dispatcher import call_user
+from ibal.al.obj import ALIVE, AlObject
+from ibal.al.qp import Qp
+from ibal.al.srq import Srq
+from ibal.ci.interface import Capabilities, ChannelInterface
+from ibal.types import AsyncEvent, AsyncEventRec, CaAttr, EventRecord, EventSource, PortAttr
+
+if TYPE_CHECKING:
+    from ibal.al.ca import Ca
+    from ibal.al.manager import AlManager
+
+PORT_EVENTS = frozenset(
+    {
+        AsyncEvent.PORT_ACTIVE,
+        AsyncEvent.PORT_DOWN,
+        AsyncEvent.LID_CHANGE,
+        AsyncEvent.PKEY_CHANGE,
+        AsyncEvent.SM_CHANGE,
+        AsyncEvent.GID_CHANGE,
+        AsyncEvent.CLIENT_REREGISTER,
+    }
+)
+"""CA events that say a port changed: they also feed PnP."""
+
+_EVENT_TARGET: dict[EventSource, type[AlObject]] = {
+    EventSource.QP: Qp,
+    EventSource.CQ: Cq,
+    EventSource.SRQ: Srq,
+}
+
+
+class CiCa:
+    """A registered CA: the CI, its one open handle, cached attributes, the AL handles on it."""
+
+    def __init__(self, mgr: AlManager, ci: ChannelInterface) -> None:
+        self.mgr = mgr
+        self.ci = ci
+        self.guid: int = ci.guid
+        self.name: str = getattr(ci, "name", "") or f"ca-{ci.guid:016x}"
+        self.provider_name: str = getattr(ci, "provider_name", "") or ""
+        self.capabilities: Capabilities = ci.capabilities
+        self.h_ca: Any = None
+        self.attr: CaAttr = CaAttr(ca_guid=ci.guid)
+        self.cas: dict[Ca, None] = {}  # every AL's open handle on this CA
+        self.removing = False  # deregistered: no new opens, teardown under way
+        self.closing = False  # close_ca is being (or has been) called
+        self.closed = threading.Event()
+
+    def __repr__(self) -> str:
+        return f"<CiCa {self.name} 0x{self.guid:016x}>"
+
+    # ------------------------------------------------------------------ lookups
+    def port(self, port_num: int) -> PortAttr | None:
+        for p in self.attr.ports:
+            if p.port_num == port_num:
+                return p
+        return None
+
+    def port_by_guid(self, port_guid: int) -> PortAttr | None:
+        for p in self.attr.ports:
+            if p.port_guid == port_guid:
+                return p
+        return None
+
+    def limit(self, name: str) -> int:
+        """A CA limit from ``CaAttr``; 0 means the provider did not say (no check)."""
+        value = getattr(self.attr, name, 0)
+        return value if isinstance(value, int) else 0
+
+    # ------------------------------------------------------------------ CI upcalls
+    def completion_cb(self, cq_context: Any) -> None:
+        """``ci_completion_cb_t``: queue the CQ's completion callback (provider's stack)."""
+        if isinstance(cq_context, Cq) and cq_context._cica is self and cq_context._state in ALIVE:
+            self.mgr._dispatcher.post(cq_context._on_completion)
+
+    def async_event_cb(self, record: EventRecord) -> None:
+        """``ci_async_event_cb_t``: queue the event; it is routed on the dispatcher."""
+        self.mgr._dispatcher.post(self._route_event, record)
+
+    def _route_event(self, record: EventRecord) -> None:
+        """Dispatcher task: hand the event to the object it concerns."""
+        if self.closed.is_set():
+            return
+        code = record.code if isinstance(record.code, AsyncEvent) else AsyncEvent(record.code)
+        source = code.source
+        target_cls = _EVENT_TARGET.get(source)
+        if target_cls is not None:
+            target = record.context
+            if isinstance(target, target_cls) and getattr(target, "_cica", None) is self:
+                deliver_event(target, code, record)
+            return
+        for ca in list(self.cas):
+            deliver_event(ca, code, record)
+        if code in PORT_EVENTS:
+            self.mgr._pnp_port_change(self, code, record.port_num)
+
+
+def deliver_event(obj: AlObject, code: AsyncEvent, record: EventRecord) -> None:
+    """Run ``obj``'s event callback with an ``AsyncEventRec`` (on the dispatcher)."""
+    cb = getattr(obj, "_event_cb", None)
+    if cb is None or not obj._enter():
+        return
+    try:
+        call_user(
+            cb,
+            AsyncEventRec(
+                code=code,
+                context=obj.context,
+                handle=obj,
+                vendor_specific=record.vendor_specific,
+                port_num=record.port_num,
+            ),
+        )
+    finally:
+        obj._release("callback")

@@ -1,0 +1,344 @@
+"""``AlManager``: the CAs providers registered, the AL instances over them, one dispatcher.
+
+The manager is the :class:`~ibal.ci.CaRegistrar` providers talk to
+(``ib_register_ca`` / ``ib_deregister_ca``).  It opens each CA exactly once and
+multiplexes every AL instance's ``Ca`` handles over that one CI instance;
+upcalls are routed by :class:`~ibal.al.cica.CiCa`.  ``ibal.open_al()`` without
+arguments uses a process-wide default manager whose providers start on first
+use (``IBAL_PROVIDERS``, comma separated, else every installed provider);
+providers that fail are recorded in ``unavailable``, never raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from ibal.al import pnp
+from ibal.al.access_layer import AccessLayer
+from ibal.al.cica import CiCa
+from ibal.al.dispatcher import Dispatcher, in_callback, log
+from ibal.al.pnp import PnpRegistration
+from ibal.ci.interface import ChannelInterface
+from ibal.ci.manager import ProviderManager
+from ibal.ci.provider import Provider
+from ibal.status import (
+    DuplicateCa,
+    IbError,
+    InvalidAlHandle,
+    InvalidParameter,
+    InvalidState,
+    NotFound,
+    Timeout,
+    Unsupported,
+)
+from ibal.types import VERBS_VERSION, AsyncEvent, LinkState
+
+PROVIDERS_ENV = "IBAL_PROVIDERS"
+
+_COUNTER = itertools.count(1)
+
+
+class AlManager:
+    """The access layer's manager: a ``CaRegistrar`` plus the AL instances over its CAs."""
+
+    def __init__(self, *, provider_manager: ProviderManager | None = None) -> None:
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._dispatcher = Dispatcher(f"ibal-dispatcher-{next(_COUNTER)}")
+        self._cas: dict[int, CiCa] = {}  # registered, in registration order
+        self._closing: dict[int, CiCa] = {}  # deregistered, close_ca still to come
+        self._registering: set[int] = set()
+        self._als: dict[AccessLayer, None] = {}
+        self._pnp_regs: dict[PnpRegistration, None] = {}  # in registration order
+        self._providers: list[Provider] = []
+        self._provider_manager = provider_manager
+        self._closed = False
+        self.unavailable: dict[str, str] = {}
+        """Providers that loaded but found no device, or failed: name → reason."""
+
+    def __repr__(self) -> str:
+        return f"<AlManager {len(self._cas)} CAs, {len(self._als)} ALs>"
+
+    def __enter__(self) -> AlManager:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The thread every callback of this manager's ALs runs on."""
+        return self._dispatcher
+
+    # ------------------------------------------------------------------ providers
+    def _providers_pm(self) -> ProviderManager:
+        if self._provider_manager is None:
+            self._provider_manager = ProviderManager()
+        return self._provider_manager
+
+    def start_provider(self, name: str, options: Mapping[str, Any] | None = None) -> Provider:
+        """Make provider ``name`` (entry points) with ``options`` and start it on this manager."""
+        provider = self._providers_pm().create(name, dict(options or {}))
+        return self.add_provider(provider)
+
+    def add_provider(self, provider: Provider) -> Provider:
+        """Start ``provider`` (an instance made by hand); it registers its CAs here."""
+        if not isinstance(provider, Provider):
+            raise InvalidParameter(f"{provider!r} is not a Provider")
+        if self._closed:
+            raise InvalidState("the manager is closed")
+        try:
+            provider.start(self)
+        except BaseException:
+            try:  # it may have registered some CAs before failing
+                provider.stop()
+            except Exception as exc:
+                log.debug("stop after a failed start: %s", exc)
+            raise
+        with self._lock:
+            self._providers.append(provider)
+        if provider.unavailable_reason:
+            self.unavailable[provider.name or type(provider).__name__] = provider.unavailable_reason
+        return provider
+
+    @property
+    def providers(self) -> list[Provider]:
+        return list(self._providers)
+
+    # ------------------------------------------------------------------ CaRegistrar
+    def register_ca(self, ci: ChannelInterface) -> None:
+        """``ib_register_ca``: open the CA once, cache its attributes, announce it (PnP).
+
+        ``InvalidParameter`` for a non-``ChannelInterface``, ``Unsupported`` for
+        another contract ``version``, ``DuplicateCa`` for a GUID already here.
+        The CI is called (``open_ca``, ``query_ca``) before this returns.
+        """
+        if not isinstance(ci, ChannelInterface):
+            raise InvalidParameter(f"{ci!r} is not a ChannelInterface")
+        if getattr(ci, "version", None) != VERBS_VERSION:
+            raise Unsupported(f"contract version {getattr(ci, 'version', None)!r}, "
+                              f"this access layer speaks {VERBS_VERSION}")
+        guid = getattr(ci, "guid", None)
+        if not isinstance(guid, int) or isinstance(guid, bool) or guid <= 0:
+            raise InvalidParameter(f"bad CA GUID {guid!r}")
+        with self._lock:
+            if self._closed:
+                raise InvalidState("the manager is closed")
+            if guid in self._cas or guid in self._registering:
+                raise DuplicateCa(f"a CA with GUID 0x{guid:016x} is already registered")
+            old = self._closing.get(guid)
+            self._registering.add(guid)
+        try:
+            if old is not None and not old.closed.is_set():
+                if self._dispatcher.is_current():
+                    raise DuplicateCa(f"CA 0x{guid:016x} is still being withdrawn")
+                old.closed.wait()
+            cica = CiCa(self, ci)
+            cica.h_ca = ci.open_ca(cica.completion_cb, cica.async_event_cb, cica)
+            try:
+                cica.attr = ci.query_ca(cica.h_ca)
+            except BaseException:
+                ci.close_ca(cica.h_ca)
+                raise
+            with self._lock:
+                self._cas[guid] = cica
+                pnp.ca_added(list(self._pnp_regs), cica)
+        finally:
+            with self._lock:
+                self._registering.discard(guid)
+
+    def deregister_ca(self, guid: int) -> None:
+        """``ib_deregister_ca``: PnP removes, every resource on the CA destroyed, ``close_ca``.
+
+        ``NotFound`` for an unknown GUID.  Blocks until ``close_ca`` was called,
+        except on the dispatcher thread (from a callback), where the teardown
+        completes right after the callback returns.
+        """
+        with self._lock:
+            cica = self._cas.pop(guid, None) if isinstance(guid, int) else None
+            if cica is None:
+                raise NotFound(f"no CA with GUID {guid!r} is registered")
+            cica.removing = True
+            self._closing[guid] = cica
+            pnp.ca_removed(list(self._pnp_regs), cica)
+            # After the PnP removes were delivered: clients drop handles on CA_REMOVE.
+            self._dispatcher.post(self._teardown, cica)
+        if not self._dispatcher.is_current():
+            cica.closed.wait()
+
+    def _teardown(self, cica: CiCa) -> None:
+        """Dispatcher task: destroy every AL handle on the CA (children first)."""
+        with self._lock:
+            cas = sorted(cica.cas, key=lambda c: -c._seq)
+            close_now = not cas and not cica.closing
+            if close_now:
+                cica.closing = True
+        for ca in cas:
+            ca._destroy_forced()
+        if close_now:
+            self._close_cica(cica)
+
+    def _close_cica(self, cica: CiCa) -> None:
+        """The last handle on a withdrawn CA is gone: ``close_ca``."""
+        try:
+            cica.ci.close_ca(cica.h_ca)
+        except Exception as exc:
+            log.error("ibal: close_ca of %s failed: %s", cica.name, exc)
+        with self._lock:
+            if self._closing.get(cica.guid) is cica:
+                del self._closing[cica.guid]
+            cica.closed.set()
+            self._cond.notify_all()
+
+    def _pnp_port_change(self, cica: CiCa, code: AsyncEvent, port_num: int) -> None:
+        """Dispatcher task: a port event arrived; PnP events for what changed.
+
+        Attributes come from a fresh ``query_ca``; the event itself says which
+        port changed and, for PORT_ACTIVE/PORT_DOWN, which way: a port that
+        bounced before this task ran still yields its DOWN then its ACTIVE.
+        """
+        try:
+            new = cica.ci.query_ca(cica.h_ca)
+        except Exception as exc:
+            log.warning("ibal: query_ca after a port event on %s failed: %s", cica.name, exc)
+            return
+        with self._lock:
+            if self._cas.get(cica.guid) is not cica:
+                # Not announced yet (an upcall from inside open_ca: CA_ADD will carry the
+                # state) or withdrawn meanwhile (its ports were already removed).
+                return
+            old = cica.attr
+            before = {p.port_num: p for p in old.ports}
+            ports = []
+            for port in new.ports:
+                if port_num and port.port_num != port_num:
+                    port = before.get(port.port_num, port)  # its own event will come
+                elif code is AsyncEvent.PORT_DOWN and port.link_state is LinkState.ACTIVE:
+                    port = dataclasses.replace(port, link_state=LinkState.DOWN)
+                elif code is AsyncEvent.PORT_ACTIVE and port.link_state is not LinkState.ACTIVE:
+                    port = dataclasses.replace(port, link_state=LinkState.ACTIVE)
+                ports.append(port)
+            cica.attr = dataclasses.replace(new, ports=tuple(ports))
+            pnp.port_changes(list(self._pnp_regs), cica, old, cica.attr)
+
+    @property
+    def ca_guids(self) -> list[int]:
+        """The registered CAs, in registration order."""
+        with self._lock:
+            return [g for g, c in self._cas.items() if not c.removing]
+
+    # ------------------------------------------------------------------ ALs
+    def open_al(self) -> AccessLayer:
+        """``ib_open_al`` on this manager's CAs."""
+        with self._lock:
+            if self._closed:
+                raise InvalidState("the manager is closed")
+            al = AccessLayer(self)
+            self._als[al] = None
+        al._activate(InvalidState)
+        return al
+
+    def close(self, *, timeout: float | None = None) -> None:
+        """Close every AL, stop the providers (their CAs go), end the dispatcher.
+
+        Raises ``InvalidState`` inside an AL callback; a second call does nothing.
+        """
+        if in_callback():
+            raise InvalidState("closing a manager from inside an AL callback would deadlock")
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            als = list(self._als)
+        for al in als:
+            with contextlib.suppress(InvalidAlHandle):  # closed meanwhile
+                al._destroy(None, True, timeout)
+        for provider in reversed(self._providers):
+            try:
+                provider.stop()
+            except Exception as exc:
+                log.warning("ibal: stopping provider %s failed: %s", provider.name, exc)
+        for guid in list(self._cas):
+            with contextlib.suppress(NotFound):
+                self.deregister_ca(guid)
+        with self._lock:
+            if not self._cond.wait_for(lambda: not self._closing, timeout):
+                raise Timeout(f"CAs still closing: {[c.name for c in self._closing.values()]}")
+        self._dispatcher.stop()
+
+
+# ---------------------------------------------------------------------- module level
+_default: AlManager | None = None
+_default_lock = threading.Lock()
+
+
+def default_manager() -> AlManager:
+    """The process-wide manager ``ibal.open_al()`` uses; providers start on first use.
+
+    ``IBAL_PROVIDERS`` (comma separated) names them, else every installed one.
+    A provider that fails to load or start is recorded in ``unavailable``.
+    """
+    global _default
+    with _default_lock:
+        if _default is None or _default.closed:
+            mgr = AlManager()
+            env = os.environ.get(PROVIDERS_ENV, "")
+            names = [n.strip() for n in env.split(",") if n.strip()]
+            if not names:
+                names = mgr._providers_pm().names()
+            for name in names:
+                try:
+                    mgr.start_provider(name)
+                except Exception as exc:  # one broken provider must not hide the others
+                    detail = exc.detail if isinstance(exc, IbError) else ""
+                    mgr.unavailable[name] = detail or str(exc)
+            _default = mgr
+        return _default
+
+
+def open_al(
+    providers: Sequence[str] | Mapping[str, Mapping[str, Any]] | None = None,
+) -> AccessLayer:
+    """``ib_open_al``.
+
+    ``providers=None`` opens on the default manager; a list of names or a dict
+    ``{name: options}`` opens on a private manager running only those
+    providers (closing the AL closes it).
+    """
+    if providers is None:
+        return default_manager().open_al()
+    items: list[tuple[str, Mapping[str, Any]]]
+    if isinstance(providers, Mapping):
+        items = [(str(k), v or {}) for k, v in providers.items()]
+    elif isinstance(providers, str):
+        items = [(providers, {})]
+    elif isinstance(providers, Sequence):
+        items = [(str(n), {}) for n in providers]
+    else:
+        raise InvalidParameter("providers is None, a list of names or a dict of options")
+    mgr = AlManager()
+    try:
+        for name, options in items:
+            mgr.start_provider(name, options)
+        al = mgr.open_al()
+    except BaseException:
+        mgr.close()
+        raise
+    al._owns_manager = True
+    return al

@@ -1,0 +1,333 @@
+"""Memory regions and memory windows.
+
+``reg_mem`` takes any writable, contiguous Python buffer.  The AL takes the
+buffer's real address with ctypes (so ``mr.vaddr`` is what an RDMA peer
+targets) and keeps an export of it for the MR's lifetime: a ``bytearray``
+cannot be resized while registered, which is this world's "pinning".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from ibal.al.obj import READY, CaObject, busy_if, check_handle
+from ibal.status import (
+    InvalidMrHandle,
+    InvalidMwHandle,
+    InvalidParameter,
+    InvalidPermission,
+    InvalidQpState,
+    InvalidServiceType,
+    Unsupported,
+)
+from ibal.types import (
+    ALL_ACCESS,
+    AccessFlags,
+    BindWr,
+    MrAttr,
+    MrKeys,
+    MrModMask,
+    QpType,
+    Sge,
+)
+
+if TYPE_CHECKING:
+    from ibal.al.cica import CiCa
+    from ibal.al.pd import Pd
+    from ibal.al.qp import Qp
+
+_MOD_VALID = int(MrModMask.ADDR | MrModMask.PD | MrModMask.ACCESS)
+
+
+def check_access(access: object, cica: CiCa) -> AccessFlags:
+    """``access`` as ``AccessFlags`` the CA supports, in a combination IBA allows."""
+    if not isinstance(access, int) or isinstance(access, bool) or access & ~int(ALL_ACCESS):
+        raise InvalidParameter(f"bad access flags {access!r}")
+    flags = AccessFlags(int(access))
+    remote_writes = AccessFlags.RDMA_WRITE | AccessFlags.ATOMIC
+    if flags & remote_writes and not flags & AccessFlags.LOCAL_WRITE:
+        raise InvalidPermission("remote write and atomic access need local write")
+    caps = cica.capabilities
+    if flags & AccessFlags.ATOMIC and not caps.atomics:
+        raise Unsupported(caps.reason("atomics"))
+    if flags & AccessFlags.MW_BIND and not caps.mw_types:
+        raise Unsupported(caps.reason("mw_types"))
+    return flags
+
+
+def pin_buffer(buffer: object) -> tuple[memoryview, Any, int]:
+    """A byte view of ``buffer``, the ctypes export that pins it, and its address."""
+    try:
+        view = memoryview(buffer)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidParameter(f"{type(buffer).__name__} is not a buffer") from None
+    if view.readonly:
+        raise InvalidParameter("the buffer is read-only")
+    if not view.c_contiguous:
+        raise InvalidParameter("the buffer is not contiguous")
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    if not view.nbytes:
+        raise InvalidParameter("the buffer is empty")
+    export = (ctypes.c_char * view.nbytes).from_buffer(view)
+    return view, export, ctypes.addressof(export)
+
+
+class Mr(CaObject):
+    """A registered memory region (``ib_reg_mem``, ``ib_reg_phys``, ``ib_reg_shared``)."""
+
+    _invalid = InvalidMrHandle
+    _rank = 40
+    _kind = "MR"
+    _sync_destroy = True
+
+    def __init__(
+        self,
+        pd: Pd,
+        buffer: memoryview | None,
+        export: Any,
+        access: AccessFlags,
+        source: Mr | None = None,
+    ) -> None:
+        super().__init__(pd._mgr, pd._al, pd, pd._cica)
+        self._pd = pd
+        self._buffer = buffer
+        self._export = export  # keeps the consumer's buffer exported (pinned)
+        self._access = access
+        self._source = source
+        self._bound_mws: dict[Mw, None] = {}
+        self.lkey = 0
+        self.rkey = 0
+        self.vaddr = 0
+        self.length = 0
+
+    def _set_keys(self, keys: MrKeys) -> None:
+        self._h = keys.handle
+        self.lkey, self.rkey = keys.lkey, keys.rkey
+        self.vaddr, self.length = keys.vaddr, keys.length
+
+    # ------------------------------------------------------------------ attributes
+    @property
+    def pd(self) -> Pd:
+        return self._pd
+
+    @property
+    def buffer(self) -> memoryview | None:
+        """The registered bytes (``None`` for a physical registration)."""
+        return self._buffer
+
+    @property
+    def access(self) -> AccessFlags:
+        return self._access
+
+    def sge(self, offset: int = 0, length: int | None = None) -> Sge:
+        """An SGE for ``[offset, offset+length)`` of this region (to its end by default)."""
+        if length is None:
+            length = self.length - offset
+        if offset < 0 or length < 0 or offset + length > self.length:
+            raise InvalidParameter(f"[{offset}, {offset + length}) is outside the region")
+        return Sge(self.vaddr + offset, length, self.lkey)
+
+    # ------------------------------------------------------------------ verbs
+    def query(self) -> MrAttr:
+        """``ib_query_mr``: bounds, access and keys, with ``pd`` filled."""
+        self._use()
+        try:
+            attr = self._ci.query_mr(self._h)
+        finally:
+            self._unuse()
+        return dataclasses.replace(attr, pd=self._pd)
+
+    def rereg(
+        self,
+        mask: MrModMask,
+        *,
+        buffer: object = None,
+        access: AccessFlags | None = None,
+        pd: Pd | None = None,
+    ) -> None:
+        """``ib_rereg_mem``: change what ``mask`` names; the new keys land on this object."""
+        from ibal.al.pd import Pd
+
+        self._check()
+        if not isinstance(mask, int) or not mask or int(mask) & ~_MOD_VALID:
+            raise InvalidParameter(f"bad re-registration mask {mask!r}")
+        mask = MrModMask(int(mask))
+        given = {
+            MrModMask.ADDR: buffer is not None,
+            MrModMask.ACCESS: access is not None,
+            MrModMask.PD: pd is not None,
+        }
+        for bit, present in given.items():
+            if bool(mask & bit) != present:
+                raise InvalidParameter(f"{bit.name} must be given exactly when the mask names it")
+        new_pd = check_handle(pd, Pd, self._al, self._cica) if pd is not None else None
+        flags = check_access(access, self._cica) if access is not None else None
+        view = export = None
+        vaddr: int | None = None
+        if buffer is not None:
+            view, export, vaddr = pin_buffer(buffer)
+        with self._lock:
+            self._check()
+            busy_if(self._bound_mws, "bound memory windows")
+            if new_pd is not None:
+                new_pd._check()
+                new_pd._children[self] = None  # pinned before the call, undone on failure
+                new_pd._ref("child")
+            self._inuse.append(None)  # as _use(), under the lock already
+        try:
+            keys = self._ci.modify_mr(
+                self._h, mask, view, vaddr, flags, new_pd._h if new_pd is not None else None
+            )
+        except BaseException:
+            if new_pd is not None:
+                with self._lock:
+                    new_pd._children.pop(self, None)
+                new_pd._release("child")
+            self._unuse()
+            raise
+        old_pd = None
+        with self._lock:
+            self._set_keys(keys)
+            if view is not None:
+                self._buffer, self._export = view, export
+            if flags is not None:
+                self._access = flags
+            if new_pd is not None:  # re-parent before the verb ends: a cleanup sees the new PD
+                old_pd, self._pd, self._parent = self._pd, new_pd, new_pd
+                old_pd._children.pop(self, None)
+        self._unuse()
+        if old_pd is not None:
+            old_pd._release("child")
+
+    def reg_shared(self, pd: Pd, access: AccessFlags, vaddr: int = 0) -> Mr:
+        """``ib_reg_shared``: a new region on ``pd`` over this region's pages."""
+        from ibal.al.pd import Pd
+
+        self._check()
+        target = check_handle(pd, Pd, self._al, self._cica)
+        flags = check_access(access, self._cica)
+        if type(vaddr) is not int or vaddr < 0:
+            raise InvalidParameter("vaddr must be a non-negative int")
+        mr = Mr(target, self._buffer, self._export, flags, source=self)
+
+        def make() -> None:
+            mr._set_keys(self._ci.register_smr(self._h, target._h, flags, vaddr))
+
+        return target._spawn(mr, make, pins=(self,))
+
+    def dereg(self) -> None:
+        """``ib_dereg_mr``: synchronous; ``ResourceBusy`` with windows bound or shared regions."""
+        self._destroy_now()
+
+    def _check_busy(self) -> None:
+        busy_if(self._dependents, "shared memory regions")
+        busy_if(self._bound_mws, "bound memory windows")
+
+    def _extra_victims(self) -> list[Mw]:
+        return list(self._bound_mws)
+
+    def _cleanup(self) -> None:
+        self._ci.deregister_mr(self._h)
+
+    def _unlink(self) -> None:
+        for mw in self._bound_mws:
+            mw._bound_mr = None
+        self._bound_mws.clear()
+        self._export = None
+        if self._source is None and self._buffer is not None:
+            # Unpin the consumer's buffer (shared regions borrow the owner's view).
+            with contextlib.suppress(BufferError):
+                self._buffer.release()
+
+
+class Mw(CaObject):
+    """A memory window (``ib_create_mw``); ``bind`` posts a bind on a QP."""
+
+    _invalid = InvalidMwHandle
+    _rank = 10
+    _kind = "MW"
+    _sync_destroy = True
+
+    def __init__(self, pd: Pd) -> None:
+        super().__init__(pd._mgr, pd._al, pd, pd._cica)
+        self._pd = pd
+        self.rkey = 0
+        self._bound_mr: Mr | None = None
+
+    @property
+    def pd(self) -> Pd:
+        return self._pd
+
+    def query(self) -> tuple[Pd, int]:
+        """``ib_query_mw``: the PD and the current R_KEY."""
+        self._use()
+        try:
+            self.rkey = self._ci.query_mw(self._h)
+        finally:
+            self._unuse()
+        return self._pd, self.rkey
+
+    def bind(self, qp: Qp, bind: BindWr) -> int:
+        """``ib_bind_mw``: bind (``length > 0``) or unbind; returns the new R_KEY."""
+        from ibal.al.qp import _SEND_STATES, Qp
+
+        self._check()
+        qp = check_handle(qp, Qp, self._al, self._cica)
+        if not isinstance(bind, BindWr):
+            raise InvalidParameter("a BindWr is required")
+        if qp._qp_type not in (QpType.RC, QpType.UC):
+            raise InvalidServiceType(f"{qp._qp_type.name} QPs cannot bind windows")
+        if type(bind.length) is not int or bind.length < 0:
+            raise InvalidParameter("length must be a non-negative int")
+        mr: Mr | None = None
+        if bind.length or bind.mr is not None:
+            mr = check_handle(bind.mr, Mr, self._al, self._cica)
+            if mr._pd is not self._pd:
+                raise InvalidParameter("the window and the region are on different PDs")
+        access: object = bind.access
+        if not isinstance(access, int) or isinstance(access, bool) or access & ~int(ALL_ACCESS):
+            # A window's rights are remote ones; whether the region allows them
+            # (local write under remote write, MW_BIND) is the provider's check.
+            raise InvalidParameter(f"bad access flags {access!r}")
+        if qp._pd is not self._pd:
+            raise InvalidParameter("the window and the QP are on different PDs")
+        if qp._qp_state not in _SEND_STATES:
+            raise InvalidQpState(f"QP is {qp._qp_state.name}")
+        wr = BindWr(
+            mr._h if mr is not None else None,
+            bind.addr,
+            bind.length,
+            bind.access,
+            bind.current_rkey,
+            bind.wr_id,
+            bind.send_opt,
+        )
+        self._use()
+        try:
+            rkey = self._ci.bind_mw(self._h, qp._h, wr)
+        finally:
+            self._unuse()
+        with self._lock:
+            if self._bound_mr is not None:
+                self._bound_mr._bound_mws.pop(self, None)
+            self._bound_mr = mr if bind.length and mr is not None and mr._state is READY else None
+            if self._bound_mr is not None:
+                self._bound_mr._bound_mws[self] = None
+            self.rkey = rkey
+        return rkey
+
+    def destroy(self) -> None:
+        """``ib_destroy_mw``: synchronous."""
+        self._destroy_now()
+
+    def _cleanup(self) -> None:
+        self._ci.destroy_mw(self._h)
+
+    def _unlink(self) -> None:
+        if self._bound_mr is not None:
+            self._bound_mr._bound_mws.pop(self, None)
+            self._bound_mr = None

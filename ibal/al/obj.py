@@ -1,0 +1,507 @@
+"""``AlObject``: the life cycle every access-layer handle shares (IBAL ``al_common.c``).
+
+Phases, made explicit:
+
+* **init**: the object exists, pinned to its parent (and to the objects it uses,
+  e.g. a QP pins its CQs); the provider resource is being created.  Async
+  events may already arrive for it (IBAL: "possibly before create returns").
+* **ready**: the handle is valid.
+* **destroying**: set under the manager lock in one step.  From then on every
+  call on it or passing it raises its type's ``Invalid*Handle`` and async
+  events for it are dropped.  Children are destroyed newest first (the
+  cascade); the object waits until nothing references it any more (children,
+  users such as QPs on a CQ, calls in progress, callbacks running).
+* **cleanup**: the provider's destroy verb, run by whichever thread dropped the
+  last reference; then the consumer's destroy callback is queued on the
+  dispatcher (after every callback queued before it, which the dispatcher drops
+  since the object is destroying) and the parent is unpinned.
+* **destroyed**.
+
+Invariant: no callback for an object runs after its destroy callback, and the
+destroy callback runs only after every callback that was running for the object
+(or its children) returned.  Nothing is ever freed by force: a destroy that
+waits and times out raises ``Timeout`` naming what still holds the object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import os
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from ibal.al.dispatcher import call_user, in_callback, log
+from ibal.al.stash import Stash
+from ibal.status import (
+    IbError,
+    InvalidHandle,
+    InvalidParameter,
+    InvalidState,
+    ResourceBusy,
+    Timeout,
+)
+
+if TYPE_CHECKING:
+    from ibal.al.cica import CiCa
+    from ibal.al.manager import AlManager
+    from ibal.ci.interface import ChannelInterface
+
+
+class State(enum.Enum):
+    """Where an object is in its life cycle."""
+
+    INIT = "init"
+    READY = "ready"
+    DESTROYING = "destroying"
+    DESTROYED = "destroyed"
+
+
+INIT = State.INIT
+READY = State.READY
+DESTROYING = State.DESTROYING
+DESTROYED = State.DESTROYED
+ALIVE = (INIT, READY)
+
+
+class _SyncDestroy:
+    """The type of :data:`SYNC_DESTROY`."""
+
+    _instance: ClassVar[_SyncDestroy | None] = None
+
+    def __new__(cls) -> _SyncDestroy:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "ib_sync_destroy"
+
+
+SYNC_DESTROY = _SyncDestroy()
+"""IBAL's ``ib_sync_destroy``: passed as ``destroy_cb`` it means ``wait=True``."""
+
+DestroyCallback = Callable[[Any], object]
+
+_SEQ = itertools.count()
+_T = TypeVar("_T", bound="AlObject")
+
+
+def _run_destroy_cb(cb: DestroyCallback | None, context: Any, done: threading.Event | None) -> None:
+    """Dispatcher task: the consumer's destroy callback, then wake ``wait=True`` callers."""
+    try:
+        if cb is not None:
+            call_user(cb, context)
+    finally:
+        if done is not None:
+            done.set()
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class AlObject:
+    """Base of every handle: state, references, cascade and destroy.
+
+    References (``_refs``): one for creation (dropped by destroy), one during
+    construction, one per child, one per object pinning this one (a QP on a
+    CQ), one per call in progress that must not race the provider cleanup, and
+    one per callback running for it.  The cleanup runs when they are all gone.
+    """
+
+    _invalid: ClassVar[type[InvalidHandle]] = InvalidHandle
+    _rank: ClassVar[int] = 50  # cascade order among siblings: lower goes first
+    _kind: ClassVar[str] = "object"
+    _sync_destroy: ClassVar[bool] = False  # Av, Mr, Mw, mcast: destroy returns when done
+
+    debug_refs: ClassVar[bool] = bool(os.environ.get("IBAL_DEBUG_REFS"))
+    """Count references per origin (``ref_origins()``); set before creating objects."""
+
+    def __init__(
+        self,
+        mgr: AlManager,
+        al: AlObject | None,
+        parent: AlObject | None,
+        context: Any = None,
+    ) -> None:
+        self._mgr = mgr
+        self._lock = mgr._lock
+        self._al: AlObject = self if al is None else al
+        self._parent = parent
+        self._state = INIT
+        self._refs = 2  # creation + construction
+        self._creation_dropped = False
+        self._children: dict[AlObject, None] = {}
+        self._dependents: dict[AlObject, None] = {}
+        self._pins: tuple[AlObject, ...] = ()
+        self._context = context
+        self._destroy_cb: DestroyCallback | None = None
+        self._done: threading.Event | None = None
+        self._sync_waiting = False
+        self._finishing = False
+        self._inuse: deque[None] = deque()  # verbs in progress (lock-free: append/pop)
+        self._h: Any = None  # the provider's handle, if the object has one
+        self._stash: Stash | None = None
+        self._seq = next(_SEQ)
+        self._origins: Counter[str] | None = (
+            Counter({"creation": 1, "construction": 1}) if self.debug_refs else None
+        )
+
+    # ------------------------------------------------------------------ public bits
+    @property
+    def context(self) -> Any:
+        """The context given at creation (passed to this object's callbacks)."""
+        return self._context
+
+    @property
+    def stash(self) -> Stash:
+        """Typed per-client data for layers built on this handle (see :mod:`ibal.al.stash`)."""
+        if self._stash is None:
+            self._stash = Stash()
+        return self._stash
+
+    def ref_origins(self) -> dict[str, int]:
+        """References held on this object, by origin (only with ``debug_refs``)."""
+        if self._origins is None:
+            return {"total": self._refs + len(self._inuse)}
+        out = {k: v for k, v in self._origins.items() if v}
+        if self._inuse:
+            out["use"] = len(self._inuse)
+        return out
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} #{self._seq} {self._state.value}>"
+
+    # ------------------------------------------------------------------ validation
+    def _check(self) -> None:
+        """Raise this type's ``Invalid*Handle`` unless the handle is valid."""
+        if self._state is not READY:
+            raise self._invalid(f"{self._kind} handle is {self._state.value}")
+
+    def _check_busy(self) -> None:
+        """Raise ``ResourceBusy`` if an explicit destroy is not allowed now (under lock)."""
+
+    # ------------------------------------------------------------------ references
+    def _ref(self, origin: str) -> None:
+        """Take a reference (caller holds the lock)."""
+        self._refs += 1
+        if self._origins is not None:
+            self._origins[origin] += 1
+
+    def _use(self) -> None:
+        """Pin a valid handle for the duration of a verb (pair with ``_unuse()``).
+
+        Lock-free, as it guards every verb: register first, then check the
+        state; a destroy marks the state first, then looks for users.  Under
+        the GIL one of the two always sees the other, so the cleanup never
+        runs while a verb is inside the provider.
+        """
+        self._inuse.append(None)
+        if self._state is not READY:
+            self._unuse()
+            raise self._invalid(f"{self._kind} handle is {self._state.value}")
+
+    def _unuse(self) -> None:
+        self._inuse.pop()
+        if self._state is not READY:  # a destroy may be waiting for this verb
+            self._settle()
+
+    def _settle(self) -> None:
+        """Run the cleanup if a destroying object has nothing left on it."""
+        with self._lock:
+            if self._sync_waiting:
+                self._mgr._cond.notify_all()
+            if (
+                self._refs
+                or self._inuse
+                or self._state is not DESTROYING
+                or self._finishing
+            ):
+                return
+            self._finishing = True
+        self._finish()
+
+    def _enter(self) -> bool:
+        """Pin the object for a callback; False if it is destroying (drop the callback)."""
+        with self._lock:
+            if self._state is READY or self._state is INIT:
+                self._ref("callback")
+                return True
+            return False
+
+    def _release(self, origin: str) -> None:
+        """Drop a reference; the last one of a destroying object runs its cleanup here."""
+        with self._lock:
+            self._refs -= 1
+            if self._origins is not None:
+                self._origins[origin] -= 1
+        self._settle()
+
+    # ------------------------------------------------------------------ creation
+    def _attach(self, pins: Iterable[AlObject] = ()) -> None:
+        """Pin the parent (as a child) and ``pins`` (as a user); all must be valid.
+
+        Called under the lock by the creating verb, after validation.
+        """
+        parent = self._parent
+        pins = tuple(pins)
+        if parent is not None:
+            parent._check()
+        for p in pins:
+            p._check()
+        if parent is not None:
+            parent._children[self] = None
+            parent._ref("child")
+        for p in pins:
+            if self not in p._dependents:
+                p._dependents[self] = None
+                p._ref("pin")
+        self._pins = tuple(dict.fromkeys(pins))
+
+    def _activate(self, doomed_error: type[IbError]) -> None:
+        """The provider created the resource: the handle becomes valid.
+
+        If a cascade reached the object meanwhile (its parent is being
+        destroyed), the new resource is destroyed again and ``doomed_error``
+        raised: the call did not produce a usable handle.
+        """
+        with self._lock:
+            doomed = self._state is not INIT
+            if not doomed:
+                self._state = READY
+        self._release("construction")
+        if doomed:
+            raise doomed_error("destroyed while the call was in progress")
+
+    def _abort(self) -> None:
+        """The provider refused to create it: undo the attach, nothing to clean up."""
+        with self._lock:
+            self._h = None
+            self._state = DESTROYING
+            creation = not self._creation_dropped
+            self._creation_dropped = True
+        if creation:
+            with self._lock:
+                self._refs -= 1
+                if self._origins is not None:
+                    self._origins["creation"] -= 1
+        self._release("construction")
+
+    def _spawn(self, child: _T, make: Callable[[], object], pins: Iterable[AlObject] = ()) -> _T:
+        """Create ``child`` of this object: attach, ``make()`` at the provider, activate.
+
+        ``make`` calls the provider's create verb and stores the handle on
+        ``child``; if it raises, the attach is undone and nothing is left behind.
+        """
+        with self._lock:
+            child._attach(pins)
+        try:
+            make()
+        except BaseException:
+            child._abort()
+            raise
+        child._activate(self._invalid)
+        return child
+
+    # ------------------------------------------------------------------ destroy
+    def _cascade_victims(self) -> list[AlObject]:
+        """What must go before this object: children, and users that pin it."""
+        victims = [*self._children, *self._dependents, *self._extra_victims()]
+        victims = list(dict.fromkeys(victims))
+        victims.sort(key=lambda o: (o._rank, -o._seq))
+        return victims
+
+    def _extra_victims(self) -> Iterable[AlObject]:
+        """Further objects a forced destroy takes along (e.g. windows bound to an MR)."""
+        return ()
+
+    def _mark(
+        self, destroy_cb: DestroyCallback | None, done: threading.Event | None
+    ) -> list[AlObject]:
+        """Enter DESTROYING (caller holds the lock); return the cascade victims."""
+        self._state = DESTROYING
+        self._destroy_cb = destroy_cb
+        self._done = done
+        self._on_destroying()
+        return self._cascade_victims()
+
+    def _on_destroying(self) -> None:
+        """Hook, under the lock, when the object enters DESTROYING."""
+
+    def _cascade(self, victims: list[AlObject]) -> None:
+        for v in victims:
+            v._destroy_forced()
+        self._drop_creation()
+
+    def _drop_creation(self) -> None:
+        with self._lock:
+            if self._creation_dropped:
+                return
+            self._creation_dropped = True
+        self._release("creation")
+
+    def _destroy_forced(self) -> None:
+        """Destroy as part of a parent's cascade (no callback, never raises)."""
+        with self._lock:
+            if self._state is not READY and self._state is not INIT:
+                return
+            victims = self._mark(None, None)
+        self._cascade(victims)
+
+    def _destroy(
+        self,
+        destroy_cb: DestroyCallback | _SyncDestroy | None,
+        wait: bool,
+        timeout: float | None,
+    ) -> None:
+        """The asynchronous destroy verbs (``ib_close_ca``, ``ib_destroy_qp``, ...)."""
+        if isinstance(destroy_cb, _SyncDestroy):
+            destroy_cb, wait = None, True
+        if destroy_cb is not None and not callable(destroy_cb):
+            raise InvalidParameter("destroy_cb must be callable")
+        if wait and in_callback():
+            raise InvalidState("waiting for a destroy from inside an AL callback would deadlock")
+        done = threading.Event() if wait else None
+        with self._lock:
+            self._check()
+            self._check_busy()
+            victims = self._mark(destroy_cb, done)
+        self._cascade(victims)
+        if done is not None:
+            self._wait(done, timeout)
+
+    def _destroy_now(self) -> None:
+        """The synchronous destroy verbs (``ib_destroy_av``, ``ib_dereg_mr``, ...).
+
+        The provider's verdict counts: if it refuses (e.g. ``ResourceBusy``), the
+        handle stays valid and the error is raised.
+        """
+        with self._lock:
+            self._check()
+            self._check_busy()
+            self._state = DESTROYING
+            self._creation_dropped = True
+            self._on_destroying()
+            self._sync_waiting = True
+            try:
+                while self._refs > 1 or self._inuse:  # calls in progress elsewhere
+                    self._mgr._cond.wait()
+            finally:
+                self._sync_waiting = False
+        try:
+            if self._h is not None:
+                self._cleanup()
+        except IbError:
+            with self._lock:
+                parent_dying = self._parent is not None and self._parent._state is not READY
+                if not parent_dying:
+                    self._state = READY
+                    self._creation_dropped = False
+            if parent_dying:  # the parent's cascade counts on us: finish without the provider
+                self._h = None
+                self._release("creation")
+            raise
+        self._h = None  # cleaned: _finish must not call the provider again
+        self._release("creation")
+
+    def _wait(self, done: threading.Event, timeout: float | None) -> None:
+        if not done.wait(timeout):
+            raise Timeout(
+                f"{self._kind} still referenced after {timeout} s: {self.ref_origins()} "
+                "(it will be freed when they go; nothing is freed by force)"
+            )
+
+    async def _destroy_async(self) -> None:
+        if self._sync_destroy:
+            self._destroy_now()
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def cb(_context: Any) -> None:
+            loop.call_soon_threadsafe(_resolve, fut)
+
+        self._destroy(cb, False, None)
+        await fut
+
+    async def destroy_async(self) -> None:
+        """``await`` the destroy: returns once the destroy is complete (callback ran)."""
+        await self._destroy_async()
+
+    # ------------------------------------------------------------------ teardown
+    def _finish(self) -> None:
+        """No references left: provider cleanup, queue the destroy callback, unpin."""
+        if self._h is not None:
+            try:
+                self._cleanup()
+            except Exception as exc:  # a cascade cannot report it; keep tearing down
+                log.warning("ibal: provider cleanup of %r failed: %s", self, exc)
+        with self._lock:
+            self._state = DESTROYED
+            parent, pins = self._parent, self._pins
+            if parent is not None:
+                parent._children.pop(self, None)
+            for p in pins:
+                p._dependents.pop(self, None)
+            self._unlink()
+        if self._destroy_cb is not None or self._done is not None:
+            self._mgr._dispatcher.post(_run_destroy_cb, self._destroy_cb, self._context, self._done)
+        for p in pins:
+            p._release("pin")
+        if parent is not None:
+            parent._release("child")
+        self._after_free()
+
+    def _cleanup(self) -> None:
+        """The provider's destroy verb for ``self._h`` (subclasses)."""
+
+    def _unlink(self) -> None:
+        """Hook, under the lock, when the object is freed (bookkeeping in other objects)."""
+
+    def _after_free(self) -> None:
+        """Hook, outside the lock, after the object is freed and unpinned."""
+
+
+class CaObject(AlObject):
+    """An object that lives on one CA and has a provider handle there."""
+
+    def __init__(
+        self,
+        mgr: AlManager,
+        al: AlObject,
+        parent: AlObject,
+        cica: CiCa,
+        context: Any = None,
+    ) -> None:
+        super().__init__(mgr, al, parent, context)
+        self._cica = cica
+        self._ci: ChannelInterface = cica.ci
+
+
+def busy_if(users: Iterable[AlObject], what: str) -> None:
+    """Raise ``ResourceBusy`` if any of ``users`` is still alive (caller holds the lock)."""
+    alive = sum(1 for u in users if u._state is READY or u._state is INIT)
+    if alive:
+        raise ResourceBusy(f"{alive} {what} still in use")
+
+
+def check_handle(obj: object, cls: type[_T], al: AlObject, cica: CiCa | None = None) -> _T:
+    """``obj`` as a valid ``cls`` of access layer ``al`` (and CA ``cica``), else ``cls``'s error.
+
+    Wrong type, another AL instance's handle, a handle on another CA and a
+    destroyed handle all raise the same ``Invalid*Handle`` of the expected type.
+    """
+    if not isinstance(obj, cls):
+        raise cls._invalid(f"expected a {cls._kind} handle, got {type(obj).__name__}")
+    if obj._al is not al:
+        raise cls._invalid(f"{cls._kind} handle belongs to another AL instance")
+    if obj._state is not READY:
+        raise cls._invalid(f"{cls._kind} handle is {obj._state.value}")
+    if cica is not None and getattr(obj, "_cica", cica) is not cica:
+        raise cls._invalid(f"{cls._kind} handle is on another CA")
+    return obj

@@ -1,0 +1,225 @@
+"""Protection domains and what is created on them: AVs, QPs, SRQs, MRs, MWs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ibal.al.av import Av, check_av_attr
+from ibal.al.cq import Cq
+from ibal.al.mr import Mr, Mw, check_access, pin_buffer
+from ibal.al.obj import CaObject, DestroyCallback, _SyncDestroy, check_handle
+from ibal.al.qp import EventCallback, Qp, QpCreate, check_qp_create
+from ibal.al.srq import Srq, check_srq_attr
+from ibal.status import (
+    InvalidMaxSge,
+    InvalidMaxWrs,
+    InvalidParameter,
+    InvalidPdHandle,
+    InvalidPort,
+    InvalidSetting,
+    Unsupported,
+)
+from ibal.types import AvAttr, PdType, PhysCreate, QpType, SrqAttr
+
+if TYPE_CHECKING:
+    from ibal.al.ca import Ca
+    from ibal.types import AccessFlags
+
+_SRQ_QP_TYPES = (QpType.RC, QpType.UC, QpType.UD)
+
+
+def _check_cb(cb: object, name: str) -> None:
+    if cb is not None and not callable(cb):
+        raise InvalidParameter(f"{name} must be callable")
+
+
+class Pd(CaObject):
+    """``ib_alloc_pd``'s handle; ``dealloc`` cascades to everything created on it."""
+
+    _invalid = InvalidPdHandle
+    _rank = 60
+    _kind = "PD"
+
+    def __init__(self, ca: Ca, pd_type: PdType, context: Any) -> None:
+        super().__init__(ca._mgr, ca._al, ca, ca._cica, context)
+        self._ca = ca
+        self.pd_type = pd_type
+
+    @property
+    def ca(self) -> Ca:
+        return self._ca
+
+    def dealloc(
+        self,
+        destroy_cb: DestroyCallback | _SyncDestroy | None = None,
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """``ib_dealloc_pd``: asynchronous; QPs, SRQs, AVs, MRs and MWs go first."""
+        self._destroy(destroy_cb, wait, timeout)
+
+    def _cleanup(self) -> None:
+        self._ci.deallocate_pd(self._h)
+
+    # ------------------------------------------------------------------ AV
+    def create_av(self, attr: AvAttr) -> Av:
+        """``ib_create_av``."""
+        self._check()
+        attr = check_av_attr(attr, self._cica)
+        av = Av(self)
+
+        def make() -> None:
+            av._h = self._ci.create_av(self._h, attr)
+
+        return self._spawn(av, make)
+
+    # ------------------------------------------------------------------ QPs
+    def create_qp(
+        self,
+        create: QpCreate,
+        *,
+        context: Any = None,
+        event_cb: EventCallback | None = None,
+    ) -> Qp:
+        """``ib_create_qp``: RC, UC, UD or MAD; the QP starts in RESET."""
+        self._check()
+        cica = self._cica
+        create = check_qp_create(create, cica)
+        qp_type = QpType(create.qp_type)
+        if qp_type.is_special:
+            raise InvalidSetting(f"{qp_type.name} QPs come from get_spl_qp")
+        send_cq = check_handle(create.send_cq, Cq, self._al, cica)
+        recv_cq = check_handle(create.recv_cq, Cq, self._al, cica)
+        srq = check_handle(create.srq, Srq, self._al, cica) if create.srq is not None else None
+        if srq is not None and qp_type not in _SRQ_QP_TYPES:
+            raise InvalidSetting(f"{qp_type.name} QPs cannot use an SRQ")
+        _check_cb(event_cb, "event_cb")
+        caps = cica.capabilities
+        provider_type = qp_type
+        if qp_type is QpType.MAD and QpType.MAD not in caps.qp_types:
+            provider_type = QpType.UD  # a MAD QP is a UD QP the MAD layer drives
+        if provider_type not in caps.qp_types:
+            raise Unsupported(caps.reason(f"{qp_type.name} QPs"))
+        qp = Qp(self, create, srq, context, event_cb)
+        pins: list[Any] = [send_cq, recv_cq] + ([srq] if srq is not None else [])
+
+        def make() -> None:
+            created = self._ci.create_qp(
+                self._h,
+                provider_type,
+                create.caps(),
+                send_cq._h,
+                recv_cq._h,
+                srq._h if srq is not None else None,
+                bool(create.sq_signaled),
+                qp,
+            )
+            qp._created(created.handle, created.attr)
+
+        return self._spawn(qp, make, pins)
+
+    def get_spl_qp(
+        self,
+        port_guid: int,
+        create: QpCreate,
+        *,
+        context: Any = None,
+        event_cb: EventCallback | None = None,
+    ) -> Qp:
+        """``ib_get_spl_qp``: QP0, QP1, raw or alias QP on the port ``port_guid``."""
+        self._check()
+        cica = self._cica
+        create = check_qp_create(create, cica)
+        qp_type = QpType(create.qp_type)
+        if not qp_type.is_special:
+            raise InvalidSetting(f"{qp_type.name} is not a special QP type")
+        port = cica.port_by_guid(port_guid) if isinstance(port_guid, int) else None
+        if port is None:
+            raise InvalidPort(f"no port with GUID {port_guid!r} on CA {cica.name}")
+        send_cq = check_handle(create.send_cq, Cq, self._al, cica)
+        recv_cq = check_handle(create.recv_cq, Cq, self._al, cica)
+        if create.srq is not None:
+            raise InvalidParameter("special QPs do not use an SRQ")
+        _check_cb(event_cb, "event_cb")
+        caps = cica.capabilities
+        if qp_type not in caps.special_qps:
+            raise Unsupported(caps.reason(f"{qp_type.name} QPs"))
+        qp = Qp(self, create, None, context, event_cb, port_num=port.port_num)
+
+        def make() -> None:
+            created = self._ci.create_spl_qp(
+                self._h, port.port_num, qp_type, create.caps(), send_cq._h, recv_cq._h, qp
+            )
+            qp._created(created.handle, created.attr)
+
+        return self._spawn(qp, make, (send_cq, recv_cq))
+
+    # ------------------------------------------------------------------ SRQ
+    def create_srq(
+        self,
+        attr: SrqAttr,
+        *,
+        context: Any = None,
+        event_cb: EventCallback | None = None,
+    ) -> Srq:
+        """``ib_create_srq``."""
+        self._check()
+        cica = self._cica
+        attr = check_srq_attr(attr)
+        _check_cb(event_cb, "event_cb")
+        if not cica.capabilities.srq:
+            raise Unsupported(cica.capabilities.reason("srq"))
+        max_wr, max_sge = cica.limit("max_srq_wrs"), cica.limit("max_srq_sges")
+        if max_wr and attr.max_wr > max_wr:
+            raise InvalidMaxWrs(f"max_wr above the CA's {max_wr}")
+        if max_sge and attr.max_sge > max_sge:
+            raise InvalidMaxSge(f"max_sge above the CA's {max_sge}")
+        srq = Srq(self, event_cb, context)
+
+        def make() -> None:
+            created = self._ci.create_srq(self._h, attr, srq)
+            srq._h, srq._attr = created.handle, created.attr
+
+        return self._spawn(srq, make)
+
+    # ------------------------------------------------------------------ memory
+    def reg_mem(self, buffer: object, access: AccessFlags) -> Mr:
+        """``ib_reg_mem``: register a writable buffer; ``mr.vaddr`` is its address."""
+        self._check()
+        flags = check_access(access, self._cica)
+        view, export, vaddr = pin_buffer(buffer)
+        mr = Mr(self, view, export, flags)
+
+        def make() -> None:
+            mr._set_keys(self._ci.register_mr(self._h, view, vaddr, flags))
+
+        return self._spawn(mr, make)
+
+    def reg_phys(self, create: PhysCreate, vaddr: int = 0) -> Mr:
+        """``ib_reg_phys``: pages made contiguous at the I/O address the provider assigns."""
+        self._check()
+        if not isinstance(create, PhysCreate):
+            raise InvalidParameter("a PhysCreate is required")
+        if type(vaddr) is not int or vaddr < 0:
+            raise InvalidParameter("vaddr must be a non-negative int")
+        flags = check_access(create.access, self._cica)
+        if not create.pages or create.length <= 0 or create.page_size <= 0:
+            raise InvalidParameter("pages, page_size and length are required")
+        mr = Mr(self, None, list(create.pages), flags)
+
+        def make() -> None:
+            mr._set_keys(self._ci.register_pmr(self._h, create, vaddr))
+
+        return self._spawn(mr, make)
+
+    def create_mw(self) -> Mw:
+        """``ib_create_mw``: an unbound window; its R_KEY is ``mw.rkey``."""
+        self._check()
+        mw = Mw(self)
+
+        def make() -> None:
+            created = self._ci.create_mw(self._h)
+            mw._h, mw.rkey = created.handle, created.rkey
+
+        return self._spawn(mw, make)

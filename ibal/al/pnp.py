@@ -1,0 +1,368 @@
+"""Plug and Play: ``ib_reg_pnp`` classes, events and records, and their delivery.
+
+A registration names one class (CA or PORT; IOU and IOC are accepted and get
+only ``REG_COMPLETE`` until the device-management layer exists).  On
+registration the current state is replayed (``CA_ADD`` per CA; ``PORT_ADD``
+then the port's state per port), then ``REG_COMPLETE``; live events follow.
+ADD events reach registrations in registration order, REMOVE events in reverse
+order, and a CA's ports are removed before the CA.  Everything is queued on the
+dispatcher under the manager lock, so the order is global and a registration
+never sees a live event before its replay.
+
+The callback gets a :class:`PnpRec`.  Returning ``None``/``True``/
+``Status.SUCCESS`` keeps the device (and ``rec.context``, which later events
+for the same device present again); anything else means "no more events for
+this device" (IBAL's non-``IB_SUCCESS`` return).  ``dereg()`` is a fence: once
+it returns, no callback for the registration runs or will run.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ibal.al.dispatcher import call_user, in_callback
+from ibal.al.obj import DESTROYED, SYNC_DESTROY, AlObject, DestroyCallback, _SyncDestroy
+from ibal.status import InvalidHandle, InvalidParameter, Status, Timeout
+from ibal.types import CaAttr, LinkState, PortAttr
+
+if TYPE_CHECKING:
+    from ibal.al.cica import CiCa
+    from ibal.al.manager import AlManager
+
+
+class PnpClass(enum.IntFlag):
+    """``ib_pnp_class_t``: one class per registration, plus flags."""
+
+    CA = 0x00000001
+    PORT = 0x00000002
+    IOU = 0x00000004
+    IOC = 0x00000008
+    FLAG_REG_SYNC = 0x40000000
+    FLAG_REG_COMPLETE = 0x80000000
+
+
+PNP_CLASS_MASK = 0x000000FF
+PNP_FLAG_MASK = 0xF0000000
+
+
+class PnpEventBit(enum.IntFlag):
+    """The bits ``ib_pnp_event_t`` values are made of (with a class bit)."""
+
+    PATH = 0x00000800
+    ADD = 0x00001000
+    REMOVE = 0x00002000
+    CHANGE = 0x00004000
+    INIT = 0x00008000
+    ARMED = 0x00010000
+    ACTIVE = 0x00020000
+    DOWN = 0x00040000
+    PKEY = 0x00080000
+    SM = 0x00100000
+    GID = 0x00200000
+    LID = 0x00400000
+    SUBNET = 0x00800000
+
+
+class PnpEvent(enum.IntEnum):
+    """``ib_pnp_event_t`` with IBAL's composite values."""
+
+    CA_ADD = 0x00001001
+    CA_REMOVE = 0x00002001
+    PORT_ADD = 0x00001002
+    PORT_REMOVE = 0x00002002
+    PORT_INIT = 0x00008002
+    PORT_ARMED = 0x00010002
+    PORT_ACTIVE = 0x00020002
+    PORT_DOWN = 0x00040002
+    PKEY_CHANGE = 0x00080002
+    SM_CHANGE = 0x00100002
+    GID_CHANGE = 0x00200002
+    LID_CHANGE = 0x00400002
+    SUBNET_TIMEOUT_CHANGE = 0x00800002
+    IOU_ADD = 0x00001004
+    IOU_REMOVE = 0x00002004
+    IOC_ADD = 0x00001008
+    IOC_REMOVE = 0x00002008
+    IOC_PATH_ADD = 0x00001808
+    IOC_PATH_REMOVE = 0x00002808
+    REG_COMPLETE = 0x80000000
+
+    @property
+    def is_add(self) -> bool:
+        return bool(self & PnpEventBit.ADD) and self is not PnpEvent.REG_COMPLETE
+
+    @property
+    def is_remove(self) -> bool:
+        return bool(self & PnpEventBit.REMOVE) and self is not PnpEvent.REG_COMPLETE
+
+
+class DeviceAttrMask(enum.IntFlag):
+    """``ib_device_attr_mask_t`` for ``get_guid``."""
+
+    NONE = 0
+    PORT_ACTIVE = 0x1
+
+
+@dataclass
+class PnpRec:
+    """``ib_pnp_rec_t`` (with the CA and port subtypes folded in).
+
+    ``context`` is the per-device context: ``None`` on the first event for a
+    device; what the callback stores in it is presented with later events for
+    the same device, until the device is removed.
+    """
+
+    event: PnpEvent
+    pnp_context: Any
+    context: Any = None
+    guid: int = 0
+    ca_guid: int = 0
+    ca_attr: CaAttr | None = None
+    port_attr: PortAttr | None = None
+    registration: PnpRegistration | None = None
+
+
+PnpCallback = Callable[[PnpRec], object]
+
+_LINK_EVENT = {
+    LinkState.DOWN: PnpEvent.PORT_DOWN,
+    LinkState.INIT: PnpEvent.PORT_INIT,
+    LinkState.ARMED: PnpEvent.PORT_ARMED,
+    LinkState.ACTIVE: PnpEvent.PORT_ACTIVE,
+    LinkState.ACT_DEFER: PnpEvent.PORT_ACTIVE,
+}
+
+
+def port_state_event(port: PortAttr) -> PnpEvent:
+    """The PnP event that states ``port``'s link state."""
+    return _LINK_EVENT.get(port.link_state, PnpEvent.PORT_DOWN)
+
+
+def _accepted(result: object) -> bool:
+    """IBAL's "callback returned IB_SUCCESS"."""
+    if result is None or result is True:
+        return True
+    if isinstance(result, Status):
+        return result is Status.SUCCESS
+    return type(result) is int and result == 0
+
+
+_DeviceKey = tuple[str, int]
+
+
+class PnpRegistration(AlObject):
+    """``ib_reg_pnp``'s handle; ``dereg()`` is ``ib_dereg_pnp``."""
+
+    _invalid = InvalidHandle
+    _rank = 1  # torn down before anything else of its AL: no PnP during a close
+    _kind = "PnP registration"
+
+    def __init__(
+        self,
+        mgr: AlManager,
+        al: AlObject,
+        pnp_class: PnpClass,
+        callback: PnpCallback,
+        context: Any,
+    ) -> None:
+        super().__init__(mgr, al, al, context)
+        self.pnp_class = pnp_class
+        self._callback = callback
+        self._dev_ctx: dict[_DeviceKey, Any] = {}
+        self._rejected: set[_DeviceKey] = set()
+
+    def dereg(
+        self,
+        destroy_cb: DestroyCallback | _SyncDestroy | None = None,
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """``ib_dereg_pnp``, a fence: when it returns no callback for it runs or will run.
+
+        ``destroy_cb(context)`` is queued after the last one; ``wait=True``
+        also waits for it.  From inside an AL callback the fence holds by
+        construction (callbacks run one at a time on the dispatcher).
+        """
+        if isinstance(destroy_cb, _SyncDestroy):
+            destroy_cb, wait = None, True
+        self._destroy(destroy_cb, wait, timeout)
+        if wait or in_callback():
+            return
+        # Queued callbacks are dropped (destroying); wait out the one running, if any.
+        with self._lock:
+            if not self._mgr._cond.wait_for(lambda: self._state is DESTROYED, timeout):
+                raise Timeout(f"PnP callback still running after {timeout} s")
+
+    def _unlink(self) -> None:
+        self._mgr._pnp_regs.pop(self, None)
+
+    def _finish(self) -> None:
+        super()._finish()
+        with self._lock:
+            self._mgr._cond.notify_all()
+
+    # ------------------------------------------------------------------ delivery
+    def _deliver(
+        self,
+        event: PnpEvent,
+        key: _DeviceKey | None,
+        ca_guid: int,
+        guid: int,
+        ca_attr: CaAttr | None,
+        port_attr: PortAttr | None,
+    ) -> None:
+        """Dispatcher task: one event to this registration."""
+        if key is not None and key in self._rejected:
+            if event.is_remove:
+                self._rejected.discard(key)
+            return
+        if not self._enter():
+            return
+        try:
+            rec = PnpRec(
+                event=event,
+                pnp_context=self._context,
+                context=self._dev_ctx.get(key) if key is not None else None,
+                guid=guid,
+                ca_guid=ca_guid,
+                ca_attr=ca_attr,
+                port_attr=port_attr,
+                registration=self,
+            )
+            result = call_user(self._callback, rec)
+            if key is None:
+                return
+            if event.is_remove:
+                self._dev_ctx.pop(key, None)
+            elif _accepted(result):
+                self._dev_ctx[key] = rec.context
+            else:
+                self._rejected.add(key)
+                self._dev_ctx.pop(key, None)
+        finally:
+            self._release("callback")
+
+
+def parse_class(pnp_class: object) -> tuple[PnpClass, PnpClass]:
+    """Split ``pnp_class`` into (class, flags); ``InvalidParameter`` unless exactly one class."""
+    if not isinstance(pnp_class, int) or isinstance(pnp_class, bool):
+        raise InvalidParameter("pnp_class must be a PnpClass")
+    value = int(pnp_class)
+    known = PNP_CLASS_MASK | PNP_FLAG_MASK
+    if value & ~known & 0xFFFFFFFF or value < 0:
+        raise InvalidParameter(f"unknown PnP class bits 0x{value:x}")
+    cls_bits = value & PNP_CLASS_MASK
+    if cls_bits not in (PnpClass.CA, PnpClass.PORT, PnpClass.IOU, PnpClass.IOC):
+        raise InvalidParameter("a PnP registration names exactly one class (CA, PORT, IOU or IOC)")
+    flags = value & PNP_FLAG_MASK
+    if flags & ~int(PnpClass.FLAG_REG_SYNC | PnpClass.FLAG_REG_COMPLETE):
+        raise InvalidParameter(f"unknown PnP flags 0x{flags:x}")
+    return PnpClass(cls_bits), PnpClass(flags)
+
+
+# ---------------------------------------------------------------------- the engine
+# Each function below runs under the manager lock and only queues deliveries.
+
+
+def _post(reg: PnpRegistration, event: PnpEvent, key: _DeviceKey | None, ca_guid: int,
+          guid: int, ca_attr: CaAttr | None, port_attr: PortAttr | None) -> None:
+    reg._mgr._dispatcher.post(reg._deliver, event, key, ca_guid, guid, ca_attr, port_attr)
+
+
+def _ca_events(reg: PnpRegistration, cica: CiCa, add: bool) -> None:
+    attr = cica.attr
+    if reg.pnp_class is PnpClass.CA:
+        event = PnpEvent.CA_ADD if add else PnpEvent.CA_REMOVE
+        _post(reg, event, ("ca", cica.guid), cica.guid, cica.guid, attr if add else None, None)
+
+
+def _port_events(reg: PnpRegistration, cica: CiCa, add: bool) -> None:
+    attr = cica.attr
+    if reg.pnp_class is not PnpClass.PORT:
+        return
+    for port in attr.ports:
+        key = ("port", port.port_guid)
+        if add:
+            _post(reg, PnpEvent.PORT_ADD, key, cica.guid, port.port_guid, attr, port)
+            _post(reg, port_state_event(port), key, cica.guid, port.port_guid, attr, port)
+        else:
+            _post(reg, PnpEvent.PORT_REMOVE, key, cica.guid, port.port_guid, None, port)
+
+
+def replay(reg: PnpRegistration, cicas: list[CiCa], done: threading.Event | None) -> None:
+    """The current state for a new registration, then ``REG_COMPLETE``."""
+    for cica in cicas:
+        _ca_events(reg, cica, True)
+        _port_events(reg, cica, True)
+    _post(reg, PnpEvent.REG_COMPLETE, None, 0, 0, None, None)
+    if done is not None:
+        reg._mgr._dispatcher.post(done.set)
+
+
+def ca_added(regs: list[PnpRegistration], cica: CiCa) -> None:
+    """A CA registered: ``CA_ADD`` then its ports, to registrations in order."""
+    for reg in regs:
+        _ca_events(reg, cica, True)
+    for reg in regs:
+        _port_events(reg, cica, True)
+
+
+def ca_removed(regs: list[PnpRegistration], cica: CiCa) -> None:
+    """A CA goes: its ports first, then the CA, to registrations in reverse order."""
+    for reg in reversed(regs):
+        _port_events(reg, cica, False)
+    for reg in reversed(regs):
+        _ca_events(reg, cica, False)
+
+
+def port_changes(regs: list[PnpRegistration], cica: CiCa, old: CaAttr, new: CaAttr) -> None:
+    """Events for what changed between two snapshots of a CA's ports (latest state wins)."""
+    old_ports = {p.port_num: p for p in old.ports}
+    new_ports = {p.port_num: p for p in new.ports}
+    for num, port in new_ports.items():
+        before = old_ports.get(num)
+        key = ("port", port.port_guid)
+        events: list[PnpEvent] = []
+        if before is None:
+            events = [PnpEvent.PORT_ADD, port_state_event(port)]
+        else:
+            if port_state_event(before) is not port_state_event(port):
+                events.append(port_state_event(port))
+            if (before.lid, before.lmc) != (port.lid, port.lmc):
+                events.append(PnpEvent.LID_CHANGE)
+            if before.pkeys != port.pkeys:
+                events.append(PnpEvent.PKEY_CHANGE)
+            if (before.sm_lid, before.sm_sl) != (port.sm_lid, port.sm_sl):
+                events.append(PnpEvent.SM_CHANGE)
+            if before.gids != port.gids:
+                events.append(PnpEvent.GID_CHANGE)
+            if before.subnet_timeout != port.subnet_timeout:
+                events.append(PnpEvent.SUBNET_TIMEOUT_CHANGE)
+        for reg in regs:
+            if reg.pnp_class is PnpClass.PORT:
+                for event in events:
+                    _post(reg, event, key, cica.guid, port.port_guid, new, port)
+    for num, before in old_ports.items():
+        if num not in new_ports:
+            for reg in reversed(regs):
+                if reg.pnp_class is PnpClass.PORT:
+                    key = ("port", before.port_guid)
+                    _post(reg, PnpEvent.PORT_REMOVE, key, cica.guid, before.port_guid, None, before)
+
+
+__all__ = [
+    "SYNC_DESTROY",
+    "DeviceAttrMask",
+    "PnpCallback",
+    "PnpClass",
+    "PnpEvent",
+    "PnpEventBit",
+    "PnpRec",
+    "PnpRegistration",
+    "port_state_event",
+]

@@ -1,0 +1,417 @@
+"""Queue pairs: create parameters, modify through the state table, posting, multicast."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ibal import qp_fsm
+from ibal.al.av import Av
+from ibal.al.cq import Cq
+from ibal.al.obj import READY, CaObject, DestroyCallback, _SyncDestroy
+from ibal.al.srq import Srq
+from ibal.status import (
+    IbError,
+    InvalidApmState,
+    InvalidGid,
+    InvalidLid,
+    InvalidMaxSge,
+    InvalidMaxWrs,
+    InvalidMcastHandle,
+    InvalidParameter,
+    InvalidPkey,
+    InvalidPort,
+    InvalidQpHandle,
+    InvalidQpState,
+    InvalidServiceType,
+    Status,
+    Unsupported,
+    post_error,
+)
+from ibal.types import (
+    MULTICAST_LID_BASE,
+    PERMISSIVE_LID,
+    QP1_WELL_KNOWN_QKEY,
+    ApmState,
+    AsyncEventRec,
+    DgrmInfo,
+    Gid,
+    LinkLayer,
+    QpAttr,
+    QpCaps,
+    QpMod,
+    QpState,
+    QpType,
+    RecvWr,
+    SendWr,
+    UdDest,
+)
+
+if TYPE_CHECKING:
+    from ibal.al.cica import CiCa
+    from ibal.al.pd import Pd
+
+EventCallback = Callable[[AsyncEventRec], object]
+
+_SEND_STATES = frozenset(s for s in QpState if qp_fsm.can_post_send(s))
+_RECV_STATES = frozenset(s for s in QpState if qp_fsm.can_post_recv(s))
+_RAW = (QpType.RAW_IPV6, QpType.RAW_ETHER)
+_ALIAS = (QpType.QP0_ALIAS, QpType.QP1_ALIAS)
+
+
+@dataclass(frozen=True, slots=True)
+class QpCreate:
+    """``ib_qp_create_t``: what ``create_qp`` / ``get_spl_qp`` take."""
+
+    qp_type: QpType
+    send_cq: Cq
+    recv_cq: Cq
+    sq_depth: int = 16
+    rq_depth: int = 16
+    sq_sge: int = 1
+    rq_sge: int = 1
+    max_inline: int = 0
+    srq: Srq | None = None
+    sq_signaled: bool = True
+
+    def caps(self) -> QpCaps:
+        """The sizes asked for, as the provider contract takes them."""
+        return QpCaps(
+            sq_depth=self.sq_depth,
+            rq_depth=self.rq_depth,
+            sq_sge=self.sq_sge,
+            rq_sge=self.rq_sge,
+            max_inline=self.max_inline,
+        )
+
+
+def check_qp_create(create: object, cica: CiCa) -> QpCreate:
+    """Type and limit checks of ``create`` against the CA (handles are checked by the caller)."""
+    if not isinstance(create, QpCreate):
+        raise InvalidParameter("a QpCreate is required")
+    try:
+        QpType(create.qp_type)
+    except ValueError:
+        raise InvalidParameter(f"unknown QP type {create.qp_type!r}") from None
+    sizes = (create.sq_depth, create.rq_depth, create.sq_sge, create.rq_sge, create.max_inline)
+    if any(type(v) is not int or v < 0 for v in sizes):
+        raise InvalidParameter("QP sizes must be non-negative ints")
+    max_wrs, max_sges = cica.limit("max_wrs"), cica.limit("max_sges")
+    if max_wrs and max(create.sq_depth, create.rq_depth) > max_wrs:
+        raise InvalidMaxWrs(f"depth above the CA's {max_wrs}")
+    if max_sges and max(create.sq_sge, create.rq_sge) > max_sges:
+        raise InvalidMaxSge(f"SGE count above the CA's {max_sges}")
+    return create
+
+
+class Qp(CaObject):
+    """``ib_create_qp`` / ``ib_get_spl_qp``'s handle."""
+
+    _invalid = InvalidQpHandle
+    _rank = 20
+    _kind = "QP"
+
+    def __init__(
+        self,
+        pd: Pd,
+        create: QpCreate,
+        srq: Srq | None,
+        context: Any,
+        event_cb: EventCallback | None,
+        port_num: int | None = None,
+    ) -> None:
+        super().__init__(pd._mgr, pd._al, pd, pd._cica, context)
+        self._pd = pd
+        self._qp_type = QpType(create.qp_type)
+        self._send_cq = create.send_cq
+        self._recv_cq = create.recv_cq
+        self._srq = srq
+        self._event_cb = event_cb
+        self._qp_state = QpState.RESET
+        self._num = 0
+        self._caps = create.caps()
+        self._port_num = port_num
+        # Only datagram WRs carry an AV to translate: RC/UC posts go straight through.
+        self._translate = self._qp_type.is_datagram or self._qp_type in _RAW
+
+    def _created(self, handle: Any, attr: QpAttr) -> None:
+        self._h = handle
+        self._num = attr.qp_num
+        self._caps = attr.caps
+        self._qp_state = attr.state
+
+    # ------------------------------------------------------------------ attributes
+    @property
+    def num(self) -> int:
+        """The QP number."""
+        return self._num
+
+    @property
+    def qp_type(self) -> QpType:
+        return self._qp_type
+
+    @property
+    def pd(self) -> Pd:
+        return self._pd
+
+    @property
+    def state(self) -> QpState:
+        """The last known state (``query()`` refreshes it)."""
+        return self._qp_state
+
+    @property
+    def send_cq(self) -> Cq:
+        return self._send_cq
+
+    @property
+    def recv_cq(self) -> Cq:
+        return self._recv_cq
+
+    @property
+    def srq(self) -> Srq | None:
+        return self._srq
+
+    @property
+    def caps(self) -> QpCaps:
+        """The sizes the provider granted."""
+        return self._caps
+
+    # ------------------------------------------------------------------ control
+    def modify(self, mod: QpMod) -> None:
+        """``ib_modify_qp``: checked against :mod:`ibal.qp_fsm` before the provider sees it."""
+        self._check()
+        if not isinstance(mod, QpMod):
+            raise InvalidParameter("a QpMod is required")
+        qp_fsm.check_modify(self._qp_type, self._qp_state, mod)
+        self._check_mod_values(mod)
+        self._use()
+        try:
+            attr = self._ci.modify_qp(self._h, mod)
+        finally:
+            self._unuse()
+        with self._lock:
+            self._qp_state = attr.state if isinstance(attr, QpAttr) else mod.state
+            if mod.port_num is not None:
+                self._port_num = mod.port_num
+            elif mod.state is QpState.RESET and not self._qp_type.is_special:
+                self._port_num = None
+
+    def _check_mod_values(self, mod: QpMod) -> None:
+        cica = self._cica
+        if mod.port_num is not None and cica.port(mod.port_num) is None:
+            raise InvalidPort(f"CA {cica.name} has no port {mod.port_num}")
+        port_num = mod.port_num if mod.port_num is not None else self._port_num
+        if mod.pkey_index is not None:
+            port = cica.port(port_num) if port_num is not None else None
+            if type(mod.pkey_index) is not int or mod.pkey_index < 0 or (
+                port is not None and mod.pkey_index >= len(port.pkeys)
+            ):
+                raise InvalidPkey(f"P_Key index {mod.pkey_index} out of range")
+        for av in (mod.primary_av, mod.alternate_av):
+            if av is not None and cica.port(av.port_num) is None:
+                raise InvalidPort(f"CA {cica.name} has no port {av.port_num}")
+        if mod.apm_state is not None:
+            try:
+                ApmState(mod.apm_state)
+            except ValueError:
+                raise InvalidApmState(f"bad APM state {mod.apm_state!r}") from None
+
+    def query(self) -> QpAttr:
+        """``ib_query_qp``: the provider's attributes with the AL's PD/CQ/SRQ handles filled."""
+        self._use()
+        try:
+            attr = self._ci.query_qp(self._h)
+        finally:
+            self._unuse()
+        self._qp_state = attr.state
+        return dataclasses.replace(
+            attr, pd=self._pd, send_cq=self._send_cq, recv_cq=self._recv_cq, srq=self._srq
+        )
+
+    def init_dgrm_svc(self, info: DgrmInfo | None = None) -> None:
+        """``ib_init_dgrm_svc``: RESET → INIT → RTR → RTS for a datagram QP.
+
+        RC/UC QPs raise ``InvalidParameter``; UD/MAD QPs need ``info``; QP0/QP1
+        default to their port and well-known Q_Key; a failure part way moves the
+        QP back to RESET.
+        """
+        self._check()
+        qt = self._qp_type
+        if not (qt.is_datagram or qt in _RAW):
+            raise InvalidParameter(f"init_dgrm_svc is for datagram QPs, not {qt.name}")
+        if info is not None and not isinstance(info, DgrmInfo):
+            raise InvalidParameter("a DgrmInfo is required")
+        if self._qp_state is not QpState.RESET:
+            raise InvalidQpState(f"QP is {self._qp_state.name}, init_dgrm_svc needs RESET")
+        cica = self._cica
+        if qt.is_special:
+            port_num = self._port_num
+            if info is not None and info.port_guid:
+                port = cica.port_by_guid(info.port_guid)
+                if port is None or port.port_num != port_num:
+                    raise InvalidParameter("a special QP stays on the port it was created on")
+        else:
+            if info is None:
+                raise InvalidParameter(f"{qt.name} QPs need a DgrmInfo")
+            port = cica.port_by_guid(info.port_guid)
+            if port is None:
+                raise InvalidParameter(f"no port with GUID 0x{info.port_guid:x} on this CA")
+            port_num = port.port_num
+        if info is not None:
+            qkey, pkey_index = info.qkey, info.pkey_index
+        else:
+            qkey = QP1_WELL_KNOWN_QKEY if qt in (QpType.QP1, QpType.QP1_ALIAS) else 0
+            pkey_index = 0
+        init = (
+            QpMod(QpState.INIT, pkey_index=pkey_index, qkey=qkey)
+            if qt.is_special
+            else QpMod(QpState.INIT, pkey_index=pkey_index, qkey=qkey, port_num=port_num)
+        )
+        steps = (init, QpMod(QpState.RTR), QpMod(QpState.RTS, sq_psn=0))
+        for i, mod in enumerate(steps):
+            try:
+                self.modify(mod)
+            except IbError:
+                if i:
+                    self._back_to_reset()
+                raise
+
+    def _back_to_reset(self) -> None:
+        with contextlib.suppress(IbError):  # the original error is what the caller needs
+            self.modify(QpMod(QpState.RESET))
+
+    def destroy(
+        self,
+        destroy_cb: DestroyCallback | _SyncDestroy | None = None,
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """``ib_destroy_qp``: asynchronous; detaches multicast groups first."""
+        self._destroy(destroy_cb, wait, timeout)
+
+    def _cleanup(self) -> None:
+        self._ci.destroy_qp(self._h, 0)
+
+    # ------------------------------------------------------------------ posting
+    def post_send(self, wrs: SendWr | Sequence[SendWr]) -> None:
+        """``ib_post_send``; ``PostError.failed_index`` is IBAL's ``pp_failed``."""
+        if self._state is not READY:
+            self._check()
+        if self._qp_state not in _SEND_STATES:
+            raise post_error(Status.INVALID_QP_STATE, 0, f"QP is {self._qp_state.name}")
+        if isinstance(wrs, SendWr):
+            wrs = (wrs,)
+        if self._translate:
+            wrs = self._translate_avs(wrs)
+        self._ci.post_send(self._h, wrs)
+
+    def _translate_avs(self, wrs: Sequence[SendWr]) -> Sequence[SendWr]:
+        """Copies of ``wrs`` naming the provider's AV handles (the consumer's are untouched).
+
+        A bad AV at index ``i`` posts the ``i`` before it and raises
+        ``InvalidAvHandle`` with ``failed_index == i`` (the post contract).
+        """
+        out: list[SendWr] = []
+        for i, wr in enumerate(wrs):
+            ud = wr.ud if isinstance(wr, SendWr) else None
+            if ud is None:
+                out.append(wr)
+                continue
+            av = ud.av
+            if (
+                not isinstance(av, Av)
+                or av._state is not READY
+                or av._al is not self._al
+                or av._cica is not self._cica
+            ):
+                if i:
+                    self._ci.post_send(self._h, out)
+                raise post_error(Status.INVALID_AV_HANDLE, i, "bad AV in the work request")
+            out.append(
+                SendWr(
+                    wr.wr_id,
+                    wr.opcode,
+                    wr.sg_list,
+                    wr.send_opt,
+                    wr.imm,
+                    wr.remote_addr,
+                    wr.rkey,
+                    wr.compare_add,
+                    wr.swap,
+                    UdDest(av._h, ud.remote_qp, ud.remote_qkey, ud.pkey_index),
+                )
+            )
+        return out
+
+    def post_recv(self, wrs: RecvWr | Sequence[RecvWr]) -> None:
+        """``ib_post_recv``."""
+        if self._state is not READY:
+            self._check()
+        if self._qp_state not in _RECV_STATES:
+            raise post_error(Status.INVALID_QP_STATE, 0, f"QP is {self._qp_state.name}")
+        if isinstance(wrs, RecvWr):
+            wrs = (wrs,)
+        self._ci.post_recv(self._h, wrs)
+
+    # ------------------------------------------------------------------ multicast
+    def attach_mcast(self, gid: Gid | bytes | str, lid: int) -> McastAttachment:
+        """``ci_attach_mcast``: this UD QP joins the group ``(gid, lid)`` on the CA."""
+        self._check()
+        if not self._cica.capabilities.multicast:
+            raise Unsupported(self._cica.capabilities.reason("multicast"))
+        if self._qp_type is not QpType.UD:
+            raise InvalidServiceType(f"{self._qp_type.name} QPs cannot join multicast groups")
+        try:
+            mgid = gid if isinstance(gid, Gid) else Gid(gid)
+        except (ValueError, TypeError):
+            raise InvalidGid(f"{gid!r} is not a GID") from None
+        if not mgid.is_multicast:
+            raise InvalidGid(f"{mgid} is not a multicast GID")
+        if type(lid) is not int:
+            raise InvalidLid("the LID must be an int")
+        if not self._roce() and not MULTICAST_LID_BASE <= lid < PERMISSIVE_LID:
+            raise InvalidLid(f"0x{lid:x} is not a multicast LID")
+        m = McastAttachment(self, mgid, lid)
+
+        def make() -> None:
+            m._h = self._ci.attach_mcast(self._h, mgid, lid)
+
+        return self._spawn(m, make)
+
+    def _roce(self) -> bool:
+        """On RoCE ports multicast LIDs mean nothing, so they are not checked."""
+        ports = self._cica.attr.ports
+        port = self._cica.port(self._port_num) if self._port_num is not None else None
+        if port is None:
+            port = ports[0] if ports else None
+        return port is not None and port.link_layer is LinkLayer.ETHERNET
+
+
+class McastAttachment(CaObject):
+    """A QP's membership of a multicast group; ``detach()`` ends it."""
+
+    _invalid = InvalidMcastHandle
+    _rank = 0
+    _kind = "multicast"
+    _sync_destroy = True
+
+    def __init__(self, qp: Qp, gid: Gid, lid: int) -> None:
+        super().__init__(qp._mgr, qp._al, qp, qp._cica)
+        self._qp = qp
+        self.gid = gid
+        self.lid = lid
+
+    @property
+    def qp(self) -> Qp:
+        return self._qp
+
+    def detach(self) -> None:
+        """``ci_detach_mcast``: synchronous."""
+        self._destroy_now()
+
+    def _cleanup(self) -> None:
+        self._ci.detach_mcast(self._h)
