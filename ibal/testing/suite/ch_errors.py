@@ -1,0 +1,319 @@
+"""Chapter: error completions (remote access, length, RNR, retry, flush)."""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING, Any
+
+from ibal.status import InvalidParameter, PostError
+from ibal.testing.helpers import (
+    GRH_BYTES,
+    RcTiming,
+    av_to,
+    qp_access,
+    to_init,
+    to_rtr,
+    to_rts,
+    wait_until,
+    wait_wc,
+    wait_wcs,
+)
+from ibal.testing.suite.base import ConformanceBase, require_opcode
+from ibal.types import (
+    AccessFlags,
+    PortAttr,
+    QpMod,
+    QpState,
+    QpType,
+    RecvWr,
+    SendWr,
+    Sge,
+    WcStatus,
+    WrType,
+)
+
+if TYPE_CHECKING:
+    from ibal.al import Ca
+    from ibal.ci import Capabilities
+    from ibal.testing.helpers import Pair
+
+FAST = RcTiming(retry_cnt=0, rnr_retry_cnt=0, local_ack_timeout=8, rnr_nak_timeout=1)
+"""Give up at the first NAK or timeout (about a millisecond): error paths finish fast."""
+
+
+class ErrorCompletionChecks(ConformanceBase):
+    chapter = "error completions"
+
+    def _rc(self, ca: Ca, port: PortAttr, **kw: Any) -> Pair:
+        return self.loop(ca, port, QpType.RC, timing=FAST, **kw)
+
+    def _restricted_b(self, ca: Ca, port: PortAttr, access: AccessFlags) -> Pair:
+        """An RC pair whose B buffer is registered with only ``access``."""
+        pair = self._rc(ca, port)
+        buf = bytearray(4096)
+        pair.b.mr = pair.b.pd.reg_mem(buf, access)
+        pair.b.buf = buf
+        return pair
+
+    def test_rnr_retry_exceeded(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 9.7.5.2.8: an RC SEND with no receive posted and rnr_retry 0 → RNR_RETRY_ERR; QP to
+        ERROR."""
+        pair = self._rc(ca, port)
+        pair.a.qp.post_send(SendWr(wr_id=9, sg_list=[pair.a.sge(0, 8)]))
+        wc = wait_wc(pair.a.cq)
+        assert (wc.wr_id, wc.status, wc.qp_num) == (9, WcStatus.RNR_RETRY_ERR, pair.a.qp.num)
+        wait_until(lambda: pair.a.qp.query().state is QpState.ERROR, "requester QP in ERROR")
+
+    def test_transport_retry_exceeded(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 9.7.6.1.3: no ACK within the local ACK timeout and retry_cnt 0 →
+        TIMEOUT_RETRY_ERR."""
+        pair = self.loop(ca, port, QpType.RC, timing=FAST, connect_b=False)
+        pair.write(b"anyone?", wr_id=3)
+        wc = wait_wc(pair.a.cq)
+        assert (wc.wr_id, wc.status) == (3, WcStatus.TIMEOUT_RETRY_ERR)
+        assert pair.b.get(0, 7) == bytes(7)
+
+    def test_bad_rkey_is_remote_access_error(self, ca: Ca, port: PortAttr) -> None:
+        """ci-contract rule 74 / IBA 9.7.5.1.3: an unknown R_Key → REM_ACCESS_ERR; remote memory
+        untouched."""
+        pair = self._rc(ca, port)
+        pair.write(b"forbidden", rkey=pair.b.mr.rkey ^ 0x5A5A5A00, wr_id=4)
+        wc = wait_wc(pair.a.cq)
+        assert (wc.wr_id, wc.status) == (4, WcStatus.REM_ACCESS_ERR)
+        assert pair.b.get(0, 9) == bytes(9)
+
+    def test_write_beyond_region_is_remote_access_error(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 10.6.3: an RDMA WRITE past the end of the remote region → REM_ACCESS_ERR."""
+        pair = self._rc(ca, port)
+        end = pair.b.mr.vaddr + len(pair.b.buf)
+        pair.write(b"x" * 32, remote_addr=end - 16, wr_id=5)
+        wc = wait_wc(pair.a.cq)
+        assert (wc.wr_id, wc.status) == (5, WcStatus.REM_ACCESS_ERR)
+        assert pair.b.get(len(pair.b.buf) - 16, 16) == bytes(16)
+
+    def test_write_without_remote_write_right(self, ca: Ca, port: PortAttr) -> None:
+        """ci-contract rule 74: an MR registered without RDMA_WRITE refuses remote writes
+        (REM_ACCESS_ERR)."""
+        pair = self._restricted_b(ca, port, AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_READ)
+        pair.write(b"no", wr_id=6)
+        assert wait_wc(pair.a.cq).status is WcStatus.REM_ACCESS_ERR
+
+    def test_read_without_remote_read_right(self, ca: Ca, port: PortAttr) -> None:
+        """ci-contract rule 74: an MR registered without RDMA_READ refuses remote reads
+        (REM_ACCESS_ERR)."""
+        require_opcode(ca.capabilities, QpType.RC, WrType.RDMA_READ)
+        pair = self._restricted_b(ca, port, AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE)
+        pair.read(8, wr_id=7)
+        wc = wait_wc(pair.a.cq)
+        assert (wc.wr_id, wc.status) == (7, WcStatus.REM_ACCESS_ERR)
+
+    def test_atomic_without_remote_atomic_right(self, ca: Ca, port: PortAttr) -> None:
+        """ci-contract rule 74: an MR registered without ATOMIC refuses atomics (REM_ACCESS_ERR)."""
+        require_opcode(ca.capabilities, QpType.RC, WrType.FETCH_ADD)
+        pair = self._restricted_b(ca, port, AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE)
+        wc = pair.atomic(WrType.FETCH_ADD, remote_off=0, local_off=0, compare_add=1)
+        assert wc.status is WcStatus.REM_ACCESS_ERR
+
+    def test_local_only_mr_has_no_remote_access(self, ca: Ca, port: PortAttr) -> None:
+        """ci-contract rule 74: an rkey is meaningful only with remote rights; local-only MRs
+        refuse."""
+        pair = self._restricted_b(ca, port, AccessFlags.LOCAL_WRITE)
+        pair.write(b"local only", wr_id=8)
+        assert wait_wc(pair.a.cq).status is WcStatus.REM_ACCESS_ERR
+
+    def test_bad_lkey_is_local_protection_error(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 10.6.3: an SGE with an unknown L_Key → LOCAL_PROTECTION_ERR."""
+        pair = self._rc(ca, port)
+        bad = Sge(addr=pair.a.mr.vaddr, length=8, lkey=pair.a.mr.lkey ^ 0x00FF_FF00)
+        pair.a.qp.post_send(
+            SendWr(
+                wr_id=10,
+                opcode=WrType.RDMA_WRITE,
+                sg_list=[bad],
+                remote_addr=pair.b.remote(0),
+                rkey=pair.b.mr.rkey,
+            )
+        )
+        wc = wait_wc(pair.a.cq)
+        assert (wc.wr_id, wc.status) == (10, WcStatus.LOCAL_PROTECTION_ERR)
+
+    def test_sge_beyond_region_is_local_protection_error(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 10.6.3: an SGE running past its region's end → LOCAL_PROTECTION_ERR."""
+        pair = self._rc(ca, port)
+        bad = Sge(addr=pair.a.mr.vaddr + len(pair.a.buf) - 4, length=64, lkey=pair.a.mr.lkey)
+        pair.a.qp.post_send(
+            SendWr(
+                wr_id=11,
+                opcode=WrType.RDMA_WRITE,
+                sg_list=[bad],
+                remote_addr=pair.b.remote(0),
+                rkey=pair.b.mr.rkey,
+            )
+        )
+        wc = wait_wc(pair.a.cq)
+        assert (wc.wr_id, wc.status) == (11, WcStatus.LOCAL_PROTECTION_ERR)
+
+    def test_lkey_of_other_pd_is_local_protection_error(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 10.2.3: an MR of another PD cannot be used by the QP → LOCAL_PROTECTION_ERR."""
+        pair = self._rc(ca, port)
+        other = ca.alloc_pd().reg_mem(bytearray(64), AccessFlags.LOCAL_WRITE)
+        pair.a.qp.post_send(
+            SendWr(
+                wr_id=12,
+                opcode=WrType.RDMA_WRITE,
+                sg_list=[Sge(other.vaddr, 8, other.lkey)],
+                remote_addr=pair.b.remote(0),
+                rkey=pair.b.mr.rkey,
+            )
+        )
+        wc = wait_wc(pair.a.cq)
+        assert (wc.wr_id, wc.status) == (12, WcStatus.LOCAL_PROTECTION_ERR)
+
+    def test_rkey_of_other_pd_is_remote_access_error(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 10.2.3: an R_Key whose MR is in another PD than the responder QP → REM_ACCESS_ERR."""
+        pair = self._rc(ca, port)
+        buf = bytearray(64)
+        other = ca.alloc_pd().reg_mem(buf, AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE)
+        pair.write(b"cross-pd", remote_addr=other.vaddr, rkey=other.rkey, wr_id=13)
+        wc = wait_wc(pair.a.cq)
+        assert (wc.wr_id, wc.status) == (13, WcStatus.REM_ACCESS_ERR)
+        assert bytes(buf[:8]) == bytes(8)
+
+    def test_receive_too_small_is_length_error(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 9.9.3: a message longer than the receive → LOCAL_LEN_ERR there, REM_INVALID_REQ_ERR
+        at the sender."""
+        pair = self._rc(ca, port)
+        pair.b.recv(20, 0, 16)
+        pair.a.qp.post_send(SendWr(wr_id=21, sg_list=[pair.a.sge(0, 64)]))
+        recv = wait_wc(pair.b.cq)
+        sent = wait_wc(pair.a.cq)
+        assert (recv.wr_id, recv.status) == (20, WcStatus.LOCAL_LEN_ERR)
+        assert sent.wr_id == 21
+        assert sent.status in (WcStatus.REM_INVALID_REQ_ERR, WcStatus.REM_OP_ERR)
+
+    def test_ud_receive_too_small_is_length_error(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 10.2.4: a datagram longer than the receive buffer → LOCAL_LEN_ERR at the receiver
+        only."""
+        pair = self.loop(ca, port, QpType.UD)
+        pair.b.recv(30, 0, GRH_BYTES + 8)
+        pair.a.qp.post_send(SendWr(wr_id=31, sg_list=[pair.a.sge(0, 64)], ud=pair.ud(pair.b)))
+        sent = wait_wc(pair.a.cq)
+        recv = wait_wc(pair.b.cq)
+        assert (sent.wr_id, sent.status) == (31, WcStatus.SUCCESS)
+        assert (recv.wr_id, recv.status) == (30, WcStatus.LOCAL_LEN_ERR)
+
+    def test_failure_flushes_later_sends(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 10.8.3: after an error completion, the WRs behind it complete with WR_FLUSHED_ERR, in
+        order."""
+        pair = self._rc(ca, port)
+
+        def mk(wr_id: int, rkey: int) -> SendWr:
+            return SendWr(
+                wr_id=wr_id,
+                opcode=WrType.RDMA_WRITE,
+                sg_list=[pair.a.sge(0, 8)],
+                remote_addr=pair.b.remote(0),
+                rkey=rkey,
+            )
+
+        pair.a.qp.post_send(
+            [mk(1, pair.b.mr.rkey ^ 0x01010100), mk(2, pair.b.mr.rkey), mk(3, pair.b.mr.rkey)]
+        )
+        wcs = wait_wcs(pair.a.cq, 3)
+        assert [(w.wr_id, w.status) for w in wcs] == [
+            (1, WcStatus.REM_ACCESS_ERR),
+            (2, WcStatus.WR_FLUSHED_ERR),
+            (3, WcStatus.WR_FLUSHED_ERR),
+        ]
+        assert all(w.qp_num == pair.a.qp.num for w in wcs)
+
+    def test_error_state_flushes_posted_receives(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 10.3.1: moving a QP to ERROR completes every posted receive with WR_FLUSHED_ERR, in
+        order."""
+        pair = self._rc(ca, port)
+        pair.b.qp.post_recv(
+            [RecvWr(wr_id=50 + i, sg_list=[pair.b.sge(64 * i, 64)]) for i in range(4)]
+        )
+        pair.b.qp.modify(QpMod(QpState.ERROR))
+        wcs = wait_wcs(pair.b.cq, 4)
+        assert [(w.wr_id, w.status) for w in wcs] == [
+            (50 + i, WcStatus.WR_FLUSHED_ERR) for i in range(4)
+        ]
+
+    def test_dereg_mr_with_posted_receive(self, ca: Ca, port: PortAttr) -> None:
+        """ci-contract rule 84 / access-layer rule 56: a WR whose region was deregistered completes
+        LOCAL_PROTECTION_ERR."""
+        pair = self._rc(ca, port)
+        buf = bytearray(256)
+        mr = pair.b.pd.reg_mem(buf, AccessFlags.LOCAL_WRITE)
+        pair.b.qp.post_recv(RecvWr(wr_id=60, sg_list=[mr.sge(0, 64)]))
+        mr.dereg()
+        pair.a.put(0, b"late")
+        pair.a.qp.post_send(SendWr(wr_id=61, sg_list=[pair.a.sge(0, 4)]))
+        recv = wait_wc(pair.b.cq)
+        assert (recv.wr_id, recv.status) == (60, WcStatus.LOCAL_PROTECTION_ERR)
+        assert bytes(buf[:4]) == bytes(4)
+
+    def test_uc_bad_rkey_silently_dropped(self, ca: Ca, caps: Capabilities, port: PortAttr) -> None:
+        """IBA 9.9.3 (unreliable connected): a write the responder refuses is dropped; the requester
+        succeeds."""
+        require_opcode(caps, QpType.UC, WrType.RDMA_WRITE)
+        pair = self.loop(ca, port, QpType.UC)
+        pair.write(b"dropped", rkey=pair.b.mr.rkey ^ 0x3C3C3C00, wr_id=70)
+        wc = wait_wc(pair.a.cq)
+        assert (wc.wr_id, wc.status) == (70, WcStatus.SUCCESS)
+        assert pair.b.get(0, 7) == bytes(7)
+
+    def test_misaligned_atomic_refused(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 9.4.5: an atomic on an address not 8-byte aligned fails (at post, or as a remote
+        invalid request completion)."""
+        require_opcode(ca.capabilities, QpType.RC, WrType.FETCH_ADD)
+        pair = self._rc(ca, port)
+        pair.b.put(0, struct.pack("=Q", 5) + bytes(8))
+        wr = SendWr(
+            wr_id=80,
+            opcode=WrType.FETCH_ADD,
+            sg_list=[pair.a.sge(0, 8)],
+            remote_addr=pair.b.remote(3),
+            rkey=pair.b.mr.rkey,
+            compare_add=1,
+        )
+        try:
+            pair.a.qp.post_send(wr)
+        except InvalidParameter as exc:  # refused at post time: also conformant
+            assert isinstance(exc, PostError) and exc.failed_index == 0
+            return
+        wc = wait_wc(pair.a.cq)
+        assert wc.wr_id == 80
+        assert wc.status in (
+            WcStatus.REM_INVALID_REQ_ERR,
+            WcStatus.REM_ACCESS_ERR,
+            WcStatus.LOCAL_OP_ERR,
+        )
+
+    def test_error_completion_on_second_qp_does_not_affect_first(
+        self, ca: Ca, port: PortAttr
+    ) -> None:
+        """IBA 10.8.3: an error on one QP leaves other QPs on the same CA working."""
+        bad = self._rc(ca, port)
+        good = self._rc(ca, port)
+        bad.write(b"nope", rkey=bad.b.mr.rkey ^ 0x10101000)
+        assert wait_wc(bad.a.cq).status is WcStatus.REM_ACCESS_ERR
+        good.write(b"still fine", dst_off=100)
+        assert wait_wc(good.a.cq).status is WcStatus.SUCCESS
+        assert good.b.get(100, 10) == b"still fine"
+
+    def test_failed_qp_reusable_after_reset(self, ca: Ca, port: PortAttr) -> None:
+        """ibal.qp_fsm: a QP in ERROR can be reset and connected again to move data."""
+        pair = self._rc(ca, port)
+        pair.write(b"x", rkey=pair.b.mr.rkey ^ 0x11111100)
+        assert wait_wc(pair.a.cq).status is WcStatus.REM_ACCESS_ERR
+        for side, other in ((pair.a, pair.b), (pair.b, pair.a)):
+            side.qp.modify(QpMod(QpState.RESET))
+            to_init(side.qp, port.port_num, qp_access(ca.capabilities))
+            to_rtr(side.qp, av_to(port, port.port_num), port.active_mtu, other.qp.num)
+            to_rts(side.qp)
+        pair.write(b"again", dst_off=40, wr_id=90)
+        wc = wait_wc(pair.a.cq)
+        assert (wc.wr_id, wc.status) == (90, WcStatus.SUCCESS)
+        assert pair.b.get(40, 5) == b"again"

@@ -1,0 +1,122 @@
+"""The suite itself: size, rule references, generated docs, plugin and runner."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from ibal.testing import catalogue
+from ibal.testing.runner import RunResult, run_conformance
+
+
+def test_suite_has_at_least_150_distinct_checks() -> None:
+    checks = catalogue.checks()
+    assert len({c.name for c in checks}) == len(checks), "two chapters define the same check"
+    assert len(checks) >= 150
+
+
+def test_every_check_names_its_rule() -> None:
+    assert catalogue.problems(catalogue.checks()) == []
+
+
+def test_conformance_page_is_current() -> None:
+    text = catalogue.DOC.read_text()
+    assert catalogue.updated(text) == text, "docs/conformance.md is stale: " + (
+        "python -m ibal.testing.catalogue"
+    )
+
+
+def test_plugin_runs_suite_from_an_empty_directory(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--ibal-provider",
+            "mock",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "test_create_cq_size_at_least_requested or test_rc_send_lands",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "ibal conformance: provider 'mock'" in proc.stdout
+    assert "3 passed" in proc.stdout  # the CQ check and the RC send on both topologies
+
+
+def test_provider_options_reach_the_provider(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--ibal-provider",
+            "mock",
+            "--ibal-provider-option",
+            "cas=1",
+            "-p",
+            "no:cacheprovider",
+            "-rs",
+            "-k",
+            "test_rc_send_lands",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "1 passed, 1 skipped" in proc.stdout
+    assert "provider offers 1 CA(s)" in proc.stdout
+
+
+def test_run_conformance_counts_per_chapter() -> None:
+    seen: list[str] = []
+
+    class Recorder:
+        def start(self, total: int, chapters: object) -> None:
+            seen.append(f"start {total}")
+
+        def check_done(self, check: object) -> None:
+            seen.append("check")
+
+        def finish(self, result: RunResult) -> None:
+            seen.append("finish")
+
+    result = run_conformance(
+        "mock",
+        {"cas": 2},
+        extra_args=["-q", "-k", "PdChecks or test_poll_empty_cq"],
+        reporter=Recorder(),
+    )
+    assert result.exit_code == 0 and result.failed == 0 and result.errors == 0
+    assert result.chapters["PD"].passed == result.chapters["PD"].total == 9
+    assert result.chapters["CQ & notification"].passed == 1
+    assert seen[0] == f"start {result.passed}" and seen[-1] == "finish"
+    assert seen.count("check") == result.passed
+
+
+def test_cli_conformance_command() -> None:
+    from ibal.cli import main
+
+    out = CliRunner().invoke(main, ["conformance", "mock", "-k", "test_qp_numbers_are_unique"])
+    assert out.exit_code == 0, out.output
+    assert "QP create & state machine" in out.output and "total" in out.output
+
+
+def test_cli_conformance_unknown_provider() -> None:
+    from ibal.cli import main
+
+    out = CliRunner().invoke(main, ["conformance", "no-such-provider"])
+    assert out.exit_code == 2
+    assert "no provider called 'no-such-provider'" in out.output

@@ -1,0 +1,5 @@
+from ibal.testing import ProviderConformance
+
+
+class TestMock(ProviderConformance):
+    provider_name = "mock"
