@@ -11,6 +11,7 @@ side uses only the provider contract (``ibal.ci``), as a provider author would.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -67,77 +68,77 @@ def rc_mods(attr: CaAttr, remote_qpn: int) -> list[QpMod]:
     ]
 
 
+Ops = dict[str, Callable[[], int]]
+
+
 def rate(fn: Callable[[], int], seconds: float) -> float:
-    """Operations per second of ``fn`` (which returns how many it did), best of 3."""
-    best = 0.0
-    for _ in range(3):
-        done = 0
-        start = time.perf_counter()
-        end = start + seconds / 3
-        while time.perf_counter() < end:
-            done += fn()
-        best = max(best, done / (time.perf_counter() - start))
-    return best
+    """Operations per second of ``fn`` (which returns how many it did)."""
+    done = 0
+    start = time.perf_counter()
+    end = start + seconds
+    while time.perf_counter() < end:
+        done += fn()
+    return done / (time.perf_counter() - start)
 
 
-def direct(provider: str, options: dict[str, Any], seconds: float) -> dict[str, float]:
+def direct(provider: str, options: dict[str, Any]) -> tuple[Ops, Callable[[], None]]:
+    """The workload on the provider's ChannelInterface, as a provider author calls it."""
     reg = Collector()
     prov = ProviderManager().create(provider, options)
     prov.start(reg)
-    try:
-        ci = reg.cas[0]
-        h_ca = ci.open_ca(lambda ctx: None, lambda rec: None, None)
-        attr = ci.query_ca(h_ca)
-        h_pd = ci.allocate_pd(h_ca, PdType.NORMAL)
-        h_cq, _ = ci.create_cq(h_ca, 4 * WINDOW, "cq")
-        caps = QpCaps(sq_depth=2 * WINDOW, rq_depth=4)
-        a = ci.create_qp(h_pd, QpType.RC, caps, h_cq, h_cq, None, True, "a")
-        b = ci.create_qp(h_pd, QpType.RC, caps, h_cq, h_cq, None, True, "b")
-        for mod in rc_mods(attr, b.attr.qp_num):
-            ci.modify_qp(a.handle, mod)
-        for mod in rc_mods(attr, a.attr.qp_num):
-            ci.modify_qp(b.handle, mod)
-        buf = bytearray(4096)
-        keys = ci.register_mr(h_pd, memoryview(buf), _address(buf), ACCESS)
-        wrs = [
-            SendWr(
-                wr_id=i,
-                opcode=WrType.RDMA_WRITE,
-                sg_list=[Sge(keys.vaddr, 8, keys.lkey)],
-                send_opt=SendOpt.SIGNALED,
-                remote_addr=keys.vaddr + 2048,
-                rkey=keys.rkey,
-            )
-            for i in range(WINDOW)
-        ]
+    ci = reg.cas[0]
+    h_ca = ci.open_ca(lambda ctx: None, lambda rec: None, None)
+    attr = ci.query_ca(h_ca)
+    h_pd = ci.allocate_pd(h_ca, PdType.NORMAL)
+    h_cq, _ = ci.create_cq(h_ca, 4 * WINDOW, "cq")
+    caps = QpCaps(sq_depth=2 * WINDOW, rq_depth=4)
+    a = ci.create_qp(h_pd, QpType.RC, caps, h_cq, h_cq, None, True, "a")
+    b = ci.create_qp(h_pd, QpType.RC, caps, h_cq, h_cq, None, True, "b")
+    for mod in rc_mods(attr, b.attr.qp_num):
+        ci.modify_qp(a.handle, mod)
+    for mod in rc_mods(attr, a.attr.qp_num):
+        ci.modify_qp(b.handle, mod)
+    buf = bytearray(4096)
+    keys = ci.register_mr(h_pd, memoryview(buf), _address(buf), ACCESS)
+    wrs = [
+        SendWr(
+            wr_id=i,
+            opcode=WrType.RDMA_WRITE,
+            sg_list=[Sge(keys.vaddr, 8, keys.lkey)],
+            send_opt=SendOpt.SIGNALED,
+            remote_addr=keys.vaddr + 2048,
+            rkey=keys.rkey,
+        )
+        for i in range(WINDOW)
+    ]
 
-        def writes() -> int:
-            ci.post_send(a.handle, wrs)
-            got = 0
-            while got < WINDOW:
-                got += len(ci.poll_cq(h_cq, WINDOW))
-            return WINDOW
+    def writes() -> int:
+        ci.post_send(a.handle, wrs)
+        got = 0
+        while got < WINDOW:
+            got += len(ci.poll_cq(h_cq, WINDOW))
+        return WINDOW
 
-        def single_post() -> int:
-            ci.post_send(a.handle, wrs[:1])
-            while not ci.poll_cq(h_cq, 1):
-                pass
-            return 1
+    def single_post() -> int:
+        ci.post_send(a.handle, wrs[:1])
+        while not ci.poll_cq(h_cq, 1):
+            pass
+        return 1
 
-        results = {
-            "RDMA WRITE 8 B, window 32 (msg/s)": rate(writes, seconds),
-            "post_send + poll_cq, 1 WR (pairs/s)": rate(single_post, seconds),
-            "query_cq (calls/s)": rate(lambda: (ci.query_cq(h_cq), 1)[1], seconds),
-        }
+    def query() -> int:
+        ci.query_cq(h_cq)
+        return 1
+
+    def cleanup() -> None:
         ci.deregister_mr(keys.handle)
         ci.destroy_qp(a.handle)
         ci.destroy_qp(b.handle)
         ci.destroy_cq(h_cq)
         ci.deallocate_pd(h_pd)
         ci.close_ca(h_ca)
-        return results
-    finally:
         prov.stop()
+
+    return {OPS[0]: writes, OPS[1]: single_post, OPS[2]: query}, cleanup
 
 
 def _address(buf: bytearray) -> int:
@@ -146,72 +147,89 @@ def _address(buf: bytearray) -> int:
     return ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
 
 
-def through_al(provider: str, options: dict[str, Any], seconds: float) -> dict[str, float]:
+def through_al(provider: str, options: dict[str, Any]) -> tuple[Ops, Callable[[], None]]:
+    """The same workload through the access layer's public API."""
     mgr = AlManager()
     mgr.start_provider(provider, options)
     al = mgr.open_al()
-    try:
-        ca = al.open_ca(al.get_ca_guids()[0])
-        attr = ca.query()
-        pd = ca.alloc_pd()
-        cq = ca.create_cq(4 * WINDOW)
-        create = QpCreate(QpType.RC, send_cq=cq, recv_cq=cq, sq_depth=2 * WINDOW, rq_depth=4)
-        a, b = pd.create_qp(create), pd.create_qp(create)
-        for mod in rc_mods(attr, b.num):
-            a.modify(mod)
-        for mod in rc_mods(attr, a.num):
-            b.modify(mod)
-        buf = bytearray(4096)
-        mr = pd.reg_mem(buf, ACCESS)
-        wrs = [
-            SendWr(
-                wr_id=i,
-                opcode=WrType.RDMA_WRITE,
-                sg_list=[mr.sge(0, 8)],
-                send_opt=SendOpt.SIGNALED,
-                remote_addr=mr.vaddr + 2048,
-                rkey=mr.rkey,
-            )
-            for i in range(WINDOW)
-        ]
+    ca = al.open_ca(al.get_ca_guids()[0])
+    attr = ca.query()
+    pd = ca.alloc_pd()
+    cq = ca.create_cq(4 * WINDOW)
+    create = QpCreate(QpType.RC, send_cq=cq, recv_cq=cq, sq_depth=2 * WINDOW, rq_depth=4)
+    a, b = pd.create_qp(create), pd.create_qp(create)
+    for mod in rc_mods(attr, b.num):
+        a.modify(mod)
+    for mod in rc_mods(attr, a.num):
+        b.modify(mod)
+    buf = bytearray(4096)
+    mr = pd.reg_mem(buf, ACCESS)
+    wrs = [
+        SendWr(
+            wr_id=i,
+            opcode=WrType.RDMA_WRITE,
+            sg_list=[mr.sge(0, 8)],
+            send_opt=SendOpt.SIGNALED,
+            remote_addr=mr.vaddr + 2048,
+            rkey=mr.rkey,
+        )
+        for i in range(WINDOW)
+    ]
 
-        def writes() -> int:
-            a.post_send(wrs)
-            got = 0
-            while got < WINDOW:
-                got += len(cq.poll(WINDOW))
-            return WINDOW
+    def writes() -> int:
+        a.post_send(wrs)
+        got = 0
+        while got < WINDOW:
+            got += len(cq.poll(WINDOW))
+        return WINDOW
 
-        def single_post() -> int:
-            a.post_send(wrs[:1])
-            while not cq.poll(1):
-                pass
-            return 1
+    def single_post() -> int:
+        a.post_send(wrs[:1])
+        while not cq.poll(1):
+            pass
+        return 1
 
-        return {
-            "RDMA WRITE 8 B, window 32 (msg/s)": rate(writes, seconds),
-            "post_send + poll_cq, 1 WR (pairs/s)": rate(single_post, seconds),
-            "query_cq (calls/s)": rate(lambda: (cq.query(), 1)[1], seconds),
-        }
-    finally:
+    def query() -> int:
+        cq.query()
+        return 1
+
+    def cleanup() -> None:
         al.close()
         mgr.close()
+
+    return {OPS[0]: writes, OPS[1]: single_post, OPS[2]: query}, cleanup
+
+
+OPS = (
+    "RDMA WRITE 8 B, window 32 (msg/s)",
+    "post_send + poll_cq, 1 WR (pairs/s)",
+    "query_cq (calls/s)",
+)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--provider", default="mock")
-    parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
+    parser.add_argument("--seconds", type=float, default=0.5, help="per measurement")
+    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds; median kept")
     args = parser.parse_args()
     options: dict[str, Any] = {"cas": 1} if args.provider == "mock" else {}
-    low = direct(args.provider, options, args.seconds)
-    high = through_al(args.provider, options, args.seconds)
-    print(f"provider: {args.provider}")
-    print(f"{'operation':<40} {'direct':>12} {'through AL':>12} {'AL/direct':>10}")
-    for name in low:
-        print(
-            f"{name:<40} {low[name]:>12,.0f} {high[name]:>12,.0f} {high[name] / low[name]:>10.2f}"
-        )
+    low_ops, low_done = direct(args.provider, options)
+    high_ops, high_done = through_al(args.provider, options)
+    try:
+        print(f"provider: {args.provider}; median of {args.rounds} alternating rounds")
+        print(f"{'operation':<40} {'direct':>12} {'through AL':>12} {'AL/direct':>10}")
+        for name in OPS:
+            # Alternate the two sides so drift in machine load hits both alike.
+            lows, highs = [], []
+            for _ in range(args.rounds):
+                lows.append(rate(low_ops[name], args.seconds))
+                highs.append(rate(high_ops[name], args.seconds))
+            lo, hi = statistics.median(lows), statistics.median(highs)
+            print(f"{name:<40} {lo:>12,.0f} {hi:>12,.0f} {hi / lo:>10.2f}")
+    finally:
+        high_done()
+        low_done()
 
 
 if __name__ == "__main__":
