@@ -56,7 +56,8 @@ step $bb mount -t devtmpfs devtmpfs /dev
 $bb mkdir -p /dev/pts /dev/shm
 step $bb mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
 step $bb mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
-step $bb mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp
+# /tmp stays the host's, seen through the overlay (writes stay in the guest):
+# a checkout or virtualenv under the host's /tmp must be visible in the guest.
 $bb hostname ibal-lab
 
 CTL=

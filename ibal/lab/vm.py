@@ -296,7 +296,7 @@ class LabSession:
 
     @property
     def guest_dir(self) -> str:
-        """Guest path of `host_dir`. The guest's /tmp is a fresh tmpfs; use this instead."""
+        """Guest path of `host_dir`: files the host writes there after boot show in the guest."""
         return f"{GUEST_SHARE}/work"
 
     def guest_path(self, host_path: os.PathLike[str] | str) -> str:

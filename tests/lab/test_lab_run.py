@@ -88,11 +88,12 @@ def test_shared_dir_tmp_and_root_overlay(ibal_lab_session: LabSession, tmp_path:
     assert (s.host_dir / "from-guest.txt").read_bytes() == b"hello host"
     assert s.guest_path(s.host_dir / "x" / "y.py") == f"{s.guest_dir}/x/y.py"
 
-    # /tmp is the guest's own tmpfs: the host's /tmp is not visible there.
-    marker = tmp_path / "host-only"
-    marker.write_text("x")
-    assert s.run(["test", "-e", str(marker)]).returncode == 1
-    assert "tmpfs" in s.run(["stat", "-f", "-c", "%T", "/tmp"]).stdout_text
+    # /tmp is the host's through the overlay (a checkout under /tmp must be
+    # reachable), and guest writes there stay in the guest.
+    assert "overlay" in s.run(["stat", "-f", "-c", "%T", "/tmp"]).stdout_text
+    probe_tmp = tmp_path.parent / f"ibal-lab-probe-{os.getpid()}"
+    s.run(["sh", "-c", f"echo guest > {probe_tmp}"]).check_returncode()
+    assert not probe_tmp.exists()
 
     # The root is the host's, read-only underneath: guest writes stay in the guest.
     probe = Path("/etc/ibal-lab-overlay-probe")
@@ -103,7 +104,7 @@ def test_shared_dir_tmp_and_root_overlay(ibal_lab_session: LabSession, tmp_path:
 
 def test_concurrent_jobs_in_one_guest(ibal_lab_session: LabSession) -> None:
     s = ibal_lab_session
-    fifo = "/tmp/fifo"  # the guest's own tmpfs (9p shares cannot hold fifos)
+    fifo = "/tmp/fifo"  # the overlay's tmpfs upper layer (9p shares cannot hold fifos)
     s.run(["mkfifo", fifo]).check_returncode()
     # The reader blocks until the second job writes: both must run at once.
     reader = s.guest_start(["cat", fifo], timeout=60)
