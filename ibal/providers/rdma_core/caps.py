@@ -1,0 +1,121 @@
+"""What an rdma-core device can do through this provider, with the reasons for what it cannot.
+
+Derived from ``ibv_query_device`` where verbs reports it (atomics, SRQ,
+memory windows, multicast limits); the rest is what libibverbs/pyverbs 44
+offers a user-space process at all, which is the same for every device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ibal.ci.interface import Capabilities
+from ibal.providers.rdma_core import consts as C
+from ibal.types import QpType, WrType
+
+SPECIAL_QPS_REASON = (
+    "QP0/QP1 are owned by the kernel; MADs go through the MAD service's umad backend"
+)
+
+REASONS: dict[str, str] = {
+    "special_qps": SPECIAL_QPS_REASON,
+    "peek_cq": "verbs has no CQ peek: ibv_poll_cq consumes the entries it reports",
+    "rearm_n_cq": (
+        "verbs arms a CQ for the next or the next solicited completion only "
+        "(ibv_req_notify_cq); there is no arm for N completions"
+    ),
+    "phys_mr": (
+        "physical-page registration is a kernel-only verb (no ibv_reg_phys_mr in user space)"
+    ),
+    "shared_mr": "libibverbs has no register-shared-region verb",
+    "local_mad": (
+        "the kernel owns the SMA/GSA of rdma-core devices; MADs go through the MAD "
+        "service's umad backend, not through the provider"
+    ),
+    "vendor_call": "no vendor verbs are exposed through this provider",
+    "violation_counters": (
+        "P_Key/Q_Key violation counters are reported by query_ca but cannot be reset "
+        "from user space (no ibv_modify_port)"
+    ),
+    "modify_ca": (
+        "libibverbs has no ibv_modify_port/ibv_modify_device: port capability bits are "
+        "set by kernel agents (ib_cm sets IsCM) and counters reset by the SMA"
+    ),
+    "apm": (
+        "alternate paths are passed to the kernel but automatic path migration is not "
+        "exercised or verified through this provider (kernel rxe advertises it and never migrates)"
+    ),
+    "async_event_injection": "async events come from the kernel; user space cannot raise them",
+}
+
+
+def build_capabilities(
+    dev: Any, link_layers: Mapping[int, int], multicast_reason: str | None
+) -> Capabilities:
+    """The :class:`Capabilities` of one device from its ``ibv_device_attr``.
+
+    ``link_layers`` (port -> ``IBV_LINK_LAYER_*``) is accepted for providers of
+    mixed devices; every capability here holds on InfiniBand and RoCE alike.
+    """
+    reasons = dict(REASONS)
+    flags = int(dev.device_cap_flags)
+    atomics = int(dev.atomic_caps) != 0
+    if not atomics:
+        reasons["atomics"] = "the device reports IBV_ATOMIC_NONE"
+    srq = int(dev.max_srq) > 0
+    if not srq:
+        reasons["srq"] = "the device reports max_srq = 0"
+    mw_types: set[int] = set()
+    if flags & C.IBV_DEVICE_MEM_WINDOW and int(dev.max_mw) > 0:
+        mw_types.add(1)
+        reasons["mw_types"] = (
+            "type 1 windows (ibv_bind_mw); type 2 windows are bound by posting a work "
+            "request, which the contract's bind_mw does not model"
+        )
+    else:
+        reasons["mw_types"] = "the device does not report IBV_DEVICE_MEM_WINDOW"
+    multicast = multicast_reason is None and int(dev.max_mcast_grp) > 0
+    if multicast_reason is not None:
+        reasons["multicast"] = multicast_reason
+    elif not multicast:
+        reasons["multicast"] = "the device reports max_mcast_grp = 0"
+    rc_ops = (
+        frozenset(WrType)
+        if atomics
+        else frozenset(WrType)
+        - {
+            WrType.COMPARE_SWAP,
+            WrType.FETCH_ADD,
+        }
+    )
+    return Capabilities(
+        qp_types=frozenset({QpType.RC, QpType.UC, QpType.UD}),
+        opcodes={
+            QpType.RC: rc_ops,
+            QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE}),
+            QpType.UD: frozenset({WrType.SEND}),
+        },
+        special_qps=frozenset(),
+        atomics=atomics,
+        mw_types=frozenset(mw_types),
+        srq=srq,
+        peek_cq=False,
+        rearm_n_cq=False,
+        resize_cq=True,
+        multicast=multicast,
+        phys_mr=False,
+        shared_mr=False,
+        modify_mr=True,
+        local_mad=False,
+        vendor_call=False,
+        violation_counters=False,
+        modify_ca=False,
+        inline_data=True,
+        immediate=True,
+        solicited_events=True,
+        sqd=True,
+        apm=False,
+        async_event_injection=False,
+        reasons=reasons,
+    )

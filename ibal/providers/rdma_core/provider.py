@@ -1,0 +1,139 @@
+"""The ``rdma_core`` provider: one CA per rdma-core device, through pyverbs.
+
+Options (``mgr.start_provider("rdma_core", {...})``):
+
+* ``devices``: a list of device names to use (default: every device);
+
+``start()`` imports pyverbs lazily.  Without pyverbs or without a device it
+registers nothing and sets ``unavailable_reason``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from ibal.ci.provider import CaRegistrar, Provider
+from ibal.providers.rdma_core import loader, peek
+from ibal.providers.rdma_core.ca import RdmaCoreCa
+from ibal.providers.rdma_core.fastpath import OpsUnavailable
+from ibal.status import IbError, NotFound
+
+log = logging.getLogger("ibal.providers.rdma_core")
+
+
+_MODULES = ("device", "pd", "cq", "qp", "srq", "mr", "wr", "addr", "base", "enums", "pyverbs_error")
+
+
+class _Pyverbs:
+    """The pyverbs modules the CA uses, as attributes (``pv.qp.QP``, ...)."""
+
+    device: Any
+    pd: Any
+    cq: Any
+    qp: Any
+    srq: Any
+    mr: Any
+    wr: Any
+    addr: Any
+    base: Any
+    enums: Any
+    pyverbs_error: Any
+
+    def __init__(self, root: Any) -> None:
+        for sub in _MODULES:
+            setattr(self, sub, importlib.import_module(f"pyverbs.{sub}"))
+        self.root = root
+
+
+class RdmaCoreProvider(Provider):
+    """Real HCAs and kernel soft-RoCE (rdma_rxe) through Debian's pyverbs."""
+
+    name = "rdma_core"
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        self.options = dict(options or {})
+        unknown = set(self.options) - {"devices"}
+        if unknown:
+            raise ValueError(f"unknown rdma_core options: {', '.join(sorted(unknown))}")
+        self.cas: list[RdmaCoreCa] = []
+        self.skipped: dict[str, str] = {}
+        self._registrar: CaRegistrar | None = None
+        self._registered: list[int] = []
+
+    def start(self, registrar: CaRegistrar) -> None:
+        self._registrar = registrar
+        self.unavailable_reason = None
+        try:
+            root = loader.load()
+        except ImportError as exc:
+            self.unavailable_reason = f"pyverbs not importable: {exc}"
+            return
+        pv = _Pyverbs(root)
+        errs = pv.pyverbs_error
+        try:
+            devices = pv.device.get_device_list()
+        except errs.PyverbsError as exc:
+            self.unavailable_reason = f"no RDMA device ({exc})"
+            return
+        wanted = self.options.get("devices")
+        names = [(_name(d), int(d.guid)) for d in devices]
+        if wanted is not None:
+            names = [(n, g) for n, g in names if n in set(wanted)]
+        if not names:
+            self.unavailable_reason = (
+                "no RDMA device (ibv_get_device_list returned none"
+                + (f" of {', '.join(wanted)}" if wanted else "")
+                + ")"
+            )
+            return
+        try:
+            layout: peek.Layout | None = peek.Layout(pv.base)
+        except peek.PeekError as exc:
+            log.warning("rdma_core: pyverbs layout not recognised (%s); events disabled", exc)
+            layout = None
+        for name, guid in names:
+            if not guid:
+                self.skipped[name] = "node GUID is zero"
+                continue
+            try:
+                ci = RdmaCoreCa(pv, name, guid, layout=layout)
+            except (errs.PyverbsError, OpsUnavailable) as exc:
+                self.skipped[name] = f"cannot open: {exc}"
+                continue
+            try:
+                registrar.register_ca(ci)
+            except IbError as exc:
+                self.skipped[name] = f"not registered: {exc}"
+                ci.release()
+                continue
+            self.cas.append(ci)
+            self._registered.append(guid)
+        if not self.cas:
+            self.unavailable_reason = (
+                "no usable RDMA device ("
+                + "; ".join(f"{n}: {why}" for n, why in self.skipped.items())
+                + ")"
+            )
+
+    def stop(self) -> None:
+        registrar = self._registrar
+        for guid in reversed(self._registered):
+            if registrar is not None:
+                try:
+                    registrar.deregister_ca(guid)
+                except NotFound:
+                    pass
+                except IbError as exc:
+                    log.warning("rdma_core: deregistering %016x failed: %s", guid, exc)
+        self._registered.clear()
+        for ci in self.cas:
+            ci.release()
+        self.cas.clear()
+
+
+def _name(device: Any) -> str:
+    n = device.name
+    return n.decode() if isinstance(n, bytes) else str(n)

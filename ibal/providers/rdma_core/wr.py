@@ -1,0 +1,868 @@
+"""Work requests and completions: ibal records <-> pyverbs objects.
+
+This is the hot path, so it avoids building pyverbs objects per work request:
+
+* **Sends** go through a per-QP pool of pyverbs ``SendWR`` objects, each with
+  its own ``SGE``, chained ``pool[i].next -> pool[i+1]`` once at creation.  A
+  batch of ``k`` work requests fills the *last* ``k`` entries (the chain then
+  ends with a NULL ``next`` by construction) and is posted with one
+  ``ibv_post_send`` call, which for rxe is one doorbell system call.  Filling
+  an entry is a handful of attribute stores; building ``SGE`` + ``SendWR``
+  objects costs about ten times more (both call ``logging.getLogger`` and
+  ``malloc``, and pyverbs never frees them unless ``close()`` is called).
+  Work requests with more than one SGE use freshly built objects.
+* **Receives** are posted one per ``ibv_post_recv`` (for rxe a pure user-space
+  queue write); the ``RecvWR`` for a given scatter list is cached, as
+  receives are usually re-posted on the same buffers.  The ``wr_id`` handed to
+  verbs is a token that maps back to the consumer's ``wr_id``: this tells
+  receive completions from send completions when the provider reports a
+  flushed receive with opcode ``IBV_WC_SEND`` (kernel rxe does, and verbs
+  leaves ``opcode`` undefined for failed completions).
+* **Completions** are built with the slot descriptors of :class:`Wc` rather
+  than its frozen-dataclass ``__init__`` (half the cost).
+
+``failed_index``: a batch fails at the first bad work request.  Checks that
+can be made here (opcode for the QP type, SGE count, inline size, atomic
+alignment, AV) are made before posting, so the index is exact and the work
+requests before it are posted.  When libibverbs refuses one (queue full), the
+copy of the bad request pyverbs returns identifies it: work requests without
+immediate data carry their position in the batch in ``imm_data``, which
+verbs ignores for those opcodes.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, cast
+
+from ibal.providers.rdma_core import consts as C
+from ibal.providers.rdma_core.errors import status_of
+from ibal.status import (
+    IbError,
+    InsufficientResources,
+    InvalidAvHandle,
+    InvalidMaxSge,
+    InvalidParameter,
+    InvalidWrType,
+    PostError,
+    Unsupported,
+    post_error,
+)
+from ibal.types import QpType, RecvOpt, RecvWr, SendOpt, SendWr, Wc, WcStatus, WcType, WrType
+
+POOL_MAX = 64
+"""Most send work requests posted with one ``ibv_post_send`` call."""
+
+log = logging.getLogger("ibal.providers.rdma_core")
+
+RECV_CACHE_MAX = 4096
+"""Cached ``RecvWR`` objects per queue before the cache is emptied."""
+
+K_PLAIN, K_RDMA, K_ATOMIC, K_UD = range(4)
+_NOPT = 64  # SendOpt has six bits
+_TABLE_LEN = len(WrType) * _NOPT
+
+if sys.byteorder == "little":
+
+    def imm_to_verbs(imm: int) -> int:
+        """ibal immediate (an int whose big-endian bytes go on the wire) -> ``imm_data``."""
+        return int.from_bytes(imm.to_bytes(4, "little"), "big")
+
+else:  # pragma: no cover - big-endian hosts
+
+    def imm_to_verbs(imm: int) -> int:
+        imm.to_bytes(4, "big")  # range check
+        return imm
+
+
+imm_from_verbs = imm_to_verbs
+
+
+SendEntry = tuple[int, int, int, bool, bool]
+"""(ibv opcode, ibv send flags, kind, has immediate, inline)."""
+
+
+def build_send_table(
+    qp_type: QpType, atomics: bool, allowed: frozenset[WrType] | None = None
+) -> list[SendEntry | type[IbError]]:
+    """The translation of every ``(WrType, SendOpt)`` pair for one QP type.
+
+    Index ``opcode * 64 + send_opt``; an entry is either the verbs form or the
+    exception class to raise for that work request.
+    """
+    if allowed is None:
+        allowed = {
+            QpType.RC: frozenset(WrType),
+            QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE}),
+            QpType.UD: frozenset({WrType.SEND}),
+        }.get(qp_type, frozenset())
+    table: list[SendEntry | type[IbError]] = []
+    for op in WrType:
+        for opt in range(_NOPT):
+            table.append(_send_entry(qp_type, op, SendOpt(opt), atomics, allowed))
+    return table
+
+
+def _send_entry(
+    qp_type: QpType, op: WrType, opt: SendOpt, atomics: bool, allowed: frozenset[WrType]
+) -> SendEntry | type[IbError]:
+    if op not in allowed:
+        return InvalidWrType
+    if op.is_atomic and not atomics:
+        return Unsupported
+    if opt & SendOpt.LOCAL:
+        return InvalidParameter  # a MAD-QP option; no special QPs here
+    imm = bool(opt & SendOpt.IMMEDIATE)
+    inline = bool(opt & SendOpt.INLINE)
+    if op is WrType.SEND:
+        code = C.IBV_WR_SEND_WITH_IMM if imm else C.IBV_WR_SEND
+        kind = K_UD if qp_type is QpType.UD else K_PLAIN
+    elif op is WrType.RDMA_WRITE:
+        code = C.IBV_WR_RDMA_WRITE_WITH_IMM if imm else C.IBV_WR_RDMA_WRITE
+        kind = K_RDMA
+    else:
+        if imm:
+            return InvalidWrType
+        if inline:
+            return InvalidParameter
+        code = {
+            WrType.RDMA_READ: C.IBV_WR_RDMA_READ,
+            WrType.COMPARE_SWAP: C.IBV_WR_ATOMIC_CMP_AND_SWP,
+            WrType.FETCH_ADD: C.IBV_WR_ATOMIC_FETCH_AND_ADD,
+        }[op]
+        kind = K_RDMA if op is WrType.RDMA_READ else K_ATOMIC
+    flags = 0
+    if opt & SendOpt.SIGNALED:
+        flags |= C.IBV_SEND_SIGNALED
+    if opt & SendOpt.FENCE:
+        flags |= C.IBV_SEND_FENCE
+    if opt & SendOpt.SOLICITED:
+        flags |= C.IBV_SEND_SOLICITED
+    if inline:
+        flags |= C.IBV_SEND_INLINE
+    return (code, flags, kind, imm, inline)
+
+
+class SqAccount:
+    """Send-queue occupancy, so a post beyond the granted depth fails as the contract says.
+
+    libibverbs rounds queues up and rxe runs the requester inside the
+    doorbell, so neither refuses a post beyond the depth the QP was granted.
+    A work request occupies its slot until its completion is polled (as on
+    real hardware, whose driver advances the queue tail in poll_cq); an
+    unsignaled one until a later signaled one completes.  ``sig`` holds the
+    sequence numbers of signaled requests when the QP signals selectively.
+    """
+
+    __slots__ = ("all_signaled", "depth", "posted", "retired", "sig")
+
+    def __init__(self, depth: int, all_signaled: bool) -> None:
+        self.depth = depth
+        self.all_signaled = all_signaled
+        self.posted = 0
+        self.retired = 0
+        self.sig: deque[int] = deque()
+
+    def room(self) -> int:
+        out = self.posted - self.retired
+        return self.depth - (out if out > 0 else 0)
+
+    def note(self, wrs: Sequence[SendWr], base: int, count: int) -> None:
+        """``wrs[base:base+count]`` are now on the queue."""
+        if not self.all_signaled:
+            seq = self.posted
+            sig = self.sig
+            for j in range(count):
+                seq += 1
+                if wrs[base + j].send_opt & SendOpt.SIGNALED:
+                    sig.append(seq)
+        self.posted += count
+
+    def note_one(self, signaled: bool) -> None:
+        self.posted += 1
+        if signaled and not self.all_signaled:
+            self.sig.append(self.posted)
+
+    def reset(self) -> None:
+        """The QP went to RESET: its queue is empty."""
+        self.retired = self.posted
+        self.sig.clear()
+
+
+class PyverbsApi:
+    """The pyverbs classes the translation uses (fakes in unit tests)."""
+
+    def __init__(
+        self,
+        send_wr: Any,
+        sge: Any,
+        recv_wr: Any,
+        rdma_error: type[BaseException],
+        adopt_sge: Callable[[Any, Any], int | None] | None = None,
+        free: Callable[[int], None] | None = None,
+    ) -> None:
+        self.SendWR = send_wr
+        self.SGE = sge
+        self.RecvWR = recv_wr
+        self.rdma_error = rdma_error
+        self.adopt_sge = adopt_sge
+        self.free = free
+
+
+def _fail(status_cls: type[IbError], index: int, message: str) -> PostError:
+    return post_error(status_cls.status, index, message)
+
+
+class SendQueue:
+    """Posts ibal send work requests on one pyverbs QP."""
+
+    def __init__(
+        self,
+        api: PyverbsApi,
+        post: Callable[[Any, Any], None],
+        qp_type: QpType,
+        *,
+        max_sge: int,
+        max_inline: int,
+        depth: int,
+        atomics: bool,
+        ah_of: Callable[[Any], Any],
+        allowed: frozenset[WrType] | None = None,
+        all_signaled: bool = True,
+    ) -> None:
+        self.api = api
+        self._post = post
+        self.acct = SqAccount(depth, all_signaled)
+        self.holding = False
+        self.held: list[tuple[list[Any], list[Any]]] = []
+        self.qp_type = qp_type
+        self.max_sge = max_sge
+        self.max_inline = max_inline
+        self.table = build_send_table(qp_type, atomics, allowed)
+        self.ah_of = ah_of
+        self.lock = threading.Lock()
+        self.size = max(1, min(depth, POOL_MAX))
+        self.pool_wr: list[Any] = []
+        self.pool_sge: list[Any] = []
+        for _ in range(self.size):
+            wr, sge = self._pooled_pair()
+            self.pool_wr.append(wr)
+            self.pool_sge.append(sge)
+        for a, b in itertools.pairwise(self.pool_wr):
+            a.next_wr = b
+        self.bad, self._bad_sge = self._pooled_pair()
+
+    def _pooled_pair(self) -> tuple[Any, Any]:
+        api = self.api
+        sge = api.SGE(0, 0, 0)
+        wr = api.SendWR(opcode=C.IBV_WR_BIND_MW, num_sge=0)
+        old = api.adopt_sge(wr, sge) if api.adopt_sge is not None else None
+        if old is None:
+            wr.sg_list = sge
+        elif old and api.free is not None:
+            api.free(old)
+        return wr, sge
+
+    def close(self) -> None:
+        """Free the pooled scatter entries (the SendWRs point at them)."""
+        with self.lock:
+            for sge in (*self.pool_sge, self._bad_sge):
+                sge.close()
+            self.pool_sge = []
+            self.pool_wr = []
+            self.size = 0
+
+    # ------------------------------------------------------------------ post
+    def post(self, wrs: Sequence[SendWr], hold: bool = False) -> None:
+        """Post ``wrs``; with ``hold`` (QP in SQD) validate and queue them until :meth:`release`."""
+        n = len(wrs)
+        with self.lock:
+            if not self.size:
+                raise _fail(InvalidParameter, 0, "QP destroyed")
+            room = self.acct.room()
+            limit = n if n <= room else max(room, 0)
+            self.holding = hold
+            base = 0
+            size = self.size
+            while base < limit:
+                k = limit - base if limit - base <= size else size
+                self._post_chunk(wrs, base, k)
+                base += k
+            if limit < n:
+                raise _fail(InsufficientResources, limit,
+                            f"send queue full ({self.acct.depth} granted)")  # fmt: skip
+
+    def release(self) -> None:
+        """Post what was held while the QP was in SQD, in order."""
+        with self.lock:
+            held, self.held = self.held, []
+            for built, sges in held:
+                try:
+                    self._post(built[0], self.bad)
+                except self.api.rdma_error as exc:
+                    log.warning("rdma_core: posting work requests held in SQD failed: %s", exc)
+                finally:
+                    for w in built:
+                        w.close()
+                    for g in sges:
+                        g.close()
+
+    def drop_held(self) -> None:
+        """The QP went to RESET: held work requests vanish without completions."""
+        with self.lock:
+            held, self.held = self.held, []
+            for built, sges in held:
+                for w in built:
+                    w.close()
+                for g in sges:
+                    g.close()
+
+    def _post_chunk(self, wrs: Sequence[SendWr], base: int, k: int) -> None:
+        if self.holding:
+            return self._post_fresh(wrs, base, k)
+        first = self.size - k
+        pool_wr = self.pool_wr
+        pool_sge = self.pool_sge
+        table = self.table
+        max_sge = self.max_sge
+        j = 0
+        try:
+            for j in range(k):
+                wr = wrs[base + j]
+                opt = wr.send_opt
+                idx = wr.opcode * _NOPT + opt
+                if opt >> 6 or not 0 <= idx < _TABLE_LEN:
+                    raise self._refuse(
+                        wrs, base, j, InvalidWrType, "unknown opcode or send options"
+                    )
+                ent = table[idx]
+                if not isinstance(ent, tuple):
+                    raise self._refuse(wrs, base, j, ent, "opcode/options not valid on this QP")
+                code, flags, kind, imm, inline = ent
+                sgl = wr.sg_list
+                ns = len(sgl)
+                if ns > max_sge:
+                    raise self._refuse(wrs, base, j, InvalidMaxSge, f"{ns} SGEs, QP has {max_sge}")
+                w = pool_wr[first + j]
+                if ns == 1:
+                    g = sgl[0]
+                    s = pool_sge[first + j]
+                    s.addr = g.addr
+                    s.length = g.length
+                    s.lkey = g.lkey
+                    if inline and g.length > self.max_inline:
+                        raise self._refuse(wrs, base, j, InvalidParameter, "inline data too long")
+                elif ns:
+                    return self._post_fresh(wrs, base, k)
+                w.num_sge = ns
+                w.wr_id = wr.wr_id
+                w.opcode = code
+                w.send_flags = flags
+                w.imm_data = imm_to_verbs(wr.imm) if imm else j
+                if kind == K_RDMA:
+                    w.set_wr_rdma(wr.rkey, wr.remote_addr)
+                elif kind == K_UD:
+                    self._set_ud(w, wr, wrs, base, j)
+                elif kind == K_ATOMIC:
+                    self._check_atomic(wr, sgl, wrs, base, j)
+                    w.set_wr_atomic(wr.rkey, wr.remote_addr, wr.compare_add, wr.swap)
+        except PostError:
+            raise
+        except (OverflowError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise self._refuse(wrs, base, j, InvalidParameter, str(exc)) from exc
+        try:
+            self._post(pool_wr[first], self.bad)
+        except self.api.rdma_error as exc:
+            idx = self._locate(wrs, base, k)
+            self.acct.note(wrs, base, idx)
+            raise self._posted_error(exc, base + idx) from exc
+        self.acct.note(wrs, base, k)
+        return None
+
+    def _set_ud(self, w: Any, wr: SendWr, wrs: Sequence[SendWr], base: int, j: int) -> None:
+        ud = wr.ud
+        if ud is None:
+            raise self._refuse(wrs, base, j, InvalidParameter, "UD send without a destination")
+        ah = self.ah_of(ud.av)
+        if ah is None:
+            raise self._refuse(
+                wrs,
+                base,
+                j,
+                InvalidAvHandle,
+                "invalid or destroyed AV (or a RoCE AV without a GRH)",
+            )
+        w.set_wr_ud(ah, ud.remote_qp, ud.remote_qkey)
+
+    def _check_atomic(
+        self, wr: SendWr, sgl: Sequence[Any], wrs: Sequence[SendWr], base: int, j: int
+    ) -> None:
+        if wr.remote_addr & 7:
+            raise self._refuse(
+                wrs, base, j, InvalidParameter, "atomic remote_addr not 8-byte aligned"
+            )
+        if sum(g.length for g in sgl) != 8:
+            raise self._refuse(
+                wrs, base, j, InvalidParameter, "atomic needs exactly 8 bytes of SGE"
+            )
+
+    def _refuse(
+        self, wrs: Sequence[SendWr], base: int, j: int, cls: type[IbError], why: str
+    ) -> PostError:
+        """Post ``wrs[base:base+j]`` (the good prefix), then describe WR ``base+j``."""
+        if j:
+            self._post_fresh(wrs, base, j)
+        return _fail(cls, base + j, f"send WR {base + j}: {why}")
+
+    def _posted_error(self, exc: BaseException, index: int) -> PostError:
+        status = status_of(exc, {errno.ENOMEM: InsufficientResources})
+        return post_error(status, index, f"ibv_post_send: {exc}")
+
+    def _locate(self, wrs: Sequence[SendWr], base: int, k: int) -> int:
+        """Index in the chunk of the work request libibverbs refused."""
+        bad = self.bad
+        try:
+            code, wr_id, mark = bad.opcode, bad.wr_id, bad.imm_data
+        except Exception:  # pragma: no cover - pyverbs always fills these
+            return 0
+        if code not in C.IMM_OPCODES and 0 <= mark < k and wrs[base + mark].wr_id == wr_id:
+            return int(mark)
+        for j in range(k):
+            wr = wrs[base + j]
+            if wr.wr_id == wr_id and (code not in C.IMM_OPCODES or imm_to_verbs(wr.imm) == mark):
+                return j
+        return 0
+
+    # ----------------------------------------------------------- slow path
+    def _post_fresh(self, wrs: Sequence[SendWr], base: int, k: int) -> None:
+        """Build, chain and post ``wrs[base:base+k]`` with new pyverbs objects."""
+        built: list[Any] = []
+        sges: list[Any] = []
+        kept = False
+        try:
+            for j in range(k):
+                wr = wrs[base + j]
+                try:
+                    w = self._build_one(wr, j, sges)
+                except PostError:
+                    raise
+                except IbError as exc:
+                    kept = self._post_built(built, wrs, base, sges)
+                    raise _fail(type(exc), base + j, f"send WR {base + j}: {exc.detail}") from exc
+                except (OverflowError, TypeError, ValueError, AttributeError) as exc:
+                    kept = self._post_built(built, wrs, base, sges)
+                    raise _fail(InvalidParameter, base + j, f"send WR {base + j}: {exc}") from exc
+                if built:
+                    built[-1].next_wr = w
+                built.append(w)
+            kept = self._post_built(built, wrs, base, sges)
+        finally:
+            if not kept:
+                for w in built:
+                    w.close()
+                for g in sges:
+                    g.close()
+
+    def _post_built(
+        self, built: list[Any], wrs: Sequence[SendWr], base: int, sges: list[Any]
+    ) -> bool:
+        """Post (or, holding, keep) a built chain; True when the objects were kept."""
+        if not built:
+            return False
+        if self.holding:
+            self.held.append((list(built), list(sges)))
+            self.acct.note(wrs, base, len(built))
+            return True
+        try:
+            self._post(built[0], self.bad)
+        except self.api.rdma_error as exc:
+            idx = self._locate(wrs, base, len(built))
+            self.acct.note(wrs, base, idx)
+            raise self._posted_error(exc, base + idx) from exc
+        self.acct.note(wrs, base, len(built))
+        return False
+
+    def _build_one(self, wr: SendWr, j: int, sges: list[Any]) -> Any:
+        api = self.api
+        opt = wr.send_opt
+        idx = wr.opcode * _NOPT + opt
+        if opt >> 6 or not 0 <= idx < _TABLE_LEN:
+            raise InvalidWrType("unknown opcode or send options")
+        ent = self.table[idx]
+        if not isinstance(ent, tuple):
+            raise ent("opcode/options not valid on this QP")
+        code, flags, kind, imm, inline = ent
+        sgl = wr.sg_list
+        if len(sgl) > self.max_sge:
+            raise InvalidMaxSge(f"{len(sgl)} SGEs, QP has {self.max_sge}")
+        if inline and sum(g.length for g in sgl) > self.max_inline:
+            raise InvalidParameter("inline data too long")
+        mine = [api.SGE(g.addr, g.length, g.lkey) for g in sgl]
+        sges.extend(mine)
+        if mine:
+            w = api.SendWR(
+                wr_id=wr.wr_id, opcode=code, num_sge=len(mine), sg=mine, send_flags=flags
+            )
+        else:
+            w = api.SendWR(opcode=C.IBV_WR_BIND_MW, num_sge=0)
+        try:
+            if not mine:
+                w.wr_id = wr.wr_id
+                w.opcode = code
+                w.send_flags = flags
+            w.imm_data = imm_to_verbs(wr.imm) if imm else j
+            if kind == K_RDMA:
+                w.set_wr_rdma(wr.rkey, wr.remote_addr)
+            elif kind == K_UD:
+                ud = wr.ud
+                if ud is None:
+                    raise InvalidParameter("UD send without a destination")
+                ah = self.ah_of(ud.av)
+                if ah is None:
+                    raise InvalidAvHandle("invalid or destroyed AV (or a RoCE AV without a GRH)")
+                w.set_wr_ud(ah, ud.remote_qp, ud.remote_qkey)
+            elif kind == K_ATOMIC:
+                if wr.remote_addr & 7:
+                    raise InvalidParameter("atomic remote_addr not 8-byte aligned")
+                if sum(g.length for g in sgl) != 8:
+                    raise InvalidParameter("atomic needs exactly 8 bytes of SGE")
+                w.set_wr_atomic(wr.rkey, wr.remote_addr, wr.compare_add, wr.swap)
+        except BaseException:
+            w.close()
+            raise
+        return w
+
+
+# --------------------------------------------------------------------- receives
+
+
+class RecvTokens:
+    """Maps the ``wr_id`` given to verbs for a receive back to the consumer's.
+
+    ``owner`` is the QP or SRQ the receive was posted to; its ``rtok`` set
+    holds its outstanding tokens so they can be dropped when it goes away.
+    """
+
+    TAG = 0xB1A1 << 48
+
+    def __init__(self) -> None:
+        self.map: dict[int, tuple[int, Any]] = {}
+        self._next = itertools.count(1).__next__
+
+    def add(self, wr_id: int, owner: Any) -> int:
+        tok = self.TAG | (self._next() & 0xFFFF_FFFF_FFFF)
+        self.map[tok] = (wr_id, owner)
+        owner.rtok.add(tok)
+        return tok
+
+    def drop(self, tok: int, owner: Any) -> None:
+        self.map.pop(tok, None)
+        owner.rtok.discard(tok)
+
+    def purge(self, tokens: set[int]) -> None:
+        pop = self.map.pop
+        for tok in tokens:
+            pop(tok, None)
+        tokens.clear()
+
+
+class RecvQueue:
+    """Posts ibal receive work requests on a pyverbs QP or SRQ."""
+
+    def __init__(
+        self,
+        api: PyverbsApi,
+        post: Callable[[Any], None],
+        *,
+        max_sge: int,
+        tokens: RecvTokens,
+        owner: Any,
+    ) -> None:
+        self.api = api
+        self._post = post
+        self.max_sge = max_sge
+        self.tokens = tokens
+        self.owner = owner
+        self.cache: dict[Any, Any] = {}
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def close(self) -> None:
+        with self.lock:
+            for rw in self.cache.values():
+                rw.close()
+            self.cache.clear()
+            self.closed = True
+
+    def _make(self, key: Any, sgl: Sequence[Any]) -> Any:
+        api = self.api
+        if len(self.cache) >= RECV_CACHE_MAX:
+            for rw in self.cache.values():
+                rw.close()
+            self.cache.clear()
+        sges = [api.SGE(g.addr, g.length, g.lkey) for g in sgl] if sgl else [api.SGE(0, 0, 0)]
+        try:
+            rw = api.RecvWR(wr_id=0, num_sge=len(sges), sg=sges)
+        finally:
+            for s in sges:
+                s.close()
+        if not sgl:
+            rw.num_sge = 0
+        self.cache[key] = rw
+        return rw
+
+    def post(self, wrs: Sequence[RecvWr]) -> None:
+        tokens = self.tokens
+        owner = self.owner
+        cache = self.cache
+        post = self._post
+        rdma_error = self.api.rdma_error
+        with self.lock:
+            if self.closed:
+                raise _fail(InvalidParameter, 0, "queue destroyed")
+            for j, wr in enumerate(wrs):
+                try:
+                    sgl = wr.sg_list
+                    ns = len(sgl)
+                    if ns == 1:
+                        g = sgl[0]
+                        key: Any = (g.addr, g.length, g.lkey)
+                    elif ns == 0:
+                        key = ()
+                    else:
+                        key = tuple((g.addr, g.length, g.lkey) for g in sgl)
+                    if ns > self.max_sge:
+                        raise _fail(
+                            InvalidMaxSge, j, f"recv WR {j}: {ns} SGEs, queue has {self.max_sge}"
+                        )
+                    rw = cache.get(key)
+                    if rw is None:
+                        rw = self._make(key, sgl)
+                    tok = tokens.add(wr.wr_id, owner)
+                except PostError:
+                    raise
+                except (OverflowError, TypeError, ValueError, AttributeError) as exc:
+                    raise _fail(InvalidParameter, j, f"recv WR {j}: {exc}") from exc
+                rw.wr_id = tok
+                try:
+                    post(rw)
+                except rdma_error as exc:
+                    tokens.drop(tok, owner)
+                    status = status_of(exc, {errno.ENOMEM: InsufficientResources})
+                    raise post_error(status, j, f"ibv_post_recv: {exc}") from exc
+
+
+# ------------------------------------------------------------------- completions
+
+
+def _wc_builders() -> tuple[Callable[..., Wc], Callable[..., Wc]]:
+    """Fast constructors for :class:`Wc` through its slot descriptors.
+
+    Falls back to the dataclass constructor if ``Wc`` is not a slotted
+    dataclass with the expected fields.
+    """
+    names = (
+        "wr_id",
+        "wc_type",
+        "status",
+        "length",
+        "imm",
+        "recv_opt",
+        "qp_num",
+        "src_qp",
+        "slid",
+        "sl",
+        "pkey_index",
+        "path_bits",
+        "vendor_err",
+        "grh",
+    )
+    fields = tuple(getattr(Wc, "__dataclass_fields__", {}))
+    slots = getattr(Wc, "__slots__", ())
+    if fields != names or tuple(slots) != names:  # pragma: no cover - types.py changed
+
+        def full_slow(*args: Any) -> Wc:
+            make: Any = Wc
+            return cast(Wc, make(*args, None))
+
+        def send_ok_slow(wr_id: int, wc_type: WcType, length: int, qp_num: int) -> Wc:
+            return Wc(wr_id, wc_type, WcStatus.SUCCESS, length, None, RecvOpt.NONE, qp_num)
+
+        return send_ok_slow, full_slow
+
+    d = Wc.__dict__
+    s = [d[n].__set__ for n in names]
+    s_wr, s_ty, s_st, s_len, s_imm, s_ro, s_qp, s_src, s_slid, s_sl, s_pk, s_pb, s_ve, s_grh = s
+    new = object.__new__
+    ok = WcStatus.SUCCESS
+    none_opt = RecvOpt.NONE
+
+    def send_ok(wr_id: int, wc_type: WcType, length: int, qp_num: int) -> Wc:
+        o = new(Wc)
+        s_wr(o, wr_id)
+        s_ty(o, wc_type)
+        s_st(o, ok)
+        s_len(o, length)
+        s_imm(o, None)
+        s_ro(o, none_opt)
+        s_qp(o, qp_num)
+        s_src(o, 0)
+        s_slid(o, 0)
+        s_sl(o, 0)
+        s_pk(o, 0)
+        s_pb(o, 0)
+        s_ve(o, 0)
+        s_grh(o, None)
+        return o
+
+    def full(
+        wr_id: int,
+        wc_type: WcType,
+        status: WcStatus,
+        length: int,
+        imm: int | None,
+        recv_opt: RecvOpt,
+        qp_num: int,
+        src_qp: int,
+        slid: int,
+        sl: int,
+        pkey_index: int,
+        path_bits: int,
+        vendor_err: int,
+    ) -> Wc:
+        o = new(Wc)
+        s_wr(o, wr_id)
+        s_ty(o, wc_type)
+        s_st(o, status)
+        s_len(o, length)
+        s_imm(o, imm)
+        s_ro(o, recv_opt)
+        s_qp(o, qp_num)
+        s_src(o, src_qp)
+        s_slid(o, slid)
+        s_sl(o, sl)
+        s_pk(o, pkey_index)
+        s_pb(o, path_bits)
+        s_ve(o, vendor_err)
+        s_grh(o, None)
+        return o
+
+    return send_ok, full
+
+
+_send_ok, _full_wc = _wc_builders()
+_WC_TYPES: list[WcType | None] = [C.WC_OPCODE_TO_TYPE.get(i) for i in range(256)]
+_WC_STATUS = C.WC_STATUS_FROM_IBV
+_RECV_OPTS = {
+    0: RecvOpt.NONE,
+    C.IBV_WC_GRH: RecvOpt.GRH_VALID,
+    C.IBV_WC_WITH_IMM: RecvOpt.IMMEDIATE,
+    C.IBV_WC_GRH | C.IBV_WC_WITH_IMM: RecvOpt.GRH_VALID | RecvOpt.IMMEDIATE,
+}
+
+
+SEND_WC_CACHE_MAX = 4096
+"""Successful send completions remembered per CQ (see :func:`convert_wcs`)."""
+
+
+def convert_wcs(
+    wcs: Iterable[tuple[int, ...]],
+    tokens: RecvTokens,
+    ud_qpns: set[int] | frozenset[int] = frozenset(),
+    cache: dict[tuple[int, int, int, int], Wc] | None = None,
+    sq_accts: dict[int, SqAccount] | None = None,
+) -> list[Wc]:
+    """``ibv_wc`` tuples -> ibal :class:`Wc`, in order.
+
+    A tuple is ``(wr_id, status, opcode, vendor_err, byte_len, imm_data,
+    qp_num, src_qp, wc_flags, pkey_index, slid, sl, dlid_path_bits)``.
+
+    ``ud_qpns``: numbers of the UD QPs; ``RecvOpt.GRH_VALID`` is reported for
+    them only (rxe sets ``IBV_WC_GRH`` on RoCE RC receives too, whose buffers
+    hold no GRH).
+
+    ``cache``: a successful send completion is fully described by
+    ``(wr_id, opcode, byte_len, qp_num)``, and :class:`Wc` is immutable, so
+    programs that re-post the same work requests get the same objects back
+    instead of new ones (building one costs more than the rest of the
+    translation).  Bounded by :data:`SEND_WC_CACHE_MAX`.
+
+    ``sq_accts``: each QP's :class:`SqAccount`, by QP number; send
+    completions free their slots there.
+    """
+    out: list[Wc] = []
+    append = out.append
+    types = _WC_TYPES
+    pop = tokens.map.pop
+    acct_map: dict[int, SqAccount] = sq_accts if sq_accts is not None else {}
+    accts = acct_map.get
+    for wr_id, st, op, verr, blen, immraw, qpn, src, flags, pki, slid, sl, pbits in wcs:
+        if st == 0 and op < 128:
+            t = types[op]
+            if t is not None:
+                a = accts(qpn)
+                if a is not None:
+                    if a.all_signaled or not a.sig:
+                        a.retired += 1
+                    else:
+                        a.retired = a.sig.popleft()
+                if cache is not None:
+                    key = (wr_id, op, blen, qpn)
+                    wc = cache.get(key)
+                    if wc is None:
+                        if len(cache) >= SEND_WC_CACHE_MAX:
+                            cache.clear()
+                        wc = cache[key] = _send_ok(wr_id, t, blen, qpn)
+                    append(wc)
+                else:
+                    append(_send_ok(wr_id, t, blen, qpn))
+                continue
+        ent = pop(wr_id, None)
+        if ent is not None:
+            owner = ent[1]
+            owner.rtok.discard(wr_id)
+            wr_id = ent[0]
+            wc_type = WcType.RECV_RDMA_WRITE if op == C.IBV_WC_RECV_RDMA_WITH_IMM else WcType.RECV
+        else:
+            wc_type = (types[op] if 0 <= op < 256 else None) or WcType.SEND
+            if op < 128:
+                a = accts(qpn)
+                if a is not None:  # an error or flushed send: it leaves the queue too
+                    a.retired += 1
+                    sig = a.sig
+                    while sig and sig[0] <= a.retired:
+                        sig.popleft()
+        if st == 0:
+            imm = imm_from_verbs(immraw) if flags & C.IBV_WC_WITH_IMM else None
+            if flags & C.IBV_WC_GRH and qpn not in ud_qpns:
+                flags &= ~C.IBV_WC_GRH
+            append(
+                _full_wc(wr_id, wc_type, WcStatus.SUCCESS, blen, imm, _RECV_OPTS[flags & 3],
+                         qpn, src, slid, sl, pki, pbits, 0)
+            )  # fmt: skip
+        else:
+            status = _WC_STATUS.get(st, WcStatus.GENERAL_ERR)
+            append(
+                _full_wc(wr_id, wc_type, status, 0, None, RecvOpt.NONE, qpn, 0, 0, 0, 0, 0, verr)
+            )
+    return out
+
+
+__all__ = [
+    "POOL_MAX",
+    "PyverbsApi",
+    "RecvQueue",
+    "RecvTokens",
+    "SendQueue",
+    "SqAccount",
+    "build_send_table",
+    "convert_wcs",
+    "imm_from_verbs",
+    "imm_to_verbs",
+]
