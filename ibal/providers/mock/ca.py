@@ -37,6 +37,7 @@ from ibal.providers.mock.objects import (
 from ibal.providers.mock.topology import MockPort
 from ibal.status import (
     Error,
+    IbError,
     InsufficientResources,
     InvalidApmState,
     InvalidAvHandle,
@@ -120,6 +121,7 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+_Obj = TypeVar("_Obj")
 
 MOCK_OUI = 0x02_1B_A1
 """A locally administered company ID: the mock's GUIDs are EUI-64s under it."""
@@ -335,40 +337,32 @@ class MockCa(ChannelInterface):
             raise InvalidCaHandle(f"not an open handle of {self.name}: {h!r}")
         return h
 
-    def _h_pd(self, h: Handle) -> MockPd:
-        if type(h) is not MockPd or h.ca is not self or not h.alive:
-            raise InvalidPdHandle(f"not a PD of {self.name}: {h!r}")
+    def _own(self, h: Handle, kind: type[_Obj], error: type[IbError], what: str) -> _Obj:
+        """``h`` if it is a live ``kind`` of this CA, else ``error``."""
+        if type(h) is not kind or getattr(h, "ca", None) is not self or not h.alive:  # type: ignore[attr-defined]
+            raise error(f"not {what} of {self.name}: {h!r}")
         return h
+
+    def _h_pd(self, h: Handle) -> MockPd:
+        return self._own(h, MockPd, InvalidPdHandle, "a PD")
 
     def _h_cq(self, h: Handle) -> MockCq:
-        if type(h) is not MockCq or h.ca is not self or not h.alive:
-            raise InvalidCqHandle(f"not a CQ of {self.name}: {h!r}")
-        return h
+        return self._own(h, MockCq, InvalidCqHandle, "a CQ")
 
     def _h_qp(self, h: Handle) -> MockQp:
-        if type(h) is not MockQp or h.ca is not self or not h.alive:
-            raise InvalidQpHandle(f"not a QP of {self.name}: {h!r}")
-        return h
+        return self._own(h, MockQp, InvalidQpHandle, "a QP")
 
     def _h_srq(self, h: Handle) -> MockSrq:
-        if type(h) is not MockSrq or h.ca is not self or not h.alive:
-            raise InvalidSrqHandle(f"not an SRQ of {self.name}: {h!r}")
-        return h
+        return self._own(h, MockSrq, InvalidSrqHandle, "an SRQ")
 
     def _h_av(self, h: Handle) -> MockAv:
-        if type(h) is not MockAv or h.ca is not self or not h.alive:
-            raise InvalidAvHandle(f"not an AV of {self.name}: {h!r}")
-        return h
+        return self._own(h, MockAv, InvalidAvHandle, "an AV")
 
     def _h_mr(self, h: Handle) -> MockMr:
-        if type(h) is not MockMr or h.ca is not self or not h.alive:
-            raise InvalidMrHandle(f"not an MR of {self.name}: {h!r}")
-        return h
+        return self._own(h, MockMr, InvalidMrHandle, "an MR")
 
     def _h_mw(self, h: Handle) -> MockMw:
-        if type(h) is not MockMw or h.ca is not self or not h.alive:
-            raise InvalidMwHandle(f"not an MW of {self.name}: {h!r}")
-        return h
+        return self._own(h, MockMw, InvalidMwHandle, "an MW")
 
     def _no_callback(self, verb: str) -> None:
         if self._fab.in_callback():
