@@ -113,8 +113,8 @@ def run_cmd(
             timeout=timeout,
             env=env,
             cwd=cwd,
-            on_stdout=stream_to(click.get_binary_stream("stdout")),
-            on_stderr=stream_to(click.get_binary_stream("stderr")),
+            on_stdout=stream_to(sys.stdout.buffer),
+            on_stderr=stream_to(sys.stderr.buffer),
         )
     except LabUnavailable as exc:
         click.echo(f"ibal lab: {exc}\nRun `ibal lab check` for what is missing.", err=True)
