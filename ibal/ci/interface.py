@@ -126,6 +126,15 @@ class Capabilities:
     sqd: bool = True
     apm: bool = False
     async_event_injection: bool = False
+    precise_local_errors: bool = True
+    """Local protection and length errors (unknown L_Key, L_Key of another PD, a
+    deregistered region, a too-small receive) complete with their own IBA status
+    (``LOCAL_PROTECTION_ERR``, ``LOCAL_LEN_ERR``).  ``False``: the CA reports
+    some of them as ``LOCAL_OP_ERR``, which the suite then accepts too."""
+    mw_bounds_check: bool = True
+    """Remote accesses through a bound memory window are checked against the
+    window's own range, not only the region's.  ``False``: the suite skips the
+    check that an access outside the window is refused."""
     reasons: Mapping[str, str] = field(default_factory=dict)
 
     def supports_opcode(self, qp_type: QpType, opcode: WrType) -> bool:

@@ -392,7 +392,7 @@ class RdmaCoreCa(ChannelInterface):
         else:
             self.notes.append("async events unavailable: pyverbs layout not recognised")
         self._caps = build_capabilities(
-            self.dev, self._port_link_layers(), self._multicast_reason()
+            self.dev, self._port_link_layers(), self._multicast_reason(), self.name
         )
         self.ops: Ops | None = self._load_ops()
         self.datapath = "ctypes" if self.ops is not None else "pyverbs"

@@ -49,16 +49,40 @@ REASONS: dict[str, str] = {
     "async_event_injection": "async events come from the kernel; user space cannot raise them",
 }
 
+RXE_VENDOR_ID = 0xFFFFFF
+"""``RXE_VENDOR_ID`` of the kernel's rdma_rxe (``rxe_param.h``)."""
+
+RXE_REASONS: dict[str, str] = {
+    "precise_local_errors": (
+        "kernel rxe completes local protection and length errors (unknown L_Key, L_Key of "
+        "another PD, deregistered region, too-small receive) as IBV_WC_LOC_QP_OP_ERR"
+    ),
+    "mw_bounds_check": (
+        "kernel rxe checks an access through a memory window against the region's bounds "
+        "only, not the bound window's range"
+    ),
+}
+
+
+def is_rxe(dev: Any, name: str) -> bool:
+    """Whether the device is kernel rxe (soft RoCE): its vendor id, or an ``rxe`` name."""
+    return int(getattr(dev, "vendor_id", 0)) == RXE_VENDOR_ID or name.startswith("rxe")
+
 
 def build_capabilities(
-    dev: Any, link_layers: Mapping[int, int], multicast_reason: str | None
+    dev: Any, link_layers: Mapping[int, int], multicast_reason: str | None, name: str = ""
 ) -> Capabilities:
     """The :class:`Capabilities` of one device from its ``ibv_device_attr``.
 
     ``link_layers`` (port -> ``IBV_LINK_LAYER_*``) is accepted for providers of
     mixed devices; every capability here holds on InfiniBand and RoCE alike.
+    ``name`` is the device name; with the vendor id it tells kernel rxe, whose
+    deviations (:data:`RXE_REASONS`) are declared.
     """
     reasons = dict(REASONS)
+    rxe = is_rxe(dev, name)
+    if rxe:
+        reasons.update(RXE_REASONS)
     flags = int(dev.device_cap_flags)
     atomics = int(dev.atomic_caps) != 0
     if not atomics:
@@ -117,5 +141,7 @@ def build_capabilities(
         sqd=True,
         apm=False,
         async_event_injection=False,
+        precise_local_errors=not rxe,
+        mw_bounds_check=not rxe,
         reasons=reasons,
     )

@@ -7,9 +7,10 @@ One guest runs, back to back:
 * the conformance suite: ``python -m pytest --ibal-provider rdma_core``.
 
 The host-side tests below assert on the JUnit reports.  The conformance run
-must have no failure other than the kernel-rxe deviations listed in
-:data:`KNOWN_RXE_DEVIATIONS` (each with the reason; see
-docs/rdma-core-provider.md), and every skip must come with a declared reason.
+must have no failure (on ``lo``, other than :data:`KNOWN_RXE_ON_LO_DEVIATIONS`):
+the kernel-rxe deviations are declared capabilities
+(:data:`DECLARED_RXE_DEVIATIONS`, see docs/rdma-core-provider.md), and every
+skip must come with a declared reason.
 
 Skips, naming the missing Debian packages, without qemu, a kernel with
 rdma_rxe, busybox-static or python3-pyverbs (``IBAL_LAB_REQUIRED=1`` turns the
@@ -44,28 +45,17 @@ LO_SETUP = (
     "ip route add 224.0.0.0/4 dev lo"
 )
 
-KNOWN_RXE_DEVIATIONS: dict[str, str] = {
-    "test_bad_lkey_is_local_protection_error": (
-        "kernel rxe completes an unknown L_Key with IBV_WC_LOC_QP_OP_ERR (LOCAL_OP_ERR), "
-        "not LOC_PROT_ERR"
-    ),
-    "test_lkey_of_other_pd_is_local_protection_error": (
-        "kernel rxe completes an L_Key of another PD with IBV_WC_LOC_QP_OP_ERR (LOCAL_OP_ERR)"
-    ),
-    "test_dereg_mr_with_posted_receive": (
-        "kernel rxe completes a receive into a deregistered region with IBV_WC_LOC_QP_OP_ERR"
-    ),
-    "test_receive_too_small_is_length_error": (
-        "kernel rxe completes a too-small RC receive with IBV_WC_LOC_QP_OP_ERR, not LOC_LEN_ERR"
-    ),
-    "test_ud_receive_too_small_is_length_error": (
-        "kernel rxe completes a too-small UD receive with IBV_WC_LOC_QP_OP_ERR, not LOC_LEN_ERR"
-    ),
-    "test_bound_window_refuses_outside_range": (
-        "kernel rxe (6.1) checks an access through a memory window against the region's "
-        "bounds only, not the window's"
-    ),
+DECLARED_RXE_DEVIATIONS: dict[str, str] = {
+    # check -> the capability the provider declares False on rxe (caps.RXE_REASONS)
+    "test_bad_lkey_is_local_protection_error": "precise_local_errors",
+    "test_lkey_of_other_pd_is_local_protection_error": "precise_local_errors",
+    "test_dereg_mr_with_posted_receive": "precise_local_errors",
+    "test_receive_too_small_is_length_error": "precise_local_errors",
+    "test_ud_receive_too_small_is_length_error": "precise_local_errors",
+    "test_bound_window_refuses_outside_range": "mw_bounds_check",
 }
+"""Kernel rxe behaviour the provider declares (see docs/rdma-core-provider.md): the
+local-error checks then accept LOCAL_OP_ERR and must pass; the window check skips."""
 
 KNOWN_RXE_ON_LO_DEVIATIONS: dict[str, str] = {
     "test_multicast_reaches_every_attached_qp": (
@@ -159,15 +149,19 @@ def test_conformance_suite_on_kernel_rxe(
     r = guest_run.conformance
     counts = r.counts()
     record_property("conformance", counts)
-    print(f"conformance on kernel rxe ({guest_run.netdev}): {counts}; known deviations failing: "
+    print(f"conformance on kernel rxe ({guest_run.netdev}): {counts}; failing: "
           f"{sorted(n for n in r.names('failed'))}")  # fmt: skip
     assert counts["passed"] > 100, (counts, guest_run.output[-4000:])
     failed = r.names("failed")
-    known = dict(KNOWN_RXE_DEVIATIONS)
-    if guest_run.netdev == "lo":
-        known.update(KNOWN_RXE_ON_LO_DEVIATIONS)
+    known = dict(KNOWN_RXE_ON_LO_DEVIATIONS) if guest_run.netdev == "lo" else {}
     unexpected = {n: r.cases[n][1] for n in failed if n.split("[")[0] not in known}
     assert unexpected == {}, unexpected
+    for check, capability in DECLARED_RXE_DEVIATIONS.items():
+        outcomes = {n: r.cases[n] for n in r.cases if n.split("[")[0] == check}
+        assert outcomes, f"{check} did not run"
+        for name, (outcome, message) in outcomes.items():
+            if outcome == "skipped":
+                assert f"provider lacks {capability}: kernel rxe" in message, (name, message)
     for name in r.names("skipped"):
         message = r.cases[name][1]
         assert message, f"{name} skipped without a reason"

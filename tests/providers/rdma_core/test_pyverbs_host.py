@@ -104,3 +104,23 @@ def test_capabilities_follow_the_device(pyverbs_or_skip: Any) -> None:
     assert caps.atomics and caps.srq and caps.supports_opcode(QpType.RC, WrType.COMPARE_SWAP)
     assert caps.mw_types == frozenset() and "MEM_WINDOW" in caps.reason("mw_types")
     assert not caps.multicast and caps.reason("multicast") == "no ctypes"
+
+
+def test_kernel_rxe_deviations_are_declared() -> None:
+    class Dev:
+        device_cap_flags = C.IBV_DEVICE_MEM_WINDOW
+        atomic_caps = 1
+        max_srq = 5
+        max_mw = 10
+        max_mcast_grp = 5
+        vendor_id = 0x02C9  # a real HCA (Mellanox)
+
+    hca = build_capabilities(Dev(), {1: C.IBV_LINK_LAYER_INFINIBAND}, None, "mlx5_0")
+    assert hca.precise_local_errors and hca.mw_bounds_check
+    assert "precise_local_errors" not in hca.reasons
+    for vendor_id, name in ((0xFFFFFF, "roce0"), (0, "rxe0")):
+        Dev.vendor_id = vendor_id
+        rxe = build_capabilities(Dev(), {1: C.IBV_LINK_LAYER_ETHERNET}, None, name)
+        assert not rxe.precise_local_errors and not rxe.mw_bounds_check
+        assert "IBV_WC_LOC_QP_OP_ERR" in rxe.reason("precise_local_errors")
+        assert "window" in rxe.reason("mw_bounds_check")
