@@ -369,7 +369,7 @@ class Qp(CaObject):
             mgid = gid if isinstance(gid, Gid) else Gid(gid)
         except (ValueError, TypeError):
             raise InvalidGid(f"{gid!r} is not a GID") from None
-        if not mgid.is_multicast:
+        if not _is_multicast_gid(mgid, roce=self._roce()):
             raise InvalidGid(f"{mgid} is not a multicast GID")
         if type(lid) is not int:
             raise InvalidLid("the LID must be an int")
@@ -389,6 +389,15 @@ class Qp(CaObject):
         if port is None:
             port = ports[0] if ports else None
         return port is not None and port.link_layer is LinkLayer.ETHERNET
+
+
+def _is_multicast_gid(gid: Gid, *, roce: bool) -> bool:
+    """IB multicast GIDs are ff00::/8; RoCE v2 over IPv4 also uses IPv4-mapped
+    multicast groups (``::ffff:224.0.0.0/100``), as rdma_cm does."""
+    if gid.is_multicast:
+        return True
+    mapped = gid.ipv4_mapped
+    return roce and mapped is not None and mapped.is_multicast
 
 
 class McastAttachment(CaObject):

@@ -87,3 +87,37 @@ def test_provider_stop_tears_down_through_the_mock(caplog: pytest.LogCaptureFixt
     problems = [r.getMessage() for r in caplog.records if "close_ca" in r.getMessage()
                 or "cleanup" in r.getMessage()]
     assert not problems  # every destroy verb and close_ca succeeded at the mock
+
+
+@pytest.mark.parametrize(
+    ("gid", "roce", "expected"),
+    [
+        ("ff12:401b::1", False, True),
+        ("ff12:401b::1", True, True),
+        ("::ffff:239.1.2.3", True, True),  # RoCE v2 over IPv4: IPv4-mapped group
+        ("::ffff:239.1.2.3", False, False),  # not an IB multicast GID
+        ("::ffff:10.0.0.1", True, False),
+        ("fe80::1", True, False),
+    ],
+)
+def test_multicast_gid_forms(gid: str, roce: bool, expected: bool) -> None:
+    from ibal.al.qp import _is_multicast_gid
+    from ibal.types import Gid
+
+    assert _is_multicast_gid(Gid(gid), roce=roce) is expected
+
+
+def test_ib_port_refuses_ipv4_mapped_group() -> None:
+    from ibal.status import InvalidGid
+
+    with ibal.open_al(providers={"mock": {"cas": 1}}) as al:
+        ca = al.open_ca(al.get_ca_guids()[0])
+        port = next(p for p in ca.query().ports if p.link_state.name == "ACTIVE")
+        pd = ca.alloc_pd()
+        cq = ca.create_cq(16)
+        qp = pd.create_qp(QpCreate(QpType.UD, cq, cq))
+        qp.init_dgrm_svc(DgrmInfo(port_guid=port.port_guid, qkey=0x42))
+        with pytest.raises(InvalidGid):
+            qp.attach_mcast("::ffff:239.1.2.3", 0xC001)
+        m = qp.attach_mcast("ff12:401b::1", 0xC001)
+        m.detach()
