@@ -8,23 +8,17 @@ and a UD pair, move data with each opcode, check it landed, and close.
 from __future__ import annotations
 
 import struct
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ibal.al import AccessLayer, AlManager, Ca, Cq, Mr, Pd, Qp, QpCreate
-from ibal.status import Timeout
+from ibal.testing.helpers import av_to, to_init, to_rtr, to_rts, wait_wc
 from ibal.types import (
     AccessFlags,
-    AvAttr,
     DgrmInfo,
-    Grh,
-    LinkLayer,
     Mtu,
     PortAttr,
-    QpMod,
-    QpState,
     QpType,
     RecvWr,
     SendOpt,
@@ -42,54 +36,11 @@ BUF_SIZE = 4096
 UD_QKEY = 0x11111111
 
 
-def av_for(port: PortAttr, local_port: int = 1) -> AvAttr:
-    """An address vector reaching ``port`` (with a GRH on RoCE, where LIDs mean nothing)."""
-    grh = Grh(dgid=port.gids[0]) if port.link_layer is LinkLayer.ETHERNET and port.gids else None
-    return AvAttr(port_num=local_port, dlid=port.lid, grh=grh)
-
-
 def connect_rc(qp: Qp, port_num: int, remote_qpn: int, remote_port: PortAttr) -> None:
     """RESET → INIT → RTR → RTS for an RC (or UC) QP, with the attributes IBA requires."""
-    qp.modify(QpMod(QpState.INIT, pkey_index=0, port_num=port_num, access=ACCESS))
-    av = av_for(remote_port, port_num)
-    if qp.qp_type is QpType.RC:
-        qp.modify(
-            QpMod(
-                QpState.RTR,
-                primary_av=av,
-                path_mtu=Mtu.MTU_1024,
-                dest_qp=remote_qpn,
-                rq_psn=0,
-                resp_res=4,
-                rnr_nak_timeout=1,
-            )
-        )
-        qp.modify(
-            QpMod(
-                QpState.RTS,
-                sq_psn=0,
-                local_ack_timeout=14,
-                retry_cnt=7,
-                rnr_retry_cnt=7,
-                init_depth=4,
-            )
-        )
-    else:
-        qp.modify(
-            QpMod(QpState.RTR, primary_av=av, path_mtu=Mtu.MTU_1024, dest_qp=remote_qpn, rq_psn=0)
-        )
-        qp.modify(QpMod(QpState.RTS, sq_psn=0))
-
-
-def wait_wc(cq: Cq, count: int = 1, timeout: float = 10.0) -> list[Wc]:
-    """Poll ``cq`` until ``count`` completions arrived (a deadline, not a sleep)."""
-    got: list[Wc] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < count:
-        got.extend(cq.poll(count - len(got)))
-        if len(got) < count and time.monotonic() > deadline:
-            raise Timeout(f"{len(got)} of {count} completions after {timeout} s")
-    return got
+    to_init(qp, port_num, ACCESS)
+    to_rtr(qp, av_to(remote_port, port_num), Mtu.MTU_1024, remote_qpn)
+    to_rts(qp)
 
 
 @dataclass
@@ -187,7 +138,7 @@ def run_demo(al: AccessLayer, on_step: Callable[[Step], None] | None = None) -> 
                 imm=imm,
             )
         )
-        sent, got = wait_wc(a.cq)[0], wait_wc(b.cq)[0]
+        sent, got = wait_wc(a.cq), wait_wc(b.cq)
         landed = bytes(b.buf[1024 : 1024 + len(payload)])
         check = f"receiver got {landed!r}" + (f", imm=0x{got.imm:x}" if got.imm is not None else "")
         ok = landed == payload and got.length == len(payload)
@@ -209,7 +160,7 @@ def run_demo(al: AccessLayer, on_step: Callable[[Step], None] | None = None) -> 
             rkey=b.mr.rkey,
         )
     )
-    wc = wait_wc(a.cq)[0]
+    wc = wait_wc(a.cq)
     landed = bytes(b.buf[2048:2064])
     step("RDMA WRITE", [("A", wc)], f"B's memory holds {landed!r}", landed == b"written remotely")
 
@@ -226,7 +177,7 @@ def run_demo(al: AccessLayer, on_step: Callable[[Step], None] | None = None) -> 
             rkey=b.mr.rkey,
         )
     )
-    sent, got = wait_wc(a.cq)[0], wait_wc(b.cq)[0]
+    sent, got = wait_wc(a.cq), wait_wc(b.cq)
     landed = bytes(b.buf[2100:2108])
     step(
         "RDMA WRITE with immediate",
@@ -246,7 +197,7 @@ def run_demo(al: AccessLayer, on_step: Callable[[Step], None] | None = None) -> 
             rkey=b.mr.rkey,
         )
     )
-    wc = wait_wc(a.cq)[0]
+    wc = wait_wc(a.cq)
     landed = bytes(a.buf[512:524])
     step("RDMA READ", [("A", wc)], f"A's memory holds {landed!r}", landed == b"read back me")
 
@@ -262,7 +213,7 @@ def run_demo(al: AccessLayer, on_step: Callable[[Step], None] | None = None) -> 
                 compare_add=1,
             )
         )
-        wc = wait_wc(a.cq)[0]
+        wc = wait_wc(a.cq)
         (old,) = struct.unpack_from("<Q", a.buf, 1536)
         (new,) = struct.unpack_from("<Q", b.buf, 3584)
         step(
@@ -283,7 +234,7 @@ def run_demo(al: AccessLayer, on_step: Callable[[Step], None] | None = None) -> 
                 swap=7,
             )
         )
-        wc = wait_wc(a.cq)[0]
+        wc = wait_wc(a.cq)
         (old,) = struct.unpack_from("<Q", a.buf, 1544)
         (new,) = struct.unpack_from("<Q", b.buf, 3584)
         step(
@@ -294,7 +245,7 @@ def run_demo(al: AccessLayer, on_step: Callable[[Step], None] | None = None) -> 
         )
 
     # UD SEND through an address vector.
-    av = a.pd.create_av(av_for(b.port, a.port.port_num))
+    av = a.pd.create_av(av_to(b.port, a.port.port_num))
     b.ud.post_recv(RecvWr(wr_id=102, sg_list=[b.mr.sge(0, 40 + 64)]))  # 40-byte GRH first
     a.buf[0:9] = b"datagram!"
     a.ud.post_send(
@@ -305,7 +256,7 @@ def run_demo(al: AccessLayer, on_step: Callable[[Step], None] | None = None) -> 
             ud=UdDest(av=av, remote_qp=b.ud.num, remote_qkey=UD_QKEY),
         )
     )
-    sent, got = wait_wc(a.cq)[0], wait_wc(b.cq)[0]
+    sent, got = wait_wc(a.cq), wait_wc(b.cq)
     landed = bytes(b.buf[40:49])
     step(
         "UD SEND",

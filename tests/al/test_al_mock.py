@@ -43,9 +43,9 @@ def test_ud_loopback_with_completion_callbacks() -> None:
         qp.init_dgrm_svc(DgrmInfo(port_guid=port.port_guid, qkey=0x42))
         buf = bytearray(256)
         mr = pd.reg_mem(buf, AccessFlags.LOCAL_WRITE)
-        from ibal.demo import av_for
+        from ibal.testing.helpers import av_to
 
-        av = pd.create_av(av_for(port, port.port_num))
+        av = pd.create_av(av_to(port, port.port_num))
         qp.post_recv(RecvWr(wr_id=1, sg_list=[mr.sge(128, 128)]))
         buf[:5] = b"hello"
         cq.rearm()
