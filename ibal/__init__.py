@@ -7,10 +7,29 @@ from ibal.status import IbError, Status
 
 if TYPE_CHECKING:
     from ibal.al import AccessLayer, AlManager, QpCreate, open_al
+    from ibal.al.connect import (
+        ConnectOptions,
+        Endpoint,
+        RemoteEndpoint,
+        connect_qp,
+        endpoint,
+    )
 
 __version__ = "0.1.0"
 
-_AL_EXPORTS = frozenset({"AccessLayer", "AlManager", "QpCreate", "open_al"})
+_AL_EXPORTS = frozenset(
+    {
+        "AccessLayer",
+        "AlManager",
+        "ConnectOptions",
+        "Endpoint",
+        "QpCreate",
+        "RemoteEndpoint",
+        "connect_qp",
+        "endpoint",
+        "open_al",
+    }
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -26,10 +45,15 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AccessLayer",
     "AlManager",
+    "ConnectOptions",
+    "Endpoint",
     "IbError",
     "QpCreate",
+    "RemoteEndpoint",
     "Status",
     "__version__",
+    "connect_qp",
+    "endpoint",
     "open_al",
     "status",
     "types",

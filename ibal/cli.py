@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ibal.al import AccessLayer, AlManager
-from ibal.ci import ProviderManager
+from ibal.al.manager import start_default_providers
 from ibal.status import IbError
 from ibal.types import CaAttr, PortAttr
 
@@ -45,14 +45,16 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, object]:
 def _open(
     providers: tuple[str, ...], options: dict[str, object]
 ) -> Iterator[tuple[AlManager, AccessLayer]]:
-    """Start the named providers (default: every installed one) and open an AL."""
+    """Start the named providers (default: what ``ibal.open_al()`` starts) and open an AL."""
     mgr = AlManager()
-    names = list(providers) or ProviderManager().names()
-    for name in names:
-        try:
-            mgr.start_provider(name, options if providers else {})
-        except IbError as exc:
-            mgr.unavailable[name] = exc.detail or str(exc)
+    if providers:
+        for name in providers:
+            try:
+                mgr.start_provider(name, options)
+            except IbError as exc:
+                mgr.unavailable[name] = exc.detail or str(exc)
+    else:
+        start_default_providers(mgr)
     al = mgr.open_al()
     try:
         yield mgr, al
@@ -68,7 +70,10 @@ def main() -> None:
 
 
 @main.command()
-@click.option("-p", "--provider", "providers", multiple=True, help="Only these providers.")
+@click.option(
+    "-p", "--provider", "providers", multiple=True,
+    help="Only these providers (default: the non-simulated ones; -p mock for the mock).",
+)
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
 def devices(providers: tuple[str, ...], options: tuple[str, ...]) -> None:
     """List the CAs every provider registered (like ibv_devices)."""
@@ -152,8 +157,9 @@ def _print_port(port: PortAttr) -> None:
     ]
     for key, value in rows:
         console.print(f"    {key:<20} {value}")
-    for i, gid in enumerate(port.gids):
-        console.print(f"    GID[{i}]{'':<14} {gid}")
+    for e in port.gid_table:
+        kind = e.gid_type.value + (f", {e.netdev}" if e.netdev else "")
+        console.print(f"    {f'GID[{e.index}]':<20} {e.gid} ({kind})")
 
 
 @main.command()

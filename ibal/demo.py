@@ -12,18 +12,28 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ibal.al import AccessLayer, AlManager, Ca, Cq, Mr, Pd, Qp, QpCreate
-from ibal.testing.helpers import av_to, to_init, to_rtr, to_rts, wait_wc
+from ibal.al import (
+    AccessLayer,
+    AlManager,
+    Ca,
+    ConnectOptions,
+    Cq,
+    Endpoint,
+    Mr,
+    Pd,
+    Qp,
+    QpCreate,
+    connect_qp,
+    endpoint,
+)
+from ibal.status import Timeout
 from ibal.types import (
     AccessFlags,
-    DgrmInfo,
-    Mtu,
     PortAttr,
     QpType,
     RecvWr,
     SendOpt,
     SendWr,
-    UdDest,
     Wc,
     WcStatus,
     WrType,
@@ -34,17 +44,20 @@ ACCESS = (
 )
 BUF_SIZE = 4096
 UD_QKEY = 0x11111111
+WAIT = 10.0
+"""Seconds to wait for a completion before the demo gives up."""
 
 
-def connect_rc(qp: Qp, port_num: int, remote_qpn: int, remote_port: PortAttr) -> None:
-    """RESET → INIT → RTR → RTS for an RC (or UC) QP, with the attributes IBA requires."""
-    to_init(qp, port_num, ACCESS)
-    to_rtr(qp, av_to(remote_port, port_num), Mtu.MTU_1024, remote_qpn)
-    to_rts(qp)
+def wait_wc(cq: Cq) -> Wc:
+    """The next completion on ``cq`` (``cq.wait`` sleeps until the completion upcall)."""
+    got = cq.wait(WAIT, max_entries=1)
+    if not got:
+        raise Timeout(f"no completion within {WAIT} s")
+    return got[0]
 
 
 @dataclass
-class Endpoint:
+class Side:
     """One side of the demo: a CA with its PD, CQ, memory and QPs."""
 
     ca: Ca
@@ -55,6 +68,11 @@ class Endpoint:
     port: PortAttr
     rc: Qp
     ud: Qp
+
+    def endpoints(self) -> tuple[Endpoint, Endpoint]:
+        """What this side would send the other out of band: its RC and its UD end."""
+        n = self.port.port_num
+        return endpoint(self.rc, n, psn=0), endpoint(self.ud, n, psn=0, qkey=UD_QKEY)
 
 
 @dataclass
@@ -77,7 +95,7 @@ class DemoReport:
         return bool(self.steps) and all(s.ok for s in self.steps)
 
 
-def _endpoint(al: AccessLayer, guid: int) -> Endpoint:
+def _side(al: AccessLayer, guid: int) -> Side:
     ca = al.open_ca(guid)
     attr = ca.query()
     port = next(p for p in attr.ports if p.link_state.name == "ACTIVE")
@@ -87,8 +105,7 @@ def _endpoint(al: AccessLayer, guid: int) -> Endpoint:
     mr = pd.reg_mem(buf, ACCESS)
     rc = pd.create_qp(QpCreate(QpType.RC, send_cq=cq, recv_cq=cq, sq_depth=32, rq_depth=32))
     ud = pd.create_qp(QpCreate(QpType.UD, send_cq=cq, recv_cq=cq, sq_depth=8, rq_depth=8))
-    ud.init_dgrm_svc(DgrmInfo(port_guid=port.port_guid, qkey=UD_QKEY))
-    return Endpoint(ca, pd, cq, buf, mr, port, rc, ud)
+    return Side(ca, pd, cq, buf, mr, port, rc, ud)
 
 
 @contextmanager
@@ -113,11 +130,16 @@ def run_demo(al: AccessLayer, on_step: Callable[[Step], None] | None = None) -> 
     """Move data with every opcode between two CAs (or two QPs of one CA) and check it."""
     report = DemoReport()
     guids = al.get_ca_guids()
-    a = _endpoint(al, guids[0])
-    b = _endpoint(al, guids[1] if len(guids) > 1 else guids[0])
+    a = _side(al, guids[0])
+    b = _side(al, guids[1] if len(guids) > 1 else guids[0])
     report.cas = [a.ca.name, b.ca.name]
-    connect_rc(a.rc, a.port.port_num, b.rc.num, b.port)
-    connect_rc(b.rc, b.port.port_num, a.rc.num, a.port)
+    # Each side describes its QPs; the records would cross a socket between hosts.
+    (a_rc, a_ud), (b_rc, b_ud) = a.endpoints(), b.endpoints()
+    opts = ConnectOptions(access=ACCESS if a.ca.capabilities.atomics else None)
+    connect_qp(a.rc, a_rc, b_rc, options=opts)
+    connect_qp(b.rc, b_rc, a_rc, options=opts)
+    a_to_b = connect_qp(a.ud, a_ud, b_ud)  # UD: ready, and the path to B for an AV
+    connect_qp(b.ud, b_ud, a_ud)
 
     def step(name: str, comps: list[tuple[str, Wc]], check: str, ok: bool) -> None:
         ok = ok and all(wc.status is WcStatus.SUCCESS for _, wc in comps)
@@ -245,7 +267,7 @@ def run_demo(al: AccessLayer, on_step: Callable[[Step], None] | None = None) -> 
         )
 
     # UD SEND through an address vector.
-    av = a.pd.create_av(av_to(b.port, a.port.port_num))
+    av = a.pd.create_av(a_to_b)
     b.ud.post_recv(RecvWr(wr_id=102, sg_list=[b.mr.sge(0, 40 + 64)]))  # 40-byte GRH first
     a.buf[0:9] = b"datagram!"
     a.ud.post_send(
@@ -253,7 +275,7 @@ def run_demo(al: AccessLayer, on_step: Callable[[Step], None] | None = None) -> 
             wr_id=7,
             opcode=WrType.SEND,
             sg_list=[a.mr.sge(0, 9)],
-            ud=UdDest(av=av, remote_qp=b.ud.num, remote_qkey=UD_QKEY),
+            ud=b_ud.ud_dest(av),
         )
     )
     sent, got = wait_wc(a.cq), wait_wc(b.cq)
@@ -261,7 +283,8 @@ def run_demo(al: AccessLayer, on_step: Callable[[Step], None] | None = None) -> 
     step(
         "UD SEND",
         [("A", sent), ("B", got)],
-        f"receiver got {landed!r} from QP 0x{got.src_qp:x}",
+        f"receiver got {landed!r} from QP 0x{got.src_qp:x}"
+        + (f" after an {got.network_header.value}" if got.network_header else ""),
         landed == b"datagram!" and got.src_qp == a.ud.num,
     )
     av.destroy()

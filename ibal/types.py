@@ -400,6 +400,57 @@ class LinkLayer(enum.Enum):
     ETHERNET = "Ethernet"
 
 
+class GidType(enum.Enum):
+    """What a GID table entry addresses: an IB port, or RoCE v1/v2 on a netdev."""
+
+    IB = "IB"
+    ROCE_V1 = "RoCE v1"
+    ROCE_V2 = "RoCE v2"
+
+
+class NetworkHeader(enum.Enum):
+    """What the 40-byte GRH area of a datagram receive holds.
+
+    ``IB_GRH``: an IBA GRH (InfiniBand and RoCE v1); ``IPV6``: a RoCE v2 IPv6
+    header (same 40-byte shape); ``IPV4``: a RoCE v2 IPv4 header in the last
+    20 bytes, after 20 bytes of zeros.
+    """
+
+    IB_GRH = "IB GRH"
+    IPV4 = "IPv4"
+    IPV6 = "IPv6"
+
+    @property
+    def offset(self) -> int:
+        """Where the header starts in the GRH area."""
+        return 20 if self is NetworkHeader.IPV4 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class GidEntry:
+    """One GID table entry: the GID, its type and (RoCE) the network device it lives on."""
+
+    index: int
+    gid: Gid
+    gid_type: GidType = GidType.IB
+    netdev: str = ""
+
+    @property
+    def is_ipv4(self) -> bool:
+        """An IPv4-mapped GID (``::ffff:a.b.c.d``): RoCE v2 over IPv4."""
+        return self.gid.ipv4_mapped is not None
+
+    @property
+    def network_header(self) -> NetworkHeader:
+        """The header packets sent from this GID carry."""
+        if self.gid_type is not GidType.ROCE_V2:
+            return NetworkHeader.IB_GRH
+        return NetworkHeader.IPV4 if self.is_ipv4 else NetworkHeader.IPV6
+
+
+ZERO_GID = Gid(0)
+
+
 # ------------------------------------------------------------------- CA attributes
 
 
@@ -427,6 +478,33 @@ class PortAttr:
     link_layer: LinkLayer = LinkLayer.INFINIBAND
     active_speed: str = "2.5 Gbps"
     active_width: str = "4X"
+    gid_table: tuple[GidEntry, ...] = ()
+    """The valid GID entries with type and netdev; holes (zero GIDs) are left out.
+
+    A provider fills ``gids`` (by index, zero GIDs for holes) or ``gid_table``
+    or both; the other is derived.  Derived entries are IB GIDs on InfiniBand
+    ports and RoCE v1 on Ethernet ports (providers of RoCE ports should say).
+    """
+
+    def __post_init__(self) -> None:
+        if self.gid_table and not self.gids:
+            size = max(e.index for e in self.gid_table) + 1
+            by_index = {e.index: e.gid for e in self.gid_table}
+            gids = tuple(by_index.get(i, ZERO_GID) for i in range(size))
+            object.__setattr__(self, "gids", gids)
+        elif self.gids and not self.gid_table:
+            kind = GidType.IB if self.link_layer is LinkLayer.INFINIBAND else GidType.ROCE_V1
+            table = tuple(
+                GidEntry(i, g, kind) for i, g in enumerate(self.gids) if g != ZERO_GID
+            )
+            object.__setattr__(self, "gid_table", table)
+
+    def gid_entry(self, index: int) -> GidEntry | None:
+        """The entry at GID ``index``, ``None`` for a hole or an index past the table."""
+        for e in self.gid_table:
+            if e.index == index:
+                return e
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -691,6 +769,8 @@ class Wc:
     path_bits: int = 0
     vendor_err: int = 0
     grh: bytes | None = None
+    network_header: NetworkHeader | None = None
+    """Datagram receives with ``RecvOpt.GRH_VALID``: what the 40-byte GRH area holds."""
 
 
 @dataclass(slots=True)

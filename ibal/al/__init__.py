@@ -8,6 +8,7 @@ C spellings.
 from ibal.al.access_layer import AccessLayer
 from ibal.al.av import Av
 from ibal.al.ca import Ca
+from ibal.al.connect import ConnectOptions, Endpoint, RemoteEndpoint, connect_qp, endpoint
 from ibal.al.cq import Cq
 from ibal.al.dispatcher import Dispatcher, in_callback
 from ibal.al.manager import PROVIDERS_ENV, AlManager, default_manager, open_al
@@ -34,9 +35,11 @@ __all__ = [
     "AlObject",
     "Av",
     "Ca",
+    "ConnectOptions",
     "Cq",
     "DeviceAttrMask",
     "Dispatcher",
+    "Endpoint",
     "McastAttachment",
     "Mr",
     "Mw",
@@ -48,10 +51,13 @@ __all__ = [
     "PnpRegistration",
     "Qp",
     "QpCreate",
+    "RemoteEndpoint",
     "Srq",
     "Stash",
     "StashKey",
+    "connect_qp",
     "default_manager",
+    "endpoint",
     "in_callback",
     "open_al",
 ]

@@ -12,8 +12,11 @@ from ibal.ci.interface import Capabilities
 from ibal.status import (
     InvalidCaHandle,
     InvalidHandle,
+    InvalidIndex,
     InvalidParameter,
+    InvalidPkey,
     InvalidPort,
+    NotFound,
     Unsupported,
 )
 from ibal.types import (
@@ -23,7 +26,10 @@ from ibal.types import (
     CaAttr,
     CaMod,
     CiOp,
+    Gid,
+    GidEntry,
     PdType,
+    PortAttr,
     PortAttrMod,
 )
 
@@ -32,6 +38,17 @@ if TYPE_CHECKING:
     from ibal.al.cica import CiCa
 
 EventCallback = Callable[[AsyncEventRec], object]
+
+
+def _as_gid(gid: object) -> Gid:
+    try:
+        if isinstance(gid, Gid):
+            return gid
+        if isinstance(gid, (str, bytes)):
+            return Gid(gid)
+    except ValueError:
+        pass
+    raise InvalidParameter(f"{gid!r} is not a GID")
 
 
 class Ca(CaObject):
@@ -74,6 +91,54 @@ class Ca(CaObject):
             return self._ci.query_ca(self._h)
         finally:
             self._unuse()
+
+    def query_port(self, port_num: int) -> PortAttr:
+        """One port's attributes, freshly queried (``InvalidPort`` if the CA has no such port)."""
+        self._check()
+        if type(port_num) is not int:
+            raise InvalidPort(f"a port number is an int, not {type(port_num).__name__}")
+        for port in self.query().ports:
+            if port.port_num == port_num:
+                return port
+        raise InvalidPort(f"CA {self.name} has no port {port_num}")
+
+    def gid_entry(self, port_num: int, index: int) -> GidEntry:
+        """GID table entry ``index`` of ``port_num``: the GID, its type, its netdev.
+
+        ``InvalidIndex`` for a hole or an index past the table.
+        """
+        port = self.query_port(port_num)
+        if type(index) is not int:
+            raise InvalidParameter(f"a GID index is an int, not {type(index).__name__}")
+        entry = port.gid_entry(index)
+        if entry is None:
+            raise InvalidIndex(f"port {port_num} of {self.name} has no GID at index {index}")
+        return entry
+
+    def find_gid(self, port_num: int, gid: Gid | str | bytes) -> int:
+        """The index of ``gid`` in ``port_num``'s GID table (the lowest when listed twice).
+
+        ``NotFound`` when the port does not have it; ``InvalidParameter`` for
+        something that is not a GID.
+        """
+        want = _as_gid(gid)
+        for e in self.query_port(port_num).gid_table:
+            if e.gid == want:
+                return e.index
+        raise NotFound(f"port {port_num} of {self.name} has no GID {want}")
+
+    def find_pkey(self, port_num: int, pkey: int) -> int:
+        """The index of ``pkey`` (all 16 bits, membership included) in ``port_num``'s table.
+
+        ``NotFound`` when the port does not have it; ``InvalidPkey`` for a
+        value that is not a usable P_Key (not 16 bits, or a zero base key).
+        """
+        if type(pkey) is not int or not 0 <= pkey <= 0xFFFF or not pkey & 0x7FFF:
+            raise InvalidPkey(f"{pkey!r} is not a P_Key")
+        for i, k in enumerate(self.query_port(port_num).pkeys):
+            if k == pkey:
+                return i
+        raise NotFound(f"port {port_num} of {self.name} has no P_Key 0x{pkey:04x}")
 
     def modify(self, port_num: int, ca_mod: CaMod, port_attr_mod: PortAttrMod) -> None:
         """``ib_modify_ca``: port capability bits and violation counters."""

@@ -1,8 +1,10 @@
-"""Completion queues: poll, rearm, resize, completion callbacks and ``poll_async``."""
+"""Completion queues: poll, rearm, resize, completion callbacks, ``wait`` and ``poll_async``."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +51,7 @@ class Cq(CaObject):
         self._event_cb = event_cb
         self._size = 0
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._sync_waiters: list[threading.Event] = []
 
     @property
     def ca(self) -> Ca:
@@ -149,11 +152,61 @@ class Cq(CaObject):
     def _wake_waiters(self) -> None:
         with self._lock:
             waiters, self._waiters = self._waiters, []
+            events, self._sync_waiters = self._sync_waiters, []
+        for ev in events:
+            ev.set()
         for loop, fut in waiters:
             try:
                 loop.call_soon_threadsafe(_wake, fut)
             except RuntimeError:  # that event loop is closed
                 log.debug("poll_async waiter's loop is closed")
+
+    def wait(
+        self, timeout: float | None = None, max_entries: int = 16, *, min_entries: int = 1
+    ) -> list[Wc]:
+        """Block until ``min_entries`` completions were polled; return them (up to ``max_entries``).
+
+        Race-free and without spinning: poll, register, rearm, poll again,
+        then sleep until the completion upcall.  ``timeout`` (seconds; ``None``
+        waits for ever, ``0`` polls once) ends the wait: what was polled is
+        returned, ``[]`` when nothing came, and nothing polled is lost.  Each
+        wait rearms the CQ, so a ``comp_cb`` on the same CQ may see an extra
+        notification.  Destroying the CQ meanwhile raises ``InvalidCqHandle``.
+        Inside this CQ's own ``comp_cb`` nothing can wake it before ``timeout``
+        (the callback is what would deliver the upcall).
+        """
+        if type(min_entries) is not int or min_entries < 1:
+            raise InvalidParameter("min_entries must be a positive int")
+        if type(max_entries) is not int or max_entries < min_entries:
+            raise InvalidParameter("max_entries must be an int >= min_entries")
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+            raise InvalidParameter("timeout is None or a number of seconds >= 0")
+        got = self.poll(max_entries)
+        if len(got) >= min_entries or timeout == 0:
+            return got
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(got) < min_entries:
+            ev = threading.Event()
+            with self._lock:
+                self._sync_waiters.append(ev)
+            try:
+                self.rearm()
+                more = self.poll(max_entries - len(got))
+                if more:
+                    got.extend(more)
+                    continue
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                woken = ev.wait(remaining)
+                got.extend(self.poll(max_entries - len(got)))
+                if not woken:
+                    break
+            finally:
+                with self._lock:
+                    if ev in self._sync_waiters:
+                        self._sync_waiters.remove(ev)
+        return got
 
     async def poll_async(self, min_entries: int = 1, timeout: float | None = None) -> list[Wc]:
         """Wait (asyncio) until at least ``min_entries`` completions are polled.

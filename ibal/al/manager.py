@@ -5,8 +5,9 @@ The manager is the :class:`~ibal.ci.CaRegistrar` providers talk to
 multiplexes every AL instance's ``Ca`` handles over that one CI instance;
 upcalls are routed by :class:`~ibal.al.cica.CiCa`.  ``ibal.open_al()`` without
 arguments uses a process-wide default manager whose providers start on first
-use (``IBAL_PROVIDERS``, comma separated, else every installed provider);
-providers that fail are recorded in ``unavailable``, never raised.
+use (``IBAL_PROVIDERS``, comma separated, else every installed provider that
+is not simulated); providers that fail are recorded in ``unavailable``, never
+raised.
 """
 
 from __future__ import annotations
@@ -288,26 +289,52 @@ _default: AlManager | None = None
 _default_lock = threading.Lock()
 
 
+SIMULATED_SKIPPED = "simulated: started only when named (IBAL_PROVIDERS or open_al(providers=...))"
+"""The ``unavailable`` reason of a simulated provider the default set leaves out."""
+
+
+def start_default_providers(mgr: AlManager, names: Sequence[str] = ()) -> None:
+    """Start ``names`` on ``mgr``, else every installed provider that is not simulated.
+
+    Without names simulated providers (``ProviderSpec.simulated``: the mock,
+    the sample) are left out, so the first CA is a real device when there is
+    one.  A provider that fails to load or start, and each simulated one left
+    out, is recorded in ``mgr.unavailable``, never raised.
+    """
+    pm = mgr._providers_pm()
+    chosen = list(names)
+    if not chosen:
+        for name in pm.names():
+            try:
+                spec = pm.spec(name)
+            except Exception as exc:  # a broken plugin must not hide the others
+                mgr.unavailable[name] = exc.detail if isinstance(exc, IbError) else str(exc)
+                continue
+            if spec.simulated:
+                mgr.unavailable[name] = SIMULATED_SKIPPED
+            else:
+                chosen.append(name)
+    for name in chosen:
+        try:
+            mgr.start_provider(name)
+        except Exception as exc:  # one broken provider must not hide the others
+            detail = exc.detail if isinstance(exc, IbError) else ""
+            mgr.unavailable[name] = detail or str(exc)
+
+
 def default_manager() -> AlManager:
     """The process-wide manager ``ibal.open_al()`` uses; providers start on first use.
 
-    ``IBAL_PROVIDERS`` (comma separated) names them, else every installed one.
-    A provider that fails to load or start is recorded in ``unavailable``.
+    ``IBAL_PROVIDERS`` (comma separated) names them (simulated ones included);
+    else every installed provider that is not simulated
+    (see :func:`start_default_providers`).
     """
     global _default
     with _default_lock:
         if _default is None or _default.closed:
             mgr = AlManager()
             env = os.environ.get(PROVIDERS_ENV, "")
-            names = [n.strip() for n in env.split(",") if n.strip()]
-            if not names:
-                names = mgr._providers_pm().names()
-            for name in names:
-                try:
-                    mgr.start_provider(name)
-                except Exception as exc:  # one broken provider must not hide the others
-                    detail = exc.detail if isinstance(exc, IbError) else ""
-                    mgr.unavailable[name] = detail or str(exc)
+            start_default_providers(mgr, [n.strip() for n in env.split(",") if n.strip()])
             _default = mgr
         return _default
 

@@ -60,11 +60,18 @@ ProviderFactory = Callable[[Mapping[str, Any]], Provider]
 
 @dataclass(frozen=True)
 class ProviderSpec:
-    """A provider as its plugin announces it."""
+    """A provider as its plugin announces it.
+
+    ``simulated``: its CAs are not hardware (an in-process fabric, a
+    loopback template); the default access layer starts it only when asked
+    for by name (``IBAL_PROVIDERS`` or ``open_al(providers=...)``), so a
+    driver never gets a simulated CA ahead of a real one.
+    """
 
     name: str
     factory: ProviderFactory
     description: str = ""
+    simulated: bool = False
 
 
 class ProviderRegistry:
@@ -73,11 +80,21 @@ class ProviderRegistry:
     def __init__(self) -> None:
         self._specs: dict[str, ProviderSpec] = {}
 
-    def add(self, name: str, factory: ProviderFactory, description: str = "") -> None:
-        """Offer a provider called ``name``; a later plugin may not reuse the name."""
+    def add(
+        self,
+        name: str,
+        factory: ProviderFactory,
+        description: str = "",
+        *,
+        simulated: bool = False,
+    ) -> None:
+        """Offer a provider called ``name``; a later plugin may not reuse the name.
+
+        ``simulated=True`` makes it opt-in (see :class:`ProviderSpec`).
+        """
         if name in self._specs:
             raise ValueError(f"provider {name!r} registered twice")
-        self._specs[name] = ProviderSpec(name, factory, description)
+        self._specs[name] = ProviderSpec(name, factory, description, bool(simulated))
 
     def get(self, name: str) -> ProviderSpec | None:
         return self._specs.get(name)

@@ -14,11 +14,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ibal.al.connect import (
+    ConnectOptions,
+    connect_qp,
+    default_access,
+    endpoint,
+    path_to,
+    preferred_gid,
+)
 from ibal.status import Timeout
 from ibal.types import (
     AccessFlags,
     AvAttr,
-    DgrmInfo,
     Grh,
     LinkLayer,
     LinkState,
@@ -159,8 +166,12 @@ def is_roce(port: PortAttr) -> bool:
 
 
 def av_to(remote: PortAttr, local_port_num: int, *, sl: int = 0) -> AvAttr:
-    """An address vector from ``local_port_num`` reaching ``remote`` (GRH on RoCE)."""
-    grh = Grh(dgid=remote.gids[0]) if is_roce(remote) and remote.gids else None
+    """An address vector from ``local_port_num`` reaching ``remote`` (GRH on RoCE).
+
+    The remote GID is the one :func:`ibal.al.connect.preferred_gid` picks; the
+    source GID index is left 0 (the provider picks a matching one on RoCE).
+    """
+    grh = Grh(dgid=preferred_gid(remote).gid) if is_roce(remote) and remote.gids else None
     return AvAttr(port_num=local_port_num, dlid=remote.lid, sl=sl, grh=grh)
 
 
@@ -170,10 +181,7 @@ def common_mtu(a: PortAttr, b: PortAttr) -> Mtu:
 
 def qp_access(caps: Capabilities) -> AccessFlags:
     """Remote rights for connected QPs: everything the CA supports."""
-    acc = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.RDMA_READ
-    if caps.atomics:
-        acc |= AccessFlags.ATOMIC
-    return acc
+    return default_access(caps.atomics)
 
 
 def mr_access(caps: Capabilities) -> AccessFlags:
@@ -440,27 +448,36 @@ def connect(
 ) -> None:
     """Bring both QPs to RTS towards each other (UD: ready, with AVs both ways).
 
-    With ``connect_b=False`` B stays in INIT, silently dropping what A sends.
+    With ``connect_b=False`` B stays in INIT (RESET for UD), silently dropping
+    what A sends.  The work is :func:`ibal.connect_qp`'s.
     """
     qp_type = a.qp.qp_type
+    ea = endpoint(a.qp, a.port.port_num, psn=0, qkey=UD_QKEY)
+    eb = endpoint(b.qp, b.port.port_num, psn=0, qkey=UD_QKEY)
     if qp_type.is_datagram:
-        a.qp.init_dgrm_svc(DgrmInfo(port_guid=a.port.port_guid, qkey=UD_QKEY))
+        a.av = a.pd.create_av(connect_qp(a.qp, ea, eb))
         if connect_b:
-            b.qp.init_dgrm_svc(DgrmInfo(port_guid=b.port.port_guid, qkey=UD_QKEY))
-        a.av = a.pd.create_av(av_to(b.port, a.port.port_num))
-        b.av = b.pd.create_av(av_to(a.port, b.port.port_num))
+            b.av = b.pd.create_av(connect_qp(b.qp, eb, ea))
+        else:
+            b.av = b.pd.create_av(path_to(b.port, ea))
         return
-    mtu = common_mtu(a.port, b.port)
-    acc = qp_access(caps)
+    t = timing or RcTiming()
     attr = a.ca.query()
     depth = max(1, min(4, attr.max_qp_init_depth or 4, attr.max_qp_resp_res or 4))
-    to_init(a.qp, a.port.port_num, acc)
-    to_init(b.qp, b.port.port_num, acc)
-    to_rtr(a.qp, av_to(b.port, a.port.port_num), mtu, b.qp.num, resp_res=depth, timing=timing)
-    to_rts(a.qp, init_depth=depth, timing=timing)
+    opts = ConnectOptions(
+        access=qp_access(caps),
+        local_ack_timeout=t.local_ack_timeout,
+        retry_cnt=t.retry_cnt,
+        rnr_retry_cnt=t.rnr_retry_cnt,
+        rnr_nak_timeout=t.rnr_nak_timeout,
+        resp_res=depth,
+        init_depth=depth,
+    )
+    connect_qp(a.qp, ea, eb, options=opts)
     if connect_b:
-        to_rtr(b.qp, av_to(a.port, b.port.port_num), mtu, a.qp.num, resp_res=depth, timing=timing)
-        to_rts(b.qp, init_depth=depth, timing=timing)
+        connect_qp(b.qp, eb, ea, options=opts)
+    else:
+        to_init(b.qp, b.port.port_num, opts.access or qp_access(caps))
 
 
 def make_pair(

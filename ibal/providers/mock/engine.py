@@ -63,6 +63,7 @@ from ibal.types import (
     AsyncEvent,
     EventRecord,
     LinkState,
+    NetworkHeader,
     QpState,
     QpType,
     RecvOpt,
@@ -112,8 +113,10 @@ _NAK_STATUS = {
 _WC_FIELDS = (
     "wr_id", "wc_type", "status", "length", "imm", "recv_opt", "qp_num",
     "src_qp", "slid", "sl", "pkey_index", "path_bits", "vendor_err", "grh",
+    "network_header",
 )  # fmt: skip
 _NO_OPT = RecvOpt.NONE
+_IB_GRH = NetworkHeader.IB_GRH  # the mock is an InfiniBand fabric
 
 
 def _wc_maker() -> Callable[..., Wc]:
@@ -122,7 +125,7 @@ def _wc_maker() -> Callable[..., Wc]:
     if tuple(f.name for f in fields(Wc)) != _WC_FIELDS:  # pragma: no cover
         return Wc
     new = object.__new__
-    (s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13) = (
+    (s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14) = (
         Wc.__dict__[name].__set__ for name in _WC_FIELDS
     )
 
@@ -130,7 +133,7 @@ def _wc_maker() -> Callable[..., Wc]:
         wr_id: int, wc_type: WcType, status: WcStatus, length: int = 0, imm: int | None = None,
         recv_opt: RecvOpt = _NO_OPT, qp_num: int = 0, src_qp: int = 0, slid: int = 0,
         sl: int = 0, pkey_index: int = 0, path_bits: int = 0, vendor_err: int = 0,
-        grh: bytes | None = None,
+        grh: bytes | None = None, network_header: NetworkHeader | None = None,
     ) -> Wc:
         w: Wc = new(Wc)
         s0(w, wr_id)
@@ -147,6 +150,7 @@ def _wc_maker() -> Callable[..., Wc]:
         s11(w, path_bits)
         s12(w, vendor_err)
         s13(w, grh)
+        s14(w, network_header)
         return w
 
     return make
@@ -1466,7 +1470,7 @@ class Engine:
             qp.recv_cq,
             make_wc(
                 wr_id, _RECV, _OK, GRH_LEN + pkt.length, pkt.imm, opt, qp.num, pkt.src_qpn,
-                pkt.slid, pkt.sl, pkey_index, 0, 0, grh,
+                pkt.slid, pkt.sl, pkey_index, 0, 0, grh, None if grh is None else _IB_GRH,
             ),
             pkt.solicited,
         )

@@ -13,4 +13,5 @@ def ibal_register_providers(registry: ProviderRegistry) -> None:
         "mock",
         MockProvider,
         "in-process fabric: RC/UC/UD, atomics, MW, SRQ, multicast, special QPs, fault injection",
+        simulated=True,
     )
