@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import logging
 import os
+import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,6 +50,7 @@ from ibal.providers.rdma_core.fastpath import (
     wc_tuples_from_pyverbs,
 )
 from ibal.providers.rdma_core.ipmcast import IpMemberships
+from ibal.providers.rdma_core.nethdr import ReceiveAreas, classify
 from ibal.providers.rdma_core.wr import (
     PyverbsApi,
     RecvQueue,
@@ -83,6 +86,7 @@ from ibal.status import (
     InvalidSrqHandle,
     InvalidSrqSize,
     Overflow,
+    PostError,
     ResourceBusy,
     Status,
     Unsupported,
@@ -96,11 +100,14 @@ from ibal.types import (
     CaAttr,
     EventRecord,
     Gid,
+    GidEntry,
+    GidType,
     Grh,
     LinkLayer,
     MrAttr,
     MrKeys,
     MrModMask,
+    NetworkHeader,
     NodeType,
     PdType,
     PortAttr,
@@ -110,12 +117,15 @@ from ibal.types import (
     QpMod,
     QpState,
     QpType,
+    RecvOpt,
     RecvWr,
     SendOpt,
     SendWr,
     SrqAttr,
     SrqAttrMask,
     Wc,
+    WcStatus,
+    WcType,
 )
 
 log = logging.getLogger("ibal.providers.rdma_core")
@@ -317,6 +327,7 @@ class _PortInfo:
     gid_types: list[int] = field(default_factory=list)
     pkeys: tuple[int, ...] = ()
     ifindex: int = 0
+    v2_gids: frozenset[bytes] = frozenset()
 
     def roce_gid(self, ipv4: bool) -> int | None:
         """Index of the first RoCE v2 (then v1) GID of the wanted address family."""
@@ -372,6 +383,7 @@ class RdmaCoreCa(ChannelInterface):
         self._qps: dict[int, _Qp] = {}
         self._srqs: dict[int, _Srq] = {}
         self._ud_qpns: set[int] = set()
+        self._areas = ReceiveAreas()
         self._sq_accts: dict[int, SqAccount] = {}
         self.tokens = RecvTokens()
         self._ports: dict[int, _PortInfo] = {}
@@ -584,10 +596,13 @@ class RdmaCoreCa(ChannelInterface):
             ports=ports,
         )
 
-    def _gid_table(self, port_num: int, length: int) -> tuple[list[Gid | None], list[int], int]:
-        """The port's GIDs by index (None for holes), their types, and their netdev."""
+    def _gid_table(
+        self, port_num: int, length: int
+    ) -> tuple[list[Gid | None], list[int], int, dict[int, str]]:
+        """The port's GIDs by index (None for holes), their types, netdev and netdev names."""
         gids: list[Gid | None] = []
         types: list[int] = []
+        names: dict[int, str] = {}
         ifindex = 0
         try:
             # The kernel refuses more entries than the device's GID tables hold.
@@ -600,8 +615,10 @@ class RdmaCoreCa(ChannelInterface):
                     types.append(0)
                 gids[i] = IPv6Address(e.gid_str())
                 types[i] = int(e.gid_type)
-                ifindex = ifindex or int(e.ndev_ifindex)
-            return gids, types, ifindex
+                ifx = int(e.ndev_ifindex)
+                ifindex = ifindex or ifx
+                names[i] = self._netdev(port_num, i, ifx)
+            return gids, types, ifindex, names
         except self._errs.PyverbsError:
             pass
         # Older kernels without the GID table ioctl: one query per index.
@@ -625,19 +642,48 @@ class RdmaCoreCa(ChannelInterface):
         while gids and gids[-1] is None:
             gids.pop()
             types.pop()
-        return gids, types, 0
+        names = {i: self._netdev(port_num, i, 0) for i, g in enumerate(gids) if g is not None}
+        return gids, types, 0, names
+
+    def _netdev(self, port_num: int, index: int, ifindex: int) -> str:
+        """The network device a RoCE GID lives on ("" for none or unknown)."""
+        if ifindex:
+            with contextlib.suppress(OSError):
+                return socket.if_indextoname(ifindex)
+        path = f"/sys/class/infiniband/{self.name}/ports/{port_num}/gid_attrs/ndevs/{index}"
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError:  # no netdev (InfiniBand) or no sysfs
+            return ""
+
+    @staticmethod
+    def _gid_entries(
+        ll: LinkLayer, gids: list[Gid | None], types: list[int], names: dict[int, str]
+    ) -> tuple[GidEntry, ...]:
+        out = []
+        for i, g in enumerate(gids):
+            if g is None or g == _ZERO_GID:
+                continue
+            t = C.GID_TYPE_FROM_IBV.get(types[i], GidType.IB)
+            if t is GidType.IB and ll is LinkLayer.ETHERNET:
+                t = GidType.ROCE_V1  # the kernel's "IB/RoCE v1" on an Ethernet port
+            out.append(GidEntry(i, g, t, names.get(i, "") if ll is LinkLayer.ETHERNET else ""))
+        return tuple(out)
 
     def _port_attr(self, port_num: int) -> PortAttr:
         pa = self.ctx.query_port(port_num)
         ll = C.LINK_LAYER_FROM_IBV.get(int(pa.link_layer), LinkLayer.INFINIBAND)
-        gids, types, ifindex = self._gid_table(port_num, int(pa.gid_tbl_len))
+        gids, types, ifindex, names = self._gid_table(port_num, int(pa.gid_tbl_len))
         pkeys = []
         for i in range(int(pa.pkey_tbl_len)):
             try:
                 pkeys.append(int(self.ctx.query_pkey(port_num, i)))
             except self._errs.PyverbsError:
                 pkeys.append(0)
-        self._ports[port_num] = _PortInfo(ll, gids, types, tuple(pkeys), ifindex)
+        table = self._gid_entries(ll, gids, types, names)
+        v2 = frozenset(e.gid.packed for e in table if e.gid_type is GidType.ROCE_V2)
+        self._ports[port_num] = _PortInfo(ll, gids, types, tuple(pkeys), ifindex, v2)
         g0 = gids[0] if gids and gids[0] is not None else None
         port_guid = int(g0) & 0xFFFF_FFFF_FFFF_FFFF if g0 is not None else self.guid
         mtu_max = C.mtu_from_ibv(int(pa.max_mtu))
@@ -658,6 +704,7 @@ class RdmaCoreCa(ChannelInterface):
             cap=PortCap(int(pa.port_cap_flags)),
             pkeys=tuple(pkeys),
             gids=tuple(g if g is not None else _ZERO_GID for g in gids),
+            gid_table=table,
             qkey_violations=int(pa.qkey_viol_cntr),
             pkey_violations=int(pa.bad_pkey_cntr),
             subnet_timeout=int(pa.subnet_timeout),
@@ -1051,20 +1098,49 @@ class RdmaCoreCa(ChannelInterface):
             poller = cq.poller
             try:
                 if poller is not None:
-                    return convert_wcs(
+                    out = convert_wcs(
                         poller.poll(max_entries),
                         self.tokens,
                         self._ud_qpns,
                         cq.wc_cache,
                         self._sq_accts,
                     )
+                    return self._headers(out) if self._ud_qpns else out
                 n, wcs = cq.pv.poll(max_entries)
             except (OSError, self._errs.PyverbsError) as exc:
                 raise translate(exc, "ibv_poll_cq") from exc
             if not n:
                 return []
             tuples = wc_tuples_from_pyverbs(wcs)
-            return convert_wcs(tuples, self.tokens, self._ud_qpns, cq.wc_cache, self._sq_accts)
+            out = convert_wcs(tuples, self.tokens, self._ud_qpns, cq.wc_cache, self._sq_accts)
+            return self._headers(out) if self._ud_qpns else out
+
+    def _headers(self, wcs: list[Wc]) -> list[Wc]:
+        """Fill ``network_header`` of UD receives that carry a GRH area (see nethdr)."""
+        ud = self._ud_qpns
+        for j, wc in enumerate(wcs):
+            if wc.wc_type is not WcType.RECV or wc.qp_num not in ud:
+                continue
+            qp = self._qps.get(wc.qp_num)
+            if qp is None:
+                continue
+            area = self._areas.completed(qp.num, wc.wr_id) if qp.srq is None else None
+            if wc.status is not WcStatus.SUCCESS or not wc.recv_opt & RecvOpt.GRH_VALID:
+                continue
+            port = self._ports.get(qp.port_num)
+            if port is None:
+                continue
+            if port.link_layer is LinkLayer.INFINIBAND:
+                hdr = NetworkHeader.IB_GRH
+            elif area is None:
+                continue
+            else:
+                found = classify(area, port.v2_gids, bool(port.v2_gids))
+                if found is None:
+                    continue
+                hdr = found
+            wcs[j] = dataclasses.replace(wc, network_header=hdr)
+        return wcs
 
     def enable_cq_notify(self, h_cq: Handle, solicited: bool) -> None:
         cq = self._cq(h_cq)
@@ -1189,6 +1265,8 @@ class RdmaCoreCa(ChannelInterface):
             self._sq_accts[qp.num] = qp.sq.acct
             if qp_type is QpType.UD:
                 self._ud_qpns.add(qp.num)
+                if s is None:
+                    self._areas.add_qp(qp.num)
             return QpCreated(qp, self._qp_attr_basic(qp))
 
     def _qp_attr_basic(self, qp: _Qp) -> QpAttr:
@@ -1335,6 +1413,7 @@ class RdmaCoreCa(ChannelInterface):
             sq = qp.sq
             assert sq is not None
             if mod.state is QpState.RESET:
+                self._areas.reset(qp.num)
                 qp.primary_av = qp.alternate_av = None
                 sq.drop_held()
                 sq.acct.reset()
@@ -1428,6 +1507,7 @@ class RdmaCoreCa(ChannelInterface):
             self._qps.pop(qp.num, None)
             self._n["qp"] -= 1
             self._ud_qpns.discard(qp.num)
+            self._areas.drop_qp(qp.num)
             self._sq_accts.pop(qp.num, None)
             qp.pd.users -= 1
             assert qp.send_cq is not None and qp.recv_cq is not None
@@ -1597,6 +1677,7 @@ class RdmaCoreCa(ChannelInterface):
             mr.access = AccessFlags(access)
             pd.users += 1
             self._n["mr"] += 1
+            self._areas.regions[int(pv.lkey)] = mr
             return self._keys(mr)
 
     def query_mr(self, h_mr: Handle) -> MrAttr:
@@ -1649,6 +1730,7 @@ class RdmaCoreCa(ChannelInterface):
                 raise ResourceBusy(f"{len(mr.mws)} memory windows are bound to this region")
             pv = self._register(new_pd, mv, va, acc)
             old = mr.pv
+            old_lkey = int(old.lkey)
             try:
                 old.close()
             except self._errs.PyverbsError as exc:
@@ -1656,6 +1738,8 @@ class RdmaCoreCa(ChannelInterface):
                 raise translate(exc, "ibv_dereg_mr", {errno.EINVAL: ResourceBusy}) from exc
             mr.pd.users -= 1
             new_pd.users += 1
+            self._areas.regions.pop(old_lkey, None)
+            self._areas.regions[int(pv.lkey)] = mr
             mr.pd, mr.pv, mr.buffer, mr.vaddr, mr.length, mr.access = (
                 new_pd,
                 pv,
@@ -1671,10 +1755,13 @@ class RdmaCoreCa(ChannelInterface):
         with self._lock:
             if mr.mws:
                 raise ResourceBusy(f"{len(mr.mws)} memory windows are bound to this region")
+            lkey = int(mr.pv.lkey)
             try:
                 mr.pv.close()
             except self._errs.PyverbsError as exc:
                 raise translate(exc, "ibv_dereg_mr", {errno.EINVAL: ResourceBusy}) from exc
+            if self._areas.regions.get(lkey) is mr:
+                del self._areas.regions[lkey]
             mr.alive = False
             assert mr.pd is not None
             mr.pd.users -= 1
@@ -1810,7 +1897,15 @@ class RdmaCoreCa(ChannelInterface):
         rq = qp.rq
         if rq is None:
             raise post_error(Status.INVALID_PARAMETER, 0, "the QP receives through its SRQ")
-        self._post_recv_limited(rq, wrs, qp.caps.rq_depth - len(qp.rtok))
+        if qp.qp_type is QpType.UD:
+            try:
+                self._post_recv_limited(rq, wrs, qp.caps.rq_depth - len(qp.rtok))
+            except PostError as exc:
+                self._areas.posted(qp.num, wrs[: exc.failed_index])
+                raise
+            self._areas.posted(qp.num, wrs)
+        else:
+            self._post_recv_limited(rq, wrs, qp.caps.rq_depth - len(qp.rtok))
         if qp.state is QpState.ERROR:
             self._kick_flush(qp)
 

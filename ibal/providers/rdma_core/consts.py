@@ -13,6 +13,7 @@ from ibal.types import (
     ApmState,
     AsyncEvent,
     AtomicCap,
+    GidType,
     LinkLayer,
     LinkState,
     Mtu,
@@ -239,6 +240,11 @@ IBV_LINK_LAYER_ETHERNET = 2
 IBV_GID_TYPE_IB = 0
 IBV_GID_TYPE_ROCE_V1 = 1
 IBV_GID_TYPE_ROCE_V2 = 2
+GID_TYPE_FROM_IBV = {
+    IBV_GID_TYPE_IB: GidType.IB,
+    IBV_GID_TYPE_ROCE_V1: GidType.ROCE_V1,
+    IBV_GID_TYPE_ROCE_V2: GidType.ROCE_V2,
+}
 
 ATOMIC_FROM_IBV: dict[int, AtomicCap] = {0: AtomicCap.NONE, 1: AtomicCap.LOCAL, 2: AtomicCap.GLOBAL}
 

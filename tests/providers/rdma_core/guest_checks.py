@@ -13,6 +13,7 @@ pyverbs one).
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,18 +23,21 @@ from typing import Any
 
 import pytest
 
+import ibal
 from ibal.al import AccessLayer, AlManager, Ca, Cq, Mr, Pd, Qp, QpCreate
 from ibal.providers.rdma_core.fastpath import DATAPATH_ENV
-from ibal.status import InvalidQpState, PostError, ResourceBusy
+from ibal.status import InvalidQpState, NotFound, PostError, ResourceBusy
 from ibal.types import (
     AccessFlags,
     AsyncEvent,
     AsyncEventRec,
     AvAttr,
     BindWr,
+    GidType,
     Grh,
     LinkLayer,
     Mtu,
+    NetworkHeader,
     PortAttr,
     QpMod,
     QpState,
@@ -393,3 +397,74 @@ def test_multicast_datagram_reaches_attached_qps(env: Env) -> None:
         assert bytes(e.buf[6040 + 256 * i : 6045 + 256 * i]) == b"group"
     for m in attached:
         m.detach()
+
+
+# ------------------------------------------------- connection helpers, GIDs, headers
+
+
+def test_gid_table_has_types_and_netdevs(env: Env) -> None:
+    e = env
+    table = e.ca.query_port(e.port.port_num).gid_table
+    v4 = [g for g in table if g.is_ipv4]
+    assert v4, table  # rxe lists the netdev's IPv4 address as an IPv4-mapped GID
+    entry = v4[0]
+    assert entry.gid_type is GidType.ROCE_V2
+    assert entry.network_header is NetworkHeader.IPV4
+    assert entry.netdev in ("lo", "eth0") and socket.if_nametoindex(entry.netdev) > 0
+    assert all(g.netdev == entry.netdev for g in table)
+    assert e.ca.find_gid(e.port.port_num, entry.gid) == entry.index
+    assert e.ca.gid_entry(e.port.port_num, entry.index) == entry
+    with pytest.raises(NotFound):
+        e.ca.find_gid(e.port.port_num, "2001:db8::dead")
+    assert e.ca.find_pkey(e.port.port_num, 0xFFFF) == 0
+
+
+@pytest.mark.parametrize("qp_type", [QpType.RC, QpType.UC])
+def test_connect_helper_moves_data(env: Env, qp_type: QpType) -> None:
+    e = env
+    a, b = (e.pd.create_qp(QpCreate(qp_type, e.cq, e.cq)) for _ in range(2))
+    ea, eb = ibal.endpoint(a, e.port.port_num), ibal.endpoint(b, e.port.port_num)
+    assert ea.gid is not None and ea.gid.ipv4_mapped is not None and ea.lid == 0
+    path = ibal.connect_qp(a, ea, eb)
+    ibal.connect_qp(b, eb, ea)
+    assert path.grh is not None and path.grh.dgid == eb.gid
+    assert a.state is QpState.RTS and b.state is QpState.RTS
+    b.post_recv(RecvWr(80, [e.mr.sge(5000, 64)]))
+    e.buf[0:9] = b"connected"
+    a.post_send(SendWr(81, WrType.SEND, [e.mr.sge(0, 9)], SIG))
+    e.buf[64:70] = b"write!"
+    a.post_send(SendWr(82, WrType.RDMA_WRITE, [e.mr.sge(64, 6)], SIG,
+                       remote_addr=e.mr.vaddr + 5200, rkey=e.mr.rkey))  # fmt: skip
+    wcs = {w.wr_id: w for w in e.cq.wait(10.0, min_entries=3)}
+    assert sorted(wcs) == [80, 81, 82]
+    assert all(w.status is WcStatus.SUCCESS for w in wcs.values()), wcs
+    assert bytes(e.buf[5000:5009]) == b"connected" and bytes(e.buf[5200:5206]) == b"write!"
+
+
+def test_ud_receive_says_ipv4_header(env: Env) -> None:
+    e = env
+    a, b = (e.pd.create_qp(QpCreate(QpType.UD, e.cq, e.cq)) for _ in range(2))
+    ea, eb = ibal.endpoint(a, e.port.port_num), ibal.endpoint(b, e.port.port_num)
+    av_h = e.pd.create_av(ibal.connect_qp(a, ea, eb))
+    ibal.connect_qp(b, eb, ea)
+    e.buf[7000:7040] = bytes(40)
+    b.post_recv(RecvWr(90, [e.mr.sge(7000, 40 + 64)]))
+    e.buf[0:4] = b"v4v4"
+    a.post_send(SendWr(91, WrType.SEND, [e.mr.sge(0, 4)], SIG, ud=eb.ud_dest(av_h)))
+    wcs = {w.wr_id: w for w in e.cq.wait(10.0, min_entries=2)}
+    r = wcs[90]
+    assert r.status is WcStatus.SUCCESS and r.recv_opt & RecvOpt.GRH_VALID
+    assert r.network_header is NetworkHeader.IPV4
+    area = bytes(e.buf[7000:7040])
+    assert area[:20] == bytes(20) and area[20] >> 4 == 4  # 20 zero bytes + an IPv4 header
+    assert bytes(e.buf[7040:7044]) == b"v4v4"
+
+
+def test_cq_wait_with_and_without_completions(env: Env) -> None:
+    e = env
+    assert e.cq.wait(0.05) == []
+    a, b = rc_pair(e)
+    b.post_recv(RecvWr(95, [e.mr.sge(0, 16)]))
+    a.post_send(SendWr(96, WrType.SEND, [e.mr.sge(100, 4)], SIG))
+    got = e.cq.wait(10.0, min_entries=2)
+    assert sorted(w.wr_id for w in got) == [95, 96]
