@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ibal.al import AccessLayer, AlManager
-from ibal.al.manager import start_default_providers
+from ibal.al.manager import SIMULATED_SKIPPED, start_default_providers
 from ibal.status import IbError
 from ibal.types import CaAttr, PortAttr
 
@@ -87,8 +87,7 @@ def devices(providers: tuple[str, ...], options: tuple[str, ...]) -> None:
             table.add_row(ca.name, ca.provider_name, _guid(guid), str(attr.num_ports))
             ca.close(wait=True)
         console.print(table)
-        for name, reason in sorted(mgr.unavailable.items()):
-            console.print(f"[yellow]{name}[/]: no CA ({reason})")
+        _print_unavailable(mgr)
 
 
 @main.command()
@@ -114,9 +113,16 @@ def info(ca_name: str | None, providers: tuple[str, ...], options: tuple[str, ..
                 ca.close(wait=True)
         if not shown:
             console.print(f"[red]no CA {ca_name or ''}[/]")
-            for name, reason in sorted(mgr.unavailable.items()):
-                console.print(f"[yellow]{name}[/]: no CA ({reason})")
+            _print_unavailable(mgr)
             sys.exit(1)
+
+
+def _print_unavailable(mgr: AlManager) -> None:
+    for name, reason in sorted(mgr.unavailable.items()):
+        if reason == SIMULATED_SKIPPED:
+            console.print(f"[dim]{name}: simulated, not started (-p {name} shows its CAs)[/]")
+        else:
+            console.print(f"[yellow]{name}[/]: no CA ({reason})")
 
 
 def _guid(guid: int) -> str:

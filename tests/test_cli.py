@@ -41,12 +41,19 @@ def test_devices_lists_mock_cas(runner: CliRunner) -> None:
     assert {"mock0", "mock1", "mock2"} <= set(re.findall(r"mock\d", result.output))
 
 
+def test_devices_without_providers_leaves_the_mock_out(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["devices"], env={"COLUMNS": "200", "IBAL_PROVIDERS": ""})
+    assert result.exit_code == 0, result.output
+    assert not re.search(r"mock\d", result.output)
+    assert "mock: simulated, not started (-p mock shows its CAs)" in result.output
+
+
 def test_info_shows_ports_and_limits(runner: CliRunner) -> None:
     result = runner.invoke(main, ["info", "-p", "mock", "mock0"])
     assert result.exit_code == 0, result.output
     assert "CA 'mock0'" in result.output
     assert "ACTIVE" in result.output
-    assert re.search(r"GID\[0\]\s+fe80:", result.output)
+    assert re.search(r"GID\[0\]\s+fe80:\S+ \(IB\)", result.output)
     assert "max QP / WR / SGE" in result.output
 
 
