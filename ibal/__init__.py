@@ -6,7 +6,7 @@ from ibal import status, types
 from ibal.status import IbError, Status
 
 if TYPE_CHECKING:
-    from ibal.al import AccessLayer, AlManager, QpCreate, open_al
+    from ibal.al import AccessLayer, AlManager, Dependent, QpCreate, open_al
     from ibal.al.connect import (
         ConnectOptions,
         Endpoint,
@@ -22,6 +22,7 @@ _AL_EXPORTS = frozenset(
         "AccessLayer",
         "AlManager",
         "ConnectOptions",
+        "Dependent",
         "Endpoint",
         "QpCreate",
         "RemoteEndpoint",
@@ -46,6 +47,7 @@ __all__ = [
     "AccessLayer",
     "AlManager",
     "ConnectOptions",
+    "Dependent",
     "Endpoint",
     "IbError",
     "QpCreate",

@@ -1,8 +1,9 @@
 """The access layer (``ib_al.h``): AL instances, CAs and verbs objects over the CI contract.
 
 See ``docs/api.md``.  Every handle is an :class:`~ibal.al.obj.AlObject`;
-callbacks run on the manager's dispatcher thread; ``ibal.al.compat`` has the
-C spellings.
+callbacks run on the manager's callback queues (``mgr.queues``); upper layers
+join the object tree with :class:`Dependent`; ``ibal.al.compat`` has the C
+spellings.
 """
 
 from ibal.al.access_layer import AccessLayer
@@ -10,7 +11,8 @@ from ibal.al.av import Av
 from ibal.al.ca import Ca
 from ibal.al.connect import ConnectOptions, Endpoint, RemoteEndpoint, connect_qp, endpoint
 from ibal.al.cq import Cq
-from ibal.al.dispatcher import Dispatcher, in_callback
+from ibal.al.dependent import Dependent
+from ibal.al.dispatcher import CallbackQueue, CallbackQueues, Dispatcher, in_callback
 from ibal.al.manager import PROVIDERS_ENV, AlManager, default_manager, open_al
 from ibal.al.mr import Mr, Mw
 from ibal.al.obj import SYNC_DESTROY, AlObject
@@ -35,8 +37,11 @@ __all__ = [
     "AlObject",
     "Av",
     "Ca",
+    "CallbackQueue",
+    "CallbackQueues",
     "ConnectOptions",
     "Cq",
+    "Dependent",
     "DeviceAttrMask",
     "Dispatcher",
     "Endpoint",

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from ibal.al import pnp
 from ibal.al.ca import Ca
 from ibal.al.cica import CiCa
-from ibal.al.dispatcher import in_callback
 from ibal.al.obj import READY, AlObject
 from ibal.al.pnp import DeviceAttrMask, PnpCallback, PnpClass, PnpRegistration
 from ibal.status import (
@@ -80,11 +79,12 @@ class AccessLayer(AlObject):
     def close(self, *, timeout: float | None = None) -> None:
         """``ib_close_al``: blocks until everything is destroyed and every callback returned.
 
-        From inside an AL callback it raises ``InvalidState`` (it would wait for
-        itself); a second close raises ``InvalidAlHandle``.
+        Allowed in a callback of another AL instance, or of nothing this AL
+        owns, off the teardown queue; otherwise (it would wait for itself) it
+        raises ``InvalidState``.  A second close raises ``InvalidAlHandle``.
         """
-        if in_callback():
-            raise InvalidState("ib_close_al from inside an AL callback would deadlock")
+        if self._owns_manager and self._mgr._queues.is_current():
+            raise InvalidState("closing an AL that owns its manager from its callback deadlocks")
         self._destroy(None, True, timeout)
         if self._owns_manager:
             self._mgr.close()
@@ -210,15 +210,16 @@ class AccessLayer(AlObject):
     ) -> PnpRegistration:
         """``ib_reg_pnp``: replay the current state, then ``REG_COMPLETE``, then live events.
 
-        With ``PnpClass.FLAG_REG_SYNC`` it returns after the replay was delivered.
+        With ``PnpClass.FLAG_REG_SYNC`` it returns after the replay was delivered
+        (``InvalidState`` from a PnP callback: that queue would wait for itself).
         """
         self._check()
         cls_bits, flags = pnp.parse_class(pnp_class)
         if not callable(callback):
             raise InvalidParameter("callback must be callable")
         sync = bool(flags & PnpClass.FLAG_REG_SYNC)
-        if sync and in_callback():
-            raise InvalidState("a synchronous reg_pnp inside an AL callback would deadlock")
+        if sync and self._mgr._queues.pnp.is_current():
+            raise InvalidState("a synchronous reg_pnp inside a PnP callback would deadlock")
         reg = PnpRegistration(self._mgr, self, cls_bits, callback, context)
         done = threading.Event() if sync else None
         with self._lock:

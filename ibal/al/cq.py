@@ -29,7 +29,7 @@ class Cq(CaObject):
     """``ib_create_cq``'s handle.
 
     The provider's per-CA completion upcall carries this object as its
-    ``cq_context``; the dispatcher turns it into ``comp_cb(cq, context)``.
+    ``cq_context``; the completion queue turns it into ``comp_cb(cq, context)``.
     Notifications follow the provider's rearm semantics: one callback per
     ``rearm()`` (or per ``rearm_n(n)`` batch).
     """
@@ -139,7 +139,7 @@ class Cq(CaObject):
 
     # ------------------------------------------------------------------ callbacks
     def _on_completion(self) -> None:
-        """Dispatcher task for one provider completion upcall."""
+        """Completion-queue task for one provider completion upcall."""
         self._wake_waiters()
         cb = self._comp_cb
         if cb is None or not self._enter():
@@ -147,7 +147,7 @@ class Cq(CaObject):
         try:
             call_user(cb, self, self._context)
         finally:
-            self._release("callback")
+            self._leave()
 
     def _wake_waiters(self) -> None:
         with self._lock:

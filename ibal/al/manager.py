@@ -1,4 +1,4 @@
-"""``AlManager``: the CAs providers registered, the AL instances over them, one dispatcher.
+"""``AlManager``: the CAs providers registered, the AL instances over them, the callback queues.
 
 The manager is the :class:`~ibal.ci.CaRegistrar` providers talk to
 (``ib_register_ca`` / ``ib_deregister_ca``).  It opens each CA exactly once and
@@ -24,7 +24,7 @@ from typing import Any
 from ibal.al import pnp
 from ibal.al.access_layer import AccessLayer
 from ibal.al.cica import CiCa
-from ibal.al.dispatcher import Dispatcher, in_callback, log
+from ibal.al.dispatcher import CallbackQueues, log
 from ibal.al.pnp import PnpRegistration
 from ibal.ci.interface import ChannelInterface
 from ibal.ci.manager import ProviderManager
@@ -52,7 +52,7 @@ class AlManager:
     def __init__(self, *, provider_manager: ProviderManager | None = None) -> None:
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
-        self._dispatcher = Dispatcher(f"ibal-dispatcher-{next(_COUNTER)}")
+        self._queues = CallbackQueues(f"ibal-{next(_COUNTER)}")
         self._cas: dict[int, CiCa] = {}  # registered, in registration order
         self._closing: dict[int, CiCa] = {}  # deregistered, close_ca still to come
         self._registering: set[int] = set()
@@ -83,9 +83,14 @@ class AlManager:
         return self._closed
 
     @property
-    def dispatcher(self) -> Dispatcher:
-        """The thread every callback of this manager's ALs runs on."""
-        return self._dispatcher
+    def queues(self) -> CallbackQueues:
+        """The callback queues of this manager's ALs (``queues.misc.post(fn, *args)``)."""
+        return self._queues
+
+    @property
+    def dispatcher(self) -> CallbackQueues:
+        """The former name of :attr:`queues`."""
+        return self._queues
 
     # ------------------------------------------------------------------ providers
     def _providers_pm(self) -> ProviderManager:
@@ -147,7 +152,7 @@ class AlManager:
             self._registering.add(guid)
         try:
             if old is not None and not old.closed.is_set():
-                if self._dispatcher.is_current():
+                if self._queues.is_current():
                     raise DuplicateCa(f"CA 0x{guid:016x} is still being withdrawn")
                 old.closed.wait()
             cica = CiCa(self, ci)
@@ -168,8 +173,8 @@ class AlManager:
         """``ib_deregister_ca``: PnP removes, every resource on the CA destroyed, ``close_ca``.
 
         ``NotFound`` for an unknown GUID.  Blocks until ``close_ca`` was called,
-        except on the dispatcher thread (from a callback), where the teardown
-        completes right after the callback returns.
+        except on one of the manager's queue threads (from a callback), where
+        the teardown completes once the callbacks holding it up returned.
         """
         with self._lock:
             cica = self._cas.pop(guid, None) if isinstance(guid, int) else None
@@ -179,12 +184,12 @@ class AlManager:
             self._closing[guid] = cica
             pnp.ca_removed(list(self._pnp_regs), cica)
             # After the PnP removes were delivered: clients drop handles on CA_REMOVE.
-            self._dispatcher.post(self._teardown, cica)
-        if not self._dispatcher.is_current():
+            self._queues.pnp.post(self._teardown, cica)
+        if not self._queues.is_current():
             cica.closed.wait()
 
     def _teardown(self, cica: CiCa) -> None:
-        """Dispatcher task: destroy every AL handle on the CA (children first)."""
+        """PnP-queue task: destroy every AL handle on the CA (children first)."""
         with self._lock:
             cas = sorted(cica.cas, key=lambda c: -c._seq)
             close_now = not cas and not cica.closing
@@ -208,7 +213,7 @@ class AlManager:
             self._cond.notify_all()
 
     def _pnp_port_change(self, cica: CiCa, code: AsyncEvent, port_num: int) -> None:
-        """Dispatcher task: a port event arrived; PnP events for what changed.
+        """Misc-queue task: a port event arrived; PnP events for what changed.
 
         Attributes come from a fresh ``query_ca``; the event itself says which
         port changed and, for PORT_ACTIVE/PORT_DOWN, which way: a port that
@@ -236,7 +241,21 @@ class AlManager:
                     port = dataclasses.replace(port, link_state=LinkState.ACTIVE)
                 ports.append(port)
             cica.attr = dataclasses.replace(new, ports=tuple(ports))
-            pnp.port_changes(list(self._pnp_regs), cica, old, cica.attr)
+            regs = list(self._pnp_regs)
+            pnp.port_changes(regs, cica, old, cica.attr)
+            if code is AsyncEvent.CLIENT_REREGISTER:
+                pnp.client_reregister(regs, cica, port_num)
+            gone = {p.port_num for p in old.ports} - {p.port_num for p in cica.attr.ports}
+            if gone:  # after their PORT_REMOVEs: dependents on those ports go
+                self._queues.pnp.post(self._teardown_ports, cica, gone)
+
+    def _teardown_ports(self, cica: CiCa, port_nums: set[int]) -> None:
+        """PnP-queue task: destroy the dependents hung on ports that disappeared."""
+        with self._lock:
+            victims = [d for ca in cica.cas for d in ca._children
+                       if d._dep_port in port_nums]
+        for d in sorted(victims, key=lambda o: -o._seq):
+            d._destroy_forced()
 
     @property
     def ca_guids(self) -> list[int]:
@@ -256,12 +275,13 @@ class AlManager:
         return al
 
     def close(self, *, timeout: float | None = None) -> None:
-        """Close every AL, stop the providers (their CAs go), end the dispatcher.
+        """Close every AL, stop the providers (their CAs go), end the callback queues.
 
-        Raises ``InvalidState`` inside an AL callback; a second call does nothing.
+        Raises ``InvalidState`` inside one of this manager's callbacks (it ends
+        their threads); a second call does nothing.
         """
-        if in_callback():
-            raise InvalidState("closing a manager from inside an AL callback would deadlock")
+        if self._queues.is_current():
+            raise InvalidState("closing a manager from inside its own callback would deadlock")
         with self._lock:
             if self._closed:
                 return
@@ -281,7 +301,7 @@ class AlManager:
         with self._lock:
             if not self._cond.wait_for(lambda: not self._closing, timeout):
                 raise Timeout(f"CAs still closing: {[c.name for c in self._closing.values()]}")
-        self._dispatcher.stop()
+        self._queues.stop()
 
 
 # ---------------------------------------------------------------------- module level

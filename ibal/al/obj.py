@@ -13,13 +13,15 @@ Phases, made explicit:
   users such as QPs on a CQ, calls in progress, callbacks running).
 * **cleanup**: the provider's destroy verb, run by whichever thread dropped the
   last reference; then the consumer's destroy callback is queued on the
-  dispatcher (after every callback queued before it, which the dispatcher drops
-  since the object is destroying) and the parent is unpinned.
+  teardown queue and the parent is unpinned.  Callbacks still queued for the
+  object on the other queues are dropped when they come up (it is destroying).
 * **destroyed**.
 
 Invariant: no callback for an object runs after its destroy callback, and the
 destroy callback runs only after every callback that was running for the object
-(or its children) returned.  Nothing is ever freed by force: a destroy that
+(or its children) returned.  The destroy callback of an object destroyed by its
+parent's cascade (only dependents have one) is queued with the parent's, just
+before it.  Nothing is ever freed by force: a destroy that
 waits and times out raises ``Timeout`` naming what still holds the object.
 """
 
@@ -34,7 +36,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from ibal.al.dispatcher import call_user, in_callback, log
+from ibal.al.dispatcher import call_user, current_queue, held, log
 from ibal.al.stash import Stash
 from ibal.status import (
     IbError,
@@ -90,8 +92,11 @@ _SEQ = itertools.count()
 _T = TypeVar("_T", bound="AlObject")
 
 
+_DestroyTask = tuple["DestroyCallback | None", Any, "threading.Event | None"]
+
+
 def _run_destroy_cb(cb: DestroyCallback | None, context: Any, done: threading.Event | None) -> None:
-    """Dispatcher task: the consumer's destroy callback, then wake ``wait=True`` callers."""
+    """Teardown-queue task: the consumer's destroy callback, then wake ``wait=True`` callers."""
     try:
         if cb is not None:
             call_user(cb, context)
@@ -118,6 +123,9 @@ class AlObject:
     _rank: ClassVar[int] = 50  # cascade order among siblings: lower goes first
     _kind: ClassVar[str] = "object"
     _sync_destroy: ClassVar[bool] = False  # Av, Mr, Mw, mcast: destroy returns when done
+    _always_cleanup: ClassVar[bool] = False  # run _cleanup even without a provider handle
+
+    _dep_port = 0  # the port a dependent hangs on (0: none)
 
     debug_refs: ClassVar[bool] = bool(os.environ.get("IBAL_DEBUG_REFS"))
     """Count references per origin (``ref_origins()``); set before creating objects."""
@@ -144,6 +152,8 @@ class AlObject:
         self._done: threading.Event | None = None
         self._sync_waiting = False
         self._finishing = False
+        self._cascaded = False  # destroyed by a parent's (or a used object's) cascade
+        self._deferred: list[_DestroyTask] = []  # cascaded children's destroy callbacks
         self._inuse: deque[None] = deque()  # verbs in progress (lock-free: append/pop)
         self._h: Any = None  # the provider's handle, if the object has one
         self._stash: Stash | None = None
@@ -227,12 +237,25 @@ class AlObject:
         self._finish()
 
     def _enter(self) -> bool:
-        """Pin the object for a callback; False if it is destroying (drop the callback)."""
+        """Pin the object for a callback; False if it is destroying (drop the callback).
+
+        Pair with ``_leave()``.  The object is recorded as held by this thread,
+        so a wait for its destroy from inside the callback raises instead of hanging.
+        """
         with self._lock:
-            if self._state is READY or self._state is INIT:
-                self._ref("callback")
-                return True
-            return False
+            if self._state is not READY and self._state is not INIT:
+                return False
+            self._ref("callback")
+        objs = held()
+        objs.append(self)
+        return True
+
+    def _leave(self) -> None:
+        """The callback ``_enter()`` pinned the object for returned."""
+        objs = held()
+        if objs and objs[-1] is self:
+            objs.pop()
+        self._release("callback")
 
     def _release(self, origin: str) -> None:
         """Drop a reference; the last one of a destroying object runs its cleanup here."""
@@ -333,7 +356,11 @@ class AlObject:
     def _on_destroying(self) -> None:
         """Hook, under the lock, when the object enters DESTROYING."""
 
+    def _destroying(self) -> None:
+        """Hook, under no lock, after DESTROYING was entered and before the cascade."""
+
     def _cascade(self, victims: list[AlObject]) -> None:
+        self._destroying()
         for v in victims:
             v._destroy_forced()
         self._drop_creation()
@@ -350,6 +377,7 @@ class AlObject:
         with self._lock:
             if self._state is not READY and self._state is not INIT:
                 return
+            self._cascaded = True
             victims = self._mark(None, None)
         self._cascade(victims)
 
@@ -364,8 +392,8 @@ class AlObject:
             destroy_cb, wait = None, True
         if destroy_cb is not None and not callable(destroy_cb):
             raise InvalidParameter("destroy_cb must be callable")
-        if wait and in_callback():
-            raise InvalidState("waiting for a destroy from inside an AL callback would deadlock")
+        if wait:
+            self._check_wait(f"the destroy of this {self._kind}")
         done = threading.Event() if wait else None
         with self._lock:
             self._check()
@@ -374,6 +402,43 @@ class AlObject:
         self._cascade(victims)
         if done is not None:
             self._wait(done, timeout)
+
+    def _check_wait(self, what: str) -> None:
+        """Raise ``InvalidState`` if waiting here for this object's destroy could never end.
+
+        That is so on this manager's teardown queue (it runs the destroy callback
+        waited for) and in a callback that pins this object or one its destroy
+        takes along (the callback's reference holds the destroy up).  Waits
+        from any other callback return.
+        """
+        q = current_queue()
+        if q is None or q.group is not self._mgr._queues:
+            return
+        if q is self._mgr._queues.teardown:
+            raise InvalidState(f"waiting for {what} inside a destroy callback would deadlock")
+        objs = held()
+        if objs and self._reaches(objs):
+            raise InvalidState(
+                f"waiting for {what} inside a callback of an object it destroys would deadlock"
+            )
+
+    def _reaches(self, objs: list[AlObject]) -> bool:
+        """Whether destroying this object takes along any of ``objs`` (itself included)."""
+        want = set(objs)
+        with self._lock:
+            todo: list[AlObject] = [self]
+            seen: set[AlObject] = set()
+            while todo:
+                o = todo.pop()
+                if o in want:
+                    return True
+                if o in seen:
+                    continue
+                seen.add(o)
+                todo.extend(o._children)
+                todo.extend(o._dependents)
+                todo.extend(o._extra_victims())
+        return False
 
     def _destroy_now(self) -> None:
         """The synchronous destroy verbs (``ib_destroy_av``, ``ib_dereg_mr``, ...).
@@ -436,21 +501,29 @@ class AlObject:
     # ------------------------------------------------------------------ teardown
     def _finish(self) -> None:
         """No references left: provider cleanup, queue the destroy callback, unpin."""
-        if self._h is not None:
+        if self._h is not None or self._always_cleanup:
             try:
                 self._cleanup()
             except Exception as exc:  # a cascade cannot report it; keep tearing down
-                log.warning("ibal: provider cleanup of %r failed: %s", self, exc)
+                log.warning("ibal: cleanup of %r failed: %s", self, exc)
         with self._lock:
             self._state = DESTROYED
             parent, pins = self._parent, self._pins
+            tasks, self._deferred = self._deferred, []
+            if self._destroy_cb is not None or self._done is not None:
+                tasks.append((self._destroy_cb, self._context, self._done))
             if parent is not None:
                 parent._children.pop(self, None)
+                if tasks and self._cascaded and parent._state is DESTROYING:
+                    # The parent cannot finish before our "child" reference goes:
+                    # its destroy callback will follow these.
+                    parent._deferred.extend(tasks)
+                    tasks = []
             for p in pins:
                 p._dependents.pop(self, None)
             self._unlink()
-        if self._destroy_cb is not None or self._done is not None:
-            self._mgr._dispatcher.post(_run_destroy_cb, self._destroy_cb, self._context, self._done)
+        for task in tasks:
+            self._mgr._queues.teardown.post(_run_destroy_cb, *task)
         for p in pins:
             p._release("pin")
         if parent is not None:

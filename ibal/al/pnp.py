@@ -5,9 +5,9 @@ only ``REG_COMPLETE`` until the device-management layer exists).  On
 registration the current state is replayed (``CA_ADD`` per CA; ``PORT_ADD``
 then the port's state per port), then ``REG_COMPLETE``; live events follow.
 ADD events reach registrations in registration order, REMOVE events in reverse
-order, and a CA's ports are removed before the CA.  Everything is queued on the
-dispatcher under the manager lock, so the order is global and a registration
-never sees a live event before its replay.
+order, and a CA's ports are removed before the CA.  Every delivery is queued on
+the manager's PnP queue under the manager lock, so the order is global and a
+registration never sees a live event before its replay.
 
 The callback gets a :class:`PnpRec`.  Returning ``None``/``True``/
 ``Status.SUCCESS`` keeps the device (and ``rec.context``, which later events
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ibal.al.dispatcher import call_user, in_callback
+from ibal.al.dispatcher import call_user
 from ibal.al.obj import DESTROYED, SYNC_DESTROY, AlObject, DestroyCallback, _SyncDestroy
 from ibal.status import InvalidHandle, InvalidParameter, Status, Timeout
 from ibal.types import CaAttr, LinkState, PortAttr
@@ -65,6 +65,7 @@ class PnpEventBit(enum.IntFlag):
     GID = 0x00200000
     LID = 0x00400000
     SUBNET = 0x00800000
+    CLIENT_REREGISTER = 0x01000000  # ibal: not in ib_al.h
 
 
 class PnpEvent(enum.IntEnum):
@@ -83,6 +84,9 @@ class PnpEvent(enum.IntEnum):
     GID_CHANGE = 0x00200002
     LID_CHANGE = 0x00400002
     SUBNET_TIMEOUT_CHANGE = 0x00800002
+    CLIENT_REREGISTER = 0x01000002
+    """ibal's addition: the SM asked this port's clients to re-register (re-join
+    multicast groups, renew subscriptions); the port attributes did not change."""
     IOU_ADD = 0x00001004
     IOU_REMOVE = 0x00002004
     IOC_ADD = 0x00001008
@@ -185,13 +189,14 @@ class PnpRegistration(AlObject):
         """``ib_dereg_pnp``, a fence: when it returns no callback for it runs or will run.
 
         ``destroy_cb(context)`` is queued after the last one; ``wait=True``
-        also waits for it.  From inside an AL callback the fence holds by
-        construction (callbacks run one at a time on the dispatcher).
+        also waits for it.  From a PnP callback the fence holds by construction
+        (PnP callbacks run one at a time on the PnP queue); from any other
+        thread, callbacks included, it waits for a running PnP callback.
         """
         if isinstance(destroy_cb, _SyncDestroy):
             destroy_cb, wait = None, True
         self._destroy(destroy_cb, wait, timeout)
-        if wait or in_callback():
+        if wait or self._mgr._queues.pnp.is_current():
             return
         # Queued callbacks are dropped (destroying); wait out the one running, if any.
         with self._lock:
@@ -216,7 +221,7 @@ class PnpRegistration(AlObject):
         ca_attr: CaAttr | None,
         port_attr: PortAttr | None,
     ) -> None:
-        """Dispatcher task: one event to this registration."""
+        """PnP-queue task: one event to this registration."""
         if key is not None and key in self._rejected:
             if event.is_remove:
                 self._rejected.discard(key)
@@ -245,7 +250,7 @@ class PnpRegistration(AlObject):
                 self._rejected.add(key)
                 self._dev_ctx.pop(key, None)
         finally:
-            self._release("callback")
+            self._leave()
 
 
 def parse_class(pnp_class: object) -> tuple[PnpClass, PnpClass]:
@@ -271,7 +276,7 @@ def parse_class(pnp_class: object) -> tuple[PnpClass, PnpClass]:
 
 def _post(reg: PnpRegistration, event: PnpEvent, key: _DeviceKey | None, ca_guid: int,
           guid: int, ca_attr: CaAttr | None, port_attr: PortAttr | None) -> None:
-    reg._mgr._dispatcher.post(reg._deliver, event, key, ca_guid, guid, ca_attr, port_attr)
+    reg._mgr._queues.pnp.post(reg._deliver, event, key, ca_guid, guid, ca_attr, port_attr)
 
 
 def _ca_events(reg: PnpRegistration, cica: CiCa, add: bool) -> None:
@@ -301,7 +306,7 @@ def replay(reg: PnpRegistration, cicas: list[CiCa], done: threading.Event | None
         _port_events(reg, cica, True)
     _post(reg, PnpEvent.REG_COMPLETE, None, 0, 0, None, None)
     if done is not None:
-        reg._mgr._dispatcher.post(done.set)
+        reg._mgr._queues.pnp.post(done.set)
 
 
 def ca_added(regs: list[PnpRegistration], cica: CiCa) -> None:
@@ -318,6 +323,17 @@ def ca_removed(regs: list[PnpRegistration], cica: CiCa) -> None:
         _port_events(reg, cica, False)
     for reg in reversed(regs):
         _ca_events(reg, cica, False)
+
+
+def client_reregister(regs: list[PnpRegistration], cica: CiCa, port_num: int) -> None:
+    """The SM asked a port's clients to re-register: ``CLIENT_REREGISTER`` to PORT registrations."""
+    port = cica.port(port_num)
+    if port is None:
+        return
+    key = ("port", port.port_guid)
+    for reg in regs:
+        if reg.pnp_class is PnpClass.PORT:
+            _post(reg, PnpEvent.CLIENT_REREGISTER, key, cica.guid, port.port_guid, cica.attr, port)
 
 
 def port_changes(regs: list[PnpRegistration], cica: CiCa, old: CaAttr, new: CaAttr) -> None:

@@ -10,6 +10,7 @@ import pytest
 from ibal.status import (
     InvalidCqSize,
     InvalidMaxWrs,
+    InvalidPdHandle,
     InvalidPermission,
     InvalidQpHandle,
     InvalidState,
@@ -175,20 +176,46 @@ class DestroyChecks(ConformanceBase):
         assert len(errors) == 1 and isinstance(errors[0], InvalidState)
         assert not al.closed
 
-    def test_waiting_destroy_from_callback_raises_invalid_state(
-        self, ca: Ca, port: PortAttr
-    ) -> None:
-        """decisions: destroy(wait=True) inside an AL callback → IB_INVALID_STATE; the object
-        survives."""
+    def test_waiting_destroy_from_callback_returns(self, ca: Ca, port: PortAttr) -> None:
+        """decisions: destroy(wait=True) of another object inside a completion callback returns
+        once its destroy callback (on the teardown queue) ran."""
         errors: list[BaseException] = []
         log = CallbackLog()
-        victim = ca.alloc_pd()
+        destroyed = CallbackLog()
+        victim = ca.alloc_pd(context="victim")
 
         def comp_cb(cq: Any, ctx: Any) -> None:
             try:
-                victim.dealloc(wait=True)
+                victim.dealloc(destroyed, wait=True)
+                log.add("returned", destroyed.snapshot())
             except BaseException as exc:
                 errors.append(exc)
+                log.add("raised")
+
+        cq = ca.create_cq(32, comp_cb=comp_cb)
+        src = Source(ca, port, send_cq=cq)
+        cq.rearm()
+        src.fire(1)
+        log.wait(1)
+        assert not errors
+        assert log.snapshot() == [("returned", [("victim",)])]
+        with pytest.raises(InvalidPdHandle):
+            victim.reg_mem(bytearray(16), AccessFlags.LOCAL_WRITE)
+
+    def test_waiting_destroy_of_own_object_from_its_callback_raises_invalid_state(
+        self, ca: Ca, port: PortAttr
+    ) -> None:
+        """decisions: destroy(wait=True) inside a callback of the object it destroys (or of one
+        of its descendants) would wait for itself → IB_INVALID_STATE; the object survives."""
+        errors: list[BaseException] = []
+        log = CallbackLog()
+
+        def comp_cb(cq: Any, ctx: Any) -> None:
+            for call in (lambda: cq.destroy(wait=True), lambda: ca.close(wait=True)):
+                try:
+                    call()
+                except BaseException as exc:
+                    errors.append(exc)
             log.add("done")
 
         cq = ca.create_cq(32, comp_cb=comp_cb)
@@ -196,8 +223,9 @@ class DestroyChecks(ConformanceBase):
         cq.rearm()
         src.fire(1)
         log.wait(1)
-        assert len(errors) == 1 and isinstance(errors[0], InvalidState)
-        victim.reg_mem(bytearray(16), AccessFlags.LOCAL_WRITE)  # still valid
+        assert len(errors) == 2 and all(isinstance(e, InvalidState) for e in errors)
+        cq.query()  # still valid
+        ca.query()
 
     def test_async_destroy_from_callback_allowed(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 114: a non-waiting destroy inside a callback works; its callback

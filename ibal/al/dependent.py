@@ -1,0 +1,182 @@
+"""``Dependent``: the public hook for objects of upper layers that die with an AL handle.
+
+A CM connection hangs on its QP, a MAD service on a port, a pending query on
+its AL instance: each must be cancelled when what it hangs on goes, with the
+same rules as the access layer's own objects.  Subclass :class:`Dependent`,
+give the owner to ``__init__``, and override ``on_destroying`` (cancel) and
+``cleanup`` (release).  See ``docs/architecture.md`` ("Dependent objects").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ibal.al.dispatcher import call_user
+from ibal.al.obj import READY, AlObject, DestroyCallback, _SyncDestroy
+from ibal.status import InvalidHandle, InvalidParameter, InvalidPort
+
+if TYPE_CHECKING:
+    from ibal.al.access_layer import AccessLayer
+    from ibal.al.ca import Ca
+    from ibal.al.cq import Cq
+    from ibal.al.pd import Pd
+    from ibal.al.qp import Qp
+    from ibal.al.srq import Srq
+
+
+def _owner_types() -> tuple[type[AlObject], ...]:
+    from ibal.al.access_layer import AccessLayer
+    from ibal.al.ca import Ca
+    from ibal.al.cq import Cq
+    from ibal.al.pd import Pd
+    from ibal.al.qp import Qp
+    from ibal.al.srq import Srq
+
+    return (AccessLayer, Ca, Pd, Qp, Cq, Srq, Dependent)
+
+
+class Dependent(AlObject):
+    """An upper layer's object in the access layer's object tree.
+
+    ``owner`` is an :class:`~ibal.al.AccessLayer`, ``Ca``, ``Pd``, ``Qp``,
+    ``Cq``, ``Srq``, another ``Dependent``, or ``(ca, port_num)`` for a port
+    (a child of that CA handle that also goes when PnP removes the port).  An
+    invalid owner raises its ``Invalid*Handle``; a missing port ``InvalidPort``.
+
+    The object is valid when ``__init__`` returns and may be cancelled by a
+    cascade from then on: set what ``on_destroying``/``cleanup`` use *before*
+    calling ``super().__init__``.  ``destroy_cb(context)`` runs once, on the
+    teardown queue, however the object dies (its own ``destroy`` or its
+    owner's cascade), after every callback for it returned and, in a cascade,
+    right before the destroy callback of the object destroyed.
+    """
+
+    _invalid = InvalidHandle
+    _rank = 3  # cancelled before the verbs objects it may use; after PnP registrations
+    _kind = "dependent object"
+    _always_cleanup = True
+
+    def __init__(
+        self,
+        owner: AccessLayer | Ca | Pd | Qp | Cq | Srq | Dependent | tuple[Ca, int],
+        *,
+        context: Any = None,
+        destroy_cb: DestroyCallback | None = None,
+    ) -> None:
+        from ibal.al.ca import Ca
+
+        port_num = 0
+        parent: object = owner
+        if isinstance(owner, tuple):
+            if len(owner) != 2 or not isinstance(owner[0], Ca):
+                raise InvalidParameter("a port owner is (ca, port_num)")
+            parent, port_num = owner
+            if type(port_num) is not int or port_num < 1:
+                raise InvalidPort(f"bad port number {port_num!r}")
+        if not isinstance(parent, _owner_types()):
+            raise InvalidParameter(f"a {type(parent).__name__} cannot own a dependent object")
+        if destroy_cb is not None and not callable(destroy_cb):
+            raise InvalidParameter("destroy_cb must be callable")
+        super().__init__(parent._mgr, parent._al, parent, context)
+        self._dep_port = port_num
+        self._preset_cb = destroy_cb
+        with self._lock:
+            if port_num:
+                parent._check()
+                if parent._cica.port(port_num) is None:  # type: ignore[attr-defined]
+                    raise InvalidPort(f"the CA has no port {port_num}")
+            self._attach()
+        self._activate(parent._invalid)
+
+    # ------------------------------------------------------------------ for subclasses
+    def on_destroying(self) -> None:
+        """Hook: the object started dying (cancel timers, transactions).
+
+        Runs once, under no lock, on the thread that destroys it (or its owner),
+        before the objects hung on it are destroyed.  What it raises is logged.
+        """
+
+    def cleanup(self) -> None:
+        """Hook: nothing references the object any more (release what it holds).
+
+        Runs once, under no lock, on whichever thread dropped the last
+        reference, before the destroy callback is queued; it must not wait for
+        an AL callback.  What it raises is logged.
+        """
+
+    def post_callback(self, fn: Callable[..., object], *args: Any) -> bool:
+        """Run ``fn(*args)`` on the misc queue unless the object is destroying by then.
+
+        The object is pinned while ``fn`` runs, so its destroy callback comes
+        after; a call still queued when it starts dying is dropped.  False if
+        it is already dying (nothing queued).
+        """
+        if self._state is not READY:
+            return False
+        self._mgr._queues.misc.post(self._run_callback, fn, args)
+        return True
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[None]:
+        """Pin the valid object for a call: its ``cleanup`` waits until the block ends."""
+        self._use()
+        try:
+            yield
+        finally:
+            self._unuse()
+
+    def check(self) -> None:
+        """Raise this type's ``Invalid*Handle`` unless the object is valid."""
+        self._check()
+
+    # ------------------------------------------------------------------ public bits
+    @property
+    def owner(self) -> AlObject:
+        """What the object hangs on (the CA for a port owner)."""
+        assert self._parent is not None
+        return self._parent
+
+    @property
+    def port_num(self) -> int:
+        """The port it hangs on, 0 for none."""
+        return self._dep_port
+
+    @property
+    def al(self) -> AccessLayer:
+        """The AL instance it belongs to."""
+        return self._al  # type: ignore[return-value]
+
+    @property
+    def alive(self) -> bool:
+        """True until it starts dying."""
+        return self._state is READY
+
+    def destroy(
+        self,
+        destroy_cb: DestroyCallback | _SyncDestroy | None = None,
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Destroy it (and what hangs on it); ``destroy_cb`` replaces the one given at creation."""
+        self._destroy(destroy_cb, wait, timeout)
+
+    # ------------------------------------------------------------------ internals
+    def _run_callback(self, fn: Callable[..., object], args: tuple[Any, ...]) -> None:
+        if not self._enter():
+            return
+        try:
+            call_user(fn, *args)
+        finally:
+            self._leave()
+
+    def _mark(self, destroy_cb: DestroyCallback | None, done: Any) -> list[AlObject]:
+        return super()._mark(destroy_cb if destroy_cb is not None else self._preset_cb, done)
+
+    def _destroying(self) -> None:
+        call_user(self.on_destroying)
+
+    def _cleanup(self) -> None:
+        self.cleanup()
