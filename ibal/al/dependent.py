@@ -54,7 +54,7 @@ class Dependent(AlObject):
     """
 
     _invalid = InvalidHandle
-    _rank = 3  # cancelled before the verbs objects it may use; after PnP registrations
+    _rank = -1  # cancelled before the verbs objects beside it (and multicast attachments)
     _kind = "dependent object"
     _always_cleanup = True
 

@@ -299,3 +299,26 @@ def test_waiting_destroy_of_a_dependent_inside_a_completion_callback(
     ci.complete(cq._h, Wc(1, WcType.SEND))
     assert ca._mgr.queues.flush(WAIT)
     assert j.items == ["toy cancelled", "toy cleanup", "toy destroy-cb", "returned"]
+
+
+def test_dependents_are_cancelled_before_the_qps_multicast_attachments(
+    pd: Pd, cq: Cq, ci: FakeCi
+) -> None:
+    j = Journal()
+    qp = pd.create_qp(QpCreate(QpType.UD, cq, cq))
+    qp.attach_mcast(_mgid(), 0xC001)
+
+    class Join(Toy):
+        def on_destroying(self) -> None:
+            j.add(f"join cancelled, detached={'detach_mcast' in ci.verbs()}")
+
+    Join(qp, j, "join")
+    qp.destroy(wait=True)
+    assert j.items[0] == "join cancelled, detached=False"
+    assert "detach_mcast" in ci.verbs()
+
+
+def _mgid() -> Any:
+    from ibal.types import Gid
+
+    return Gid("ff12:401b::1")

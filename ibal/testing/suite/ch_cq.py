@@ -336,7 +336,7 @@ class CqChecks(ConformanceBase):
         src.a.qp.destroy(wait=True)
         src.b.qp.destroy(wait=True)
         cq.destroy(lambda ctx: events.append("destroy"), wait=True)
-        ca.alloc_pd().dealloc(wait=True)  # a later dispatcher round
+        ca.alloc_pd().dealloc(wait=True)  # a later teardown-queue round
         assert events[-1] == "destroy"
         assert events.count("comp") <= 1
 

@@ -212,7 +212,7 @@ class RegistrationChecks(ConformanceBase):
         done.wait(1)
         fabric.registrar.deregister_ca(al.get_ca_guids()[0])
         witness = PnpLog()
-        al.reg_pnp(PnpClass.CA | PnpClass.FLAG_REG_SYNC, witness)  # a later dispatcher round
+        al.reg_pnp(PnpClass.CA | PnpClass.FLAG_REG_SYNC, witness)  # a later PnP-queue round
         assert len(log) == seen
         assert done.snapshot() == [("ctx",)]
 
