@@ -137,6 +137,10 @@ class CallbackQueues:
         """In the order work flows between them: a task may post to the queues after it."""
         return (self.misc, self.pnp, self.completion, self.teardown)
 
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``misc.post``: the queue for upper layers' work unless they need another."""
+        self.misc.post(fn, *args)
+
     def is_current(self) -> bool:
         """True on any of these queues' threads (i.e. inside one of this manager's callbacks)."""
         q = current_queue()

@@ -53,6 +53,7 @@ class AlManager:
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._queues = CallbackQueues(f"ibal-{next(_COUNTER)}")
+        self._dispatcher = self._queues  # the former name: its post() is misc.post
         self._cas: dict[int, CiCa] = {}  # registered, in registration order
         self._closing: dict[int, CiCa] = {}  # deregistered, close_ca still to come
         self._registering: set[int] = set()

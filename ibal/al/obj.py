@@ -251,14 +251,15 @@ class AlObject:
         return True
 
     def _leave(self) -> None:
-        """The callback ``_enter()`` pinned the object for returned."""
-        objs = held()
-        if objs and objs[-1] is self:
-            objs.pop()
+        """The callback ``_enter()`` pinned the object for returned (= ``_release("callback")``)."""
         self._release("callback")
 
     def _release(self, origin: str) -> None:
         """Drop a reference; the last one of a destroying object runs its cleanup here."""
+        if origin == "callback":
+            objs = held()
+            if objs and objs[-1] is self:
+                objs.pop()
         with self._lock:
             self._refs -= 1
             if self._origins is not None:

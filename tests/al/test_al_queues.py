@@ -364,3 +364,24 @@ def test_waiting_destroy_of_a_pd_from_its_qps_event_callback_raises(
     pd.dealloc(wait=True)  # the PD survived the refusal; from here it goes
     with pytest.raises(InvalidPdHandle):
         pd.create_qp(QpCreate(QpType.RC, cq, cq))
+
+
+def test_no_object_stays_held_after_its_callback(
+    mgr: AlManager, al: AccessLayer, ca: Ca, pd: Pd, ci: FakeCi
+) -> None:
+    """The per-thread record of running callbacks (what makes waits raise) empties again."""
+    from ibal.al.dispatcher import held
+
+    inside: list[list[Any]] = []
+    cq = ca.create_cq(8, comp_cb=lambda cq, ctx: inside.append(list(held())))
+    qp = _qp(pd, cq, event_cb=lambda rec: inside.append(list(held())))
+    _fire(ci, cq)
+    ci.qp_event(qp._h)
+    assert mgr.queues.flush(WAIT)
+    assert sorted(map(repr, (o[0] for o in inside))) == sorted([repr(cq), repr(qp)])
+    after: list[list[Any]] = []
+    for q in (mgr.queues.completion, mgr.queues.misc):
+        q.post(lambda: after.append(list(held())))
+    assert mgr.queues.flush(WAIT)
+    assert after == [[], []]
+    qp.destroy(wait=True)  # not held any more: the wait is allowed from here
