@@ -19,6 +19,7 @@ from ibal.al import (
     PnpClass,
     PnpEvent,
     PnpRec,
+    QpCreate,
 )
 from ibal.status import InvalidHandle, InvalidMcastHandle
 from ibal.types import (
@@ -31,6 +32,7 @@ from ibal.types import (
     Grh,
     LinkState,
     QpType,
+    RecvWr,
     SendWr,
     UdDest,
     WcStatus,
@@ -205,3 +207,68 @@ def test_client_reregister_reaches_port_registrations(
     assert ca_class == []
     assert PnpEvent.CLIENT_REREGISTER == PnpClass.PORT | 0x01000000
 
+
+
+def test_event_callback_waits_for_a_completion_on_the_mock(
+    mgr: AlManager, fabric: MockFabric
+) -> None:
+    """Inside a QP's async-event callback: send a datagram and wait for the completion callback
+    of the receiving CQ, then poll what landed."""
+    al = mgr.open_al()
+    a_ca, b_ca = (al.open_ca(g) for g in al.get_ca_guids())
+    arrived = threading.Event()
+    sender = _ud(a_ca)
+    receiver = _ud(b_ca)
+    got: dict[str, Any] = {}
+
+    def comp_cb(cq: Any, ctx: Any) -> None:
+        arrived.set()
+
+    cb_cq = b_ca.create_cq(16, comp_cb=comp_cb)
+    rqp = receiver.pd.create_qp(QpCreate(QpType.UD, cb_cq, cb_cq))
+    port = b_ca.query().ports[0]
+    rqp.init_dgrm_svc(DgrmInfo(port_guid=port.port_guid, qkey=UD_QKEY))
+    rqp.post_recv(RecvWr(wr_id=3, sg_list=[receiver.sge(0, GRH_BYTES + 64)]))
+    av = sender.pd.create_av(AvAttr(port_num=1, dlid=port.lid))
+
+    def event_cb(rec: Any) -> None:
+        cb_cq.rearm()
+        sender.put(0, b"sent from an event callback")
+        sender.qp.post_send(SendWr(wr_id=1, sg_list=[sender.sge(0, 27)],
+                                   ud=UdDest(av=av, remote_qp=rqp.num, remote_qkey=UD_QKEY)))
+        got["waited"] = arrived.wait(WAIT)  # the completion queue runs while we wait
+        got["wcs"] = cb_cq.poll()
+        got["thread"] = threading.current_thread().name
+
+    watched = sender.pd.create_qp(QpCreate(QpType.UD, sender.cq, sender.cq), event_cb=event_cb)
+    fabric.cas[0].inject_async_event(EventRecord(AsyncEvent.QP_COMM, watched, 0, 0))
+    assert mgr.queues.flush(WAIT)
+    assert got["waited"] is True and got["thread"] == mgr.queues.misc.name
+    assert [(w.wr_id, w.status) for w in got["wcs"]] == [(3, WcStatus.SUCCESS)]
+    assert receiver.get(GRH_BYTES, 27) == b"sent from an event callback"
+
+
+def test_hot_removed_ca_tears_its_dependents_down(mgr: AlManager, fabric: MockFabric) -> None:
+    al = mgr.open_al()
+    ca = al.open_ca(al.get_ca_guids()[1])
+    side = _ud(ca)
+    order: list[str] = []
+
+    class Conn(Dependent):
+        def on_destroying(self) -> None:
+            order.append(f"{self.context} cancelled")
+
+    Conn(side.qp, context="qp-conn", destroy_cb=lambda c: order.append(f"{c} destroy-cb"))
+    Conn((ca, 1), context="port-svc", destroy_cb=lambda c: order.append(f"{c} destroy-cb"))
+
+    def pnp_cb(rec: PnpRec) -> None:
+        if rec.event is PnpEvent.CA_REMOVE:
+            order.append("CA_REMOVE")
+
+    al.reg_pnp(PnpClass.CA | PnpClass.FLAG_REG_SYNC, pnp_cb)
+    fabric.hotplug_remove(fabric.cas[1])
+    assert mgr.queues.flush(WAIT)
+    assert order[0] == "CA_REMOVE"
+    assert set(order[1:]) == {"qp-conn cancelled", "port-svc cancelled", "qp-conn destroy-cb",
+                              "port-svc destroy-cb"}
+    assert order.index("qp-conn cancelled") < order.index("qp-conn destroy-cb")
