@@ -9,12 +9,13 @@ give the owner to ``__init__``, and override ``on_destroying`` (cancel) and
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ibal.al.dispatcher import call_user
-from ibal.al.obj import READY, AlObject, DestroyCallback, _SyncDestroy
+from ibal.al.obj import READY, AlObject, DestroyCallback, _resolve, _SyncDestroy
 from ibal.status import InvalidHandle, InvalidParameter, InvalidPort
 
 if TYPE_CHECKING:
@@ -162,6 +163,20 @@ class Dependent(AlObject):
     ) -> None:
         """Destroy it (and what hangs on it); ``destroy_cb`` replaces the one given at creation."""
         self._destroy(destroy_cb, wait, timeout)
+
+    async def destroy_async(self) -> None:
+        """``await`` the destroy; the ``destroy_cb`` given at creation still runs first."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        preset = self._preset_cb
+
+        def cb(context: Any) -> None:
+            if preset is not None:
+                call_user(preset, context)
+            loop.call_soon_threadsafe(_resolve, fut)
+
+        self._destroy(cb, False, None)
+        await fut
 
     # ------------------------------------------------------------------ internals
     def _run_callback(self, fn: Callable[..., object], args: tuple[Any, ...]) -> None:

@@ -322,3 +322,12 @@ def _mgid() -> Any:
     from ibal.types import Gid
 
     return Gid("ff12:401b::1")
+
+
+def test_destroy_async_keeps_the_creation_destroy_cb(al: AccessLayer) -> None:
+    import asyncio
+
+    j = Journal()
+    toy = Toy(al, j, "toy")
+    asyncio.run(toy.destroy_async())
+    assert j.items == ["toy cancelled", "toy cleanup", "toy destroy-cb"]
