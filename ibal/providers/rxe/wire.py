@@ -1,0 +1,515 @@
+"""The RoCEv2 wire format: transport headers, ICRC, UDP/IP encapsulation.
+
+Every header is a :class:`~ibal.wire.fields.Table` whose field names are the
+attribute names of :class:`~ibal.providers.rxe.packet.Packet`, so one compiled
+codec per opcode (BTH and its extension headers laid end to end, in the order
+of ``roce-wire.md`` 2.3) moves a packet's headers between bytes and the record
+with one ``struct`` call.  Facts: ``/work/shared/spec/roce-wire.md`` section 2
+(Linux ``rxe_hdr.h``, ``rxe_opcode.c``, ``rxe_icrc.c``, ``include/rdma/ib_pack.h``).
+
+The receive path: :func:`decode` turns a UDP payload (BTH ... ICRC) into a
+:class:`Packet` or raises :class:`Malformed` with a :class:`DropReason` the
+provider counts; :func:`icrc_ok` checks the ICRC given the IP/UDP headers the
+packet came with.  The send path: :func:`encode` gives the UDP payload, ICRC
+included, for a packet and its IP/UDP addressing.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import struct
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final, cast
+
+from ibal.providers.rxe import packet as pk
+from ibal.providers.rxe.packet import Opcode, Packet
+from ibal.wire.fields import Buffer, F, Kind, R, Table
+
+ROCE_V2_PORT: Final = pk.ROCE_V2_PORT
+
+# ----------------------------------------------------------------- header tables
+
+BTH: Final = Table("BTH", [
+    F("opcode", 8, enum=Opcode, title="Opcode"),
+    F("se", 1, kind=Kind.BOOL, title="Solicited Event"),
+    F("migreq", 1, kind=Kind.BOOL, title="MigReq"),
+    F("pad", 2, title="Pad Count"),
+    F("tver", 4, title="Header Version"),
+    F("pkey", 16, hex=True, title="Partition Key", default=0xFFFF),
+    F("fecn", 1, kind=Kind.BOOL, title="FECN"),
+    F("becn", 1, kind=Kind.BOOL, title="BECN"),
+    R(6),
+    F("dest_qpn", 24, hex=True, title="Destination Queue Pair"),
+    F("ack_req", 1, kind=Kind.BOOL, title="Acknowledge Request"),
+    R(7),
+    F("psn", 24, title="Packet Sequence Number"),
+])  # fmt: skip
+RETH: Final = Table("RETH", [
+    F("va", 64, hex=True, title="Virtual Address"),
+    F("rkey", 32, hex=True, title="Remote Key"),
+    F("dma_len", 32, title="DMA Length"),
+])  # fmt: skip
+AETH: Final = Table("AETH", [
+    F("syndrome", 8, hex=True, title="Syndrome"),
+    F("msn", 24, title="Message Sequence Number"),
+])  # fmt: skip
+DETH: Final = Table("DETH", [
+    F("qkey", 32, hex=True, title="Queue Key"),
+    R(8),
+    F("src_qpn", 24, hex=True, title="Source Queue Pair"),
+])  # fmt: skip
+IMMDT: Final = Table("ImmDt", [F("imm", 32, hex=True, title="Immediate Data")])
+IETH: Final = Table("IETH", [F("inv_rkey", 32, hex=True, title="Invalidate R_Key")])
+ATOMIC_ETH: Final = Table("AtomicETH", [
+    F("va", 64, hex=True, title="Virtual Address"),
+    F("rkey", 32, hex=True, title="Remote Key"),
+    F("swap_add", 64, hex=True, title="Swap (Or Add) Data"),
+    F("compare", 64, hex=True, title="Compare Data"),
+])  # fmt: skip
+ATOMIC_ACK_ETH: Final = Table("AtomicAckETH", [
+    F("orig", 64, hex=True, title="Original Remote Data"),
+])  # fmt: skip
+
+# Extension headers in wire order (roce-wire.md 2.3), keyed by their opcode flag.
+_EXT_ORDER: Final = (
+    (pk.DETH, DETH),
+    (pk.RETH, RETH),
+    (pk.ATOMIC_ETH, ATOMIC_ETH),
+    (pk.AETH, AETH),
+    (pk.ATOMIC_ACK_ETH, ATOMIC_ACK_ETH),
+    (pk.IMMDT, IMMDT),
+    (pk.IETH, IETH),
+)
+
+
+@dataclass(frozen=True)
+class OpcodeFormat:
+    """The header sequence of one opcode and its compiled codec."""
+
+    opcode: Opcode
+    headers: tuple[Table, ...]  # BTH first
+    codec: Table  # the headers laid end to end
+    flags: int
+
+    @property
+    def header_len(self) -> int:
+        return self.codec.size
+
+
+def _formats() -> tuple[OpcodeFormat | None, ...]:
+    out: list[OpcodeFormat | None] = [None] * 256
+    for op in Opcode:
+        flags = pk.OP_FLAGS[op]
+        headers = (BTH, *(t for bit, t in _EXT_ORDER if flags & bit))
+        codec = Table.concat(op.name, headers)
+        assert codec.size == pk.HDR_LEN[op], op
+        out[op] = OpcodeFormat(op, headers, codec, flags)
+    return tuple(out)
+
+
+FORMATS: Final[tuple[OpcodeFormat | None, ...]] = _formats()
+"""Indexed by the opcode byte; ``None`` for an opcode rxe does not implement."""
+
+def _absent_initialiser(names: frozenset[str]) -> object:
+    """A function that gives a fresh record the zero defaults of every attribute
+    its opcode's headers do not carry (one chained assignment per default)."""
+    template = Packet(0)
+    groups: dict[str, list[str]] = {}
+    for n in Packet.__slots__:
+        if n in names or n == "payload":
+            continue
+        groups.setdefault(repr(getattr(template, n)), []).append(n)
+    body = [f"    {' = '.join('p.' + n for n in ns)} = {v}" for v, ns in groups.items()]
+    src = "def init(p):\n" + ("\n".join(body) or "    pass")
+    ns_: dict[str, object] = {}
+    exec(src, ns_)
+    return ns_["init"]
+
+
+_LOAD: Final = tuple(f.codec.load if f else None for f in FORMATS)
+_STORE: Final = tuple(f.codec.store if f else None for f in FORMATS)
+_INIT: Final[tuple[Callable[[Packet], None] | None, ...]] = tuple(
+    cast("Callable[[Packet], None]", _absent_initialiser(frozenset(f.codec.names)))
+    if f
+    else None
+    for f in FORMATS
+)
+_HLEN: Final = pk.HDR_LEN
+_FLAGS: Final = pk.OP_FLAGS
+ICRC_LEN: Final = pk.ICRC_LEN
+
+
+# ---------------------------------------------------------------- decode errors
+
+
+class DropReason(enum.Enum):
+    """Why a received datagram was not a packet; the provider counts each."""
+
+    SHORT = "short"  # shorter than BTH + ICRC
+    BAD_OPCODE = "bad_opcode"  # opcode rxe does not implement
+    BAD_TVER = "bad_tver"  # BTH transport header version not 0
+    BAD_LENGTH = "bad_length"  # too short for the opcode's headers, or payload where none goes
+    BAD_PAD = "bad_pad"  # pad count larger than the payload
+    BAD_ICRC = "bad_icrc"
+
+
+class Malformed(ValueError):
+    """A datagram that is not a valid RoCEv2 packet; ``reason`` says why."""
+
+    def __init__(self, reason: DropReason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+
+
+# ----------------------------------------------------------------- codec
+
+
+def decode(buf: Buffer) -> Packet:
+    """Parse a UDP payload (BTH ... payload, pad, ICRC) into a packet.
+
+    Checks structure only (length, opcode, version, pad); the ICRC needs the
+    IP and UDP headers, see :func:`icrc_ok`.  ``payload`` is a view into
+    ``buf`` (no copy).  Raises :class:`Malformed`.
+    """
+    n = len(buf)
+    if n < pk.BTH_LEN + ICRC_LEN:
+        raise Malformed(DropReason.SHORT, f"{n} bytes")
+    op = buf[0]
+    load = _LOAD[op]
+    if load is None:
+        raise Malformed(DropReason.BAD_OPCODE, f"opcode {op:#04x}")
+    hlen = _HLEN[op]
+    end = n - ICRC_LEN
+    if end < hlen:
+        raise Malformed(DropReason.BAD_LENGTH, f"{n} bytes for {Opcode(op).name}")
+    p = Packet.__new__(Packet)
+    _INIT[op](p)  # type: ignore[misc]
+    load(buf, 0, p)
+    if p.tver:
+        raise Malformed(DropReason.BAD_TVER, f"version {p.tver}")
+    plen = end - hlen - p.pad
+    if plen < 0:
+        raise Malformed(DropReason.BAD_PAD, f"pad {p.pad} with {end - hlen} bytes")
+    if plen and not _FLAGS[op] & pk.PAYLOAD:
+        raise Malformed(DropReason.BAD_LENGTH, f"{plen} payload bytes on {Opcode(op).name}")
+    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
+    p.payload = mv[hlen : hlen + plen]
+    return p
+
+
+def encode_headers(p: Packet) -> bytearray:
+    """BTH and extension headers of ``p``; sets ``p.pad`` from the payload."""
+    op = p.opcode
+    store = _STORE[op] if 0 <= op < 256 else None
+    if store is None:
+        raise ValueError(f"opcode {op:#x} is not implemented")
+    p.pad = -len(p.payload) & 3
+    hdr = bytearray(_HLEN[op])
+    store(p, hdr, 0)
+    return hdr
+
+
+def encode(p: Packet, prefix: int) -> tuple[bytes, Buffer, bytes]:
+    """The UDP payload of ``p`` as (headers, payload, pad + ICRC), ready for ``sendmsg``.
+
+    ``prefix`` is :func:`icrc_prefix_ipv4`/``_ipv6`` of the datagram's IP/UDP headers.
+    """
+    hdr = encode_headers(p)
+    trailer = bytes(p.pad)
+    crc = _crc_headers(hdr, prefix)
+    if p.payload:
+        crc = zlib.crc32(p.payload, crc)
+    if trailer:
+        crc = zlib.crc32(trailer, crc)
+    return bytes(hdr), p.payload, trailer + crc.to_bytes(4, "little")
+
+
+def encode_bytes(p: Packet, prefix: int) -> bytes:
+    """:func:`encode` joined into one ``bytes``."""
+    h, pl, t = encode(p, prefix)
+    return b"".join((h, pl, t))
+
+
+def dump(buf: Buffer) -> str:
+    """A RoCEv2 UDP payload as Wireshark-like text (one block per header)."""
+    op = buf[0] if len(buf) else -1
+    fmt = FORMATS[op] if 0 <= op < 256 else None
+    if fmt is None:
+        return f"<{len(buf)} bytes, opcode {op:#x} unknown>"
+    out = []
+    off = 0
+    for t in fmt.headers:
+        out.append(t.dump(buf, off))
+        off += t.size
+    rest = len(buf) - off - ICRC_LEN
+    pad = buf[1] >> 4 & 3
+    out.append(f"Payload: {max(rest - pad, 0)} bytes, pad {pad}")
+    if rest >= 0:
+        out.append(f"ICRC: {bytes(buf[-4:]).hex()}")
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------- ICRC
+
+# CRC-32 register after the 8 masked (all ones) LRH bytes RoCEv2 stands in for.
+_LRH_ONES: Final = b"\xff" * 8
+ICRC_SEED: Final = zlib.crc32(_LRH_ONES)
+_IPV4_MASKED: Final = struct.Struct(">BBHHHBBH4s4sHHHH")
+_IPV6_MASKED: Final = struct.Struct(">IHBB16s16sHHHH")
+
+
+def icrc_prefix_ipv4(
+    src: bytes, dst: bytes, udp_payload_len: int, sport: int,
+    *, ident: int = 0, frag: int = 0x4000, dport: int = ROCE_V2_PORT,
+) -> int:  # fmt: skip
+    """CRC register after the masked IPv4 and UDP headers of a RoCEv2 datagram.
+
+    Masked (all ones): TOS, TTL, IP checksum, UDP checksum; covered as sent:
+    total length, ID, flags/fragment offset (``frag``, DF by default),
+    protocol, addresses, UDP ports and length.  A UDP socket cannot see the IP
+    ID of what it receives; an unconnected socket sending with DF set sends ID 0.
+    """
+    udp_len = 8 + udp_payload_len
+    hdr = _IPV4_MASKED.pack(
+        0x45, 0xFF, 20 + udp_len, ident, frag, 0xFF, 17, 0xFFFF, src, dst,
+        sport, dport, udp_len, 0xFFFF,
+    )  # fmt: skip
+    return zlib.crc32(hdr, ICRC_SEED)
+
+
+def icrc_prefix_ipv6(
+    src: bytes, dst: bytes, udp_payload_len: int, sport: int,
+    *, dport: int = ROCE_V2_PORT,
+) -> int:  # fmt: skip
+    """CRC register after the masked IPv6 and UDP headers (traffic class, flow
+    label, hop limit and UDP checksum masked)."""
+    udp_len = 8 + udp_payload_len
+    hdr = _IPV6_MASKED.pack(
+        0x6FFFFFFF, udp_len, 17, 0xFF, src, dst, sport, dport, udp_len, 0xFFFF
+    )
+    return zlib.crc32(hdr, ICRC_SEED)
+
+
+def icrc_prefix(ip_udp: Buffer) -> int:
+    """The CRC register after the masked headers of a received IPv4 or IPv6 + UDP header."""
+    if len(ip_udp) >= 28 and ip_udp[0] == 0x45:
+        h = bytearray(ip_udp[:28])
+        h[1] = 0xFF
+        h[8] = 0xFF
+        h[10:12] = b"\xff\xff"
+        h[26:28] = b"\xff\xff"
+        return zlib.crc32(h, ICRC_SEED)
+    if len(ip_udp) >= 48 and ip_udp[0] >> 4 == 6:
+        h = bytearray(ip_udp[:48])
+        h[0:4] = b"\x6f\xff\xff\xff"
+        h[7] = 0xFF
+        h[46:48] = b"\xff\xff"
+        return zlib.crc32(h, ICRC_SEED)
+    raise Malformed(DropReason.SHORT, "not an option-less IPv4 or IPv6 header + UDP")
+
+
+def _crc_headers(hdr: Buffer, prefix: int) -> int:
+    # BTH byte 4 (FECN, BECN, resv6) is masked to all ones.
+    crc = zlib.crc32(hdr[:4], prefix)
+    crc = zlib.crc32(b"\xff", crc)
+    return zlib.crc32(hdr[5:], crc)
+
+
+def icrc(udp_payload: Buffer, prefix: int) -> int:
+    """The ICRC of a UDP payload (BTH ... pad), excluding its last 4 bytes."""
+    mv = udp_payload if isinstance(udp_payload, memoryview) else memoryview(udp_payload)
+    return zlib.crc32(mv[5:-ICRC_LEN], _crc_headers(mv[:5], prefix))
+
+
+def icrc_ok(udp_payload: Buffer, prefix: int) -> bool:
+    """Whether the last 4 bytes of ``udp_payload`` are its ICRC (little-endian)."""
+    if len(udp_payload) < pk.BTH_LEN + ICRC_LEN:
+        return False
+    got = int.from_bytes(udp_payload[-ICRC_LEN:], "little")
+    return icrc(udp_payload, prefix) == got
+
+
+def check_icrc(udp_payload: Buffer, prefix: int) -> None:
+    """Raise :class:`Malformed` ``BAD_ICRC`` unless the ICRC matches."""
+    if not icrc_ok(udp_payload, prefix):
+        raise Malformed(DropReason.BAD_ICRC, "ICRC mismatch")
+
+
+# ----------------------------------------------------------------- UDP source port
+
+
+def hash_32(value: int, bits: int) -> int:
+    """Linux ``hash_32``: golden-ratio multiplicative hash to ``bits`` bits."""
+    return ((value * 0x61C88647) & 0xFFFFFFFF) >> (32 - bits)
+
+
+def qp_udp_sport(qpn: int) -> int:
+    """Source port a QP gets at creation (UD, GSI; RC/UC until an AV with GRH)."""
+    return 0xC000 + (hash_32(qpn, 14) & 0x3FFF)
+
+
+def flow_label(lqpn: int, rqpn: int) -> int:
+    """``rdma_calc_flow_label``: symmetric in the two QPNs."""
+    v = (lqpn * rqpn) & 0xFFFFFFFFFFFFFFFF
+    v ^= v >> 20
+    v ^= v >> 40
+    return v & 0xFFFFF
+
+
+def flow_label_to_sport(fl: int) -> int:
+    """``rdma_flow_label_to_udp_sport``."""
+    return 0xC000 | ((fl & 0x3FFF) ^ ((fl & 0xFC000) >> 14))
+
+
+def connected_udp_sport(fl: int, lqpn: int, rqpn: int) -> int:
+    """RC/UC source port after ``modify_qp`` with a GRH (``rdma_get_udp_sport``)."""
+    if fl == 0:
+        fl = flow_label(lqpn, rqpn)
+    return flow_label_to_sport(fl)
+
+
+# ----------------------------------------------------------------- encapsulation
+
+ETHERNET: Final = Table("Ethernet", [
+    F("dst", 48, kind=Kind.MAC, title="Destination"),
+    F("src", 48, kind=Kind.MAC, title="Source"),
+    F("ethertype", 16, hex=True, title="Type"),
+])  # fmt: skip
+IPV4: Final = Table("IPv4", [
+    F("version", 4, default=4), F("ihl", 4, default=5),
+    F("tos", 8, hex=True, title="Differentiated Services"),
+    F("total_length", 16, title="Total Length"),
+    F("ident", 16, hex=True, title="Identification"),
+    F("flags", 3, hex=True, title="Flags", default=2), F("frag_offset", 13),
+    F("ttl", 8, title="Time to Live", default=64),
+    F("protocol", 8, title="Protocol", default=17),
+    F("checksum", 16, hex=True, title="Header Checksum"),
+    F("src", 32, kind=Kind.IPV4, title="Source Address"),
+    F("dst", 32, kind=Kind.IPV4, title="Destination Address"),
+])  # fmt: skip
+IPV6: Final = Table("IPv6", [
+    F("version", 4, default=6), F("tclass", 8, hex=True), F("flow", 20, hex=True),
+    F("payload_length", 16), F("next_header", 8, default=17),
+    F("hop_limit", 8, default=64),
+    F("src", 128, kind=Kind.IPV6), F("dst", 128, kind=Kind.IPV6),
+])  # fmt: skip
+UDP: Final = Table("UDP", [
+    F("sport", 16, title="Source Port"),
+    F("dport", 16, title="Destination Port", default=ROCE_V2_PORT),
+    F("length", 16, title="Length"),
+    F("checksum", 16, hex=True, title="Checksum"),
+])  # fmt: skip
+
+
+def ip_checksum(hdr: Buffer) -> int:
+    """The Internet checksum (RFC 1071) of a header whose checksum field is zero."""
+    n = len(hdr)
+    words: tuple[int, ...] = struct.unpack(f">{n // 2}H", bytes(hdr[: n - n % 2]))
+    s = sum(words) + (hdr[-1] << 8 if n % 2 else 0)
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
+def ip_bytes(addr: str | bytes) -> bytes:
+    """4 or 16 raw bytes from an address string, or raw bytes passed through."""
+    if isinstance(addr, bytes):
+        if len(addr) not in (4, 16):
+            raise ValueError(f"address of {len(addr)} bytes")
+        return addr
+    return ipaddress.ip_address(addr).packed
+
+
+def ip_udp_headers(
+    src: bytes, dst: bytes, sport: int, udp_payload_len: int,
+    *, ttl: int = 64, tos: int = 0, ident: int = 0, flow: int = 0,
+    dport: int = ROCE_V2_PORT,
+) -> bytes:  # fmt: skip
+    """IPv4 (DF, real checksum) or IPv6 header plus UDP header (checksum 0, as rxe sends)."""
+    udp_len = 8 + udp_payload_len
+    udp = UDP.pack(sport, dport, udp_len, 0)
+    if len(src) == 4:
+        ip = bytearray(
+            IPV4.pack(4, 5, tos, 20 + udp_len, ident, 2, 0, ttl, 17, 0, src, dst)
+        )
+        ip[10:12] = ip_checksum(ip).to_bytes(2, "big")
+        return bytes(ip) + udp
+    return IPV6.pack(6, tos, flow, udp_len, 17, ttl, src, dst) + udp
+
+
+def ethernet_frame(
+    ip_udp: bytes, udp_payload: Buffer, *, src_mac: bytes = b"\x02\0\0\0\0\x01",
+    dst_mac: bytes = b"\x02\0\0\0\0\x02",
+) -> bytes:  # fmt: skip
+    """An Ethernet II frame around IP/UDP headers and the RoCEv2 payload."""
+    etype = 0x0800 if ip_udp[0] >> 4 == 4 else 0x86DD
+    return ETHERNET.pack(dst_mac, src_mac, etype) + ip_udp + bytes(udp_payload)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A RoCEv2 frame split into its layers (from a capture or a raw socket)."""
+
+    ip_udp: bytes  # IP header + UDP header
+    udp_payload: memoryview
+    src: bytes
+    dst: bytes
+    sport: int
+    dport: int
+
+
+def split_ip(data: Buffer) -> Frame | None:
+    """IP datagram -> layers, or ``None`` if it is not UDP to or from port 4791."""
+    mv = data if isinstance(data, memoryview) else memoryview(data)
+    if len(mv) >= 28 and mv[0] >> 4 == 4:
+        ihl = (mv[0] & 0xF) * 4
+        if mv[9] != 17 or ihl != 20:
+            return None
+        src, dst, hdr_len = bytes(mv[12:16]), bytes(mv[16:20]), 20
+        total = int.from_bytes(mv[2:4], "big")
+        mv = mv[:total]
+    elif len(mv) >= 48 and mv[0] >> 4 == 6:
+        if mv[6] != 17:
+            return None
+        src, dst, hdr_len = bytes(mv[8:24]), bytes(mv[24:40]), 40
+    else:
+        return None
+    sport, dport, ulen = struct.unpack_from(">HHH", mv, hdr_len)
+    if dport != ROCE_V2_PORT:
+        return None
+    return Frame(
+        bytes(mv[: hdr_len + 8]), mv[hdr_len + 8 : hdr_len + ulen], src, dst, sport, dport
+    )
+
+
+def split_ethernet(frame: Buffer) -> Frame | None:
+    """Ethernet II frame -> layers, or ``None`` if it is not RoCEv2."""
+    mv = frame if isinstance(frame, memoryview) else memoryview(frame)
+    if len(mv) < 14 or bytes(mv[12:14]) not in (b"\x08\x00", b"\x86\xdd"):
+        return None
+    return split_ip(mv[14:])
+
+
+def decode_frame(f: Frame, *, check: bool = True) -> Packet:
+    """Decode a frame's payload and (by default) check its ICRC; fills the
+    record's network fields (addresses, source port, IP header)."""
+    if check:
+        check_icrc(f.udp_payload, icrc_prefix(f.ip_udp))
+    p = decode(f.udp_payload)
+    p.src_ip, p.dst_ip, p.src_port = f.src, f.dst, f.sport
+    p.net_hdr = f.ip_udp[:-8]
+    return p
+
+
+__all__: Sequence[str] = (
+    "AETH", "ATOMIC_ACK_ETH", "ATOMIC_ETH", "BTH", "DETH", "FORMATS", "ICRC_SEED",
+    "IETH", "IMMDT", "RETH", "DropReason", "Frame", "Malformed", "OpcodeFormat",
+    "check_icrc", "connected_udp_sport", "decode", "decode_frame", "dump", "encode",
+    "encode_bytes", "encode_headers", "ethernet_frame", "flow_label",
+    "flow_label_to_sport", "icrc", "icrc_ok", "icrc_prefix", "icrc_prefix_ipv4",
+    "icrc_prefix_ipv6", "ip_bytes", "ip_checksum", "ip_udp_headers", "qp_udp_sport",
+    "split_ethernet", "split_ip",
+)  # fmt: skip

@@ -1,0 +1,1 @@
+"""Wire formats shared by providers and subsystems: field tables and packet capture."""
