@@ -133,6 +133,15 @@ _ITEM = {1: "B", 2: "H", 4: "I", 8: "Q"}
 _SPLIT = {3: (1, 2), 5: (1, 4), 6: (2, 4), 7: (1, 2, 4)}
 
 
+def _split(size: int) -> tuple[int, ...]:
+    """Struct item sizes that read a ``size``-byte word (odd words: several items)."""
+    if size in _ITEM:
+        return (size,)
+    if size in _SPLIT:
+        return _SPLIT[size]
+    return (8, *_split(size - 8))
+
+
 class Table:
     """A compiled field table for one header or attribute."""
 
@@ -184,7 +193,7 @@ class Table:
                 exprs.append(f"_{n_items}")
                 n_items += 1
                 continue
-            parts = _SPLIT.get(c.size, (c.size,))
+            parts = _split(c.size)
             sub = []
             rest = c.size * 8
             for p in parts:
@@ -254,11 +263,11 @@ class Table:
         item_exprs: list[str] = []
         for ci, c in enumerate(containers):
             val = " | ".join(per[ci]) or ("b''" if c.is_bytes else "0")
-            if c.is_bytes or c.size not in _SPLIT:
+            if c.is_bytes or c.size in _ITEM:
                 item_exprs.append(val)
                 continue
             rest = c.size * 8
-            for p_ in _SPLIT[c.size]:
+            for p_ in _split(c.size):
                 rest -= p_ * 8
                 item_exprs.append(f"((({val}) >> {rest}) & {(1 << p_ * 8) - 1:#x})")
         body = ", ".join(item_exprs)
@@ -417,7 +426,9 @@ def format_value(f: Field, v: Value) -> str:
     """One value as a person reads it: enum names, dotted IPs, hex where asked."""
     if isinstance(v, bytes):
         if f.kind in (Kind.GID, Kind.IPV6):
-            return str(ipaddress.IPv6Address(v))
+            a6 = ipaddress.IPv6Address(v)
+            # RoCE GIDs are mostly IPv4-mapped: print them as tools do
+            return f"::ffff:{a6.ipv4_mapped}" if a6.ipv4_mapped else str(a6)
         if f.kind is Kind.IPV4:
             return str(ipaddress.IPv4Address(v))
         if f.kind is Kind.MAC:
@@ -441,7 +452,8 @@ def _containers(placed: Sequence[tuple[Field, int]]) -> list[_Container]:
     Integer fields are packed greedily into words of up to 32 bits (64 when a
     word would otherwise end on an odd size, or a field needs it), so a BTH is
     three 32-bit words; bits of a word no field claims are sent as zero.  A
-    word never ends inside a byte another field uses.  Byte-string fields are
+    word never ends inside a byte another field uses, so a chain of unaligned
+    fields makes one longer word (read as several items, combined as a Python int).  Byte-string fields are
     items of their own; bytes no field covers become struct pad bytes.
     """
     out: list[_Container] = []
@@ -465,8 +477,6 @@ def _containers(placed: Sequence[tuple[Field, int]]) -> list[_Container]:
             span = off + f.bits - start
             size = (last_end + 7) // 8 - start // 8
             if off < (last_end + 7) // 8 * 8:  # shares a byte with the open word
-                if span > 64:
-                    raise ValueError(f"{f.name}: straddles more than a 64-bit word")
                 cur.append((f, off))
                 continue
             if span <= 32 or (size not in _ITEM and span <= 64):
