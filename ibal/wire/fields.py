@@ -453,8 +453,9 @@ def _containers(placed: Sequence[tuple[Field, int]]) -> list[_Container]:
     word would otherwise end on an odd size, or a field needs it), so a BTH is
     three 32-bit words; bits of a word no field claims are sent as zero.  A
     word never ends inside a byte another field uses, so a chain of unaligned
-    fields makes one longer word (read as several items, combined as a Python int).  Byte-string fields are
-    items of their own; bytes no field covers become struct pad bytes.
+    fields makes one longer word (read as several items, combined as a Python
+    int).  Byte-string fields are items of their own; bytes no field covers
+    become struct pad bytes.
     """
     out: list[_Container] = []
     cur: list[tuple[Field, int]] = []

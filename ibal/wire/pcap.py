@@ -3,9 +3,10 @@
 Classic libpcap format (microsecond timestamps, host byte order, as tcpdump
 writes it).  One file holds one link type: RoCEv2 providers write Ethernet
 frames (``LINKTYPE_ETHERNET``), the mock fabric InfiniBand packets starting at
-the LRH (``LINKTYPE_INFINIBAND``).  :func:`capture_for` hands every user in the
-process the same writer per file and link type, so two devices capturing to
-one file interleave their packets in time order.
+the LRH (``LINKTYPE_INFINIBAND``, see there why it is DLT_USER0).
+:func:`capture_for` hands every user in the process the same writer per file
+and link type, so two devices capturing to one file interleave their packets
+in time order.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from pathlib import Path
 from typing import BinaryIO, Final
 
 LINKTYPE_ETHERNET: Final = 1
-LINKTYPE_INFINIBAND: Final = 247
+LINKTYPE_INFINIBAND_REGISTERED: Final = 247
+"""tcpdump.org's LINKTYPE_INFINIBAND; Wireshark 4.0 cannot open such files."""
+LINKTYPE_USER0: Final = 147
+LINKTYPE_INFINIBAND: Final = LINKTYPE_USER0
+"""What IB captures use: DLT_USER0, which Wireshark maps to its InfiniBand
+dissector with the preference in :data:`WIRESHARK_IB_PREF`."""
+WIRESHARK_IB_PREF: Final = 'uat:user_dlts:"User 0 (DLT=147)","infiniband","0","","0",""'
 
 _MAGIC: Final = 0xA1B2C3D4
 _MAGIC_NS: Final = 0xA1B23C4D

@@ -246,6 +246,8 @@ class Engine:
         self._closed = False
         self.latency = 0.0
         self.callback_errors: list[BaseException] = []
+        # IBAL_CAPTURE / the "capture" option: called with every transmitted packet
+        self.capture: Callable[[Packet], None] | None = None
 
     # ================================================================== clock
     @property
@@ -726,6 +728,8 @@ class Engine:
     def _transmit(self, pkt: Packet) -> None:
         self.counters.sent += 1
         pkt.topo = self._topo_gen
+        if self.capture is not None:
+            self.capture(pkt)
         if self._packet_faults:
             for p, delay in self.faults.on_packet(pkt, self.rng):
                 delay += self.latency

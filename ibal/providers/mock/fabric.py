@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ibal.providers.mock.ca import MOCK_OUI, CaLimits, MockCa
+from ibal.providers.mock.capture import mock_capture
 from ibal.providers.mock.engine import Engine
 from ibal.providers.mock.objects import MockCq, MockQp, MockSrq
 from ibal.providers.mock.topology import (
@@ -45,6 +46,7 @@ FABRIC_OPTIONS = frozenset(
         "manual_clock",
         "limits",
         "subnet_timeout",
+        "capture",
     }
 )
 
@@ -66,8 +68,11 @@ class MockFabric(Engine):
         latency: float = 0.0,
         subnet_prefix: int = DEFAULT_SUBNET_PREFIX,
         subnet_timeout: int = 18,
+        capture: str | None = None,
     ) -> None:
         super().__init__(seed)
+        # pcap of every transmitted packet as IB frames (option, else IBAL_CAPTURE)
+        self.capture = mock_capture(capture)
         self.fabric_id = (seed if fabric_id is None else fabric_id) & 0xFFFF
         self.latency = float(latency)
         self.subnet_prefix = subnet_prefix
@@ -105,6 +110,7 @@ class MockFabric(Engine):
                 fabric_id=None if opts.get("fabric_id") is None else int(opts["fabric_id"]),
                 latency=float(opts.get("latency", 0.0)),
                 subnet_timeout=int(opts.get("subnet_timeout", 18)),
+                capture=None if opts.get("capture") is None else str(opts["capture"]),
             )
             cas = int(opts.get("cas", 2))
             ports = int(opts.get("ports", 1))

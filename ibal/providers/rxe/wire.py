@@ -27,6 +27,7 @@ from typing import Final, cast
 from ibal.providers.rxe import packet as pk
 from ibal.providers.rxe.packet import Opcode, Packet
 from ibal.wire.fields import Buffer, F, Kind, R, Table
+from ibal.wire.pcap import LINKTYPE_ETHERNET, PcapWriter, capture_for
 
 ROCE_V2_PORT: Final = pk.ROCE_V2_PORT
 
@@ -507,9 +508,45 @@ def decode_frame(f: Frame, *, check: bool = True) -> Packet:
 __all__: Sequence[str] = (
     "AETH", "ATOMIC_ACK_ETH", "ATOMIC_ETH", "BTH", "DETH", "FORMATS", "ICRC_SEED",
     "IETH", "IMMDT", "RETH", "DropReason", "Frame", "Malformed", "OpcodeFormat",
-    "check_icrc", "connected_udp_sport", "decode", "decode_frame", "dump", "encode",
-    "encode_bytes", "encode_headers", "ethernet_frame", "flow_label",
+    "capture_frame", "check_icrc", "connected_udp_sport", "decode", "decode_frame",
+    "dump", "encode", "encode_bytes", "encode_headers", "ethernet_frame", "flow_label",
     "flow_label_to_sport", "icrc", "icrc_ok", "icrc_prefix", "icrc_prefix_ipv4",
     "icrc_prefix_ipv6", "ip_bytes", "ip_checksum", "ip_udp_headers", "qp_udp_sport",
-    "split_ethernet", "split_ip",
+    "rxe_capture", "split_ethernet", "split_ip",
 )  # fmt: skip
+
+
+# ----------------------------------------------------------------- capture
+
+
+def _mac_for(ip: bytes) -> bytes:
+    # Captures have no real MACs (the socket layer never sees them): a locally
+    # administered address derived from the IP keeps conversations apart.
+    return b"\x02" + zlib.crc32(ip).to_bytes(4, "big") + b"\x01"
+
+
+def capture_frame(
+    udp_payload: Buffer, src: bytes, dst: bytes, sport: int,
+    *, dport: int = ROCE_V2_PORT, ttl: int = 64,
+) -> bytes:  # fmt: skip
+    """The Ethernet frame a capture shows for one RoCEv2 datagram.
+
+    The IP header is the one the ICRC was computed over for what ibal sends
+    (ID 0, DF); for received datagrams, whose IP ID the socket does not show,
+    it is a faithful reconstruction except for that ID.
+    """
+    ip_udp = ip_udp_headers(src, dst, sport, len(udp_payload), ttl=ttl, dport=dport)
+    if len(src) == 16:
+        # IPv6 forbids a zero UDP checksum and a kernel UDP socket sends a real
+        # one; the ICRC masks it, so it only matters to the capture's readers.
+        ulen = 8 + len(udp_payload)
+        pseudo = src + dst + struct.pack(">IxxxB", ulen, 17) + ip_udp[40:] + bytes(udp_payload)
+        ck = ip_checksum(pseudo) or 0xFFFF
+        ip_udp = ip_udp[:46] + ck.to_bytes(2, "big")
+    return ethernet_frame(ip_udp, udp_payload, src_mac=_mac_for(src), dst_mac=_mac_for(dst))
+
+
+def rxe_capture(option: str | None = None) -> PcapWriter | None:
+    """The process's RoCEv2 capture file (a device's ``capture`` option, else
+    ``IBAL_CAPTURE``), or ``None``; write :func:`capture_frame` results to it."""
+    return capture_for(LINKTYPE_ETHERNET, option)
