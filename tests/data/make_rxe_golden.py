@@ -26,12 +26,13 @@ sys.path.insert(0, str(REPO))
 
 from ibal.lab import Lab, LabSession  # noqa: E402
 from ibal.providers.rxe import wire  # noqa: E402
-from ibal.providers.rxe.packet import Opcode  # noqa: E402
+from ibal.providers.rxe.packet import HDR_LEN, ICRC_LEN, Opcode, Packet  # noqa: E402
 from ibal.wire.pcap import LINKTYPE_ETHERNET, PcapWriter  # noqa: E402
 
-OUT = HERE / "rxe-golden" / "kernel-rxe-requests.pcap"
+OUT = HERE / "rxe-golden" / "kernel-rxe-requests.pcap"  # and ...-responses.pcap
 FAKE_QPN = 0x000ABC
 ETH_P_ALL = 0x0003
+IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2
 
 # What the guest script makes kernel rxe send (responses need a requester on
 # the host side, which the ibal rxe provider will be).
@@ -84,6 +85,104 @@ def capture(session: LabSession, timeout: float = 240.0) -> dict[Opcode, tuple[f
     return found
 
 
+HOST_QPN = 0x000DEF
+RQ_PSN = 0x000100
+RESPONSES: tuple[Opcode, ...] = (
+    Opcode.RC_RDMA_READ_RESPONSE_FIRST, Opcode.RC_RDMA_READ_RESPONSE_MIDDLE,
+    Opcode.RC_RDMA_READ_RESPONSE_LAST, Opcode.RC_RDMA_READ_RESPONSE_ONLY,
+    Opcode.RC_ACKNOWLEDGE, Opcode.RC_ATOMIC_ACKNOWLEDGE,
+)  # fmt: skip
+SEND_DATA = bytes(range(0x40, 0x50))
+WRITE_DATA = bytes(range(0x80, 0x90))
+
+
+def host_requests(qpn: int, rkey: int, addr: int) -> list[Packet]:
+    """What the host sends the guest's responder QP, PSN by PSN."""
+    psn = RQ_PSN
+    reqs = []
+
+    def req(op: Opcode, payload: bytes = b"") -> Packet:
+        nonlocal psn
+        p = Packet(op, qpn, psn, payload, ack_req=True)
+        reqs.append(p)
+        return p
+
+    req(Opcode.RC_SEND_ONLY, SEND_DATA)
+    psn += 1
+    w = req(Opcode.RC_RDMA_WRITE_ONLY, WRITE_DATA)
+    w.va, w.rkey, w.dma_len = addr + 2048, rkey, len(WRITE_DATA)
+    psn += 1
+    r = req(Opcode.RC_RDMA_READ_REQUEST)
+    r.va, r.rkey, r.dma_len = addr, rkey, 600  # 3 responses at MTU 256
+    psn += 3
+    r = req(Opcode.RC_RDMA_READ_REQUEST)
+    r.va, r.rkey, r.dma_len = addr + 256, rkey, 16
+    psn += 1
+    a = req(Opcode.RC_FETCH_ADD)
+    a.va, a.rkey, a.swap_add = addr + 1024, rkey, 0x0101010101010101
+    return reqs
+
+
+def capture_responses(
+    session: LabSession, timeout: float = 120.0
+) -> tuple[dict[Opcode, tuple[float, bytes]], list[bytes], str]:
+    """Requests from ibal's encoder to a kernel-rxe RC QP; its responses, our frames as
+    they left (IP ID and all), and what the guest saw land in its memory."""
+    cfg = session.net_config
+    assert cfg is not None
+    info = session.host_dir / "responder.txt"
+    guest = session.guest_start(
+        ["/usr/bin/python3", str(HERE / "rxe_golden_responder.py"), cfg.host_ip,
+         hex(HOST_QPN), hex(RQ_PSN), session.guest_path(info)],
+        timeout=timeout,
+    )  # fmt: skip
+    with session.in_netns():
+        raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        raw.bind((cfg.tap, 0))
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)  # DF, so IP ID 0
+    raw.settimeout(1.0)
+    found: dict[Opcode, tuple[float, bytes]] = {}
+    ours: list[bytes] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while not info.exists():
+            if guest.done() or time.monotonic() > deadline:
+                r = guest.wait()
+                raise RuntimeError(f"responder did not start: {r.stdout_text}{r.stderr_text}")
+            time.sleep(0.2)
+        qpn, rkey, addr = (int(x) for x in info.read_text().split())
+        src, dst = socket.inet_aton(cfg.host_ip), socket.inet_aton(cfg.guest_ip)
+        with session.in_netns():  # the source port kernel rxe would pick for this pair
+            udp.bind((cfg.host_ip, wire.connected_udp_sport(0, HOST_QPN, qpn)))
+        for p in host_requests(qpn, rkey, addr):
+            n = HDR_LEN[p.opcode] + len(p.payload) + (-len(p.payload) & 3) + ICRC_LEN
+            prefix = wire.icrc_prefix_ipv4(src, dst, n, udp.getsockname()[1])
+            udp.sendto(wire.encode_bytes(p, prefix), (cfg.guest_ip, wire.ROCE_V2_PORT))
+        while len(found) < len(RESPONSES) and time.monotonic() < deadline:
+            try:
+                frame = raw.recv(65535)
+            except TimeoutError:
+                continue
+            f = wire.split_ethernet(frame)
+            if f is None or not f.udp_payload:
+                continue
+            if f.src == src:
+                ours.append(frame)
+                continue
+            op = Opcode(f.udp_payload[0])
+            if op in RESPONSES and op not in found:
+                found[op] = (time.time(), frame)
+        (session.host_dir / "responder.txt.go").write_text("check")
+        result = guest.wait()
+    finally:
+        raw.close()
+        udp.close()
+        if not guest.done():
+            guest.kill()
+    return found, ours, result.stdout_text + result.stderr_text
+
+
 def write(found: dict[Opcode, tuple[float, bytes]], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with PcapWriter(out, LINKTYPE_ETHERNET) as w:
@@ -96,8 +195,12 @@ def main(argv: list[str]) -> int:
     out = Path(argv[1]) if len(argv) > 1 else OUT
     with Lab().session(net=True) as s:
         found = capture(s)
+        responses, _, guest_said = capture_responses(s)
     write(found, out)
     print(f"{len(found)} frames -> {out}")
+    rout = out.with_name(out.name.replace("requests", "responses"))
+    write(responses, rout)
+    print(f"{len(responses)} frames -> {rout}; guest: {guest_said.strip()}")
     return 0
 
 

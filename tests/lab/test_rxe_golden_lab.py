@@ -1,4 +1,4 @@
-"""The golden-frame capture still works: kernel rxe in the lab sends every request opcode."""
+"""Golden frames from kernel rxe in the lab, and kernel rxe accepting ibal-encoded requests."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.lab
 _SCRIPT = Path(__file__).resolve().parents[1] / "data" / "make_rxe_golden.py"
 
 
-def test_kernel_rxe_sends_every_request_opcode_with_a_valid_icrc(
+def test_kernel_rxe_golden_frames_and_ibal_encoded_requests(
     ibal_lab_net: LabSession, tmp_path: Path
 ) -> None:
     lab_requires("pyverbs")
@@ -34,3 +34,19 @@ def test_kernel_rxe_sends_every_request_opcode_with_a_valid_icrc(
     out = tmp_path / "golden.pcap"
     golden.write(found, out)
     assert out.stat().st_size > 24
+
+    # The other way: requests from ibal's encoder, which kernel rxe drops silently
+    # if their ICRC is wrong; it answers each and the bytes land.
+    responses, ours, guest_said = golden.capture_responses(ibal_lab_net)
+    assert set(responses) == set(golden.RESPONSES), guest_said
+    for frame in ours:  # what left the host: DF with IP ID 0, as the ICRC assumed
+        f = wire.split_ethernet(frame)
+        assert f is not None and f.ip_udp[4:8] == bytes.fromhex("00004000")
+        wire.decode_frame(f)
+    lines = dict(line.split(" ", 1) for line in guest_said.splitlines() if " " in line)
+    assert lines["wc"] == "[(1, 0, 16)]"  # the SEND completed, 16 bytes
+    assert bytes.fromhex(lines["send"]) == golden.SEND_DATA
+    assert bytes.fromhex(lines["write"]) == golden.WRITE_DATA
+    before = bytes((i * 7 + 3) & 0xFF for i in range(1024, 1032))
+    after = int.from_bytes(before, "little") + 0x0101010101010101
+    assert bytes.fromhex(lines["atomic"]) == after.to_bytes(8, "little")

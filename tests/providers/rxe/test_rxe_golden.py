@@ -16,36 +16,42 @@ from ibal.providers.rxe.packet import GSI_QKEY, Opcode
 from ibal.wire.pcap import LINKTYPE_ETHERNET, read_pcap
 from ibal.wire.tshark import tshark_decode, tshark_path
 
-GOLDEN = Path(__file__).resolve().parents[2] / "data" / "rxe-golden" / "kernel-rxe-requests.pcap"
-REQUESTS = {op for op in Opcode if op.name.startswith(("RC_", "UC_", "UD_"))} - {
+DATA = Path(__file__).resolve().parents[2] / "data" / "rxe-golden"
+GOLDEN = DATA / "kernel-rxe-requests.pcap"
+RESPONSES_PCAP = DATA / "kernel-rxe-responses.pcap"
+RESPONSES = {
     Opcode.RC_RDMA_READ_RESPONSE_FIRST, Opcode.RC_RDMA_READ_RESPONSE_MIDDLE,
     Opcode.RC_RDMA_READ_RESPONSE_LAST, Opcode.RC_RDMA_READ_RESPONSE_ONLY,
     Opcode.RC_ACKNOWLEDGE, Opcode.RC_ATOMIC_ACKNOWLEDGE,
 }  # fmt: skip
+REQUESTS = {op for op in Opcode if op.name.startswith(("RC_", "UC_", "UD_"))} - RESPONSES
 FAKE_QPN = 0x000ABC  # the QP the guest addressed (make_rxe_golden.py)
 SQ_PSN = 0x00FFF0
 
 
-def frames() -> list[wire.Frame]:
-    linktype, records = read_pcap(GOLDEN)
+def frames(path: Path = GOLDEN) -> list[wire.Frame]:
+    linktype, records = read_pcap(path)
     assert linktype == LINKTYPE_ETHERNET
     out = [wire.split_ethernet(r.data) for r in records]
     assert all(f is not None for f in out)
     return [f for f in out if f is not None]
 
 
-def test_one_golden_frame_per_request_opcode() -> None:
+def test_one_golden_frame_per_opcode() -> None:
     ops = [f.udp_payload[0] for f in frames()]
     assert sorted(ops) == ops and set(ops) == {int(o) for o in REQUESTS}
+    ops = [f.udp_payload[0] for f in frames(RESPONSES_PCAP)]
+    assert sorted(ops) == ops and set(ops) == {int(o) for o in RESPONSES}
 
 
 def test_golden_frames_decode_check_their_icrc_and_reencode_exactly() -> None:
-    for f in frames():
-        assert f.ip_udp[6] & 0x40 and f.ip_udp[4:6] != b"\0\0"  # DF and a kernel IP ID
+    for f in frames() + frames(RESPONSES_PCAP):
         prefix = wire.icrc_prefix(f.ip_udp)
         assert wire.icrc_ok(f.udp_payload, prefix)
+        assert wire.encode_bytes(wire.decode_frame(f), prefix) == bytes(f.udp_payload)
+    for f in frames():
+        assert f.ip_udp[6] & 0x40 and f.ip_udp[4:6] != b"\0\0"  # DF and a kernel IP ID
         p = wire.decode_frame(f)
-        assert wire.encode_bytes(p, prefix) == bytes(f.udp_payload)
         assert (p.dest_qpn, p.pkey, p.tver, p.migreq) == (FAKE_QPN, 0xFFFF, 0, False)
         # kernel rxe's source ports follow roce-wire.md 2.6 (a fresh boot's QPNs 0x11..0x13)
         lqpn = {"RC": 0x11, "UC": 0x12}.get(Opcode(p.opcode).name[:2])
@@ -77,9 +83,32 @@ def test_golden_field_values() -> None:
     assert ud.qkey != GSI_QKEY
 
 
+def test_golden_responses() -> None:
+    """Kernel rxe's answers to requests ibal encoded (make_rxe_golden.py: READ of 600
+    bytes at PSN 0x102 at MTU 256, READ of 16 at 0x105, FETCH_ADD at 0x106)."""
+    got = {Opcode(f.udp_payload[0]): wire.decode_frame(f) for f in frames(RESPONSES_PCAP)}
+    psns = {op.name: (p.psn, p.syndrome, p.msn, len(p.payload)) for op, p in got.items()}
+    assert psns == {
+        "RC_ACKNOWLEDGE": (0x100, 0x1F, 1, 0),  # the SEND's ACK (the WRITE's was later)
+        "RC_RDMA_READ_RESPONSE_FIRST": (0x102, 0x1F, 3, 256),
+        "RC_RDMA_READ_RESPONSE_MIDDLE": (0x103, 0, 0, 256),  # no AETH
+        "RC_RDMA_READ_RESPONSE_LAST": (0x104, 0x1F, 3, 88),
+        "RC_RDMA_READ_RESPONSE_ONLY": (0x105, 0x1F, 4, 16),
+        "RC_ATOMIC_ACKNOWLEDGE": (0x106, 0x1F, 5, 0),
+    }
+    # the responder's memory held (i * 7 + 3) & 0xFF at offset i
+    pattern = bytes((i * 7 + 3) & 0xFF for i in range(1100))
+    read = got[Opcode.RC_RDMA_READ_RESPONSE_FIRST]
+    assert bytes(read.payload) == pattern[:256]
+    assert bytes(got[Opcode.RC_RDMA_READ_RESPONSE_ONLY].payload) == pattern[256:272]
+    assert got[Opcode.RC_ATOMIC_ACKNOWLEDGE].orig == int.from_bytes(pattern[1024:1032], "little")
+    assert {p.dest_qpn for p in got.values()} == {0x000DEF}
+
+
 def test_golden_frames_decode_clean_in_tshark() -> None:
     if tshark_path() is None:
         pytest.skip("tshark not installed (Debian package tshark)")
-    seen = tshark_decode(GOLDEN)
-    assert [s.opcode for s in seen] == [f.udp_payload[0] for f in frames()]
-    assert [s for s in seen if not s.clean] == []
+    for path in (GOLDEN, RESPONSES_PCAP):
+        seen = tshark_decode(path)
+        assert [s.opcode for s in seen] == [f.udp_payload[0] for f in frames(path)]
+        assert [s for s in seen if not s.clean] == []
