@@ -220,7 +220,10 @@ def encode(p: Packet, prefix: int) -> tuple[bytes, Buffer, bytes]:
     """
     hdr = encode_headers(p)
     trailer = bytes(p.pad)
-    crc = _crc_headers(hdr, prefix)
+    b4 = hdr[4]
+    hdr[4] = 0xFF  # BTH byte 4 (FECN, BECN, resv6) counts as all ones
+    crc = zlib.crc32(hdr, prefix)
+    hdr[4] = b4
     if p.payload:
         crc = zlib.crc32(p.payload, crc)
     if trailer:
@@ -312,17 +315,12 @@ def icrc_prefix(ip_udp: Buffer) -> int:
     raise Malformed(DropReason.SHORT, "not an option-less IPv4 or IPv6 header + UDP")
 
 
-def _crc_headers(hdr: Buffer, prefix: int) -> int:
-    # BTH byte 4 (FECN, BECN, resv6) is masked to all ones.
-    crc = zlib.crc32(hdr[:4], prefix)
-    crc = zlib.crc32(b"\xff", crc)
-    return zlib.crc32(hdr[5:], crc)
-
-
 def icrc(udp_payload: Buffer, prefix: int) -> int:
     """The ICRC of a UDP payload (BTH ... pad), excluding its last 4 bytes."""
     mv = udp_payload if isinstance(udp_payload, memoryview) else memoryview(udp_payload)
-    return zlib.crc32(mv[5:-ICRC_LEN], _crc_headers(mv[:5], prefix))
+    bth = bytearray(mv[: pk.BTH_LEN])
+    bth[4] = 0xFF
+    return zlib.crc32(mv[pk.BTH_LEN : -ICRC_LEN], zlib.crc32(bth, prefix))
 
 
 def icrc_ok(udp_payload: Buffer, prefix: int) -> bool:
