@@ -20,30 +20,31 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-Buffer = bytes | bytearray | memoryview
-Value = int | bytes  # bool is an int
+from ibal.wire.layout import (
+    BYTE_KINDS,
+    Buffer,
+    Field,
+    Kind,
+    Placed,
+    Value,
+    compile_layout,
+)
 
-
-class Kind(enum.Enum):
-    """How a field's value is represented and printed."""
-
-    UINT = "uint"
-    BOOL = "bool"  # one bit, decoded as bool
-    ENUM = "enum"
-    FLAGS = "flags"
-    BYTES = "bytes"
-    GID = "gid"  # 16 bytes, printed as an IPv6 address
-    IPV4 = "ipv4"  # 4 bytes, dotted quad
-    IPV6 = "ipv6"  # 16 bytes
-    MAC = "mac"  # 6 bytes
-
-
-_BYTE_KINDS = {Kind.BYTES: None, Kind.GID: 128, Kind.IPV4: 32, Kind.IPV6: 128, Kind.MAC: 48}
+__all__ = [
+    "Buffer",
+    "F",
+    "Field",
+    "FieldError",
+    "Kind",
+    "Placed",
+    "R",
+    "Table",
+    "Value",
+    "format_value",
+]
 
 
 class FieldError(ValueError):
@@ -58,21 +59,6 @@ class FieldError(ValueError):
         super().__init__(message)
         self.reason = reason
         self.field = field
-
-
-@dataclass(frozen=True)
-class Field:
-    """One row of a table.  ``offset`` is in bits; ``None`` follows the previous field."""
-
-    name: str
-    bits: int
-    kind: Kind = Kind.UINT
-    enum: type[enum.IntEnum] | type[enum.IntFlag] | None = None
-    reserved: bool = False
-    offset: int | None = None
-    title: str | None = None
-    hex: bool = False
-    default: Value = 0
 
 
 def F(
@@ -93,7 +79,7 @@ def F(
         else:
             kind = Kind.FLAGS if issubclass(enum, _enum_flag()) else Kind.ENUM
     if default is None:
-        default = bytes(bits // 8) if kind in _BYTE_KINDS else 0
+        default = bytes(bits // 8) if kind in BYTE_KINDS else 0
     return Field(name, bits, kind, enum, False, offset, title, hex, default)
 
 
@@ -104,42 +90,6 @@ def R(bits: int, *, name: str = "", offset: int | None = None) -> Field:
 
 def _enum_flag() -> type[enum.IntFlag]:
     return enum.IntFlag
-
-
-@dataclass(frozen=True)
-class Placed:
-    """A field with its normalised bit offset and its place in the compiled layout."""
-
-    field: Field
-    offset: int  # bits from the start of the table
-    item: int  # index of the struct item (container) that holds it
-    shift: int  # right shift inside that container
-    mask: int  # mask after the shift
-
-    @property
-    def name(self) -> str:
-        return self.field.name
-
-
-@dataclass
-class _Container:
-    start: int  # byte offset
-    size: int  # bytes
-    fields: list[tuple[Field, int]]  # (field, bit offset)
-    is_bytes: bool = False
-
-
-_ITEM = {1: "B", 2: "H", 4: "I", 8: "Q"}
-_SPLIT = {3: (1, 2), 5: (1, 4), 6: (2, 4), 7: (1, 2, 4)}
-
-
-def _split(size: int) -> tuple[int, ...]:
-    """Struct item sizes that read a ``size``-byte word (odd words: several items)."""
-    if size in _ITEM:
-        return (size,)
-    if size in _SPLIT:
-        return _SPLIT[size]
-    return (8, *_split(size - 8))
 
 
 class Table:
@@ -157,8 +107,8 @@ class Table:
                 raise ValueError(f"{name}.{f.name or n}: overlaps the previous field")
             if f.reserved and not f.name:
                 f = Field(f"resv_{off}", f.bits, f.kind, None, True, off)
-            if f.kind in _BYTE_KINDS:
-                want = _BYTE_KINDS[f.kind]
+            if f.kind in BYTE_KINDS:
+                want = BYTE_KINDS[f.kind]
                 if off % 8 or f.bits % 8 or (want is not None and f.bits != want):
                     raise ValueError(f"{name}.{f.name}: byte field must be whole, aligned bytes")
             elif f.bits > 64:
@@ -175,135 +125,20 @@ class Table:
         self.size = size
         self._build(placed)
 
-    # -- layout --------------------------------------------------------------
-
     def _build(self, placed: list[tuple[Field, int]]) -> None:
-        containers = _containers(placed)
-        fmt = [">"]
-        # For each container: the expression of its value in terms of struct items.
-        exprs: list[str] = []
-        n_items = 0
-        pos = 0
-        for c in containers:
-            if c.start > pos:
-                fmt.append(f"{c.start - pos}x")
-            pos = c.start + c.size
-            if c.is_bytes:
-                fmt.append(f"{c.size}s")
-                exprs.append(f"_{n_items}")
-                n_items += 1
-                continue
-            parts = _split(c.size)
-            sub = []
-            rest = c.size * 8
-            for p in parts:
-                fmt.append(_ITEM[p])
-                rest -= p * 8
-                sub.append((n_items, rest))
-                n_items += 1
-            exprs.append(" | ".join(f"(_{i} << {s})" if s else f"_{i}" for i, s in sub))
-        if self.size > pos:
-            fmt.append(f"{self.size - pos}x")
-        self.format = "".join(fmt)
-        self._struct = struct.Struct(self.format)
-        assert self._struct.size == self.size, (self.format, self.size)
-
-        self.fields: tuple[Placed, ...] = tuple(
-            Placed(
-                f,
-                off,
-                ci,
-                0 if c.is_bytes else (c.start + c.size) * 8 - off - f.bits,
-                (1 << f.bits) - 1,
-            )
-            for ci, c in enumerate(containers)
-            for f, off in c.fields
-        )
+        c = compile_layout(self.name, placed, self.size)
+        self.format = c.format
+        self.fields: tuple[Placed, ...] = c.fields
         self.by_name: dict[str, Placed] = {p.name: p for p in self.fields}
         self.values: tuple[Placed, ...] = tuple(p for p in self.fields if not p.field.reserved)
         self.names: tuple[str, ...] = tuple(p.name for p in self.values)
-        self._compile(containers, exprs, n_items)
-
-    def _compile(self, containers: list[_Container], exprs: list[str], n_items: int) -> None:
-        items = ", ".join(f"_{i}" for i in range(n_items)) + ","
-        cvals = [f"c{i}" for i in range(len(containers))]
-        # decode: unpack items, rebuild containers, then extract each value field.
-        dec = ["def unpack(buf, off=0):", f"    {items} = _unpack_from(buf, off)"]
-        for i, e in enumerate(exprs):
-            if e.isidentifier():
-                cvals[i] = e  # a one-item word needs no temporary
-            else:
-                dec.append(f"    {cvals[i]} = {e}")
-        outs = []
-        for p in self.values:
-            v = cvals[p.item]
-            if containers[p.item].is_bytes:
-                outs.append(v)
-                continue
-            if p.field.kind is Kind.BOOL:
-                outs.append(f"({v} & {1 << p.shift:#x} != 0)")
-                continue
-            # no mask needed when the field reaches the container's top bit
-            top = p.shift + p.field.bits == containers[p.item].size * 8
-            expr = v if p.shift == 0 else f"({v} >> {p.shift})"
-            outs.append(expr if top else f"({expr} & {p.mask:#x})")
-        dec.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-        # reserved bits per container, for validate()
-        resv_masks = [0] * len(containers)
-        for p in self.fields:
-            if p.field.reserved and not containers[p.item].is_bytes:
-                resv_masks[p.item] |= p.mask << p.shift
-        self._resv_masks = tuple(resv_masks)
-
-        # encode: combine value fields into containers (reserved bits stay zero).
-        args = ", ".join(f"v{i}" for i in range(len(self.values)))
-        per: list[list[str]] = [[] for _ in containers]
-        for i, p in enumerate(self.values):
-            per[p.item].append(f"(v{i} << {p.shift})" if p.shift else f"v{i}")
-        item_exprs: list[str] = []
-        for ci, c in enumerate(containers):
-            val = " | ".join(per[ci]) or ("b''" if c.is_bytes else "0")
-            if c.is_bytes or c.size in _ITEM:
-                item_exprs.append(val)
-                continue
-            rest = c.size * 8
-            for p_ in _split(c.size):
-                rest -= p_ * 8
-                item_exprs.append(f"((({val}) >> {rest}) & {(1 << p_ * 8) - 1:#x})")
-        body = ", ".join(item_exprs)
-        enc = [
-            f"def pack({args}):",
-            f"    return _pack({body})",
-            f"def pack_into(buf, off, {args}):" if args else "def pack_into(buf, off):",
-            f"    _pack_into(buf, off, {body})",
-        ]
-        ns: dict[str, Any] = {
-            "_unpack_from": self._struct.unpack_from,
-            "_pack": self._struct.pack,
-            "_pack_into": self._struct.pack_into,
-        }
-        self.source = "\n".join(dec + enc + self._record_source(containers))
-        exec(compile(self.source, f"<field table {self.name}>", "exec"), ns)
-        self.unpack: Callable[..., tuple[Any, ...]] = ns["unpack"]
-        self.pack: Callable[..., bytes] = ns["pack"]
-        self.pack_into: Callable[..., None] = ns["pack_into"]
-        self.load: Callable[[Buffer, int, Any], None] = ns["load"]
-        self.store: Callable[[Any, Buffer, int], None] = ns["store"]
-
-    def _record_source(self, containers: list[_Container]) -> list[str]:
-        """``load``/``store``: the same codec over an object whose attributes
-        are named like the fields (e.g. a ``__slots__`` packet record)."""
-        targets = ", ".join(f"obj.{n}" for n in self.names)
-        args = ", ".join(f"obj.{n}" for n in self.names)
-        if not self.names:
-            return ["def load(buf, off, obj):", "    pass",
-                    "def store(obj, buf, off):", "    _pack_into(buf, off)"]
-        return [
-            "def load(buf, off, obj):",
-            f"    {targets}{',' if len(self.names) == 1 else ''} = unpack(buf, off)",
-            "def store(obj, buf, off):",
-            f"    pack_into(buf, off, {args})",
-        ]
+        self.source = c.source
+        self._resv_masks = c.resv_masks
+        self.unpack: Callable[..., tuple[Any, ...]] = c.unpack
+        self.pack: Callable[..., bytes] = c.pack
+        self.pack_into: Callable[..., None] = c.pack_into
+        self.load: Callable[[Buffer, int, Any], None] = c.load
+        self.store: Callable[[Any, Buffer, int], None] = c.store
 
     @classmethod
     def concat(cls, name: str, tables: Sequence[Table]) -> Table:
@@ -368,7 +203,7 @@ class Table:
         for p in self.values:
             f = p.field
             v = values.get(f.name, f.default)
-            if f.kind in _BYTE_KINDS:
+            if f.kind in BYTE_KINDS:
                 if not isinstance(v, bytes | bytearray | memoryview):
                     raise FieldError("type", f"{self.name}.{f.name}: expected bytes", f.name)
                 v = bytes(v)
@@ -446,44 +281,3 @@ def format_value(f: Field, v: Value) -> str:
     return num
 
 
-def _containers(placed: Sequence[tuple[Field, int]]) -> list[_Container]:
-    """Group fields into byte-aligned struct items.
-
-    Integer fields are packed greedily into words of up to 32 bits (64 when a
-    word would otherwise end on an odd size, or a field needs it), so a BTH is
-    three 32-bit words; bits of a word no field claims are sent as zero.  A
-    word never ends inside a byte another field uses, so a chain of unaligned
-    fields makes one longer word (read as several items, combined as a Python
-    int).  Byte-string fields are items of their own; bytes no field covers
-    become struct pad bytes.
-    """
-    out: list[_Container] = []
-    cur: list[tuple[Field, int]] = []
-
-    def close() -> None:
-        if cur:
-            start = cur[0][1] // 8
-            end = (cur[-1][1] + cur[-1][0].bits + 7) // 8
-            out.append(_Container(start, end - start, list(cur)))
-            cur.clear()
-
-    for f, off in placed:
-        if f.kind in _BYTE_KINDS:
-            close()
-            out.append(_Container(off // 8, f.bits // 8, [(f, off)], is_bytes=True))
-            continue
-        if cur:
-            start = cur[0][1] // 8 * 8
-            last_end = cur[-1][1] + cur[-1][0].bits
-            span = off + f.bits - start
-            size = (last_end + 7) // 8 - start // 8
-            if off < (last_end + 7) // 8 * 8:  # shares a byte with the open word
-                cur.append((f, off))
-                continue
-            if span <= 32 or (size not in _ITEM and span <= 64):
-                cur.append((f, off))
-                continue
-            close()
-        cur.append((f, off))
-    close()
-    return out

@@ -131,6 +131,18 @@ def test_bad_tables_fail_at_build_time() -> None:
         Table("T", [F("a", 16)], size=1)
 
 
+def test_tables_without_value_fields() -> None:
+    pad = Table("Pad", [], size=4)
+    assert (pad.format, pad.encode(), pad.unpack(b"abcd")) == (">4x", bytes(4), ())
+    resv = Table("Resv", [R(8), R(24)])
+    assert resv.encode() == bytes(4) and resv.names == ()
+    buf = bytearray(b"\xff" * 4)
+    resv.store(object(), buf, 0)
+    assert buf == bytes(4)
+    with pytest.raises(FieldError):
+        resv.validate(b"\0\0\0\1")
+
+
 def test_concat_and_record_binding() -> None:
     a = Table("A", [F("x", 8), R(8), F("y", 16)])
     b = Table("B", [F("z", 64)])
