@@ -22,7 +22,7 @@ import struct
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import Any, Final, cast
 
 from ibal.providers.rxe import packet as pk
 from ibal.providers.rxe.packet import Opcode, Packet
@@ -114,30 +114,31 @@ def _formats() -> tuple[OpcodeFormat | None, ...]:
 FORMATS: Final[tuple[OpcodeFormat | None, ...]] = _formats()
 """Indexed by the opcode byte; ``None`` for an opcode rxe does not implement."""
 
-def _absent_initialiser(names: frozenset[str]) -> object:
-    """A function that gives a fresh record the zero defaults of every attribute
-    its opcode's headers do not carry (one chained assignment per default)."""
+def _record_maker(codec: Table) -> Callable[[Buffer], Packet]:
+    """A function that makes the record of one opcode from its bytes: the
+    headers' fields from one compiled ``unpack``, every attribute those headers
+    do not carry set to its zero default (one chained assignment per value)."""
     template = Packet(0)
     groups: dict[str, list[str]] = {}
     for n in Packet.__slots__:
-        if n in names or n == "payload":
+        if n in codec.names or n == "payload":
             continue
         groups.setdefault(repr(getattr(template, n)), []).append(n)
-    body = [f"    {' = '.join('p.' + n for n in ns)} = {v}" for v, ns in groups.items()]
-    src = "def init(p):\n" + ("\n".join(body) or "    pass")
-    ns_: dict[str, object] = {}
-    exec(src, ns_)
-    return ns_["init"]
+    attrs = ", ".join(f"p.{n}" for n in codec.names)
+    src = "\n".join([
+        "def make(buf):",
+        "    p = _new(_Packet)",
+        *(f"    {' = '.join('p.' + n for n in ns)} = {v}" for v, ns in groups.items()),
+        f"    {attrs}{',' if len(codec.names) == 1 else ''} = _unpack(buf, 0)",
+        "    return p",
+    ])  # fmt: skip
+    ns_: dict[str, Any] = {"_new": Packet.__new__, "_Packet": Packet, "_unpack": codec.unpack}
+    exec(compile(src, f"<rxe record {codec.name}>", "exec"), ns_)
+    return cast("Callable[[Buffer], Packet]", ns_["make"])
 
 
-_LOAD: Final = tuple(f.codec.load if f else None for f in FORMATS)
+_MAKE: Final = tuple(_record_maker(f.codec) if f else None for f in FORMATS)
 _STORE: Final = tuple(f.codec.store if f else None for f in FORMATS)
-_INIT: Final[tuple[Callable[[Packet], None] | None, ...]] = tuple(
-    cast("Callable[[Packet], None]", _absent_initialiser(frozenset(f.codec.names)))
-    if f
-    else None
-    for f in FORMATS
-)
 _HLEN: Final = pk.HDR_LEN
 _FLAGS: Final = pk.OP_FLAGS
 ICRC_LEN: Final = pk.ICRC_LEN
@@ -179,16 +180,14 @@ def decode(buf: Buffer) -> Packet:
     if n < pk.BTH_LEN + ICRC_LEN:
         raise Malformed(DropReason.SHORT, f"{n} bytes")
     op = buf[0]
-    load = _LOAD[op]
-    if load is None:
+    make = _MAKE[op]
+    if make is None:
         raise Malformed(DropReason.BAD_OPCODE, f"opcode {op:#04x}")
     hlen = _HLEN[op]
     end = n - ICRC_LEN
     if end < hlen:
         raise Malformed(DropReason.BAD_LENGTH, f"{n} bytes for {Opcode(op).name}")
-    p = Packet.__new__(Packet)
-    _INIT[op](p)  # type: ignore[misc]
-    load(buf, 0, p)
+    p = make(buf)
     if p.tver:
         raise Malformed(DropReason.BAD_TVER, f"version {p.tver}")
     plen = end - hlen - p.pad
