@@ -90,6 +90,8 @@ class CiCa:
     def completion_cb(self, cq_context: Any) -> None:
         """``ci_completion_cb_t``: queue the CQ's completion callback (provider's stack)."""
         if isinstance(cq_context, Cq) and cq_context._cica is self and cq_context._state in ALIVE:
+            if cq_context._sync_waiters:  # cq.wait() callers: no consumer code, wake now
+                cq_context._wake_sync_waiters()
             self._completion_post(cq_context._on_completion)
 
     def async_event_cb(self, record: EventRecord) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -149,12 +150,23 @@ class Cq(CaObject):
         finally:
             self._leave()
 
+    def _wake_sync_waiters(self) -> None:
+        """Wake ``wait()`` callers; safe on the provider's stack (runs no consumer code).
+
+        Lock-free (list pops are atomic under the GIL), because a provider may
+        upcall while the access layer holds the manager lock.
+        """
+        events = self._sync_waiters
+        while events:
+            try:
+                events.pop().set()
+            except IndexError:  # another upcall emptied it first
+                break
+
     def _wake_waiters(self) -> None:
+        self._wake_sync_waiters()
         with self._lock:
             waiters, self._waiters = self._waiters, []
-            events, self._sync_waiters = self._sync_waiters, []
-        for ev in events:
-            ev.set()
         for loop, fut in waiters:
             try:
                 loop.call_soon_threadsafe(_wake, fut)
@@ -172,8 +184,8 @@ class Cq(CaObject):
         returned, ``[]`` when nothing came, and nothing polled is lost.  Each
         wait rearms the CQ, so a ``comp_cb`` on the same CQ may see an extra
         notification.  Destroying the CQ meanwhile raises ``InvalidCqHandle``.
-        Inside this CQ's own ``comp_cb`` nothing can wake it before ``timeout``
-        (the callback is what would deliver the upcall).
+        The provider's completion upcall wakes it directly, so it also
+        returns inside any completion callback, this CQ's own included.
         """
         if type(min_entries) is not int or min_entries < 1:
             raise InvalidParameter("min_entries must be a positive int")
@@ -203,9 +215,8 @@ class Cq(CaObject):
                 if not woken:
                     break
             finally:
-                with self._lock:
-                    if ev in self._sync_waiters:
-                        self._sync_waiters.remove(ev)
+                with contextlib.suppress(ValueError):  # woken: already popped
+                    self._sync_waiters.remove(ev)
         return got
 
     async def poll_async(self, min_entries: int = 1, timeout: float | None = None) -> list[Wc]:

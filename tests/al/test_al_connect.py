@@ -273,6 +273,45 @@ def test_cq_wait_is_woken_by_the_completion(a: Node) -> None:
     ]  # fmt: skip
 
 
+def test_cq_wait_returns_inside_a_completion_callback(
+    al: AccessLayer, a: Node, b: Node
+) -> None:
+    """A completion callback waits on CQs whose completions arrive later: the waits return."""
+    from ibal.providers.mock.packets import PacketOp
+
+    (provider,) = al.manager.providers
+    # The SEND reaches b only after the waits began (the fabric's timer thread
+    # delivers it), so only a wake-up from the provider's upcall can end them.
+    provider.fabric.faults.delay(0.02, op=PacketOp.SEND)
+    qa = a.pd.create_qp(QpCreate(QpType.RC, a.cq, a.cq))
+    qb = b.pd.create_qp(QpCreate(QpType.RC, b.cq, b.cq))
+    ea, eb = ibal.endpoint(qa, 1), ibal.endpoint(qb, 1)
+    ibal.connect_qp(qa, ea, eb)
+    ibal.connect_qp(qb, eb, ea)
+    seen: list[tuple[int, WcStatus]] = []
+    done = threading.Event()
+
+    def comp_cb(cq: Cq, _context: object) -> None:
+        cq.poll()
+        qb.post_recv(RecvWr(7, [b.mr.sge(0, 16)]))
+        qa.post_send(SendWr(8, WrType.SEND, [a.mr.sge(100, 4)]))
+        seen.extend((w.wr_id, w.status) for w in b.cq.wait(WAIT))  # another CQ
+        seen.extend((w.wr_id, w.status) for w in a.cq.wait(WAIT))
+        done.set()
+
+    trigger = a.ca.create_cq(8, comp_cb=comp_cb)
+    tq = a.pd.create_qp(QpCreate(QpType.RC, trigger, trigger))
+    et = ibal.endpoint(tq, 1)
+    ibal.connect_qp(tq, et, et)  # loopback: its WRITE fires the callback
+    trigger.rearm()
+    tq.post_send(
+        SendWr(1, WrType.RDMA_WRITE, [a.mr.sge(200, 4)], remote_addr=a.mr.vaddr + 300,
+               rkey=a.mr.rkey)
+    )
+    assert done.wait(WAIT), "cq.wait inside a completion callback did not return"
+    assert seen == [(7, WcStatus.SUCCESS), (8, WcStatus.SUCCESS)]
+
+
 def test_cq_wait_checks_its_arguments(a: Node) -> None:
     with pytest.raises(InvalidParameter):
         a.cq.wait(-1)
