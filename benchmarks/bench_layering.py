@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ibal.al import AlManager, QpCreate
+from ibal.al import AlManager, Endpoint, QpCreate
+from ibal.al.connect import path_to
 from ibal.ci import ChannelInterface, ProviderManager
 from ibal.demo import ACCESS
-from ibal.testing.helpers import av_to
 from ibal.types import (
     CaAttr,
     Mtu,
@@ -56,7 +56,7 @@ def rc_mods(attr: CaAttr, remote_qpn: int) -> list[QpMod]:
         QpMod(QpState.INIT, pkey_index=0, port_num=port.port_num, access=ACCESS),
         QpMod(
             QpState.RTR,
-            primary_av=av_to(port, port.port_num),
+            primary_av=path_to(port, Endpoint(qpn=remote_qpn, psn=0, lid=port.lid)),
             path_mtu=Mtu.MTU_1024,
             dest_qp=remote_qpn,
             rq_psn=0,
