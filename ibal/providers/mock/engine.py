@@ -734,14 +734,25 @@ class Engine:
             for p, delay in self.faults.on_packet(pkt, self.rng):
                 delay += self.latency
                 if delay > 0:
-                    self._schedule(self.now + delay, _T_PACKET, p)
+                    self._hold(p, delay)
                 else:
                     self._ready.append(p)
             return
         if self.latency:
-            self._schedule(self.now + self.latency, _T_PACKET, pkt)
+            self._hold(pkt, self.latency)
         else:
             self._ready.append(pkt)
+
+    def _hold(self, pkt: Packet, delay: float) -> None:
+        """Deliver ``pkt`` after ``delay``.
+
+        A UD or UC send completes when it is transmitted, and the sender may then
+        reuse its buffer: a packet that outlives the send gets its own copy.  RC
+        keeps the view (its send completes only once the responder acknowledged).
+        """
+        if pkt.transport is not _RC and not isinstance(pkt.payload, bytes):
+            pkt.payload = bytes(pkt.payload)
+        self._schedule(self.now + delay, _T_PACKET, pkt)
 
     def _drop(self, why: str) -> None:
         c = self.counters

@@ -224,3 +224,37 @@ def test_counters_can_be_reset(a: Node, b: Node) -> None:
     assert (snap["sent"], snap["delivered"], snap["acks"], snap["completions"]) == (4, 4, 2, 2)
     fabric.counters.reset()
     assert set(fabric.counters.snapshot().values()) == {0}
+
+
+@pytest.mark.parametrize("qp_type", [QpType.UD, QpType.UC], ids=["UD", "UC"])
+@pytest.mark.parametrize("how", ["latency", "delay fault"])
+def test_reusing_the_buffer_after_a_completion_keeps_the_sent_bytes(
+    a: Node, b: Node, qp_type: QpType, how: str
+) -> None:
+    """UD/UC complete at transmit: an in-flight packet must not see later buffer writes."""
+    fabric = a.ca.fabric
+    if qp_type is QpType.UD:
+        qa, qb = a.qp(QpType.UD), b.qp(QpType.UD)
+        ud_ready(a, qa)
+        ud_ready(b, qb)
+        av = a.ca.create_av(a.pd, AvAttr(1, dlid=b.lid))
+        ud: UdDest | None = UdDest(av=av, remote_qp=qb.num, remote_qkey=UD_QKEY)
+        grh = 40
+    else:
+        qa, qb = connect(a, b, QpType.UC)
+        ud = None
+        grh = 0
+    if how == "latency":
+        fabric.latency = 0.010
+    else:
+        fabric.faults.delay(0.010, op=PacketOp.SEND)
+    b.ca.post_recv(qb, [RecvWr(7, [b.sge(4096, 256)])])
+    a.buf[0:8] = b"original"
+    a.ca.post_send(qa, [SendWr(1, WrType.SEND, [a.sge(0, 8)], ud=ud)])
+    assert [(w.wr_id, w.status) for w in a.poll()] == [(1, OK)]
+    a.buf[0:8] = b"REUSED!!"  # the sender owns its buffer again once the send completed
+    assert b.poll() == []
+    fabric.advance(0.010)
+    (got,) = b.poll()
+    assert (got.wr_id, got.status, got.length) == (7, OK, grh + 8)
+    assert bytes(b.buf[4096 + grh : 4096 + grh + 8]) == b"original"
