@@ -100,7 +100,7 @@ class Pd(CaObject):
         if qp_type is QpType.MAD and QpType.MAD not in caps.qp_types:
             provider_type = QpType.UD  # a MAD QP is a UD QP the MAD layer drives
         if provider_type not in caps.qp_types:
-            raise Unsupported(caps.reason(f"{qp_type.name} QPs"))
+            raise Unsupported(f"{qp_type.name} QPs: {caps.reason('qp_types')}")
         qp = Qp(self, create, srq, context, event_cb)
         pins: list[Any] = [send_cq, recv_cq] + ([srq] if srq is not None else [])
 
@@ -144,7 +144,7 @@ class Pd(CaObject):
         _check_cb(event_cb, "event_cb")
         caps = cica.capabilities
         if qp_type not in caps.special_qps:
-            raise Unsupported(caps.reason(f"{qp_type.name} QPs"))
+            raise Unsupported(f"{qp_type.name} QPs: {caps.reason('special_qps')}")
         qp = Qp(self, create, None, context, event_cb, port_num=port.port_num)
 
         def make() -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 from ibal.status import Unsupported
@@ -93,8 +93,11 @@ class MwCreated(NamedTuple):
 class Capabilities:
     """What a CA can do, so "not supported" can be told from "broken".
 
-    ``reasons`` says, per capability name left out, why (shown in conformance
-    skips and in ``ibal info``).
+    ``reasons`` says, per capability left out, why (shown in conformance skips,
+    in ``Unsupported`` errors of the access layer and in ``ibal info``).  Its
+    keys are the field names; for the set-valued fields (``qp_types``,
+    ``special_qps``, ``mw_types``, ``opcodes``) the one reason covers every
+    member the set leaves out.
     """
 
     qp_types: frozenset[QpType] = frozenset({QpType.RC, QpType.UC, QpType.UD})
@@ -143,8 +146,48 @@ class Capabilities:
         return opcode in self.opcodes.get(qp_type, frozenset())
 
     def reason(self, name: str) -> str:
-        """Why ``name`` is missing, for skip messages."""
+        """Why capability ``name`` (a field name) is missing, for messages."""
         return self.reasons.get(name, f"provider does not declare {name!r}")
+
+    def missing(self) -> dict[str, str]:
+        """Every capability that is off, as ``"name"`` or ``"name (no X, Y)"`` -> reason.
+
+        A flag is off when false; a set when it leaves out part of what a
+        full-featured CA has (RC/UC/UD, QP0/QP1, window types 1 and 2, the
+        default opcodes).
+        """
+        out: dict[str, str] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool):
+                if not value:
+                    out[f.name] = self.reason(f.name)
+                continue
+            full = _FULL_SETS.get(f.name)
+            if full is None:
+                continue
+            if f.name == "opcodes":
+                left = [
+                    f"{t.name}/{op.name}"
+                    for t, ops in full.items()
+                    for op in sorted(ops)
+                    if t in self.qp_types
+                    and op not in value.get(t, frozenset())
+                    and (self.atomics or not op.is_atomic)  # listed as "atomics" already
+                ]
+            else:
+                left = [m.name if isinstance(m, QpType) else str(m) for m in sorted(full - value)]
+            if left:
+                out[f"{f.name} (no {', '.join(left)})"] = self.reason(f.name)
+        return out
+
+
+_FULL_SETS: dict[str, Any] = {
+    "qp_types": frozenset({QpType.RC, QpType.UC, QpType.UD}),
+    "special_qps": frozenset({QpType.QP0, QpType.QP1}),
+    "mw_types": frozenset({1, 2}),
+    "opcodes": Capabilities().opcodes,
+}
 
 
 class ChannelInterface(abc.ABC):

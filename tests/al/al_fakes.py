@@ -137,14 +137,14 @@ class FakeCi(ChannelInterface):
         self.guid = guid
         self.name = name
         self.provider_name = "fake"
-        self._caps = Capabilities(
-            special_qps=frozenset({QpType.QP0, QpType.QP1}),
-            phys_mr=True,
-            shared_mr=True,
-            vendor_call=True,
-            local_mad=True,
-            **caps,
-        )
+        full: dict[str, Any] = {
+            "special_qps": frozenset({QpType.QP0, QpType.QP1}),
+            "phys_mr": True,
+            "shared_mr": True,
+            "vendor_call": True,
+            "local_mad": True,
+        }
+        self._caps = Capabilities(**(full | caps))
         self.attr = default_attr(guid, ports)
         self.lock = threading.RLock()
         self.calls: list[tuple[str, Any]] = []

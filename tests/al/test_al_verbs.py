@@ -7,9 +7,9 @@ import dataclasses
 from typing import Any
 
 import pytest
-from al_fakes import FakeCi
+from al_fakes import FakeCi, FakeProvider
 
-from ibal.al import AccessLayer, Ca, Cq, Pd, QpCreate
+from ibal.al import AccessLayer, AlManager, Ca, Cq, Pd, QpCreate
 from ibal.al.pnp import DeviceAttrMask
 from ibal.status import (
     Error,
@@ -464,3 +464,27 @@ def test_get_guid(al: AccessLayer, ci: FakeCi) -> None:
     with pytest.raises(NoMatch):
         al.get_guid(0, "port", DeviceAttrMask.PORT_ACTIVE)
     assert al.get_guid(IB_ANY_INDEX, "port", DeviceAttrMask.PORT_ACTIVE) != ci.guid + 1
+
+
+def test_an_unsupported_qp_type_says_the_providers_reason() -> None:
+    """The reasons are keyed by field name: ``qp_types`` and ``special_qps``."""
+    provider = FakeProvider(
+        1,
+        qp_types=frozenset({QpType.RC, QpType.UD}),
+        special_qps=frozenset({QpType.QP1}),
+        reasons={"qp_types": "UC is left out on purpose", "special_qps": "no SMA here"},
+    )
+    mgr = AlManager()
+    mgr.add_provider(provider)
+    try:
+        al = mgr.open_al()
+        ca = al.open_ca(provider.cis[0].guid)
+        pd = ca.alloc_pd()
+        cq = ca.create_cq(8)
+        with pytest.raises(Unsupported, match="UC is left out on purpose"):
+            pd.create_qp(QpCreate(QpType.UC, cq, cq))
+        port = ca.query().ports[0]
+        with pytest.raises(Unsupported, match="no SMA here"):
+            pd.get_spl_qp(port.port_guid, QpCreate(QpType.QP0, cq, cq))
+    finally:
+        mgr.close(timeout=10)

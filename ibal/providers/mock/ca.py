@@ -275,10 +275,9 @@ class MockCa(ChannelInterface):
     def _make_capabilities(self) -> Capabilities:
         reasons = {
             "apm": "alternate paths and automatic path migration are not modelled",
-            "qp_type RD": "reliable datagram (EE contexts) is not implemented",
-            "raw QPs": "raw IPv6 / Ethertype QPs need a real link layer",
-            "mw type 2": "only type 1 memory windows (bound with bind_mw)",
-            "fmr": "the Mellanox FMR extension is not part of the contract",
+            "qp_types": "reliable datagram (EE contexts) is not implemented",
+            "special_qps": "QP0 and QP1 only: raw IPv6 / Ethertype QPs need a real link layer",
+            "mw_types": "only type 1 memory windows (bound with bind_mw)",
         }
         if not self._violation_counters:
             reasons["violation_counters"] = "this CA was created without P_Key/Q_Key counters"
