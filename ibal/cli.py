@@ -23,7 +23,14 @@ class _LazyConsole:
         return getattr(Console(), name)
 
 
+class _LazyErrConsole:
+    def __getattr__(self, name: str) -> object:
+        return getattr(Console(stderr=True), name)
+
+
 console: Console = _LazyConsole()  # type: ignore[assignment]
+err_console: Console = _LazyErrConsole()  # type: ignore[assignment]
+"""Errors and notes: standard error, so a script reading the tables is not misled."""
 
 
 def _parse_options(pairs: tuple[str, ...]) -> dict[str, object]:
@@ -45,14 +52,24 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, object]:
 def _open(
     providers: tuple[str, ...], options: dict[str, object]
 ) -> Iterator[tuple[AlManager, AccessLayer]]:
-    """Start the named providers (default: what ``ibal.open_al()`` starts) and open an AL."""
+    """Start the named providers (default: what ``ibal.open_al()`` starts) and open an AL.
+
+    A provider named with ``-p`` that cannot start, or finds no device, is an
+    error (``click.ClickException``: message on stderr, exit status 1); of the
+    default set, those are only recorded in ``mgr.unavailable``.
+    """
     mgr = AlManager()
     if providers:
         for name in providers:
             try:
                 mgr.start_provider(name, options)
-            except IbError as exc:
-                mgr.unavailable[name] = exc.detail or str(exc)
+            except (IbError, ValueError, TypeError) as exc:
+                detail = exc.detail if isinstance(exc, IbError) else ""
+                mgr.unavailable[name] = detail or str(exc)
+        failed = [f"{n}: {r}" for n, r in sorted(mgr.unavailable.items()) if n in providers]
+        if failed:
+            mgr.close()
+            raise click.ClickException("; ".join(f"provider {f}" for f in failed))
     else:
         start_default_providers(mgr)
     al = mgr.open_al()
@@ -81,11 +98,15 @@ def devices(providers: tuple[str, ...], options: tuple[str, ...]) -> None:
         table = Table(title="CAs")
         for col in ("device", "provider", "node GUID", "ports"):
             table.add_column(col)
-        for guid in al.get_ca_guids():
+        guids = al.get_ca_guids()
+        for guid in guids:
             ca = al.open_ca(guid)
             attr = ca.query()
             table.add_row(ca.name, ca.provider_name, _guid(guid), str(attr.num_ports))
             ca.close(wait=True)
+        if not guids and providers:
+            _print_unavailable(mgr)
+            raise click.ClickException(f"no CA from provider(s) {', '.join(providers)}")
         console.print(table)
         _print_unavailable(mgr)
 
@@ -104,25 +125,26 @@ def info(ca_name: str | None, providers: tuple[str, ...], options: tuple[str, ..
                 if ca_name and ca_name not in (ca.name, _guid(guid), hex(guid)):
                     continue
                 _print_ca(ca.name, ca.provider_name, ca.query())
-                caps = ca.capabilities
-                missing = ", ".join(f"{k} ({v})" for k, v in caps.reasons.items())
+                missing = ca.capabilities.missing()
                 if missing:
-                    console.print(f"  [dim]not supported: {missing}[/]")
+                    text = ", ".join(f"{k} ({v})" for k, v in sorted(missing.items()))
+                    console.print(
+                        f"  not supported: {text}", style="dim", markup=False, soft_wrap=True
+                    )
                 shown += 1
             finally:
                 ca.close(wait=True)
         if not shown:
-            console.print(f"[red]no CA {ca_name or ''}[/]")
             _print_unavailable(mgr)
-            sys.exit(1)
+            raise click.ClickException(f"no CA {ca_name or ''}".strip())
 
 
 def _print_unavailable(mgr: AlManager) -> None:
     for name, reason in sorted(mgr.unavailable.items()):
         if reason == SIMULATED_SKIPPED:
-            console.print(f"[dim]{name}: simulated, not started (-p {name} shows its CAs)[/]")
+            err_console.print(f"[dim]{name}: simulated, not started (-p {name} shows its CAs)[/]")
         else:
-            console.print(f"[yellow]{name}[/]: no CA ({reason})")
+            err_console.print(f"[yellow]{name}[/]: no CA ({reason})")
 
 
 def _guid(guid: int) -> str:

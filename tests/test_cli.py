@@ -61,3 +61,44 @@ def test_info_unknown_ca_fails(runner: CliRunner) -> None:
     result = runner.invoke(main, ["info", "-p", "mock", "nosuchca"])
     assert result.exit_code == 1
     assert "no CA nosuchca" in result.output
+
+
+def test_info_lists_the_capabilities_that_are_off(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["info", "-p", "mock", "mock0"])
+    assert result.exit_code == 0, result.output
+    (line,) = [ln for ln in result.stdout.splitlines() if "not supported" in ln]
+    assert "apm (" in line and "mw_types (no 2)" in line
+    assert "qp_types" not in line and "special_qps" not in line  # those the mock has
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "says"),
+    [
+        (["-p", "mock"], {"IBAL_DISABLED_PROVIDERS": "mock"}, "disabled"),
+        (["-p", "mock", "-o", "bad=1"], {}, "unknown mock option"),
+        (["-p", "nosuch"], {}, "no provider called 'nosuch'"),
+        (["-p", "mock", "-o", "cas=0"], {}, "mock"),
+    ],
+    ids=["disabled", "bad option", "unknown", "no CA"],
+)
+def test_devices_with_an_unusable_provider_fails_on_stderr(
+    runner: CliRunner, args: list[str], env: dict[str, str], says: str
+) -> None:
+    result = runner.invoke(main, ["devices", *args], env=env)
+    assert result.exit_code != 0
+    assert says in result.stderr
+    assert "CAs" not in result.stdout  # no empty table
+
+
+def test_conformance_with_a_bad_option_is_one_usage_error(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["conformance", "mock", "-o", "bad=1"])
+    assert result.exit_code == 2
+    assert "unknown mock option" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stdout == ""
+
+
+def test_conformance_of_an_unknown_provider_fails_on_stderr(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["conformance", "nosuch"])
+    assert result.exit_code == 2
+    assert "no provider called 'nosuch'" in result.stderr and result.stdout == ""

@@ -94,10 +94,12 @@ def run_cli(
     from ibal.ci import ProviderManager
     from ibal.status import IbError
 
-    try:
-        ProviderManager().spec(provider)
-    except IbError as exc:
-        console.print(f"[red]{exc}")
+    try:  # the factory validates the options: one usage error, not a failing suite
+        ProviderManager().create(provider, dict(options))
+    except (IbError, ValueError, TypeError) as exc:
+        Console(stderr=True, soft_wrap=True).print(
+            f"Error: provider {provider!r}: {exc}", markup=False, highlight=False
+        )
         return 2
     reporter = RichReporter(console)
     pytest_output = io.StringIO()  # pytest's own report goes here; the bar is ours
