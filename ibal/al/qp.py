@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ibal import qp_fsm
+from ibal.al import wrcheck
 from ibal.al.av import Av
 from ibal.al.cq import Cq
 from ibal.al.obj import READY, CaObject, DestroyCallback, _SyncDestroy
@@ -303,11 +304,13 @@ class Qp(CaObject):
             self._check()
         if self._qp_state not in _SEND_STATES:
             raise post_error(Status.INVALID_QP_STATE, 0, f"QP is {self._qp_state.name}")
-        if isinstance(wrs, SendWr):
-            wrs = (wrs,)
+        wrs, bad = wrcheck.send_list(wrs)
         if self._translate:
             wrs = self._translate_avs(wrs)
-        self._ci.post_send(self._h, wrs)
+        if bad is None or wrs:
+            self._ci.post_send(self._h, wrs)
+        if bad is not None:
+            raise bad
 
     def _translate_avs(self, wrs: Sequence[SendWr]) -> Sequence[SendWr]:
         """Copies of ``wrs`` naming the provider's AV handles (the consumer's are untouched).
@@ -353,9 +356,11 @@ class Qp(CaObject):
             self._check()
         if self._qp_state not in _RECV_STATES:
             raise post_error(Status.INVALID_QP_STATE, 0, f"QP is {self._qp_state.name}")
-        if isinstance(wrs, RecvWr):
-            wrs = (wrs,)
-        self._ci.post_recv(self._h, wrs)
+        wrs, bad = wrcheck.recv_list(wrs)
+        if bad is None or wrs:
+            self._ci.post_recv(self._h, wrs)
+        if bad is not None:
+            raise bad
 
     # ------------------------------------------------------------------ multicast
     def attach_mcast(self, gid: Gid | bytes | str, lid: int) -> McastAttachment:

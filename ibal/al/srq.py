@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ibal.al import wrcheck
 from ibal.al.obj import READY, CaObject, DestroyCallback, _SyncDestroy, busy_if
 from ibal.status import InvalidParameter, InvalidSetting, InvalidSrqHandle
 from ibal.types import AsyncEventRec, RecvWr, SrqAttr, SrqAttrMask
@@ -68,9 +69,11 @@ class Srq(CaObject):
         """``ib_post_srq_recv`` (a bad SRQ raises ``InvalidSrqHandle``, see decisions)."""
         if self._state is not READY:
             self._check()
-        if isinstance(wrs, RecvWr):
-            wrs = (wrs,)
-        self._ci.post_srq_recv(self._h, wrs)
+        wrs, bad = wrcheck.recv_list(wrs)
+        if bad is None or wrs:
+            self._ci.post_srq_recv(self._h, wrs)
+        if bad is not None:
+            raise bad
 
     def destroy(
         self,

@@ -24,6 +24,7 @@ from ibal.status import (
     InvalidQpHandle,
     InvalidSrqHandle,
     PostError,
+    Status,
 )
 from ibal.types import (
     AccessFlags,
@@ -40,6 +41,7 @@ from ibal.types import (
     QpType,
     RecvWr,
     SendWr,
+    Sge,
     SrqAttr,
     SrqAttrMask,
     UdDest,
@@ -348,3 +350,57 @@ def test_every_handle_kind_is_an_alobject(w: World) -> None:
 
     for kind in VERBS:
         assert isinstance(getattr(w, kind), AlObject), kind
+
+
+_GOOD = SendWr(wr_id=1)
+_BAD_SENDS: dict[str, Any] = {
+    "a string": "x",
+    "an int": 5,
+    "None": None,
+    "a dict": {"wr_id": 1},
+    "a RecvWr in the list": [_GOOD, RecvWr(2)],
+    "a string in the list": [_GOOD, _GOOD, "x"],
+    "an Sge that is None": [_GOOD, SendWr(2, sg_list=[None])],  # type: ignore[list-item]
+    "an Sge as a tuple": [SendWr(2, sg_list=[(0, 8, 1)])],  # type: ignore[list-item]
+    "an sg_list that is an int": [SendWr(2, sg_list=5)],  # type: ignore[arg-type]
+    "an Sge with a None addr": [_GOOD, SendWr(2, sg_list=[Sge(None, 8, 1)])],  # type: ignore[arg-type]
+    "a string opcode": [SendWr(2, opcode="x")],  # type: ignore[arg-type]
+    "a string wr_id": [SendWr("x")],  # type: ignore[arg-type]
+    "a float remote_addr": [SendWr(2, remote_addr=1.5)],  # type: ignore[arg-type]
+    "a string ud": [SendWr(2, ud="x")],  # type: ignore[arg-type]
+}
+
+
+@pytest.mark.parametrize("wrs", list(_BAD_SENDS.values()), ids=list(_BAD_SENDS))
+def test_malformed_send_requests_are_invalid_parameter(w: World, wrs: Any) -> None:
+    """A wrong object never reaches the provider; the good requests before it are posted."""
+    index = next((i for i, wr in enumerate(wrs) if wr is not _GOOD), 0) if isinstance(
+        wrs, list
+    ) else 0
+    with pytest.raises(PostError) as info:
+        w.ud.post_send(wrs)
+    assert info.value.status is Status.INVALID_PARAMETER
+    assert info.value.failed_index == index
+    assert [wr.wr_id for wr in w.ud._h.data.get("sent", [])] == [1] * index
+
+
+_BAD_RECVS: dict[str, Any] = {
+    "a string": "x",
+    "None": None,
+    "a SendWr": [SendWr(1)],
+    "an Sge that is None": [RecvWr(1), RecvWr(2, [None])],  # type: ignore[list-item]
+    "an Sge with a string lkey": [RecvWr(2, [Sge(0, 8, "k")])],  # type: ignore[arg-type]
+    "a string wr_id": [RecvWr("x")],  # type: ignore[arg-type]
+}
+
+
+@pytest.mark.parametrize("wrs", list(_BAD_RECVS.values()), ids=list(_BAD_RECVS))
+@pytest.mark.parametrize("target", ["qp", "srq"])
+def test_malformed_receive_requests_are_invalid_parameter(w: World, wrs: Any, target: str) -> None:
+    queue = w.ud if target == "qp" else w.srq
+    index = 1 if isinstance(wrs, list) and len(wrs) == 2 else 0
+    with pytest.raises(PostError) as info:
+        queue.post_recv(wrs)
+    assert info.value.status is Status.INVALID_PARAMETER
+    assert info.value.failed_index == index
+    assert [wr.wr_id for wr in queue._h.data.get("recvs", [])] == [1] * index

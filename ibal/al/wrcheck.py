@@ -1,0 +1,135 @@
+"""Type checks of work requests before they reach a provider.
+
+Providers may assume what the contract types say (a ``SendWr`` with ``Sge``
+entries of ints); a wrong object must come back as an ibal status, not as an
+``AttributeError`` from inside a provider, and must never be queued.  The
+checks are type tests only (values are the provider's to judge), one pass
+over the list, a few attribute loads per work request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ibal.status import PostError, Status, post_error
+from ibal.types import RecvWr, SendWr, Sge, UdDest
+
+
+def as_list(wrs: Any, cls: type) -> Sequence[Any]:
+    """``wrs`` as a sequence of work requests (one ``cls`` is a list of one)."""
+    if type(wrs) is list or type(wrs) is tuple:
+        return wrs
+    if isinstance(wrs, cls):
+        return (wrs,)
+    if isinstance(wrs, Sequence) and not isinstance(wrs, (str, bytes, bytearray)):
+        return wrs
+    raise post_error(
+        Status.INVALID_PARAMETER, 0, f"expected {cls.__name__} or a list of them, not {wrs!r:.60}"
+    )
+
+
+def _ints(*values: object) -> bool:
+    return all(isinstance(v, int) for v in values)
+
+
+def _sgl_problem(sgl: Any) -> str | None:
+    if (
+        type(sgl) is not list
+        and type(sgl) is not tuple
+        and (not isinstance(sgl, Sequence) or isinstance(sgl, (str, bytes, bytearray)))
+    ):
+        return f"sg_list is {type(sgl).__name__}, not a list of Sge"
+    for g in sgl:
+        if type(g) is not Sge and not isinstance(g, Sge):
+            return f"sg_list holds {type(g).__name__}, not Sge"
+        if not _ints(g.addr, g.length, g.lkey):
+            return "Sge addr, length and lkey must be ints"
+    return None
+
+
+def _send_problem(wr: Any) -> str | None:
+    if type(wr) is not SendWr and not isinstance(wr, SendWr):
+        return f"{type(wr).__name__} is not a SendWr"
+    if not _ints(
+        wr.wr_id, wr.opcode, wr.send_opt, wr.imm, wr.remote_addr, wr.rkey, wr.compare_add, wr.swap
+    ):
+        return "wr_id, opcode, send_opt, imm, remote_addr, rkey, compare_add, swap must be ints"
+    ud = wr.ud
+    if ud is not None and (
+        not isinstance(ud, UdDest) or not _ints(ud.remote_qp, ud.remote_qkey, ud.pkey_index)
+    ):
+        return "ud must be a UdDest with int remote_qp, remote_qkey and pkey_index"
+    return _sgl_problem(wr.sg_list)
+
+
+def _recv_problem(wr: Any) -> str | None:
+    if type(wr) is not RecvWr and not isinstance(wr, RecvWr):
+        return f"{type(wr).__name__} is not a RecvWr"
+    if not _ints(wr.wr_id):
+        return "wr_id must be an int"
+    return _sgl_problem(wr.sg_list)
+
+
+def send_list(wrs: Any) -> tuple[Sequence[SendWr], PostError | None]:
+    """``wrs`` as a list, cut before its first malformed request, and that request's error.
+
+    The caller posts the list it gets (the good prefix, as the post contract
+    says) and then raises the error.
+    """
+    wrs = as_list(wrs, SendWr)
+    bad = first_bad_send(wrs)
+    return (wrs if bad is None else wrs[: bad.failed_index]), bad
+
+
+def recv_list(wrs: Any) -> tuple[Sequence[RecvWr], PostError | None]:
+    """The receive twin of :func:`send_list`."""
+    wrs = as_list(wrs, RecvWr)
+    bad = first_bad_recv(wrs)
+    return (wrs if bad is None else wrs[: bad.failed_index]), bad
+
+
+def first_bad_send(wrs: Sequence[Any]) -> PostError | None:
+    """The error for the first malformed send work request, or ``None``."""
+    try:  # the common case in one tight pass: ``|`` raises TypeError unless ints
+        for wr in wrs:
+            if type(wr) is not SendWr or not isinstance(wr.opcode, int):
+                raise TypeError
+            if not isinstance(wr.send_opt, int):  # enums: | on them is slow
+                raise TypeError
+            _ = wr.wr_id | wr.imm | wr.remote_addr | wr.rkey | wr.compare_add | wr.swap
+            for g in wr.sg_list:
+                if type(g) is not Sge:
+                    raise TypeError
+                _ = g.addr | g.length | g.lkey
+            if wr.ud is not None:
+                raise TypeError  # UD requests take the careful path
+        return None
+    except (TypeError, AttributeError):
+        pass
+    for i, wr in enumerate(wrs):
+        why = _send_problem(wr)
+        if why is not None:
+            return post_error(Status.INVALID_PARAMETER, i, f"send WR {i}: {why}")
+    return None
+
+
+def first_bad_recv(wrs: Sequence[Any]) -> PostError | None:
+    """The error for the first malformed receive work request, or ``None``."""
+    try:
+        for wr in wrs:
+            if type(wr) is not RecvWr:
+                raise TypeError
+            _ = wr.wr_id | 0
+            for g in wr.sg_list:
+                if type(g) is not Sge:
+                    raise TypeError
+                _ = g.addr | g.length | g.lkey
+        return None
+    except (TypeError, AttributeError):
+        pass
+    for i, wr in enumerate(wrs):
+        why = _recv_problem(wr)
+        if why is not None:
+            return post_error(Status.INVALID_PARAMETER, i, f"recv WR {i}: {why}")
+    return None
