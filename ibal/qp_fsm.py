@@ -30,46 +30,51 @@ def _r(required: str = "", optional: str = "") -> Rule:
 # "primary address vector"); "resp_res" is max_dest_rd_atomic and "init_depth"
 # max_rd_atomic.
 _ALT = "alternate_av apm_state"
+# IBAL's rtr and rts modify structures carry the work queue depths (opts
+# SQ_DEPTH/RQ_DEPTH): a CA with ``Capabilities.resize_qp`` resizes there.
+_WQ = "sq_depth rq_depth"
 _RC: dict[tuple[QpState, QpState], Rule] = {
     (S.RESET, S.INIT): _r("pkey_index port_num access"),
     (S.INIT, S.INIT): _r("", "pkey_index port_num access"),
     (S.INIT, S.RTR): _r(
         "primary_av path_mtu dest_qp rq_psn resp_res rnr_nak_timeout",
-        "alternate_av access pkey_index",
+        f"alternate_av access pkey_index {_WQ}",
     ),
     (S.RTR, S.RTS): _r(
         "sq_psn local_ack_timeout retry_cnt rnr_retry_cnt init_depth",
-        f"current_state access rnr_nak_timeout {_ALT}",
+        f"current_state access rnr_nak_timeout {_ALT} {_WQ}",
     ),
-    (S.RTS, S.RTS): _r("", f"current_state access rnr_nak_timeout {_ALT}"),
+    (S.RTS, S.RTS): _r("", f"current_state access rnr_nak_timeout {_ALT} {_WQ}"),
     (S.RTS, S.SQD): _r("", "sqd_event"),
     (S.SQD, S.SQD): _r(
         "",
         "primary_av path_mtu local_ack_timeout retry_cnt rnr_retry_cnt init_depth resp_res "
         f"access pkey_index port_num rnr_nak_timeout {_ALT}",
     ),
-    (S.SQD, S.RTS): _r("", f"current_state access rnr_nak_timeout {_ALT}"),
+    (S.SQD, S.RTS): _r("", f"current_state access rnr_nak_timeout {_ALT} {_WQ}"),
 }
 _UC: dict[tuple[QpState, QpState], Rule] = {
     (S.RESET, S.INIT): _r("pkey_index port_num access"),
     (S.INIT, S.INIT): _r("", "pkey_index port_num access"),
-    (S.INIT, S.RTR): _r("primary_av path_mtu dest_qp rq_psn", "alternate_av access pkey_index"),
-    (S.RTR, S.RTS): _r("sq_psn", f"current_state access {_ALT}"),
-    (S.RTS, S.RTS): _r("", f"current_state access {_ALT}"),
+    (S.INIT, S.RTR): _r(
+        "primary_av path_mtu dest_qp rq_psn", f"alternate_av access pkey_index {_WQ}"
+    ),
+    (S.RTR, S.RTS): _r("sq_psn", f"current_state access {_ALT} {_WQ}"),
+    (S.RTS, S.RTS): _r("", f"current_state access {_ALT} {_WQ}"),
     (S.RTS, S.SQD): _r("", "sqd_event"),
     (S.SQD, S.SQD): _r("", f"primary_av path_mtu access pkey_index port_num {_ALT}"),
-    (S.SQD, S.RTS): _r("", f"current_state access {_ALT}"),
+    (S.SQD, S.RTS): _r("", f"current_state access {_ALT} {_WQ}"),
     (S.SQERR, S.RTS): _r("", "current_state access"),
 }
 _UD: dict[tuple[QpState, QpState], Rule] = {
     (S.RESET, S.INIT): _r("pkey_index port_num qkey"),
     (S.INIT, S.INIT): _r("", "pkey_index port_num qkey"),
-    (S.INIT, S.RTR): _r("", "pkey_index qkey"),
-    (S.RTR, S.RTS): _r("sq_psn", "current_state qkey"),
-    (S.RTS, S.RTS): _r("", "current_state qkey"),
+    (S.INIT, S.RTR): _r("", f"pkey_index qkey {_WQ}"),
+    (S.RTR, S.RTS): _r("sq_psn", f"current_state qkey {_WQ}"),
+    (S.RTS, S.RTS): _r("", f"current_state qkey {_WQ}"),
     (S.RTS, S.SQD): _r("", "sqd_event"),
     (S.SQD, S.SQD): _r("", "pkey_index qkey"),
-    (S.SQD, S.RTS): _r("", "current_state qkey"),
+    (S.SQD, S.RTS): _r("", f"current_state qkey {_WQ}"),
     (S.SQERR, S.RTS): _r("", "current_state qkey"),
 }
 # Special QPs are bound to their port at creation: no port_num.

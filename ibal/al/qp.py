@@ -28,6 +28,7 @@ from ibal.status import (
     InvalidQpHandle,
     InvalidQpState,
     InvalidServiceType,
+    InvalidSetting,
     Status,
     Unsupported,
     post_error,
@@ -87,6 +88,19 @@ class QpCreate:
             rq_sge=self.rq_sge,
             max_inline=self.max_inline,
         )
+
+
+def _check_resize(cica: CiCa, mod: QpMod, has_srq: bool) -> None:
+    """``sq_depth``/``rq_depth`` in a modify: the CA must resize, the sizes fit its limits."""
+    caps = cica.capabilities
+    if not caps.resize_qp:
+        raise Unsupported(f"resizing work queues: {caps.reason('resize_qp')}")
+    if mod.rq_depth is not None and has_srq:
+        raise InvalidSetting("the QP takes its receives from an SRQ: no rq_depth")
+    max_wrs = cica.limit("max_wrs")
+    for depth in (mod.sq_depth, mod.rq_depth):
+        if depth is not None and (type(depth) is not int or depth < 1 or depth > max_wrs > 0):
+            raise InvalidMaxWrs(f"queue depth {depth!r} outside 1..{max_wrs}")
 
 
 def check_qp_create(create: object, cica: CiCa) -> QpCreate:
@@ -202,6 +216,8 @@ class Qp(CaObject):
 
     def _check_mod_values(self, mod: QpMod) -> None:
         cica = self._cica
+        if mod.sq_depth is not None or mod.rq_depth is not None:
+            _check_resize(cica, mod, self._srq is not None)
         if mod.port_num is not None and cica.port(mod.port_num) is None:
             raise InvalidPort(f"CA {cica.name} has no port {mod.port_num}")
         port_num = mod.port_num if mod.port_num is not None else self._port_num

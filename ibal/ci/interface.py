@@ -138,6 +138,11 @@ class Capabilities:
     """Remote accesses through a bound memory window are checked against the
     window's own range, not only the region's.  ``False``: the suite skips the
     check that an access outside the window is refused."""
+    resize_qp: bool = False
+    """``modify_qp`` takes ``sq_depth``/``rq_depth`` (to RTR and to RTS) and
+    resizes the work queues (IBAL's SQ_DEPTH/RQ_DEPTH, verbs'
+    ``IBV_DEVICE_RESIZE_MAX_WR``).  Off by default: few CAs can; the access
+    layer then refuses those fields with ``Unsupported``."""
     reasons: Mapping[str, str] = field(default_factory=dict)
 
     def supports_opcode(self, qp_type: QpType, opcode: WrType) -> bool:

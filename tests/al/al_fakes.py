@@ -299,6 +299,7 @@ class FakeCi(ChannelInterface):
     def modify_qp(self, h_qp: Any, mod: QpMod) -> QpAttr:
         self._call("modify_qp", mod.state)
         qp = self._get(h_qp, "qp")
+        qp.data["mod"] = mod
         attr: QpAttr = replace(qp.data["attr"], state=mod.state)
         qp.data["attr"] = attr
         return attr

@@ -488,3 +488,35 @@ def test_an_unsupported_qp_type_says_the_providers_reason() -> None:
             pd.get_spl_qp(port.port_guid, QpCreate(QpType.QP0, cq, cq))
     finally:
         mgr.close(timeout=10)
+
+
+def test_queue_depths_in_a_modify_need_the_resize_capability(pd: Pd, cq: Cq, ci: FakeCi) -> None:
+    qp = rc(pd, cq)
+    to_rts(qp)
+    before = len(modifies(ci))
+    with pytest.raises(Unsupported, match="resizing work queues"):
+        qp.modify(QpMod(QpState.RTS, sq_depth=8))
+    assert len(modifies(ci)) == before  # the provider never saw it
+
+
+def test_queue_depths_reach_a_provider_that_resizes() -> None:
+    provider = FakeProvider(1, resize_qp=True)
+    mgr = AlManager()
+    mgr.add_provider(provider)
+    try:
+        ca = mgr.open_al().open_ca(provider.cis[0].guid)
+        pd = ca.alloc_pd()
+        cq = ca.create_cq(8)
+        qp = rc(pd, cq)
+        to_rts(qp)
+        qp.modify(QpMod(QpState.RTS, sq_depth=8, rq_depth=4))
+        last = qp._h.data["mod"]
+        assert (last.sq_depth, last.rq_depth) == (8, 4)
+        with pytest.raises(InvalidMaxWrs):
+            qp.modify(QpMod(QpState.RTS, sq_depth=100_000))
+        with pytest.raises(InvalidMaxWrs):
+            qp.modify(QpMod(QpState.RTS, rq_depth=0))
+        with pytest.raises(InvalidSetting):  # RTS -> SQD takes no depths (IBAL's sqd struct)
+            qp.modify(QpMod(QpState.SQD, sq_depth=8))
+    finally:
+        mgr.close(timeout=10)

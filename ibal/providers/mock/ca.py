@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from ibal import qp_fsm
@@ -224,6 +224,24 @@ def _verb(fn: Callable[Concatenate[MockCa, P], R]) -> Callable[Concatenate[MockC
     return wrapper
 
 
+
+def _resized(qp: MockQp, mod: QpMod, max_wrs: int) -> QpCaps:
+    """The QP's sizes after ``mod``'s ``sq_depth``/``rq_depth`` (IBAL SQ_DEPTH/RQ_DEPTH).
+
+    A queue never shrinks below the work requests it holds (``InvalidMaxWrs``).
+    """
+    caps = qp.caps
+    for name, queue in (("sq_depth", qp.sq), ("rq_depth", qp.rq)):
+        depth = getattr(mod, name)
+        if depth is None:
+            continue
+        if name == "rq_depth" and qp.srq is not None:
+            raise InvalidSetting("the QP takes its receives from an SRQ: no rq_depth")
+        if not max(1, len(queue)) <= depth <= max_wrs:
+            raise InvalidMaxWrs(f"{name} {depth}: {len(queue)} outstanding, CA limit {max_wrs}")
+        caps = replace(caps, **{name: depth})
+    return caps
+
 class MockCa(ChannelInterface):
     """One CA of a :class:`~ibal.providers.mock.fabric.MockFabric`."""
 
@@ -298,6 +316,7 @@ class MockCa(ChannelInterface):
             local_mad=True,
             vendor_call=True,
             violation_counters=self._violation_counters,
+            resize_qp=True,
             modify_ca=True,
             inline_data=True,
             immediate=True,
@@ -777,7 +796,9 @@ class MockCa(ChannelInterface):
             raise InvalidSetting(f"init_depth above {lim.max_qp_init_depth}")
         if mod.access is not None and int(mod.access) & ~_ALL_ACCESS:
             raise InvalidParameter(f"unknown access bits in {mod.access!r}")
+        caps = _resized(qp, mod, lim.max_wrs)
         # ---------------------------------------------------------------- apply
+        qp.caps = caps
         if port is not None and not qp.special:
             qp.port = port
             qp.port_num = port.num

@@ -47,6 +47,10 @@ REASONS: dict[str, str] = {
         "exercised or verified through this provider (kernel rxe advertises it and never migrates)"
     ),
     "async_event_injection": "async events come from the kernel; user space cannot raise them",
+    "resize_qp": (
+        "the kernel's modify-QP accepts IB_QP_CAP in no transition, so work queues keep "
+        "the depths granted at creation"
+    ),
 }
 
 RXE_VENDOR_ID = 0xFFFFFF

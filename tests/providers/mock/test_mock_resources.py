@@ -375,6 +375,28 @@ def test_modify_qp_statuses(a: Node, b: Node) -> None:
         a.ca.modify_qp(qp, QpMod(QpState.ERROR))
 
 
+def test_modify_qp_resizes_the_work_queues(a: Node, b: Node) -> None:
+    qa, qb = connect(a, b, caps=QpCaps(sq_depth=4, rq_depth=4))
+    assert a.ca.capabilities.resize_qp
+    b.ca.modify_qp(qb, QpMod(QpState.RTS, rq_depth=2))
+    b.ca.post_recv(qb, [RecvWr(1, [b.sge(0, 8)]), RecvWr(2, [b.sge(8, 8)])])
+    raises_post(InsufficientResources, 0, lambda: b.ca.post_recv(qb, [RecvWr(3, [b.sge(0, 8)])]))
+    with pytest.raises(InvalidMaxWrs):  # never below what the queue holds
+        b.ca.modify_qp(qb, QpMod(QpState.RTS, rq_depth=1))
+    attr = a.ca.modify_qp(qa, QpMod(QpState.RTS, sq_depth=8))
+    assert attr.caps.sq_depth == a.ca.query_qp(qa).caps.sq_depth == 8
+    a.ca.modify_qp(qa, QpMod(QpState.SQD))
+    raises_post(InsufficientResources, 8, lambda: a.ca.post_send(
+        qa, [SendWr(i, WrType.RDMA_WRITE, [a.sge(0, 8)], remote_addr=b.addr(64),
+                    rkey=b.mr.rkey) for i in range(9)]))
+    with pytest.raises(InvalidMaxWrs):
+        a.ca.modify_qp(qa, QpMod(QpState.RTS, sq_depth=7))
+    with pytest.raises(InvalidMaxWrs):
+        a.ca.modify_qp(qa, QpMod(QpState.RTS, sq_depth=a.ca.limits.max_wrs + 1))
+    a.ca.modify_qp(qa, QpMod(QpState.RTS, sq_depth=8))  # SQD -> RTS: the 8 go out
+    assert [w.status for w in a.poll()] == [WcStatus.SUCCESS] * 8
+
+
 def test_destroy_qp_attached_to_multicast_is_busy(a: Node) -> None:
     ud = a.qp(QpType.UD)
     m = a.ca.attach_mcast(ud, MGID, 0xC005)

@@ -143,6 +143,7 @@ CAPABILITIES = Capabilities(
         "inline_data": "the sample reads memory only through registered regions",
         "sqd": "work requests execute when posted, so there is nothing to drain",
         "apm": "a loopback port has no alternate path",
+        "resize_qp": "queues keep the depths granted at creation",
         "async_event_injection": "events come only from real conditions (a refused RDMA, "
         "a CQ overrun)",
     },
