@@ -76,6 +76,11 @@ step $bb ip link set lo up
 @NETSETUP@
 step modprobe rdma_rxe
 step rdma link add @RXE@ type rxe netdev @NETDEV@
+# RoCE multicast leaves through the netdev's IP routes: lo has neither the
+# multicast flag nor multicast routes, and no netdev has an IPv4 one here.
+step $bb ip link set @NETDEV@ multicast on
+step ip route replace 224.0.0.0/4 dev @NETDEV@
+step ip -6 route replace multicast ff00::/8 dev @NETDEV@ table local
 read -r up _ </proc/uptime
 echo "+ [$up] setup done"
 echo ready >&3

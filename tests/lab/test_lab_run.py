@@ -23,6 +23,20 @@ def test_run_reports_rxe0_active_and_boot_time(ibal_lab: Lab) -> None:
     assert not result.timed_out
 
 
+def test_rxe_netdev_is_ready_for_multicast(ibal_lab_session: LabSession) -> None:
+    """The lab sets up what RoCE multicast needs on rxe0's netdev (lo here)."""
+    s = ibal_lab_session
+    cmds = ["rdma link show rxe0/1", "ip -o link show lo", "ip route get 224.0.0.251",
+            "ip -6 route show table local ff00::/8"]  # fmt: skip
+    r = s.run(" && echo @@ && ".join(cmds))
+    assert r.returncode == 0, r.stderr_text
+    link, lo, v4, v6 = (part.strip() for part in r.stdout_text.split("@@"))
+    assert "netdev lo" in link
+    assert "MULTICAST" in lo.split(">")[0]
+    assert v4.startswith("multicast 224.0.0.251 dev lo")
+    assert v6.startswith("multicast ff00::/8 dev lo")
+
+
 def test_exit_status_and_streams_are_exact(ibal_lab_session: LabSession) -> None:
     s = ibal_lab_session
     assert s.run(["sh", "-c", "exit 7"]).returncode == 7

@@ -107,12 +107,16 @@ def test_agent_and_init_scripts_are_valid_shell(net: NetConfig | None, tmp_path:
     for name in ("agent.sh", "init"):
         check = subprocess.run(["sh", "-n", str(tmp_path / name)], capture_output=True, check=False)
         assert check.returncode == 0, check.stderr
+    dev = "lo" if net is None else "eth0"
     if net is None:
-        assert "rdma link add rxe0 type rxe netdev lo" in agent
         assert "eth0" not in agent
     else:
         assert "ip addr add 10.98.7.9/24 dev eth0" in agent
-        assert "rdma link add rxe0 type rxe netdev eth0" in agent
+    assert f"rdma link add rxe0 type rxe netdev {dev}" in agent
+    # what RoCE multicast needs on the rxe netdev (checked in the guest by test_lab_run)
+    assert f"ip link set {dev} multicast on" in agent
+    assert f"ip route replace 224.0.0.0/4 dev {dev}" in agent
+    assert f"ip -6 route replace multicast ff00::/8 dev {dev} table local" in agent
     assert f"/newroot{initramfs.GUEST_SHARE}" in initramfs.INIT_SCRIPT
 
 

@@ -36,15 +36,6 @@ pytestmark = [pytest.mark.lab, pytest.mark.rdma_core, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[3]
 GUEST_CHECKS = Path(__file__).with_name("guest_checks.py")
 
-# Where the lab can link the guest to a namespace (``--net``), rxe0 sits on
-# eth0.  Otherwise it sits on lo, which has no multicast flag and no multicast
-# routes by default, so a multicast datagram could not even leave.
-LO_SETUP = (
-    "ip link set lo multicast on && "
-    "ip -6 route add ff00::/8 dev lo table local && "
-    "ip route add 224.0.0.0/4 dev lo"
-)
-
 DECLARED_RXE_DEVIATIONS: dict[str, str] = {
     # check -> the capability the provider declares False on rxe (caps.RXE_REASONS)
     "test_bad_lkey_is_local_protection_error": "precise_local_errors",
@@ -114,8 +105,7 @@ def guest_run(ibal_lab: Lab) -> GuestRun:
     with ibal_lab.session(net=net) as s:
         g = s.guest_dir
         cmd = (
-            ("true; " if net else f"{LO_SETUP}; ")
-            + f"python -m pytest -p no:cacheprovider -q {GUEST_CHECKS} --junitxml={g}/guest.xml; "
+            f"python -m pytest -p no:cacheprovider -q {GUEST_CHECKS} --junitxml={g}/guest.xml; "
             "python -m pytest --ibal-provider rdma_core -p no:cacheprovider -q "
             f"--junitxml={g}/conformance.xml"
         )
