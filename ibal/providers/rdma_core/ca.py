@@ -37,7 +37,7 @@ from ibal.ci.interface import (
 )
 from ibal.providers.rdma_core import consts as C
 from ibal.providers.rdma_core import peek
-from ibal.providers.rdma_core.caps import build_capabilities
+from ibal.providers.rdma_core.caps import build_capabilities, is_rxe
 from ibal.providers.rdma_core.errors import translate
 from ibal.providers.rdma_core.events import AsyncDispatch, EventLoop
 from ibal.providers.rdma_core.fastpath import (
@@ -52,12 +52,14 @@ from ibal.providers.rdma_core.fastpath import (
 from ibal.providers.rdma_core.ipmcast import IpMemberships
 from ibal.providers.rdma_core.nethdr import ReceiveAreas, classify
 from ibal.providers.rdma_core.wr import (
+    Held,
     PyverbsApi,
     RecvQueue,
     RecvTokens,
     SendQueue,
     SqAccount,
     convert_wcs,
+    flush_tuples,
 )
 from ibal.qp_fsm import can_post_recv, can_post_send
 from ibal.status import (
@@ -191,11 +193,13 @@ class _Av(_Handle):
 
 class _Cq(_Handle):
     __slots__ = (
+        "armed",
         "channel",
         "context",
         "fd",
         "lock",
         "orphans",
+        "pending",
         "poller",
         "pv",
         "size",
@@ -213,6 +217,8 @@ class _Cq(_Handle):
         self.users = 0
         self.lock = threading.Lock()
         self.orphans: list[set[int]] = []
+        self.pending: list[tuple[int, ...]] = []  # completions made here, not by the device
+        self.armed = False
         self.poller: FastPoller | None = None
         self.wc_cache: dict[tuple[int, int, int, int], Wc] = {}
 
@@ -406,6 +412,8 @@ class RdmaCoreCa(ChannelInterface):
         self._caps = build_capabilities(
             self.dev, self._port_link_layers(), self._multicast_reason(), self.name
         )
+        self.rxe = is_rxe(self.dev, self.name)
+        """Kernel rxe: its workarounds (SQD hold, ERROR re-entry) apply to it only."""
         self.ops: Ops | None = self._load_ops()
         self.datapath = "ctypes" if self.ops is not None else "pyverbs"
 
@@ -1036,6 +1044,7 @@ class RdmaCoreCa(ChannelInterface):
                 pv.ack_events(1)
 
             def upcall() -> None:
+                cq.armed = False
                 h = self._open
                 if h is not None:
                     h.completion_cb(cq_context)
@@ -1098,22 +1107,32 @@ class RdmaCoreCa(ChannelInterface):
             poller = cq.poller
             try:
                 if poller is not None:
-                    out = convert_wcs(
-                        poller.poll(max_entries),
-                        self.tokens,
-                        self._ud_qpns,
-                        cq.wc_cache,
-                        self._sq_accts,
-                    )
-                    return self._headers(out) if self._ud_qpns else out
-                n, wcs = cq.pv.poll(max_entries)
+                    got = poller.poll(max_entries)
+                else:
+                    n, wcs = cq.pv.poll(max_entries)
+                    got = wc_tuples_from_pyverbs(wcs) if n else ()
             except (OSError, self._errs.PyverbsError) as exc:
                 raise translate(exc, "ibv_poll_cq") from exc
-            if not n:
-                return []
-            tuples = wc_tuples_from_pyverbs(wcs)
-            out = convert_wcs(tuples, self.tokens, self._ud_qpns, cq.wc_cache, self._sq_accts)
+            out = convert_wcs(got, self.tokens, self._ud_qpns, cq.wc_cache, self._sq_accts)
+            if cq.pending and len(out) < max_entries:  # after the device's: they came later
+                take = cq.pending[: max_entries - len(out)]
+                del cq.pending[: len(take)]
+                out += convert_wcs(take, self.tokens, self._ud_qpns, None, self._sq_accts)
             return self._headers(out) if self._ud_qpns else out
+
+    def _complete_flushed(self, qp: _Qp, lost: Held) -> None:
+        """Complete send requests that never reached the device with ``WR_FLUSHED_ERR``.
+
+        Called without the CA lock; upcalls once if the CQ was armed.
+        """
+        cq = qp.send_cq
+        assert cq is not None
+        with cq.lock:
+            cq.pending.extend(flush_tuples(lost, qp.num))
+            fire, cq.armed = cq.armed, False
+        h = self._open
+        if fire and h is not None:
+            h.completion_cb(cq.context)
 
     def _headers(self, wcs: list[Wc]) -> list[Wc]:
         """Fill ``network_header`` of UD receives that carry a GRH area (see nethdr)."""
@@ -1149,6 +1168,7 @@ class RdmaCoreCa(ChannelInterface):
                 cq.pv.req_notify(bool(solicited))
             except self._errs.PyverbsError as exc:
                 raise translate(exc, "ibv_req_notify_cq") from exc
+            cq.armed = True
 
     # ------------------------------------------------------------------ QP
     def create_qp(
@@ -1383,6 +1403,7 @@ class RdmaCoreCa(ChannelInterface):
             attr, mask = self._modify_attr(qp, mod)
         except (OverflowError, TypeError) as exc:
             raise InvalidParameter(f"modify_qp: {exc}") from exc
+        lost: Held = []
         with self._lock:
             old_state = qp.state
             try:
@@ -1423,8 +1444,11 @@ class RdmaCoreCa(ChannelInterface):
                     qp.recv_cq.orphans.append(qp.rtok)
                     qp.rtok = set()
             elif old_state is QpState.SQD and mod.state is not QpState.SQD:
-                sq.release()  # sends posted in SQD run now (and flush on ERROR)
-            return self._query(qp)
+                lost = sq.release()  # sends held in SQD run now (and flush on ERROR)
+            result = self._query(qp)
+        if lost:
+            self._complete_flushed(qp, lost)
+        return result
 
     def query_qp(self, h_qp: Handle) -> QpAttr:
         return self._query(self._qp(h_qp))
@@ -1499,6 +1523,11 @@ class RdmaCoreCa(ChannelInterface):
             def destroy() -> None:
                 with sq.lock, rq.lock if rq is not None else contextlib.nullcontext():
                     qp.pv.close()
+                    # Under the same locks: a post that raced the destroy and waits
+                    # for them must find the queues closed, never the freed ibv_qp.
+                    sq.closed = True
+                    if rq is not None:
+                        rq.closed = True
 
             self._retire(qp, destroy, "ibv_destroy_qp")
             sq.close()
@@ -1882,9 +1911,9 @@ class RdmaCoreCa(ChannelInterface):
         if state is QpState.RTS:
             qp.sq.post(wrs)  # type: ignore[union-attr]  # set for every live QP
         elif state is QpState.SQD:
-            # rxe does not restart a drained send queue on SQD -> RTS: hold the
-            # (validated) requests and post them at the transition.
-            qp.sq.post(wrs, hold=True)  # type: ignore[union-attr]
+            # A device queues sends posted in SQD until RTS; rxe does not restart a
+            # drained send queue on SQD -> RTS: hold them (validated) until then.
+            qp.sq.post(wrs, hold=self.rxe)  # type: ignore[union-attr]
         else:
             raise post_error(Status.INVALID_QP_STATE, 0, f"QP is in {state.name}")
 
@@ -1906,7 +1935,7 @@ class RdmaCoreCa(ChannelInterface):
             self._areas.posted(qp.num, wrs)
         else:
             self._post_recv_limited(rq, wrs, qp.caps.rq_depth - len(qp.rtok))
-        if qp.state is QpState.ERROR:
+        if qp.state is QpState.ERROR and self.rxe:
             self._kick_flush(qp)
 
     def _post_recv_limited(

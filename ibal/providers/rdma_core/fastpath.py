@@ -42,6 +42,7 @@ from ibal.providers.rdma_core.wr import (
     K_RDMA,
     K_UD,
     POOL_MAX,
+    Held,
     RecvTokens,
     SqAccount,
     build_send_table,
@@ -191,7 +192,7 @@ class FastSendQueue:
         self._post_fn = ops.post_send
         self.acct = SqAccount(depth, all_signaled)
         self.holding = False
-        self.held: list[tuple[bytes, int]] = []
+        self.held: list[tuple[bytes, int, Held]] = []
         self.qp_ptr = qp_ptr
         self.max_sge = max_sge
         self.max_inline = max_inline
@@ -236,15 +237,27 @@ class FastSendQueue:
                 why = f"send queue full ({self.acct.depth} granted)"
                 raise _fail(InsufficientResources, limit, why)
 
-    def release(self) -> None:
-        """Post the chains held while the QP was in SQD, in order."""
+    def release(self) -> Held:
+        """Post the chains held while the QP was in SQD, in order.
+
+        Returns the requests libibverbs refused (and every later one), for the
+        caller to complete with ``WR_FLUSHED_ERR`` (``wr.flush_tuples``).
+        """
+        lost: Held = []
         with self.lock:
             held, self.held = self.held, []
-            for data, _count in held:
+            for data, count, ids in held:
+                if lost or self.closed:
+                    lost.extend(ids)
+                    continue
                 ctypes.memmove(self.base, data, len(data))
                 rc = self._post_fn(self.qp_ptr, self.base, self.bad_ref)
                 if rc:
                     log.warning("rdma_core: posting work requests held in SQD failed: %d", rc)
+                    bad = self.bad.value or self.base
+                    idx = (bad - self.base) // self.slot
+                    lost.extend(ids[idx if 0 <= idx < count else 0 :])
+        return lost
 
     def drop_held(self) -> None:
         """The QP went to RESET: held work requests vanish without completions."""
@@ -340,7 +353,8 @@ class FastSendQueue:
     def _post(self, base: int, count: int) -> None:
         wrs = self._wrs
         if self.holding:
-            self.held.append((ctypes.string_at(self.base, count * self.slot), count))
+            ids = [(wrs[base + j].wr_id, WrType(wrs[base + j].opcode)) for j in range(count)]
+            self.held.append((ctypes.string_at(self.base, count * self.slot), count, ids))
             self.acct.note(wrs, base, count)
             return
         rc = self._post_fn(self.qp_ptr, self.base, self.bad_ref)

@@ -149,6 +149,35 @@ def _send_entry(
     return (code, flags, kind, imm, inline)
 
 
+Held = list[tuple[int, WrType]]
+"""``(wr_id, opcode)`` of send work requests held back in SQD."""
+
+_WC_OF_WR = {
+    WrType.SEND: C.IBV_WC_SEND,
+    WrType.RDMA_WRITE: C.IBV_WC_RDMA_WRITE,
+    WrType.RDMA_READ: C.IBV_WC_RDMA_READ,
+    WrType.COMPARE_SWAP: C.IBV_WC_COMP_SWAP,
+    WrType.FETCH_ADD: C.IBV_WC_FETCH_ADD,
+}
+IBV_WC_WR_FLUSH_ERR = 5
+
+
+def _index_of(ids: Held, wr_id: object) -> int:
+    for j, (i, _) in enumerate(ids):
+        if i == wr_id:
+            return j
+    return 0
+
+
+def flush_tuples(lost: Held, qp_num: int) -> list[tuple[int, ...]]:
+    """``ibv_wc`` tuples completing ``lost`` flushed (the input of :func:`convert_wcs`)."""
+    return [
+        (wr_id, IBV_WC_WR_FLUSH_ERR, _WC_OF_WR[op], 0, 0, 0, qp_num, 0, 0, 0, 0, 0, 0)
+        for wr_id, op in lost
+    ]
+
+
+
 class SqAccount:
     """Send-queue occupancy, so a post beyond the granted depth fails as the contract says.
 
@@ -240,7 +269,8 @@ class SendQueue:
         self._post = post
         self.acct = SqAccount(depth, all_signaled)
         self.holding = False
-        self.held: list[tuple[list[Any], list[Any]]] = []
+        self.held: list[tuple[list[Any], list[Any], Held]] = []
+        self.closed = False
         self.qp_type = qp_type
         self.max_sge = max_sge
         self.max_inline = max_inline
@@ -272,6 +302,7 @@ class SendQueue:
     def close(self) -> None:
         """Free the pooled scatter entries (the SendWRs point at them)."""
         with self.lock:
+            self.closed = True
             for sge in (*self.pool_sge, self._bad_sge):
                 sge.close()
             self.pool_sge = []
@@ -283,7 +314,7 @@ class SendQueue:
         """Post ``wrs``; with ``hold`` (QP in SQD) validate and queue them until :meth:`release`."""
         n = len(wrs)
         with self.lock:
-            if not self.size:
+            if self.closed or not self.size:
                 raise _fail(InvalidParameter, 0, "QP destroyed")
             room = self.acct.room()
             limit = n if n <= room else max(room, 0)
@@ -298,26 +329,37 @@ class SendQueue:
                 raise _fail(InsufficientResources, limit,
                             f"send queue full ({self.acct.depth} granted)")  # fmt: skip
 
-    def release(self) -> None:
-        """Post what was held while the QP was in SQD, in order."""
+    def release(self) -> Held:
+        """Post what was held while the QP was in SQD, in order.
+
+        Returns the requests libibverbs refused (and every later one): the
+        caller completes them with ``WR_FLUSHED_ERR`` (:func:`flush_tuples`).
+        """
+        lost: Held = []
         with self.lock:
             held, self.held = self.held, []
-            for built, sges in held:
+            for built, sges, ids in held:
                 try:
+                    if lost:
+                        lost.extend(ids)
+                        continue
                     self._post(built[0], self.bad)
                 except self.api.rdma_error as exc:
+                    at = _index_of(ids, getattr(self.bad, "wr_id", None))
                     log.warning("rdma_core: posting work requests held in SQD failed: %s", exc)
+                    lost.extend(ids[at:])
                 finally:
                     for w in built:
                         w.close()
                     for g in sges:
                         g.close()
+        return lost
 
     def drop_held(self) -> None:
         """The QP went to RESET: held work requests vanish without completions."""
         with self.lock:
             held, self.held = self.held, []
-            for built, sges in held:
+            for built, sges, _ids in held:
                 for w in built:
                     w.close()
                 for g in sges:
@@ -476,7 +518,8 @@ class SendQueue:
         if not built:
             return False
         if self.holding:
-            self.held.append((list(built), list(sges)))
+            ids = [(wrs[base + j].wr_id, WrType(wrs[base + j].opcode)) for j in range(len(built))]
+            self.held.append((list(built), list(sges), ids))
             self.acct.note(wrs, base, len(built))
             return True
         try:
@@ -863,6 +906,7 @@ __all__ = [
     "SqAccount",
     "build_send_table",
     "convert_wcs",
+    "flush_tuples",
     "imm_from_verbs",
     "imm_to_verbs",
 ]

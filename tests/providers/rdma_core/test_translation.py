@@ -31,6 +31,7 @@ from ibal.providers.rdma_core.wr import (
     SendQueue,
     build_send_table,
     convert_wcs,
+    flush_tuples,
     imm_from_verbs,
     imm_to_verbs,
 )
@@ -637,3 +638,31 @@ def test_sends_held_in_sqd_are_posted_at_release(fast: bool) -> None:
     sq.drop_held()
     sq.release()
     assert [s["wr_id"] for s in sent] == [5, 1, 2, 3]
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_held_sends_that_cannot_be_posted_complete_flushed(fast: bool) -> None:
+    """Resuming from SQD may fail: what was not posted completes WR_FLUSHED_ERR, none is lost."""
+    if fast:
+        lib = FakeLib()
+        sq: Any = fast_queue(lib, depth=8)
+        sent = lib.sent
+    else:
+        qp = FakeQp()
+        sq = send_queue(qp, depth=8)
+        lib = qp  # type: ignore[assignment]
+        sent = qp.sent
+    sq.post([write(1), write(2, send_opt=SendOpt.NONE)], hold=True)
+    sq.post([SendWr(3, WrType.SEND, [Sge(1, 8, 7)])], hold=True)
+    assert sq.acct.room() == 5
+    lib.refuse_at = 1  # libibverbs takes the first and refuses the rest (a QP gone bad)
+    lost = sq.release()
+    assert [s["wr_id"] for s in sent] == [1]
+    assert lost == [(2, WrType.RDMA_WRITE), (3, WrType.SEND)]  # unsignaled ones too
+    wcs = convert_wcs(flush_tuples(lost, 5), RecvTokens(), sq_accts={5: sq.acct})
+    assert [(w.wr_id, w.wc_type, w.status, w.qp_num) for w in wcs] == [
+        (2, WcType.RDMA_WRITE, WcStatus.WR_FLUSHED_ERR, 5),
+        (3, WcType.SEND, WcStatus.WR_FLUSHED_ERR, 5),
+    ]
+    assert sq.acct.room() == 7  # only the posted 1 still holds its slot
+    assert sq.release() == []
