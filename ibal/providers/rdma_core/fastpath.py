@@ -34,6 +34,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ibal.providers.rdma_core import abi
 from ibal.providers.rdma_core.errors import status_for_errno
 from ibal.providers.rdma_core.wr import (
     _TABLE_LEN,
@@ -64,46 +65,41 @@ DATAPATH_ENV = "IBAL_RDMA_CORE_DATAPATH"
 
 log = logging.getLogger("ibal.providers.rdma_core")
 
-# struct ibv_context { device; struct ibv_context_ops ops; ... }: slot indexes in ops.
-_OPS_OFFSET = 8
-_SLOT_POLL_CQ = 11
-_SLOT_POST_SRQ_RECV = 20
-_SLOT_POST_SEND = 25
-_SLOT_POST_RECV = 26
-
-SEND_WR_SIZE = 128  # sizeof(struct ibv_send_wr) on LP64
-RECV_WR_SIZE = 32
-SGE_SIZE = 16
-WC_SIZE = 48
+SEND_WR_SIZE = ctypes.sizeof(abi.IbvSendWr)
+RECV_WR_SIZE = ctypes.sizeof(abi.IbvRecvWr)
+SGE_SIZE = ctypes.sizeof(abi.IbvSge)
+WC_SIZE = ctypes.sizeof(abi.IbvWc)
 
 _POLL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
 _POST = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
 )
 
-_WC = struct.Struct("<QIIIIIIIIHHBB2x")
-assert _WC.size == WC_SIZE
-_SGE = struct.Struct("<QII")
+_WC = abi.layout([(abi.IbvWc, [f[0] for f in abi.IbvWc._fields_])], whole=True)
+_SGE_FIELDS = ("addr", "length", "lkey")
+_SGE = abi.layout([(abi.IbvSge, _SGE_FIELDS)])
 _NEXT = struct.Struct("<Q")
+_NEXT_OFF = abi.offset(abi.IbvSendWr, "next")
+assert abi.offset(abi.IbvRecvWr, "next") == _NEXT_OFF
 
-# Send work request headers (offsets of struct ibv_send_wr) followed, for the
-# single-SGE forms, by padding up to the slot's SGE array at offset 128.
-_HDR = "<QQQiIII"  # wr_id next sg_list num_sge opcode send_flags imm_data : 40 bytes
-_S_PLAIN = struct.Struct(_HDR)
-_S_RDMA = struct.Struct(_HDR + "QI")  # wr.rdma.remote_addr, rkey
-_S_ATOMIC = struct.Struct(_HDR + "QQQI")  # remote_addr, compare_add, swap, rkey
-_S_UD = struct.Struct(_HDR + "QII")  # wr.ud.ah, remote_qpn, remote_qkey
-
-
-def _with_sge(s: struct.Struct) -> struct.Struct:
-    return struct.Struct(s.format + f"{SEND_WR_SIZE - s.size}x" + "QII")
-
-
-_S1 = {K_PLAIN: _with_sge(_S_PLAIN), K_RDMA: _with_sge(_S_RDMA),
-       K_ATOMIC: _with_sge(_S_ATOMIC), K_UD: _with_sge(_S_UD)}  # fmt: skip
-_S0 = {K_PLAIN: _S_PLAIN, K_RDMA: _S_RDMA, K_ATOMIC: _S_ATOMIC, K_UD: _S_UD}
-_R1 = struct.Struct("<QQQi4xQII")  # recv WR + one SGE right after it
-_R0 = struct.Struct("<QQQi4x")
+# Send work request headers followed, for the single-SGE forms, by the slot's
+# first SGE right after the ibv_send_wr.
+_HDR = ("wr_id", "next", "sg_list", "num_sge", "opcode", "send_flags", "imm_data")
+_KIND_FIELDS = {
+    K_PLAIN: (),
+    K_RDMA: ("wr.rdma.remote_addr", "wr.rdma.rkey"),
+    K_ATOMIC: ("wr.atomic.remote_addr", "wr.atomic.compare_add", "wr.atomic.swap",
+               "wr.atomic.rkey"),
+    K_UD: ("wr.ud.ah", "wr.ud.remote_qpn", "wr.ud.remote_qkey"),
+}  # fmt: skip
+_S0 = {k: abi.layout([(abi.IbvSendWr, _HDR + f)]) for k, f in _KIND_FIELDS.items()}
+_S1 = {
+    k: abi.layout([(abi.IbvSendWr, _HDR + f), (abi.IbvSge, _SGE_FIELDS)])
+    for k, f in _KIND_FIELDS.items()
+}
+_RECV = ("wr_id", "next", "sg_list", "num_sge")
+_R1 = abi.layout([(abi.IbvRecvWr, _RECV), (abi.IbvSge, _SGE_FIELDS)])  # recv WR + one SGE
+_R0 = abi.layout([(abi.IbvRecvWr, _RECV)])
 
 
 class OpsUnavailable(RuntimeError):
@@ -138,15 +134,10 @@ class Ops:
     """The four data-path slots of one ``ibv_context``."""
 
     def __init__(self, ctx_ptr: int) -> None:
-        table = ctx_ptr + _OPS_OFFSET
+        ops = abi.IbvContext.from_address(ctx_ptr).ops
         addrs = {
-            name: ctypes.c_uint64.from_address(table + 8 * slot).value
-            for name, slot in (
-                ("poll_cq", _SLOT_POLL_CQ),
-                ("post_srq_recv", _SLOT_POST_SRQ_RECV),
-                ("post_send", _SLOT_POST_SEND),
-                ("post_recv", _SLOT_POST_RECV),
-            )
+            name: getattr(ops, name) or 0
+            for name in ("poll_cq", "post_srq_recv", "post_send", "post_recv")
         }
         for name in ("poll_cq", "post_send", "post_recv"):
             if not addrs[name]:
@@ -371,7 +362,7 @@ class FastSendQueue:
     def _refuse(self, base: int, j: int, cls: type[IbError], why: str) -> PostError:
         """Post the ``j`` good requests before ``base + j``, then describe it."""
         if j:
-            _NEXT.pack_into(self.buf, (j - 1) * self.slot + 8, 0)
+            _NEXT.pack_into(self.buf, (j - 1) * self.slot + _NEXT_OFF, 0)
             self._post(base, j)
         return _fail(cls, base + j, f"send WR {base + j}: {why}")
 
@@ -457,13 +448,13 @@ class FastRecvQueue:
         except PostError as exc:
             self._drop(toks[j:] if len(toks) > j else [])
             if j:
-                _NEXT.pack_into(buf, (j - 1) * slot + 8, 0)
+                _NEXT.pack_into(buf, (j - 1) * slot + _NEXT_OFF, 0)
                 self._post(base, j, toks)
             raise exc from None
         except (struct.error, OverflowError, TypeError, ValueError, AttributeError) as exc:
             self._drop(toks[j:])
             if j:
-                _NEXT.pack_into(buf, (j - 1) * slot + 8, 0)
+                _NEXT.pack_into(buf, (j - 1) * slot + _NEXT_OFF, 0)
                 self._post(base, j, toks)
             raise _fail(InvalidParameter, base + j, f"recv WR {base + j}: {exc}") from exc
         self._post(base, k, toks)

@@ -29,6 +29,19 @@ import ctypes
 import os
 from typing import Any
 
+from ibal.providers.rdma_core import abi
+
+# Offsets in libibverbs' own structs (each struct's first field, the owning
+# ibv_context, sits at 0 in all of them).
+_CC_FD = abi.offset(abi.IbvCompChannel, "fd")
+_QP_CONTEXT = abi.offset(abi.IbvQp, "qp_context")
+_QP_NUM = abi.offset(abi.IbvQp, "qp_num")
+_CQ_CONTEXT = abi.offset(abi.IbvCq, "cq_context")
+_CMD_FD = abi.offset(abi.IbvContext, "cmd_fd")
+_ASYNC_FD = abi.offset(abi.IbvContext, "async_fd")
+_NCV = abi.offset(abi.IbvContext, "num_comp_vectors")
+_SG_LIST = abi.offset(abi.IbvSendWr, "sg_list")
+
 _U64 = ctypes.c_uint64
 _I32 = ctypes.c_int32
 _U32 = ctypes.c_uint32
@@ -85,8 +98,8 @@ class Layout:
         # int async_fd; int num_comp_vectors; ... }: ops is a table of function
         # pointers whose size changed over the years, so look for the triple.
         for off in range(8, 8 + 8 * 96, 4):
-            if i32(ptr + off) == cmd_fd and i32(ptr + off + 8) == ncv:
-                fd = i32(ptr + off + 4)
+            if i32(ptr + off) == cmd_fd and i32(ptr + off + _NCV - _CMD_FD) == ncv:
+                fd = i32(ptr + off + _ASYNC_FD - _CMD_FD)
                 if _is_uverbs_event_fd(fd):
                     return fd
         raise PeekError("ibv_context.async_fd not found")
@@ -99,7 +112,7 @@ class Layout:
         cc = _slot(channel, self.cm_base)
         if not cc or u64(cc) != self.context_ptr(ctx):
             raise PeekError("ibv_comp_channel does not belong to this context")
-        fd = i32(cc + 8)
+        fd = i32(cc + _CC_FD)
         if not _is_uverbs_event_fd(fd):
             raise PeekError(f"fd {fd} is not a uverbs event fd")
         return fd
@@ -110,7 +123,7 @@ class Layout:
         if _slot(qp, self.cm_base + 16) != id(pd):
             raise PeekError("pyverbs QP layout: pd slot not found")
         ptr = _slot(qp, self.cm_base)
-        if not ptr or u64(ptr) != self.context_ptr(ctx) or u32(ptr + 52) != int(qp.qp_num):
+        if not ptr or u64(ptr) != self.context_ptr(ctx) or qp_num_of(ptr) != int(qp.qp_num):
             raise PeekError("ibv_qp does not match the QP")
         return ptr
 
@@ -171,10 +184,10 @@ class Layout:
         if _slot(wr, wr_off) != marker:
             wr.sg_list = sge
             return None
-        old = _slot(wr, wr_off + 16)
+        old = _slot(wr, wr_off + _SG_LIST)
         wr.sg_list = sge
         wr.wr_id = 0
-        if _slot(wr, wr_off + 16) != self.sge_struct_ptr(sge):
+        if _slot(wr, wr_off + _SG_LIST) != self.sge_struct_ptr(sge):
             return None
         return old
 
@@ -190,16 +203,16 @@ def _is_uverbs_event_fd(fd: int) -> bool:
 
 def qp_context_of(qp_ptr: int) -> int:
     """``ibv_qp.qp_context`` (pyverbs stores the ``id()`` of the object passed)."""
-    return u64(qp_ptr + 8)
+    return u64(qp_ptr + _QP_CONTEXT)
 
 
 def qp_num_of(qp_ptr: int) -> int:
-    return u32(qp_ptr + 52)
+    return u32(qp_ptr + _QP_NUM)
 
 
 def cq_context_of(cq_ptr: int) -> int:
     """``ibv_cq.cq_context`` (pyverbs stores the ``id()`` of the object passed)."""
-    return u64(cq_ptr + 16)
+    return u64(cq_ptr + _CQ_CONTEXT)
 
 
 _libc: ctypes.CDLL | None = None
