@@ -57,6 +57,7 @@ from ibal.providers.mock.packets import (
     rnr_seconds,
 )
 from ibal.providers.mock.topology import Link, MockPort, Route, Switch
+from ibal.transport.rules import NAK_WC_STATUS, atomic_result, effective_qkey, pkey_match
 from ibal.types import (
     QP1_WELL_KNOWN_QKEY,
     AccessFlags,
@@ -104,11 +105,6 @@ _SEND_WC: dict[WrType, WcType] = {
     WrType.FETCH_ADD: WcType.FETCH_ADD,
 }
 
-_NAK_STATUS = {
-    NakCode.INVALID_REQUEST: WcStatus.REM_INVALID_REQ_ERR,
-    NakCode.REMOTE_ACCESS: WcStatus.REM_ACCESS_ERR,
-    NakCode.REMOTE_OP: WcStatus.REM_OP_ERR,
-}
 
 _WC_FIELDS = (
     "wr_id", "wc_type", "status", "length", "imm", "recv_opt", "qp_num",
@@ -158,7 +154,6 @@ def _wc_maker() -> Callable[..., Wc]:
 
 make_wc = _wc_maker()
 
-_U64 = 0xFFFF_FFFF_FFFF_FFFF
 MAX_MSG = 1 << 31
 MCAST_LID_MIN = 0xC000
 MCAST_LID_MAX = 0xFFFE
@@ -207,13 +202,6 @@ class FabricCounters:
     def reset(self) -> None:
         for f in fields(self):
             setattr(self, f.name, 0)
-
-
-def pkey_match(a: int, b: int) -> bool:
-    """IBA 10.9.3: same key bits, not both limited members, not the invalid key."""
-    if (a ^ b) & 0x7FFF or not (a & 0x7FFF):
-        return False
-    return bool((a | b) & 0x8000)
 
 
 class Engine:
@@ -889,8 +877,7 @@ class Engine:
             self._fail_wqe(qp, wqe, status)
             self._complete_front(qp)
             return
-        if qkey & 0x80000000:
-            qkey = qp.qkey
+        qkey = effective_qkey(qkey, qp.qkey)
         pkey = port.pkeys[pkey_index]
         if wqe.psn is None:
             wqe.psn = qp.sq_psn
@@ -1107,7 +1094,7 @@ class Engine:
             self._complete_front(qp)
             self._sq_progress(qp)
             return
-        self._fail_wqe(qp, w, _NAK_STATUS.get(NakCode(code), WcStatus.REM_OP_ERR))
+        self._fail_wqe(qp, w, NAK_WC_STATUS.get(code, WcStatus.REM_OP_ERR))
         self._complete_front(qp)
 
     def _ack_timeout(self, qp: MockQp) -> None:
@@ -1332,9 +1319,9 @@ class Engine:
         mr, off = got
         old = int.from_bytes(mr.read(off, 8), "little")
         if pkt.op is PacketOp.COMPARE_SWAP:
-            new = pkt.swap & _U64 if old == pkt.compare & _U64 else old
+            new = atomic_result(True, old, pkt.compare, pkt.swap)
         else:
-            new = (old + pkt.compare) & _U64
+            new = atomic_result(False, old, 0, pkt.compare)
         if new != old:
             mr.write(off, new.to_bytes(8, "little"))
         cache = qp.atomic_cache

@@ -13,13 +13,21 @@ import enum
 import zlib
 from typing import TYPE_CHECKING
 
+from ibal.transport.psn import PSN_HALF, PSN_MASK, packets_for, psn_diff
+from ibal.transport.rules import NakCode, build_grh
+from ibal.transport.timers import RNR_TIMER_MS, ack_timeout_seconds, rnr_seconds
 from ibal.types import QpType
 
 if TYPE_CHECKING:
     from ibal.providers.mock.topology import Link, MockPort
 
-PSN_MASK = 0xFFFFFF
-PSN_HALF = 0x800000
+# The IBA rules live in ibal.transport (shared with the rxe core); re-exported
+# here for the mock's own modules and tests.
+__all__ = [
+    "GRH_LEN", "MCAST_QPN", "PSN_HALF", "PSN_MASK", "RNR_TIMER_MS", "NakCode", "Packet",
+    "PacketOp", "ack_timeout_seconds", "build_grh", "packets_for", "psn_diff", "rnr_seconds",
+]  # fmt: skip
+
 MCAST_QPN = 0xFFFFFF
 GRH_LEN = 40
 
@@ -43,15 +51,6 @@ class PacketOp(enum.IntEnum):
     @property
     def is_response(self) -> bool:
         return self >= PacketOp.ACK
-
-
-class NakCode(enum.IntEnum):
-    """AETH NAK codes (IBA 9.7.5.2.2)."""
-
-    PSN_SEQ_ERR = 0
-    INVALID_REQUEST = 1
-    REMOTE_ACCESS = 2
-    REMOTE_OP = 3
 
 
 class Packet:
@@ -167,45 +166,3 @@ class Packet:
             f"<Packet {self.op.name} {self.transport.name} lid 0x{self.slid:x}->0x{self.dlid:x} "
             f"qp 0x{self.src_qpn:x}->0x{self.dst_qpn:x} psn {self.psn} len {self.length}>"
         )
-
-
-def psn_diff(a: int, b: int) -> int:
-    """``a - b`` in 24-bit PSN space, in ``[-2^23, 2^23)``."""
-    d = (a - b) & PSN_MASK
-    return d - 0x1000000 if d >= PSN_HALF else d
-
-
-def packets_for(length: int, mtu: int) -> int:
-    """How many PSNs a message of ``length`` bytes uses at path MTU ``mtu``."""
-    return 1 if length <= mtu else (length + mtu - 1) // mtu
-
-
-# IBA table 45: RNR NAK timer field -> milliseconds.
-RNR_TIMER_MS: tuple[float, ...] = (
-    655.36, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12,
-    0.16, 0.24, 0.32, 0.48, 0.64, 0.96, 1.28, 1.92,
-    2.56, 3.84, 5.12, 7.68, 10.24, 15.36, 20.48, 30.72,
-    40.96, 61.44, 81.92, 122.88, 163.84, 245.76, 327.68, 491.52,
-)  # fmt: skip
-
-
-def rnr_seconds(code: int) -> float:
-    return RNR_TIMER_MS[code & 31] / 1000.0
-
-
-def ack_timeout_seconds(code: int) -> float:
-    """IBA local ACK timeout: 4.096 us * 2^code; 0 means infinite (``0.0`` here)."""
-    return 0.0 if code == 0 else 4.096e-6 * (1 << code)
-
-
-def build_grh(sgid: bytes, dgid: bytes, payload_len: int, hop_limit: int = 64,
-              tclass: int = 0, flow: int = 0) -> bytes:
-    """A 40-byte IBA GRH (IPv6-like header), as a UD receive buffer gets it."""
-    word0 = (6 << 28) | ((tclass & 0xFF) << 20) | (flow & 0xFFFFF)
-    return (
-        word0.to_bytes(4, "big")
-        + (payload_len + 0).to_bytes(2, "big")
-        + bytes((0x1B, hop_limit & 0xFF))
-        + sgid
-        + dgid
-    )
