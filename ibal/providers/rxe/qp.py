@@ -1,0 +1,221 @@
+"""The state an rxe QP's transport core works on, and the interfaces it needs.
+
+:class:`QpConfig` holds the attributes ``modify_qp`` set (the provider writes
+them; the core reads them).  :class:`MemoryAccess` is how the core reaches
+registered memory: the provider implements it over its MR/MW tables, bound to
+the QP's protection domain.  :class:`Output` collects what the core produces
+for its driver: completions and async events (packets are pulled with
+``QpCore.poll``).  :class:`Counters` is shared by every QP of a device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from ibal.transport.psn import packets_for
+from ibal.types import AsyncEvent, QpState, QpType, SendOpt, Sge, Wc, WrType
+
+RXE_MAX_UNACKED_PSNS = 128
+"""The requester stops sending this many PSNs past the oldest unacknowledged one."""
+RXE_MAX_PKT_PER_ACK = 64
+"""AckReq is forced after this many packets without it (rxe ``RXE_MAX_PKT_PER_ACK``)."""
+MAX_MSG = 1 << 31
+
+
+class MemoryAccess(Protocol):
+    """Translation of keys to memory, with the checks an HCA's tables make.
+
+    Every method returns a writable ``memoryview`` of exactly ``length`` bytes,
+    or ``None`` when the key is unknown, in another PD, lacks the access, or
+    the range falls outside the region (the core never learns which).  Called
+    on the thread that drives the core; must not block.
+    """
+
+    def local(self, lkey: int, addr: int, length: int, write: bool) -> memoryview | None:
+        """An SGE of a send WR (``write`` for READ/atomic results): the QP's PD."""
+        ...
+
+    def recv(self, lkey: int, addr: int, length: int) -> memoryview | None:
+        """An SGE of a receive WR (local write needed): the PD of the QP or its SRQ."""
+        ...
+
+    def remote(self, rkey: int, va: int, length: int, access: int) -> memoryview | None:
+        """An R_Key'd range (``access`` is an ``AccessFlags`` value): MR or bound MW."""
+        ...
+
+    def invalidate(self, rkey: int) -> bool:
+        """SEND with invalidate: invalidate ``rkey`` of the QP's PD; False if not allowed."""
+        ...
+
+
+class RecvSource(Protocol):
+    """Where the responder takes receive WQEs: the QP's receive queue or its SRQ."""
+
+    def take(self) -> tuple[int, Sequence[Sge]] | None:
+        """The oldest receive WR as ``(wr_id, sg_list)``, removed; None if empty."""
+        ...
+
+    def drain(self) -> list[int]:
+        """Remove every receive WR (to flush them); their wr_ids in order."""
+        ...
+
+
+class Counters:
+    """Device counters (kernel rxe ``hw_counters`` names) and drops per reason."""
+
+    __slots__ = (
+        "ack_deferred",
+        "completer_retry_err",
+        "drops",
+        "duplicate_request",
+        "out_of_seq_request",
+        "rcvd_pkts",
+        "rcvd_rnr_err",
+        "rcvd_seq_err",
+        "rdma_recvs",
+        "rdma_sends",
+        "retry_exceeded_err",
+        "retry_rnr_exceeded_err",
+        "send_rnr_err",
+        "sent_pkts",
+    )
+
+    def __init__(self) -> None:
+        self.sent_pkts = 0
+        self.rcvd_pkts = 0
+        self.duplicate_request = 0
+        self.out_of_seq_request = 0
+        self.rcvd_rnr_err = 0
+        self.send_rnr_err = 0
+        self.rcvd_seq_err = 0
+        self.ack_deferred = 0
+        self.retry_exceeded_err = 0
+        self.retry_rnr_exceeded_err = 0
+        self.completer_retry_err = 0
+        self.rdma_sends = 0
+        self.rdma_recvs = 0
+        self.drops: dict[str, int] = {}
+
+    def drop(self, reason: str) -> None:
+        d = self.drops
+        d[reason] = d.get(reason, 0) + 1
+
+    def snapshot(self) -> dict[str, int]:
+        out = {name: getattr(self, name) for name in Counters.__slots__ if name != "drops"}
+        for reason, n in self.drops.items():
+            out[f"drop_{reason}"] = n
+        return out
+
+
+class QpConfig:
+    """The attributes of one QP the core needs (written by ``modify_qp``)."""
+
+    __slots__ = (
+        "access",
+        "dest_qpn",
+        "dst_ip",
+        "init_depth",
+        "local_ack_timeout",
+        "min_rnr_timer",
+        "mtu",
+        "pkey",
+        "pkey_index",
+        "qkey",
+        "qp_type",
+        "qpn",
+        "resp_res",
+        "retry_cnt",
+        "rnr_retry",
+        "rq_psn",
+        "sq_psn",
+        "src_ip",
+        "src_port",
+        "state",
+    )
+
+    def __init__(self, qpn: int, qp_type: QpType) -> None:
+        self.qpn = qpn
+        self.qp_type = qp_type
+        self.state = QpState.RESET
+        self.dest_qpn = 0
+        self.pkey = 0xFFFF
+        self.pkey_index = 0
+        self.qkey = 0
+        self.access = 0
+        self.mtu = 256
+        self.sq_psn = 0
+        self.rq_psn = 0
+        self.retry_cnt = 7
+        self.rnr_retry = 7
+        self.local_ack_timeout = 14
+        self.min_rnr_timer = 12
+        self.init_depth = 1
+        self.resp_res = 1
+        self.src_ip = b""
+        self.dst_ip = b""
+        self.src_port = 0xC000
+
+
+class Output:
+    """What the core produced since its driver last looked; the driver empties the lists."""
+
+    __slots__ = ("events", "recv_wcs", "send_wcs")
+
+    def __init__(self) -> None:
+        self.send_wcs: list[Wc] = []
+        self.recv_wcs: list[tuple[Wc, bool]] = []
+        """Receive completions with whether the message was solicited."""
+        self.events: list[AsyncEvent] = []
+
+
+class SendWqe:
+    """A send WR as the requester and completer track it.
+
+    ``first_psn`` is None until the first packet leaves; ``npkts`` is how many
+    PSNs it takes (a READ: one per response packet).  ``got`` counts the READ
+    response packets received (the retry point of a READ).
+    """
+
+    __slots__ = (
+        "data",
+        "done",
+        "fence",
+        "first_psn",
+        "got",
+        "inv_rkey",
+        "length",
+        "npkts",
+        "opcode",
+        "rd_atomic",
+        "sges",
+        "signaled",
+        "solicited",
+        "status",
+        "targets",
+        "wr",
+    )
+
+    def __init__(self, wr: object, opcode: WrType, sges: Sequence[Sge], send_opt: SendOpt,
+                 mtu: int, inv_rkey: int | None) -> None:
+        self.wr = wr
+        self.opcode = opcode
+        self.sges = sges
+        length = 0
+        for s in sges:
+            length += s.length
+        self.rd_atomic = opcode is WrType.RDMA_READ or opcode.is_atomic
+        if opcode.is_atomic:
+            length = 8
+        self.length = length
+        self.npkts = 1 if opcode.is_atomic else packets_for(length, mtu)
+        self.signaled = bool(send_opt & SendOpt.SIGNALED)
+        self.solicited = bool(send_opt & SendOpt.SOLICITED)
+        self.fence = bool(send_opt & SendOpt.FENCE)
+        self.inv_rkey = inv_rkey
+        self.first_psn: int | None = None
+        self.got = 0
+        self.done = False
+        self.status: object = None
+        self.data: memoryview | bytes | None = None
+        self.targets: list[memoryview] | None = None
