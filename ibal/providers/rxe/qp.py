@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ibal.transport.psn import packets_for
-from ibal.types import AsyncEvent, QpState, QpType, SendOpt, Sge, Wc, WrType
+from ibal.types import AsyncEvent, QpState, QpType, SendOpt, SendWr, Sge, Wc, WcStatus, WrType
 
 RXE_MAX_UNACKED_PSNS = 128
 """The requester stops sending this many PSNs past the oldest unacknowledged one."""
@@ -196,14 +196,19 @@ class SendWqe:
         "wr",
     )
 
-    def __init__(self, wr: object, opcode: WrType, sges: Sequence[Sge], send_opt: SendOpt,
-                 mtu: int, inv_rkey: int | None) -> None:
+    def __init__(self, wr: SendWr, mtu: int, inline: bytes | None, inv_rkey: int | None) -> None:
         self.wr = wr
+        opcode = wr.opcode
+        send_opt = wr.send_opt
         self.opcode = opcode
+        sges = wr.sg_list
         self.sges = sges
-        length = 0
-        for s in sges:
-            length += s.length
+        if inline is not None:
+            length = len(inline)
+        else:
+            length = 0
+            for s in sges:
+                length += s.length
         self.rd_atomic = opcode is WrType.RDMA_READ or opcode.is_atomic
         if opcode.is_atomic:
             length = 8
@@ -216,6 +221,12 @@ class SendWqe:
         self.first_psn: int | None = None
         self.got = 0
         self.done = False
-        self.status: object = None
-        self.data: memoryview | bytes | None = None
+        self.status = WcStatus.SUCCESS
+        self.data: memoryview | bytes | None = inline
         self.targets: list[memoryview] | None = None
+
+
+class UdAv(Protocol):
+    """What the core needs of the provider's AV handle a UD send WR names."""
+
+    dst_ip: bytes

@@ -1,0 +1,373 @@
+"""The requester: send WRs -> request packets (MTU segments, PSNs, AckReq, window).
+
+The send queue is also the retransmit queue: a WQE stays in it, with its PSNs,
+until the completer retires it, and a go-back-N retry (:meth:`Requester.rewind`)
+moves the transmit cursor back so :meth:`Requester.poll` regenerates the
+packets from the WQE (nothing is kept per packet).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from ibal.providers.rxe import packet as P
+from ibal.providers.rxe.packet import Packet
+from ibal.providers.rxe.qp import (
+    MAX_MSG,
+    RXE_MAX_PKT_PER_ACK,
+    RXE_MAX_UNACKED_PSNS,
+    Counters,
+    MemoryAccess,
+    Output,
+    QpConfig,
+    SendWqe,
+)
+from ibal.transport.psn import PSN_MASK, psn_diff
+from ibal.transport.rules import effective_qkey
+from ibal.transport.timers import ack_timeout_seconds
+from ibal.transport.wc import make_wc
+from ibal.types import (
+    WC_TYPE_FOR_WR,
+    QpState,
+    QpType,
+    RecvOpt,
+    SendOpt,
+    SendWr,
+    WcStatus,
+    WrType,
+)
+
+_OK = WcStatus.SUCCESS
+_FLUSHED = WcStatus.WR_FLUSHED_ERR
+_NO_OPT = RecvOpt.NONE
+_RTS = QpState.RTS
+_SQD = QpState.SQD
+_SEND = WrType.SEND
+_WRITE = WrType.RDMA_WRITE
+_READ = WrType.RDMA_READ
+_CMP_SWAP = WrType.COMPARE_SWAP
+_IMM = int(SendOpt.IMMEDIATE)
+
+# Opcode offsets by (first, last) for SEND and WRITE; the base adds 0x00 (RC) or 0x20 (UC).
+_SEND_OP = {(True, False): 0x00, (False, False): 0x01, (False, True): 0x02, (True, True): 0x04}
+_WRITE_OP = {(True, False): 0x06, (False, False): 0x07, (False, True): 0x08, (True, True): 0x0A}
+
+
+class Requester:
+    """One QP's send queue and transmit state.
+
+    ``cur`` indexes the WQE to transmit next and ``cur_pkt`` its next packet;
+    ``next_psn`` is the PSN the next new WQE starts at; ``comp_psn`` the oldest
+    PSN not yet acknowledged (the completer moves it).
+    """
+
+    def __init__(
+        self,
+        cfg: QpConfig,
+        mem: MemoryAccess,
+        out: Output,
+        counters: Counters,
+        on_fatal: Callable[[], None],
+    ) -> None:
+        self.cfg = cfg
+        self.mem = mem
+        self.out = out
+        self.counters = counters
+        self.on_fatal = on_fatal
+        self.sq: deque[SendWqe] = deque()
+        self.cur = 0
+        self.cur_pkt = 0
+        self.next_psn = cfg.sq_psn
+        self.comp_psn = cfg.sq_psn
+        self.rd_atomic_out = 0
+        self.since_ack_req = 0
+        self.ack_deadline: float | None = None
+        self.rnr_deadline: float | None = None
+        self.retry_left = cfg.retry_cnt
+        self.rnr_left = cfg.rnr_retry
+        self.retry_started = False
+        t = cfg.qp_type
+        self.connected = t is QpType.RC or t is QpType.UC
+        self.reliable = t is QpType.RC
+        self.base = 0x20 if t is QpType.UC else 0x00
+
+    # ------------------------------------------------------------------ set-up
+    def set_psn(self, psn: int) -> None:
+        """``modify_qp`` gave the send PSN (before anything was sent)."""
+        self.next_psn = self.comp_psn = psn & PSN_MASK
+
+    def reset_retries(self) -> None:
+        self.retry_left = self.cfg.retry_cnt
+        self.rnr_left = self.cfg.rnr_retry
+
+    def post(self, wr: SendWr, inline: bytes | None = None, inv_rkey: int | None = None) -> None:
+        """Queue a send WR (the provider validated it); it leaves on a later :meth:`poll`."""
+        self.sq.append(SendWqe(wr, self.cfg.mtu, inline, inv_rkey))
+
+    @property
+    def outstanding(self) -> bool:
+        """Whether a sent PSN still waits for its acknowledgement."""
+        return self.next_psn != self.comp_psn
+
+    # ---------------------------------------------------------------- transmit
+    def poll(self, now: float, budget: int, out: list[Packet]) -> None:
+        """Append up to ``budget`` request packets the send queue may send now."""
+        cfg = self.cfg
+        state = cfg.state
+        if (state is not _RTS and state is not _SQD) or self.rnr_deadline is not None:
+            return
+        sq = self.sq
+        start = len(out)
+        while len(out) - start < budget and self.cur < len(sq):
+            w = sq[self.cur]
+            if w.done:
+                self.cur += 1
+                self.cur_pkt = 0
+                continue
+            if w.first_psn is None:
+                if state is _SQD:
+                    break
+                if self.reliable:
+                    if w.fence and self.rd_atomic_out:
+                        break
+                    if w.rd_atomic and self.rd_atomic_out >= max(1, cfg.init_depth):
+                        break
+                    if psn_diff(self.next_psn, self.comp_psn) >= RXE_MAX_UNACKED_PSNS:
+                        break
+                if not self._prepare(w):
+                    break
+                if not self.connected:
+                    self._send_ud(w, out)
+                    continue
+                w.first_psn = self.next_psn
+                self.next_psn = (self.next_psn + w.npkts) & PSN_MASK
+                if w.rd_atomic:
+                    self.rd_atomic_out += 1
+            if w.rd_atomic:
+                out.append(self._rd_atomic_packet(w))
+                self.cur += 1
+                self.cur_pkt = 0
+                continue
+            if not self._segments(w, budget - (len(out) - start), out):
+                break
+        if self.reliable and len(out) > start and self.ack_deadline is None:
+            t = ack_timeout_seconds(cfg.local_ack_timeout)
+            if t:
+                self.ack_deadline = now + t
+        if not self.reliable:
+            self.retire()
+
+    def _prepare(self, w: SendWqe) -> bool:
+        """Resolve the WQE's local buffers (first transmission only)."""
+        if w.length >= MAX_MSG:
+            self.fail(w, WcStatus.LOCAL_LEN_ERR)
+            return False
+        if w.opcode is _SEND or w.opcode is _WRITE:
+            if w.data is None:
+                data = self._gather(w)
+                if data is None:
+                    self.fail(w, WcStatus.LOCAL_PROTECTION_ERR)
+                    return False
+                w.data = data
+            if not self.connected and w.length > self.cfg.mtu:
+                self.fail(w, WcStatus.LOCAL_LEN_ERR)
+                return False
+            return True
+        if not self.reliable:
+            self.fail(w, WcStatus.LOCAL_OP_ERR)
+            return False
+        targets: list[memoryview] = []
+        total = 0
+        for s in w.sges:
+            if not s.length:
+                continue
+            v = self.mem.local(s.lkey, s.addr, s.length, True)
+            if v is None:
+                self.fail(w, WcStatus.LOCAL_PROTECTION_ERR)
+                return False
+            targets.append(v)
+            total += s.length
+        if w.opcode is not _READ and total < 8:
+            self.fail(w, WcStatus.LOCAL_LEN_ERR)
+            return False
+        w.targets = targets
+        return True
+
+    def _gather(self, w: SendWqe) -> memoryview | bytes | None:
+        sges = w.sges
+        mem = self.mem
+        if len(sges) == 1:
+            s = sges[0]
+            if not s.length:
+                return b""
+            return mem.local(s.lkey, s.addr, s.length, False)
+        parts: list[memoryview] = []
+        for s in sges:
+            if not s.length:
+                continue
+            v = mem.local(s.lkey, s.addr, s.length, False)
+            if v is None:
+                return None
+            parts.append(v)
+        return b"".join(parts)
+
+    def _segments(self, w: SendWqe, budget: int, out: list[Packet]) -> bool:
+        """Append packets of a SEND/WRITE from ``cur_pkt``; False when the window closed."""
+        cfg = self.cfg
+        mtu = cfg.mtu
+        data = w.data
+        assert data is not None and w.first_psn is not None
+        wr = w.wr
+        is_send = w.opcode is _SEND
+        table = _SEND_OP if is_send else _WRITE_OP
+        base = self.base
+        npkts = w.npkts
+        reliable = self.reliable
+        k = self.cur_pkt
+        sent = 0
+        while k < npkts and sent < budget:
+            psn = (w.first_psn + k) & PSN_MASK
+            if reliable and psn_diff(psn, self.comp_psn) >= RXE_MAX_UNACKED_PSNS:
+                self.cur_pkt = k
+                return False
+            first = k == 0
+            last = k == npkts - 1
+            op = base + table[(first, last)]
+            off = k * mtu
+            pkt = Packet(op, cfg.dest_qpn, psn, data[off : off + mtu], pkey=cfg.pkey)
+            if first and not is_send:
+                pkt.va = wr.remote_addr
+                pkt.rkey = wr.rkey
+                pkt.dma_len = w.length
+            if last:
+                if wr.send_opt & _IMM:
+                    op += 1  # LAST -> LAST_IMM, ONLY -> ONLY_IMM
+                    pkt.imm = wr.imm
+                elif is_send and w.inv_rkey is not None and reliable:
+                    op = P.Opcode.RC_SEND_ONLY_INV if first else P.Opcode.RC_SEND_LAST_INV
+                    pkt.inv_rkey = w.inv_rkey
+                pkt.opcode = op
+                pkt.se = w.solicited
+            self.since_ack_req += 1
+            if last or self.since_ack_req >= RXE_MAX_PKT_PER_ACK:
+                pkt.ack_req = reliable
+                self.since_ack_req = 0
+            pkt.src_ip = cfg.src_ip
+            pkt.dst_ip = cfg.dst_ip
+            pkt.src_port = cfg.src_port
+            out.append(pkt)
+            sent += 1
+            k += 1
+        if k >= npkts:
+            self.cur += 1
+            self.cur_pkt = 0
+            if not reliable:
+                w.done = True
+            return True
+        self.cur_pkt = k
+        return True
+
+    def _rd_atomic_packet(self, w: SendWqe) -> Packet:
+        cfg = self.cfg
+        wr = w.wr
+        assert w.first_psn is not None
+        if w.opcode is _READ:
+            # A retried READ asks only for what has not arrived yet (rxe req_retry).
+            off = w.got * cfg.mtu
+            pkt = Packet(P.Opcode.RC_RDMA_READ_REQUEST, cfg.dest_qpn,
+                         (w.first_psn + w.got) & PSN_MASK, pkey=cfg.pkey)
+            pkt.va = wr.remote_addr + off
+            pkt.dma_len = w.length - off
+        else:
+            op = P.Opcode.RC_COMPARE_SWAP if w.opcode is _CMP_SWAP else P.Opcode.RC_FETCH_ADD
+            pkt = Packet(op, cfg.dest_qpn, w.first_psn, pkey=cfg.pkey)
+            pkt.va = wr.remote_addr
+            if w.opcode is _CMP_SWAP:
+                pkt.compare = wr.compare_add
+                pkt.swap_add = wr.swap
+            else:
+                pkt.swap_add = wr.compare_add
+        pkt.rkey = wr.rkey
+        pkt.ack_req = True
+        self.since_ack_req = 0
+        pkt.src_ip = cfg.src_ip
+        pkt.dst_ip = cfg.dst_ip
+        pkt.src_port = cfg.src_port
+        return pkt
+
+    def _send_ud(self, w: SendWqe, out: list[Packet]) -> None:
+        cfg = self.cfg
+        wr = w.wr
+        ud = wr.ud
+        if ud is None:
+            self.fail(w, WcStatus.LOCAL_OP_ERR)
+            return
+        imm = bool(wr.send_opt & _IMM)
+        op = P.Opcode.UD_SEND_ONLY_IMM if imm else P.Opcode.UD_SEND_ONLY
+        data = w.data
+        assert data is not None
+        pkt = Packet(op, ud.remote_qp & 0xFFFFFF, self.next_psn, data, pkey=cfg.pkey)
+        self.next_psn = (self.next_psn + 1) & PSN_MASK
+        if cfg.qp_type is QpType.QP1:
+            pkt.qkey = P.GSI_QKEY
+        else:
+            pkt.qkey = effective_qkey(ud.remote_qkey, cfg.qkey)
+        pkt.src_qpn = cfg.qpn
+        pkt.imm = wr.imm if imm else 0
+        pkt.se = w.solicited
+        pkt.ack_req = True  # as rxe sends UD and GSI
+        pkt.src_ip = cfg.src_ip
+        pkt.dst_ip = ud.av.dst_ip
+        pkt.src_port = cfg.src_port
+        out.append(pkt)
+        w.first_psn = pkt.psn
+        w.done = True
+        self.cur += 1
+
+    # ------------------------------------------------------------ retry points
+    def rewind(self, psn: int) -> None:
+        """Go back N: transmit again from the oldest unfinished WQE, at ``psn`` within it."""
+        sq = self.sq
+        for i, w in enumerate(sq):
+            if w.done or w.first_psn is None:
+                continue
+            self.cur = i
+            if w.rd_atomic:
+                self.cur_pkt = 0
+            else:
+                k = psn_diff(psn, w.first_psn)
+                self.cur_pkt = k if 0 <= k < w.npkts else 0
+            self.since_ack_req = 0
+            return
+
+    # ------------------------------------------------------------- completions
+    def retire(self) -> None:
+        """Complete finished WQEs off the front of the send queue, in order."""
+        sq = self.sq
+        wcs = self.out.send_wcs
+        qpn = self.cfg.qpn
+        while sq and sq[0].done:
+            w = sq.popleft()
+            if self.cur:
+                self.cur -= 1
+            if w.signaled or w.status is not _OK:
+                wcs.append(make_wc(w.wr.wr_id, WC_TYPE_FOR_WR[w.opcode], w.status, w.length,
+                                   None, _NO_OPT, qpn))
+
+    def fail(self, w: SendWqe, status: WcStatus) -> None:
+        """``w`` completes in error; the QP leaves the working states."""
+        w.done = True
+        w.status = status
+        self.on_fatal()
+
+    def flush(self) -> None:
+        """Complete every WQE: finished ones as they ended, the rest WR_FLUSHED_ERR."""
+        for w in self.sq:
+            if not w.done:
+                w.done = True
+                w.status = _FLUSHED
+        self.retire()
+        self.cur = self.cur_pkt = 0
+        self.rd_atomic_out = 0
+        self.ack_deadline = self.rnr_deadline = None

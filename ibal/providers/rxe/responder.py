@@ -1,0 +1,563 @@
+"""The RC/UC responder: request packets -> memory, receive completions, responses.
+
+RC follows rxe ``rxe_resp.c`` and roce-wire.md 2.7-2.9: the expected PSN is
+executed; a newer PSN gets one PSN-sequence NAK (then silence until the gap
+closes); an older one is a duplicate (SEND/WRITE re-ACKed, READ re-executed,
+atomic answered from its saved result).  ACKs go out only for packets with
+AckReq.  Responses leave in PSN order through one queue; READ responses are
+generated lazily from it, and a READ holds a responder resource until its last
+response packet has left: more than ``resp_res`` of them is an invalid request.
+UC has no responses: a PSN gap drops the rest of the message.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from ibal.providers.rxe import packet as P
+from ibal.providers.rxe.packet import Packet
+from ibal.providers.rxe.qp import MAX_MSG, Counters, MemoryAccess, Output, QpConfig, RecvSource
+from ibal.transport.psn import PSN_MASK, packets_for, psn_diff
+from ibal.transport.rules import NakCode, atomic_result
+from ibal.transport.wc import make_wc
+from ibal.types import AccessFlags, AsyncEvent, QpType, RecvOpt, Sge, WcStatus, WcType
+
+_OK = WcStatus.SUCCESS
+_RECV = WcType.RECV
+_RECV_WRITE = WcType.RECV_RDMA_WRITE
+_NO_OPT = RecvOpt.NONE
+_IMM_OPT = RecvOpt.IMMEDIATE
+_R_READ = int(AccessFlags.RDMA_READ)
+_R_WRITE = int(AccessFlags.RDMA_WRITE)
+_R_ATOMIC = int(AccessFlags.ATOMIC)
+
+_F_SEND = P.SEND
+_F_WRITE = P.WRITE
+_F_READ = P.READ
+_F_ATOMIC = P.ATOMIC
+_F_FIRST = P.FIRST
+_F_MIDDLE = P.MIDDLE
+_F_LAST = P.LAST
+_F_IMM = P.IMMDT
+_F_IETH = P.IETH
+_F_RWQE = P.CONSUMES_RWQE
+
+_IN_NONE = 0
+_IN_SEND = 1
+_IN_WRITE = 2
+
+ATOMIC_CACHE = 64
+"""Atomic results kept for duplicates (at least ``resp_res`` are needed)."""
+
+
+class ReadJob:
+    """A READ being answered: response packets are cut from ``view`` as they leave."""
+
+    __slots__ = ("msn", "next", "npkts", "psn", "view")
+
+    def __init__(self, psn: int, view: memoryview | bytes, npkts: int, msn: int) -> None:
+        self.psn = psn
+        self.view = view
+        self.npkts = npkts
+        self.next = 0
+        self.msn = msn
+
+
+class RecvTarget:
+    """The receive WQE a SEND is landing in: its buffers and the write position."""
+
+    __slots__ = ("cap", "off", "views", "wr_id")
+
+    def __init__(self, wr_id: int, views: list[memoryview], cap: int) -> None:
+        self.wr_id = wr_id
+        self.views = views
+        self.cap = cap
+        self.off = 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        off = self.off
+        n = len(data)
+        self.off = off + n
+        pos = 0
+        for v in self.views:
+            vl = len(v)
+            if off >= vl:
+                off -= vl
+                continue
+            take = min(vl - off, n - pos)
+            v[off : off + take] = data[pos : pos + take]
+            pos += take
+            off = 0
+            if pos >= n:
+                return
+
+
+def resolve_recv(mem: MemoryAccess, wr_id: int, sges: Sequence[Sge]) -> RecvTarget | None:
+    """The receive WR's buffers, or None if an SGE fails its L_Key check."""
+    views: list[memoryview] = []
+    cap = 0
+    for s in sges:
+        if not s.length:
+            continue
+        v = mem.recv(s.lkey, s.addr, s.length)
+        if v is None:
+            return None
+        views.append(v)
+        cap += s.length
+    return RecvTarget(wr_id, views, cap)
+
+
+class Responder:
+    """One RC or UC QP's receive side."""
+
+    def __init__(
+        self,
+        cfg: QpConfig,
+        mem: MemoryAccess,
+        rq: RecvSource,
+        out: Output,
+        counters: Counters,
+        on_fatal: Callable[[], None],
+    ) -> None:
+        self.cfg = cfg
+        self.mem = mem
+        self.rq = rq
+        self.out = out
+        self.counters = counters
+        self.on_fatal = on_fatal
+        self.uc = cfg.qp_type is QpType.UC
+        self.epsn = cfg.rq_psn
+        self.msn = 0
+        self.nak_sent = False
+        self.drop_msg = False
+        self.in_msg = _IN_NONE
+        self.target: RecvTarget | None = None
+        self.wview: memoryview | None = None
+        self.woff = 0
+        self.wlen = 0
+        self.queue: deque[Packet | ReadJob] = deque()
+        self.reads_pending = 0
+        self.atomic_cache: dict[int, int] = {}
+
+    def set_psn(self, psn: int) -> None:
+        self.epsn = psn & PSN_MASK
+
+    # ------------------------------------------------------------------ output
+    def poll(self, budget: int, out: list[Packet]) -> None:
+        """Append up to ``budget`` response packets, in PSN order."""
+        q = self.queue
+        start = len(out)
+        while q and len(out) - start < budget:
+            item = q[0]
+            if item.__class__ is Packet:
+                out.append(q.popleft())  # type: ignore[arg-type]
+                continue
+            job: ReadJob = item  # type: ignore[assignment]
+            while job.next < job.npkts and len(out) - start < budget:
+                out.append(self._read_packet(job))
+            if job.next >= job.npkts:
+                q.popleft()
+                self.reads_pending -= 1
+
+    def _read_packet(self, job: ReadJob) -> Packet:
+        cfg = self.cfg
+        mtu = cfg.mtu
+        k = job.next
+        job.next = k + 1
+        n = job.npkts
+        if n == 1:
+            op = P.Opcode.RC_RDMA_READ_RESPONSE_ONLY
+        elif k == 0:
+            op = P.Opcode.RC_RDMA_READ_RESPONSE_FIRST
+        elif k == n - 1:
+            op = P.Opcode.RC_RDMA_READ_RESPONSE_LAST
+        else:
+            op = P.Opcode.RC_RDMA_READ_RESPONSE_MIDDLE
+        off = k * mtu
+        pkt = self._response(op, (job.psn + k) & PSN_MASK, job.view[off : off + mtu])
+        if op != P.Opcode.RC_RDMA_READ_RESPONSE_MIDDLE:
+            pkt.syndrome = P.AETH_ACK_UNLIMITED
+            pkt.msn = job.msn
+        return pkt
+
+    def _response(self, op: int, psn: int, payload: bytes | memoryview = b"") -> Packet:
+        cfg = self.cfg
+        pkt = Packet(op, cfg.dest_qpn, psn, payload, pkey=cfg.pkey)
+        pkt.src_ip = cfg.src_ip
+        pkt.dst_ip = cfg.dst_ip
+        pkt.src_port = cfg.src_port
+        return pkt
+
+    def _ack(self, psn: int, syndrome: int = P.AETH_ACK_UNLIMITED) -> None:
+        pkt = self._response(P.Opcode.RC_ACKNOWLEDGE, psn)
+        pkt.syndrome = syndrome
+        pkt.msn = self.msn
+        self.queue.append(pkt)
+
+    def _atomic_ack(self, psn: int, orig: int) -> None:
+        pkt = self._response(P.Opcode.RC_ATOMIC_ACKNOWLEDGE, psn)
+        pkt.syndrome = P.AETH_ACK_UNLIMITED
+        pkt.msn = self.msn
+        pkt.orig = orig
+        self.queue.append(pkt)
+
+    def _fatal(self, pkt: Packet, code: NakCode, reason: str,
+               event: AsyncEvent | None = None) -> None:
+        """A class C/J error: NAK ``pkt``'s PSN and take the QP to ERROR."""
+        self.counters.drop(reason)
+        if event is not None:
+            self.out.events.append(event)
+        self.in_msg = _IN_NONE
+        self.wview = None
+        self.on_fatal()  # flushes, and clears the response queue ...
+        if not self.uc:  # ... so that the NAK is the last thing this QP sends
+            self._ack(pkt.psn, P.AETH_TYPE_NAK | code)
+
+    def _recv_error(self, pkt: Packet, target_wr_id: int, status: WcStatus, code: NakCode,
+                    reason: str) -> None:
+        self.target = None
+        self.out.recv_wcs.append(
+            (make_wc(target_wr_id, _RECV, status, 0, None, _NO_OPT, self.cfg.qpn), False)
+        )
+        self._fatal(pkt, code, reason)
+
+    # ----------------------------------------------------------------- receive
+    def receive(self, pkt: Packet) -> None:
+        """Process one request packet addressed to this QP (state and P_Key checked)."""
+        flags = P.OP_FLAGS[pkt.opcode]
+        if self.uc:
+            self._uc_receive(pkt, flags)
+            return
+        d = psn_diff(pkt.psn, self.epsn)
+        if d:
+            if d > 0:
+                self.counters.out_of_seq_request += 1
+                self.counters.drop("out_of_sequence")
+                if not self.nak_sent:
+                    self.nak_sent = True
+                    self._ack(self.epsn, P.Nak.PSN_SEQ_ERR)
+                return
+            self.counters.duplicate_request += 1
+            self._duplicate(pkt, flags)
+            return
+        if not self._check_sequence(pkt, flags):
+            return
+        if flags & _F_SEND:
+            done = self._send(pkt, flags)
+        elif flags & _F_WRITE:
+            done = self._write(pkt, flags)
+        elif flags & _F_READ:
+            done = self._read(pkt)
+        else:
+            done = self._atomic(pkt)
+        if not done:
+            return
+        self.nak_sent = False
+        if flags & _F_READ:
+            return  # epsn moved by the READ's response count
+        self.epsn = (self.epsn + 1) & PSN_MASK
+        if pkt.ack_req and not flags & _F_ATOMIC:
+            self._ack(pkt.psn)
+
+    def _check_sequence(self, pkt: Packet, flags: int) -> bool:
+        """Opcode order, payload lengths and the QP's access: else NAK invalid request."""
+        kind = _IN_SEND if flags & _F_SEND else _IN_WRITE if flags & _F_WRITE else _IN_NONE
+        first = flags & _F_FIRST
+        if self.in_msg:
+            if first or kind != self.in_msg:
+                self._fatal(pkt, NakCode.INVALID_REQUEST, "missing_last", AsyncEvent.WQ_REQ_ERROR)
+                return False
+        elif flags & (_F_MIDDLE | _F_LAST) and not first:
+            self._fatal(pkt, NakCode.INVALID_REQUEST, "missing_first", AsyncEvent.WQ_REQ_ERROR)
+            return False
+        n = len(pkt.payload)
+        mtu = self.cfg.mtu
+        last = flags & _F_LAST
+        if kind and (
+            (not last and n != mtu) or (last and not first and not 0 < n <= mtu) or n > mtu
+        ):
+            self._fatal(pkt, NakCode.INVALID_REQUEST, "bad_length", AsyncEvent.WQ_REQ_ERROR)
+            return False
+        need = (
+            0 if kind == _IN_SEND else _R_WRITE if kind == _IN_WRITE
+            else _R_READ if flags & _F_READ else _R_ATOMIC
+        )
+        if need and not self.cfg.access & need:
+            self._fatal(pkt, NakCode.INVALID_REQUEST, "qp_access", AsyncEvent.WQ_REQ_ERROR)
+            return False
+        return True
+
+    def _take_target(self, pkt: Packet) -> RecvTarget | None:
+        """The receive WQE for a message, or None after an RNR NAK / error."""
+        got = self.rq.take()
+        if got is None:
+            self.counters.send_rnr_err += 1
+            self.counters.drop("no_recv_wqe")
+            if not self.uc:
+                self._ack(pkt.psn, P.rnr_nak_syndrome(self.cfg.min_rnr_timer))
+            return None
+        wr_id, sges = got
+        target = resolve_recv(self.mem, wr_id, sges)
+        if target is None:
+            self._recv_error(pkt, wr_id, WcStatus.LOCAL_PROTECTION_ERR, NakCode.REMOTE_OP,
+                             "recv_lkey")
+        return target
+
+    def _send(self, pkt: Packet, flags: int) -> bool:
+        target = self.target
+        if flags & _F_FIRST:
+            if target is None:
+                target = self._take_target(pkt)
+                if target is None:
+                    return False
+                self.target = target
+            target.off = 0
+        assert target is not None
+        payload = pkt.payload
+        if target.off + len(payload) > target.cap:
+            self._recv_error(pkt, target.wr_id, WcStatus.LOCAL_LEN_ERR, NakCode.INVALID_REQUEST,
+                             "recv_too_small")
+            return False
+        if len(payload):
+            target.write(payload)
+        if not flags & _F_LAST:
+            self.in_msg = _IN_SEND
+            return True
+        status = _OK
+        if flags & _F_IETH and not self.mem.invalidate(pkt.inv_rkey):
+            self._recv_error(pkt, target.wr_id, WcStatus.REM_INVALID_REQ_ERR,
+                             NakCode.INVALID_REQUEST, "bad_invalidate")
+            return False
+        self.target = None
+        self.in_msg = _IN_NONE
+        self.msn = (self.msn + 1) & PSN_MASK
+        if flags & _F_IMM:
+            wc = make_wc(target.wr_id, _RECV, status, target.off, pkt.imm, _IMM_OPT, self.cfg.qpn)
+        else:
+            wc = make_wc(target.wr_id, _RECV, status, target.off, None, _NO_OPT, self.cfg.qpn)
+        self.out.recv_wcs.append((wc, pkt.se))
+        return True
+
+    def _write(self, pkt: Packet, flags: int) -> bool:
+        first = flags & _F_FIRST
+        if first:
+            length = pkt.dma_len
+            if length > MAX_MSG:
+                self._fatal(pkt, NakCode.INVALID_REQUEST, "bad_length", AsyncEvent.WQ_REQ_ERROR)
+                return False
+            view = None
+            if length:
+                view = self.mem.remote(pkt.rkey, pkt.va, length, _R_WRITE)
+                if view is None:
+                    self._fatal(pkt, NakCode.REMOTE_ACCESS, "bad_rkey",
+                                AsyncEvent.WQ_ACCESS_ERROR)
+                    return False
+            woff = 0
+            wlen = length
+        else:
+            view = self.wview
+            woff = self.woff
+            wlen = self.wlen
+        payload = pkt.payload
+        n = len(payload)
+        end = woff + n
+        last = flags & _F_LAST
+        if end > wlen or (last and end != wlen):
+            self._fatal(pkt, NakCode.INVALID_REQUEST, "bad_length", AsyncEvent.WQ_REQ_ERROR)
+            return False
+        target = None
+        if flags & _F_RWQE:
+            # Check for a receive WQE before any byte lands, so an RNR retry is clean.
+            target = self.target
+            if target is None:
+                got = self.rq.take()
+                if got is None:
+                    self.counters.send_rnr_err += 1
+                    self.counters.drop("no_recv_wqe")
+                    if not self.uc:
+                        self._ack(pkt.psn, P.rnr_nak_syndrome(self.cfg.min_rnr_timer))
+                    if first:
+                        self.wview = None
+                    return False
+                target = RecvTarget(got[0], [], 0)
+        if n:
+            assert view is not None
+            view[woff:end] = payload
+        if not last:
+            self.wview = view
+            self.woff = end
+            self.wlen = wlen
+            self.in_msg = _IN_WRITE
+            return True
+        self.wview = None
+        self.in_msg = _IN_NONE
+        self.msn = (self.msn + 1) & PSN_MASK
+        if target is not None:
+            self.target = None
+            self.out.recv_wcs.append(
+                (make_wc(target.wr_id, _RECV_WRITE, _OK, wlen, pkt.imm, _IMM_OPT, self.cfg.qpn),
+                 pkt.se)
+            )
+        return True
+
+    def _read(self, pkt: Packet) -> bool:
+        length = pkt.dma_len
+        if length > MAX_MSG:
+            self._fatal(pkt, NakCode.INVALID_REQUEST, "bad_length", AsyncEvent.WQ_REQ_ERROR)
+            return False
+        if self.reads_pending >= max(1, self.cfg.resp_res):
+            self._fatal(pkt, NakCode.INVALID_REQUEST, "responder_resources",
+                        AsyncEvent.WQ_REQ_ERROR)
+            return False
+        view: memoryview | bytes = b""
+        if length:
+            v = self.mem.remote(pkt.rkey, pkt.va, length, _R_READ)
+            if v is None:
+                self._fatal(pkt, NakCode.REMOTE_ACCESS, "bad_rkey", AsyncEvent.WQ_ACCESS_ERROR)
+                return False
+            view = v
+        npkts = packets_for(length, self.cfg.mtu)
+        self.msn = (self.msn + 1) & PSN_MASK
+        self.queue.append(ReadJob(pkt.psn, view, npkts, self.msn))
+        self.reads_pending += 1
+        self.epsn = (self.epsn + npkts) & PSN_MASK
+        return True
+
+    def _atomic(self, pkt: Packet) -> bool:
+        if pkt.va & 7:
+            self._fatal(pkt, NakCode.INVALID_REQUEST, "misaligned_atomic",
+                        AsyncEvent.WQ_REQ_ERROR)
+            return False
+        if self.reads_pending >= max(1, self.cfg.resp_res):
+            self._fatal(pkt, NakCode.INVALID_REQUEST, "responder_resources",
+                        AsyncEvent.WQ_REQ_ERROR)
+            return False
+        view = self.mem.remote(pkt.rkey, pkt.va, 8, _R_ATOMIC)
+        if view is None:
+            self._fatal(pkt, NakCode.REMOTE_ACCESS, "bad_rkey", AsyncEvent.WQ_ACCESS_ERROR)
+            return False
+        old = int.from_bytes(view, "little")
+        new = atomic_result(pkt.opcode == P.Opcode.RC_COMPARE_SWAP, old, pkt.compare,
+                            pkt.swap_add)
+        if new != old:
+            view[:] = new.to_bytes(8, "little")
+        cache = self.atomic_cache
+        cache[pkt.psn] = old
+        if len(cache) > max(ATOMIC_CACHE, self.cfg.resp_res):
+            del cache[next(iter(cache))]
+        self.msn = (self.msn + 1) & PSN_MASK
+        self._atomic_ack(pkt.psn, old)
+        return True
+
+    def _duplicate(self, pkt: Packet, flags: int) -> None:
+        if flags & _F_READ:
+            # Re-executed (READ has no side effect), with fresh access checks.
+            length = pkt.dma_len
+            if length > MAX_MSG or self.reads_pending >= max(1, self.cfg.resp_res):
+                self.counters.drop("duplicate_read")
+                return
+            view: memoryview | bytes = b""
+            if length:
+                v = self.mem.remote(pkt.rkey, pkt.va, length, _R_READ)
+                if v is None:
+                    self.counters.drop("duplicate_read")
+                    return
+                view = v
+            self.queue.append(ReadJob(pkt.psn, view, packets_for(length, self.cfg.mtu),
+                                      self.msn))
+            self.reads_pending += 1
+        elif flags & _F_ATOMIC:
+            orig = self.atomic_cache.get(pkt.psn)
+            if orig is None:
+                self.counters.drop("duplicate_atomic_unknown")
+                return
+            self._atomic_ack(pkt.psn, orig)
+        elif pkt.ack_req:
+            self._ack((self.epsn - 1) & PSN_MASK)
+        else:
+            self.counters.drop("duplicate")
+
+    # ---------------------------------------------------------------------- UC
+    def _uc_receive(self, pkt: Packet, flags: int) -> None:
+        d = psn_diff(pkt.psn, self.epsn)
+        first = flags & _F_FIRST
+        if d < 0:
+            self.counters.duplicate_request += 1
+            self.counters.drop("duplicate")
+            return
+        if d or self.drop_msg:
+            if not first:
+                self.drop_msg = True
+                self.epsn = (pkt.psn + 1) & PSN_MASK
+                self.counters.drop("uc_partial_message")
+                return
+            self.drop_msg = False
+            # The message in progress lost its end: forget it (its WQE is reused).
+            self.in_msg = _IN_NONE
+            self.wview = None
+        self.epsn = (pkt.psn + 1) & PSN_MASK
+        kind = _IN_SEND if flags & _F_SEND else _IN_WRITE
+        if (self.in_msg and (first or kind != self.in_msg)) or (
+            not self.in_msg and not first
+        ):
+            self.drop_msg = not flags & _F_LAST
+            self.in_msg = _IN_NONE
+            self.counters.drop("uc_bad_sequence")
+            return
+        if kind == _IN_WRITE and not self.cfg.access & _R_WRITE:
+            self.drop_msg = not flags & _F_LAST
+            self.counters.drop("qp_access")
+            return
+        ok = self._send(pkt, flags) if kind == _IN_SEND else self._uc_write(pkt, flags)
+        if not ok:
+            self.in_msg = _IN_NONE
+            self.drop_msg = not flags & _F_LAST
+
+    def _uc_write(self, pkt: Packet, flags: int) -> bool:
+        if flags & _F_FIRST:
+            length = pkt.dma_len
+            view = self.mem.remote(pkt.rkey, pkt.va, length, _R_WRITE) if length else None
+            if length and view is None:
+                self.counters.drop("bad_rkey")
+                return False
+            self.wview = view
+            self.woff = 0
+            self.wlen = length
+        end = self.woff + len(pkt.payload)
+        last = flags & _F_LAST
+        if end > self.wlen or (last and end != self.wlen):
+            self.counters.drop("bad_length")
+            return False
+        if flags & _F_RWQE and self.target is None:
+            got = self.rq.take()
+            if got is None:
+                self.counters.drop("no_recv_wqe")
+                return False
+            self.target = RecvTarget(got[0], [], 0)
+        if len(pkt.payload):
+            assert self.wview is not None
+            self.wview[self.woff : end] = pkt.payload
+        self.woff = end
+        if not last:
+            self.in_msg = _IN_WRITE
+            return True
+        self.in_msg = _IN_NONE
+        self.wview = None
+        target = self.target
+        if target is not None and flags & _F_RWQE:
+            self.target = None
+            self.out.recv_wcs.append(
+                (make_wc(target.wr_id, _RECV_WRITE, _OK, self.wlen, pkt.imm, _IMM_OPT,
+                         self.cfg.qpn), pkt.se)
+            )
+        return True
+
+    # ------------------------------------------------------------------- flush
+    def flush_target(self) -> int | None:
+        """The receive WQE a message was landing in when the QP failed (to flush it)."""
+        t = self.target
+        self.target = None
+        self.queue.clear()
+        self.reads_pending = 0
+        return None if t is None else t.wr_id
