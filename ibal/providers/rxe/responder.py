@@ -49,19 +49,27 @@ _IN_WRITE = 2
 
 ATOMIC_CACHE = 64
 """Atomic results kept for duplicates (at least ``resp_res`` are needed)."""
+MAX_QUEUED_REPLAYS = 256
+"""Beyond this many queued responses, duplicate READs are dropped (a flood bound)."""
 
 
 class ReadJob:
-    """A READ being answered: response packets are cut from ``view`` as they leave."""
+    """A READ being answered: response packets are cut from ``view`` as they leave.
 
-    __slots__ = ("msn", "next", "npkts", "psn", "view")
+    ``resource`` is False for a duplicate's replay, which holds no responder
+    resource (the original did).
+    """
 
-    def __init__(self, psn: int, view: memoryview | bytes, npkts: int, msn: int) -> None:
+    __slots__ = ("msn", "next", "npkts", "psn", "resource", "view")
+
+    def __init__(self, psn: int, view: memoryview | bytes, npkts: int, msn: int,
+                 resource: bool = True) -> None:
         self.psn = psn
         self.view = view
         self.npkts = npkts
         self.next = 0
         self.msn = msn
+        self.resource = resource
 
 
 class RecvTarget:
@@ -158,7 +166,8 @@ class Responder:
                 out.append(self._read_packet(job))
             if job.next >= job.npkts:
                 q.popleft()
-                self.reads_pending -= 1
+                if job.resource:
+                    self.reads_pending -= 1
 
     def _read_packet(self, job: ReadJob) -> Packet:
         cfg = self.cfg
@@ -454,7 +463,7 @@ class Responder:
         if flags & _F_READ:
             # Re-executed (READ has no side effect), with fresh access checks.
             length = pkt.dma_len
-            if length > MAX_MSG or self.reads_pending >= max(1, self.cfg.resp_res):
+            if length > MAX_MSG or len(self.queue) >= MAX_QUEUED_REPLAYS:
                 self.counters.drop("duplicate_read")
                 return
             view: memoryview | bytes = b""
@@ -465,8 +474,7 @@ class Responder:
                     return
                 view = v
             self.queue.append(ReadJob(pkt.psn, view, packets_for(length, self.cfg.mtu),
-                                      self.msn))
-            self.reads_pending += 1
+                                      self.msn, False))
         elif flags & _F_ATOMIC:
             orig = self.atomic_cache.get(pkt.psn)
             if orig is None:

@@ -480,7 +480,7 @@ def _read_req(psn: int, rkey: int, va: int, length: int) -> Packet:
 
 
 def test_responder_resources_enforced() -> None:
-    a, b = connect(depth=2)
+    _, b = connect(depth=2)
     remote = b.mem.register(1024)
     for i in range(2):
         b.core.receive(_read_req(0x100 + 4 * i, remote.rkey, remote.vaddr, 1024), 0.0)
@@ -494,7 +494,7 @@ def test_responder_resources_enforced() -> None:
 
 
 def test_responder_resources_freed_when_responses_left() -> None:
-    a, b = connect(depth=1)
+    _, b = connect(depth=1)
     remote = b.mem.register(512)
     b.core.receive(_read_req(0x100, remote.rkey, remote.vaddr, 512), 0.0)
     assert len(b.core.poll(0.0)) == 2
@@ -520,7 +520,7 @@ def test_requester_respects_initiator_depth() -> None:
 
 
 def test_forged_packets_dropped_and_counted() -> None:
-    a, b = connect()
+    _, b = connect()
     dst = b.mem.register(16)
     before = bytes(dst.buf)
     # bad PSN far ahead: one NAK, then silence
