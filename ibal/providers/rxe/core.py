@@ -52,10 +52,18 @@ class QpCore:
         if cfg.qp_type not in _TRANSPORT:
             raise ValueError(f"rxe has no {cfg.qp_type.name} QPs")
         self.cfg = cfg
+        self.mem = mem
         self.rq = rq
         self.counters = counters if counters is not None else Counters()
         self.out = Output()
         self.transport = _TRANSPORT[cfg.qp_type]
+        self._build()
+
+    def _build(self) -> None:
+        """Fresh requester, completer and responder state (creation and RESET)."""
+        cfg = self.cfg
+        mem = self.mem
+        rq = self.rq
         self.comm_est = False
         self.req = Requester(cfg, mem, self.out, self.counters, self._fatal)
         self.comp: Completer | None = None
@@ -77,9 +85,12 @@ class QpCore:
             self.to_error()
             return
         if state is QpState.RESET:
-            self.to_error()
-            self.out.send_wcs.clear()
-            self.out.recv_wcs.clear()
+            # IBA: RESET empties the queues without completions
+            self.req.sq.clear()
+            self.rq.drain()
+            self.cfg.state = state
+            self._build()
+            return
         self.cfg.state = state
         if state is _RTS:
             self.req.reset_retries()

@@ -241,14 +241,16 @@ class Requester:
                 pkt.rkey = wr.rkey
                 pkt.dma_len = w.length
             if last:
-                if wr.send_opt & _IMM:
+                imm = wr.send_opt & _IMM
+                if imm:
                     op += 1  # LAST -> LAST_IMM, ONLY -> ONLY_IMM
                     pkt.imm = wr.imm
                 elif is_send and w.inv_rkey is not None and reliable:
                     op = P.Opcode.RC_SEND_ONLY_INV if first else P.Opcode.RC_SEND_LAST_INV
                     pkt.inv_rkey = w.inv_rkey
                 pkt.opcode = op
-                pkt.se = w.solicited
+                # SE only where a receive completes: SEND, WRITE with immediate (rxe_req.c)
+                pkt.se = w.solicited and bool(is_send or imm)
             self.since_ack_req += 1
             if last or self.since_ack_req >= RXE_MAX_PKT_PER_ACK:
                 pkt.ack_req = reliable

@@ -630,3 +630,33 @@ def test_gsi_qkey() -> None:
 
 def test_rw_constant_is_all_remote() -> None:
     assert RW & AccessFlags.ATOMIC
+
+
+def test_reset_forgets_state_and_queues() -> None:
+    a, _ = connect()
+    src = a.mem.register(8)
+    a.core.post_send(send_wr(WrType.SEND, src, wr_id=1))
+    assert len(a.core.poll(0.0)) == 1
+    a.core.set_state(QpState.RESET)
+    a.collect()
+    assert a.send_wcs == [] and a.core.poll(0.0) == []
+    assert a.core.next_deadline() is None
+    a.core.set_psns(0x500, 0x600)
+    for s in (QpState.INIT, QpState.RTR, QpState.RTS):
+        a.core.set_state(s)
+    a.core.post_send(send_wr(WrType.SEND, src, wr_id=2))
+    assert [p.psn for p in a.core.poll(0.0)] == [0x500]
+
+
+def test_solicited_only_where_a_receive_completes() -> None:
+    a, b = connect()
+    w = Wire(a, b)
+    src = a.mem.register(8)
+    dst = b.mem.register(8)
+    a.core.post_send(send_wr(WrType.RDMA_WRITE, src, remote=dst, wr_id=1, solicited=True))
+    b.post_recv(dst)
+    a.core.post_send(send_wr(WrType.RDMA_WRITE, src, remote=dst, wr_id=2, solicited=True,
+                             imm=3))
+    w.run()
+    assert [p.se for who, p in w.log if who == "a"] == [False, True]
+    assert b.solicited == [True]
