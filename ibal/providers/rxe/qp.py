@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from ibal.transport.psn import packets_for
 from ibal.types import AsyncEvent, QpState, QpType, SendOpt, SendWr, Sge, Wc, WcStatus, WrType
 
 RXE_MAX_UNACKED_PSNS = 128
@@ -183,6 +182,7 @@ class SendWqe:
         "fence",
         "first_psn",
         "got",
+        "imm",
         "inv_rkey",
         "length",
         "npkts",
@@ -199,7 +199,7 @@ class SendWqe:
     def __init__(self, wr: SendWr, mtu: int, inline: bytes | None, inv_rkey: int | None) -> None:
         self.wr = wr
         opcode = wr.opcode
-        send_opt = wr.send_opt
+        opt = int(wr.send_opt)  # IntFlag arithmetic is slow on this path
         self.opcode = opcode
         sges = wr.sg_list
         self.sges = sges
@@ -209,14 +209,18 @@ class SendWqe:
             length = 0
             for s in sges:
                 length += s.length
-        self.rd_atomic = opcode is WrType.RDMA_READ or opcode.is_atomic
-        if opcode.is_atomic:
+        atomic = opcode is _CMP_SWAP or opcode is _FETCH_ADD
+        self.rd_atomic = atomic or opcode is _READ
+        if atomic:
             length = 8
+            self.npkts = 1
+        else:
+            self.npkts = 1 if length <= mtu else (length + mtu - 1) // mtu
         self.length = length
-        self.npkts = 1 if opcode.is_atomic else packets_for(length, mtu)
-        self.signaled = bool(send_opt & SendOpt.SIGNALED)
-        self.solicited = bool(send_opt & SendOpt.SOLICITED)
-        self.fence = bool(send_opt & SendOpt.FENCE)
+        self.signaled = bool(opt & _SIGNALED)
+        self.solicited = bool(opt & _SOLICITED)
+        self.fence = bool(opt & _FENCE)
+        self.imm = bool(opt & _IMMEDIATE)
         self.inv_rkey = inv_rkey
         self.first_psn: int | None = None
         self.got = 0
@@ -224,6 +228,15 @@ class SendWqe:
         self.status = WcStatus.SUCCESS
         self.data: memoryview | bytes | None = inline
         self.targets: list[memoryview] | None = None
+
+
+_CMP_SWAP = WrType.COMPARE_SWAP
+_FETCH_ADD = WrType.FETCH_ADD
+_READ = WrType.RDMA_READ
+_SIGNALED = int(SendOpt.SIGNALED)
+_SOLICITED = int(SendOpt.SOLICITED)
+_FENCE = int(SendOpt.FENCE)
+_IMMEDIATE = int(SendOpt.IMMEDIATE)
 
 
 class UdAv(Protocol):

@@ -32,7 +32,6 @@ from ibal.types import (
     QpState,
     QpType,
     RecvOpt,
-    SendOpt,
     SendWr,
     WcStatus,
     WrType,
@@ -47,7 +46,6 @@ _SEND = WrType.SEND
 _WRITE = WrType.RDMA_WRITE
 _READ = WrType.RDMA_READ
 _CMP_SWAP = WrType.COMPARE_SWAP
-_IMM = int(SendOpt.IMMEDIATE)
 
 # Opcode offsets by (first, last) for SEND and WRITE; the base adds 0x00 (RC) or 0x20 (UC).
 _SEND_OP = {(True, False): 0x00, (False, False): 0x01, (False, True): 0x02, (True, True): 0x04}
@@ -241,7 +239,7 @@ class Requester:
                 pkt.rkey = wr.rkey
                 pkt.dma_len = w.length
             if last:
-                imm = wr.send_opt & _IMM
+                imm = w.imm
                 if imm:
                     op += 1  # LAST -> LAST_IMM, ONLY -> ONLY_IMM
                     pkt.imm = wr.imm
@@ -250,7 +248,7 @@ class Requester:
                     pkt.inv_rkey = w.inv_rkey
                 pkt.opcode = op
                 # SE only where a receive completes: SEND, WRITE with immediate (rxe_req.c)
-                pkt.se = w.solicited and bool(is_send or imm)
+                pkt.se = w.solicited and (is_send or imm)
             self.since_ack_req += 1
             if last or self.since_ack_req >= RXE_MAX_PKT_PER_ACK:
                 pkt.ack_req = reliable
@@ -305,7 +303,7 @@ class Requester:
         if ud is None:
             self.fail(w, WcStatus.LOCAL_OP_ERR)
             return
-        imm = bool(wr.send_opt & _IMM)
+        imm = w.imm
         op = P.Opcode.UD_SEND_ONLY_IMM if imm else P.Opcode.UD_SEND_ONLY
         data = w.data
         assert data is not None
