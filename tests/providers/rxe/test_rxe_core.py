@@ -660,3 +660,84 @@ def test_solicited_only_where_a_receive_completes() -> None:
     w.run()
     assert [p.se for who, p in w.log if who == "a"] == [False, True]
     assert b.solicited == [True]
+
+
+# ------------------------------------------------- forged requests at the right PSN
+
+
+def _write_pkt(op: Opcode, psn: int, payload: bytes, rkey: int = 0, va: int = 0,
+               length: int = 0) -> Packet:
+    p = Packet(op, 0x22, psn, payload, ack_req=True)
+    p.rkey, p.va, p.dma_len = rkey, va, length
+    return p
+
+
+@pytest.mark.parametrize(
+    ("packets", "reason", "nak"),
+    [
+        # a MIDDLE with no FIRST before it
+        ([(Opcode.RC_RDMA_WRITE_MIDDLE, 256, False)], "missing_first", P.Nak.INVALID_REQUEST),
+        # FIRST, then a new ONLY before the LAST
+        ([(Opcode.RC_RDMA_WRITE_FIRST, 256, True), (Opcode.RC_SEND_ONLY, 4, False)],
+         "missing_last", P.Nak.INVALID_REQUEST),
+        # a FIRST shorter than the path MTU
+        ([(Opcode.RC_RDMA_WRITE_FIRST, 100, True)], "bad_length", P.Nak.INVALID_REQUEST),
+        # more payload than the RETH announced
+        ([(Opcode.RC_RDMA_WRITE_ONLY, 64, True)], "bad_length", P.Nak.INVALID_REQUEST),
+    ],
+)
+def test_opcode_sequence_and_length_errors(
+    packets: list[tuple[Opcode, int, bool]], reason: str, nak: int
+) -> None:
+    _, b = connect(mtu=256)
+    dst = b.mem.register(1024)
+    psn = 0x100
+    for op, n, reth in packets:
+        length = 32 if op == Opcode.RC_RDMA_WRITE_ONLY else 512
+        p = _write_pkt(op, psn, b"\x01" * n, dst.rkey if reth else 0, dst.vaddr if reth else 0,
+                       length if reth else 0)
+        b.core.receive(p, 0.0)
+        psn += 1
+    out = b.core.poll(0.0)
+    assert [(o.opcode, o.syndrome) for o in out][-1] == (Opcode.RC_ACKNOWLEDGE, nak)
+    assert b.cfg.state is QpState.ERROR
+    assert b.counters.drops == {reason: 1}
+    assert b.events == [] and b.core.out.events == [AsyncEvent.WQ_REQ_ERROR]
+    if reason != "missing_last":
+        assert dst.buf == bytearray(1024)
+
+
+def test_forged_read_bad_rkey_and_unknown_duplicate_atomic() -> None:
+    _, b = connect()
+    secret = b.mem.register(64, fill=0x5A)
+    p = _read_req(0x100, secret.rkey + 2, secret.vaddr, 64)
+    b.core.receive(p, 0.0)
+    out = b.core.poll(0.0)
+    assert [(o.opcode, o.syndrome, len(o.payload)) for o in out] == [
+        (Opcode.RC_ACKNOWLEDGE, P.Nak.REMOTE_ACCESS, 0)]
+    assert b.counters.drops == {"bad_rkey": 1}
+
+    _, b = connect()
+    counter = b.mem.register(8)
+    dup = Packet(Opcode.RC_FETCH_ADD, 0x22, 0x0FF, ack_req=True)  # older than expected
+    dup.rkey, dup.va, dup.swap_add = counter.rkey, counter.vaddr, 5
+    b.core.receive(dup, 0.0)
+    assert b.core.poll(0.0) == []
+    assert counter.buf == bytearray(8)
+    assert b.counters.drops == {"duplicate_atomic_unknown": 1}
+    assert b.cfg.state is QpState.RTS
+
+
+def test_uc_bad_rkey_dropped_qp_stays() -> None:
+    a, b = connect(QpType.UC)
+    w = Wire(a, b)
+    src = a.mem.register(16, fill=1)
+    dst = b.mem.register(16)
+    wr = send_wr(WrType.RDMA_WRITE, src, remote=dst, wr_id=1)
+    wr.rkey += 2
+    a.core.post_send(wr)
+    a.core.post_send(send_wr(WrType.RDMA_WRITE, src, remote=dst, wr_id=2))
+    w.run()
+    assert [c.status for c in a.send_wcs] == [WcStatus.SUCCESS] * 2
+    assert b.counters.drops == {"bad_rkey": 1}
+    assert dst.buf == bytearray([1]) * 16 and b.cfg.state is QpState.RTS

@@ -10,7 +10,7 @@ from rxeharness import Wire, connect, send_wr
 
 from ibal.providers.rxe.packet import Packet
 from ibal.transport.psn import PSN_MASK
-from ibal.types import WcStatus, WrType
+from ibal.types import QpType, WcStatus, WrType
 
 OPS = st.lists(
     st.tuples(st.sampled_from(["send", "write", "write_imm", "read", "fetch_add"]),
@@ -88,3 +88,60 @@ def test_rc_exactly_once_byte_exact(
         assert int.from_bytes(res.buf[:8], "little") == total
         total += add
     assert int.from_bytes(counter.buf, "little") == total
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.lists(st.integers(0, 1200), min_size=1, max_size=10), seed=st.integers(0, 2**16),
+       drop=PROB, late=st.integers(0, 10))
+def test_rc_sends_with_late_receives(sizes: list[int], seed: int, drop: float, late: int) -> None:
+    """RNR NAKs mixed with loss in both directions: still exactly once, in order."""
+    rng = random.Random(seed)
+    a, b = connect(mtu=256, timeout=6, retry_cnt=7, rnr_retry=7, min_rnr_timer=1)
+    w = Wire(a, b, fault=lambda p, who: [] if rng.random() < drop else [p], rng=rng)
+    bufs = []
+    for i, n in enumerate(sizes):
+        src = a.mem.register(max(n, 1))
+        src.buf[:n] = data(n, i)
+        a.core.post_send(send_wr(WrType.SEND, src, n, wr_id=i))
+        dst = b.mem.register(max(n, 1))
+        bufs.append(dst)
+    for i, dst in enumerate(bufs[:late]):
+        b.post_recv(dst, wr_id=i)
+    w.run(max_time=0.002)
+    for i, dst in enumerate(bufs[late:], start=late):
+        b.post_recv(dst, wr_id=i)
+    w.run(max_time=1000.0)
+    assert [(c.wr_id, c.status) for c in a.send_wcs] == [
+        (i, WcStatus.SUCCESS) for i in range(len(sizes))]
+    assert [(c.wr_id, c.length) for c in b.recv_wcs] == list(enumerate(sizes))
+    for i, (dst, n) in enumerate(zip(bufs, sizes, strict=True)):
+        assert bytes(dst.buf[:n]) == data(n, i)
+    if late < len(sizes):
+        assert b.counters.send_rnr_err >= 1
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.lists(st.integers(1, 1200), min_size=1, max_size=12), seed=st.integers(0, 2**16),
+       drop=PROB)
+def test_uc_whole_messages_or_nothing(sizes: list[int], seed: int, drop: float) -> None:
+    """UC under loss: a receive completes only with a whole, intact message."""
+    rng = random.Random(seed)
+    a, b = connect(QpType.UC, mtu=256)
+    w = Wire(a, b, fault=lambda p, who: [] if rng.random() < drop else [p], rng=rng)
+    dst = [b.mem.register(1200) for _ in sizes]
+    for i, d in enumerate(dst):
+        b.post_recv(d, wr_id=i)
+    for i, n in enumerate(sizes):
+        src = a.mem.register(n)
+        src.buf[:] = data(n, i)
+        a.core.post_send(send_wr(WrType.SEND, src, wr_id=i))
+    w.run()
+    assert [(c.wr_id, c.status) for c in a.send_wcs] == [
+        (i, WcStatus.SUCCESS) for i in range(len(sizes))]
+    # receive WQEs are used in order; a WQE may be reused after a dropped message
+    for k, wc in enumerate(b.recv_wcs):
+        assert wc.status is WcStatus.SUCCESS and wc.wr_id == k
+        got = bytes(dst[k].buf[: wc.length])
+        assert any(got == data(n, j) for j, n in enumerate(sizes) if n == wc.length)
+    if drop == 0:
+        assert len(b.recv_wcs) == len(sizes)
