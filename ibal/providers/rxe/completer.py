@@ -66,14 +66,20 @@ class Completer:
             fp = w.first_psn
             if fp is None:
                 break
-            if psn_diff(r, fp) < w.npkts:
+            k = psn_diff(r, fp)
+            if k < 0:  # before this WQE: a late copy for one already finished
+                counters.drop("stale_response")
+                return
+            if k < w.npkts:
                 i = j
                 break
             if w.rd_atomic:
                 self._lost_response(now)
+                req.retire()
                 return
             w.done = True
-        if i < 0:  # pragma: no cover - ruled out by the PSN window test above
+            req.comp_psn = (fp + w.npkts) & PSN_MASK
+        if i < 0:
             counters.drop("response_psn_unsent")
             return
         w = sq[i]

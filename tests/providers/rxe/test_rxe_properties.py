@@ -116,7 +116,7 @@ def test_rc_sends_with_late_receives(sizes: list[int], seed: int, drop: float, l
     assert [(c.wr_id, c.length) for c in b.recv_wcs] == list(enumerate(sizes))
     for i, (dst, n) in enumerate(zip(bufs, sizes, strict=True)):
         assert bytes(dst.buf[:n]) == data(n, i)
-    if late < len(sizes):
+    if late < len(sizes) and drop == 0:  # the message without a receive met an RNR NAK
         assert b.counters.send_rnr_err >= 1
 
 
