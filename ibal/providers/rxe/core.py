@@ -21,6 +21,7 @@ from ibal.providers.rxe.packet import Packet
 from ibal.providers.rxe.qp import Counters, MemoryAccess, Output, QpConfig, RecvSource
 from ibal.providers.rxe.requester import Requester
 from ibal.providers.rxe.responder import Responder
+from ibal.providers.rxe.uc import UcResponder
 from ibal.providers.rxe.ud import UdResponder
 from ibal.transport.rules import pkey_match
 from ibal.transport.wc import make_wc
@@ -68,10 +69,11 @@ class QpCore:
         self.req = Requester(cfg, mem, self.out, self.counters, self._fatal)
         self.comp: Completer | None = None
         self.resp: Responder | UdResponder
-        if cfg.qp_type is QpType.RC or cfg.qp_type is QpType.UC:
+        if cfg.qp_type is QpType.RC:
             self.resp = Responder(cfg, mem, rq, self.out, self.counters, self.to_error)
-            if cfg.qp_type is QpType.RC:
-                self.comp = Completer(self.req, cfg, self.counters)
+            self.comp = Completer(self.req, cfg, self.counters)
+        elif cfg.qp_type is QpType.UC:
+            self.resp = UcResponder(cfg, mem, rq, self.out, self.counters, self.to_error)
         else:
             self.resp = UdResponder(cfg, mem, rq, self.out, self.counters)
 

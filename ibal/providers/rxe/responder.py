@@ -117,7 +117,12 @@ def resolve_recv(mem: MemoryAccess, wr_id: int, sges: Sequence[Sge]) -> RecvTarg
 
 
 class Responder:
-    """One RC or UC QP's receive side."""
+    """One RC QP's receive side (the base of UC's)."""
+
+    IN_NONE = _IN_NONE
+    IN_SEND = _IN_SEND
+    IN_WRITE = _IN_WRITE
+    """What ``in_msg`` says is in progress."""
 
     def __init__(
         self,
@@ -235,9 +240,6 @@ class Responder:
     def receive(self, pkt: Packet) -> None:
         """Process one request packet addressed to this QP (state and P_Key checked)."""
         flags = P.OP_FLAGS[pkt.opcode]
-        if self.uc:
-            self._uc_receive(pkt, flags)
-            return
         d = psn_diff(pkt.psn, self.epsn)
         if d:
             if d > 0:
@@ -485,81 +487,6 @@ class Responder:
             self._ack((self.epsn - 1) & PSN_MASK)
         else:
             self.counters.drop("duplicate")
-
-    # ---------------------------------------------------------------------- UC
-    def _uc_receive(self, pkt: Packet, flags: int) -> None:
-        d = psn_diff(pkt.psn, self.epsn)
-        first = flags & _F_FIRST
-        if d < 0:
-            self.counters.duplicate_request += 1
-            self.counters.drop("duplicate")
-            return
-        if d or self.drop_msg:
-            if not first:
-                self.drop_msg = True
-                self.epsn = (pkt.psn + 1) & PSN_MASK
-                self.counters.drop("uc_partial_message")
-                return
-            self.drop_msg = False
-            # The message in progress lost its end: forget it (its WQE is reused).
-            self.in_msg = _IN_NONE
-            self.wview = None
-        self.epsn = (pkt.psn + 1) & PSN_MASK
-        kind = _IN_SEND if flags & _F_SEND else _IN_WRITE
-        if (self.in_msg and (first or kind != self.in_msg)) or (
-            not self.in_msg and not first
-        ):
-            self.drop_msg = not flags & _F_LAST
-            self.in_msg = _IN_NONE
-            self.counters.drop("uc_bad_sequence")
-            return
-        if kind == _IN_WRITE and not self.cfg.access & _R_WRITE:
-            self.drop_msg = not flags & _F_LAST
-            self.counters.drop("qp_access")
-            return
-        ok = self._send(pkt, flags) if kind == _IN_SEND else self._uc_write(pkt, flags)
-        if not ok:
-            self.in_msg = _IN_NONE
-            self.drop_msg = not flags & _F_LAST
-
-    def _uc_write(self, pkt: Packet, flags: int) -> bool:
-        if flags & _F_FIRST:
-            length = pkt.dma_len
-            view = self.mem.remote(pkt.rkey, pkt.va, length, _R_WRITE) if length else None
-            if length and view is None:
-                self.counters.drop("bad_rkey")
-                return False
-            self.wview = view
-            self.woff = 0
-            self.wlen = length
-        end = self.woff + len(pkt.payload)
-        last = flags & _F_LAST
-        if end > self.wlen or (last and end != self.wlen):
-            self.counters.drop("bad_length")
-            return False
-        if flags & _F_RWQE and self.target is None:
-            got = self.rq.take()
-            if got is None:
-                self.counters.drop("no_recv_wqe")
-                return False
-            self.target = RecvTarget(got[0], [], 0)
-        if len(pkt.payload):
-            assert self.wview is not None
-            self.wview[self.woff : end] = pkt.payload
-        self.woff = end
-        if not last:
-            self.in_msg = _IN_WRITE
-            return True
-        self.in_msg = _IN_NONE
-        self.wview = None
-        target = self.target
-        if target is not None and flags & _F_RWQE:
-            self.target = None
-            self.out.recv_wcs.append(
-                (make_wc(target.wr_id, _RECV_WRITE, _OK, self.wlen, pkt.imm, _IMM_OPT,
-                         self.cfg.qpn), pkt.se)
-            )
-        return True
 
     # ------------------------------------------------------------------- flush
     def flush_target(self) -> int | None:
