@@ -12,7 +12,7 @@ from ibal.providers.rxe.qp import Counters, MemoryAccess, Output, QpConfig, Recv
 from ibal.providers.rxe.responder import resolve_recv
 from ibal.transport.rules import build_grh
 from ibal.transport.wc import make_wc
-from ibal.types import QpType, RecvOpt, WcStatus, WcType
+from ibal.types import NetworkHeader, QpType, RecvOpt, WcStatus, WcType
 
 GRH_LEN = 40
 _GRH_OPT = RecvOpt.GRH_VALID
@@ -37,18 +37,19 @@ def ipv4_header(src: bytes, dst: bytes, udp_len: int, ttl: int = 64, tos: int = 
     return bytes(hdr)
 
 
-def network_header(pkt: Packet) -> bytes:
-    """The 40 bytes a UD receive buffer starts with (rxe ``rdma_network_hdr``)."""
+def network_header(pkt: Packet) -> tuple[bytes, NetworkHeader]:
+    """The 40 bytes a UD receive buffer starts with (rxe ``rdma_network_hdr``), and their kind."""
     hdr = pkt.net_hdr
     if len(hdr) == 20:
-        return bytes(20) + bytes(hdr)
+        return bytes(20) + bytes(hdr), NetworkHeader.IPV4
     if len(hdr) == 40:
-        return bytes(hdr)
+        return bytes(hdr), NetworkHeader.IPV6
     udp_len = 8 + P.HDR_LEN[pkt.opcode] + len(pkt.payload) + pkt.pad + P.ICRC_LEN
     if len(pkt.src_ip) == 4 and len(pkt.dst_ip) == 4:
-        return bytes(20) + ipv4_header(pkt.src_ip, pkt.dst_ip, udp_len)
-    return build_grh(bytes(pkt.src_ip).rjust(16, b"\0"), bytes(pkt.dst_ip).rjust(16, b"\0"),
-                     udp_len, next_header=17)
+        return bytes(20) + ipv4_header(pkt.src_ip, pkt.dst_ip, udp_len), NetworkHeader.IPV4
+    grh = build_grh(bytes(pkt.src_ip).rjust(16, b"\0"), bytes(pkt.dst_ip).rjust(16, b"\0"),
+                    udp_len, next_header=17)
+    return grh, NetworkHeader.IPV6
 
 
 class UdResponder:
@@ -88,7 +89,7 @@ class UdResponder:
             recv_wcs.append((make_wc(wr_id, WcType.RECV, WcStatus.LOCAL_LEN_ERR, 0, None,
                                      RecvOpt.NONE, qpn), False))
             return
-        grh = network_header(pkt)
+        grh, kind = network_header(pkt)
         target.write(grh)
         if len(payload):
             target.write(payload)
@@ -96,6 +97,6 @@ class UdResponder:
         recv_wcs.append((
             make_wc(wr_id, WcType.RECV, WcStatus.SUCCESS, n, pkt.imm if imm else None,
                     _GRH_IMM_OPT if imm else _GRH_OPT, qpn, pkt.src_qpn, 0, 0, cfg.pkey_index,
-                    0, 0, grh),
+                    0, 0, grh, kind),
             pkt.se,
         ))

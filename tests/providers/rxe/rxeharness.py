@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ibal.providers.rxe import wire
 from ibal.providers.rxe.core import QpCore
 from ibal.providers.rxe.packet import Packet
 from ibal.providers.rxe.qp import Counters, QpConfig
@@ -163,7 +164,9 @@ class Wire:
     """Two nodes, a manual clock and the packets in flight."""
 
     def __init__(self, a: Node, b: Node, fault: Fault | None = None,
-                 rng: random.Random | None = None, reorder: float = 0.0) -> None:
+                 rng: random.Random | None = None, reorder: float = 0.0,
+                 codec: bool = False) -> None:
+        self.codec = codec
         self.a = a
         self.b = b
         self.now = 0.0
@@ -181,7 +184,12 @@ class Wire:
         moved = False
         for n in (self.a, self.b):
             for pkt in n.core.poll(self.now):
-                pkt.payload = bytes(pkt.payload)  # the wire copies
+                if self.codec:  # through the real encoder and decoder
+                    q = wire.decode(wire.encode_bytes(pkt, 0))
+                    q.src_ip, q.dst_ip, q.src_port = pkt.src_ip, pkt.dst_ip, pkt.src_port
+                    pkt = q
+                else:
+                    pkt.payload = bytes(pkt.payload)  # the wire copies
                 self.log.append((n.name, pkt))
                 copies = [pkt] if self.fault is None else self.fault(pkt, n.name)
                 for c in copies:

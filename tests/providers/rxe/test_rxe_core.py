@@ -11,6 +11,7 @@ from ibal.transport.psn import PSN_MASK
 from ibal.types import (
     AccessFlags,
     AsyncEvent,
+    NetworkHeader,
     QpState,
     QpType,
     RecvOpt,
@@ -32,10 +33,11 @@ def opcodes(w: Wire, sender: str) -> list[int]:
 # ------------------------------------------------------------------ operations
 
 
+@pytest.mark.parametrize("codec", [False, True])
 @pytest.mark.parametrize("size", [0, 1, 255, 256, 257, 1000, 4096, 10_000])
-def test_send_sizes_byte_exact(size: int) -> None:
+def test_send_sizes_byte_exact(size: int, codec: bool) -> None:
     a, b = connect(mtu=256)
-    w = Wire(a, b)
+    w = Wire(a, b, codec=codec)
     src = a.mem.register(max(size, 1))
     src.buf[:size] = pattern(size)
     dst = b.mem.register(size + 64, fill=0xEE)
@@ -575,7 +577,7 @@ def test_uc_send_write_and_gap_drops_message() -> None:
 
 def test_ud_send_qkey_and_grh() -> None:
     a, b = connect(QpType.UD)
-    w = Wire(a, b)
+    w = Wire(a, b, codec=True)
     src = a.mem.register(100)
     src.buf[:] = pattern(100)
     dst = b.mem.register(200)
@@ -596,6 +598,7 @@ def test_ud_send_qkey_and_grh() -> None:
     assert bytes(dst.buf[:20]) == bytes(20) and dst.buf[20] == 0x45
     assert bytes(dst.buf[32:36]) == a.ip and bytes(dst.buf[36:40]) == b.ip
     assert wc.grh == bytes(dst.buf[:40])
+    assert wc.network_header is NetworkHeader.IPV4
     assert b.counters.drops == {"qkey": 1}
     assert [p.qkey for who, p in w.log] == [0x1234, 0x9999, 0x1234]
     assert all(p.ack_req and p.src_qpn == 0x11 for who, p in w.log)

@@ -43,7 +43,7 @@ def test_rc_exactly_once_byte_exact(
     psn = PSN_MASK - 5 if wrap else 0x100
     a, b = connect(mtu=mtu, psn_a=psn, psn_b=psn - 40, timeout=6, retry_cnt=7, rnr_retry=7,
                    min_rnr_timer=1, depth=4)
-    w = Wire(a, b, fault=fault, rng=rng, reorder=reorder)
+    w = Wire(a, b, fault=fault, rng=rng, reorder=reorder, codec=True)
     counter = b.mem.register(8)
     checks = []
     adds = []
