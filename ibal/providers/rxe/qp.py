@@ -61,10 +61,13 @@ class RecvSource(Protocol):
 
 
 class Counters:
-    """Device counters (kernel rxe ``hw_counters`` names) and drops per reason."""
+    """Device counters (kernel rxe ``hw_counters`` names) and drops per reason.
+
+    ``rdma_sends``/``rdma_recvs`` count RDMA WRITE/READ/atomic request packets
+    sent and executed.
+    """
 
     __slots__ = (
-        "ack_deferred",
         "completer_retry_err",
         "drops",
         "duplicate_request",
@@ -88,7 +91,6 @@ class Counters:
         self.rcvd_rnr_err = 0
         self.send_rnr_err = 0
         self.rcvd_seq_err = 0
-        self.ack_deferred = 0
         self.retry_exceeded_err = 0
         self.retry_rnr_exceeded_err = 0
         self.completer_retry_err = 0

@@ -259,6 +259,8 @@ class Requester:
             out.append(pkt)
             sent += 1
             k += 1
+        if not is_send:
+            self.counters.rdma_sends += sent
         if k >= npkts:
             self.cur += 1
             self.cur_pkt = 0
@@ -291,6 +293,7 @@ class Requester:
         pkt.rkey = wr.rkey
         pkt.ack_req = True
         self.since_ack_req = 0
+        self.counters.rdma_sends += 1
         pkt.src_ip = cfg.src_ip
         pkt.dst_ip = cfg.dst_ip
         pkt.src_port = cfg.src_port

@@ -256,12 +256,14 @@ class Responder:
             return
         if flags & _F_SEND:
             done = self._send(pkt, flags)
-        elif flags & _F_WRITE:
-            done = self._write(pkt, flags)
-        elif flags & _F_READ:
-            done = self._read(pkt)
         else:
-            done = self._atomic(pkt)
+            if flags & _F_WRITE:
+                done = self._write(pkt, flags)
+            elif flags & _F_READ:
+                done = self._read(pkt)
+            else:
+                done = self._atomic(pkt)
+            self.counters.rdma_recvs += done
         if not done:
             return
         self.nak_sent = False

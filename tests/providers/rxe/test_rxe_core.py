@@ -744,3 +744,19 @@ def test_uc_bad_rkey_dropped_qp_stays() -> None:
     assert [c.status for c in a.send_wcs] == [WcStatus.SUCCESS] * 2
     assert b.counters.drops == {"bad_rkey": 1}
     assert dst.buf == bytearray([1]) * 16 and b.cfg.state is QpState.RTS
+
+
+def test_counters_snapshot_names() -> None:
+    a, b = connect()
+    w = Wire(a, b)
+    src = a.mem.register(600)
+    dst = b.mem.register(600)
+    a.core.post_send(send_wr(WrType.RDMA_WRITE, src, remote=dst, wr_id=1))
+    a.core.post_send(send_wr(WrType.RDMA_READ, src, 8, remote=dst, wr_id=2))
+    w.run()
+    snap_a, snap_b = a.counters.snapshot(), b.counters.snapshot()
+    assert snap_a["rdma_sends"] == 4 and snap_b["rdma_recvs"] == 4
+    assert snap_a["sent_pkts"] == 4 and snap_b["rcvd_pkts"] == 4
+    assert snap_b["sent_pkts"] == 2 and snap_a["rcvd_pkts"] == 2
+    b.core.receive(Packet(0x15, 0x22, 0), 0.0)
+    assert b.counters.snapshot()["drop_bad_opcode"] == 1
