@@ -96,6 +96,9 @@ class QpCore:
         self.cfg.state = state
         if state is _RTS:
             self.req.reset_retries()
+        elif state is _SQD:
+            self.req.sqd_notify = True
+            self.req.check_drained()
 
     def set_psns(self, sq_psn: int | None = None, rq_psn: int | None = None) -> None:
         if sq_psn is not None:

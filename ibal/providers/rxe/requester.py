@@ -29,6 +29,7 @@ from ibal.transport.timers import ack_timeout_seconds
 from ibal.transport.wc import make_wc
 from ibal.types import (
     WC_TYPE_FOR_WR,
+    AsyncEvent,
     QpState,
     QpType,
     RecvOpt,
@@ -85,6 +86,7 @@ class Requester:
         self.retry_left = cfg.retry_cnt
         self.rnr_left = cfg.rnr_retry
         self.retry_started = False
+        self.sqd_notify = False
         t = cfg.qp_type
         self.connected = t is QpType.RC or t is QpType.UC
         self.reliable = t is QpType.RC
@@ -357,6 +359,15 @@ class Requester:
             if w.signaled or w.status is not _OK:
                 wcs.append(make_wc(w.wr.wr_id, WC_TYPE_FOR_WR[w.opcode], w.status, w.length,
                                    None, _NO_OPT, qpn))
+        if self.sqd_notify:
+            self.check_drained()
+
+    def check_drained(self) -> None:
+        """SQD: once nothing sent is unfinished, raise SQ_DRAINED (once per SQD entry)."""
+        sq = self.sq
+        if self.cfg.state is _SQD and (not sq or sq[0].first_psn is None):
+            self.sqd_notify = False
+            self.out.events.append(AsyncEvent.SQ_DRAINED)
 
     def fail(self, w: SendWqe, status: WcStatus) -> None:
         """``w`` completes in error; the QP leaves the working states."""

@@ -760,3 +760,25 @@ def test_counters_snapshot_names() -> None:
     assert snap_b["sent_pkts"] == 2 and snap_a["rcvd_pkts"] == 2
     b.core.receive(Packet(0x15, 0x22, 0), 0.0)
     assert b.counters.snapshot()["drop_bad_opcode"] == 1
+
+
+def test_sqd_stops_new_wrs_and_reports_drained() -> None:
+    a, b = connect(mtu=256)
+    w = Wire(a, b)
+    src = a.mem.register(1024)
+    dst = b.mem.register(1024)
+    a.core.post_send(send_wr(WrType.RDMA_WRITE, src, remote=dst, wr_id=1))
+    first = a.core.poll(0.0, budget=2)  # two of four packets are out
+    a.core.set_state(QpState.SQD)
+    a.core.post_send(send_wr(WrType.RDMA_WRITE, src, remote=dst, wr_id=2))
+    for p in first:
+        b.core.receive(p, 0.0)
+    w.run()
+    assert [c.wr_id for c in a.send_wcs] == [1]
+    assert a.events == [AsyncEvent.SQ_DRAINED]
+    a.core.set_state(QpState.RTS)
+    w.run()
+    assert [c.wr_id for c in a.send_wcs] == [1, 2]
+    a.core.set_state(QpState.SQD)  # nothing in flight: drained at once
+    a.collect()
+    assert a.events == [AsyncEvent.SQ_DRAINED] * 2
