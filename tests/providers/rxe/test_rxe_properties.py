@@ -145,3 +145,61 @@ def test_uc_whole_messages_or_nothing(sizes: list[int], seed: int, drop: float) 
         assert any(got == data(n, j) for j, n in enumerate(sizes) if n == wc.length)
     if drop == 0:
         assert len(b.recv_wcs) == len(sizes)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS, back=OPS, seed=st.integers(0, 2**16), drop=PROB, dup=PROB, reorder=PROB)
+def test_rc_both_directions(
+    ops: list[tuple[str, int]], back: list[tuple[str, int]], seed: int, drop: float,
+    dup: float, reorder: float,
+) -> None:
+    """Each QP is requester and responder at once: responses and requests interleave."""
+    rng = random.Random(seed)
+
+    def fault(pkt: Packet, who: str) -> list[Packet]:
+        if rng.random() < drop:
+            return []
+        return [pkt, pkt.copy()] if rng.random() < dup else [pkt]
+
+    a, b = connect(mtu=256, timeout=6, retry_cnt=7, rnr_retry=7, min_rnr_timer=1, depth=2)
+    w = Wire(a, b, fault=fault, rng=rng, reorder=reorder, codec=True)
+    expected = []
+    for req, resp, work, tag in ((a, b, ops, 0), (b, a, back, 500)):
+        counter = resp.mem.register(8)
+        total = 0
+        for i, (op, n) in enumerate(work):
+            src = req.mem.register(max(n, 8))
+            src.buf[:n] = data(n, i + tag)
+            if op in ("send", "write_imm"):
+                dst = resp.mem.register(max(n, 1))
+                if op == "send":
+                    resp.post_recv(dst, n, wr_id=i + tag)
+                    req.core.post_send(send_wr(WrType.SEND, src, n, wr_id=i + tag))
+                else:
+                    resp.post_recv(resp.mem.register(1), 0, wr_id=i + tag)
+                    req.core.post_send(send_wr(WrType.RDMA_WRITE, src, n, remote=dst,
+                                               wr_id=i + tag, imm=i))
+                expected.append((dst, data(n, i + tag)))
+            elif op == "write":
+                dst = resp.mem.register(max(n, 1))
+                req.core.post_send(send_wr(WrType.RDMA_WRITE, src, n, remote=dst, wr_id=i + tag))
+                expected.append((dst, data(n, i + tag)))
+            elif op == "read":
+                remote = resp.mem.register(max(n, 1))
+                remote.buf[:n] = data(n, i + tag + 1000)
+                local = req.mem.register(max(n, 1))
+                req.core.post_send(send_wr(WrType.RDMA_READ, local, n, remote=remote,
+                                           wr_id=i + tag))
+                expected.append((local, data(n, i + tag + 1000)))
+            else:
+                req.core.post_send(send_wr(WrType.FETCH_ADD, src, 8, remote=counter,
+                                           compare_add=1, wr_id=i + tag))
+                total += 1
+        expected.append((counter, total.to_bytes(8, "little")))
+    w.run(max_time=1000.0)
+    assert [(c.wr_id, c.status) for c in a.send_wcs] == [
+        (i, WcStatus.SUCCESS) for i in range(len(ops))]
+    assert [(c.wr_id, c.status) for c in b.send_wcs] == [
+        (i + 500, WcStatus.SUCCESS) for i in range(len(back))]
+    for region, want in expected:
+        assert bytes(region.buf[: len(want)]) == want
