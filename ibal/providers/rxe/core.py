@@ -158,8 +158,8 @@ class QpCore:
         """The packets to send now, at most ``budget``: responses, then requests."""
         out: list[Packet] = []
         resp = self.resp
-        if isinstance(resp, Responder) and resp.queue:
-            resp.poll(budget, out)
+        if isinstance(resp, Responder) and len(resp.responses):
+            resp.responses.poll(budget, out)
         if len(out) < budget and self.cfg.state is not _ERROR:
             self.req.poll(now, budget - len(out), out)
         self.counters.sent_pkts += len(out)

@@ -12,12 +12,12 @@ UC has no responses: a PSN gap drops the rest of the message.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Sequence
 
 from ibal.providers.rxe import packet as P
 from ibal.providers.rxe.packet import Packet
 from ibal.providers.rxe.qp import MAX_MSG, Counters, MemoryAccess, Output, QpConfig, RecvSource
+from ibal.providers.rxe.responses import ResponseQueue
 from ibal.transport.psn import PSN_MASK, packets_for, psn_diff
 from ibal.transport.rules import NakCode, atomic_result
 from ibal.transport.wc import make_wc
@@ -52,24 +52,6 @@ ATOMIC_CACHE = 64
 MAX_QUEUED_REPLAYS = 256
 """Beyond this many queued responses, duplicate READs are dropped (a flood bound)."""
 
-
-class ReadJob:
-    """A READ being answered: response packets are cut from ``view`` as they leave.
-
-    ``resource`` is False for a duplicate's replay, which holds no responder
-    resource (the original did).
-    """
-
-    __slots__ = ("msn", "next", "npkts", "psn", "resource", "view")
-
-    def __init__(self, psn: int, view: memoryview | bytes, npkts: int, msn: int,
-                 resource: bool = True) -> None:
-        self.psn = psn
-        self.view = view
-        self.npkts = npkts
-        self.next = 0
-        self.msn = msn
-        self.resource = resource
 
 
 class RecvTarget:
@@ -149,72 +131,14 @@ class Responder:
         self.wview: memoryview | None = None
         self.woff = 0
         self.wlen = 0
-        self.queue: deque[Packet | ReadJob] = deque()
-        self.reads_pending = 0
+        self.responses = ResponseQueue(cfg)
         self.atomic_cache: dict[int, int] = {}
 
     def set_psn(self, psn: int) -> None:
         self.epsn = psn & PSN_MASK
 
-    # ------------------------------------------------------------------ output
-    def poll(self, budget: int, out: list[Packet]) -> None:
-        """Append up to ``budget`` response packets, in PSN order."""
-        q = self.queue
-        start = len(out)
-        while q and len(out) - start < budget:
-            item = q[0]
-            if item.__class__ is Packet:
-                out.append(q.popleft())  # type: ignore[arg-type]
-                continue
-            job: ReadJob = item  # type: ignore[assignment]
-            while job.next < job.npkts and len(out) - start < budget:
-                out.append(self._read_packet(job))
-            if job.next >= job.npkts:
-                q.popleft()
-                if job.resource:
-                    self.reads_pending -= 1
-
-    def _read_packet(self, job: ReadJob) -> Packet:
-        cfg = self.cfg
-        mtu = cfg.mtu
-        k = job.next
-        job.next = k + 1
-        n = job.npkts
-        if n == 1:
-            op = P.Opcode.RC_RDMA_READ_RESPONSE_ONLY
-        elif k == 0:
-            op = P.Opcode.RC_RDMA_READ_RESPONSE_FIRST
-        elif k == n - 1:
-            op = P.Opcode.RC_RDMA_READ_RESPONSE_LAST
-        else:
-            op = P.Opcode.RC_RDMA_READ_RESPONSE_MIDDLE
-        off = k * mtu
-        pkt = self._response(op, (job.psn + k) & PSN_MASK, job.view[off : off + mtu])
-        if op != P.Opcode.RC_RDMA_READ_RESPONSE_MIDDLE:
-            pkt.syndrome = P.AETH_ACK_UNLIMITED
-            pkt.msn = job.msn
-        return pkt
-
-    def _response(self, op: int, psn: int, payload: bytes | memoryview = b"") -> Packet:
-        cfg = self.cfg
-        pkt = Packet(op, cfg.dest_qpn, psn, payload, pkey=cfg.pkey)
-        pkt.src_ip = cfg.src_ip
-        pkt.dst_ip = cfg.dst_ip
-        pkt.src_port = cfg.src_port
-        return pkt
-
     def _ack(self, psn: int, syndrome: int = P.AETH_ACK_UNLIMITED) -> None:
-        pkt = self._response(P.Opcode.RC_ACKNOWLEDGE, psn)
-        pkt.syndrome = syndrome
-        pkt.msn = self.msn
-        self.queue.append(pkt)
-
-    def _atomic_ack(self, psn: int, orig: int) -> None:
-        pkt = self._response(P.Opcode.RC_ATOMIC_ACKNOWLEDGE, psn)
-        pkt.syndrome = P.AETH_ACK_UNLIMITED
-        pkt.msn = self.msn
-        pkt.orig = orig
-        self.queue.append(pkt)
+        self.responses.ack(psn, syndrome, self.msn)
 
     def _fatal(self, pkt: Packet, code: NakCode, reason: str,
                event: AsyncEvent | None = None) -> None:
@@ -419,7 +343,7 @@ class Responder:
         if length > MAX_MSG:
             self._fatal(pkt, NakCode.INVALID_REQUEST, "bad_length", AsyncEvent.WQ_REQ_ERROR)
             return False
-        if self.reads_pending >= max(1, self.cfg.resp_res):
+        if self.responses.reads_pending >= max(1, self.cfg.resp_res):
             self._fatal(pkt, NakCode.INVALID_REQUEST, "responder_resources",
                         AsyncEvent.WQ_REQ_ERROR)
             return False
@@ -432,8 +356,7 @@ class Responder:
             view = v
         npkts = packets_for(length, self.cfg.mtu)
         self.msn = (self.msn + 1) & PSN_MASK
-        self.queue.append(ReadJob(pkt.psn, view, npkts, self.msn))
-        self.reads_pending += 1
+        self.responses.read(pkt.psn, view, npkts, self.msn, True)
         self.epsn = (self.epsn + npkts) & PSN_MASK
         return True
 
@@ -442,7 +365,7 @@ class Responder:
             self._fatal(pkt, NakCode.INVALID_REQUEST, "misaligned_atomic",
                         AsyncEvent.WQ_REQ_ERROR)
             return False
-        if self.reads_pending >= max(1, self.cfg.resp_res):
+        if self.responses.reads_pending >= max(1, self.cfg.resp_res):
             self._fatal(pkt, NakCode.INVALID_REQUEST, "responder_resources",
                         AsyncEvent.WQ_REQ_ERROR)
             return False
@@ -460,14 +383,14 @@ class Responder:
         if len(cache) > max(ATOMIC_CACHE, self.cfg.resp_res):
             del cache[next(iter(cache))]
         self.msn = (self.msn + 1) & PSN_MASK
-        self._atomic_ack(pkt.psn, old)
+        self.responses.atomic_ack(pkt.psn, old, self.msn)
         return True
 
     def _duplicate(self, pkt: Packet, flags: int) -> None:
         if flags & _F_READ:
             # Re-executed (READ has no side effect), with fresh access checks.
             length = pkt.dma_len
-            if length > MAX_MSG or len(self.queue) >= MAX_QUEUED_REPLAYS:
+            if length > MAX_MSG or len(self.responses) >= MAX_QUEUED_REPLAYS:
                 self.counters.drop("duplicate_read")
                 return
             view: memoryview | bytes = b""
@@ -477,14 +400,14 @@ class Responder:
                     self.counters.drop("duplicate_read")
                     return
                 view = v
-            self.queue.append(ReadJob(pkt.psn, view, packets_for(length, self.cfg.mtu),
-                                      self.msn, False))
+            self.responses.read(pkt.psn, view, packets_for(length, self.cfg.mtu), self.msn,
+                                False)
         elif flags & _F_ATOMIC:
             orig = self.atomic_cache.get(pkt.psn)
             if orig is None:
                 self.counters.drop("duplicate_atomic_unknown")
                 return
-            self._atomic_ack(pkt.psn, orig)
+            self.responses.atomic_ack(pkt.psn, orig, self.msn)
         elif pkt.ack_req:
             self._ack((self.epsn - 1) & PSN_MASK)
         else:
@@ -495,6 +418,5 @@ class Responder:
         """The receive WQE a message was landing in when the QP failed (to flush it)."""
         t = self.target
         self.target = None
-        self.queue.clear()
-        self.reads_pending = 0
+        self.responses.clear()
         return None if t is None else t.wr_id

@@ -1,0 +1,120 @@
+"""What a responder sends, in PSN order: ACK/NAKs, atomic ACKs and READ responses.
+
+READ responses are cut from the registered memory lazily, as the driver polls,
+so a large READ costs no memory up front and an ACK queued behind it cannot
+overtake it.  A READ (not a duplicate's replay) holds a responder resource
+until its last response packet has left: ``reads_pending`` is what the
+responder checks against ``resp_res``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ibal.providers.rxe import packet as P
+from ibal.providers.rxe.packet import Packet
+from ibal.providers.rxe.qp import QpConfig
+from ibal.transport.psn import PSN_MASK
+
+_MIDDLE = P.Opcode.RC_RDMA_READ_RESPONSE_MIDDLE
+
+
+class ReadJob:
+    """A READ being answered: response packets are cut from ``view`` as they leave.
+
+    ``resource`` is False for a duplicate's replay, which holds no responder
+    resource (the original did).
+    """
+
+    __slots__ = ("msn", "next", "npkts", "psn", "resource", "view")
+
+    def __init__(self, psn: int, view: memoryview | bytes, npkts: int, msn: int,
+                 resource: bool = True) -> None:
+        self.psn = psn
+        self.view = view
+        self.npkts = npkts
+        self.next = 0
+        self.msn = msn
+        self.resource = resource
+
+
+class ResponseQueue:
+    """One RC QP's responses waiting to leave."""
+
+    def __init__(self, cfg: QpConfig) -> None:
+        self.cfg = cfg
+        self.queue: deque[Packet | ReadJob] = deque()
+        self.reads_pending = 0
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def clear(self) -> None:
+        self.queue.clear()
+        self.reads_pending = 0
+
+    def poll(self, budget: int, out: list[Packet]) -> None:
+        """Append up to ``budget`` response packets, in PSN order."""
+        q = self.queue
+        start = len(out)
+        while q and len(out) - start < budget:
+            item = q[0]
+            if item.__class__ is Packet:
+                out.append(q.popleft())  # type: ignore[arg-type]
+                continue
+            job: ReadJob = item  # type: ignore[assignment]
+            while job.next < job.npkts and len(out) - start < budget:
+                out.append(self._read_packet(job))
+            if job.next >= job.npkts:
+                q.popleft()
+                if job.resource:
+                    self.reads_pending -= 1
+
+    def _read_packet(self, job: ReadJob) -> Packet:
+        mtu = self.cfg.mtu
+        k = job.next
+        job.next = k + 1
+        n = job.npkts
+        if n == 1:
+            op = P.Opcode.RC_RDMA_READ_RESPONSE_ONLY
+        elif k == 0:
+            op = P.Opcode.RC_RDMA_READ_RESPONSE_FIRST
+        elif k == n - 1:
+            op = P.Opcode.RC_RDMA_READ_RESPONSE_LAST
+        else:
+            op = _MIDDLE
+        off = k * mtu
+        pkt = self._packet(op, (job.psn + k) & PSN_MASK, job.view[off : off + mtu])
+        if op is not _MIDDLE:
+            pkt.syndrome = P.AETH_ACK_UNLIMITED
+            pkt.msn = job.msn
+        return pkt
+
+    def _packet(self, op: int, psn: int, payload: bytes | memoryview = b"") -> Packet:
+        cfg = self.cfg
+        pkt = Packet(op, cfg.dest_qpn, psn, payload, pkey=cfg.pkey)
+        pkt.src_ip = cfg.src_ip
+        pkt.dst_ip = cfg.dst_ip
+        pkt.src_port = cfg.src_port
+        return pkt
+
+    def ack(self, psn: int, syndrome: int, msn: int) -> None:
+        """Queue an ACKNOWLEDGE: an ACK, a NAK or an RNR NAK by its syndrome."""
+        pkt = self._packet(P.Opcode.RC_ACKNOWLEDGE, psn)
+        pkt.syndrome = syndrome
+        pkt.msn = msn
+        self.queue.append(pkt)
+
+    def atomic_ack(self, psn: int, orig: int, msn: int) -> None:
+        pkt = self._packet(P.Opcode.RC_ATOMIC_ACKNOWLEDGE, psn)
+        pkt.syndrome = P.AETH_ACK_UNLIMITED
+        pkt.msn = msn
+        pkt.orig = orig
+        self.queue.append(pkt)
+
+    def read(self, psn: int, view: memoryview | bytes, npkts: int, msn: int,
+             resource: bool) -> None:
+        """Queue a READ's responses; ``resource``: it counts against ``resp_res``."""
+        self.queue.append(ReadJob(psn, view, npkts, msn, resource))
+        if resource:
+            self.reads_pending += 1
