@@ -1,0 +1,455 @@
+"""The rxe socket layer: UDP port 4791 on a device's addresses, batched both ways.
+
+One :class:`DeviceIO` per device.  For each local address it opens:
+
+* IPv4, receive mode ``raw`` (the default): a ``SOCK_RAW``/``IPPROTO_UDP``
+  socket bound to the address with a classic BPF filter for UDP port 4791
+  that is not a fragment.  It reads whole IP datagrams, so the ICRC is checked
+  over the IP ID the sender really used (kernel rxe varies it; a UDP socket
+  never sees it).  The same socket sends, choosing the UDP source port per
+  packet.  A UDP socket bound to the address and port 4791 stays open, with
+  a drop-all filter, only so the port is owned (no ICMP port unreachable, no
+  second engine on the address).
+* IPv4, receive mode ``udp``: the UDP socket receives (``recvmmsg``, GRO) and
+  the ICRC is checked as if the IP ID were 0, which is what ibal sends (DF,
+  unconnected): fast, but frames from kernel rxe fail the check.
+* IPv6: the UDP socket receives (IPv6 has no ID, nothing is hidden), with
+  ``UDP_NO_CHECK6_RX`` since kernel rxe sends a zero UDP checksum; a raw
+  IPv6 socket (drop-all filter, kernel-computed checksum) sends.
+
+A receive thread per device waits on all its sockets, reads up to
+``batch`` datagrams per ``recvmmsg``, decodes each (codec
+:func:`~ibal.providers.rxe.wire.decode`, ICRC checked) and hands the good
+packets of one batch as a list to the ``on_packets`` callback; malformed ones
+are counted per reason and dropped.  Nothing that arrives can stop the thread.
+
+Sending: :meth:`DeviceIO.send` encodes a packet (ICRC over the IP/UDP headers
+the kernel will build: DF, ID 0, TTL 64) and queues it; a full batch or
+:meth:`DeviceIO.flush` sends the queue with one ``sendmmsg`` per socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import select
+import socket
+import struct
+import threading
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from ibal.providers.rxe import mmsg, wire
+from ibal.providers.rxe.counters import DeviceCounters
+from ibal.providers.rxe.netif import IpAddress
+from ibal.providers.rxe.packet import Packet
+from ibal.wire.fields import Buffer
+from ibal.wire.pcap import PcapWriter
+
+ROCE_PORT: Final = wire.ROCE_V2_PORT
+RxMode = Literal["raw", "udp"]
+
+_IP_MTU_DISCOVER: Final = 10
+_IP_PMTUDISC_DO: Final = 2
+_IPV6_CHECKSUM: Final = 7
+_RCVBUF: Final = 8 << 20
+_SNDBUF: Final = 4 << 20
+_UDP_HDR: Final = struct.Struct(">HHHH")
+
+# classic BPF (linux/filter.h): code, jt, jf, k
+_BPF_INSN: Final = struct.Struct("=HBBI")
+_RET: Final = 0x06
+_LD_H_ABS: Final = 0x28
+_LD_H_IND: Final = 0x48
+_LDX_B_MSH: Final = 0xB1
+_JEQ_K: Final = 0x15
+_JSET_K: Final = 0x45
+
+
+def _attach(sock: socket.socket, prog: list[tuple[int, int, int, int]]) -> None:
+    """Attach a classic BPF program (``SO_ATTACH_FILTER``)."""
+    import ctypes
+
+    code = b"".join(_BPF_INSN.pack(*i) for i in prog)
+    buf = ctypes.create_string_buffer(code, len(code))
+    fprog = struct.pack("=HxxxxxxQ", len(prog), ctypes.addressof(buf))
+    sock.setsockopt(socket.SOL_SOCKET, mmsg.SO_ATTACH_FILTER, fprog)
+
+
+DROP_ALL: Final = [(_RET, 0, 0, 0)]
+
+
+def roce_ipv4_filter(port: int = ROCE_PORT) -> list[tuple[int, int, int, int]]:
+    """BPF for a raw IPv4 socket: accept unfragmented UDP to ``port``, drop the rest."""
+    return [
+        (_LD_H_ABS, 0, 0, 6),  # flags + fragment offset
+        (_JSET_K, 4, 0, 0x3FFF),  # MF or an offset: a fragment -> drop
+        (_LDX_B_MSH, 0, 0, 0),  # x = IP header length
+        (_LD_H_IND, 0, 0, 2),  # UDP destination port
+        (_JEQ_K, 0, 1, port),
+        (_RET, 0, 0, 0x40000),
+        (_RET, 0, 0, 0),
+    ]
+
+
+@dataclass
+class _Endpoint:
+    """The sockets of one local address."""
+
+    ip: IpAddress
+    raw_ip: bytes
+    udp: socket.socket  # owns ip:4791
+    tx: socket.socket  # raw: sends with any source port
+    rx: socket.socket  # what the receive thread reads
+    rx_raw: bool  # rx delivers whole IP datagrams (IPv4 raw mode)
+    batch: mmsg.SendBatch
+
+    def close(self) -> None:
+        for s in {self.udp, self.tx, self.rx}:
+            s.close()
+
+
+def _open(ip: IpAddress, port: int, rx_mode: RxMode, batch: int) -> _Endpoint:
+    """Sockets for ``ip``; ``OSError`` (EADDRINUSE when kernel rxe or another
+    engine owns the port, EADDRNOTAVAIL for an address the host lacks)."""
+    v4 = ip.version == 4
+    fam = socket.AF_INET if v4 else socket.AF_INET6
+    udp = socket.socket(fam, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    tx: socket.socket | None = None
+    try:
+        # no SO_REUSEADDR: a second bind of one address must fail, not share datagrams
+        if v4:
+            udp.bind((str(ip), port))
+        else:
+            udp.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            udp.setsockopt(mmsg.SOL_UDP, mmsg.UDP_NO_CHECK6_RX, 1)
+            udp.bind((str(ip), port, 0, 0))
+        udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RCVBUF)
+        tx = socket.socket(fam, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.IPPROTO_UDP)
+        tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SNDBUF)
+        if v4:
+            # DF set and, unconnected, IP ID 0: the ID the send-side ICRC assumes
+            tx.setsockopt(socket.IPPROTO_IP, _IP_MTU_DISCOVER, _IP_PMTUDISC_DO)
+            tx.bind((str(ip), 0))
+        else:
+            tx.setsockopt(socket.IPPROTO_IPV6, _IPV6_CHECKSUM, 6)
+            tx.bind((str(ip), 0, 0, 0))
+        rx_raw = v4 and rx_mode == "raw"
+        if rx_raw:
+            _attach(udp, DROP_ALL)
+            tx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RCVBUF)
+            _attach(tx, roce_ipv4_filter(port))
+            rx = tx
+        else:
+            _attach(tx, DROP_ALL)  # a raw UDP socket would get a copy of every datagram
+            if v4:
+                with contextlib.suppress(OSError):  # kernels before 5.0
+                    udp.setsockopt(mmsg.SOL_UDP, mmsg.UDP_GRO, 1)
+            rx = udp
+    except BaseException:
+        udp.close()
+        if tx is not None:
+            tx.close()
+        raise
+    return _Endpoint(ip, ip.packed, udp, tx, rx, rx_raw, mmsg.SendBatch(batch, 4))
+
+
+class DeviceIO:
+    """Sockets, receive thread and send batching of one device.
+
+    ``on_packets(packets)`` is called on the receive thread with the good
+    packets of one batch (a list of :class:`Packet`, ``src_ip``/``dst_ip``/
+    ``src_port``/``net_hdr`` filled); each ``payload`` is a view into the
+    receive buffer, valid only until the callback returns (copy what must
+    outlive it).  The callback may call :meth:`send`/:meth:`flush`; if it
+    raises, the batch is counted as ``handler_error`` drops and the thread
+    goes on.
+
+    ``batch``: datagrams per ``recvmmsg``/``sendmmsg``; ``rx_mode``: see the
+    module docstring; ``capture``: a pcap writer (``wire.rxe_capture()``).
+    """
+
+    def __init__(
+        self,
+        on_packets: Callable[[list[Packet]], None],
+        counters: DeviceCounters | None = None,
+        *,
+        port: int = ROCE_PORT,
+        rx_mode: RxMode = "raw",
+        batch: int = 64,
+        max_datagram: int = 65536,
+        capture: PcapWriter | None = None,
+        name: str = "rxe",
+    ) -> None:
+        self.on_packets = on_packets
+        self.counters = counters if counters is not None else DeviceCounters()
+        self.port = port
+        self.rx_mode: RxMode = rx_mode
+        self.batch = batch
+        self.capture = capture
+        self.name = name
+        self._ring = mmsg.RecvRing(batch, max_datagram)
+        self._endpoints: dict[IpAddress, _Endpoint] = {}
+        self._lock = threading.RLock()  # endpoints and send batches
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"{name}-rx", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------- addresses
+    def add_address(self, ip: IpAddress) -> None:
+        """Open the sockets of ``ip`` (idempotent); ``OSError`` when the port is taken."""
+        with self._lock:
+            if ip in self._endpoints:
+                return
+            self._endpoints[ip] = _open(ip, self.port, self.rx_mode, self.batch)
+        self._wake()
+
+    def remove_address(self, ip: IpAddress) -> None:
+        """Close the sockets of ``ip`` (no-op when it has none)."""
+        with self._lock:
+            ep = self._endpoints.pop(ip, None)
+        if ep is not None:
+            self._wake()
+            with self._lock:
+                ep.close()
+
+    @property
+    def addresses(self) -> tuple[IpAddress, ...]:
+        with self._lock:
+            return tuple(self._endpoints)
+
+    def close(self) -> None:
+        """Stop the receive thread, close every socket (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(5)
+        with self._lock:
+            for ep in self._endpoints.values():
+                ep.close()
+            self._endpoints.clear()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def __enter__(self) -> DeviceIO:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- send
+    def _endpoint_for(self, src: IpAddress | None, dst: bytes) -> _Endpoint:
+        eps = self._endpoints
+        if src is not None:
+            return eps[src]
+        want = 4 if len(dst) == 4 else 6
+        for ep in eps.values():
+            if ep.ip.version == want:
+                return ep
+        raise KeyError(f"no IPv{want} address on {self.name}")
+
+    def send(self, pkt: Packet, dst: bytes, sport: int, src: IpAddress | None = None) -> None:
+        """Encode ``pkt`` (ICRC included) and queue it to ``dst`` (4 or 16 raw bytes).
+
+        ``sport`` is the UDP source port (``wire.qp_udp_sport`` and friends);
+        ``src`` the local address, by default the first of the family.  Sent
+        when the batch fills or at :meth:`flush`.  ``KeyError`` without a
+        local address of that family.
+        """
+        with self._lock:
+            ep = self._endpoint_for(src, dst)
+            hdr = wire.encode_headers(pkt)
+            plen = len(hdr) + len(pkt.payload) + pkt.pad + wire.ICRC_LEN
+            if len(dst) == 4:
+                prefix = wire.icrc_prefix_ipv4(ep.raw_ip, dst, plen, sport)
+            else:
+                prefix = wire.icrc_prefix_ipv6(ep.raw_ip, dst, plen, sport)
+            b4 = hdr[4]
+            hdr[4] = 0xFF  # BTH byte 4 counts as ones in the ICRC
+            crc = zlib.crc32(hdr, prefix)
+            hdr[4] = b4
+            payload = pkt.payload
+            if payload:
+                crc = zlib.crc32(payload, crc)
+            trailer = bytes(pkt.pad)
+            if trailer:
+                crc = zlib.crc32(trailer, crc)
+            trailer += crc.to_bytes(4, "little")
+            head = _UDP_HDR.pack(sport, self.port, 8 + plen, 0) + hdr
+            self._queue(ep, dst, (head, payload, trailer), plen)
+
+    def send_datagram(
+        self, udp_payload: Buffer, dst: bytes, sport: int, src: IpAddress | None = None
+    ) -> None:
+        """Queue a ready UDP payload (BTH ... ICRC) as is: tests and forged traffic."""
+        with self._lock:
+            ep = self._endpoint_for(src, dst)
+            head = _UDP_HDR.pack(sport, self.port, 8 + len(udp_payload), 0)
+            self._queue(ep, dst, (head, udp_payload), len(udp_payload))
+
+    def _queue(self, ep: _Endpoint, dst: bytes, parts: tuple[Buffer, ...], plen: int) -> None:
+        b = ep.batch
+        b.add(mmsg.sockaddr(dst, 0), parts)
+        c = self.counters
+        c.tx_bytes += plen
+        cap = self.capture
+        if cap is not None:
+            udp = b"".join(bytes(p) for p in parts)
+            cap.write(wire.capture_frame(udp[8:], ep.raw_ip, dst, int.from_bytes(udp[:2], "big")))
+        if b.full:
+            self._send(ep)
+
+    def _send(self, ep: _Endpoint) -> None:
+        b = ep.batch
+        queued = b.count
+        sent, calls = b.send(ep.tx.fileno())
+        c = self.counters
+        c.tx_datagrams += sent
+        c.tx_batches += calls
+        if sent < queued:
+            c.send_err += queued - sent
+
+    def flush(self) -> None:
+        """Send everything queued (one ``sendmmsg`` per address with traffic)."""
+        with self._lock:
+            for ep in self._endpoints.values():
+                if ep.batch.count:
+                    self._send(ep)
+
+    # -------------------------------------------------------------- receive
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
+
+    def _run(self) -> None:
+        while not self._closed:
+            with self._lock:
+                eps = {ep.rx.fileno(): ep for ep in self._endpoints.values()}
+            poller = select.poll()
+            poller.register(self._wake_r, select.POLLIN)
+            for fd in eps:
+                poller.register(fd, select.POLLIN)
+            rebuild = False
+            while not rebuild and not self._closed:
+                try:
+                    ready = poller.poll()
+                except InterruptedError:
+                    continue
+                for fd, _ev in ready:
+                    if fd == self._wake_r:
+                        with contextlib.suppress(BlockingIOError, OSError):
+                            os.read(self._wake_r, 4096)
+                        rebuild = True
+                    elif fd in eps:
+                        try:
+                            self._drain(eps[fd])
+                        except OSError:
+                            rebuild = True  # socket closed under us: re-read the endpoints
+
+    def _drain(self, ep: _Endpoint) -> None:
+        """Read batches from one socket until it is empty (bounded, to stay fair)."""
+        ring = self._ring
+        fd = ep.rx.fileno()
+        for _ in range(16):
+            n = ring.recv(fd)
+            if not n:
+                return
+            packets = self._decode_batch(ep, n)
+            if packets:
+                try:
+                    self.on_packets(packets)
+                except Exception:  # noqa: BLE001 - the CA layer's bug must not kill the thread
+                    self.counters.drop("handler_error", len(packets))
+            if n < ring.depth:
+                return
+
+    def _decode_batch(self, ep: _Endpoint, n: int) -> list[Packet]:
+        ring = self._ring
+        c = self.counters
+        c.rx_batches += 1
+        out: list[Packet] = []
+        decode = wire.decode
+        for i in range(n):
+            data = ring.datagram(i)
+            c.rx_datagrams += 1
+            c.rx_bytes += len(data)
+            if ring.truncated(i):
+                c.drop("truncated")
+                continue
+            try:
+                if ep.rx_raw:
+                    pkts = self._from_ip(data, ep)
+                else:
+                    pkts = self._from_udp(data, ep, i)
+                for f_udp, src, sport, net_hdr, prefix in pkts:
+                    if self.capture is not None:
+                        self.capture.write(wire.capture_frame(f_udp, src, ep.raw_ip, sport))
+                    try:
+                        if not wire.icrc_ok(f_udp, prefix):
+                            c.drop(wire.DropReason.BAD_ICRC.value)
+                            continue
+                        p = decode(f_udp)
+                    except wire.Malformed as e:
+                        c.drop(e.reason.value)
+                        continue
+                    p.src_ip = src
+                    p.dst_ip = ep.raw_ip
+                    p.src_port = sport
+                    p.net_hdr = net_hdr
+                    out.append(p)
+            except Exception:  # noqa: BLE001 - hostile input must never stop the thread
+                c.drop("handler_error")
+        return out
+
+    def _from_ip(
+        self, data: memoryview, ep: _Endpoint
+    ) -> Iterable[tuple[memoryview, bytes, int, bytes, int]]:
+        """A whole IPv4 datagram from the raw socket (the filter passed only port 4791)."""
+        c = self.counters
+        if len(data) < 28 or data[0] >> 4 != 4:
+            c.drop("not_roce")
+            return ()
+        if data[0] != 0x45:
+            c.drop("ip_options")
+            return ()
+        total = min(int.from_bytes(data[2:4], "big"), len(data))
+        ulen = int.from_bytes(data[24:26], "big")
+        if ulen < 8 or 20 + ulen > total:
+            c.drop(wire.DropReason.SHORT.value)
+            return ()
+        net_hdr = bytes(data[:20])
+        sport = int.from_bytes(data[20:22], "big")
+        return ((data[28 : 20 + ulen], net_hdr[12:16], sport, net_hdr, wire.icrc_prefix(data[:28])),)
+
+    def _from_udp(
+        self, data: memoryview, ep: _Endpoint, i: int
+    ) -> Iterable[tuple[memoryview, bytes, int, bytes, int]]:
+        """One UDP payload (or a GRO train of them) from the UDP socket."""
+        ring = self._ring
+        src, sport = ring.source(i)
+        seg = ring.gro_size(i) or len(data)
+        out = []
+        dst = ep.raw_ip
+        v4 = len(dst) == 4
+        for off in range(0, len(data), seg):
+            udp = data[off : off + seg]
+            n = len(udp)
+            if v4:
+                prefix = wire.icrc_prefix_ipv4(src, dst, n, sport)
+                net_hdr = wire.ip_udp_headers(src, dst, sport, n)[:20]
+            else:
+                prefix = wire.icrc_prefix_ipv6(src, dst, n, sport)
+                net_hdr = wire.ip_udp_headers(src, dst, sport, n)[:40]
+            out.append((udp, src, sport, net_hdr, prefix))
+        return out
+
+
+def parse_address(text: str) -> IpAddress:
+    """An IPv4 or IPv6 address; ``ValueError`` otherwise."""
+    return ipaddress.ip_address(text)
