@@ -106,7 +106,7 @@ class DeviceCounters:
         return out
 
     def hw_counters(self) -> dict[str, int]:
-        """Only the counters kernel rxe also has (``/sys/class/infiniband/X/ports/1/hw_counters``)."""
+        """Only the counters kernel rxe also has (``ports/1/hw_counters`` in sysfs)."""
         return {name: getattr(self, name) for name in HW_COUNTERS}
 
 

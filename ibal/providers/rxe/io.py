@@ -154,7 +154,7 @@ def _open(ip: IpAddress, port: int, rx_mode: RxMode, batch: int) -> _Endpoint:
         if tx is not None:
             tx.close()
         raise
-    return _Endpoint(ip, ip.packed, udp, tx, rx, rx_raw, mmsg.SendBatch(batch, 4))
+    return _Endpoint(ip, ip.packed, udp, tx, rx, rx_raw, mmsg.SendBatch(batch))
 
 
 class DeviceIO:
@@ -193,6 +193,9 @@ class DeviceIO:
         self.name = name
         self._ring = mmsg.RecvRing(batch, max_datagram)
         self._endpoints: dict[IpAddress, _Endpoint] = {}
+        self._names: dict[bytes, bytes] = {}  # destination -> sockaddr
+        # (source, destination, port, length) -> (ICRC prefix, rebuilt IP header) on the UDP path
+        self._udp_cache: dict[tuple[bytes, bytes, int, int], tuple[int, bytes]] = {}
         self._lock = threading.RLock()  # endpoints and send batches
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._closed = False
@@ -248,11 +251,11 @@ class DeviceIO:
         eps = self._endpoints
         if src is not None:
             return eps[src]
-        want = 4 if len(dst) == 4 else 6
+        n = len(dst)
         for ep in eps.values():
-            if ep.ip.version == want:
+            if len(ep.raw_ip) == n:
                 return ep
-        raise KeyError(f"no IPv{want} address on {self.name}")
+        raise KeyError(f"no IPv{4 if n == 4 else 6} address on {self.name}")
 
     def send(self, pkt: Packet, dst: bytes, sport: int, src: IpAddress | None = None) -> None:
         """Encode ``pkt`` (ICRC included) and queue it to ``dst`` (4 or 16 raw bytes).
@@ -295,7 +298,12 @@ class DeviceIO:
 
     def _queue(self, ep: _Endpoint, dst: bytes, parts: tuple[Buffer, ...], plen: int) -> None:
         b = ep.batch
-        b.add(mmsg.sockaddr(dst, 0), parts)
+        name = self._names.get(dst)
+        if name is None:
+            if len(self._names) > 4096:
+                self._names.clear()
+            name = self._names[dst] = mmsg.sockaddr(dst, 0)
+        b.add(name, parts)
         c = self.counters
         c.tx_bytes += plen
         cap = self.capture
@@ -364,7 +372,7 @@ class DeviceIO:
             if packets:
                 try:
                     self.on_packets(packets)
-                except Exception:  # noqa: BLE001 - the CA layer's bug must not kill the thread
+                except Exception:  # the CA layer's bug must not kill the thread
                     self.counters.drop("handler_error", len(packets))
             if n < ring.depth:
                 return
@@ -383,10 +391,7 @@ class DeviceIO:
                 c.drop("truncated")
                 continue
             try:
-                if ep.rx_raw:
-                    pkts = self._from_ip(data, ep)
-                else:
-                    pkts = self._from_udp(data, ep, i)
+                pkts = self._from_ip(data, ep) if ep.rx_raw else self._from_udp(data, ep, i)
                 for f_udp, src, sport, net_hdr, prefix in pkts:
                     if self.capture is not None:
                         self.capture.write(wire.capture_frame(f_udp, src, ep.raw_ip, sport))
@@ -403,7 +408,7 @@ class DeviceIO:
                     p.src_port = sport
                     p.net_hdr = net_hdr
                     out.append(p)
-            except Exception:  # noqa: BLE001 - hostile input must never stop the thread
+            except Exception:  # hostile input must never stop the thread
                 c.drop("handler_error")
         return out
 
@@ -425,7 +430,8 @@ class DeviceIO:
             return ()
         net_hdr = bytes(data[:20])
         sport = int.from_bytes(data[20:22], "big")
-        return ((data[28 : 20 + ulen], net_hdr[12:16], sport, net_hdr, wire.icrc_prefix(data[:28])),)
+        prefix = wire.icrc_prefix(data[:28])
+        return ((data[28 : 20 + ulen], net_hdr[12:16], sport, net_hdr, prefix),)
 
     def _from_udp(
         self, data: memoryview, ep: _Endpoint, i: int
@@ -437,15 +443,23 @@ class DeviceIO:
         out = []
         dst = ep.raw_ip
         v4 = len(dst) == 4
+        cache = self._udp_cache
         for off in range(0, len(data), seg):
             udp = data[off : off + seg]
             n = len(udp)
-            if v4:
-                prefix = wire.icrc_prefix_ipv4(src, dst, n, sport)
-                net_hdr = wire.ip_udp_headers(src, dst, sport, n)[:20]
-            else:
-                prefix = wire.icrc_prefix_ipv6(src, dst, n, sport)
-                net_hdr = wire.ip_udp_headers(src, dst, sport, n)[:40]
+            key = (src, dst, sport, n)
+            hit = cache.get(key)
+            if hit is None:
+                if len(cache) > 1024:
+                    cache.clear()
+                if v4:
+                    hit = (wire.icrc_prefix_ipv4(src, dst, n, sport),
+                           wire.ip_udp_headers(src, dst, sport, n)[:20])
+                else:
+                    hit = (wire.icrc_prefix_ipv6(src, dst, n, sport),
+                           wire.ip_udp_headers(src, dst, sport, n)[:40])
+                cache[key] = hit
+            prefix, net_hdr = hit
             out.append((udp, src, sport, net_hdr, prefix))
         return out
 

@@ -159,22 +159,36 @@ class RecvRing:
 
 
 class SendBatch:
-    """Up to ``depth`` datagrams (each up to ``max_parts`` buffers) for one ``sendmmsg``."""
+    """Up to ``depth`` datagrams of up to ``slot`` bytes each, sent with one ``sendmmsg``.
 
-    def __init__(self, depth: int = 64, max_parts: int = 4) -> None:
+    :meth:`add` copies a datagram's parts into the batch's own arena (one
+    ``memcpy`` per part, cheaper from Python than pinning each caller buffer
+    through ctypes) and updates the prebuilt ``mmsghdr``/``iovec`` arrays with
+    ``struct.pack_into``; a datagram larger than ``slot`` goes in its own
+    buffer (GSO trains).
+    """
+
+    def __init__(self, depth: int = 64, slot: int = 4608) -> None:
         self.depth = depth
-        self.max_parts = max_parts
+        self.slot = slot
         self.count = 0
-        self._iov = (IoVec * (depth * max_parts))()
-        self._msgs = (MMsgHdr * depth)()
-        self._names = [ctypes.create_string_buffer(_SOCKADDR_LEN) for _ in range(depth)]
-        self._controls = [ctypes.create_string_buffer(_CONTROL_LEN) for _ in range(depth)]
-        self._keep: list[object] = []  # buffers referenced by the iovecs until sent
+        self.arena = bytearray(depth * slot)
+        self._arena_addr = ctypes.addressof(ctypes.c_char.from_buffer(self.arena))
+        self._iov = bytearray(depth * _IOV.size)
+        self._iov_addr = ctypes.addressof(ctypes.c_char.from_buffer(self._iov))
+        self._names = bytearray(depth * _SOCKADDR_LEN)
+        self._names_addr = ctypes.addressof(ctypes.c_char.from_buffer(self._names))
+        self._controls = bytearray(depth * 24)
+        self._controls_addr = ctypes.addressof(ctypes.c_char.from_buffer(self._controls))
+        self._msgs = bytearray(depth * _MMSG.size)
+        self._msgs_addr = ctypes.addressof(ctypes.c_char.from_buffer(self._msgs))
+        self._big: dict[int, object] = {}  # slot -> an oversized datagram's own buffer
         for i in range(depth):
-            h = self._msgs[i].hdr
-            h.name = ctypes.addressof(self._names[i])
-            h.iov = ctypes.cast(ctypes.byref(self._iov, i * max_parts * ctypes.sizeof(IoVec)),
-                                ctypes.POINTER(IoVec))
+            _IOV.pack_into(self._iov, i * _IOV.size, self._arena_addr + i * slot, 0)
+            _MMSG.pack_into(
+                self._msgs, i * _MMSG.size, self._names_addr + i * _SOCKADDR_LEN, 0,
+                self._iov_addr + i * _IOV.size, 1, 0, 0, 0, 0,
+            )  # fmt: skip
 
     @property
     def full(self) -> bool:
@@ -183,50 +197,43 @@ class SendBatch:
     def add(self, name: bytes, parts: Sequence[Buffer], gso_size: int = 0) -> int:
         """Queue one datagram to ``name`` (a :func:`sockaddr`); its length.
 
-        ``gso_size``: the buffer is a train of datagrams of that size, cut by the
-        kernel (``UDP_SEGMENT``; UDP sockets only).
+        ``gso_size``: the datagram is a train of datagrams of that size for the
+        kernel to cut (``UDP_SEGMENT``; UDP sockets only).
         """
         i = self.count
-        if i >= self.depth or len(parts) > self.max_parts:
-            raise ValueError("send batch full or too many parts")
-        h = self._msgs[i].hdr
-        ctypes.memmove(self._names[i], name, len(name))
-        h.namelen = len(name)
-        iov0 = i * self.max_parts
+        if i >= self.depth:
+            raise ValueError("send batch full")
+        slot = self.slot
+        off = base = i * slot
+        arena = self.arena
         total = 0
-        for k, part in enumerate(parts):
-            n = len(part)
-            if n:
-                addr = self._pin(part, n)
-            else:
-                addr = None
-            self._iov[iov0 + k].base = addr
-            self._iov[iov0 + k].len = n
-            total += n
-        h.iovlen = len(parts)
-        if gso_size:
-            cm = struct.pack("=QiIH", 18, SOL_UDP, UDP_SEGMENT, gso_size) + bytes(6)
-            ctypes.memmove(self._controls[i], cm, len(cm))
-            h.control = ctypes.addressof(self._controls[i])
-            h.controllen = 24
+        for part in parts:
+            total += len(part)
+        if total <= slot:
+            for part in parts:
+                end = off + len(part)
+                arena[off:end] = part
+                off = end
+            addr = self._arena_addr + base
+            self._big.pop(i, None)
         else:
-            h.control = None
-            h.controllen = 0
+            big = ctypes.create_string_buffer(b"".join(bytes(p) for p in parts), total)
+            self._big[i] = big
+            addr = ctypes.addressof(big)
+        _IOV.pack_into(self._iov, i * _IOV.size, addr, total)
+        noff = i * _SOCKADDR_LEN
+        self._names[noff : noff + len(name)] = name
+        moff = i * _MMSG.size
+        if gso_size:
+            coff = i * 24
+            _CMSG_SEGMENT.pack_into(self._controls, coff, 18, SOL_UDP, UDP_SEGMENT, gso_size)
+            _NAMELEN_CONTROL.pack_into(self._msgs, moff + 8, len(name))
+            _CONTROL.pack_into(self._msgs, moff + 32, self._controls_addr + coff, 24)
+        else:
+            _NAMELEN_CONTROL.pack_into(self._msgs, moff + 8, len(name))
+            _CONTROL.pack_into(self._msgs, moff + 32, 0, 0)
         self.count = i + 1
         return total
-
-    def _pin(self, part: Buffer, n: int) -> int | None:
-        """The address of ``part``'s bytes, kept alive until the batch is sent."""
-        if not isinstance(part, bytes):
-            try:
-                c = (ctypes.c_char * n).from_buffer(part)
-            except TypeError:  # read-only view: one copy
-                part = bytes(part)
-            else:
-                self._keep.append(c)
-                return ctypes.addressof(c)
-        self._keep.append(part)
-        return ctypes.cast(ctypes.c_char_p(part), ctypes.c_void_p).value
 
     def send(self, fd: int) -> tuple[int, int]:
         """Send what is queued; (datagrams sent, system calls).  Clears the batch.
@@ -237,9 +244,8 @@ class SendBatch:
         sent = calls = busy = 0
         start = 0
         n = self.count
-        size = ctypes.sizeof(MMsgHdr)
         while start < n:
-            r = _sendmmsg(fd, ctypes.addressof(self._msgs) + start * size, n - start, 0)
+            r = _sendmmsg(fd, self._msgs_addr + start * _MMSG.size, n - start, 0)
             calls += 1
             if r < 0:
                 err = ctypes.get_errno()
@@ -257,5 +263,13 @@ class SendBatch:
             start += r
             busy = 0
         self.count = 0
-        self._keep.clear()
+        self._big.clear()
         return sent, calls
+
+
+# struct mmsghdr on LP64: name, namelen, iov, iovlen, control, controllen, flags, msg_len
+_MMSG: Final = struct.Struct("=QI4xQQQQi4xI4x")
+_IOV: Final = struct.Struct("=QQ")
+_NAMELEN_CONTROL: Final = struct.Struct("=I")
+_CONTROL: Final = struct.Struct("=QQ")
+_CMSG_SEGMENT: Final = struct.Struct("=QiIH6x")

@@ -14,6 +14,7 @@ Netlink messages are host-endian C structs (``linux/netlink.h``,
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import errno
 import ipaddress
@@ -174,15 +175,19 @@ def _parse_addr(buf: bytes, off: int, end: int) -> tuple[int, Address] | None:
 
 
 def _netlink_socket(groups: int = 0) -> socket.socket:
-    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
+    s = socket.socket(
+        socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE
+    )
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
     s.bind((0, groups))
     return s
 
 
 def _dump(s: socket.socket, rtm: int, seq: int) -> Iterator[tuple[int, bytes, int, int]]:
-    body = struct.pack("=Bxxx", socket.AF_UNSPEC) if rtm == _RTM_GETADDR else bytes(_IFINFOMSG.size)
-    s.send(_NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), rtm, _NLM_F_REQUEST | _NLM_F_DUMP, seq, 0) + body)
+    family_only = struct.pack("=Bxxx", socket.AF_UNSPEC)
+    body = family_only if rtm == _RTM_GETADDR else bytes(_IFINFOMSG.size)
+    hdr = _NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), rtm, _NLM_F_REQUEST | _NLM_F_DUMP, seq, 0)
+    s.send(hdr + body)
     while True:
         data = s.recv(1 << 16)
         for mtype, buf, off, end in _messages(data):
@@ -283,10 +288,9 @@ class LinkWatcher:
         with self._lock:
             cbs = list(self._callbacks)
         for cb in cbs:
-            try:
+            # a subscriber's bug must not stop the watcher
+            with contextlib.suppress(Exception):
                 cb(ev)
-            except Exception:  # noqa: BLE001 - a subscriber's bug must not stop the watcher
-                pass
 
     def _resync(self) -> None:
         # a thread starts in its creator's namespace, so this dumps the watched one
