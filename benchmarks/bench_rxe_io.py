@@ -126,8 +126,10 @@ def main() -> None:
     base = rows[0][1]["MBps"]
     print(f"{'what':40} {'kpps':>8} {'MB/s':>8} {'x plain':>8} {'dgrams/recv':>12} {'dropped':>8}")
     for name, r in rows:
-        print(f"{name:40} {r['pps'] / 1e3:8.1f} {r['MBps']:8.1f} {r['MBps'] / base:8.2f}"
-              f" {r['per_recv_call']:12.1f} {r['bad']:8.0f}")
+        print(
+            f"{name:40} {r['pps'] / 1e3:8.1f} {r['MBps']:8.1f} {r['MBps'] / base:8.2f}"
+            f" {r['per_recv_call']:12.1f} {r['bad']:8.0f}"
+        )
 
 
 if __name__ == "__main__":

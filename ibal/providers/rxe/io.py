@@ -453,11 +453,15 @@ class DeviceIO:
                 if len(cache) > 1024:
                     cache.clear()
                 if v4:
-                    hit = (wire.icrc_prefix_ipv4(src, dst, n, sport),
-                           wire.ip_udp_headers(src, dst, sport, n)[:20])
+                    hit = (
+                        wire.icrc_prefix_ipv4(src, dst, n, sport),
+                        wire.ip_udp_headers(src, dst, sport, n)[:20],
+                    )
                 else:
-                    hit = (wire.icrc_prefix_ipv6(src, dst, n, sport),
-                           wire.ip_udp_headers(src, dst, sport, n)[:40])
+                    hit = (
+                        wire.icrc_prefix_ipv6(src, dst, n, sport),
+                        wire.ip_udp_headers(src, dst, sport, n)[:40],
+                    )
                 cache[key] = hit
             prefix, net_hdr = hit
             out.append((udp, src, sport, net_hdr, prefix))

@@ -393,4 +393,3 @@ def active_mtu(netdev_mtu: int) -> Mtu:
         if m.bytes <= room:
             return m
     return Mtu.MTU_256
-

@@ -39,15 +39,15 @@ class Netns:
         self.ip("link", "set", "lo", "up")
 
     def ip(self, *args: str) -> None:
-        subprocess.run(["ip", "-n", self.name, *args], check=True, timeout=30,
-                       capture_output=True)
+        subprocess.run(["ip", "-n", self.name, *args], check=True, timeout=30, capture_output=True)
 
     @contextlib.contextmanager
     def entered(self) -> Iterator[None]:
         """The calling thread in the namespace; sockets (and threads) made inside stay there."""
-        with open("/proc/thread-self/ns/net", "rb") as orig, open(
-            f"/run/netns/{self.name}", "rb"
-        ) as target:
+        with (
+            open("/proc/thread-self/ns/net", "rb") as orig,
+            open(f"/run/netns/{self.name}", "rb") as target,
+        ):
             _setns(target.fileno())
             try:
                 yield

@@ -214,15 +214,11 @@ def test_device_on_a_dummy_interface_gids_guid_mtu_and_events() -> None:
             events.wait_for(AsyncEvent.PORT_ACTIVE)
 
             ns.ip("addr", "add", "10.1.0.9/24", "dev", "dum0")
-            events.wait_for(
-                AsyncEvent.GID_CHANGE, lambda: Gid("::ffff:10.1.0.9") in _gids(dev)
-            )
+            events.wait_for(AsyncEvent.GID_CHANGE, lambda: Gid("::ffff:10.1.0.9") in _gids(dev))
             assert _gids(dev).index(Gid("::ffff:10.1.0.9")) == 2  # IPv4 before IPv6
             assert ipaddress.ip_address("10.1.0.9") in dev.io.addresses
             ns.ip("addr", "del", "10.1.0.1/24", "dev", "dum0")
-            events.wait_for(
-                AsyncEvent.GID_CHANGE, lambda: Gid("::ffff:10.1.0.1") not in _gids(dev)
-            )
+            events.wait_for(AsyncEvent.GID_CHANGE, lambda: Gid("::ffff:10.1.0.1") not in _gids(dev))
             assert ipaddress.ip_address("10.1.0.1") not in dev.io.addresses
 
             mtu_seen = threading.Event()
@@ -246,12 +242,17 @@ def test_devices_come_and_go_at_run_time_and_with_their_interface() -> None:
         added: list[str] = []
         removed: queue.Queue[str] = queue.Queue()
         with ns.entered():
-            reg = Registry(on_added=lambda d: added.append(d.name),
-                           on_removed=lambda d: removed.put(d.name))
+            reg = Registry(
+                on_added=lambda d: added.append(d.name), on_removed=lambda d: removed.put(d.name)
+            )
         try:
             with ns.entered():
-                reg.start([DeviceSpec("rxe0", netdev="dum0"),
-                           DeviceSpec("rxe1", address=ipaddress.ip_address("127.0.0.2"))])
+                reg.start(
+                    [
+                        DeviceSpec("rxe0", netdev="dum0"),
+                        DeviceSpec("rxe1", address=ipaddress.ip_address("127.0.0.2")),
+                    ]
+                )
             assert added == ["rxe0", "rxe1"]
             assert [e.gid for e in reg.get("rxe1").gid_table] == [
                 Gid("fe80::200:ff:fe00:0"), Gid("::ffff:127.0.0.2"),
