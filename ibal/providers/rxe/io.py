@@ -38,7 +38,7 @@ import socket
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -378,69 +378,82 @@ class DeviceIO:
                 return
 
     def _decode_batch(self, ep: _Endpoint, n: int) -> list[Packet]:
+        """The good packets among the ``n`` datagrams in the ring; the rest counted."""
         ring = self._ring
         c = self.counters
         c.rx_batches += 1
         out: list[Packet] = []
-        decode = wire.decode
         for i in range(n):
             data = ring.datagram(i)
             c.rx_datagrams += 1
             c.rx_bytes += len(data)
-            if ring.truncated(i):
-                c.drop("truncated")
-                continue
             try:
-                pkts = self._from_ip(data, ep) if ep.rx_raw else self._from_udp(data, ep, i)
-                for f_udp, src, sport, net_hdr, prefix in pkts:
-                    if self.capture is not None:
-                        self.capture.write(wire.capture_frame(f_udp, src, ep.raw_ip, sport))
-                    try:
-                        if not wire.icrc_ok(f_udp, prefix):
-                            c.drop(wire.DropReason.BAD_ICRC.value)
-                            continue
-                        p = decode(f_udp)
-                    except wire.Malformed as e:
-                        c.drop(e.reason.value)
-                        continue
-                    p.src_ip = src
-                    p.dst_ip = ep.raw_ip
-                    p.src_port = sport
-                    p.net_hdr = net_hdr
-                    out.append(p)
+                if ring.truncated(i):
+                    c.drop("truncated")
+                elif ep.rx_raw:
+                    self._from_ip(data, ep, out)
+                else:
+                    self._from_udp(data, ep, i, out)
             except Exception:  # hostile input must never stop the thread
                 c.drop("handler_error")
         return out
 
-    def _from_ip(
-        self, data: memoryview, ep: _Endpoint
-    ) -> Iterable[tuple[memoryview, bytes, int, bytes, int]]:
+    def _accept(
+        self, udp: memoryview, crc: int, src: bytes, sport: int, net_hdr: bytes, ep: _Endpoint,
+        out: list[Packet],
+    ) -> None:  # fmt: skip
+        """Decode, finish the ICRC (``crc``: the register after the masked IP/UDP/BTH), keep."""
+        c = self.counters
+        if self.capture is not None:
+            self.capture.write(wire.capture_frame(udp, src, ep.raw_ip, sport))
+        n = len(udp)
+        # structure first, then the ICRC, in kernel rxe's order (rxe_recv.c)
+        try:
+            p = _decode(udp)
+        except wire.Malformed as e:
+            c.drop(e.reason.value)
+            return
+        if zlib.crc32(udp[_BTH_LEN : n - 4], crc) != int.from_bytes(udp[n - 4 :], "little"):
+            c.drop(_BAD_ICRC)
+            return
+        p.src_ip = src
+        p.dst_ip = ep.raw_ip
+        p.src_port = sport
+        p.net_hdr = net_hdr
+        out.append(p)
+
+    def _from_ip(self, data: memoryview, ep: _Endpoint, out: list[Packet]) -> None:
         """A whole IPv4 datagram from the raw socket (the filter passed only port 4791)."""
         c = self.counters
-        if len(data) < 28 or data[0] >> 4 != 4:
+        n = len(data)
+        if n < 28 or data[0] >> 4 != 4:
             c.drop("not_roce")
-            return ()
+            return
         if data[0] != 0x45:
             c.drop("ip_options")
-            return ()
-        total = min(int.from_bytes(data[2:4], "big"), len(data))
+            return
+        total = min(int.from_bytes(data[2:4], "big"), n)
         ulen = int.from_bytes(data[24:26], "big")
-        if ulen < 8 or 20 + ulen > total:
-            c.drop(wire.DropReason.SHORT.value)
-            return ()
+        if ulen < 8 + _MIN_PACKET or 20 + ulen > total:
+            c.drop(_SHORT)
+            return
+        # the masked IP, UDP and BTH headers in one go (roce-wire.md 2.5)
+        m = bytearray(data[:40])
+        m[1] = m[8] = m[32] = 0xFF
+        m[10:12] = m[26:28] = b"\xff\xff"
+        crc = zlib.crc32(m, _SEED)
         net_hdr = bytes(data[:20])
         sport = int.from_bytes(data[20:22], "big")
-        prefix = wire.icrc_prefix(data[:28])
-        return ((data[28 : 20 + ulen], net_hdr[12:16], sport, net_hdr, prefix),)
+        self._accept(data[28 : 20 + ulen], crc, net_hdr[12:16], sport, net_hdr, ep, out)
 
-    def _from_udp(
-        self, data: memoryview, ep: _Endpoint, i: int
-    ) -> Iterable[tuple[memoryview, bytes, int, bytes, int]]:
+    def _from_udp(self, data: memoryview, ep: _Endpoint, i: int, out: list[Packet]) -> None:
         """One UDP payload (or a GRO train of them) from the UDP socket."""
         ring = self._ring
+        if not data:
+            self.counters.drop(_SHORT)
+            return
         src, sport = ring.source(i)
         seg = ring.gro_size(i) or len(data)
-        out = []
         dst = ep.raw_ip
         v4 = len(dst) == 4
         cache = self._udp_cache
@@ -464,8 +477,20 @@ class DeviceIO:
                     )
                 cache[key] = hit
             prefix, net_hdr = hit
-            out.append((udp, src, sport, net_hdr, prefix))
-        return out
+            if n < _MIN_PACKET:
+                self.counters.drop(_SHORT)
+                continue
+            bth = bytearray(udp[:_BTH_LEN])
+            bth[4] = 0xFF
+            self._accept(udp, zlib.crc32(bth, prefix), src, sport, net_hdr, ep, out)
+
+
+_BTH_LEN: Final = 12
+_MIN_PACKET: Final = _BTH_LEN + wire.ICRC_LEN
+_SEED: Final = wire.ICRC_SEED
+_SHORT: Final = wire.DropReason.SHORT.value
+_BAD_ICRC: Final = wire.DropReason.BAD_ICRC.value
+_decode: Final = wire.decode
 
 
 def parse_address(text: str) -> IpAddress:

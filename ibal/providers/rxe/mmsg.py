@@ -3,7 +3,7 @@
 Python's socket module has neither.  :class:`RecvRing` owns preallocated
 buffers, addresses and control areas for up to ``depth`` datagrams and fills
 them with one ``recvmmsg``; :class:`SendBatch` gathers up to ``depth``
-datagrams (each a few buffers, no copy) and sends them with one ``sendmmsg``.
+datagrams (copied into its arena) and sends them with one ``sendmmsg``.
 Both keep every buffer they point to alive until the call returns.
 """
 
@@ -36,48 +36,12 @@ _CONTROL_LEN: Final = 64
 _BUSY_RETRIES: Final = 1000
 
 
-class IoVec(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-
-class MsgHdr(ctypes.Structure):
-    _fields_ = [
-        ("name", ctypes.c_void_p),
-        ("namelen", ctypes.c_uint32),
-        ("iov", ctypes.POINTER(IoVec)),
-        ("iovlen", ctypes.c_size_t),
-        ("control", ctypes.c_void_p),
-        ("controllen", ctypes.c_size_t),
-        ("flags", ctypes.c_int),
-    ]
-
-
-class MMsgHdr(ctypes.Structure):
-    _fields_ = [("hdr", MsgHdr), ("len", ctypes.c_uint)]
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
-
-
 _recvmmsg = _libc.recvmmsg
 _recvmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
 _recvmmsg.restype = ctypes.c_int
 _sendmmsg = _libc.sendmmsg
 _sendmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
 _sendmmsg.restype = ctypes.c_int
-
-
-def _address(buf: ctypes.Array[ctypes.c_char], n: int) -> tuple[bytes, int]:
-    """(raw IP address, port) from a sockaddr_in or sockaddr_in6."""
-    raw = buf.raw
-    family = struct.unpack_from("=H", raw)[0]
-    port = struct.unpack_from(">H", raw, 2)[0]
-    if family == socket.AF_INET:
-        return raw[4:8], port
-    if family == socket.AF_INET6 and n >= 24:
-        return raw[8:24], port
-    return b"", port
 
 
 def sockaddr(ip: bytes, port: int) -> bytes:
@@ -88,74 +52,100 @@ def sockaddr(ip: bytes, port: int) -> bytes:
 
 
 class RecvRing:
-    """Buffers for ``depth`` datagrams of up to ``size`` bytes and one ``recvmmsg`` over them."""
+    """Buffers for ``depth`` datagrams of up to ``size`` bytes and one ``recvmmsg`` over them.
+
+    The ``mmsghdr`` array lives in a ``bytearray``: after a call, the slots the
+    kernel wrote are restored from a pristine copy with one slice assignment,
+    and lengths and flags are read with ``struct`` (ctypes field access costs
+    about a microsecond each from Python).
+    """
 
     def __init__(self, depth: int, size: int) -> None:
         self.depth = depth
         self.size = size
         self.arena = bytearray(depth * size)
         self.view = memoryview(self.arena)
-        base = ctypes.addressof(ctypes.c_char.from_buffer(self.arena))
-        self._iov = (IoVec * depth)()
-        self._names = [ctypes.create_string_buffer(_SOCKADDR_LEN) for _ in range(depth)]
-        self._controls = [ctypes.create_string_buffer(_CONTROL_LEN) for _ in range(depth)]
-        self._msgs = (MMsgHdr * depth)()
-        self._base = ctypes.addressof(self._msgs)
+        base = _addr(self.arena)
+        self._iov = bytearray(depth * _IOV.size)
+        self.names = bytearray(depth * _SOCKADDR_LEN)
+        self.controls = bytearray(depth * _CONTROL_LEN)
+        self.msgs = bytearray(depth * _MMSG.size)
+        iov, names, controls = _addr(self._iov), _addr(self.names), _addr(self.controls)
         for i in range(depth):
-            self._iov[i].base = base + i * size
-            self._iov[i].len = size
-            h = self._msgs[i].hdr
-            h.name = ctypes.addressof(self._names[i])
-            h.iov = ctypes.pointer(self._iov[i])
-            h.iovlen = 1
-            h.control = ctypes.addressof(self._controls[i])
+            _IOV.pack_into(self._iov, i * _IOV.size, base + i * size, size)
+            _MMSG.pack_into(
+                self.msgs, i * _MMSG.size, names + i * _SOCKADDR_LEN, _SOCKADDR_LEN,
+                iov + i * _IOV.size, 1, controls + i * _CONTROL_LEN, _CONTROL_LEN, 0, 0,
+            )  # fmt: skip
+        self._pristine = bytes(self.msgs)
+        self._base = _addr(self.msgs)
+        self._used = 0
 
     def recv(self, fd: int, *, block: bool = False) -> int:
         """Fill up to ``depth`` slots; the count, 0 when nothing is waiting (or EINTR).
 
         ``block``: wait for the first datagram (``MSG_WAITFORONE``), else return at once.
         """
-        for i in range(self.depth):
-            h = self._msgs[i].hdr
-            h.namelen = _SOCKADDR_LEN
-            h.controllen = _CONTROL_LEN
-            h.flags = 0
+        used = self._used * _MMSG.size
+        if used:
+            self.msgs[:used] = self._pristine[:used]
         flags = MSG_WAITFORONE if block else MSG_DONTWAIT
         n = _recvmmsg(fd, self._base, self.depth, flags, None)
         if n < 0:
+            self._used = 0
             err = ctypes.get_errno()
             if err in (errno.EAGAIN, errno.EINTR):
                 return 0
             raise OSError(err, f"recvmmsg: {os.strerror(err)}")
+        self._used = n
         return int(n)
+
+    def length(self, i: int) -> int:
+        """Bytes in slot ``i`` (more than the slot holds if it was truncated)."""
+        return int(_U32.unpack_from(self.msgs, i * _MMSG.size + 56)[0])
 
     def datagram(self, i: int) -> memoryview:
         """The bytes of slot ``i`` (a view into the ring: valid until the next :meth:`recv`)."""
         off = i * self.size
-        return self.view[off : off + self._msgs[i].len]
+        return self.view[off : off + min(self.length(i), self.size)]
 
     def truncated(self, i: int) -> bool:
-        return bool(self._msgs[i].hdr.flags & MSG_TRUNC)
+        return bool(_I32.unpack_from(self.msgs, i * _MMSG.size + 48)[0] & MSG_TRUNC)
 
     def source(self, i: int) -> tuple[bytes, int]:
         """(raw IP address, port) the datagram in slot ``i`` came from."""
-        return _address(self._names[i], self._msgs[i].hdr.namelen)
+        off = i * _SOCKADDR_LEN
+        names = self.names
+        port = int.from_bytes(names[off + 2 : off + 4], "big")
+        if names[off] == socket.AF_INET:  # sa_family, little-endian low byte
+            return bytes(names[off + 4 : off + 8]), port
+        return bytes(names[off + 8 : off + 24]), port
 
     def gro_size(self, i: int) -> int:
         """The segment size of a GRO-coalesced slot (``UDP_GRO`` control message), else 0."""
-        h = self._msgs[i].hdr
-        if h.controllen < 16:
+        clen_total = int(_U64.unpack_from(self.msgs, i * _MMSG.size + 40)[0])
+        if clen_total < 16:
             return 0
-        raw = self._controls[i].raw
-        off = 0
-        while off + 16 <= h.controllen:
+        raw = self.controls
+        base = off = i * _CONTROL_LEN
+        while off + 16 <= base + clen_total:
             clen, level, ctype = struct.unpack_from("=QiI", raw, off)
             if clen < 16:
                 return 0
             if level == SOL_UDP and ctype == UDP_GRO:
-                return int(struct.unpack_from("=H" if clen < 20 else "=i", raw, off + 16)[0])
+                fmt = "=H" if clen < 20 else "=i"
+                return int(struct.unpack_from(fmt, raw, off + 16)[0])
             off += (clen + 7) & ~7
         return 0
+
+
+def _addr(buf: bytearray) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
+_U32: Final = struct.Struct("=I")
+_I32: Final = struct.Struct("=i")
+_U64: Final = struct.Struct("=Q")
 
 
 class SendBatch:
