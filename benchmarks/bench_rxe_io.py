@@ -19,13 +19,16 @@ import argparse
 import ipaddress
 import multiprocessing as mp
 import os
+import select
 import socket
+import struct
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from ibal.providers.rxe import io, mmsg
 from ibal.providers.rxe.io import DeviceIO, RxMode
 from ibal.providers.rxe.packet import Opcode, Packet
 
@@ -115,12 +118,103 @@ def bench_plain(seconds: float) -> dict[str, float]:
     return {"pps": n / dt, "MBps": n * PAYLOAD / dt / 1e6, "per_recv_call": 1.0, "bad": 0.0}
 
 
+def _raw_sender(kind: str, seconds: float) -> None:
+    """Datagrams of PAYLOAD + 36 bytes without the codec: what the system calls cost."""
+    size = PAYLOAD + 36
+    batch = mmsg.SendBatch(64, slot=65536)
+    body = bytes(size)
+    if kind == "raw":
+        s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+        s.bind((str(A), 0))
+        io.attach_filter(s, io.DROP_ALL)
+        name = mmsg.sockaddr(B.packed, 0)
+        udp = struct.pack(">HHHH", 0xC000, 4791, 8 + size, 0)
+        parts: tuple[bytes, ...] = (udp, body)
+        gso = 0
+    else:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind((str(A), 0))
+        name = mmsg.sockaddr(B.packed, 4791)
+        gso = size if kind == "gso" else 0
+        parts = (body * 15,) if gso else (body,)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(4 if gso else 64):
+            batch.add(name, parts, gso)
+        batch.send(s.fileno())
+    s.close()
+
+
+def bench_syscalls(kind: str, rx: str, seconds: float) -> dict[str, float]:
+    """Bytes only: ``kind`` raw|udp|gso sender, ``rx`` raw|udp|gro receiver (recvmmsg)."""
+    if rx == "raw":
+        r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+        r.bind((str(B), 0))
+        io.attach_filter(r, io.roce_ipv4_filter())
+        keep = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        keep.bind((str(B), 4791))
+        io.attach_filter(keep, io.DROP_ALL)
+    else:
+        r = keep = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        r.bind((str(B), 4791))
+        if rx == "gro":
+            r.setsockopt(mmsg.SOL_UDP, mmsg.UDP_GRO, 1)
+    r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    ring = mmsg.RecvRing(64, 65536)
+    proc = mp.get_context("fork").Process(target=_raw_sender, args=(kind, seconds))
+    proc.start()
+    n = calls = 0
+    t0 = t1 = 0.0
+    size = PAYLOAD + 36
+    poller = select.poll()
+    poller.register(r.fileno(), select.POLLIN)
+    while True:
+        if not poller.poll(500):
+            if not proc.is_alive():
+                break
+            continue
+        k = ring.recv(r.fileno())
+        if not k:
+            continue
+        calls += 1
+        t1 = time.perf_counter()
+        if not n:
+            t0 = t1
+        for i in range(k):
+            n += max(ring.length(i) // size, 1)
+    proc.join()
+    r.close()
+    keep.close()
+    dt = max(t1 - t0, 1e-9)
+    return {
+        "pps": n / dt,
+        "MBps": n * PAYLOAD / dt / 1e6,
+        "per_recv_call": n / max(calls, 1),
+        "bad": 0.0,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--mode", choices=("raw", "udp", "both"), default="both")
+    ap.add_argument("--syscalls", action="store_true", help="also the bytes-only rows")
     args = ap.parse_args()
     rows = [("plain sendto/recv, 1 per call", bench_plain(args.seconds))]
+    if args.syscalls:
+        for kind, rx in (
+            ("raw", "raw"),
+            ("raw", "udp"),
+            ("udp", "udp"),
+            ("gso", "raw"),
+            ("gso", "gro"),
+        ):
+            rows.append(
+                (
+                    f"bytes only: {kind} sendmmsg -> {rx} recvmmsg",
+                    bench_syscalls(kind, rx, args.seconds),
+                )
+            )
     for mode in ("raw", "udp") if args.mode == "both" else (args.mode,):
         rows.append((f"DeviceIO rx={mode}, codec + ICRC", bench_device(mode, args.seconds)))  # type: ignore[arg-type]
     base = rows[0][1]["MBps"]

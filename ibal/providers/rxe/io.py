@@ -69,7 +69,7 @@ _JEQ_K: Final = 0x15
 _JSET_K: Final = 0x45
 
 
-def _attach(sock: socket.socket, prog: list[tuple[int, int, int, int]]) -> None:
+def attach_filter(sock: socket.socket, prog: list[tuple[int, int, int, int]]) -> None:
     """Attach a classic BPF program (``SO_ATTACH_FILTER``)."""
     import ctypes
 
@@ -139,12 +139,12 @@ def _open(ip: IpAddress, port: int, rx_mode: RxMode, batch: int) -> _Endpoint:
             tx.bind((str(ip), 0, 0, 0))
         rx_raw = v4 and rx_mode == "raw"
         if rx_raw:
-            _attach(udp, DROP_ALL)
+            attach_filter(udp, DROP_ALL)
             tx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RCVBUF)
-            _attach(tx, roce_ipv4_filter(port))
+            attach_filter(tx, roce_ipv4_filter(port))
             rx = tx
         else:
-            _attach(tx, DROP_ALL)  # a raw UDP socket would get a copy of every datagram
+            attach_filter(tx, DROP_ALL)  # a raw UDP socket would get a copy of every datagram
             if v4:
                 with contextlib.suppress(OSError):  # kernels before 5.0
                     udp.setsockopt(mmsg.SOL_UDP, mmsg.UDP_GRO, 1)
