@@ -347,6 +347,23 @@ class Device:
             ports=(self.port_attr(),),
         )
 
+    def info(self) -> dict[str, object]:
+        """What ``ibal info`` shows for the device: binding, port, GIDs, counters."""
+        p = self._port
+        return {
+            "name": self.name,
+            "netdev": p.iface.name,
+            "address": str(self.spec.address) if self.spec.address is not None else None,
+            "node_guid": f"{self.node_guid:016x}",
+            "state": p.state.name,
+            "active_mtu": netif.active_mtu(p.iface.mtu).bytes,
+            "gids": [f"{e.index}: {e.gid} ({e.gid_type.value}, {e.netdev})" for e in p.gids],
+            "sockets": [str(ip) for ip in self.io.addresses],
+            "rx_mode": self.spec.rx_mode,
+            "errors": list(p.errors),
+            "counters": self.counters.snapshot(),
+        }
+
     def close(self) -> None:
         """Close the sockets and stop following the interface (idempotent)."""
         if self._closed:

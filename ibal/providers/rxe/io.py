@@ -194,6 +194,8 @@ class DeviceIO:
         self._ring = mmsg.RecvRing(batch, max_datagram)
         self._endpoints: dict[IpAddress, _Endpoint] = {}
         self._names: dict[bytes, bytes] = {}  # destination -> sockaddr
+        # (source, destination, port, length) -> (ICRC prefix, UDP header) to send
+        self._tx_cache: dict[tuple[bytes, bytes, int, int], tuple[int, bytes]] = {}
         # (source, destination, port, length) -> (ICRC prefix, rebuilt IP header) on the UDP path
         self._udp_cache: dict[tuple[bytes, bytes, int, int], tuple[int, bytes]] = {}
         self._lock = threading.RLock()  # endpoints and send batches
@@ -269,10 +271,17 @@ class DeviceIO:
             ep = self._endpoint_for(src, dst)
             hdr = wire.encode_headers(pkt)
             plen = len(hdr) + len(pkt.payload) + pkt.pad + wire.ICRC_LEN
-            if len(dst) == 4:
-                prefix = wire.icrc_prefix_ipv4(ep.raw_ip, dst, plen, sport)
-            else:
-                prefix = wire.icrc_prefix_ipv6(ep.raw_ip, dst, plen, sport)
+            key = (ep.raw_ip, dst, sport, plen)
+            hit = self._tx_cache.get(key)
+            if hit is None:
+                if len(self._tx_cache) > 4096:
+                    self._tx_cache.clear()
+                if len(dst) == 4:
+                    prefix = wire.icrc_prefix_ipv4(ep.raw_ip, dst, plen, sport)
+                else:
+                    prefix = wire.icrc_prefix_ipv6(ep.raw_ip, dst, plen, sport)
+                hit = self._tx_cache[key] = (prefix, _UDP_HDR.pack(sport, self.port, 8 + plen, 0))
+            prefix, udp = hit
             b4 = hdr[4]
             hdr[4] = 0xFF  # BTH byte 4 counts as ones in the ICRC
             crc = zlib.crc32(hdr, prefix)
@@ -284,8 +293,7 @@ class DeviceIO:
             if trailer:
                 crc = zlib.crc32(trailer, crc)
             trailer += crc.to_bytes(4, "little")
-            head = _UDP_HDR.pack(sport, self.port, 8 + plen, 0) + hdr
-            self._queue(ep, dst, (head, payload, trailer), plen)
+            self._queue(ep, dst, (udp, hdr, payload, trailer), plen)
 
     def send_datagram(
         self, udp_payload: Buffer, dst: bytes, sport: int, src: IpAddress | None = None

@@ -150,6 +150,13 @@ def test_device_on_lo_reports_what_kernel_rxe_reports() -> None:
             assert port.link_layer is LinkLayer.ETHERNET
             assert port.gids[1] == Gid("::ffff:127.0.0.1")
             assert sorted(map(str, dev.io.addresses)) == ["127.0.0.1", "::1"]
+            info = dev.info()
+            assert (info["netdev"], info["state"], info["node_guid"]) == (
+                "lo", "ACTIVE", "020000fffe000000",
+            )  # fmt: skip
+            counters = info["counters"]
+            assert isinstance(counters, dict)
+            assert counters["link_downed"] == 0 and counters["drop_bad_icrc"] == 0
         finally:
             reg.close()
 
