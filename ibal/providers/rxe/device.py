@@ -383,8 +383,7 @@ class Device:
     def _bound(self, iface: Interface) -> list[IpAddress]:
         if self.spec.address is not None:
             return [self.spec.address]
-        # link-local IPv6 needs a scope to bind; their GIDs still appear
-        return [a.ip for a in iface.addresses if a.usable and not a.ip.is_link_local]
+        return [a.ip for a in iface.addresses if a.usable]
 
     def _apply(self, iface: Interface, *, initial: bool = False) -> list[AsyncEvent]:
         """Take a new view of the interface; the events it causes."""
@@ -398,7 +397,8 @@ class Device:
             self.io.remove_address(ip)
         for ip in sorted(want - have, key=str):
             try:
-                self.io.add_address(ip)
+                # a link-local IPv6 address binds with the interface as its scope
+                self.io.add_address(ip, iface.index if ip.is_link_local else 0)
             except OSError as e:
                 if initial:
                     raise

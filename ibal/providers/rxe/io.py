@@ -112,7 +112,7 @@ class _Endpoint:
             s.close()
 
 
-def _open(ip: IpAddress, port: int, rx_mode: RxMode, batch: int) -> _Endpoint:
+def _open(ip: IpAddress, port: int, rx_mode: RxMode, batch: int, scope: int) -> _Endpoint:
     """Sockets for ``ip``; ``OSError`` (EADDRINUSE when kernel rxe or another
     engine owns the port, EADDRNOTAVAIL for an address the host lacks)."""
     v4 = ip.version == 4
@@ -126,7 +126,7 @@ def _open(ip: IpAddress, port: int, rx_mode: RxMode, batch: int) -> _Endpoint:
         else:
             udp.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             udp.setsockopt(mmsg.SOL_UDP, mmsg.UDP_NO_CHECK6_RX, 1)
-            udp.bind((str(ip), port, 0, 0))
+            udp.bind((str(ip), port, 0, scope))
         udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RCVBUF)
         tx = socket.socket(fam, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.IPPROTO_UDP)
         tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SNDBUF)
@@ -136,7 +136,7 @@ def _open(ip: IpAddress, port: int, rx_mode: RxMode, batch: int) -> _Endpoint:
             tx.bind((str(ip), 0))
         else:
             tx.setsockopt(socket.IPPROTO_IPV6, _IPV6_CHECKSUM, 6)
-            tx.bind((str(ip), 0, 0, 0))
+            tx.bind((str(ip), 0, 0, scope))
         rx_raw = v4 and rx_mode == "raw"
         if rx_raw:
             attach_filter(udp, DROP_ALL)
@@ -205,12 +205,15 @@ class DeviceIO:
         self._thread.start()
 
     # ------------------------------------------------------------- addresses
-    def add_address(self, ip: IpAddress) -> None:
-        """Open the sockets of ``ip`` (idempotent); ``OSError`` when the port is taken."""
+    def add_address(self, ip: IpAddress, scope_id: int = 0) -> None:
+        """Open the sockets of ``ip`` (idempotent); ``OSError`` when the port is taken.
+
+        ``scope_id``: the interface index, for a link-local IPv6 address.
+        """
         with self._lock:
             if ip in self._endpoints:
                 return
-            self._endpoints[ip] = _open(ip, self.port, self.rx_mode, self.batch)
+            self._endpoints[ip] = _open(ip, self.port, self.rx_mode, self.batch, scope_id)
         self._wake()
 
     def remove_address(self, ip: IpAddress) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import queue
+import subprocess
 import threading
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from ibal.providers.rxe.device import (
     parse_devices,
     startup_specs,
 )
+from ibal.providers.rxe.packet import Opcode, Packet
 from ibal.types import AsyncEvent, Gid, GidType, LinkLayer, LinkState, Mtu
 
 WAIT = 20.0  # generous: events come from the kernel through a thread
@@ -167,6 +169,12 @@ def _dummy(ns: Netns, name: str = "dum0") -> None:
     ns.ip("link", "add", name, "type", "veth", "peer", "name", f"{name}p")
     ns.ip("link", "set", f"{name}p", "up")
     ns.ip("link", "set", name, "address", "02:11:22:33:44:55", "mtu", "1500")
+    # no duplicate address detection: the link-local address is usable at once
+    subprocess.run(
+        ["ip", "netns", "exec", ns.name, "sysctl", "-qw", f"net.ipv6.conf.{name}.accept_dad=0"],
+        check=True,
+        timeout=30,
+    )
     ns.ip("addr", "add", "10.1.0.1/24", "dev", name)
     ns.ip("addr", "add", "fd00::1/64", "dev", name, "nodad")
     ns.ip("link", "set", name, "up")
@@ -204,7 +212,15 @@ def test_device_on_a_dummy_interface_gids_guid_mtu_and_events() -> None:
             assert dev.node_guid == 0x001122FFFE334455
             assert dev.port_attr().active_mtu is Mtu.MTU_1024
             assert dev.port_state is LinkState.ACTIVE
-            assert set(map(str, dev.io.addresses)) == {"10.1.0.1", "fd00::1"}
+            ll = ipaddress.ip_address("fe80::11:22ff:fe33:4455")
+            assert set(map(str, dev.io.addresses)) == {"10.1.0.1", "fd00::1", str(ll)}
+            # GID 0 is reachable: a packet to the link-local address arrives
+            inbox: queue.Queue[int] = queue.Queue()
+            dev.set_receiver(lambda pkts: [inbox.put(p.psn) for p in pkts])
+            dev.io.send(Packet(Opcode.UD_SEND_ONLY, 1, 33, b"ll"), ll.packed, 0xC000, src=ll)
+            dev.io.flush()
+            assert inbox.get(timeout=WAIT) == 33
+            dev.set_receiver(None)
 
             ns.ip("link", "set", "dum0", "down")
             events.wait_for(AsyncEvent.PORT_DOWN)
