@@ -31,7 +31,6 @@ the kernel will build: DF, ID 0, TTL 64) and queues it; a full batch or
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import select
 import socket
@@ -46,6 +45,7 @@ from ibal.providers.rxe import mmsg, wire
 from ibal.providers.rxe.counters import DeviceCounters
 from ibal.providers.rxe.netif import IpAddress
 from ibal.providers.rxe.packet import Packet
+from ibal.providers.rxe.rx import RxDecoder
 from ibal.wire.fields import Buffer
 from ibal.wire.pcap import PcapWriter
 
@@ -192,12 +192,11 @@ class DeviceIO:
         self.capture = capture
         self.name = name
         self._ring = mmsg.RecvRing(batch, max_datagram)
+        self._decoder = RxDecoder(self._ring, self.counters, capture)
         self._endpoints: dict[IpAddress, _Endpoint] = {}
         self._names: dict[bytes, bytes] = {}  # destination -> sockaddr
         # (source, destination, port, length) -> (ICRC prefix, UDP header) to send
         self._tx_cache: dict[tuple[bytes, bytes, int, int], tuple[int, bytes]] = {}
-        # (source, destination, port, length) -> (ICRC prefix, rebuilt IP header) on the UDP path
-        self._udp_cache: dict[tuple[bytes, bytes, int, int], tuple[int, bytes]] = {}
         self._lock = threading.RLock()  # endpoints and send batches
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._closed = False
@@ -379,7 +378,7 @@ class DeviceIO:
             n = ring.recv(fd)
             if not n:
                 return
-            packets = self._decode_batch(ep, n)
+            packets = self._decoder.decode_batch(n, ep.rx_raw, ep.raw_ip)
             if packets:
                 try:
                     self.on_packets(packets)
@@ -387,123 +386,3 @@ class DeviceIO:
                     self.counters.drop("handler_error", len(packets))
             if n < ring.depth:
                 return
-
-    def _decode_batch(self, ep: _Endpoint, n: int) -> list[Packet]:
-        """The good packets among the ``n`` datagrams in the ring; the rest counted."""
-        ring = self._ring
-        c = self.counters
-        c.rx_batches += 1
-        out: list[Packet] = []
-        for i in range(n):
-            data = ring.datagram(i)
-            c.rx_datagrams += 1
-            c.rx_bytes += len(data)
-            try:
-                if ring.truncated(i):
-                    c.drop("truncated")
-                elif ep.rx_raw:
-                    self._from_ip(data, ep, out)
-                else:
-                    self._from_udp(data, ep, i, out)
-            except Exception:  # hostile input must never stop the thread
-                c.drop("handler_error")
-        return out
-
-    def _accept(
-        self, udp: memoryview, crc: int, src: bytes, sport: int, net_hdr: bytes, ep: _Endpoint,
-        out: list[Packet],
-    ) -> None:  # fmt: skip
-        """Decode, finish the ICRC (``crc``: the register after the masked IP/UDP/BTH), keep."""
-        c = self.counters
-        if self.capture is not None:
-            self.capture.write(wire.capture_frame(udp, src, ep.raw_ip, sport))
-        n = len(udp)
-        # structure first, then the ICRC, in kernel rxe's order (rxe_recv.c)
-        try:
-            p = _decode(udp)
-        except wire.Malformed as e:
-            c.drop(e.reason.value)
-            return
-        if zlib.crc32(udp[_BTH_LEN : n - 4], crc) != int.from_bytes(udp[n - 4 :], "little"):
-            c.drop(_BAD_ICRC)
-            return
-        p.src_ip = src
-        p.dst_ip = ep.raw_ip
-        p.src_port = sport
-        p.net_hdr = net_hdr
-        out.append(p)
-
-    def _from_ip(self, data: memoryview, ep: _Endpoint, out: list[Packet]) -> None:
-        """A whole IPv4 datagram from the raw socket (the filter passed only port 4791)."""
-        c = self.counters
-        n = len(data)
-        if n < 28 or data[0] >> 4 != 4:
-            c.drop("not_roce")
-            return
-        if data[0] != 0x45:
-            c.drop("ip_options")
-            return
-        total = min(int.from_bytes(data[2:4], "big"), n)
-        ulen = int.from_bytes(data[24:26], "big")
-        if ulen < 8 + _MIN_PACKET or 20 + ulen > total:
-            c.drop(_SHORT)
-            return
-        # the masked IP, UDP and BTH headers in one go (roce-wire.md 2.5)
-        m = bytearray(data[:40])
-        m[1] = m[8] = m[32] = 0xFF
-        m[10:12] = m[26:28] = b"\xff\xff"
-        crc = zlib.crc32(m, _SEED)
-        net_hdr = bytes(data[:20])
-        sport = int.from_bytes(data[20:22], "big")
-        self._accept(data[28 : 20 + ulen], crc, net_hdr[12:16], sport, net_hdr, ep, out)
-
-    def _from_udp(self, data: memoryview, ep: _Endpoint, i: int, out: list[Packet]) -> None:
-        """One UDP payload (or a GRO train of them) from the UDP socket."""
-        ring = self._ring
-        if not data:
-            self.counters.drop(_SHORT)
-            return
-        src, sport = ring.source(i)
-        seg = ring.gro_size(i) or len(data)
-        dst = ep.raw_ip
-        v4 = len(dst) == 4
-        cache = self._udp_cache
-        for off in range(0, len(data), seg):
-            udp = data[off : off + seg]
-            n = len(udp)
-            key = (src, dst, sport, n)
-            hit = cache.get(key)
-            if hit is None:
-                if len(cache) > 1024:
-                    cache.clear()
-                if v4:
-                    hit = (
-                        wire.icrc_prefix_ipv4(src, dst, n, sport),
-                        wire.ip_udp_headers(src, dst, sport, n)[:20],
-                    )
-                else:
-                    hit = (
-                        wire.icrc_prefix_ipv6(src, dst, n, sport),
-                        wire.ip_udp_headers(src, dst, sport, n)[:40],
-                    )
-                cache[key] = hit
-            prefix, net_hdr = hit
-            if n < _MIN_PACKET:
-                self.counters.drop(_SHORT)
-                continue
-            bth = bytearray(udp[:_BTH_LEN])
-            bth[4] = 0xFF
-            self._accept(udp, zlib.crc32(bth, prefix), src, sport, net_hdr, ep, out)
-
-
-_BTH_LEN: Final = 12
-_MIN_PACKET: Final = _BTH_LEN + wire.ICRC_LEN
-_SEED: Final = wire.ICRC_SEED
-_SHORT: Final = wire.DropReason.SHORT.value
-_BAD_ICRC: Final = wire.DropReason.BAD_ICRC.value
-_decode: Final = wire.decode
-
-
-def parse_address(text: str) -> IpAddress:
-    """An IPv4 or IPv6 address; ``ValueError`` otherwise."""
-    return ipaddress.ip_address(text)

@@ -195,11 +195,11 @@ def test_forged_and_short_datagrams_are_dropped_by_reason_and_the_thread_lives(
 
 def test_a_failing_consumer_is_counted_and_does_not_stop_the_thread() -> None:
     inbox = Inbox()
-    calls = [0]
+    failed = threading.Event()
 
     def flaky(packets: list[Packet]) -> None:
-        calls[0] += 1
-        if calls[0] == 1:
+        if not failed.is_set():
+            failed.set()
             raise RuntimeError("bug in the CA layer")
         inbox(packets)
 
@@ -208,6 +208,7 @@ def test_a_failing_consumer_is_counted_and_does_not_stop_the_thread() -> None:
         b.add_address(B)
         a.send(_write(1, b"lost"), B.packed, 0xC000)
         a.flush()
+        assert failed.wait(WAIT)  # the second must not share the first's batch
         a.send(_write(2, b"kept"), B.packed, 0xC000)
         a.flush()
         assert inbox.take(1)[0][1] == 2
