@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
+from ibal.providers.rxe.qp import Counters
+
 #: Kernel rxe's counters in its order (``rxe_hw_counters.c``), same meaning here.
 HW_COUNTERS: Final = (
     "sent_pkts",  # RoCE packets sent
@@ -53,26 +55,19 @@ IO_DROPS: Final = (
 )
 
 
-class DeviceCounters:
-    """Counters of one device; attribute increments, per-reason drops, a snapshot."""
+class DeviceCounters(Counters):
+    """Counters of one device; attribute increments, per-reason drops, a snapshot.
 
-    __slots__ = (*HW_COUNTERS, *IO_COUNTERS, "drops")
+    A :class:`~ibal.providers.rxe.qp.Counters` (what the transport core of
+    every QP of the device counts into) with kernel rxe's other counters and
+    the socket layer's.
+    """
 
-    sent_pkts: int
-    rcvd_pkts: int
-    duplicate_request: int
-    out_of_seq_request: int
-    rcvd_rnr_err: int
-    send_rnr_err: int
-    rcvd_seq_err: int
+    __slots__ = ("ack_deferred", "link_downed", "send_err", *IO_COUNTERS)
+
     ack_deferred: int
-    retry_exceeded_err: int
-    retry_rnr_exceeded_err: int
-    completer_retry_err: int
     send_err: int
     link_downed: int
-    rdma_sends: int
-    rdma_recvs: int
     rx_datagrams: int
     rx_bytes: int
     rx_batches: int
@@ -81,12 +76,13 @@ class DeviceCounters:
     tx_batches: int
 
     def __init__(self, drop_reasons: Iterable[str] = ()) -> None:
+        super().__init__()
         for name in HW_COUNTERS:
             setattr(self, name, 0)
         for name in IO_COUNTERS:
             setattr(self, name, 0)
-        #: drops per reason; reasons listed up front show as 0 in a snapshot
-        self.drops: dict[str, int] = dict.fromkeys((*known_drop_reasons(), *drop_reasons), 0)
+        # reasons listed up front show as 0 in a snapshot
+        self.drops.update(dict.fromkeys((*known_drop_reasons(), *drop_reasons), 0))
 
     def drop(self, reason: str, n: int = 1) -> None:
         """Count ``n`` packets dropped for ``reason`` (any short snake_case word)."""

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from netns_util import Netns, netns
 
-from ibal.providers.rxe import netif
+from ibal.providers.rxe import netif, wire
+from ibal.providers.rxe.counters import DeviceCounters
 from ibal.providers.rxe.device import (
     RXE_LIMITS,
     ConfigError,
@@ -26,6 +27,7 @@ from ibal.providers.rxe.device import (
     startup_specs,
 )
 from ibal.providers.rxe.packet import Opcode, Packet
+from ibal.providers.rxe.qp import Counters
 from ibal.types import AsyncEvent, Gid, GidType, LinkLayer, LinkState, Mtu
 
 WAIT = 20.0  # generous: events come from the kernel through a thread
@@ -311,3 +313,24 @@ def test_limits_are_kernel_rxe_s() -> None:
         32, 512, 128,
     )  # fmt: skip
     assert (RXE_LIMITS.max_pkt_per_ack, RXE_LIMITS.max_unacked_psns) == (64, 128)
+
+
+def test_counters_have_kernel_rxe_names_and_every_drop_reason() -> None:
+    c = DeviceCounters(("no_consumer",))
+    assert isinstance(c, Counters)  # what every QP core of the device counts into
+    snap = c.snapshot()
+    # rxe_hw_counters.c, in its order
+    assert list(c.hw_counters()) == [
+        "sent_pkts", "rcvd_pkts", "duplicate_request", "out_of_seq_request", "rcvd_rnr_err",
+        "send_rnr_err", "rcvd_seq_err", "ack_deferred", "retry_exceeded_err",
+        "retry_rnr_exceeded_err", "completer_retry_err", "send_err", "link_downed",
+        "rdma_sends", "rdma_recvs",
+    ]  # fmt: skip
+    for reason in wire.DropReason:
+        assert snap[f"drop_{reason.value}"] == 0
+    assert snap["drop_no_consumer"] == snap["drop_handler_error"] == 0
+    c.sent_pkts += 3
+    c.drop("pkey")
+    c.drop("bad_icrc", 2)
+    snap = c.snapshot()
+    assert (snap["sent_pkts"], snap["drop_pkey"], snap["drop_bad_icrc"], c.dropped) == (3, 1, 2, 3)
