@@ -16,11 +16,18 @@ _CLONE_NEWNET = 0x40000000
 
 
 def need_ip() -> None:
-    """Skip (naming the Debian package) without `ip`, or without root."""
+    """Skip (naming the Debian package) without `ip`, or without root; in CI
+    (``IBAL_LAB_REQUIRED=1``) fail instead."""
+    missing = None
     if shutil.which("ip") is None:
-        pytest.skip("needs the `ip` command (Debian package iproute2)")
-    if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces, raw sockets)")
+        missing = "needs the `ip` command (Debian package iproute2)"
+    elif os.geteuid() != 0:
+        missing = "needs root (network namespaces, raw sockets)"
+    if missing is None:
+        return
+    if os.environ.get("IBAL_LAB_REQUIRED", "") not in ("", "0"):
+        pytest.fail(f"{missing} (IBAL_LAB_REQUIRED is set)", pytrace=False)
+    pytest.skip(missing)
 
 
 def _setns(fd: int) -> None:

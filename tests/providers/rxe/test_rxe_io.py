@@ -30,8 +30,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(autouse=True)
 def _root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (raw sockets)")
+    need_ip()  # root for the raw sockets; CI fails instead of skipping
 
 
 class Inbox:
