@@ -184,8 +184,24 @@ def run_conformance(
     ``extra_args`` go to pytest (``-k``, ``-x``, ``-q``...).  The returned
     :class:`RunResult` has totals, per-chapter totals and each check's outcome.
     """
+    return run_pytest(conformance_args(provider, options or {}, extra_args), reporter=reporter)
+
+
+def run_pytest(
+    args: Sequence[str],
+    *,
+    reporter: Reporter | None = None,
+    plugins: Sequence[object] = (),
+) -> RunResult:
+    """Run pytest in this process with ``args`` and collect a :class:`RunResult`.
+
+    The general form of :func:`run_conformance`: ``args`` may name a test module
+    of its own (a ``ProviderConformance`` subclass) and ``plugins`` are extra
+    pytest plugin objects (they may define fixtures).  pytest is not re-entrant
+    across threads: run one at a time per process.
+    """
     collector = _Collector(reporter)
-    code = pytest.main(conformance_args(provider, options or {}, extra_args), plugins=[collector])
+    code = pytest.main(list(args), plugins=[collector, *plugins])
     collector.result.exit_code = int(code)
     if reporter is not None:
         reporter.finish(collector.result)

@@ -398,6 +398,38 @@ class ContractChecks(ConformanceBase):
             raw.ci.post_send(qp.handle, [SendWr(sg_list=[Sge(keys.vaddr, 4, keys.lkey)])])
         assert isinstance(info.value, PostError) and info.value.failed_index == 0
 
+    def test_ci_post_recv_in_reset_raises_invalid_qp_state(self, raw: RawCa) -> None:
+        """ci-contract rule 93: the provider refuses receives in RESET with pp_failed at the
+        first WR (the access layer's own check must not be the only one)."""
+        h_pd = raw.pd()
+        cq = raw.cq()
+        qp_type = next(iter(sorted(raw.ci.capabilities.qp_types)))
+        qp = raw.qp(h_pd, qp_type, cq.handle)
+        buf = bytearray(256)
+        keys = raw.mr(h_pd, buf)
+        with pytest.raises(InvalidQpState) as info:
+            raw.ci.post_recv(qp.handle, [RecvWr(wr_id=1, sg_list=[Sge(keys.vaddr, 64, keys.lkey)])])
+        assert isinstance(info.value, PostError) and info.value.failed_index == 0
+        assert raw.ci.poll_cq(cq.handle, 4) == []
+
+    def test_ci_post_send_in_init_raises_invalid_qp_state(self, raw: RawCa) -> None:
+        """ci-contract rule 90: sends are refused before RTS (INIT), at the provider too."""
+        h_pd = raw.pd()
+        cq = raw.cq()
+        qp_type = next(iter(sorted(raw.ci.capabilities.qp_types)))
+        qp = raw.qp(h_pd, qp_type, cq.handle)
+        mod = QpMod(
+            QpState.INIT, pkey_index=0, port_num=raw.port.port_num, access=AccessFlags.NONE
+        )
+        if qp_type.is_datagram:
+            mod = QpMod(QpState.INIT, pkey_index=0, port_num=raw.port.port_num, qkey=UD_QKEY)
+        raw.ci.modify_qp(qp.handle, mod)
+        buf = bytearray(16)
+        keys = raw.mr(h_pd, buf)
+        with pytest.raises(InvalidQpState) as info:
+            raw.ci.post_send(qp.handle, [SendWr(sg_list=[Sge(keys.vaddr, 4, keys.lkey)])])
+        assert isinstance(info.value, PostError) and info.value.failed_index == 0
+
     def test_ci_create_cq_size_at_least_requested(self, raw: RawCa) -> None:
         """ci-contract rules 65, 67: granted CQ size ≥ requested; query_cq reports the same."""
         cq = raw.cq(size=33)

@@ -11,13 +11,16 @@ from ibal.testing.helpers import (
     GRH_BYTES,
     UD_QKEY,
     Pair,
+    Side,
     atomic_result_ok,
     common_mtu,
+    connect,
     make_side,
+    mr_access,
     wait_wc,
     wait_wcs,
 )
-from ibal.testing.suite.base import ConformanceBase, require_opcode
+from ibal.testing.suite.base import ConformanceBase, require_opcode, require_qp_type
 from ibal.types import (
     DgrmInfo,
     PortAttr,
@@ -44,6 +47,50 @@ IMM = 0xC0FFEE42
 
 class DataPathChecks(ConformanceBase):
     chapter = "data path"
+
+    # ----------------------------------------------------- any transport
+    def test_completions_go_to_their_own_cqs(self, ca: Ca, port: PortAttr) -> None:
+        """ci-contract rule 50 / IBA 10.2.4: a QP's send completions go to its send CQ and its
+        receive completions to its receive CQ, never to the other."""
+        from ibal.al import QpCreate
+
+        caps = ca.capabilities
+        qp_type = QpType.RC if QpType.RC in caps.qp_types else QpType.UD
+        require_qp_type(caps, qp_type)
+        pd = ca.alloc_pd()
+        buf = bytearray(4096)
+        mr = pd.reg_mem(buf, mr_access(caps))
+        sides = []
+        for _ in range(2):
+            scq, rcq = ca.create_cq(16), ca.create_cq(16)
+            qp = pd.create_qp(
+                QpCreate(qp_type, send_cq=scq, recv_cq=rcq, sq_depth=8, rq_depth=8)
+            )
+            side = Side(ca, port, pd, rcq, buf, mr, qp)
+            side.extra["send_cq"] = scq
+            sides.append(side)
+        a, b = sides
+        connect(a, b, caps)
+        pair = Pair(qp_type, a, b, caps)
+        for src, dst, base in ((a, b, 0), (b, a, 2)):
+            dst.recv(base + 1, 2048, 512)
+            ud = pair.ud(dst) if qp_type.is_datagram else None
+            src.qp.post_send(SendWr(wr_id=base + 2, sg_list=[src.sge(0, 16)], ud=ud))
+            sent = wait_wc(src.extra["send_cq"])
+            got = wait_wc(dst.cq)
+            assert (sent.wr_id, sent.wc_type, sent.qp_num) == (base + 2, WcType.SEND, src.qp.num)
+            assert (got.wr_id, got.wc_type, got.qp_num) == (base + 1, WcType.RECV, dst.qp.num)
+            assert src.cq.poll(4) == [] and dst.extra["send_cq"].poll(4) == []
+
+    def test_wr_id_keeps_64_bits(self, ca: Ca, port: PortAttr) -> None:
+        """ci-contract §2.9 (``ib_send_wr_t.wr_id`` is 64 bits): send and receive completions
+        return the consumer's wr_id unchanged, all 64 bits."""
+        caps = ca.capabilities
+        qp_type = QpType.RC if QpType.RC in caps.qp_types else QpType.UD
+        pair = self.loop(ca, port, qp_type)
+        big, other = 0xFEDC_BA98_7654_3210, 0x8000_0001_0000_0002
+        sent, got = pair.send(b"wide ids", wr_id=big, recv_id=other)
+        assert (sent.wr_id, got.wr_id) == (big, other)
 
     # ---------------------------------------------------------------- RC
     def test_rc_send_lands(self, ca: Ca, port: PortAttr, peer: Peer) -> None:

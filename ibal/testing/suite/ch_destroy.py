@@ -9,6 +9,7 @@ import pytest
 
 from ibal.status import (
     InvalidCqSize,
+    InvalidMaxSge,
     InvalidMaxWrs,
     InvalidPdHandle,
     InvalidPermission,
@@ -30,7 +31,9 @@ from ibal.types import (
     AccessFlags,
     AsyncEvent,
     EventRecord,
+    PdType,
     PortAttr,
+    QpCaps,
     QpType,
     SendWr,
     SrqAttr,
@@ -40,6 +43,7 @@ from ibal.types import (
 
 if TYPE_CHECKING:
     from ibal.al import AccessLayer, Ca
+    from ibal.ci import ChannelInterface
     from ibal.testing.backdoor import Call
 
 
@@ -349,25 +353,40 @@ class DestroyChecks(ConformanceBase):
         src.recv_cq.destroy(wait=True)
         assert self.resources_of(fabric, ca.guid) == before
 
-    def test_failed_verb_leaves_nothing_behind(self, fabric: Fabric, ca: Ca) -> None:
+    def test_failed_verb_leaves_nothing_behind(self, raw_cis: list[ChannelInterface]) -> None:
         """ci-contract rule 49 / ibal.ci.interface: a verb that fails creates nothing at the
-        provider."""
-        from ibal.al import QpCreate
+        provider (called on the CI directly: the access layer refuses these arguments first)."""
+        from ibal.testing.suite.ch_contract import RawCa, address_of
 
-        pd = ca.alloc_pd()
-        cq = ca.create_cq(8)
-        before = self.resources_of(fabric, ca.guid)
-        attr = ca.query()
-        qp_type = next(
-            t for t in (QpType.RC, QpType.UD, QpType.UC) if t in ca.capabilities.qp_types
-        )
-        with pytest.raises(InvalidMaxWrs):
-            pd.create_qp(QpCreate(qp_type, send_cq=cq, recv_cq=cq, sq_depth=attr.max_wrs + 1))
-        with pytest.raises(InvalidCqSize):
-            ca.create_cq(attr.max_cqes + 1)
-        with pytest.raises(InvalidPermission):
-            pd.reg_mem(bytearray(64), AccessFlags.RDMA_WRITE)
-        assert self.resources_of(fabric, ca.guid) == before
+        raw = RawCa(raw_cis[0])
+        try:
+            ci, attr = raw.ci, raw.attr
+            h_pd = ci.allocate_pd(raw.h, PdType.NORMAL)
+            cq = ci.create_cq(raw.h, 8, None)
+            before = self.live_resources(ci)
+            qp_type = next(
+                t for t in (QpType.RC, QpType.UD, QpType.UC) if t in ci.capabilities.qp_types
+            )
+            for caps, error in (
+                (QpCaps(sq_depth=attr.max_wrs + 1), InvalidMaxWrs),
+                (QpCaps(rq_depth=attr.max_wrs + 1), InvalidMaxWrs),
+                (QpCaps(sq_sge=attr.max_sges + 1), InvalidMaxSge),
+            ):
+                with pytest.raises(error):
+                    ci.create_qp(h_pd, qp_type, caps, cq.handle, cq.handle, None, True, None)
+            with pytest.raises(InvalidCqSize):
+                ci.create_cq(raw.h, attr.max_cqes + 1, None)
+            buf = bytearray(64)
+            with pytest.raises(InvalidPermission):
+                ci.register_mr(h_pd, memoryview(buf), address_of(buf), AccessFlags.RDMA_WRITE)
+            if before is not None:
+                assert self.live_resources(ci) == before, "a failed verb left an object behind"
+            # Nothing half-made holds the parents: they go at once, and the CA closes.
+            ci.destroy_cq(cq.handle)
+            ci.deallocate_pd(h_pd)
+            ci.close_ca(raw.h)
+        finally:
+            raw.close()
 
     def test_close_al_returns_every_provider_resource(
         self, fabric: Fabric, al: AccessLayer, ca: Ca, port: PortAttr

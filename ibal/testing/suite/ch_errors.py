@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import time
 from typing import TYPE_CHECKING, Any
 
 from ibal.status import InvalidParameter, PostError
@@ -26,6 +27,7 @@ from ibal.types import (
     QpState,
     QpType,
     RecvWr,
+    SendOpt,
     SendWr,
     Sge,
     WcStatus,
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
 
 FAST = RcTiming(retry_cnt=0, rnr_retry_cnt=0, local_ack_timeout=8, rnr_nak_timeout=1)
 """Give up at the first NAK or timeout (about a millisecond): error paths finish fast."""
+
+RNR_WINDOW = 0.05
+"""Seconds a check watches for a completion that must not come (RNR retried for ever)."""
 
 
 def local_error(caps: Capabilities, status: WcStatus) -> tuple[WcStatus, ...]:
@@ -124,8 +129,13 @@ class ErrorCompletionChecks(ConformanceBase):
         """ci-contract rule 74: an rkey is meaningful only with remote rights; local-only MRs
         refuse."""
         pair = self._restricted_b(ca, port, AccessFlags.LOCAL_WRITE)
-        pair.write(b"local only", wr_id=8)
+        # ci_register_mr returns an rkey "only if remote access rights" were asked for.
+        assert pair.b.mr.rkey == 0, f"local-only region got R_Key {pair.b.mr.rkey:#x}"
+        assert pair.b.mr.query().rkey == 0
+        # The region's own L_Key used as an R_Key (many CAs make them equal) is refused too.
+        pair.write(b"local only", rkey=pair.b.mr.lkey, wr_id=8)
         assert wait_wc(pair.a.cq).status is WcStatus.REM_ACCESS_ERR
+        assert pair.b.get(0, 10) == bytes(10)
 
     def test_bad_lkey_is_local_protection_error(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.6.3: an SGE with an unknown L_Key → LOCAL_PROTECTION_ERR (or LOCAL_OP_ERR
@@ -238,6 +248,79 @@ class ErrorCompletionChecks(ConformanceBase):
             (3, WcStatus.WR_FLUSHED_ERR),
         ]
         assert all(w.qp_num == pair.a.qp.num for w in wcs)
+
+    def test_unsignaled_failures_and_flushes_complete(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 10.8.3 / ci-contract §3.3: an unsignaled WR that fails, and the unsignaled WRs
+        flushed behind it, still complete (errors are always reported); in order."""
+        pair = self._rc(ca, port, sq_signaled=False)
+        assert not pair.a.qp.query().sq_signaled
+
+        def mk(wr_id: int, rkey: int) -> SendWr:
+            return SendWr(
+                wr_id=wr_id,
+                opcode=WrType.RDMA_WRITE,
+                sg_list=[pair.a.sge(0, 8)],
+                remote_addr=pair.b.remote(0),
+                rkey=rkey,
+                send_opt=SendOpt.NONE,
+            )
+
+        pair.a.qp.post_send(
+            [mk(1, pair.b.mr.rkey ^ 0x01010100), mk(2, pair.b.mr.rkey), mk(3, pair.b.mr.rkey)]
+        )
+        wcs = wait_wcs(pair.a.cq, 3)
+        assert [(w.wr_id, w.status) for w in wcs] == [
+            (1, WcStatus.REM_ACCESS_ERR),
+            (2, WcStatus.WR_FLUSHED_ERR),
+            (3, WcStatus.WR_FLUSHED_ERR),
+        ]
+
+    def test_unsignaled_sends_flushed_by_error_state_complete(
+        self, ca: Ca, port: PortAttr
+    ) -> None:
+        """IBA 10.8.3: moving a QP to ERROR flushes its outstanding sends, unsignaled ones too,
+        each with a WR_FLUSHED_ERR completion."""
+        # B stays in INIT, A retries for seconds: the sends are still outstanding.
+        slow = RcTiming(retry_cnt=7, rnr_retry_cnt=7, local_ack_timeout=20, rnr_nak_timeout=1)
+        pair = self.loop(ca, port, QpType.RC, timing=slow, connect_b=False, sq_signaled=False)
+        wrs = [
+            SendWr(
+                wr_id=20 + i,
+                opcode=WrType.RDMA_WRITE,
+                sg_list=[pair.a.sge(0, 8)],
+                remote_addr=pair.b.remote(64),
+                rkey=pair.b.mr.rkey,
+                send_opt=SendOpt.NONE,
+            )
+            for i in range(3)
+        ]
+        pair.a.qp.post_send(wrs)
+        pair.a.qp.modify(QpMod(QpState.ERROR))
+        wcs = wait_wcs(pair.a.cq, 3)
+        assert [w.wr_id for w in wcs] == [20, 21, 22]
+        assert {w.status for w in wcs} <= {WcStatus.WR_FLUSHED_ERR, WcStatus.TIMEOUT_RETRY_ERR}
+
+    def test_rnr_retry_7_retries_until_a_receive_is_posted(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 9.7.5.2.8 / 11.2.4.2: rnr_retry_cnt 7 means retry for ever: a SEND to a QP with no
+        receive waits (no completion) and succeeds once the receive is posted."""
+        forever = RcTiming(retry_cnt=7, rnr_retry_cnt=7, local_ack_timeout=14, rnr_nak_timeout=1)
+        pair = self.loop(ca, port, QpType.RC, timing=forever)
+        assert pair.a.qp.query().rnr_retry_cnt == 7
+        pair.a.put(0, b"patience")
+        pair.a.qp.post_send(SendWr(wr_id=30, sg_list=[pair.a.sge(0, 8)]))
+        # No receive yet: nothing may complete.  A provider that gives up (after 7 or 0
+        # RNR NAKs, 0.01 ms apart) has completed RNR_RETRY_ERR within this window.
+        early: list[Any] = []
+        window = time.monotonic() + RNR_WINDOW
+        while not early and time.monotonic() < window:
+            early = pair.a.cq.poll(4)
+        assert early == [], f"completed without a receive: {early}"
+        pair.b.recv(31, 0, 64)
+        wc = wait_wc(pair.a.cq)
+        assert (wc.wr_id, wc.status) == (30, WcStatus.SUCCESS)
+        got = wait_wc(pair.b.cq)
+        assert (got.wr_id, got.status, got.length) == (31, WcStatus.SUCCESS, 8)
+        assert pair.b.get(0, 8) == b"patience"
 
     def test_error_state_flushes_posted_receives(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.3.1: moving a QP to ERROR completes every posted receive with WR_FLUSHED_ERR, in

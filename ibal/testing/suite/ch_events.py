@@ -7,28 +7,41 @@ from typing import TYPE_CHECKING, Any
 
 from ibal.testing.helpers import (
     CallbackLog,
+    Pair,
+    RcTiming,
+    Side,
     Source,
     av_to,
+    connect,
+    make_side,
+    mr_access,
     qp_access,
     to_init,
     to_rtr,
     to_rts,
+    wait_wc,
     wait_wcs,
 )
 from ibal.testing.suite.base import ConformanceBase, Fabric, require, require_qp_type, traced
 from ibal.types import (
+    AccessFlags,
     AsyncEvent,
     EventRecord,
     PortAttr,
     QpMod,
     QpState,
     QpType,
+    SendWr,
     SrqAttr,
+    WcStatus,
 )
 
 if TYPE_CHECKING:
     from ibal.al import AccessLayer, Ca, Qp
     from ibal.testing.backdoor import TracingCi
+
+FAST = RcTiming(retry_cnt=0, rnr_retry_cnt=0, local_ack_timeout=8, rnr_nak_timeout=1)
+"""Give up at the first NAK: the requester's error completes at once."""
 
 
 class EventChecks(ConformanceBase):
@@ -47,6 +60,76 @@ class EventChecks(ConformanceBase):
         pd = ca.alloc_pd()
         cq = ca.create_cq(16)
         return pd.create_qp(QpCreate(qp_type, send_cq=cq, recv_cq=cq), **kw)
+
+    def _watched_responder(
+        self, ca: Ca, port: PortAttr, *, connect_b: bool = True
+    ) -> tuple[Pair, CallbackLog]:
+        """An RC loopback pair whose responder B reports its events (context "responder")."""
+        from ibal.al import QpCreate
+
+        caps = ca.capabilities
+        require_qp_type(caps, QpType.RC)
+        log = CallbackLog()
+        a = make_side(ca, port, QpType.RC)
+        pd = ca.alloc_pd()
+        cq = ca.create_cq(64)
+        buf = bytearray(4096)
+        mr = pd.reg_mem(buf, mr_access(caps))
+        qp = pd.create_qp(
+            QpCreate(QpType.RC, send_cq=cq, recv_cq=cq), context="responder", event_cb=log
+        )
+        b = Side(ca, port, pd, cq, buf, mr, qp)
+        connect(a, b, caps, timing=FAST, connect_b=connect_b)
+        return Pair(QpType.RC, a, b, caps), log
+
+    @staticmethod
+    def _event(log: CallbackLog, *codes: AsyncEvent) -> Any:
+        """The first recorded event whose code is one of ``codes`` (waits for it)."""
+        log.wait_for(
+            lambda es: any(e[0].code in codes for e in es),
+            " or ".join(c.name for c in codes),
+        )
+        return next(e[0] for e in log.snapshot() if e[0].code in codes)
+
+    def test_bad_rkey_raises_wq_access_error_at_responder(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 11.6.3.1 (Local Access Violation WQ Error) / ci-contract §3.1: an RDMA WRITE with
+        an unknown R_Key raises WQ_ACCESS_ERROR on the responder QP, with its context and handle
+        (a natural event: no injection)."""
+        pair, log = self._watched_responder(ca, port)
+        pair.write(b"forbidden", rkey=pair.b.mr.rkey ^ 0x5A5A5A00, wr_id=4)
+        assert wait_wc(pair.a.cq).status is WcStatus.REM_ACCESS_ERR
+        rec = self._event(log, AsyncEvent.WQ_ACCESS_ERROR)
+        assert (rec.context, rec.handle) == ("responder", pair.b.qp)
+
+    def test_refused_request_raises_wq_error_at_responder(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 11.6.3.1 (Invalid Request / Local Access Violation WQ Error): an RDMA WRITE to a
+        QP whose access flags refuse remote writes is refused (remote memory untouched) and raises
+        WQ_REQ_ERROR or WQ_ACCESS_ERROR on the responder."""
+        pair, log = self._watched_responder(ca, port)
+        pair.b.qp.modify(QpMod(QpState.RTS, access=AccessFlags.LOCAL_WRITE))
+        pair.write(b"no writes", wr_id=5)
+        wc = wait_wc(pair.a.cq)
+        assert (wc.wr_id, wc.status) in (
+            (5, WcStatus.REM_INVALID_REQ_ERR),
+            (5, WcStatus.REM_ACCESS_ERR),
+        )
+        assert pair.b.get(0, 9) == bytes(9)
+        rec = self._event(log, AsyncEvent.WQ_REQ_ERROR, AsyncEvent.WQ_ACCESS_ERROR)
+        assert (rec.context, rec.handle) == ("responder", pair.b.qp)
+
+    def test_first_receive_in_rtr_raises_comm_est(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 11.6.2 (Communication Established): the first message a QP in RTR receives raises
+        QP_COMM on it, with its context (a natural event: no injection)."""
+        pair, log = self._watched_responder(ca, port, connect_b=False)
+        b = pair.b
+        to_rtr(b.qp, av_to(port, port.port_num), port.active_mtu, pair.a.qp.num, timing=FAST)
+        b.recv(1, 0, 64)
+        pair.a.put(0, b"hello")
+        pair.a.qp.post_send(SendWr(wr_id=2, sg_list=[pair.a.sge(0, 5)]))
+        assert wait_wc(b.cq).wr_id == 1
+        assert b.get(0, 5) == b"hello"
+        rec = self._event(log, AsyncEvent.QP_COMM)
+        assert (rec.context, rec.handle) == ("responder", b.qp)
 
     def _barrier(self, tr: TracingCi, ca_log: CallbackLog, port: PortAttr) -> None:
         """Raise a port event and wait for it: everything queued before it has been delivered."""

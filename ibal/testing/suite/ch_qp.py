@@ -32,6 +32,7 @@ from ibal.testing.helpers import (
     to_init,
     to_rtr,
     to_rts,
+    wait_wc,
 )
 from ibal.testing.suite.base import ConformanceBase, require, require_qp_type
 from ibal.types import (
@@ -43,7 +44,9 @@ from ibal.types import (
     QpMod,
     QpState,
     QpType,
+    SendWr,
     SrqAttr,
+    WcStatus,
 )
 
 if TYPE_CHECKING:
@@ -321,6 +324,25 @@ class QpChecks(ConformanceBase):
         assert qp.query().state is QpState.RESET
         to_init(qp, port.port_num, AccessFlags.LOCAL_WRITE)
         assert qp.query().state is QpState.INIT
+
+    def test_reset_discards_posted_receives(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 10.3.1 (Reset): a QP moved to RESET forgets its posted receives without completing
+        them; after reconnecting, a message consumes only a receive posted since."""
+        require_qp_type(ca.capabilities, QpType.RC)
+        pair = self.loop(ca, port, QpType.RC)
+        b, a = pair.b, pair.a
+        b.recv(1, 0, 64)
+        b.qp.modify(QpMod(QpState.RESET))
+        to_init(b.qp, port.port_num, qp_access(ca.capabilities))
+        to_rtr(b.qp, av_to(port, port.port_num), port.active_mtu, a.qp.num)
+        to_rts(b.qp)
+        b.recv(2, 64, 64)
+        a.put(0, b"fresh")
+        a.qp.post_send(SendWr(wr_id=3, sg_list=[a.sge(0, 5)]))
+        got = wait_wc(b.cq)
+        assert (got.wr_id, got.status) == (2, WcStatus.SUCCESS)
+        assert (wait_wc(a.cq).wr_id, b.cq.poll(4)) == (3, [])
+        assert b.get(64, 5) == b"fresh" and b.get(0, 5) == bytes(5)
 
     def test_init_to_init_changes_access(self, ca: Ca, port: PortAttr) -> None:
         """ibal.qp_fsm / ci-contract rule 59: INIT→INIT updates the access rights query reports."""

@@ -29,6 +29,8 @@ from ibal.testing.suite.base import ConformanceBase, post_raises, require, requi
 from ibal.types import (
     AsyncEvent,
     PortAttr,
+    QpMod,
+    QpState,
     QpType,
     RecvWr,
     SendWr,
@@ -47,7 +49,9 @@ if TYPE_CHECKING:
 class SrqChecks(ConformanceBase):
     chapter = "SRQ"
 
-    def _srq_side(self, ca: Ca, port: PortAttr, srq: Srq, qp_type: QpType) -> Side:
+    def _srq_side(
+        self, ca: Ca, port: PortAttr, srq: Srq, qp_type: QpType, **qp_kw: Any
+    ) -> Side:
         """A side whose QP takes its receives from ``srq`` (same PD, own CQ and buffer)."""
         from ibal.al import QpCreate
 
@@ -55,7 +59,7 @@ class SrqChecks(ConformanceBase):
         cq = ca.create_cq(128)
         buf = bytearray(8192)
         mr = pd.reg_mem(buf, mr_access(ca.capabilities))
-        qp = pd.create_qp(QpCreate(qp_type, send_cq=cq, recv_cq=cq, srq=srq))
+        qp = pd.create_qp(QpCreate(qp_type, send_cq=cq, recv_cq=cq, srq=srq), **qp_kw)
         return Side(ca, port, pd, cq, buf, mr, qp)
 
     def _srq_setup(
@@ -227,6 +231,24 @@ class SrqChecks(ConformanceBase):
         srq.destroy(wait=True)
         with pytest.raises(InvalidSrqHandle):
             srq.post_recv(RecvWr(wr_id=1, sg_list=[mr.sge(0, 16)]))
+
+    def test_qp_on_srq_in_error_raises_last_wqe_reached(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 11.6.3.2 (Last WQE Reached): a QP on an SRQ that goes to ERROR reports its last WQE
+        to the QP's event callback, with its context (a natural event: no injection)."""
+        caps = ca.capabilities
+        require(caps, "srq")
+        require_qp_type(caps, QpType.RC)
+        srq = ca.alloc_pd().create_srq(SrqAttr(max_wr=16, max_sge=1))
+        events = CallbackLog()
+        b = self._srq_side(ca, port, srq, QpType.RC, context="on-srq", event_cb=events)
+        a = make_side(ca, port, QpType.RC)
+        connect(a, b, caps)
+        srq.post_recv(RecvWr(wr_id=1, sg_list=[b.sge(0, 64)]))
+        b.qp.modify(QpMod(QpState.ERROR))
+        last_wqe = AsyncEvent.SRQ_QP_LAST_WQE_REACHED
+        events.wait_for(lambda es: any(e[0].code is last_wqe for e in es), "LAST_WQE_REACHED")
+        rec = next(e[0] for e in events.snapshot() if e[0].code is last_wqe)
+        assert (rec.context, rec.handle) == ("on-srq", b.qp)
 
     def test_qp_on_srq_destroyed_without_error_state(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 42: destroying a QP on an SRQ without draining it first is allowed."""

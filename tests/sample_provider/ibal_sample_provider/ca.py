@@ -229,6 +229,22 @@ class SampleCa(ChannelInterface):
     def capabilities(self) -> Capabilities:
         return CAPABILITIES
 
+    @serialized
+    def resource_counts(self) -> dict[str, int]:
+        """Testing hook: the live objects of this CA by kind.
+
+        Not a verb: the conformance suite reads it (``live_resources``) to check
+        that a failed verb leaves nothing behind and that teardown frees
+        everything.
+        """
+        return {
+            "pd": len(self._pds),
+            "av": len(self._avs),
+            "cq": len(self._cqs),
+            "qp": len(self.qps),
+            "mr": len(self.keys),
+        }
+
     # ------------------------------------------------------------------ upcalls
     def complete(self, cq: Cq, wc: Wc, solicited: bool = False) -> None:
         """Queue a completion; tell the access layer if the consumer armed the CQ."""
@@ -423,6 +439,7 @@ class SampleCa(ChannelInterface):
             # Back to RESET is like new: queues emptied without completions.
             qp.sq.clear()
             qp.rq.clear()
+            qp.established = False
             qp.attr = QpAttr(
                 qp_type=qp.qp_type, qp_num=qp.qp_num, caps=qp.attr.caps,
                 sq_signaled=qp.attr.sq_signaled,

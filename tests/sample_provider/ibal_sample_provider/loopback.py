@@ -14,7 +14,8 @@ any thread, even from inside ``post_send``), and it is deterministic.
 Errors follow the IBA: a failed WQE completes with an error status and takes
 its QP to ERROR (SQERR for a UD send), which flushes what is left; a responder
 that refuses a request also goes to ERROR, with an async event when it refused
-an RDMA.
+an RDMA.  The first message reaching a QP in RTR raises "communication
+established" (``QP_COMM``) on it.
 """
 
 from __future__ import annotations
@@ -107,6 +108,10 @@ def _execute(ca: SampleCa, qp: Qp, wqe: SendWqe) -> int | None:
     if qp.qp_type is QpType.UD:
         return _send_datagram(ca, qp, wqe)
     peer = _connected_peer(ca, qp)
+    if peer.state is QpState.RTR and not peer.established:
+        # The first packet reaching a QP in RTR: the consumer may now move it to RTS.
+        peer.established = True
+        ca.async_event(AsyncEvent.QP_COMM, peer.context)
     if wqe.opcode is WrType.RDMA_READ:
         return _rdma_read(ca, qp, peer, wqe)
     data = ca.keys.gather(wqe.sg_list, qp.pd)

@@ -143,6 +143,7 @@ class Qp(Resource):
         self.context = context
         self.sq: deque[SendWqe] = deque()
         self.rq: deque[RecvWqe] = deque()
+        self.established = False  # QP_COMM raised (first packet received in RTR)
 
     @property
     def qp_num(self) -> int:
