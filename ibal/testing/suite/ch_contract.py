@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ibal.status import (
+    Error,
     IbError,
     InvalidAvHandle,
     InvalidCaHandle,
@@ -127,6 +128,35 @@ class RawCa:
         self.ci.modify_qp(h_qp, QpMod(QpState.RTR))
         self.ci.modify_qp(h_qp, QpMod(QpState.RTS, sq_psn=0))
 
+    def rc_ready(self, h_qp: Any, dest_qp: int) -> None:
+        """RESET → INIT → RTR → RTS for an RC QP towards ``dest_qp`` on the same port."""
+        ci, port = self.ci, self.port
+        access = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.RDMA_READ
+        ci.modify_qp(h_qp, QpMod(QpState.INIT, pkey_index=0, port_num=port.port_num, access=access))
+        ci.modify_qp(
+            h_qp,
+            QpMod(
+                QpState.RTR,
+                primary_av=self.av_attr(),
+                path_mtu=port.active_mtu,
+                dest_qp=dest_qp,
+                rq_psn=0,
+                resp_res=1,
+                rnr_nak_timeout=1,
+            ),
+        )
+        ci.modify_qp(
+            h_qp,
+            QpMod(
+                QpState.RTS,
+                sq_psn=0,
+                local_ack_timeout=14,
+                retry_cnt=7,
+                rnr_retry_cnt=7,
+                init_depth=1,
+            ),
+        )
+
     def av_attr(self, port_num: int | None = None) -> AvAttr:
         grh = None
         if self.port.link_layer.name == "ETHERNET" and self.port.gids:
@@ -157,6 +187,12 @@ class RawCa:
         with contextlib.suppress(InvalidCaHandle):
             self.ci.close_ca(self.h)
 
+
+# Errors a CA that has the verb may give the probe's arbitrary (but valid) arguments.
+_PROBE_REFUSALS: dict[str, tuple[type[IbError], ...]] = {
+    "local_mad": (InvalidParameter,),
+    "vendor_call": (InvalidParameter, Error),  # rule 32: a command it lacks fails, IB_ERROR
+}
 
 # Capabilities whose verb a check can call with little set-up, and how.
 _CAPABILITY_PROBES: dict[str, str] = {
@@ -302,9 +338,13 @@ class ContractChecks(ConformanceBase):
         """ci-contract rule 39: a bad AV port → IB_INVALID_PORT now, or IB_WCS_LOCAL_OP_ERR when
         used."""
         caps = raw.ci.capabilities
-        require_qp_type(caps, QpType.UD)
         h_pd = raw.pd()
         bad = raw.attr.num_ports + 1
+        if QpType.UD not in caps.qp_types:
+            # No UD send can ever use the AV, so a deferred refusal would never show.
+            with pytest.raises(InvalidPort):
+                raw.ci.create_av(h_pd, raw.av_attr(port_num=bad))
+            return
         try:
             h_av = raw.ci.create_av(h_pd, raw.av_attr(port_num=bad))
         except InvalidPort:
@@ -362,16 +402,25 @@ class ContractChecks(ConformanceBase):
     def test_ci_modify_qp_returns_new_state(self, raw: RawCa) -> None:
         """ci-contract rule 59: after a successful modify_qp, query_qp reports the requested
         state."""
-        require_qp_type(raw.ci.capabilities, QpType.UD)
         h_pd = raw.pd()
         cq = raw.cq()
-        qp = raw.qp(h_pd, QpType.UD, cq.handle)
-        attr = raw.ci.modify_qp(
-            qp.handle, QpMod(QpState.INIT, pkey_index=0, port_num=raw.port.port_num, qkey=UD_QKEY)
-        )
+        qp_type = next(iter(sorted(raw.ci.capabilities.qp_types)))
+        qp = raw.qp(h_pd, qp_type, cq.handle)
+        port_num = raw.port.port_num
+        if qp_type.is_datagram:
+            mod = QpMod(QpState.INIT, pkey_index=0, port_num=port_num, qkey=UD_QKEY)
+        else:
+            mod = QpMod(
+                QpState.INIT, pkey_index=0, port_num=port_num, access=AccessFlags.LOCAL_WRITE
+            )
+        attr = raw.ci.modify_qp(qp.handle, mod)
         assert attr.state is QpState.INIT
         q = raw.ci.query_qp(qp.handle)
-        assert (q.state, q.qkey, q.port_num) == (QpState.INIT, UD_QKEY, raw.port.port_num)
+        assert (q.state, q.port_num) == (QpState.INIT, port_num)
+        if qp_type.is_datagram:
+            assert q.qkey == UD_QKEY
+        else:
+            assert q.access == AccessFlags.LOCAL_WRITE
 
     def test_ci_destroyed_qp_raises_invalid_qp_handle(self, raw: RawCa) -> None:
         """ci-contract rules 60, 64: a destroyed QP handle → IB_INVALID_QP_HANDLE."""
@@ -477,29 +526,42 @@ class ContractChecks(ConformanceBase):
         assert a.length == 64
 
     def test_ci_completion_upcall_carries_cq_context(self, raw: RawCa) -> None:
-        """ci-contract §3.2: an armed CQ's next completion upcalls completion_cb(cq_context)."""
-        require_qp_type(raw.ci.capabilities, QpType.UD)
+        """ci-contract §3.2: an armed CQ's next completion upcalls completion_cb(cq_context)
+        (over UD, or RC on a CA without UD: the upcall is not optional)."""
+        caps = raw.ci.capabilities
+        ud = QpType.UD in caps.qp_types
+        if not ud:
+            require_qp_type(caps, QpType.RC)
         h_pd = raw.pd()
         token = ("cq", object())
         cq = raw.cq(context=token)
-        qp = raw.qp(h_pd, QpType.UD, cq.handle)
-        raw.ud_ready(qp.handle)
         buf = bytearray(256)
         keys = raw.mr(h_pd, buf)
-        h_av = raw.ci.create_av(h_pd, raw.av_attr())
-        raw.later(lambda: raw.ci.destroy_av(h_av))
+        dest = None
+        if ud:
+            sender = receiver = raw.qp(h_pd, QpType.UD, cq.handle)
+            raw.ud_ready(sender.handle)
+            h_av = raw.ci.create_av(h_pd, raw.av_attr())
+            raw.later(lambda: raw.ci.destroy_av(h_av))
+            dest = UdDest(av=h_av, remote_qp=sender.attr.qp_num, remote_qkey=UD_QKEY)
+        else:
+            sender = raw.qp(h_pd, QpType.RC, cq.handle)
+            receiver = raw.qp(h_pd, QpType.RC, cq.handle)
+            raw.rc_ready(sender.handle, receiver.attr.qp_num)
+            raw.rc_ready(receiver.handle, sender.attr.qp_num)
+        grh = GRH_BYTES if ud else 0
         raw.ci.post_recv(
-            qp.handle, [RecvWr(wr_id=2, sg_list=[Sge(keys.vaddr + 64, GRH_BYTES + 16, keys.lkey)])]
+            receiver.handle, [RecvWr(wr_id=2, sg_list=[Sge(keys.vaddr + 64, grh + 16, keys.lkey)])]
         )
         raw.ci.enable_cq_notify(cq.handle, False)
         raw.ci.post_send(
-            qp.handle,
+            sender.handle,
             [
                 SendWr(
                     wr_id=1,
                     sg_list=[Sge(keys.vaddr, 16, keys.lkey)],
                     send_opt=SendOpt.SIGNALED,
-                    ud=UdDest(av=h_av, remote_qp=qp.attr.qp_num, remote_qkey=UD_QKEY),
+                    ud=dest,
                 )
             ],
         )
@@ -534,16 +596,23 @@ class ContractChecks(ConformanceBase):
         a declared one means it does not."""
         caps = raw.ci.capabilities
         declared = bool(getattr(caps, capability))
+        verb = _CAPABILITY_PROBES[capability]
         try:
             self._probe_verb(raw, capability)
         except Unsupported as exc:
-            assert not declared, f"{capability} declared but the verb raised {exc}"
+            assert not declared, f"{capability} declared but {verb} raised {exc!r}"
             return
-        except IbError:
-            if not declared:
-                raise
-            return  # declared and reached the provider's real validation
-        assert declared, f"{capability} not declared but {_CAPABILITY_PROBES[capability]} worked"
+        except _PROBE_REFUSALS.get(capability, ()) as exc:
+            # The probe's arguments are valid but arbitrary (a zero MAD, command 0): a CA
+            # that has the verb may refuse them, never with Unsupported.
+            assert declared, f"{capability} not declared but {verb} raised {exc!r}"
+            return
+        except IbError as exc:
+            raise AssertionError(
+                f"{capability} {'declared' if declared else 'not declared'}: {verb} with valid "
+                f"arguments raised {exc!r} (expected {'success' if declared else 'Unsupported'})"
+            ) from exc
+        assert declared, f"{capability} not declared but {verb} worked"
 
     @staticmethod
     def _probe_verb(raw: RawCa, capability: str) -> None:
@@ -594,7 +663,12 @@ class ContractChecks(ConformanceBase):
             )
             ci.destroy_qp(spl.handle)
         elif capability == "multicast":
-            require_qp_type(ci.capabilities, QpType.UD)
+            if QpType.UD not in ci.capabilities.qp_types:
+                # Without UD there is nothing to attach; the verb must still say Unsupported.
+                assert not ci.capabilities.multicast, "multicast declared without UD QPs"
+                qp = raw.qp(h_pd, next(iter(sorted(ci.capabilities.qp_types))), cq.handle)
+                ci.attach_mcast(qp.handle, Gid("ff12:401b::1"), 0xC001)
+                return
             qp = raw.qp(h_pd, QpType.UD, cq.handle)
             raw.ud_ready(qp.handle)
             h_mc = ci.attach_mcast(qp.handle, Gid("ff12:401b::1"), 0xC001)

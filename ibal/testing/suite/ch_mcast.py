@@ -83,8 +83,14 @@ class McastChecks(ConformanceBase):
     def test_multicast_without_capability_unsupported(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
-        """ci-contract rule 8 / §2.11: a CA without multicast → IB_UNSUPPORTED."""
-        require_qp_type(caps, QpType.UD)
+        """ci-contract rule 8 / §2.11: a CA without multicast → IB_UNSUPPORTED (whatever QP
+        asks, so a CA without UD is checked too)."""
+        if QpType.UD not in caps.qp_types:
+            assert not caps.multicast, "multicast declared without UD QPs"
+            side = make_side(ca, port, next(iter(sorted(caps.qp_types))))
+            with pytest.raises(Unsupported):
+                side.qp.attach_mcast(MGID, MLID)
+            return
         side = make_side(ca, port, QpType.UD)
         side.qp.init_dgrm_svc(DgrmInfo(port_guid=port.port_guid, qkey=UD_QKEY))
         if caps.multicast:
@@ -195,6 +201,11 @@ class SpecialQpChecks(ConformanceBase):
         require(caps, "special_qps")
         yield SplMaker(ca, port)
 
+    @pytest.fixture
+    def any_spl(self, ca: Ca, port: PortAttr) -> SplMaker:
+        """A :class:`SplMaker` on any CA: for the rules that hold with or without special QPs."""
+        return SplMaker(ca, port)
+
     def test_qp1_has_number_1(self, spl: SplMaker) -> None:
         """access-layer rule 63: ib_get_spl_qp(QP1) gives the GSI QP, number 1."""
         qp = spl.get(QpType.QP1)
@@ -218,25 +229,26 @@ class SpecialQpChecks(ConformanceBase):
         spl.get(QpType.QP1).destroy(wait=True)
         assert spl.get(QpType.QP1).num == 1
 
-    def test_unknown_port_guid_refused(self, spl: SplMaker) -> None:
+    def test_unknown_port_guid_refused(self, any_spl: SplMaker) -> None:
         """ci-contract rule 52 / access-layer rule 63: a port GUID with no port → IB_INVALID_PORT
-        (or NOT_FOUND)."""
+        (or NOT_FOUND), on any CA."""
         with pytest.raises((InvalidPort, NotFound)):
-            spl.get(QpType.QP1, port_guid=spl.port.port_guid ^ 0x5555_0000)
+            any_spl.get(QpType.QP1, port_guid=any_spl.port.port_guid ^ 0x5555_0000)
 
-    def test_regular_type_raises_invalid_setting(self, spl: SplMaker) -> None:
-        """access-layer rule 63: a type that is not special → IB_INVALID_SETTING."""
+    def test_regular_type_raises_invalid_setting(self, any_spl: SplMaker) -> None:
+        """access-layer rule 63: a type that is not special → IB_INVALID_SETTING, on any CA."""
         with pytest.raises(InvalidSetting):
-            spl.get(QpType.UD)
+            any_spl.get(QpType.UD)
 
-    def test_raw_types_match_capability(self, spl: SplMaker, caps: Capabilities) -> None:
-        """ci-contract rule 53: raw IPv6/Ethertype QPs without CA support → IB_UNSUPPORTED."""
-        for raw in (QpType.RAW_IPV6, QpType.RAW_ETHER):
+    def test_raw_types_match_capability(self, any_spl: SplMaker, caps: Capabilities) -> None:
+        """ci-contract rule 53: raw IPv6/Ethertype QPs without CA support → IB_UNSUPPORTED;
+        special QP types the CA declares are granted."""
+        for raw in (QpType.RAW_IPV6, QpType.RAW_ETHER, QpType.QP1):
             if raw in caps.special_qps:
-                spl.get(raw).destroy(wait=True)
+                any_spl.get(raw).destroy(wait=True)
             else:
                 with pytest.raises(Unsupported):
-                    spl.get(raw)
+                    any_spl.get(raw)
 
     def test_send_before_init_dgrm_svc_raises_invalid_qp_state(self, spl: SplMaker) -> None:
         """access-layer rule 65: QP0/QP1 must go through ib_init_dgrm_svc before sending."""

@@ -434,11 +434,14 @@ class QpChecks(ConformanceBase):
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
         """ci-contract rule 57 / access-layer rule 39: arming APM with no alternate path →
-        IB_INVALID_APM_STATE."""
-        require(caps, "apm")
+        IB_INVALID_APM_STATE (IB_UNSUPPORTED on a CA without APM); an APM state that is no
+        ApmState is refused on any CA; the QP stays in RTS."""
         qp = self._rc_at(ca, port, QpState.RTS)
-        with pytest.raises(InvalidApmState):
+        refused = (InvalidApmState,) if caps.apm else (InvalidApmState, Unsupported)
+        with pytest.raises(refused):
             qp.modify(QpMod(QpState.RTS, apm_state=ApmState.ARMED))
+        with pytest.raises(InvalidApmState):
+            qp.modify(QpMod(QpState.RTS, apm_state=99))  # type: ignore[arg-type]
         assert qp.query().state is QpState.RTS
 
     def test_qp_state_tracks_last_modify(self, ca: Ca, port: PortAttr) -> None:

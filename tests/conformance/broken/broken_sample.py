@@ -27,7 +27,7 @@ from ibal_sample_provider.memory import KeyTable
 from ibal_sample_provider.queues import Cq, Qp
 
 from ibal.status import InvalidMaxSge, InvalidMaxWrs
-from ibal.types import QpAttr, QpState, RecvOpt, WcStatus, WcType
+from ibal.types import QpAttr, QpState, QpType, RecvOpt, WcStatus, WcType
 
 Apply = Callable[[pytest.MonkeyPatch], None]
 
@@ -43,6 +43,10 @@ class Mutant:
 
 
 MUTANTS: dict[str, Mutant] = {}
+
+VARIANTS: dict[str, Apply] = {}
+"""Conformant variants (fewer optional features): the suite must pass on each.
+They exercise the branches of checks that only a CA without the feature takes."""
 
 
 def mutant(chapter: str, rule: str) -> Callable[[Apply], Apply]:
@@ -527,3 +531,23 @@ def event_with_ca_context(mp: pytest.MonkeyPatch) -> None:
         return async_event
 
     _wrap(mp, SampleCa, "async_event", make)
+
+
+# ------------------------------------------------- conformant variants
+
+
+def _variant(fn: Apply) -> Apply:
+    VARIANTS[fn.__name__] = fn
+    return fn
+
+
+@_variant
+def rc_only(mp: pytest.MonkeyPatch) -> None:
+    """No UD QPs (so no datagram checks run): mandatory verbs must still be checked."""
+    caps = ca_mod.CAPABILITIES
+    reasons = {**caps.reasons, "qp_types": "variant: RC only"}
+    opcodes = {QpType.RC: caps.opcodes[QpType.RC]}
+    rc_only = dataclasses.replace(
+        caps, qp_types=frozenset({QpType.RC}), opcodes=opcodes, reasons=reasons
+    )
+    mp.setattr(ca_mod, "CAPABILITIES", rc_only)

@@ -1,8 +1,8 @@
 """The conformance suite against the sample provider with one mutant applied.
 
-Run by ``test_mutants.py`` through :func:`ibal.testing.runner.run_pytest` with a
-plugin that provides the ``broken_mutant`` fixture (the mutant's name; ``""``
-for the unbroken sample).  Not collected on its own (no ``test_`` prefix).
+Run by ``test_mutants.py`` through :func:`ibal.testing.runner.run_pytest`
+with a plugin that provides the ``broken_mutant`` fixture (the name of a mutant or of a
+conformant variant; ``""`` for the sample as shipped).  Not collected on its own (no ``test_`` prefix).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Callable
 
 import pytest
-from broken_sample import MUTANTS
+from broken_sample import MUTANTS, VARIANTS
 from ibal_sample_provider import SampleProvider
 
 from ibal.ci import Provider
@@ -44,6 +44,8 @@ class TestBrokenSample(ProviderConformance):
         mp = pytest.MonkeyPatch()
         request.addfinalizer(mp.undo)
         _shorten_waits(mp)
-        if broken_mutant:
+        if broken_mutant in VARIANTS:
+            VARIANTS[broken_mutant](mp)
+        elif broken_mutant:
             MUTANTS[broken_mutant].apply(mp)
         return lambda: SampleProvider({})

@@ -11,7 +11,7 @@ import contextlib
 import io
 
 import pytest
-from broken_sample import MUTANTS
+from broken_sample import MUTANTS, VARIANTS
 from harness import run_mutant
 
 
@@ -22,8 +22,9 @@ def _run(name: str) -> list[str]:
     return [c.nodeid.split("::")[-1] for c in result.problems()]
 
 
-def test_unbroken_sample_passes() -> None:
-    assert _run("") == []
+@pytest.mark.parametrize("variant", ["", *sorted(VARIANTS)])
+def test_conformant_sample_passes(variant: str) -> None:
+    assert _run(variant) == []
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
