@@ -1,8 +1,9 @@
 """The conformance suite against the sample provider with one mutant applied.
 
-Run by ``test_mutants.py`` through :func:`ibal.testing.runner.run_pytest`
-with a plugin that provides the ``broken_mutant`` fixture (the name of a mutant or of a
-conformant variant; ``""`` for the sample as shipped).  Not collected on its own (no ``test_`` prefix).
+Run by ``test_mutants.py`` through :func:`ibal.testing.runner.run_pytest` with
+a plugin that provides the ``broken_mutant`` fixture (the name of a mutant or of
+a conformant variant; ``""`` for the sample as shipped).  Not collected on its
+own (no ``test_`` prefix).
 """
 
 from __future__ import annotations
