@@ -2,6 +2,7 @@
 
 from ibal.ci.hookspecs import ENTRY_POINT_GROUP, hookimpl, hookspec
 from ibal.ci.interface import (
+    KNOWN_DEVIATIONS,
     MANDATORY_VERBS,
     AsyncEventCallback,
     Capabilities,
@@ -19,6 +20,7 @@ from ibal.ci.provider import CaRegistrar, Provider, ProviderFactory, ProviderReg
 __all__ = [
     "DISABLED_ENV",
     "ENTRY_POINT_GROUP",
+    "KNOWN_DEVIATIONS",
     "MANDATORY_VERBS",
     "AsyncEventCallback",
     "CaRegistrar",

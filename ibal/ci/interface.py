@@ -129,21 +129,17 @@ class Capabilities:
     sqd: bool = True
     apm: bool = False
     async_event_injection: bool = False
-    precise_local_errors: bool = True
-    """Local protection and length errors (unknown L_Key, L_Key of another PD, a
-    deregistered region, a too-small receive) complete with their own IBA status
-    (``LOCAL_PROTECTION_ERR``, ``LOCAL_LEN_ERR``).  ``False``: the CA reports
-    some of them as ``LOCAL_OP_ERR``, which the suite then accepts too."""
-    mw_bounds_check: bool = True
-    """Remote accesses through a bound memory window are checked against the
-    window's own range, not only the region's.  ``False``: the suite skips the
-    check that an access outside the window is refused."""
     resize_qp: bool = False
     """``modify_qp`` takes ``sq_depth``/``rq_depth`` (to RTR and to RTS) and
     resizes the work queues (IBAL's SQ_DEPTH/RQ_DEPTH, verbs'
     ``IBV_DEVICE_RESIZE_MAX_WR``).  Off by default: few CAs can; the access
     layer then refuses those fields with ``Unsupported``."""
     reasons: Mapping[str, str] = field(default_factory=dict)
+    deviations: Mapping[str, str] = field(default_factory=dict)
+    """Rules this CA is known to break (keys of :data:`KNOWN_DEVIATIONS`), each with
+    why.  Not a capability: a CA that declares one is not conformant.  The
+    conformance suite still runs the strict check and reports its failure as an
+    expected failure (xfail) naming the deviation and this reason."""
 
     def supports_opcode(self, qp_type: QpType, opcode: WrType) -> bool:
         if opcode.is_atomic and not self.atomics:
@@ -186,6 +182,10 @@ class Capabilities:
                 out[f"{f.name} (no {', '.join(left)})"] = self.reason(f.name)
         return out
 
+    def deviation(self, rule: str) -> str | None:
+        """Why this CA breaks ``rule`` (a key of :data:`KNOWN_DEVIATIONS`), or ``None``."""
+        return self.deviations.get(rule)
+
 
 _FULL_SETS: dict[str, Any] = {
     "qp_types": frozenset({QpType.RC, QpType.UC, QpType.UD}),
@@ -193,6 +193,26 @@ _FULL_SETS: dict[str, Any] = {
     "mw_types": frozenset({1, 2}),
     "opcodes": Capabilities().opcodes,
 }
+
+
+KNOWN_DEVIATIONS: Mapping[str, str] = {
+    "precise_local_errors": (
+        "local protection and length errors (unknown L_Key, L_Key of another PD, a "
+        "deregistered region, a too-small receive) complete with their own IBA status "
+        "(LOCAL_PROTECTION_ERR, LOCAL_LEN_ERR), not LOCAL_OP_ERR"
+    ),
+    "mw_bounds_check": (
+        "a remote access through a bound memory window is checked against the window's "
+        "own range, not only the region's"
+    ),
+    "responder_events": (
+        "a responder that refuses a request raises WQ_ACCESS_ERROR / WQ_REQ_ERROR on its "
+        "QP (IBA 11.6.3.1)"
+    ),
+    "comm_est": "the first message a QP in RTR receives raises QP_COMM (IBA 11.6.2)",
+}
+"""The rules a provider may declare in :attr:`Capabilities.deviations`, and what
+each says.  Declaring one turns the check's failure into a reported xfail."""
 
 
 class ChannelInterface(abc.ABC):

@@ -14,7 +14,13 @@ from rich.table import Table
 
 from ibal.testing.runner import CheckResult, RunResult, run_conformance
 
-_STYLE = {"passed": "green", "failed": "red", "skipped": "yellow", "error": "red"}
+_STYLE = {
+    "passed": "green",
+    "failed": "red",
+    "skipped": "yellow",
+    "xfailed": "magenta",
+    "error": "red",
+}
 
 
 class RichReporter:
@@ -40,7 +46,7 @@ class RichReporter:
                 redirect_stderr=False,
             )
         self.task: TaskID | None = None
-        self.counts = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+        self.counts = {"passed": 0, "failed": 0, "skipped": 0, "xfailed": 0, "error": 0}
 
     def start(self, total: int, chapters: Mapping[str, int]) -> None:
         if self.progress is not None:
@@ -68,16 +74,21 @@ def summary_table(result: RunResult) -> Table:
         ("passed", "green"),
         ("failed", "red"),
         ("skipped", "yellow"),
+        ("deviations", "magenta"),
         ("errors", "red"),
     ):
         table.add_column(col, style=style, justify="left" if not style else "right")
-    for name, passed, failed, skipped, errors in result.table():
-        table.add_row(name, str(passed), str(failed), str(skipped), str(errors))
+    for chapter in result.chapters.values():
+        c = chapter
+        table.add_row(
+            c.name, str(c.passed), str(c.failed), str(c.skipped), str(c.xfailed), str(c.errors)
+        )
     table.add_row(
         "[bold]total",
         str(result.passed),
         str(result.failed),
         str(result.skipped),
+        str(result.xfailed),
         str(result.errors),
     )
     return table
@@ -125,4 +136,17 @@ def run_cli(
             reasons[check.message] = reasons.get(check.message, 0) + 1
     for reason, n in sorted(reasons.items()):
         console.print(f"[yellow]skipped {n}[/]: {reason}")
+    deviations = result.deviations()
+    for check in deviations:
+        console.print(
+            f"[magenta]DEVIATION[/] {check.nodeid.split('::')[-1]} [dim]({check.chapter})[/]"
+        )
+        console.print(f"    {check.message[:300]}", markup=False, highlight=False)
+    if deviations:
+        console.print(
+            f"[magenta]not conformant: {len(deviations)} check(s) fail on rules the provider "
+            "declares it breaks (Capabilities.deviations)"
+        )
+    # pytest's own closing line, last, as `pytest --ibal-provider` prints it.
+    console.print(result.summary_line(), markup=False, highlight=False)
     return 0 if result.ok else 1

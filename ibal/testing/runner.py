@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -18,7 +19,8 @@ import pytest
 
 from ibal.testing.plugin import chapter_of
 
-Outcome = Literal["passed", "failed", "skipped", "error"]
+Outcome = Literal["passed", "failed", "skipped", "xfailed", "error"]
+"""``xfailed``: a check that failed on a rule the CA declares it breaks (a deviation)."""
 
 NO_CHAPTER = "other"
 
@@ -32,10 +34,11 @@ class ChapterResult:
     failed: int = 0
     skipped: int = 0
     errors: int = 0
+    xfailed: int = 0
 
     @property
     def total(self) -> int:
-        return self.passed + self.failed + self.skipped + self.errors
+        return self.passed + self.failed + self.skipped + self.errors + self.xfailed
 
     def add(self, outcome: Outcome) -> None:
         if outcome == "passed":
@@ -44,6 +47,8 @@ class ChapterResult:
             self.failed += 1
         elif outcome == "skipped":
             self.skipped += 1
+        elif outcome == "xfailed":
+            self.xfailed += 1
         else:
             self.errors += 1
 
@@ -67,6 +72,8 @@ class RunResult:
     failed: int = 0
     skipped: int = 0
     errors: int = 0
+    xfailed: int = 0
+    duration: float = 0.0
     chapters: dict[str, ChapterResult] = field(default_factory=dict)
     checks: list[CheckResult] = field(default_factory=list)
 
@@ -80,6 +87,25 @@ class RunResult:
 
     def problems(self) -> list[CheckResult]:
         return [c for c in self.checks if c.outcome in ("failed", "error")]
+
+    def deviations(self) -> list[CheckResult]:
+        """Checks that failed on a rule the CA declares it breaks (reported, not hidden)."""
+        return [c for c in self.checks if c.outcome == "xfailed"]
+
+    def summary_line(self) -> str:
+        """pytest's closing line: ``"3 failed, 270 passed, 12 skipped, 2 xfailed in 5.10s"``."""
+        parts = [
+            f"{n} {word}"
+            for n, word in (
+                (self.failed, "failed"),
+                (self.passed, "passed"),
+                (self.skipped, "skipped"),
+                (self.xfailed, "xfailed"),
+                (self.errors, "error" if self.errors == 1 else "errors"),
+            )
+            if n
+        ]
+        return f"{', '.join(parts) or 'no tests ran'} in {self.duration:.2f}s"
 
 
 class Reporter(Protocol):
@@ -121,6 +147,8 @@ class _Collector:
         if report.when == "call":
             if report.failed:
                 check.outcome, check.message = "failed", _message(report)
+            elif report.skipped and hasattr(report, "wasxfail"):
+                check.outcome, check.message = "xfailed", str(report.wasxfail)
             elif report.skipped:
                 check.outcome, check.message = "skipped", _skip_reason(report)
         elif report.failed:  # setup or teardown
@@ -141,6 +169,8 @@ class _Collector:
             r.failed += 1
         elif check.outcome == "skipped":
             r.skipped += 1
+        elif check.outcome == "xfailed":
+            r.xfailed += 1
         else:
             r.errors += 1
         if self.reporter is not None:
@@ -201,7 +231,9 @@ def run_pytest(
     across threads: run one at a time per process.
     """
     collector = _Collector(reporter)
+    start = time.monotonic()
     code = pytest.main(list(args), plugins=[collector, *plugins])
+    collector.result.duration = time.monotonic() - start
     collector.result.exit_code = int(code)
     if reporter is not None:
         reporter.finish(collector.result)

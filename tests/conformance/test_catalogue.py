@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,10 @@ def test_cli_conformance_command() -> None:
     out = CliRunner().invoke(main, ["conformance", "mock", "-k", "test_qp_numbers_are_unique"])
     assert out.exit_code == 0, out.output
     assert "QP create & state machine" in out.output and "total" in out.output
+    # The table first, then pytest's usual one-line summary, last.
+    last = out.output.strip().splitlines()[-1]
+    assert re.fullmatch(r"1 passed in \d+\.\d\ds", last), last
+    assert out.output.index("total") < out.output.rindex("1 passed")
 
 
 def test_cli_conformance_unknown_provider() -> None:

@@ -56,7 +56,7 @@ REASONS: dict[str, str] = {
 RXE_VENDOR_ID = 0xFFFFFF
 """``RXE_VENDOR_ID`` of the kernel's rdma_rxe (``rxe_param.h``)."""
 
-RXE_REASONS: dict[str, str] = {
+RXE_DEVIATIONS: dict[str, str] = {
     "precise_local_errors": (
         "kernel rxe completes local protection and length errors (unknown L_Key, L_Key of "
         "another PD, deregistered region, too-small receive) as IBV_WC_LOC_QP_OP_ERR"
@@ -81,12 +81,10 @@ def build_capabilities(
     ``link_layers`` (port -> ``IBV_LINK_LAYER_*``) is accepted for providers of
     mixed devices; every capability here holds on InfiniBand and RoCE alike.
     ``name`` is the device name; with the vendor id it tells kernel rxe, whose
-    deviations (:data:`RXE_REASONS`) are declared.
+    deviations (:data:`RXE_DEVIATIONS`) are declared.
     """
     reasons = dict(REASONS)
     rxe = is_rxe(dev, name)
-    if rxe:
-        reasons.update(RXE_REASONS)
     flags = int(dev.device_cap_flags)
     atomics = int(dev.atomic_caps) != 0
     if not atomics:
@@ -145,7 +143,6 @@ def build_capabilities(
         sqd=True,
         apm=False,
         async_event_injection=False,
-        precise_local_errors=not rxe,
-        mw_bounds_check=not rxe,
         reasons=reasons,
+        deviations=dict(RXE_DEVIATIONS) if rxe else {},
     )

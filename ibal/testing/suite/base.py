@@ -82,6 +82,22 @@ def require_opcode(caps: Capabilities, qp_type: QpType, opcode: WrType) -> None:
 
 
 @contextlib.contextmanager
+def deviation(caps: Capabilities, rule: str) -> Iterator[None]:
+    """Run a strict check of ``rule``; if it fails on a CA that declares it breaks ``rule``
+    (``Capabilities.deviations``), report an expected failure naming the reason.
+
+    Never a skip: the check runs, and a declared deviation is listed as one.
+    """
+    reason = caps.deviation(rule)
+    try:
+        yield
+    except (AssertionError, IbError) as exc:
+        if reason is None:
+            raise
+        pytest.xfail(f"deviation {rule}: {reason} (got {exc})")
+
+
+@contextlib.contextmanager
 def post_raises(cls: type[IbError], failed_index: int) -> Iterator[None]:
     """Expect a post verb to raise ``cls`` as a :class:`PostError` at ``failed_index``."""
     with pytest.raises(cls) as info:

@@ -551,3 +551,29 @@ def rc_only(mp: pytest.MonkeyPatch) -> None:
         caps, qp_types=frozenset({QpType.RC}), opcodes=opcodes, reasons=reasons
     )
     mp.setattr(ca_mod, "CAPABILITIES", rc_only)
+
+
+DEVIATING: dict[str, Apply] = {}
+"""Broken variants that declare what they break (``Capabilities.deviations``): the
+suite must report each broken rule as an expected failure, never pass or skip it."""
+
+
+@lambda fn: DEVIATING.setdefault(fn.__name__, fn)
+def local_op_err_declared(mp: pytest.MonkeyPatch) -> None:
+    """Local protection and length errors complete LOCAL_OP_ERR, as kernel rxe does."""
+    def make(orig: Any) -> Any:
+        def translate(self: KeyTable, key: int, pd: Any, *rest: Any) -> Any:
+            try:
+                return orig(self, key, pd, *rest)
+            except memory.Fault as fault:
+                if fault.status is WcStatus.LOCAL_PROTECTION_ERR:
+                    raise memory.Fault(WcStatus.LOCAL_OP_ERR) from None
+                raise
+
+        return translate
+
+    _wrap(mp, KeyTable, "translate", make)
+    deviations = {"precise_local_errors": "variant: every local error is LOCAL_OP_ERR"}
+    mp.setattr(
+        ca_mod, "CAPABILITIES", dataclasses.replace(ca_mod.CAPABILITIES, deviations=deviations)
+    )

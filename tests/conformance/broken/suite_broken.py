@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable
 
 import pytest
-from broken_sample import MUTANTS, VARIANTS
+from broken_sample import DEVIATING, MUTANTS, VARIANTS
 from ibal_sample_provider import SampleProvider
 
 from ibal.ci import Provider
@@ -47,6 +47,8 @@ class TestBrokenSample(ProviderConformance):
         _shorten_waits(mp)
         if broken_mutant in VARIANTS:
             VARIANTS[broken_mutant](mp)
+        elif broken_mutant in DEVIATING:
+            DEVIATING[broken_mutant](mp)
         elif broken_mutant:
             MUTANTS[broken_mutant].apply(mp)
         return lambda: SampleProvider({})

@@ -11,15 +11,21 @@ import contextlib
 import io
 
 import pytest
-from broken_sample import MUTANTS, VARIANTS
+from broken_sample import DEVIATING, MUTANTS, VARIANTS
 from harness import run_mutant
+
+from ibal.testing.runner import RunResult
+
+
+def _result(name: str, first_failure: bool = True) -> RunResult:
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = run_mutant(name, first_failure=first_failure)
+    assert result.checks, f"no check ran (pytest exit status {result.exit_code})"
+    return result
 
 
 def _run(name: str) -> list[str]:
-    with contextlib.redirect_stdout(io.StringIO()):
-        result = run_mutant(name)
-    assert result.checks, f"no check ran (pytest exit status {result.exit_code})"
-    return [c.nodeid.split("::")[-1] for c in result.problems()]
+    return [c.nodeid.split("::")[-1] for c in _result(name).problems()]
 
 
 @pytest.mark.parametrize("variant", ["", *sorted(VARIANTS)])
@@ -31,3 +37,13 @@ def test_conformant_sample_passes(variant: str) -> None:
 def test_suite_catches_mutant(name: str) -> None:
     caught = _run(name)
     assert caught, f"mutant {name!r} ({MUTANTS[name].rule}) passed the whole suite"
+
+
+@pytest.mark.parametrize("name", sorted(DEVIATING))
+def test_declared_deviation_is_reported_not_hidden(name: str) -> None:
+    result = _result(name, first_failure=False)
+    assert result.problems() == []
+    reported = result.deviations()
+    assert reported, "a declared deviation passed or skipped instead of being reported"
+    assert all("deviation precise_local_errors: variant" in c.message for c in reported)
+    assert "xfailed" in result.summary_line()
