@@ -210,6 +210,10 @@ KNOWN_DEVIATIONS: Mapping[str, str] = {
         "QP (IBA 11.6.3.1)"
     ),
     "comm_est": "the first message a QP in RTR receives raises QP_COMM (IBA 11.6.2)",
+    "last_wqe_reached": (
+        "a QP attached to an SRQ that goes to ERROR raises SRQ_QP_LAST_WQE_REACHED "
+        "(IBA 11.6.3.2)"
+    ),
 }
 """The rules a provider may declare in :attr:`Capabilities.deviations`, and what
 each says.  Declaring one turns the check's failure into a reported xfail."""

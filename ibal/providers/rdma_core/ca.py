@@ -1399,6 +1399,11 @@ class RdmaCoreCa(ChannelInterface):
 
     def modify_qp(self, h_qp: Handle, mod: QpMod) -> QpAttr:
         qp = self._qp(h_qp)
+        if (mod.alternate_av is not None or mod.apm_state is not None) and not (
+            self.capabilities.apm
+        ):
+            # The kernel would take them (rxe advertises APM and never migrates).
+            raise Unsupported(f"apm: {self.capabilities.reason('apm')}")
         try:
             attr, mask = self._modify_attr(qp, mod)
         except (OverflowError, TypeError) as exc:

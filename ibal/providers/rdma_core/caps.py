@@ -65,6 +65,15 @@ RXE_DEVIATIONS: dict[str, str] = {
         "kernel rxe checks an access through a memory window against the region's bounds "
         "only, not the bound window's range"
     ),
+    "responder_events": (
+        "kernel rxe (6.1) refuses a bad R_Key or a disabled RDMA WRITE with a NAK but raises "
+        "no IBV_EVENT_QP_ACCESS_ERR / IBV_EVENT_QP_REQ_ERR on the responder QP"
+    ),
+    "comm_est": "kernel rxe (6.1) raises no IBV_EVENT_COMM_EST when a QP in RTR receives",
+    "last_wqe_reached": (
+        "kernel rxe (6.1) raises no IBV_EVENT_QP_LAST_WQE_REACHED when a QP on an SRQ "
+        "goes to ERROR"
+    ),
 }
 
 

@@ -44,6 +44,10 @@ DECLARED_RXE_DEVIATIONS: dict[str, str] = {
     "test_receive_too_small_is_length_error": "precise_local_errors",
     "test_ud_receive_too_small_is_length_error": "precise_local_errors",
     "test_bound_window_refuses_outside_range": "mw_bounds_check",
+    "test_bad_rkey_raises_wq_access_error_at_responder": "responder_events",
+    "test_refused_request_raises_wq_error_at_responder": "responder_events",
+    "test_first_receive_in_rtr_raises_comm_est": "comm_est",
+    "test_qp_on_srq_in_error_raises_last_wqe_reached": "last_wqe_reached",
 }
 """Kernel rxe behaviour the provider declares (see docs/rdma-core-provider.md): those
 checks run strictly and report an expected failure (xfail) naming the deviation."""
