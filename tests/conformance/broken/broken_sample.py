@@ -514,6 +514,58 @@ def wr_id_truncated(mp: pytest.MonkeyPatch) -> None:
     )
 
 
+# ------------------------------------------------------------- CA, AV, PnP
+
+
+@mutant("AV", "an AV on a port the CA lacks is refused (now or when used)")
+def av_port_unchecked(mp: pytest.MonkeyPatch) -> None:
+    def make(orig: Any) -> Any:
+        def check_av_attr(self: SampleCa, attr: Any) -> None:
+            orig(self, dataclasses.replace(attr, port_num=ca_mod.PORT))
+
+        return check_av_attr
+
+    _wrap(mp, SampleCa, "_check_av_attr", make)
+
+
+@mutant("AV", "modify_av changes what query_av reports")
+def modify_av_ignored(mp: pytest.MonkeyPatch) -> None:
+    def make(orig: Any) -> Any:
+        def modify_av(self: SampleCa, h_av: Any, attr: Any) -> None:
+            orig(self, h_av, h_av.attr)
+
+        return modify_av
+
+    _wrap(mp, SampleCa, "modify_av", make)
+
+
+@mutant("open/close & CA query", "query_ca reports the CA's own GUID")
+def query_ca_wrong_guid(mp: pytest.MonkeyPatch) -> None:
+    def make(orig: Any) -> Any:
+        def query_ca(self: SampleCa, h_ca: Any) -> Any:
+            return dataclasses.replace(orig(self, h_ca), ca_guid=self.guid ^ 1)
+
+        return query_ca
+
+    _wrap(mp, SampleCa, "query_ca", make)
+
+
+@mutant("registration, hot-plug & PnP", "a CA is ready for every verb when it is registered")
+def registered_before_ready(mp: pytest.MonkeyPatch) -> None:
+    from ibal_sample_provider.provider import SampleProvider
+
+    def plug(self: SampleProvider) -> None:
+        if self._registrar is not None and self._ca is None:
+            ca = SampleCa(self.guid)
+            ready = ca._attr
+            ca._attr = dataclasses.replace(ready, ports=())  # not set up yet
+            self._registrar.register_ca(ca)
+            ca._attr = ready
+            self._ca = ca
+
+    mp.setattr(SampleProvider, "plug", plug)
+
+
 # ------------------------------------------------------------------ contract
 
 
