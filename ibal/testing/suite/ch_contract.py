@@ -210,6 +210,7 @@ _CAPABILITY_PROBES: dict[str, str] = {
     "special_qps": "create_spl_qp",
     "multicast": "attach_mcast",
     "async_event_injection": "inject_async_event",
+    "sqd": "modify_qp to SQD",
 }
 
 
@@ -673,6 +674,16 @@ class ContractChecks(ConformanceBase):
             raw.ud_ready(qp.handle)
             h_mc = ci.attach_mcast(qp.handle, Gid("ff12:401b::1"), 0xC001)
             ci.detach_mcast(h_mc)
+        elif capability == "sqd":
+            types = ci.capabilities.qp_types
+            qp_type = QpType.RC if QpType.RC in types else QpType.UD
+            require_qp_type(ci.capabilities, qp_type)
+            qp = raw.qp(h_pd, qp_type, cq.handle)
+            if qp_type is QpType.RC:
+                raw.rc_ready(qp.handle, qp.attr.qp_num)  # connected to itself: never used
+            else:
+                raw.ud_ready(qp.handle)
+            assert ci.modify_qp(qp.handle, QpMod(QpState.SQD)).state is QpState.SQD
         elif capability == "async_event_injection":
             ci.inject_async_event(
                 EventRecord(AsyncEvent.PORT_ACTIVE, "ca-context", port_num=raw.port.port_num)
