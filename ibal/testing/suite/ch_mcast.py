@@ -53,6 +53,21 @@ if TYPE_CHECKING:
 
 MGID = Gid("ff12:401b:ffff::c0de")
 MLID = 0xC0DE
+MGID_IPV4 = Gid("::ffff:239.192.0.222")
+"""The group on a RoCE port addressed over IPv4 (RoCE v2 carries the group as an IPv4
+multicast address, as rdma_cm maps it)."""
+
+
+def group_for(port: PortAttr) -> tuple[Gid, int]:
+    """The group the delivery checks use on ``port`` and the source GID index to send from:
+    the IPv6 group, or on a RoCE port whose preferred GID is IPv4 the IPv4-mapped one."""
+    if is_roce(port) and port.gids:
+        from ibal.al.connect import preferred_gid
+
+        entry = preferred_gid(port)
+        if entry.is_ipv4:
+            return MGID_IPV4, entry.index
+    return MGID, 0
 
 
 class McastChecks(ConformanceBase):
@@ -67,8 +82,9 @@ class McastChecks(ConformanceBase):
         return side
 
     def _mcast_send(self, sender: Side, port: PortAttr, data: bytes, wr_id: int = 1) -> None:
+        mgid, sgid_index = group_for(port)
         av = sender.pd.create_av(
-            AvAttr(port_num=port.port_num, dlid=MLID, grh=Grh(dgid=MGID, sgid_index=0))
+            AvAttr(port_num=port.port_num, dlid=MLID, grh=Grh(dgid=mgid, sgid_index=sgid_index))
         )
         sender.put(0, data)
         sender.qp.post_send(
@@ -137,7 +153,7 @@ class McastChecks(ConformanceBase):
         src_qp."""
         r1, r2, sender = self._ud(ca, port), self._ud(ca, port), self._ud(ca, port)
         for r in (r1, r2):
-            r.qp.attach_mcast(MGID, MLID)
+            r.qp.attach_mcast(group_for(port)[0], MLID)
             r.recv(5, 0, GRH_BYTES + 64)
         self._mcast_send(sender, port, b"to the group")
         for r in (r1, r2):
@@ -148,7 +164,7 @@ class McastChecks(ConformanceBase):
     def test_detached_qp_stops_receiving(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract §2.11: after detach, group traffic no longer reaches the QP."""
         r, sender = self._ud(ca, port), self._ud(ca, port)
-        r.qp.attach_mcast(MGID, MLID).detach()
+        r.qp.attach_mcast(group_for(port)[0], MLID).detach()
         r.recv(6, 0, GRH_BYTES + 64)
         self._mcast_send(sender, port, b"group", 1)  # must not consume receive 6
         uni = sender.pd.create_av(av_to(port, port.port_num))
