@@ -9,7 +9,7 @@ records or return values.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv6Address
 from typing import Any
@@ -17,8 +17,11 @@ from typing import Any
 Gid = IPv6Address
 """A GID is 16 bytes in IPv6 format; ``Gid(bytes16)`` or ``Gid("fe80::1")``."""
 
-VERBS_VERSION = 1
-"""The contract version a provider declares; the AL refuses any other."""
+VERBS_VERSION = 2
+"""The contract version this access layer speaks (2: MAD agents, see docs/writing-a-provider.md)."""
+
+MIN_VERBS_VERSION = 1
+"""The oldest contract version the AL still accepts (1: no MAD-agent verbs)."""
 
 MAD_SIZE = 256
 DEFAULT_PKEY = 0xFFFF
@@ -870,3 +873,90 @@ class CiOp:
     status: int = 0
     out: bytes = b""
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- MADs
+
+MAD_HEADER_SIZE = 24
+"""The common MAD header: base/class version, class, method, status, TID, attribute."""
+
+
+def mad_is_response(mad: bytes | bytearray | memoryview) -> bool:
+    """Whether a MAD answers a request (R bit in the method, or TrapRepress)."""
+    method = mad[3]
+    return bool(method & 0x80) or method == 0x07
+
+
+@dataclass(frozen=True, slots=True)
+class MadAddr:
+    """Where a MAD goes (send) or came from (receive): ``ib_mad_addr`` as a record.
+
+    On a receive, ``dlid`` is the sender's LID, ``remote_qp`` its QP and
+    ``grh.dgid`` its GID, so the record addresses the reply as it stands.
+    """
+
+    remote_qp: int = 1
+    remote_qkey: int = QP1_WELL_KNOWN_QKEY
+    dlid: int = 0
+    sl: int = 0
+    path_bits: int = 0
+    pkey_index: int = 0
+    grh: Grh | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MadSend:
+    """One MAD to send through a MAD agent.
+
+    ``mad`` is exactly :data:`MAD_SIZE` bytes.  For a request (no R bit) the
+    transport owns the high 32 bits of the TID: it writes the agent's id
+    there, so the response comes back to this agent.  ``context`` comes back
+    in the :class:`MadSendDone`.
+    """
+
+    mad: bytes
+    addr: MadAddr
+    context: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class MadSendDone:
+    """A send finished: ``SUCCESS`` once on the wire, ``WR_FLUSHED_ERR`` if cancelled."""
+
+    context: Any
+    status: WcStatus = WcStatus.SUCCESS
+
+
+@dataclass(frozen=True, slots=True)
+class MadRecv:
+    """A MAD that reached an agent: the bytes, who sent it, on which port and QP."""
+
+    mad: bytes
+    addr: MadAddr
+    port_num: int
+    qp_num: int
+
+
+MadRecvCallback = Callable[[MadRecv], object]
+MadSendCallback = Callable[[MadSendDone], object]
+
+
+@dataclass(frozen=True, slots=True)
+class MadAgentSpec:
+    """What ``register_mad_agent`` takes: one MAD client of a port's QP0 or QP1.
+
+    Requests (no R bit) of ``mgmt_class``/``class_version`` whose method is
+    in ``methods`` reach ``recv_cb``; so do responses to the requests this
+    agent sent (matched by the TID's high 32 bits).  ``methods`` may be empty
+    (an agent that only sends requests).  ``rmpp_version`` 0 means the caller
+    does RMPP itself (segments pass through unchanged).
+    """
+
+    port_num: int
+    qp_num: int
+    mgmt_class: int
+    class_version: int
+    recv_cb: MadRecvCallback
+    send_cb: MadSendCallback | None = None
+    methods: frozenset[int] = frozenset()
+    rmpp_version: int = 0

@@ -7,6 +7,7 @@ spellings.
 """
 
 from ibal.al.access_layer import AccessLayer
+from ibal.al.alias import AliasQp, MadAgent
 from ibal.al.av import Av
 from ibal.al.ca import Ca
 from ibal.al.connect import ConnectOptions, Endpoint, RemoteEndpoint, connect_qp, endpoint
@@ -35,6 +36,7 @@ __all__ = [
     "AccessLayer",
     "AlManager",
     "AlObject",
+    "AliasQp",
     "Av",
     "Ca",
     "CallbackQueue",
@@ -45,6 +47,7 @@ __all__ = [
     "DeviceAttrMask",
     "Dispatcher",
     "Endpoint",
+    "MadAgent",
     "McastAttachment",
     "Mr",
     "Mw",

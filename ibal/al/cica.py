@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ibal.al.cq import Cq
 from ibal.al.dispatcher import call_user
+from ibal.al.mad_port import SplQpTransport
 from ibal.al.obj import ALIVE, AlObject
 from ibal.al.qp import Qp
 from ibal.al.srq import Srq
@@ -93,6 +94,8 @@ class CiCa:
             if cq_context._sync_waiters:  # cq.wait() callers: no consumer code, wake now
                 cq_context._wake_sync_waiters()
             self._completion_post(cq_context._on_completion)
+        elif isinstance(cq_context, SplQpTransport) and cq_context.cica is self:
+            self._completion_post(cq_context.on_completion)  # the AL's own QP0/QP1
 
     def async_event_cb(self, record: EventRecord) -> None:
         """``ci_async_event_cb_t``: queue the event; it is routed on the misc queue."""

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ibal.al.access_layer import AccessLayer
+from ibal.al.alias import AliasQp
 from ibal.al.av import Av
 from ibal.al.ca import Ca
 from ibal.al.cq import CompCallback, Cq
@@ -42,6 +43,7 @@ from ibal.types import (
     PortAttrMod,
     QpAttr,
     QpMod,
+    QpType,
     RecvWr,
     SendWr,
     SrqAttr,
@@ -208,10 +210,13 @@ def ib_get_spl_qp(
     qp_create: QpCreate,
     qp_context: Any = None,
     pfn_qp_event_cb: EventCallback | None = None,
-) -> Qp:
-    return _h(h_pd, Pd).get_spl_qp(
-        port_guid, qp_create, context=qp_context, event_cb=pfn_qp_event_cb
-    )
+) -> Qp | AliasQp:
+    pd = _h(h_pd, Pd)
+    if isinstance(qp_create, QpCreate) and qp_create.qp_type in (
+        QpType.QP0_ALIAS, QpType.QP1_ALIAS
+    ):  # IBAL passes the create record for aliases too; its CQs are not used
+        return pd.get_spl_qp(port_guid, QpType(qp_create.qp_type), context=qp_context)
+    return pd.get_spl_qp(port_guid, qp_create, context=qp_context, event_cb=pfn_qp_event_cb)
 
 
 def ib_query_qp(h_qp: Qp) -> QpAttr:
@@ -383,7 +388,7 @@ _DONE: dict[str, str] = {
     "ib_query_mw": "mw.query() -> (pd, rkey)",
     "ib_bind_mw": "mw.bind(qp, BindWr)",
     "ib_destroy_mw": "mw.destroy()",
-    "ib_get_spl_qp": "pd.get_spl_qp(port_guid, QpCreate, context=, event_cb=)",
+    "ib_get_spl_qp": "pd.get_spl_qp(port_guid, QpCreate | QpType.QP1_ALIAS, context=)",
     "ib_init_dgrm_svc": "qp.init_dgrm_svc(DgrmInfo)",
     "ib_dgrm_info_t": "ibal.types.DgrmInfo",
     "ib_local_mad": "ca.local_mad(port_num, mad)",

@@ -39,7 +39,7 @@ from ibal.status import (
     Timeout,
     Unsupported,
 )
-from ibal.types import VERBS_VERSION, AsyncEvent, LinkState
+from ibal.types import MIN_VERBS_VERSION, VERBS_VERSION, AsyncEvent, LinkState
 
 PROVIDERS_ENV = "IBAL_PROVIDERS"
 
@@ -133,14 +133,16 @@ class AlManager:
         """``ib_register_ca``: open the CA once, cache its attributes, announce it (PnP).
 
         ``InvalidParameter`` for a non-``ChannelInterface``, ``Unsupported`` for
-        another contract ``version``, ``DuplicateCa`` for a GUID already here.
+        a contract ``version`` outside ``MIN_VERBS_VERSION..VERBS_VERSION``,
+        ``DuplicateCa`` for a GUID already here.
         The CI is called (``open_ca``, ``query_ca``) before this returns.
         """
         if not isinstance(ci, ChannelInterface):
             raise InvalidParameter(f"{ci!r} is not a ChannelInterface")
-        if getattr(ci, "version", None) != VERBS_VERSION:
-            raise Unsupported(f"contract version {getattr(ci, 'version', None)!r}, "
-                              f"this access layer speaks {VERBS_VERSION}")
+        version = getattr(ci, "version", None)
+        if type(version) is not int or not MIN_VERBS_VERSION <= version <= VERBS_VERSION:
+            raise Unsupported(f"contract version {version!r}, this access layer speaks "
+                              f"{MIN_VERBS_VERSION} to {VERBS_VERSION}")
         guid = getattr(ci, "guid", None)
         if not isinstance(guid, int) or isinstance(guid, bool) or guid <= 0:
             raise InvalidParameter(f"bad CA GUID {guid!r}")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
+from ibal.al import mad_port
+from ibal.al.alias import AliasQp
 from ibal.al.av import Av, check_av_attr
 from ibal.al.cq import Cq
 from ibal.al.mr import Mr, Mw, check_access, pin_buffer
@@ -119,6 +121,7 @@ class Pd(CaObject):
 
         return self._spawn(qp, make, pins)
 
+    @overload
     def get_spl_qp(
         self,
         port_guid: int,
@@ -126,10 +129,43 @@ class Pd(CaObject):
         *,
         context: Any = None,
         event_cb: EventCallback | None = None,
-    ) -> Qp:
-        """``ib_get_spl_qp``: QP0, QP1, raw or alias QP on the port ``port_guid``."""
+    ) -> Qp: ...
+
+    @overload
+    def get_spl_qp(
+        self,
+        port_guid: int,
+        create: QpType,
+        *,
+        context: Any = None,
+        event_cb: EventCallback | None = None,
+    ) -> AliasQp: ...
+
+    def get_spl_qp(
+        self,
+        port_guid: int,
+        create: QpCreate | QpType,
+        *,
+        context: Any = None,
+        event_cb: EventCallback | None = None,
+    ) -> Qp | AliasQp:
+        """``ib_get_spl_qp``: QP0, QP1 or raw QP (``QpCreate``), or an alias QP on the
+        port ``port_guid``.
+
+        ``QpType.QP0_ALIAS``/``QP1_ALIAS`` give an :class:`~ibal.al.alias.AliasQp`
+        over the port's one QP0/QP1, which the access layer shares among all MAD
+        clients (alias QPs use no CQs, so they take the bare type).  A direct
+        QP0/QP1 is refused (``ResourceBusy``) while aliases of the port exist,
+        and the other way round.
+        """
         self._check()
         cica = self._cica
+        if isinstance(create, QpType):
+            if create not in (QpType.QP0_ALIAS, QpType.QP1_ALIAS):
+                raise InvalidSetting(f"{create.name} needs a QpCreate (only alias QPs take a type)")
+            return self._get_alias_qp(port_guid, create, context)
+        if isinstance(create, QpCreate) and create.qp_type in (QpType.QP0_ALIAS, QpType.QP1_ALIAS):
+            raise InvalidSetting("alias QPs use no CQs: pass the QpType alone")
         create = check_qp_create(create, cica)
         qp_type = QpType(create.qp_type)
         if not qp_type.is_special:
@@ -154,6 +190,14 @@ class Pd(CaObject):
             qp._created(created.handle, created.attr)
 
         return self._spawn(qp, make, (send_cq, recv_cq))
+
+    def _get_alias_qp(self, port_guid: int, qp_type: QpType, context: Any) -> AliasQp:
+        port = self._cica.port_by_guid(port_guid) if isinstance(port_guid, int) else None
+        if port is None:
+            raise InvalidPort(f"no port with GUID {port_guid!r} on CA {self._cica.name}")
+        mad_port.transport_kind(self._cica, 0 if qp_type is QpType.QP0_ALIAS else 1)
+        alias = AliasQp(self, qp_type, port.port_num, context)
+        return self._spawn(alias, alias._open)
 
     # ------------------------------------------------------------------ SRQ
     def create_srq(

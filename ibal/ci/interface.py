@@ -41,6 +41,8 @@ from ibal.types import (
     CiOp,
     EventRecord,
     Gid,
+    MadAgentSpec,
+    MadSend,
     MrAttr,
     MrKeys,
     MrModMask,
@@ -120,6 +122,10 @@ class Capabilities:
     shared_mr: bool = False
     modify_mr: bool = True
     local_mad: bool = False
+    mad_agents: bool = False
+    """The CA sends and receives MADs itself (``register_mad_agent``/``send_mad``):
+    its QP0/QP1 belong to someone else (the kernel, via libibumad).  ``False``:
+    the access layer owns QP1 (and QP0) through ``create_spl_qp``."""
     vendor_call: bool = False
     violation_counters: bool = False
     modify_ca: bool = True
@@ -464,6 +470,33 @@ class ChannelInterface(abc.ABC):
     def local_mad(self, h_ca: Handle, port_num: int, mad: bytes) -> bytes:
         """`ci_local_mad` (optional): the response to a 256-byte MAD for this port."""
         raise Unsupported("local_mad")
+
+    # --------------------------------------------------------- MAD agents (v2)
+    def register_mad_agent(self, h_ca: Handle, spec: MadAgentSpec) -> Handle:
+        """Register a MAD client on ``spec.port_num``'s QP0/QP1 (only with ``mad_agents``).
+
+        Called on any AL thread; may block briefly.  From then on the provider
+        calls ``spec.recv_cb(MadRecv)`` for requests of the class, version and
+        methods registered and for responses to this agent's requests, and
+        ``spec.send_cb(MadSendDone)`` once per ``send_mad``, from its own thread
+        (the AL only queues them).  Raises ``InvalidPort``, ``InvalidParameter``
+        (QP number not 0/1, class or version out of range) and ``ResourceBusy``
+        (another agent holds one of the class's methods).
+        """
+        raise Unsupported("MAD agents")
+
+    def send_mad(self, h_agent: Handle, send: MadSend) -> None:
+        """Queue one MAD (the AL checked its size and addressing); never blocks for the wire.
+
+        For a request the provider stamps the TID's high 32 bits so the
+        response is routed back to this agent.  ``InvalidHandle`` for an
+        unregistered agent, ``InsufficientResources`` when the send queue is full.
+        """
+        raise Unsupported("MAD agents")
+
+    def unregister_mad_agent(self, h_agent: Handle) -> None:
+        """End the agent: after it returns no upcall for it is made (pending sends dropped)."""
+        raise Unsupported("MAD agents")
 
     # ------------------------------------------------------ testing backdoors
     def inject_async_event(self, record: EventRecord) -> None:

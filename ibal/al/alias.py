@@ -1,0 +1,244 @@
+"""Alias QPs and MAD agents: MAD clients sharing one port's QP0/QP1 (IBAL ``al_qp_alias``).
+
+``pd.get_spl_qp(port_guid, QpCreate(QpType.QP1_ALIAS, ...))`` returns an
+:class:`AliasQp`; several may exist on a port, over the one real QP the
+port's :mod:`~ibal.al.mad_port` transport owns (created with the first alias,
+destroyed with the last).  Each alias registers :class:`MadAgent` s that send
+MADs and receive those of their class, version and methods plus the
+responses to their requests.  Both are dependent objects: destroying the PD,
+closing the CA or the AL, or the CA going away destroys them; a MAD agent's
+unfinished sends then complete with ``WR_FLUSHED_ERR`` before its destroy
+callback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from ibal.al import mad_port
+from ibal.al.dispatcher import call_user
+from ibal.al.obj import CaObject, DestroyCallback, _SyncDestroy
+from ibal.status import InvalidHandle, InvalidParameter, InvalidQpHandle
+from ibal.types import (
+    MadAgentSpec,
+    MadRecv,
+    MadRecvCallback,
+    MadSend,
+    MadSendCallback,
+    MadSendDone,
+    QpType,
+)
+
+if TYPE_CHECKING:
+    from ibal.al.pd import Pd
+
+
+class AliasQp(CaObject):
+    """A QP0/QP1 alias: a handle on the port's shared special QP for MAD clients."""
+
+    _invalid = InvalidQpHandle
+    _rank = 20
+    _kind = "QP"
+    _always_cleanup = True
+
+    def __init__(self, pd: Pd, qp_type: QpType, port_num: int, context: Any) -> None:
+        super().__init__(pd._mgr, pd._al, pd, pd._cica, context)
+        self._pd = pd
+        self._qp_type = qp_type
+        self._port_num = port_num
+        self._transport: mad_port.MadTransport | None = None
+
+    def _open(self) -> None:
+        """The ``make`` step of creation: join (or create) the port's transport."""
+        qpn = 0 if self._qp_type is QpType.QP0_ALIAS else 1
+        self._transport = mad_port.acquire(self._cica, self._port_num, qpn)
+        self._h = self._transport
+
+    @property
+    def qp_type(self) -> QpType:
+        return self._qp_type
+
+    @property
+    def num(self) -> int:
+        """0 or 1: the QP this alias stands for."""
+        return 0 if self._qp_type is QpType.QP0_ALIAS else 1
+
+    @property
+    def port_num(self) -> int:
+        return self._port_num
+
+    @property
+    def pd(self) -> Pd:
+        return self._pd
+
+    @property
+    def transport_stats(self) -> dict[str, int]:
+        """MADs the port's transport dropped, by reason (shared by every alias of the port)."""
+        self._check()
+        assert self._transport is not None
+        return dict(self._transport.stats)
+
+    def register_agent(
+        self,
+        mgmt_class: int,
+        class_version: int,
+        *,
+        recv_cb: MadRecvCallback,
+        send_cb: MadSendCallback | None = None,
+        methods: Iterable[int] = (),
+        rmpp_version: int = 0,
+        context: Any = None,
+    ) -> MadAgent:
+        """A MAD client of this alias's QP on its port.
+
+        ``recv_cb(MadRecv)`` gets requests of ``mgmt_class``/``class_version``
+        whose method is in ``methods``, and responses to this agent's requests;
+        ``send_cb(MadSendDone)`` one completion per :meth:`MadAgent.send`.
+        Both run on the misc queue (``CANCELED`` ones on the teardown queue,
+        right before the agent's destroy callback).  ``ResourceBusy`` if another agent of the
+        port already serves one of the methods.
+        """
+        self._check()
+        try:
+            meths = frozenset(methods)
+        except TypeError:
+            raise InvalidParameter("methods must be an iterable of ints") from None
+        agent = MadAgent(self, recv_cb, send_cb, context)
+        spec = MadAgentSpec(
+            port_num=self._port_num,
+            qp_num=self.num,
+            mgmt_class=mgmt_class,
+            class_version=class_version,
+            recv_cb=agent._queue_recv,
+            send_cb=agent._queue_send_done,
+            methods=meths,
+            rmpp_version=rmpp_version,
+        )
+        mad_port.check_agent_spec(spec)
+        if not callable(recv_cb) or (send_cb is not None and not callable(send_cb)):
+            raise InvalidParameter("recv_cb and send_cb must be callable")
+        transport = self._transport
+        assert transport is not None
+
+        def make() -> None:
+            agent._key = transport.register(spec)
+            agent._transport = transport
+            agent._h = agent._key
+
+        return self._spawn(agent, make)
+
+    def destroy(
+        self,
+        destroy_cb: DestroyCallback | _SyncDestroy | None = None,
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """``ib_destroy_qp`` on an alias: its agents go first; the last alias frees the QP."""
+        self._destroy(destroy_cb, wait, timeout)
+
+    def _cleanup(self) -> None:
+        t, self._transport = self._transport, None
+        if t is not None:
+            mad_port.release(t)
+
+
+class MadAgent(CaObject):
+    """One MAD client registered on an alias QP (the transport-level half of a MAD service)."""
+
+    _invalid = InvalidHandle
+    _rank = 10
+    _kind = "MAD agent"
+    _always_cleanup = True
+
+    def __init__(
+        self,
+        alias: AliasQp,
+        recv_cb: MadRecvCallback,
+        send_cb: MadSendCallback | None,
+        context: Any,
+    ) -> None:
+        super().__init__(alias._mgr, alias._al, alias, alias._cica, context)
+        self._alias = alias
+        self._recv_cb = recv_cb
+        self._send_cb = send_cb
+        self._key: Any = None
+        self._transport: mad_port.MadTransport | None = None
+        self._flushed: list[MadSendDone] = []
+        self._flushing = False
+
+    @property
+    def alias(self) -> AliasQp:
+        return self._alias
+
+    @property
+    def hi_tid(self) -> int | None:
+        """The TID high 32 bits stamped on this agent's requests, when the AL assigns them
+        (special-QP transports); ``None`` where the kernel does (libibumad)."""
+        t = self._transport
+        return t.hi_tid(self._key) if t is not None else None
+
+    def send(self, send: MadSend) -> None:
+        """Queue one MAD; ``send_cb`` reports it.  ``InvalidParameter`` for a MAD that is
+        not 256 bytes or bad addressing, ``InsufficientResources`` when the port's queue is full."""
+        mad_port.check_mad_send(send)
+        self._use()
+        try:
+            assert self._transport is not None
+            self._transport.send(self._key, send)
+        finally:
+            self._unuse()
+
+    def deregister(
+        self,
+        destroy_cb: DestroyCallback | _SyncDestroy | None = None,
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """End the agent (asynchronous); unfinished sends complete ``WR_FLUSHED_ERR`` first."""
+        self._destroy(destroy_cb, wait, timeout)
+
+    # ------------------------------------------------------------------ upcalls
+    def _queue_recv(self, recv: MadRecv) -> None:
+        self._mgr._queues.misc.post(self._run_recv, recv)
+
+    def _queue_send_done(self, done: MadSendDone) -> None:
+        if self._flushing:  # the cleanup's own unregister: it posts these itself
+            self._flushed.append(done)
+            return
+        self._mgr._queues.misc.post(self._run_send_done, done)
+
+    def _run_recv(self, recv: MadRecv) -> None:
+        if not self._enter():
+            return
+        try:
+            call_user(self._recv_cb, recv)
+        finally:
+            self._leave()
+
+    def _run_send_done(self, done: MadSendDone) -> None:
+        if self._send_cb is None or not self._enter():
+            return
+        try:
+            call_user(self._send_cb, done)
+        finally:
+            self._leave()
+
+    def _cleanup(self) -> None:
+        t, self._transport = self._transport, None
+        if t is None:
+            return
+        self._flushing = True
+        try:
+            t.unregister(self._key)
+        finally:
+            self._flushing = False
+        cb = self._send_cb
+        if cb is not None:
+            # On the teardown queue, where ``_finish`` (or the parent's) queues the
+            # destroy callback after this: so the cancellations come first.
+            for done in self._flushed:
+                self._mgr._queues.teardown.post(call_user, cb, done)
+        self._flushed.clear()

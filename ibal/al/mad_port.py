@@ -1,0 +1,479 @@
+"""One port's MAD transport: QP0 or QP1 shared by every MAD client of the port.
+
+IBAL multiplexes all alias QPs and MAD services of a port over the one QP1
+(and QP0) the access layer owns.  Which QP that is depends on the provider:
+
+* providers that expose special QPs (``Capabilities.special_qps``, the mock,
+  later the userspace RoCE provider): :class:`SplQpTransport` creates the real
+  QP0/QP1 once through ``create_spl_qp``, keeps receives posted and routes
+  what arrives: responses by the high 32 bits of the TID (the agent id the
+  transport stamped into the request), requests by (class, class version,
+  method).  Unclaimed or malformed MADs are dropped and counted in ``stats``.
+* providers whose kernel owns QP0/QP1 (``Capabilities.mad_agents``, rdma-core
+  through libibumad): :class:`AgentTransport` hands each agent to the
+  provider's ``register_mad_agent``; the kernel routes.
+
+Either way upper layers see one interface, :meth:`MadTransport.register`,
+chosen by the port (:func:`acquire`), never by the caller.  Agent callbacks
+(``MadAgentSpec.recv_cb``/``send_cb``) are called on any thread and must only
+queue: the AL's :class:`~ibal.al.alias.MadAgent` posts them to the dispatcher.
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ibal.al.dispatcher import log
+from ibal.al.mr import pin_buffer
+from ibal.status import (
+    IbError,
+    InsufficientResources,
+    InvalidHandle,
+    InvalidParameter,
+    InvalidPort,
+    ResourceBusy,
+    Unsupported,
+)
+from ibal.types import (
+    MAD_SIZE,
+    QP1_WELL_KNOWN_QKEY,
+    AccessFlags,
+    AvAttr,
+    Gid,
+    Grh,
+    MadAddr,
+    MadAgentSpec,
+    MadRecv,
+    MadSend,
+    MadSendDone,
+    PdType,
+    QpCaps,
+    QpMod,
+    QpState,
+    QpType,
+    RecvOpt,
+    RecvWr,
+    SendWr,
+    Sge,
+    UdDest,
+    Wc,
+    WcStatus,
+    WcType,
+    mad_is_response,
+)
+
+if TYPE_CHECKING:
+    from ibal.al.cica import CiCa
+
+GRH_LEN = 40
+_SLOT = GRH_LEN + MAD_SIZE
+_RECV_DEPTH = 64
+_SEND_DEPTH = 64
+_AGENT_IDS = itertools.count(1)
+
+
+def check_mad_send(send: object) -> MadSend:
+    """``send`` as a valid :class:`MadSend`, else ``InvalidParameter``."""
+    if not isinstance(send, MadSend):
+        raise InvalidParameter("a MadSend is required")
+    if not isinstance(send.mad, (bytes, bytearray, memoryview)) or len(send.mad) != MAD_SIZE:
+        raise InvalidParameter(f"a MAD is {MAD_SIZE} bytes")
+    addr = send.addr
+    if not isinstance(addr, MadAddr):
+        raise InvalidParameter("MadSend.addr must be a MadAddr")
+    fields = (addr.remote_qp, addr.remote_qkey, addr.dlid, addr.sl, addr.path_bits,
+              addr.pkey_index)
+    if any(type(v) is not int or v < 0 for v in fields):
+        raise InvalidParameter("MAD addressing fields are non-negative ints")
+    if addr.remote_qp > 0xFFFFFF or addr.dlid > 0xFFFF or addr.sl > 15:
+        raise InvalidParameter("remote QP, DLID or SL out of range")
+    if addr.grh is not None and not isinstance(addr.grh, Grh):
+        raise InvalidParameter("MadAddr.grh must be a Grh")
+    return send
+
+
+def check_agent_spec(spec: MadAgentSpec) -> None:
+    """Range checks shared by both transports."""
+    if spec.qp_num not in (0, 1):
+        raise InvalidParameter("MAD agents live on QP0 or QP1")
+    if type(spec.mgmt_class) is not int or not 0 <= spec.mgmt_class <= 0xFF:
+        raise InvalidParameter(f"management class {spec.mgmt_class!r} out of range")
+    if type(spec.class_version) is not int or not 0 <= spec.class_version <= 0xFF:
+        raise InvalidParameter(f"class version {spec.class_version!r} out of range")
+    for m in spec.methods:
+        if type(m) is not int or not 0 <= m < 0x80:
+            raise InvalidParameter(f"method {m!r} is not a request method (0..0x7f)")
+    if not callable(spec.recv_cb) or (spec.send_cb is not None and not callable(spec.send_cb)):
+        raise InvalidParameter("recv_cb and send_cb must be callable")
+
+
+class MadTransport(abc.ABC):
+    """A port's QP0 or QP1 as the access layer uses it, whoever owns the real QP."""
+
+    def __init__(self, cica: CiCa, port_num: int, qp_num: int) -> None:
+        self.cica = cica
+        self.port_num = port_num
+        self.qp_num = qp_num
+        self.users = 0
+        self.stats: Counter[str] = Counter()
+        """Received MADs dropped, by reason (``dropped_short``, ``dropped_unclaimed``, ...)."""
+
+    @abc.abstractmethod
+    def open(self) -> None:
+        """Create what the transport needs at the provider (first user)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Destroy it again (last user gone)."""
+
+    @abc.abstractmethod
+    def register(self, spec: MadAgentSpec) -> Any:
+        """Add an agent; returns its key for :meth:`send` and :meth:`unregister`."""
+
+    @abc.abstractmethod
+    def send(self, key: Any, send: MadSend) -> None:
+        """Send one (checked) MAD for the agent ``key``."""
+
+    @abc.abstractmethod
+    def unregister(self, key: Any) -> None:
+        """Remove the agent; its unfinished sends complete with ``WR_FLUSHED_ERR``."""
+
+    def hi_tid(self, key: Any) -> int | None:
+        """The TID high 32 bits this transport stamps on the agent's requests, if known."""
+        return None
+
+
+# ---------------------------------------------------------------- special QPs
+
+
+@dataclass(eq=False)
+class _SplAgent:
+    spec: MadAgentSpec
+    agent_id: int
+    pending: dict[int, Any] = field(default_factory=dict)  # send slot -> context
+
+
+class SplQpTransport(MadTransport):
+    """The AL's own QP0/QP1 on a provider that exposes special QPs."""
+
+    def __init__(self, cica: CiCa, port_num: int, qp_num: int) -> None:
+        super().__init__(cica, port_num, qp_num)
+        self._lock = threading.Lock()
+        self._agents: dict[int, _SplAgent] = {}
+        self._methods: dict[tuple[int, int, int], _SplAgent] = {}
+        self._free_slots: list[int] = []
+        self._slot_owner: dict[int, tuple[_SplAgent | None, Any]] = {}  # slot -> agent, AV
+        self._open = False
+        self._h_pd: Any = None
+        self._h_cq: Any = None
+        self._h_qp: Any = None
+        self._mr: Any = None
+        self._buf = bytearray(_SLOT * (_RECV_DEPTH + _SEND_DEPTH))
+        self._export: Any = None
+        self._vaddr = 0
+        self._lkey = 0
+
+    # ------------------------------------------------------------------ set-up
+    def open(self) -> None:
+        ci, cica = self.cica.ci, self.cica
+        qp_type = QpType.QP0 if self.qp_num == 0 else QpType.QP1
+        undo: list[Any] = []
+        try:
+            self._h_pd = ci.allocate_pd(cica.h_ca, PdType.SQP)
+            undo.append(lambda: ci.deallocate_pd(self._h_pd))
+            self._h_cq = ci.create_cq(cica.h_ca, _RECV_DEPTH + _SEND_DEPTH, self).handle
+            undo.append(lambda: ci.destroy_cq(self._h_cq))
+            view, self._export, self._vaddr = pin_buffer(self._buf)
+            keys = ci.register_mr(self._h_pd, view, self._vaddr, AccessFlags.LOCAL_WRITE)
+            self._mr, self._lkey = keys.handle, keys.lkey
+            undo.append(lambda: ci.deregister_mr(self._mr))
+            caps = QpCaps(sq_depth=_SEND_DEPTH, rq_depth=_RECV_DEPTH)
+            created = ci.create_spl_qp(
+                self._h_pd, self.port_num, qp_type, caps, self._h_cq, self._h_cq, self
+            )
+            self._h_qp = created.handle
+            undo.append(lambda: ci.destroy_qp(self._h_qp, 0))
+            qkey = QP1_WELL_KNOWN_QKEY if self.qp_num == 1 else 0
+            ci.modify_qp(self._h_qp, QpMod(QpState.INIT, pkey_index=0, qkey=qkey))
+            ci.modify_qp(self._h_qp, QpMod(QpState.RTR))
+            ci.modify_qp(self._h_qp, QpMod(QpState.RTS, sq_psn=0))
+            ci.post_recv(self._h_qp, [self._recv_wr(i) for i in range(_RECV_DEPTH)])
+            ci.enable_cq_notify(self._h_cq, False)
+        except BaseException:
+            for fn in reversed(undo):
+                try:
+                    fn()
+                except IbError as exc:
+                    log.warning("ibal: undoing the MAD QP set-up failed: %s", exc)
+            raise
+        self._free_slots = list(range(_RECV_DEPTH, _RECV_DEPTH + _SEND_DEPTH))
+        self._open = True
+
+    def _recv_wr(self, slot: int) -> RecvWr:
+        return RecvWr(slot, [Sge(self._vaddr + slot * _SLOT, _SLOT, self._lkey)])
+
+    def close(self) -> None:
+        ci = self.cica.ci
+        with self._lock:
+            if not self._open:
+                return
+            self._open = False
+            avs = [av for _agent, av in self._slot_owner.values() if av is not None]
+            self._slot_owner.clear()
+        # The QP first: after destroy_qp no WR completes, so the AVs and buffer are free.
+        steps: list[tuple[str, Any]] = [
+            ("destroy_qp", lambda: ci.destroy_qp(self._h_qp, 0)),
+            *(("destroy_av", (lambda a=av: ci.destroy_av(a))) for av in avs),
+            ("deregister_mr", lambda: ci.deregister_mr(self._mr)),
+            ("destroy_cq", lambda: ci.destroy_cq(self._h_cq)),
+            ("deallocate_pd", lambda: ci.deallocate_pd(self._h_pd)),
+        ]
+        for name, fn in steps:
+            try:
+                fn()
+            except Exception as exc:  # teardown goes on: the CA may be going away
+                log.warning("ibal: %s of the MAD QP on %s failed: %s", name, self.cica.name, exc)
+
+    # ------------------------------------------------------------------ agents
+    def register(self, spec: MadAgentSpec) -> _SplAgent:
+        with self._lock:
+            keys = [(spec.mgmt_class, spec.class_version, m) for m in spec.methods]
+            taken = [k for k in keys if k in self._methods]
+            if taken:
+                c, v, m = taken[0]
+                raise ResourceBusy(
+                    f"class 0x{c:02x} version {v} method 0x{m:02x} has an agent on "
+                    f"port {self.port_num} QP{self.qp_num}"
+                )
+            agent = _SplAgent(spec, next(_AGENT_IDS) & 0xFFFFFFFF)
+            self._agents[agent.agent_id] = agent
+            for k in keys:
+                self._methods[k] = agent
+        return agent
+
+    def hi_tid(self, key: Any) -> int | None:
+        return key.agent_id if isinstance(key, _SplAgent) else None
+
+    def unregister(self, key: Any) -> None:
+        with self._lock:
+            agent = self._agents.pop(key.agent_id, None) if isinstance(key, _SplAgent) else None
+            if agent is None:
+                raise InvalidHandle("MAD agent is not registered here")
+            for k in [k for k, a in self._methods.items() if a is agent]:
+                del self._methods[k]
+            flushed = list(agent.pending.values())
+            for slot in agent.pending:  # the WR still completes; nobody hears of it
+                av = self._slot_owner.get(slot, (None, None))[1]
+                self._slot_owner[slot] = (None, av)
+            agent.pending.clear()
+        cb = agent.spec.send_cb
+        if cb is not None:
+            for ctx in flushed:
+                cb(MadSendDone(ctx, WcStatus.WR_FLUSHED_ERR))
+
+    def send(self, key: Any, send: MadSend) -> None:
+        ci = self.cica.ci
+        with self._lock:
+            agent = self._agents.get(key.agent_id) if isinstance(key, _SplAgent) else None
+            if agent is None or agent is not key:
+                raise InvalidHandle("MAD agent is not registered here")
+            if not self._open:
+                raise InvalidHandle("the port's MAD QP is closed")
+            if not self._free_slots:
+                raise InsufficientResources(f"{_SEND_DEPTH} MADs already in flight on the port")
+            slot = self._free_slots.pop()
+            off = slot * _SLOT
+            self._buf[off : off + MAD_SIZE] = send.mad
+            if not mad_is_response(send.mad):
+                self._buf[off + 8 : off + 12] = agent.agent_id.to_bytes(4, "big")
+            addr = send.addr
+            try:
+                h_av = ci.create_av(
+                    self._h_pd,
+                    AvAttr(self.port_num, addr.dlid, addr.sl, addr.grh, 0, addr.path_bits),
+                )
+            except BaseException:
+                self._free_slots.append(slot)
+                raise
+            self._slot_owner[slot] = (agent, h_av)
+            agent.pending[slot] = send.context
+            wr = SendWr(
+                wr_id=slot,
+                sg_list=[Sge(self._vaddr + off, MAD_SIZE, self._lkey)],
+                ud=UdDest(h_av, addr.remote_qp, addr.remote_qkey, addr.pkey_index),
+            )
+            try:
+                ci.post_send(self._h_qp, [wr])
+            except BaseException:
+                del self._slot_owner[slot]
+                agent.pending.pop(slot, None)
+                self._free_slots.append(slot)
+                ci.destroy_av(h_av)
+                raise
+
+    # ------------------------------------------------------------------ completions
+    def on_completion(self) -> None:
+        """Dispatcher task after the CQ's upcall: drain, rearm, drain again."""
+        ci = self.cica.ci
+        for rearm in (False, True, False):
+            with self._lock:
+                if not self._open:
+                    return
+                if rearm:
+                    ci.enable_cq_notify(self._h_cq, False)
+                    continue
+                wcs = ci.poll_cq(self._h_cq, _RECV_DEPTH + _SEND_DEPTH)
+            for wc in wcs:
+                if wc.wc_type is WcType.RECV:
+                    self._received(wc)
+                else:
+                    self._sent(wc)
+
+    def _sent(self, wc: Wc) -> None:
+        ci = self.cica.ci
+        slot = wc.wr_id
+        with self._lock:
+            agent, h_av = self._slot_owner.pop(slot, (None, None))
+            ctx = agent.pending.pop(slot, None) if agent is not None else None
+            self._free_slots.append(slot)
+        if h_av is not None:
+            try:
+                ci.destroy_av(h_av)
+            except IbError as exc:
+                log.warning("ibal: destroy_av after a MAD send failed: %s", exc)
+        if agent is not None and agent.spec.send_cb is not None:
+            agent.spec.send_cb(MadSendDone(ctx, wc.status))
+
+    def _received(self, wc: Wc) -> None:
+        slot = wc.wr_id
+        off = slot * _SLOT
+        try:
+            if wc.status is not WcStatus.SUCCESS:
+                self.stats["dropped_recv_error"] += 1
+                return
+            if wc.length - GRH_LEN < MAD_SIZE:
+                self.stats["dropped_short"] += 1
+                return
+            mad = bytes(self._buf[off + GRH_LEN : off + _SLOT])
+            grh = None
+            if wc.recv_opt & RecvOpt.GRH_VALID:
+                raw = wc.grh if wc.grh is not None else bytes(self._buf[off : off + GRH_LEN])
+                grh = _grh_of(raw)
+            addr = MadAddr(
+                remote_qp=wc.src_qp,
+                remote_qkey=QP1_WELL_KNOWN_QKEY if self.qp_num == 1 else 0,
+                dlid=wc.slid,
+                sl=wc.sl,
+                path_bits=wc.path_bits,
+                pkey_index=wc.pkey_index,
+                grh=grh,
+            )
+            self._route(MadRecv(mad, addr, self.port_num, self.qp_num))
+        finally:
+            with self._lock:
+                if self._open:
+                    self.cica.ci.post_recv(self._h_qp, [self._recv_wr(slot)])
+
+    def _route(self, recv: MadRecv) -> None:
+        mad = recv.mad
+        if mad[0] != 1:  # base version
+            self.stats["dropped_bad_version"] += 1
+            return
+        with self._lock:
+            if mad_is_response(mad):
+                agent = self._agents.get(int.from_bytes(mad[8:12], "big"))
+            else:
+                agent = self._methods.get((mad[1], mad[2], mad[3]))
+        if agent is None:
+            self.stats["dropped_unclaimed"] += 1
+            return
+        agent.spec.recv_cb(recv)
+
+
+def _grh_of(raw: bytes) -> Grh:
+    """The sender as a reply's GRH: its GID (the received SGID) and the flow fields."""
+    word0 = int.from_bytes(raw[0:4], "big")
+    return Grh(
+        dgid=Gid(bytes(raw[8:24])),
+        flow_label=word0 & 0xFFFFF,
+        hop_limit=raw[7],
+        traffic_class=(word0 >> 20) & 0xFF,
+    )
+
+
+# ---------------------------------------------------------------- provider agents
+
+
+class AgentTransport(MadTransport):
+    """A provider that registers MAD agents itself (the kernel owns QP0/QP1)."""
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def register(self, spec: MadAgentSpec) -> Any:
+        return self.cica.ci.register_mad_agent(self.cica.h_ca, spec)
+
+    def send(self, key: Any, send: MadSend) -> None:
+        self.cica.ci.send_mad(key, send)
+
+    def unregister(self, key: Any) -> None:
+        self.cica.ci.unregister_mad_agent(key)
+
+
+# ---------------------------------------------------------------- per-port registry
+
+_lock = threading.Lock()
+_ports: dict[tuple[int, int, int], MadTransport] = {}  # (id(cica), port, qpn)
+
+
+def transport_kind(cica: CiCa, qp_num: int) -> type[MadTransport]:
+    """Which transport serves ``qp_num`` on this CA; ``Unsupported`` if none."""
+    caps = cica.capabilities
+    if caps.mad_agents:
+        return AgentTransport
+    if (QpType.QP0 if qp_num == 0 else QpType.QP1) in caps.special_qps:
+        return SplQpTransport
+    raise Unsupported(caps.reason(f"QP{qp_num} MADs (neither special QPs nor MAD agents)"))
+
+
+def acquire(cica: CiCa, port_num: int, qp_num: int) -> MadTransport:
+    """The port's transport for ``qp_num``, created on first use; pair with :func:`release`."""
+    if cica.port(port_num) is None:
+        raise InvalidPort(f"CA {cica.name} has no port {port_num!r}")
+    kind = transport_kind(cica, qp_num)
+    key = (id(cica), port_num, qp_num)
+    with _lock:
+        t = _ports.get(key)
+        if t is None or t.cica is not cica:
+            t = kind(cica, port_num, qp_num)
+            t.open()  # under the lock: a second user waits for the QP rather than racing it
+            _ports[key] = t
+        t.users += 1
+        return t
+
+
+def release(t: MadTransport) -> None:
+    """One user less; the last one destroys the real QP."""
+    with _lock:
+        t.users -= 1
+        if t.users > 0:
+            return
+        key = (id(t.cica), t.port_num, t.qp_num)
+        if _ports.get(key) is t:
+            del _ports[key]
+    t.close()
+
+
+def lookup(cica: CiCa, port_num: int, qp_num: int) -> MadTransport | None:
+    """The transport in use on a port, if any (diagnostics and tests)."""
+    with _lock:
+        t = _ports.get((id(cica), port_num, qp_num))
+        return t if t is not None and t.cica is cica else None
