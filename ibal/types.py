@@ -910,18 +910,29 @@ class MadSend:
 
     ``mad`` is exactly :data:`MAD_SIZE` bytes.  For a request (no R bit) the
     transport owns the high 32 bits of the TID: it writes the agent's id
-    there, so the response comes back to this agent.  ``context`` comes back
-    in the :class:`MadSendDone`.
+    there, so the response comes back to this agent.  A request with
+    ``timeout_ms > 0`` waits for its response (matched by the TID's low 32
+    bits), re-sent up to ``retries`` times; only then is a response delivered
+    (as the kernel's MAD layer does).  ``context`` comes back in the
+    :class:`MadSendDone`.
     """
 
     mad: bytes
     addr: MadAddr
+    timeout_ms: int = 0
+    retries: int = 0
     context: Any = None
 
 
 @dataclass(frozen=True, slots=True)
 class MadSendDone:
-    """A send finished: ``SUCCESS`` once on the wire, ``WR_FLUSHED_ERR`` if cancelled."""
+    """How a send ended, once per send.
+
+    ``SUCCESS``: on the wire (``timeout_ms == 0``) or answered (the response's
+    ``recv_cb`` came first); ``TIMEOUT_RETRY_ERR``: no response after the
+    retries; ``CANCELED``: the agent went away first; other statuses: the
+    send failed locally.
+    """
 
     context: Any
     status: WcStatus = WcStatus.SUCCESS

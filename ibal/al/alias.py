@@ -7,7 +7,7 @@ destroyed with the last).  Each alias registers :class:`MadAgent` s that send
 MADs and receive those of their class, version and methods plus the
 responses to their requests.  Both are dependent objects: destroying the PD,
 closing the CA or the AL, or the CA going away destroys them; a MAD agent's
-unfinished sends then complete with ``WR_FLUSHED_ERR`` before its destroy
+unfinished sends then complete with ``CANCELED`` before its destroy
 callback.
 """
 
@@ -197,7 +197,7 @@ class MadAgent(CaObject):
         wait: bool = False,
         timeout: float | None = None,
     ) -> None:
-        """End the agent (asynchronous); unfinished sends complete ``WR_FLUSHED_ERR`` first."""
+        """End the agent (asynchronous); unfinished sends complete ``CANCELED`` first."""
         self._destroy(destroy_cb, wait, timeout)
 
     # ------------------------------------------------------------------ upcalls

@@ -94,6 +94,10 @@ def check_mad_send(send: object) -> MadSend:
         raise InvalidParameter("remote QP, DLID or SL out of range")
     if addr.grh is not None and not isinstance(addr.grh, Grh):
         raise InvalidParameter("MadAddr.grh must be a Grh")
+    if type(send.timeout_ms) is not int or type(send.retries) is not int:
+        raise InvalidParameter("timeout_ms and retries are ints")
+    if send.timeout_ms < 0 or send.retries < 0:
+        raise InvalidParameter("timeout_ms and retries are non-negative")
     return send
 
 
@@ -141,7 +145,7 @@ class MadTransport(abc.ABC):
 
     @abc.abstractmethod
     def unregister(self, key: Any) -> None:
-        """Remove the agent; its unfinished sends complete with ``WR_FLUSHED_ERR``."""
+        """Remove the agent; its unfinished sends complete with ``CANCELED``."""
 
     def hi_tid(self, key: Any) -> int | None:
         """The TID high 32 bits this transport stamps on the agent's requests, if known."""
@@ -155,11 +159,32 @@ class MadTransport(abc.ABC):
 class _SplAgent:
     spec: MadAgentSpec
     agent_id: int
-    pending: dict[int, Any] = field(default_factory=dict)  # send slot -> context
+    pending: dict[int, _Out] = field(default_factory=dict)  # TID low 32 bits (or a serial)
+
+
+@dataclass(eq=False)
+class _Out:
+    """One send until its ``MadSendDone``: on the wire, then maybe awaiting its response."""
+
+    agent: _SplAgent
+    key: int
+    mad: bytes
+    send: MadSend
+    retries: int
+    on_wire: int = 0
+    responded: bool = False
+    timer: threading.Timer | None = None
+
+
+_SERIALS = itertools.count(1 << 32)  # keys of sends that await no response
 
 
 class SplQpTransport(MadTransport):
-    """The AL's own QP0/QP1 on a provider that exposes special QPs."""
+    """The AL's own QP0/QP1 on a provider that exposes special QPs.
+
+    Response time-outs run on ``threading.Timer`` until the AL's timer service
+    exists; tests use short time-outs, not sleeps.
+    """
 
     def __init__(self, cica: CiCa, port_num: int, qp_num: int) -> None:
         super().__init__(cica, port_num, qp_num)
@@ -167,7 +192,7 @@ class SplQpTransport(MadTransport):
         self._agents: dict[int, _SplAgent] = {}
         self._methods: dict[tuple[int, int, int], _SplAgent] = {}
         self._free_slots: list[int] = []
-        self._slot_owner: dict[int, tuple[_SplAgent | None, Any]] = {}  # slot -> agent, AV
+        self._slot_owner: dict[int, tuple[_Out | None, Any]] = {}  # slot -> send, AV
         self._open = False
         self._h_pd: Any = None
         self._h_cq: Any = None
@@ -223,8 +248,12 @@ class SplQpTransport(MadTransport):
             if not self._open:
                 return
             self._open = False
-            avs = [av for _agent, av in self._slot_owner.values() if av is not None]
+            avs = [av for _out, av in self._slot_owner.values() if av is not None]
             self._slot_owner.clear()
+            for agent in self._agents.values():  # normally none: agents go before the QP
+                for out in agent.pending.values():
+                    if out.timer is not None:
+                        out.timer.cancel()
         # The QP first: after destroy_qp no WR completes, so the AVs and buffer are free.
         steps: list[tuple[str, Any]] = [
             ("destroy_qp", lambda: ci.destroy_qp(self._h_qp, 0)),
@@ -266,55 +295,103 @@ class SplQpTransport(MadTransport):
                 raise InvalidHandle("MAD agent is not registered here")
             for k in [k for k, a in self._methods.items() if a is agent]:
                 del self._methods[k]
-            flushed = list(agent.pending.values())
-            for slot in agent.pending:  # the WR still completes; nobody hears of it
-                av = self._slot_owner.get(slot, (None, None))[1]
-                self._slot_owner[slot] = (None, av)
+            canceled = list(agent.pending.values())
             agent.pending.clear()
+            for slot, (out, av) in list(self._slot_owner.items()):
+                if out is not None and out.agent is agent:  # still completes; nobody hears
+                    self._slot_owner[slot] = (None, av)
+            for out in canceled:
+                if out.timer is not None:
+                    out.timer.cancel()
         cb = agent.spec.send_cb
         if cb is not None:
-            for ctx in flushed:
-                cb(MadSendDone(ctx, WcStatus.WR_FLUSHED_ERR))
+            for out in canceled:
+                cb(MadSendDone(out.send.context, WcStatus.CANCELED))
 
     def send(self, key: Any, send: MadSend) -> None:
-        ci = self.cica.ci
+        mad = bytearray(send.mad)
+        request = not mad_is_response(mad)
         with self._lock:
             agent = self._agents.get(key.agent_id) if isinstance(key, _SplAgent) else None
             if agent is None or agent is not key:
                 raise InvalidHandle("MAD agent is not registered here")
             if not self._open:
                 raise InvalidHandle("the port's MAD QP is closed")
-            if not self._free_slots:
-                raise InsufficientResources(f"{_SEND_DEPTH} MADs already in flight on the port")
-            slot = self._free_slots.pop()
-            off = slot * _SLOT
-            self._buf[off : off + MAD_SIZE] = send.mad
-            if not mad_is_response(send.mad):
-                self._buf[off + 8 : off + 12] = agent.agent_id.to_bytes(4, "big")
-            addr = send.addr
-            try:
-                h_av = ci.create_av(
-                    self._h_pd,
-                    AvAttr(self.port_num, addr.dlid, addr.sl, addr.grh, 0, addr.path_bits),
-                )
-            except BaseException:
-                self._free_slots.append(slot)
-                raise
-            self._slot_owner[slot] = (agent, h_av)
-            agent.pending[slot] = send.context
-            wr = SendWr(
-                wr_id=slot,
-                sg_list=[Sge(self._vaddr + off, MAD_SIZE, self._lkey)],
-                ud=UdDest(h_av, addr.remote_qp, addr.remote_qkey, addr.pkey_index),
+            if request:
+                mad[8:12] = agent.agent_id.to_bytes(4, "big")
+            waits = request and send.timeout_ms > 0
+            out_key = int.from_bytes(mad[12:16], "big") if waits else next(_SERIALS)
+            if out_key in agent.pending:
+                raise InvalidParameter(f"a request with TID low 0x{out_key:08x} is outstanding")
+            out = _Out(agent, out_key, bytes(mad), send, send.retries if waits else 0)
+            self._post(out)
+            agent.pending[out_key] = out
+            if waits:
+                self._arm(out)
+
+    def _post(self, out: _Out) -> None:
+        """Put ``out``'s MAD on the wire once more (caller holds the lock)."""
+        ci = self.cica.ci
+        if not self._free_slots:
+            raise InsufficientResources(f"{_SEND_DEPTH} MADs already in flight on the port")
+        slot = self._free_slots.pop()
+        off = slot * _SLOT
+        self._buf[off : off + MAD_SIZE] = out.mad
+        addr = out.send.addr
+        try:
+            h_av = ci.create_av(
+                self._h_pd, AvAttr(self.port_num, addr.dlid, addr.sl, addr.grh, 0, addr.path_bits)
             )
-            try:
-                ci.post_send(self._h_qp, [wr])
-            except BaseException:
-                del self._slot_owner[slot]
-                agent.pending.pop(slot, None)
-                self._free_slots.append(slot)
-                ci.destroy_av(h_av)
-                raise
+        except BaseException:
+            self._free_slots.append(slot)
+            raise
+        self._slot_owner[slot] = (out, h_av)
+        out.on_wire += 1
+        wr = SendWr(
+            wr_id=slot,
+            sg_list=[Sge(self._vaddr + off, MAD_SIZE, self._lkey)],
+            ud=UdDest(h_av, addr.remote_qp, addr.remote_qkey, addr.pkey_index),
+        )
+        try:
+            ci.post_send(self._h_qp, [wr])
+        except BaseException:
+            del self._slot_owner[slot]
+            out.on_wire -= 1
+            self._free_slots.append(slot)
+            ci.destroy_av(h_av)
+            raise
+
+    def _arm(self, out: _Out) -> None:
+        out.timer = threading.Timer(out.send.timeout_ms / 1000, self._expired, (out,))
+        out.timer.daemon = True
+        out.timer.start()
+
+    def _expired(self, out: _Out) -> None:
+        """Timer thread: re-send or give up."""
+        with self._lock:
+            if out.agent.pending.get(out.key) is not out or out.responded or not self._open:
+                return
+            if out.retries > 0:
+                out.retries -= 1
+                try:
+                    self._post(out)
+                    self._arm(out)
+                    return
+                except IbError as exc:
+                    log.debug("ibal: MAD retry failed: %s", exc)
+        self._finish(out, WcStatus.TIMEOUT_RETRY_ERR)
+
+    def _finish(self, out: _Out, status: WcStatus) -> None:
+        """Report the send's end, once (not under the lock)."""
+        with self._lock:
+            if out.agent.pending.get(out.key) is not out:
+                return
+            del out.agent.pending[out.key]
+            if out.timer is not None:
+                out.timer.cancel()
+        cb = out.agent.spec.send_cb
+        if cb is not None:
+            cb(MadSendDone(out.send.context, status))
 
     # ------------------------------------------------------------------ completions
     def on_completion(self) -> None:
@@ -338,16 +415,21 @@ class SplQpTransport(MadTransport):
         ci = self.cica.ci
         slot = wc.wr_id
         with self._lock:
-            agent, h_av = self._slot_owner.pop(slot, (None, None))
-            ctx = agent.pending.pop(slot, None) if agent is not None else None
+            out, h_av = self._slot_owner.pop(slot, (None, None))
             self._free_slots.append(slot)
+            if out is not None:
+                out.on_wire -= 1
         if h_av is not None:
             try:
                 ci.destroy_av(h_av)
             except IbError as exc:
                 log.warning("ibal: destroy_av after a MAD send failed: %s", exc)
-        if agent is not None and agent.spec.send_cb is not None:
-            agent.spec.send_cb(MadSendDone(ctx, wc.status))
+        if out is None or out.on_wire:
+            return
+        if wc.status is not WcStatus.SUCCESS:
+            self._finish(out, wc.status)
+        elif out.send.timeout_ms == 0 or out.responded or mad_is_response(out.mad):
+            self._finish(out, WcStatus.SUCCESS)
 
     def _received(self, wc: Wc) -> None:
         slot = wc.wr_id
@@ -384,15 +466,26 @@ class SplQpTransport(MadTransport):
         if mad[0] != 1:  # base version
             self.stats["dropped_bad_version"] += 1
             return
+        out: _Out | None = None
         with self._lock:
             if mad_is_response(mad):
                 agent = self._agents.get(int.from_bytes(mad[8:12], "big"))
+                out = agent.pending.get(int.from_bytes(mad[12:16], "big")) if agent else None
+                if out is None or out.send.timeout_ms == 0 or out.responded:
+                    # The kernel's MAD layer drops these too: nobody waits for them.
+                    self.stats["dropped_unmatched_response"] += 1
+                    return
+                out.responded = True
+                if out.timer is not None:
+                    out.timer.cancel()
             else:
                 agent = self._methods.get((mad[1], mad[2], mad[3]))
         if agent is None:
             self.stats["dropped_unclaimed"] += 1
             return
         agent.spec.recv_cb(recv)
+        if out is not None and not out.on_wire:
+            self._finish(out, WcStatus.SUCCESS)
 
 
 def _grh_of(raw: bytes) -> Grh:

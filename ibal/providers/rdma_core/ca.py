@@ -36,7 +36,7 @@ from ibal.ci.interface import (
     SrqCreated,
 )
 from ibal.providers.rdma_core import consts as C
-from ibal.providers.rdma_core import peek
+from ibal.providers.rdma_core import peek, umad
 from ibal.providers.rdma_core.caps import build_capabilities, is_rxe
 from ibal.providers.rdma_core.errors import translate
 from ibal.providers.rdma_core.events import AsyncDispatch, EventLoop
@@ -69,6 +69,7 @@ from ibal.status import (
     InvalidCqHandle,
     InvalidCqSize,
     InvalidGid,
+    InvalidHandle,
     InvalidLid,
     InvalidMaxSge,
     InvalidMaxWrs,
@@ -106,6 +107,8 @@ from ibal.types import (
     GidType,
     Grh,
     LinkLayer,
+    MadAgentSpec,
+    MadSend,
     MrAttr,
     MrKeys,
     MrModMask,
@@ -409,8 +412,13 @@ class RdmaCoreCa(ChannelInterface):
                 self.notes.append(f"async events unavailable: {exc}")
         else:
             self.notes.append("async events unavailable: pyverbs layout not recognised")
+        self._umad: umad.UmadAgents | None = None
         self._caps = build_capabilities(
-            self.dev, self._port_link_layers(), self._multicast_reason(), self.name
+            self.dev,
+            self._port_link_layers(),
+            self._multicast_reason(),
+            self.name,
+            umad.availability(self.name),
         )
         self.rxe = is_rxe(self.dev, self.name)
         """Kernel rxe: its workarounds (SQD hold, ERROR re-entry) apply to it only."""
@@ -785,10 +793,40 @@ class RdmaCoreCa(ChannelInterface):
                     f"{len(self._pds)} PDs and {len(self._cqs)} CQs still allocated on {self.name}"
                 )
             loop, self._loop = self._loop, None
+            agents, self._umad = self._umad, None
             h.alive = False
             self._open = None
         if loop is not None:
             loop.stop()
+        if agents is not None:
+            agents.close()
+
+    # --------------------------------------------------------- MAD agents
+    def register_mad_agent(self, h_ca: Handle, spec: MadAgentSpec) -> Handle:
+        """Over libibumad: the kernel's MAD layer routes (see :mod:`.umad`)."""
+        self._ca(h_ca)
+        if not self._caps.mad_agents:
+            raise Unsupported(self._caps.reason("mad_agents"))
+        if not isinstance(spec, MadAgentSpec):
+            raise InvalidParameter("a MadAgentSpec is required")
+        self._port(spec.port_num)
+        with self._lock:
+            if self._umad is None:
+                self._umad = umad.UmadAgents(self.name)
+            agents = self._umad
+        return agents.register(spec)
+
+    def send_mad(self, h_agent: Handle, send: MadSend) -> None:
+        agents = self._umad
+        if agents is None or not isinstance(h_agent, umad.UmadAgent):
+            raise InvalidHandle("not a MAD agent of this CA")
+        agents.send(h_agent, send)
+
+    def unregister_mad_agent(self, h_agent: Handle) -> None:
+        agents = self._umad
+        if agents is None or not isinstance(h_agent, umad.UmadAgent):
+            raise InvalidHandle("not a MAD agent of this CA")
+        agents.unregister(h_agent)
 
     # ------------------------------------------------------------- events
     def _retire(self, obj: Any, destroy: Any, what: str, fd: int | None = None) -> None:

@@ -15,7 +15,7 @@ from ibal.providers.rdma_core import consts as C
 from ibal.types import QpType, WrType
 
 SPECIAL_QPS_REASON = (
-    "QP0/QP1 are owned by the kernel; MADs go through the MAD service's umad backend"
+    "QP0/QP1 are owned by the kernel; MADs go through the MAD-agent verbs (libibumad)"
 )
 
 REASONS: dict[str, str] = {
@@ -30,8 +30,8 @@ REASONS: dict[str, str] = {
     ),
     "shared_mr": "libibverbs has no register-shared-region verb",
     "local_mad": (
-        "the kernel owns the SMA/GSA of rdma-core devices; MADs go through the MAD "
-        "service's umad backend, not through the provider"
+        "the kernel owns the SMA/GSA of rdma-core devices; MADs go through the "
+        "MAD-agent verbs (libibumad)"
     ),
     "vendor_call": "no vendor verbs are exposed through this provider",
     "violation_counters": (
@@ -83,16 +83,23 @@ def is_rxe(dev: Any, name: str) -> bool:
 
 
 def build_capabilities(
-    dev: Any, link_layers: Mapping[int, int], multicast_reason: str | None, name: str = ""
+    dev: Any,
+    link_layers: Mapping[int, int],
+    multicast_reason: str | None,
+    name: str = "",
+    mad_agents_reason: str | None = "not probed",
 ) -> Capabilities:
     """The :class:`Capabilities` of one device from its ``ibv_device_attr``.
 
     ``link_layers`` (port -> ``IBV_LINK_LAYER_*``) is accepted for providers of
     mixed devices; every capability here holds on InfiniBand and RoCE alike.
     ``name`` is the device name; with the vendor id it tells kernel rxe, whose
-    deviations (:data:`RXE_DEVIATIONS`) are declared.
+    deviations (:data:`RXE_DEVIATIONS`) are declared.  ``mad_agents_reason`` is
+    why libibumad cannot serve the device (``None``: it can).
     """
     reasons = dict(REASONS)
+    if mad_agents_reason is not None:
+        reasons["mad_agents"] = mad_agents_reason
     rxe = is_rxe(dev, name)
     flags = int(dev.device_cap_flags)
     atomics = int(dev.atomic_caps) != 0
@@ -143,6 +150,7 @@ def build_capabilities(
         shared_mr=False,
         modify_mr=True,
         local_mad=False,
+        mad_agents=mad_agents_reason is None,
         vendor_call=False,
         violation_counters=False,
         modify_ca=False,

@@ -1,0 +1,428 @@
+"""MAD agents over libibumad (ctypes): the kernel owns QP0/QP1 of rdma-core devices.
+
+The Linux MAD layer (``ib_umad``, ``/dev/infiniband/umadN``) sends and
+receives MADs for user space per registered agent: requests of a class,
+version and methods reach the agent that registered them, responses the
+agent whose request carried the TID (the kernel writes its own agent id in
+the TID's high 32 bits) while that request waits (``timeout_ms > 0``).
+This module binds ``libibumad.so.3`` (Debian ``libibumad3``) with ctypes and
+runs one receive thread per CA over the port descriptors.
+
+The ``ib_user_mad`` header layout is declared below and checked against the
+library's ``umad_size()`` at load time; a mismatch makes the MAD-agent
+capability unavailable rather than corrupt memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import selectors
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ibal.status import (
+    IbError,
+    InsufficientResources,
+    InvalidHandle,
+    InvalidParameter,
+    InvalidPermission,
+    InvalidPort,
+    ResourceBusy,
+)
+from ibal.types import (
+    MAD_SIZE,
+    Gid,
+    Grh,
+    MadAddr,
+    MadAgentSpec,
+    MadRecv,
+    MadSend,
+    MadSendDone,
+    WcStatus,
+    mad_is_response,
+)
+
+log = logging.getLogger("ibal.rdma_core.umad")
+
+LIBRARY = "libibumad.so.3"
+DEBIAN_PACKAGE = "libibumad3"
+SYSFS = Path("/sys/class/infiniband_mad")
+SMP_CLASSES = (0x01, 0x81)
+
+
+class _MadAddr(ctypes.Structure):
+    """``struct ib_mad_addr`` (umad.h); big-endian fields are swapped by hand."""
+
+    _fields_ = [
+        ("qpn", ctypes.c_uint32),  # __be32
+        ("qkey", ctypes.c_uint32),  # __be32
+        ("lid", ctypes.c_uint16),  # __be16
+        ("sl", ctypes.c_uint8),
+        ("path_bits", ctypes.c_uint8),
+        ("grh_present", ctypes.c_uint8),
+        ("gid_index", ctypes.c_uint8),
+        ("hop_limit", ctypes.c_uint8),
+        ("traffic_class", ctypes.c_uint8),
+        ("gid", ctypes.c_uint8 * 16),
+        ("flow_label", ctypes.c_uint32),  # __be32
+        ("pkey_index", ctypes.c_uint16),  # host order
+        ("reserved", ctypes.c_uint8 * 6),
+    ]
+
+
+class _UserMad(ctypes.Structure):
+    """``struct ib_user_mad`` without its flexible ``data`` array."""
+
+    _fields_ = [
+        ("agent_id", ctypes.c_uint32),
+        ("status", ctypes.c_uint32),
+        ("timeout_ms", ctypes.c_uint32),
+        ("retries", ctypes.c_uint32),
+        ("length", ctypes.c_uint32),
+        ("addr", _MadAddr),
+    ]
+
+
+class _Buffer(ctypes.Structure):
+    _fields_ = [("hdr", _UserMad), ("data", ctypes.c_uint8 * MAD_SIZE)]
+
+
+class UmadUnavailable(Exception):
+    """libibumad or the kernel's umad devices are missing; the message says which."""
+
+
+class Lib:
+    """The libibumad functions this backend calls, with their C types."""
+
+    def __init__(self) -> None:
+        try:
+            lib = ctypes.CDLL(LIBRARY, use_errno=True)
+        except OSError as exc:
+            raise UmadUnavailable(
+                f"{LIBRARY} not found (apt-get install {DEBIAN_PACKAGE})"
+            ) from exc
+        i, c, p, v = ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t
+        sig: dict[str, tuple[Any, list[Any]]] = {
+            "umad_init": (i, []),
+            "umad_size": (v, []),
+            "umad_open_port": (i, [c, i]),
+            "umad_close_port": (i, [i]),
+            "umad_get_fd": (i, [i]),
+            "umad_register": (i, [i, i, i, ctypes.c_uint8, ctypes.POINTER(ctypes.c_long)]),
+            "umad_unregister": (i, [i, i]),
+            "umad_send": (i, [i, i, p, i, i, i]),
+            "umad_recv": (i, [i, p, ctypes.POINTER(i), i]),
+        }
+        for name, (res, args) in sig.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        self.lib = lib
+        size = lib.umad_size()
+        if size != ctypes.sizeof(_UserMad):
+            raise UmadUnavailable(
+                f"umad_size() is {size}, this binding's ib_user_mad is {ctypes.sizeof(_UserMad)}"
+            )
+        if lib.umad_init() < 0:
+            raise UmadUnavailable("umad_init failed (no ib_umad kernel module?)")
+
+
+_lib: Lib | None = None
+_lib_lock = threading.Lock()
+
+
+def load() -> Lib:
+    """libibumad, loaded once; ``UmadUnavailable`` says why not."""
+    global _lib
+    with _lib_lock:
+        if _lib is None:
+            _lib = Lib()
+        return _lib
+
+
+def umad_devices(ca_name: str) -> list[int]:
+    """Ports of ``ca_name`` that have a umad device (``ib_umad`` loaded)."""
+    ports: list[int] = []
+    if not SYSFS.is_dir():
+        return ports
+    for d in SYSFS.glob("umad*"):
+        try:
+            if (d / "ibdev").read_text().strip() == ca_name:
+                ports.append(int((d / "port").read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(ports)
+
+
+def availability(ca_name: str) -> str | None:
+    """``None`` if MAD agents work for ``ca_name``, else the reason they do not."""
+    try:
+        load()
+    except UmadUnavailable as exc:
+        return str(exc)
+    if not umad_devices(ca_name):
+        return f"no umad device for {ca_name} in {SYSFS} (modprobe ib_umad)"
+    return None
+
+
+def _errno_error(rc: int, what: str) -> IbError:
+    code = -rc if rc < 0 else ctypes.get_errno()
+    text = f"{what}: {os.strerror(code)}"
+    if code in (errno.EACCES, errno.EPERM):
+        return InvalidPermission(text)
+    if code == errno.EBUSY:
+        return ResourceBusy(text)
+    if code in (errno.ENOMEM, errno.ENOSPC, errno.EAGAIN):
+        return InsufficientResources(text)
+    if code == errno.ENODEV:
+        return InvalidPort(text)
+    return InvalidParameter(text)
+
+
+@dataclass(eq=False)
+class UmadAgent:
+    """A registered agent: the contract's MAD-agent handle for this provider."""
+
+    port: _Port
+    agent_id: int
+    spec: MadAgentSpec
+    pending: dict[int, Any] = field(default_factory=dict)  # TID low 32 -> context
+    alive: bool = True
+
+
+@dataclass(eq=False)
+class _Port:
+    num: int
+    portid: int
+    fd: int
+    agents: dict[int, UmadAgent] = field(default_factory=dict)
+
+
+def _method_mask(methods: frozenset[int]) -> Any:
+    mask = (ctypes.c_long * 2)()
+    bits = 8 * ctypes.sizeof(ctypes.c_long)
+    for m in methods:
+        mask[m // bits] |= 1 << (m % bits)
+    return mask
+
+
+class UmadAgents:
+    """The MAD agents of one CA: ports opened on first use, one receive thread."""
+
+    def __init__(self, ca_name: str) -> None:
+        self.ca_name = ca_name
+        self._lock = threading.RLock()  # also held while upcalls run: unregister waits
+        self._ports: dict[int, _Port] = {}
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._rx = _Buffer()
+        self.dropped: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ verbs
+    def register(self, spec: MadAgentSpec) -> UmadAgent:
+        smp = spec.mgmt_class in SMP_CLASSES
+        if (spec.qp_num == 0) != smp:
+            raise InvalidParameter(
+                f"the kernel puts class 0x{spec.mgmt_class:02x} on QP{0 if smp else 1}"
+            )
+        lib = load().lib
+        with self._lock:
+            port = self._port(spec.port_num)
+            rc = lib.umad_register(
+                port.portid, spec.mgmt_class, spec.class_version, spec.rmpp_version,
+                _method_mask(spec.methods),
+            )
+            if rc < 0:
+                raise _errno_error(rc, f"umad_register class 0x{spec.mgmt_class:02x}")
+            agent = UmadAgent(port, rc, spec)
+            port.agents[rc] = agent
+            return agent
+
+    def send(self, agent: UmadAgent, send: MadSend) -> None:
+        if not isinstance(agent, UmadAgent) or not agent.alive:
+            raise InvalidHandle("MAD agent is not registered")
+        buf = _Buffer()
+        ctypes.memmove(buf.data, send.mad, MAD_SIZE)
+        _fill_addr(buf.hdr.addr, send.addr)
+        request = not mad_is_response(send.mad)
+        waits = request and send.timeout_ms > 0
+        tid_low = int.from_bytes(send.mad[12:16], "big")
+        lib = load().lib
+        with self._lock:
+            if not agent.alive:
+                raise InvalidHandle("MAD agent is not registered")
+            if waits:
+                if tid_low in agent.pending:
+                    raise InvalidParameter(f"a request with TID low 0x{tid_low:08x} is outstanding")
+                agent.pending[tid_low] = send.context
+            rc = lib.umad_send(
+                agent.port.portid, agent.agent_id, ctypes.byref(buf), MAD_SIZE,
+                send.timeout_ms if waits else 0, send.retries if waits else 0,
+            )
+            if rc < 0:
+                if waits:
+                    del agent.pending[tid_low]
+                raise _errno_error(rc, "umad_send")
+            if not waits and agent.spec.send_cb is not None:
+                agent.spec.send_cb(MadSendDone(send.context, WcStatus.SUCCESS))
+
+    def unregister(self, agent: UmadAgent) -> None:
+        if not isinstance(agent, UmadAgent):
+            raise InvalidHandle("not a MAD agent of this provider")
+        lib = load().lib
+        with self._lock:  # no upcall for the agent runs while this holds the lock
+            if not agent.alive:
+                raise InvalidHandle("MAD agent is not registered")
+            agent.alive = False
+            agent.port.agents.pop(agent.agent_id, None)
+            rc = lib.umad_unregister(agent.port.portid, agent.agent_id)
+            canceled, agent.pending = list(agent.pending.values()), {}
+            if agent.spec.send_cb is not None:
+                for ctx in canceled:
+                    agent.spec.send_cb(MadSendDone(ctx, WcStatus.CANCELED))
+        if rc < 0:
+            log.warning("umad_unregister of agent %d failed: %s", agent.agent_id, -rc)
+
+    def close(self) -> None:
+        """Stop the receive thread and close every port (CA closing)."""
+        with self._lock:
+            self._stopping = True
+            ports, self._ports = list(self._ports.values()), {}
+        os.write(self._wake_w, b"x")
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join()
+        lib = load().lib if ports else None
+        for p in ports:
+            for a in p.agents.values():
+                a.alive = False
+            if lib is not None:
+                lib.umad_close_port(p.portid)
+        self._sel.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    # ------------------------------------------------------------------ ports
+    def _port(self, num: int) -> _Port:
+        port = self._ports.get(num)
+        if port is not None:
+            return port
+        if self._stopping:
+            raise InvalidHandle(f"{self.ca_name} is closing")
+        if num not in umad_devices(self.ca_name):
+            raise InvalidPort(f"{self.ca_name} port {num} has no umad device")
+        lib = load().lib
+        portid = lib.umad_open_port(self.ca_name.encode(), num)
+        if portid < 0:
+            raise _errno_error(portid, f"umad_open_port {self.ca_name} {num}")
+        fd = lib.umad_get_fd(portid)
+        os.set_blocking(fd, False)
+        port = _Port(num, portid, fd)
+        self._ports[num] = port
+        self._sel.register(fd, selectors.EVENT_READ, port)
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"ibal-umad-{self.ca_name}", daemon=True
+            )
+            self._thread.start()
+        return port
+
+    # ------------------------------------------------------------------ receive
+    def _run(self) -> None:
+        while not self._stopping:
+            for key, _ in self._sel.select():
+                if key.data is None:
+                    return
+                self._drain(key.data)
+
+    def _drain(self, port: _Port) -> None:
+        lib = load().lib
+        length = ctypes.c_int()
+        while True:
+            with self._lock:
+                if self._stopping or self._ports.get(port.num) is not port:
+                    return
+                length.value = MAD_SIZE
+                rc = lib.umad_recv(port.portid, ctypes.byref(self._rx), ctypes.byref(length), 0)
+                if rc < 0:
+                    if -rc not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                        self._count(f"recv_error_{-rc}")
+                    return
+                self._dispatch(port, rc, length.value)
+
+    def _count(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+    def _dispatch(self, port: _Port, agent_id: int, length: int) -> None:
+        """One MAD from the kernel (under the lock): a receive or a returned send."""
+        agent = port.agents.get(agent_id)
+        if agent is None or not agent.alive:
+            self._count("unknown_agent")
+            return
+        hdr = self._rx.hdr
+        mad = bytes(self._rx.data)
+        tid_low = int.from_bytes(mad[12:16], "big")
+        if hdr.status:  # our request came back: no response in time
+            ctx = agent.pending.pop(tid_low, None)
+            if agent.spec.send_cb is not None:
+                agent.spec.send_cb(MadSendDone(ctx, WcStatus.TIMEOUT_RETRY_ERR))
+            return
+        if length < MAD_SIZE:
+            self._count("short")
+            return
+        recv = MadRecv(mad, _read_addr(hdr.addr), port.num, 0 if mad[1] in SMP_CLASSES else 1)
+        agent.spec.recv_cb(recv)
+        if mad_is_response(mad) and tid_low in agent.pending:
+            ctx = agent.pending.pop(tid_low)
+            if agent.spec.send_cb is not None:
+                agent.spec.send_cb(MadSendDone(ctx, WcStatus.SUCCESS))
+
+
+def _fill_addr(a: _MadAddr, addr: MadAddr) -> None:
+    a.qpn = socket.htonl(addr.remote_qp)
+    a.qkey = socket.htonl(addr.remote_qkey)
+    a.lid = socket.htons(addr.dlid)
+    a.sl = addr.sl
+    a.path_bits = addr.path_bits
+    a.pkey_index = addr.pkey_index
+    grh = addr.grh
+    if grh is not None:
+        a.grh_present = 1
+        a.gid_index = grh.sgid_index
+        a.hop_limit = grh.hop_limit
+        a.traffic_class = grh.traffic_class
+        a.flow_label = socket.htonl(grh.flow_label)
+        ctypes.memmove(a.gid, grh.dgid.packed, 16)
+
+
+def _read_addr(a: _MadAddr) -> MadAddr:
+    grh = None
+    if a.grh_present:
+        grh = Grh(
+            dgid=Gid(bytes(a.gid)),
+            sgid_index=a.gid_index,
+            flow_label=socket.ntohl(a.flow_label) & 0xFFFFF,
+            hop_limit=a.hop_limit,
+            traffic_class=a.traffic_class,
+        )
+    return MadAddr(
+        remote_qp=socket.ntohl(a.qpn) & 0xFFFFFF,
+        remote_qkey=socket.ntohl(a.qkey),
+        dlid=socket.ntohs(a.lid),
+        sl=a.sl,
+        path_bits=a.path_bits,
+        pkey_index=a.pkey_index,
+        grh=grh,
+    )
+
+
+__all__ = ["UmadAgent", "UmadAgents", "UmadUnavailable", "availability", "load"]

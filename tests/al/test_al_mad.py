@@ -1,0 +1,348 @@
+"""Alias QPs and MAD agents over the access layer's own QP1 (mock provider)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+
+from ibal.al import AlManager, Ca, MadAgent, Pd, QpCreate
+from ibal.ci.interface import Capabilities
+from ibal.providers.mock import MockFabric, MockProvider
+from ibal.status import (
+    InvalidHandle,
+    InvalidParameter,
+    InvalidPort,
+    InvalidQpHandle,
+    InvalidSetting,
+    ResourceBusy,
+    Unsupported,
+)
+from ibal.types import (
+    MAD_SIZE,
+    QP1_WELL_KNOWN_QKEY,
+    MadAddr,
+    MadRecv,
+    MadSend,
+    MadSendDone,
+    PortAttr,
+    QpType,
+    WcStatus,
+)
+
+WAIT = 10.0
+VENDOR = 0x09  # a vendor class: nobody else answers it
+VENDOR2 = 0x0A
+GET, SET, GET_RESP = 0x01, 0x02, 0x81
+
+
+def mad(mgmt_class: int, method: int, tid: int, payload: bytes = b"", version: int = 1) -> bytes:
+    m = bytearray(MAD_SIZE)
+    m[0], m[1], m[2], m[3] = 1, mgmt_class, version, method
+    m[8:16] = tid.to_bytes(8, "big")
+    m[16:18] = (0x10).to_bytes(2, "big")
+    m[24 : 24 + len(payload)] = payload
+    return bytes(m)
+
+
+@dataclass
+class Inbox:
+    """What one agent heard, with a queue to wait on (no sleeps)."""
+
+    recvs: queue.Queue[MadRecv] = field(default_factory=queue.Queue)
+    dones: queue.Queue[MadSendDone] = field(default_factory=queue.Queue)
+
+    def recv(self) -> MadRecv:
+        return self.recvs.get(timeout=WAIT)
+
+    def done(self) -> MadSendDone:
+        return self.dones.get(timeout=WAIT)
+
+
+@dataclass
+class Side:
+    ca: Ca
+    pd: Pd
+    port: PortAttr
+
+
+@dataclass
+class World:
+    mgr: AlManager
+    fabric: MockFabric
+    a: Side
+    b: Side
+
+    def agent(self, side: Side, mgmt_class: int, methods: Any = (), alias: Any = None
+              ) -> tuple[MadAgent, Inbox]:
+        inbox = Inbox()
+        if alias is None:
+            alias = side.pd.get_spl_qp(side.port.port_guid, QpType.QP1_ALIAS)
+        agent = alias.register_agent(
+            mgmt_class, 1, methods=methods, recv_cb=inbox.recvs.put, send_cb=inbox.dones.put
+        )
+        return agent, inbox
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    fabric = MockFabric(seed=0)
+    fabric.add_ca()
+    fabric.add_ca()
+    mgr = AlManager()
+    mgr.add_provider(MockProvider({"fabric": fabric}))
+    al = mgr.open_al()
+    sides = []
+    for guid in al.get_ca_guids():
+        ca = al.open_ca(guid)
+        sides.append(Side(ca, ca.alloc_pd(), ca.query().ports[0]))
+    yield World(mgr, fabric, sides[0], sides[1])
+    mgr.close(timeout=WAIT)
+    fabric.close()
+
+
+def to(side: Side, **kw: Any) -> MadAddr:
+    return MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=side.port.lid, **kw)
+
+
+def qp1_of(world: World, side: Side) -> Any:
+    """The mock's one QP1 on the side's port (``None`` when nobody holds it)."""
+    ca = next(c for c in world.fabric.cas if c.guid == side.ca.guid)
+    return ca.ports[0].special[1]
+
+
+def test_two_aliases_share_the_one_qp1(world: World) -> None:
+    a = world.a
+    x = a.pd.get_spl_qp(a.port.port_guid, QpType.QP1_ALIAS)
+    qp1 = qp1_of(world, a)
+    assert qp1 is not None
+    y = a.pd.get_spl_qp(a.port.port_guid, QpType.QP1_ALIAS)
+    assert qp1_of(world, a) is qp1 and x.num == y.num == 1 and x.port_num == a.port.port_num
+    cq = a.ca.create_cq(4)
+    with pytest.raises(ResourceBusy):  # the AL holds QP1 for its aliases
+        a.pd.get_spl_qp(a.port.port_guid, QpCreate(QpType.QP1, cq, cq))
+    x.destroy(wait=True)
+    assert qp1_of(world, a) is qp1
+    y.destroy(wait=True)
+    assert qp1_of(world, a) is None  # freed with its last user
+    direct = a.pd.get_spl_qp(a.port.port_guid, QpCreate(QpType.QP1, cq, cq))
+    assert direct.num == 1
+    with pytest.raises(ResourceBusy):  # and the other way round
+        a.pd.get_spl_qp(a.port.port_guid, QpType.QP1_ALIAS)
+
+
+def test_a_mad_between_two_cas_lands_byte_exact(world: World) -> None:
+    sender, s_in = world.agent(world.a, VENDOR)
+    _receiver, r_in = world.agent(world.b, VENDOR, methods={GET})
+    assert sender.hi_tid is not None
+    req = mad(VENDOR, GET, (sender.hi_tid << 32) | 0x1234, b"\x01\x02hello\xff" * 20)
+    sender.send(MadSend(req, to(world.b), context="req"))
+    got = r_in.recv()
+    assert got.mad == req
+    assert (got.port_num, got.qp_num) == (world.b.port.port_num, 1)
+    assert got.addr.dlid == world.a.port.lid and got.addr.remote_qp == 1
+    assert s_in.done() == MadSendDone("req", WcStatus.SUCCESS)
+
+
+def test_requests_route_by_class_and_method_unclaimed_are_counted(world: World) -> None:
+    sender, _ = world.agent(world.a, VENDOR)
+    alias_b = world.b.pd.get_spl_qp(world.b.port.port_guid, QpType.QP1_ALIAS)
+    _get_agent, get_in = world.agent(world.b, VENDOR, methods={GET}, alias=alias_b)
+    _other, other_in = world.agent(world.b, VENDOR2, methods={GET, SET})
+    _set_agent, set_in = world.agent(world.b, VENDOR, methods={SET})
+    for cls, method, low in ((VENDOR2, SET, 1), (VENDOR, GET, 2), (VENDOR, SET, 3),
+                             (0x0B, GET, 4), (VENDOR, 0x03, 5)):
+        sender.send(MadSend(mad(cls, method, low), to(world.b)))
+    assert int.from_bytes(other_in.recv().mad[12:16], "big") == 1
+    assert int.from_bytes(get_in.recv().mad[12:16], "big") == 2
+    assert int.from_bytes(set_in.recv().mad[12:16], "big") == 3
+    # A probe after the unclaimed ones: once it is in, the two before it were handled.
+    sender.send(MadSend(mad(VENDOR, GET, 6), to(world.b)))
+    assert int.from_bytes(get_in.recv().mad[12:16], "big") == 6
+    assert alias_b.transport_stats == {"dropped_unclaimed": 2}
+    assert get_in.recvs.empty() and set_in.recvs.empty() and other_in.recvs.empty()
+
+
+def test_responses_route_by_tid_to_the_agent_that_asked(world: World) -> None:
+    alias_a = world.a.pd.get_spl_qp(world.a.port.port_guid, QpType.QP1_ALIAS)
+    one, one_in = world.agent(world.a, VENDOR, alias=alias_a)
+    two, two_in = world.agent(world.a, VENDOR, alias=alias_a)
+    server, server_in = world.agent(world.b, VENDOR, methods={GET})
+    one.send(MadSend(mad(VENDOR, GET, 7), to(world.b), timeout_ms=60_000, context=1))
+    two.send(MadSend(mad(VENDOR, GET, 7), to(world.b), timeout_ms=60_000, context=2))
+    for _ in range(2):
+        req = server_in.recv()
+        resp = bytearray(req.mad)
+        resp[3] = GET_RESP
+        resp[24:28] = req.mad[8:12]  # echo which agent asked, for the check below
+        server.send(MadSend(bytes(resp), req.addr))
+    for agent, inbox, ctx in ((one, one_in, 1), (two, two_in, 2)):
+        got = inbox.recv()
+        assert got.mad[3] == GET_RESP
+        assert int.from_bytes(got.mad[8:12], "big") == agent.hi_tid
+        assert got.mad[24:28] == got.mad[8:12]
+        assert inbox.done() == MadSendDone(ctx, WcStatus.SUCCESS)
+    assert one.hi_tid != two.hi_tid
+    # A response nobody waits for (no timeout) is dropped like the kernel drops it.
+    stray = bytearray(mad(VENDOR, GET_RESP, (one.hi_tid or 0) << 32 | 99))
+    server.send(MadSend(bytes(stray), to(world.a)))
+    one.send(MadSend(mad(VENDOR, GET, 8), to(world.b), timeout_ms=60_000))
+    req = server_in.recv()
+    server.send(MadSend(bytes([*req.mad[:3], GET_RESP, *req.mad[4:]]), req.addr))
+    assert int.from_bytes(one_in.recv().mad[12:16], "big") == 8
+    assert alias_a.transport_stats == {"dropped_unmatched_response": 1}
+
+
+def test_an_unanswered_request_times_out_after_its_retries(world: World) -> None:
+    asker, inbox = world.agent(world.a, VENDOR)
+    listener = world.b.pd.get_spl_qp(world.b.port.port_guid, QpType.QP1_ALIAS)
+    asker.send(MadSend(mad(0x0B, GET, 1), to(world.b), timeout_ms=20, retries=2, context="q"))
+    assert inbox.done() == MadSendDone("q", WcStatus.TIMEOUT_RETRY_ERR)
+    assert listener.transport_stats == {"dropped_unclaimed": 3}  # the first try and 2 retries
+
+
+def test_destroying_one_alias_leaves_the_other_working(world: World) -> None:
+    alias_x = world.b.pd.get_spl_qp(world.b.port.port_guid, QpType.QP1_ALIAS)
+    world.agent(world.b, VENDOR2, methods={GET}, alias=alias_x)
+    _keep, keep_in = world.agent(world.b, VENDOR, methods={GET})
+    sender, _ = world.agent(world.a, VENDOR)
+    alias_x.destroy(wait=True)
+    sender.send(MadSend(mad(VENDOR, GET, 1), to(world.b)))
+    assert int.from_bytes(keep_in.recv().mad[12:16], "big") == 1
+    # The class the destroyed alias served is free again.
+    _again, again_in = world.agent(world.b, VENDOR2, methods={GET})
+    sender.send(MadSend(mad(VENDOR2, GET, 2), to(world.b)))
+    assert int.from_bytes(again_in.recv().mad[12:16], "big") == 2
+    with pytest.raises(InvalidQpHandle):
+        alias_x.register_agent(VENDOR, 1, recv_cb=print)
+
+
+def test_deregister_cancels_pending_sends_before_the_destroy_callback(world: World) -> None:
+    order: list[object] = []
+    done = threading.Event()
+    alias = world.a.pd.get_spl_qp(world.a.port.port_guid, QpType.QP1_ALIAS)
+    asker = alias.register_agent(VENDOR, 1, recv_cb=print, send_cb=order.append)
+    asker.send(MadSend(mad(VENDOR, GET, 1), to(world.b), timeout_ms=600_000, context="p"))
+    asker.deregister(lambda _ctx: (order.append("destroyed"), done.set()))
+    assert done.wait(WAIT)
+    assert order == [MadSendDone("p", WcStatus.CANCELED), "destroyed"]
+    with pytest.raises(InvalidHandle):
+        asker.send(MadSend(mad(VENDOR, GET, 2), to(world.b)))
+
+
+def test_ca_removal_tears_every_alias_and_agent_down(world: World) -> None:
+    asker, inbox = world.agent(world.a, VENDOR)
+    alias = asker.alias
+    asker.send(MadSend(mad(VENDOR, GET, 1), to(world.b), timeout_ms=600_000, context="p"))
+    ca = next(c for c in world.fabric.cas if c.guid == world.a.ca.guid)
+    world.fabric.hotplug_remove(ca)  # the mock's close_ca refuses if anything is left
+    assert inbox.done() == MadSendDone("p", WcStatus.CANCELED)
+    with pytest.raises(InvalidQpHandle):
+        alias.register_agent(VENDOR, 1, recv_cb=print)
+    with pytest.raises(InvalidHandle):
+        asker.send(MadSend(mad(VENDOR, GET, 2), to(world.b)))
+
+
+def test_pd_dealloc_destroys_its_aliases(world: World) -> None:
+    a = world.a
+    pd = a.ca.alloc_pd()
+    alias = pd.get_spl_qp(a.port.port_guid, QpType.QP1_ALIAS)
+    agent, _ = world.agent(a, VENDOR, alias=alias)
+    pd.dealloc(wait=True)
+    assert qp1_of(world, a) is None
+    with pytest.raises(InvalidHandle):
+        agent.send(MadSend(mad(VENDOR, GET, 1), to(world.b)))
+
+
+def test_bad_input_raises_the_matching_status(world: World) -> None:
+    a = world.a
+    with pytest.raises(InvalidPort):
+        a.pd.get_spl_qp(0xBAD, QpType.QP1_ALIAS)
+    with pytest.raises(InvalidSetting):
+        a.pd.get_spl_qp(a.port.port_guid, QpType.UD)
+    cq = a.ca.create_cq(4)
+    with pytest.raises(InvalidSetting):
+        a.pd.get_spl_qp(a.port.port_guid, QpCreate(QpType.QP1_ALIAS, cq, cq))
+    agent, _ = world.agent(a, VENDOR, methods={GET})
+    alias = agent.alias
+    with pytest.raises(ResourceBusy):
+        alias.register_agent(VENDOR, 1, methods={GET}, recv_cb=print)
+    with pytest.raises(InvalidParameter):
+        alias.register_agent(VENDOR, 1, methods={GET_RESP}, recv_cb=print)
+    with pytest.raises(InvalidParameter):
+        alias.register_agent(0x100, 1, recv_cb=print)
+    with pytest.raises(InvalidParameter):
+        alias.register_agent(VENDOR, 1, recv_cb="nope")  # type: ignore[arg-type]
+    good = MadSend(mad(VENDOR, GET, 1), to(world.b))
+    for bad in (
+        replace(good, mad=good.mad[:100]),
+        replace(good, mad=good.mad + b"\0"),
+        replace(good, addr=replace(good.addr, dlid=0x10000)),
+        replace(good, addr=replace(good.addr, remote_qp=-1)),
+        replace(good, timeout_ms=-5),
+        "not a MadSend",
+    ):
+        with pytest.raises(InvalidParameter):
+            agent.send(bad)  # type: ignore[arg-type]
+    agent.deregister(wait=True)
+    with pytest.raises(InvalidHandle):
+        agent.send(good)
+
+
+def test_short_or_bad_mads_on_the_wire_are_dropped_and_counted(world: World) -> None:
+    """A peer's malformed MADs (bad base version, short datagram) never reach an agent."""
+    from ibal.al import QpCreate as Create
+    from ibal.types import AccessFlags, AvAttr, DgrmInfo, SendWr, UdDest
+
+    listener, inbox = world.agent(world.b, VENDOR, methods={GET})
+    b_alias = listener.alias
+    a = world.a
+    cq = a.ca.create_cq(8)
+    ud = a.pd.create_qp(Create(QpType.UD, cq, cq))
+    # The Q_Key's high bit means "use the QP's own", so the QP holds the GSI one.
+    ud.init_dgrm_svc(DgrmInfo(port_guid=a.port.port_guid, qkey=QP1_WELL_KNOWN_QKEY))
+    buf = bytearray(mad(VENDOR, GET, 1))
+    buf[0] = 2  # base version 2
+    mr = a.pd.reg_mem(buf, AccessFlags.LOCAL_WRITE)
+    av = a.pd.create_av(AvAttr(a.port.port_num, dlid=world.b.port.lid))
+    dest = UdDest(av=av, remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY)
+    ud.post_send(SendWr(wr_id=1, sg_list=[mr.sge(0, MAD_SIZE)], ud=dest))
+    ud.post_send(SendWr(wr_id=2, sg_list=[mr.sge(0, 100)], ud=dest))
+    buf[0] = 1
+    ud.post_send(SendWr(wr_id=3, sg_list=[mr.sge(0, MAD_SIZE)], ud=dest))
+    assert inbox.recv().mad == bytes(buf)
+    assert b_alias.transport_stats == {"dropped_bad_version": 1, "dropped_short": 1}
+
+
+def test_no_mad_transport_without_special_qps_or_agents(world: World) -> None:
+    """A CA that declares neither says so (here: the capability check itself)."""
+    from ibal.al import mad_port
+
+    class Cica:
+        capabilities = Capabilities(special_qps=frozenset())
+        name = "none"
+
+    with pytest.raises(Unsupported):
+        mad_port.transport_kind(Cica(), 1)  # type: ignore[arg-type]
+
+
+def test_contract_versions_one_and_two_are_accepted_others_refused() -> None:
+    from al_fakes import FakeCi
+
+    from ibal.types import MIN_VERBS_VERSION, VERBS_VERSION
+
+    assert (MIN_VERBS_VERSION, VERBS_VERSION) == (1, 2)
+    with AlManager() as m:
+        old = FakeCi(0x71)
+        old.version = 1  # written before MAD agents: still works, never asked for them
+        m.register_ca(old)
+        for bad in (0, 3, "2"):
+            ci = FakeCi(0x72)
+            ci.version = bad  # type: ignore[assignment]
+            with pytest.raises(Unsupported):
+                m.register_ca(ci)
+            assert ci.verbs() == []
