@@ -9,8 +9,9 @@ This module binds ``libibumad.so.3`` (Debian ``libibumad3``) with ctypes and
 runs one receive thread per CA over the port descriptors.
 
 The ``ib_user_mad`` header layout is declared below and checked against the
-library's ``umad_size()`` at load time; a mismatch makes the MAD-agent
-capability unavailable rather than corrupt memory.
+library's ``umad_size()`` once a port is open (libibumad enables the P_Key
+index field there, growing the header from 56 to 64 bytes); a mismatch
+refuses the port rather than corrupt memory.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 import selectors
 import socket
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,11 @@ from ibal.status import (
     InvalidPermission,
     InvalidPort,
     ResourceBusy,
+    Unsupported,
 )
 from ibal.types import (
     MAD_SIZE,
+    QP1_WELL_KNOWN_QKEY,
     Gid,
     Grh,
     MadAddr,
@@ -123,11 +126,6 @@ class Lib:
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         self.lib = lib
-        size = lib.umad_size()
-        if size != ctypes.sizeof(_UserMad):
-            raise UmadUnavailable(
-                f"umad_size() is {size}, this binding's ib_user_mad is {ctypes.sizeof(_UserMad)}"
-            )
         if lib.umad_init() < 0:
             raise UmadUnavailable("umad_init failed (no ib_umad kernel module?)")
 
@@ -324,6 +322,13 @@ class UmadAgents:
         portid = lib.umad_open_port(self.ca_name.encode(), num)
         if portid < 0:
             raise _errno_error(portid, f"umad_open_port {self.ca_name} {num}")
+        size = lib.umad_size()
+        if size != ctypes.sizeof(_UserMad):
+            lib.umad_close_port(portid)
+            raise Unsupported(
+                f"the kernel's umad header is {size} bytes, not {ctypes.sizeof(_UserMad)} "
+                "(no P_Key index support: kernel too old)"
+            )
         fd = lib.umad_get_fd(portid)
         os.set_blocking(fd, False)
         port = _Port(num, portid, fd)
@@ -379,7 +384,10 @@ class UmadAgents:
         if length < MAD_SIZE:
             self._count("short")
             return
-        recv = MadRecv(mad, _read_addr(hdr.addr), port.num, 0 if mad[1] in SMP_CLASSES else 1)
+        qpn = 0 if mad[1] in SMP_CLASSES else 1
+        # The kernel leaves the Q_Key out; a MAD to QP1 always carries the GSI one.
+        addr = replace(_read_addr(hdr.addr), remote_qkey=QP1_WELL_KNOWN_QKEY if qpn else 0)
+        recv = MadRecv(mad, addr, port.num, qpn)
         agent.spec.recv_cb(recv)
         if mad_is_response(mad) and tid_low in agent.pending:
             ctx = agent.pending.pop(tid_low)
