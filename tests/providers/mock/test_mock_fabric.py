@@ -13,6 +13,7 @@ from ibal.ci import ChannelInterface, ProviderManager
 from ibal.providers.mock import MockFabric, MockProvider
 from ibal.status import InvalidParameter, NotFound, ResourceBusy
 from ibal.types import (
+    VERBS_VERSION,
     AsyncEvent,
     LinkState,
     PortCap,
@@ -57,7 +58,9 @@ def test_entry_point_plugin_makes_the_provider() -> None:
     reg = Registrar()
     provider.start(reg)
     assert [n for _, n in reg.log] == ["mock0", "mock1", "mock2"]
-    assert all(ci.provider_name == "mock" and ci.version == 1 for ci in reg.cas.values())
+    assert all(
+        ci.provider_name == "mock" and ci.version == VERBS_VERSION for ci in reg.cas.values()
+    )
     provider.stop()
     assert reg.log[-3:] == [("remove", "mock2"), ("remove", "mock1"), ("remove", "mock0")]
 
