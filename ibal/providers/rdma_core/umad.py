@@ -16,15 +16,15 @@ refuses the port rather than corrupt memory.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
 import os
-import selectors
+import select
 import socket
 import threading
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from ibal.status import (
@@ -55,8 +55,9 @@ log = logging.getLogger("ibal.rdma_core.umad")
 
 LIBRARY = "libibumad.so.3"
 DEBIAN_PACKAGE = "libibumad3"
-SYSFS = Path("/sys/class/infiniband_mad")
 SMP_CLASSES = (0x01, 0x81)
+_CA_NAME_LEN = 20  # UMAD_CA_NAME_LEN
+_MAX_CAS = 32  # UMAD_MAX_DEVICES
 
 
 class _MadAddr(ctypes.Structure):
@@ -113,6 +114,7 @@ class Lib:
         i, c, p, v = ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t
         sig: dict[str, tuple[Any, list[Any]]] = {
             "umad_init": (i, []),
+            "umad_get_cas_names": (i, [p, i]),
             "umad_size": (v, []),
             "umad_open_port": (i, [c, i]),
             "umad_close_port": (i, [i]),
@@ -143,28 +145,22 @@ def load() -> Lib:
         return _lib
 
 
-def umad_devices(ca_name: str) -> list[int]:
-    """Ports of ``ca_name`` that have a umad device (``ib_umad`` loaded)."""
-    ports: list[int] = []
-    if not SYSFS.is_dir():
-        return ports
-    for d in SYSFS.glob("umad*"):
-        try:
-            if (d / "ibdev").read_text().strip() == ca_name:
-                ports.append(int((d / "port").read_text()))
-        except (OSError, ValueError):
-            continue
-    return sorted(ports)
+def umad_cas() -> list[str]:
+    """The CAs libibumad serves (kernel ``ib_umad`` devices, or ``ibsim0`` under umad2sim)."""
+    lib = load().lib
+    names = (ctypes.c_char * _CA_NAME_LEN * _MAX_CAS)()
+    n = lib.umad_get_cas_names(names, _MAX_CAS)
+    return [bytes(names[i]).split(b"\0")[0].decode() for i in range(max(n, 0))]
 
 
 def availability(ca_name: str) -> str | None:
     """``None`` if MAD agents work for ``ca_name``, else the reason they do not."""
     try:
-        load()
+        cas = umad_cas()
     except UmadUnavailable as exc:
         return str(exc)
-    if not umad_devices(ca_name):
-        return f"no umad device for {ca_name} in {SYSFS} (modprobe ib_umad)"
+    if ca_name not in cas:
+        return f"libibumad has no umad device for {ca_name} (modprobe ib_umad)"
     return None
 
 
@@ -216,10 +212,12 @@ class UmadAgents:
         self.ca_name = ca_name
         self._lock = threading.RLock()  # also held while upcalls run: unregister waits
         self._ports: dict[int, _Port] = {}
-        self._sel = selectors.DefaultSelector()
+        # select.poll, not epoll: umad2sim (ibsim) intercepts poll() for its fake fds.
+        self._poll = select.poll()
+        self._by_fd: dict[int, _Port] = {}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._poll.register(self._wake_r, select.POLLIN)
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._rx = _Buffer()
@@ -305,7 +303,6 @@ class UmadAgents:
                 a.alive = False
             if lib is not None:
                 lib.umad_close_port(p.portid)
-        self._sel.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
 
@@ -316,8 +313,6 @@ class UmadAgents:
             return port
         if self._stopping:
             raise InvalidHandle(f"{self.ca_name} is closing")
-        if num not in umad_devices(self.ca_name):
-            raise InvalidPort(f"{self.ca_name} port {num} has no umad device")
         lib = load().lib
         portid = lib.umad_open_port(self.ca_name.encode(), num)
         if portid < 0:
@@ -330,10 +325,11 @@ class UmadAgents:
                 "(no P_Key index support: kernel too old)"
             )
         fd = lib.umad_get_fd(portid)
-        os.set_blocking(fd, False)
         port = _Port(num, portid, fd)
         self._ports[num] = port
-        self._sel.register(fd, selectors.EVENT_READ, port)
+        self._by_fd[fd] = port
+        self._poll.register(fd, select.POLLIN)
+        os.write(self._wake_w, b"p")  # a running poll() picks the new fd up
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._run, name=f"ibal-umad-{self.ca_name}", daemon=True
@@ -344,25 +340,28 @@ class UmadAgents:
     # ------------------------------------------------------------------ receive
     def _run(self) -> None:
         while not self._stopping:
-            for key, _ in self._sel.select():
-                if key.data is None:
-                    return
-                self._drain(key.data)
+            for fd, _events in self._poll.poll():
+                if fd == self._wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 64)
+                    continue
+                port = self._by_fd.get(fd)
+                if port is not None:
+                    self._read_one(port)
 
-    def _drain(self, port: _Port) -> None:
+    def _read_one(self, port: _Port) -> None:
+        """One MAD: poll() said the descriptor is readable, so the read does not block."""
         lib = load().lib
-        length = ctypes.c_int()
-        while True:
-            with self._lock:
-                if self._stopping or self._ports.get(port.num) is not port:
-                    return
-                length.value = MAD_SIZE
-                rc = lib.umad_recv(port.portid, ctypes.byref(self._rx), ctypes.byref(length), 0)
-                if rc < 0:
-                    if -rc not in (errno.EAGAIN, errno.EWOULDBLOCK):
-                        self._count(f"recv_error_{-rc}")
-                    return
-                self._dispatch(port, rc, length.value)
+        length = ctypes.c_int(MAD_SIZE)
+        with self._lock:
+            if self._stopping or self._ports.get(port.num) is not port:
+                return
+            rc = lib.umad_recv(port.portid, ctypes.byref(self._rx), ctypes.byref(length), 0)
+            if rc < 0:
+                if -rc not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    self._count(f"recv_error_{-rc}")
+                return
+            self._dispatch(port, rc, length.value)
 
     def _count(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
