@@ -58,6 +58,7 @@ DEBIAN_PACKAGE = "libibumad3"
 SMP_CLASSES = (0x01, 0x81)
 _CA_NAME_LEN = 20  # UMAD_CA_NAME_LEN
 _MAX_CAS = 32  # UMAD_MAX_DEVICES
+_POLL_MS = 250
 
 
 class _MadAddr(ctypes.Structure):
@@ -340,7 +341,9 @@ class UmadAgents:
     # ------------------------------------------------------------------ receive
     def _run(self) -> None:
         while not self._stopping:
-            for fd, _events in self._poll.poll():
+            # A timeout as well as the wake pipe: under umad2sim a pipe in the set does
+            # not always end the wait.
+            for fd, _events in self._poll.poll(_POLL_MS):
                 if fd == self._wake_r:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 64)
