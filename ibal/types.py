@@ -928,10 +928,10 @@ class MadSend:
 class MadSendDone:
     """How a send ended, once per send.
 
-    ``SUCCESS``: on the wire (``timeout_ms == 0``) or answered (the response's
-    ``recv_cb`` came first); ``TIMEOUT_RETRY_ERR``: no response after the
-    retries; ``CANCELED``: the agent went away first; other statuses: the
-    send failed locally.
+    ``SUCCESS``: on the wire (``timeout_ms == 0``) or answered (reported
+    before the response's ``recv_cb``, as IBAL orders them);
+    ``TIMEOUT_RETRY_ERR``: no response after the retries; ``CANCELED``: the
+    agent went away first; other statuses: the send failed locally.
     """
 
     context: Any

@@ -428,7 +428,7 @@ class SplQpTransport(MadTransport):
             return
         if wc.status is not WcStatus.SUCCESS:
             self._finish(out, wc.status)
-        elif out.send.timeout_ms == 0 or out.responded or mad_is_response(out.mad):
+        elif out.send.timeout_ms == 0 or mad_is_response(out.mad):
             self._finish(out, WcStatus.SUCCESS)
 
     def _received(self, wc: Wc) -> None:
@@ -483,9 +483,9 @@ class SplQpTransport(MadTransport):
         if agent is None:
             self.stats["dropped_unclaimed"] += 1
             return
-        agent.spec.recv_cb(recv)
-        if out is not None and not out.on_wire:
+        if out is not None:  # the answer proves the send: its completion goes first
             self._finish(out, WcStatus.SUCCESS)
+        agent.spec.recv_cb(recv)
 
 
 def _grh_of(raw: bytes) -> Grh:

@@ -478,7 +478,8 @@ class ChannelInterface(abc.ABC):
         Called on any AL thread; may block briefly.  From then on the provider
         calls ``spec.recv_cb(MadRecv)`` for requests of the class, version and
         methods registered and for responses to this agent's requests, and
-        ``spec.send_cb(MadSendDone)`` once per ``send_mad``, from its own thread
+        ``spec.send_cb(MadSendDone)`` once per ``send_mad`` (before the response of
+        an answered request), from its own thread
         (the AL only queues them).  Raises ``InvalidPort``, ``InvalidParameter``
         (QP number not 0/1, class or version out of range) and ``ResourceBusy``
         (another agent holds one of the class's methods).

@@ -197,6 +197,20 @@ def test_responses_route_by_tid_to_the_agent_that_asked(world: World) -> None:
     assert alias_a.transport_stats == {"dropped_unmatched_response": 1}
 
 
+def test_the_send_completion_comes_before_its_response(world: World) -> None:
+    """IBAL's order (access-layer rule 79): the request's send_cb, then the response."""
+    events: queue.Queue[object] = queue.Queue()
+    alias = world.a.pd.get_spl_qp(world.a.port.port_guid, QpType.QP1_ALIAS)
+    asker = alias.register_agent(VENDOR, 1, recv_cb=events.put, send_cb=events.put)
+    server, server_in = world.agent(world.b, VENDOR, methods={GET})
+    asker.send(MadSend(mad(VENDOR, GET, 9), to(world.b), timeout_ms=60_000, context="q"))
+    req = server_in.recv()
+    server.send(MadSend(bytes([*req.mad[:3], GET_RESP, *req.mad[4:]]), req.addr))
+    assert events.get(timeout=WAIT) == MadSendDone("q", WcStatus.SUCCESS)
+    answer = events.get(timeout=WAIT)
+    assert isinstance(answer, MadRecv) and answer.mad[3] == GET_RESP
+
+
 def test_an_unanswered_request_times_out_after_its_retries(world: World) -> None:
     asker, inbox = world.agent(world.a, VENDOR)
     listener = world.b.pd.get_spl_qp(world.b.port.port_guid, QpType.QP1_ALIAS)

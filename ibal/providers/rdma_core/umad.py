@@ -390,11 +390,11 @@ class UmadAgents:
         # The kernel leaves the Q_Key out; a MAD to QP1 always carries the GSI one.
         addr = replace(_read_addr(hdr.addr), remote_qkey=QP1_WELL_KNOWN_QKEY if qpn else 0)
         recv = MadRecv(mad, addr, port.num, qpn)
-        agent.spec.recv_cb(recv)
-        if mad_is_response(mad) and tid_low in agent.pending:
+        if mad_is_response(mad) and tid_low in agent.pending:  # the send completes first
             ctx = agent.pending.pop(tid_low)
             if agent.spec.send_cb is not None:
                 agent.spec.send_cb(MadSendDone(ctx, WcStatus.SUCCESS))
+        agent.spec.recv_cb(recv)
 
 
 def _fill_addr(a: _MadAddr, addr: MadAddr) -> None:

@@ -20,6 +20,7 @@ from ibal.testing.suite.ch_destroy import DestroyChecks
 from ibal.testing.suite.ch_errors import ErrorCompletionChecks
 from ibal.testing.suite.ch_events import EventChecks
 from ibal.testing.suite.ch_handles import HandleChecks
+from ibal.testing.suite.ch_mad import MadChecks
 from ibal.testing.suite.ch_mcast import McastChecks, SpecialQpChecks
 from ibal.testing.suite.ch_mr import MrChecks
 from ibal.testing.suite.ch_mw import MwChecks
@@ -44,6 +45,7 @@ CHAPTERS: tuple[type[ConformanceBase], ...] = (
     SrqChecks,
     McastChecks,
     SpecialQpChecks,
+    MadChecks,
     EventChecks,
     DestroyChecks,
     HandleChecks,
@@ -63,6 +65,7 @@ class ProviderConformance(
     HandleChecks,
     DestroyChecks,
     EventChecks,
+    MadChecks,
     SpecialQpChecks,
     McastChecks,
     SrqChecks,
