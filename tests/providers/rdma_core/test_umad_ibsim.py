@@ -70,22 +70,23 @@ def fabric(tmp_path: Path) -> Iterator[dict[str, str]]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         # ibsim reads console commands: keep its stdin open and idle.
+        # umad2sim writes a fake sysfs (sys-PID/) into the working directory: tmp_path.
         sim = subprocess.Popen(
-            ["ibsim", "-s", str(net)], stdin=subprocess.PIPE,
+            ["ibsim", "-s", str(net)], stdin=subprocess.PIPE, cwd=tmp_path,
             stdout=subprocess.DEVNULL, stderr=(tmp_path / "ibsim.log").open("wb"), env=base,
         )
         procs.append(sim)
         osm = subprocess.Popen(
             ["opensm", "-f", str(tmp_path / "opensm.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
             env={**sim_env, "SIM_HOST": "SmHca"},
         )
         procs.append(osm)
-        host_env = {**sim_env, "SIM_HOST": "Host"}
+        host_env = {**sim_env, "SIM_HOST": "Host", "IBAL_TEST_CWD": str(tmp_path)}
         deadline = time.monotonic() + READY_WITHIN
         while True:  # readiness probe: each sminfo call waits for its own answer
             r = subprocess.run(["sminfo"], env=host_env, capture_output=True, text=True,
-                               timeout=READY_WITHIN)
+                               timeout=READY_WITHIN, cwd=tmp_path)
             if "SMINFO_MASTER" in r.stdout:
                 break
             if time.monotonic() > deadline or sim.poll() is not None:
@@ -103,7 +104,9 @@ def fabric(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 
 def _diag(args: list[str], env: dict[str, str]) -> str:
-    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=60).stdout
+    return subprocess.run(
+        args, env=env, capture_output=True, text=True, timeout=60, cwd=env["IBAL_TEST_CWD"]
+    ).stdout
 
 
 def _field(text: str, name: str) -> str:
@@ -116,7 +119,7 @@ def _field(text: str, name: str) -> str:
 def test_smp_and_sa_query_through_umad_match_infiniband_diags(fabric: dict[str, str]) -> None:
     env = {**fabric, "PYTHONPATH": f"{REPO}:{fabric.get('PYTHONPATH', '')}"}
     r = subprocess.run([sys.executable, str(PROBE)], env=env, capture_output=True, text=True,
-                       timeout=120)
+                       timeout=120, cwd=env["IBAL_TEST_CWD"])
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["cas"] == ["ibsim0"]
