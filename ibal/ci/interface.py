@@ -490,13 +490,16 @@ class ChannelInterface(abc.ABC):
         """Queue one MAD (the AL checked its size and addressing); never blocks for the wire.
 
         For a request the provider stamps the TID's high 32 bits so the
-        response is routed back to this agent.  ``InvalidHandle`` for an
+        response is routed back to this agent; with ``send.timeout_ms > 0`` the
+        request waits for it (``retries`` re-sends), else ``send_cb`` reports
+        ``SUCCESS`` once it left.  ``InvalidHandle`` for an
         unregistered agent, ``InsufficientResources`` when the send queue is full.
         """
         raise Unsupported("MAD agents")
 
     def unregister_mad_agent(self, h_agent: Handle) -> None:
-        """End the agent: after it returns no upcall for it is made (pending sends dropped)."""
+        """End the agent: sends still waiting complete ``CANCELED`` (``send_cb``, before
+        it returns); after it returns no upcall for the agent is made."""
         raise Unsupported("MAD agents")
 
     # ------------------------------------------------------ testing backdoors
