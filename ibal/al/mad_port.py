@@ -51,6 +51,7 @@ from ibal.types import (
     MadRecv,
     MadSend,
     MadSendDone,
+    NetworkHeader,
     PdType,
     QpCaps,
     QpMod,
@@ -445,7 +446,7 @@ class SplQpTransport(MadTransport):
             grh = None
             if wc.recv_opt & RecvOpt.GRH_VALID:
                 raw = wc.grh if wc.grh is not None else bytes(self._buf[off : off + GRH_LEN])
-                grh = _grh_of(raw)
+                grh = sender_grh(raw, wc.network_header)
             addr = MadAddr(
                 remote_qp=wc.src_qp,
                 remote_qkey=QP1_WELL_KNOWN_QKEY if self.qp_num == 1 else 0,
@@ -488,8 +489,19 @@ class SplQpTransport(MadTransport):
         agent.spec.recv_cb(recv)
 
 
-def _grh_of(raw: bytes) -> Grh:
-    """The sender as a reply's GRH: its GID (the received SGID) and the flow fields."""
+def sender_grh(raw: bytes, header: NetworkHeader | None = None) -> Grh:
+    """The sender as a reply's GRH, from a receive's 40-byte GRH area.
+
+    An IBA GRH or RoCE v2 IPv6 header gives the source GID and flow fields; a
+    RoCE v2 IPv4 header (last 20 bytes) the IPv4-mapped GID of its source.
+    """
+    if header is NetworkHeader.IPV4:
+        ip = raw[20:40]
+        return Grh(
+            dgid=Gid(b"\0" * 10 + b"\xff\xff" + bytes(ip[12:16])),
+            hop_limit=ip[8],
+            traffic_class=ip[1],
+        )
     word0 = int.from_bytes(raw[0:4], "big")
     return Grh(
         dgid=Gid(bytes(raw[8:24])),

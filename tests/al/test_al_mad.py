@@ -360,3 +360,26 @@ def test_contract_versions_one_and_two_are_accepted_others_refused() -> None:
             with pytest.raises(Unsupported):
                 m.register_ca(ci)
             assert ci.verbs() == []
+
+
+def test_the_sender_of_a_roce_v2_ipv4_datagram_is_its_mapped_gid() -> None:
+    """The GRH area of a RoCE v2 IPv4 receive holds the IPv4 header in its last 20 bytes."""
+    import ipaddress
+
+    from ibal.al.mad_port import sender_grh
+    from ibal.types import Gid, NetworkHeader
+
+    ip = bytearray(20)
+    ip[0], ip[1], ip[8], ip[9] = 0x45, 0x28, 63, 17  # version/IHL, TOS, TTL, UDP
+    ip[12:16] = ipaddress.IPv4Address("10.99.0.2").packed
+    ip[16:20] = ipaddress.IPv4Address("10.99.0.1").packed
+    grh = sender_grh(bytes(20) + bytes(ip), NetworkHeader.IPV4)
+    assert grh.dgid == Gid("::ffff:10.99.0.2")
+    assert (grh.hop_limit, grh.traffic_class) == (63, 0x28)
+    ib = bytearray(40)
+    ib[0:4] = ((6 << 28) | (0x12 << 20) | 0xABCDE).to_bytes(4, "big")
+    ib[7] = 9
+    ib[8:24] = Gid("fe80::1").packed
+    grh = sender_grh(bytes(ib), NetworkHeader.IB_GRH)
+    assert (grh.dgid, grh.flow_label, grh.traffic_class, grh.hop_limit) == (
+        Gid("fe80::1"), 0xABCDE, 0x12, 9)
