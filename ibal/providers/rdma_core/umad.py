@@ -154,14 +154,26 @@ def umad_cas() -> list[str]:
     return [bytes(names[i]).split(b"\0")[0].decode() for i in range(max(n, 0))]
 
 
-def availability(ca_name: str) -> str | None:
-    """``None`` if MAD agents work for ``ca_name``, else the reason they do not."""
+def availability(ca_name: str, port_num: int = 1) -> str | None:
+    """``None`` if MAD agents work for ``ca_name``, else the reason they do not.
+
+    libibumad lists verbs devices whether or not the kernel's ``ib_umad`` serves
+    them, so the test is opening (and closing) a port's umad descriptor.
+    """
     try:
         cas = umad_cas()
     except UmadUnavailable as exc:
         return str(exc)
     if ca_name not in cas:
-        return f"libibumad has no umad device for {ca_name} (modprobe ib_umad)"
+        return f"libibumad does not list {ca_name}"
+    lib = load().lib
+    portid = lib.umad_open_port(ca_name.encode(), port_num)
+    if portid < 0:
+        return (
+            f"umad_open_port {ca_name} {port_num}: {os.strerror(-portid)} "
+            "(is the ib_umad kernel module loaded? modprobe ib_umad)"
+        )
+    lib.umad_close_port(portid)
     return None
 
 
