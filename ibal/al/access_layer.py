@@ -14,6 +14,7 @@ from ibal.al.ca import Ca
 from ibal.al.cica import CiCa
 from ibal.al.obj import READY, AlObject
 from ibal.al.pnp import DeviceAttrMask, PnpCallback, PnpClass, PnpRegistration
+from ibal.al.timer import TimerScope
 from ibal.status import (
     InvalidAlHandle,
     InvalidGuid,
@@ -54,6 +55,15 @@ class AccessLayer(AlObject):
     def __init__(self, mgr: AlManager) -> None:
         super().__init__(mgr, None, None)
         self._owns_manager = False
+        self._timers = mgr.timers.scope()
+
+    @property
+    def timers(self) -> TimerScope:
+        """This instance's timers (:mod:`ibal.al.timer`): ``close()`` cancels them."""
+        return self._timers
+
+    def _on_destroying(self) -> None:
+        self._timers.close()
 
     @property
     def manager(self) -> AlManager:

@@ -26,9 +26,11 @@ from ibal.al.access_layer import AccessLayer
 from ibal.al.cica import CiCa
 from ibal.al.dispatcher import CallbackQueues, log
 from ibal.al.pnp import PnpRegistration
+from ibal.al.timer import TimerService
 from ibal.ci.interface import ChannelInterface
 from ibal.ci.manager import ProviderManager
 from ibal.ci.provider import Provider
+from ibal.clock import Clock
 from ibal.status import (
     DuplicateCa,
     IbError,
@@ -49,11 +51,16 @@ _COUNTER = itertools.count(1)
 class AlManager:
     """The access layer's manager: a ``CaRegistrar`` plus the AL instances over its CAs."""
 
-    def __init__(self, *, provider_manager: ProviderManager | None = None) -> None:
+    def __init__(
+        self, *, provider_manager: ProviderManager | None = None, clock: Clock | None = None
+    ) -> None:
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
-        self._queues = CallbackQueues(f"ibal-{next(_COUNTER)}")
+        n = next(_COUNTER)
+        self._queues = CallbackQueues(f"ibal-{n}")
         self._dispatcher = self._queues  # the former name: its post() is misc.post
+        # Expired timers run on the misc queue (TimerService.set_post moves them).
+        self._timers = TimerService(self._queues.misc.post, clock, name=f"ibal-timer-{n}")
         self._cas: dict[int, CiCa] = {}  # registered, in registration order
         self._closing: dict[int, CiCa] = {}  # deregistered, close_ca still to come
         self._registering: set[int] = set()
@@ -92,6 +99,16 @@ class AlManager:
     def dispatcher(self) -> CallbackQueues:
         """The former name of :attr:`queues`."""
         return self._queues
+
+    @property
+    def timers(self) -> TimerService:
+        """The manager's timer service (``al.timers`` is a per-AL scope of it)."""
+        return self._timers
+
+    @property
+    def clock(self) -> Clock:
+        """The clock every timer of this manager runs on (``clock=`` at construction)."""
+        return self._timers.clock
 
     # ------------------------------------------------------------------ providers
     def _providers_pm(self) -> ProviderManager:
@@ -304,6 +321,7 @@ class AlManager:
         with self._lock:
             if not self._cond.wait_for(lambda: not self._closing, timeout):
                 raise Timeout(f"CAs still closing: {[c.name for c in self._closing.values()]}")
+        self._timers.close()
         self._queues.stop()
 
 
@@ -364,14 +382,20 @@ def default_manager() -> AlManager:
 
 def open_al(
     providers: Sequence[str] | Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    clock: Clock | None = None,
 ) -> AccessLayer:
     """``ib_open_al``.
 
     ``providers=None`` opens on the default manager; a list of names or a dict
     ``{name: options}`` opens on a private manager running only those
-    providers (closing the AL closes it).
+    providers (closing the AL closes it).  ``clock`` (e.g. an
+    :class:`ibal.clock.ManualClock`, also handed to the mock as its ``clock``
+    option) drives the private manager's timers; it needs ``providers``.
     """
     if providers is None:
+        if clock is not None:
+            raise InvalidParameter("clock= makes a private manager: name the providers too")
         return default_manager().open_al()
     items: list[tuple[str, Mapping[str, Any]]]
     if isinstance(providers, Mapping):
@@ -382,7 +406,7 @@ def open_al(
         items = [(str(n), {}) for n in providers]
     else:
         raise InvalidParameter("providers is None, a list of names or a dict of options")
-    mgr = AlManager()
+    mgr = AlManager(clock=clock)
     try:
         for name, options in items:
             mgr.start_provider(name, options)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ibal.clock import ManualClock
 from ibal.providers.mock.ca import MOCK_OUI, CaLimits, MockCa
 from ibal.providers.mock.capture import mock_capture
 from ibal.providers.mock.engine import Engine
@@ -44,6 +45,7 @@ FABRIC_OPTIONS = frozenset(
         "pkeys",
         "violation_counters",
         "manual_clock",
+        "clock",
         "limits",
         "subnet_timeout",
         "capture",
@@ -86,6 +88,7 @@ class MockFabric(Engine):
         self._ca_index = 0
         self._registrar: CaRegistrar | None = None
         self._registered: list[MockCa] = []
+        self._shared_clock: ManualClock | None = None
 
     def __repr__(self) -> str:
         return f"<MockFabric seed={self.seed} cas={[c.name for c in self.cas]}>"
@@ -126,7 +129,12 @@ class MockFabric(Engine):
                 violation_counters=bool(opts.get("violation_counters", True)),
                 **limits,
             )
-        if opts.get("manual_clock"):
+        clock = opts.get("clock")
+        if clock is not None:
+            if not isinstance(clock, ManualClock):
+                raise InvalidParameter(f"'clock' must be an ibal.clock.ManualClock, not {clock!r}")
+            fabric.use_clock(clock)
+        elif opts.get("manual_clock"):
             fabric.manual_clock()
         return fabric
 
@@ -411,8 +419,49 @@ class MockFabric(Engine):
             self._inline = inline
             self._cond.notify_all()
 
+    def use_clock(self, clock: ManualClock, inline: bool = True) -> None:
+        """Run on ``clock``, shared with others (the access layer's timers).
+
+        The fabric goes manual and becomes a listener of ``clock``: one
+        ``clock.advance(x)`` (or this fabric's ``advance``/``settle``) fires the
+        fabric's retransmission and RNR timers and every other listener's
+        timers in one global time order.  Timers already pending keep their
+        remaining time.
+        """
+        if not isinstance(clock, ManualClock):
+            raise InvalidParameter(f"use_clock needs an ibal.clock.ManualClock, not {clock!r}")
+        with self._cond:
+            old = self._shared_clock
+            shift = clock.now() - self.now
+            if shift and self._heap:
+                self._heap = [(d + shift, *rest) for d, *rest in self._heap]
+            self._now_manual = clock.now()
+            self._manual = True
+            self._inline = inline
+            self._shared_clock = clock
+            self._cond.notify_all()
+        if old is not None and old is not clock:
+            old.detach(self)
+        clock.attach(self)
+
+    @property
+    def shared_clock(self) -> ManualClock | None:
+        """The clock given to :meth:`use_clock`, if any."""
+        return self._shared_clock
+
+    def clock_deadline(self) -> float | None:
+        """:class:`~ibal.clock.ClockListener`: the next live fabric timer."""
+        return self.next_deadline
+
+    def clock_run(self, now: float) -> None:
+        """:class:`~ibal.clock.ClockListener`: fire fabric timers due by ``now``."""
+        self._locked(lambda: self._advance_to(now))
+
     def auto_clock(self) -> None:
         """Back to real time (the default): timers fire on a timer thread."""
+        shared, self._shared_clock = self._shared_clock, None
+        if shared is not None:
+            shared.detach(self)
 
         def apply() -> None:
             import time
@@ -432,11 +481,18 @@ class MockFabric(Engine):
         return self._manual
 
     def advance(self, seconds: float) -> None:
-        """Move the manual clock ``seconds`` on, firing due timers in time order."""
+        """Move the manual clock ``seconds`` on, firing due timers in time order.
+
+        On a shared clock this is ``clock.advance(seconds)``: every listener's
+        timers fire too.
+        """
         if not self._manual:
             raise RuntimeError("advance() needs fabric.manual_clock()")
         if seconds < 0:
             raise ValueError("the clock does not go back")
+        if self._shared_clock is not None:
+            self._shared_clock.advance(seconds)
+            return
         self._locked(lambda: self._advance_to(self._now_manual + seconds))
 
     def run_until_idle(self) -> int:
@@ -503,6 +559,9 @@ class MockFabric(Engine):
             deadline = self.next_deadline
             if deadline is None or deadline - start > max_seconds:
                 break
+            if self._shared_clock is not None:  # other listeners' timers on the way fire too
+                self._shared_clock.advance_to(deadline)
+                continue
             self._locked(lambda d=deadline: self._advance_to(d))  # type: ignore[misc]
         return self._now_manual - start
 
@@ -545,6 +604,8 @@ class MockFabric(Engine):
         """Stop the timer thread; the fabric must not be used afterwards."""
         with self._lock:
             self._closed = True
+        if self._shared_clock is not None:
+            self._shared_clock.detach(self)
         self._stop_timer_thread()
 
 
