@@ -141,13 +141,39 @@ def check_modify(qp_type: QpType, current: QpState, mod: QpMod) -> Rule:
 
 
 def can_post_send(state: QpState) -> bool:
-    """IBA: sends are accepted in RTS and SQD (they queue in SQD)."""
+    """IBA 10.8.3 / 11.4.1.1: sends are accepted in RTS and SQD (they queue in SQD) and in
+    SQE and ERROR, where each completes with ``WR_FLUSHED_ERR``, signaled or not."""
+    return state in (S.RTS, S.SQD, S.SQERR, S.ERROR)
+
+
+def sends_execute(state: QpState) -> bool:
+    """States whose send queue executes work (RTS) or holds it for later (SQD)."""
     return state in (S.RTS, S.SQD)
 
 
 def can_post_recv(state: QpState) -> bool:
     """IBA 1.2: receives are accepted from INIT on, also in error (they flush)."""
     return state is not S.RESET
+
+
+def flushes_sends(state: QpState) -> bool:
+    """A send posted in this state completes at once with ``WR_FLUSHED_ERR``."""
+    return state in (S.SQERR, S.ERROR)
+
+
+def observed_state(qp_type: QpType, current: QpState, new: QpState) -> QpState:
+    """The state after an error the provider reported (an async event, an error
+    completion) moved a QP ``current`` towards ``new`` -- ``current`` if it cannot
+    apply: RESET and ERROR stay until a modify (a late report of an error from
+    before a reset must not resurrect it), SQE is entered only from RTS/SQD and
+    only by unreliable QPs (an RC send error is an ERROR)."""
+    if current is S.RESET or current is S.ERROR or new is current:
+        return current
+    if new is S.SQERR:
+        if qp_type is QpType.RC:
+            return S.ERROR
+        return new if current in (S.RTS, S.SQD) else current
+    return new
 
 
 def table_rows() -> list[tuple[str, str, str, str, str]]:

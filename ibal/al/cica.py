@@ -99,6 +99,9 @@ class CiCa:
 
     def async_event_cb(self, record: EventRecord) -> None:
         """``ci_async_event_cb_t``: queue the event; it is routed on the misc queue."""
+        ctx = record.context
+        if isinstance(ctx, Qp) and ctx._cica is self:  # the QP's state moves now, not later
+            ctx._observe_event(AsyncEvent(record.code))
         self.mgr._queues.misc.post(self._route_event, record)
 
     def _route_event(self, record: EventRecord) -> None:

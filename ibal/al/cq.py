@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import operator
 import threading
 import time
 from collections.abc import Callable
@@ -12,12 +13,14 @@ from typing import TYPE_CHECKING, Any
 from ibal.al.dispatcher import call_user, log
 from ibal.al.obj import READY, CaObject, DestroyCallback, _SyncDestroy, busy_if
 from ibal.status import InvalidCqHandle, InvalidCqSize, InvalidParameter
-from ibal.types import AsyncEventRec, Wc
+from ibal.types import AsyncEventRec, Wc, WcStatus
 
 if TYPE_CHECKING:
     from ibal.al.ca import Ca
 
 CompCallback = Callable[["Cq", Any], object]
+_status = operator.attrgetter("status")
+_QUIET = (WcStatus.SUCCESS, WcStatus.WR_FLUSHED_ERR)
 EventCallback = Callable[[AsyncEventRec], object]
 
 
@@ -70,7 +73,20 @@ class Cq(CaObject):
             self._check()
         if type(max_entries) is not int or max_entries < 1:
             raise InvalidParameter("max_entries must be a positive int")
-        return self._ci.poll_cq(self._h, max_entries)
+        wcs = self._ci.poll_cq(self._h, max_entries)
+        if wcs and any(map(_status, wcs)):  # SUCCESS is 0: one C-level scan on the hot path
+            self._observe_errors(wcs)
+        return wcs
+
+    def _observe_errors(self, wcs: list[Wc]) -> None:
+        """Error completions move their QP's state (``Qp._observe_wc``); flushes do not."""
+        for wc in wcs:
+            if wc.status in _QUIET:
+                continue
+            for dep in list(self._dependents):
+                if getattr(dep, "num", None) == wc.qp_num and hasattr(dep, "_observe_wc"):
+                    dep._observe_wc(wc)
+                    break
 
     def peek(self) -> int:
         """``ib_peek_cq``: how many completions are queued (optional verb)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -12,6 +14,7 @@ from ibal import qp_fsm
 from ibal.al import wrcheck
 from ibal.al.av import Av
 from ibal.al.cq import Cq
+from ibal.al.dispatcher import log
 from ibal.al.obj import READY, CaObject, DestroyCallback, _SyncDestroy
 from ibal.al.srq import Srq
 from ibal.status import (
@@ -30,6 +33,7 @@ from ibal.status import (
     InvalidServiceType,
     InvalidSetting,
     Status,
+    Timeout,
     Unsupported,
     post_error,
 )
@@ -38,9 +42,12 @@ from ibal.types import (
     PERMISSIVE_LID,
     QP1_WELL_KNOWN_QKEY,
     ApmState,
+    AsyncEvent,
     AsyncEventRec,
+    AvAttr,
     DgrmInfo,
     Gid,
+    Grh,
     LinkLayer,
     QpAttr,
     QpCaps,
@@ -48,8 +55,12 @@ from ibal.types import (
     QpState,
     QpType,
     RecvWr,
+    SendOpt,
     SendWr,
     UdDest,
+    Wc,
+    WcType,
+    WrType,
 )
 
 if TYPE_CHECKING:
@@ -58,10 +69,26 @@ if TYPE_CHECKING:
 
 EventCallback = Callable[[AsyncEventRec], object]
 
-_SEND_STATES = frozenset(s for s in QpState if qp_fsm.can_post_send(s))
+_SEND_STATES = frozenset(s for s in QpState if qp_fsm.sends_execute(s))  # binds (mr.py)
+_POST_SEND_STATES = frozenset(s for s in QpState if qp_fsm.can_post_send(s))
 _RECV_STATES = frozenset(s for s in QpState if qp_fsm.can_post_recv(s))
 _RAW = (QpType.RAW_IPV6, QpType.RAW_ETHER)
 _ALIAS = (QpType.QP0_ALIAS, QpType.QP1_ALIAS)
+
+# What an async event says about the QP's state (IBA 11.6.3; Linux ib_event_type).
+_EVENT_STATE: dict[AsyncEvent, QpState] = {
+    AsyncEvent.QP_FATAL: QpState.ERROR,
+    AsyncEvent.WQ_REQ_ERROR: QpState.ERROR,
+    AsyncEvent.WQ_ACCESS_ERROR: QpState.ERROR,
+    AsyncEvent.RQ_ERROR: QpState.ERROR,
+    AsyncEvent.SRQ_QP_LAST_WQE_REACHED: QpState.ERROR,  # raised as a QP on an SRQ errs
+    AsyncEvent.SQ_ERROR: QpState.SQERR,  # an RC QP goes to ERROR (qp_fsm.observed_state)
+}
+_RECV_WC = (WcType.RECV, WcType.RECV_RDMA_WRITE)
+DRAIN_SEND_WR_ID = 0xFFFF_FFFF_D4A1_0001
+"""``wr_id`` of :meth:`Qp.drain`'s marker send (kept out of the completions it returns)."""
+DRAIN_RECV_WR_ID = 0xFFFF_FFFF_D4A1_0002
+"""``wr_id`` of :meth:`Qp.drain`'s marker receive."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,11 +173,18 @@ class Qp(CaObject):
         self._srq = srq
         self._event_cb = event_cb
         self._qp_state = QpState.RESET
+        # The QP state has its own small locks: error completions and async events
+        # update it from poll and from provider upcalls, never under the AL lock.
+        self._state_lock = threading.Lock()
+        self._modify_lock = threading.Lock()  # one modify at a time per QP
+        self._modifying = False
+        self._observed = False  # an error was observed while a modify was in flight
         self._num = 0
         self._caps = create.caps()
         self._port_num = port_num
         # Only datagram WRs carry an AV to translate: RC/UC posts go straight through.
         self._translate = self._qp_type.is_datagram or self._qp_type in _RAW
+        self._drain_av: Av | None = None
 
     def _created(self, handle: Any, attr: QpAttr) -> None:
         self._h = handle
@@ -174,7 +208,8 @@ class Qp(CaObject):
 
     @property
     def state(self) -> QpState:
-        """The last known state (``query()`` refreshes it)."""
+        """The state as the AL knows it: set by ``modify``/``query`` and moved by the
+        errors the provider reports (async events, error completions polled)."""
         return self._qp_state
 
     @property
@@ -196,23 +231,98 @@ class Qp(CaObject):
 
     # ------------------------------------------------------------------ control
     def modify(self, mod: QpMod) -> None:
-        """``ib_modify_qp``: checked against :mod:`ibal.qp_fsm` before the provider sees it."""
+        """``ib_modify_qp``: checked against :mod:`ibal.qp_fsm` before the provider sees it.
+
+        Serialised per QP.  The provider's answer sets the state; if an error
+        was reported while the provider worked, or the provider refused, the
+        AL asks it (``query_qp``) -- the provider's word wins.  A
+        ``current_state`` that differs from what the AL knows is checked
+        against the provider too (it may have seen an error the AL has not).
+        """
         self._check()
         if not isinstance(mod, QpMod):
             raise InvalidParameter("a QpMod is required")
-        qp_fsm.check_modify(self._qp_type, self._qp_state, mod)
-        self._check_mod_values(mod)
-        self._use()
-        try:
-            attr = self._ci.modify_qp(self._h, mod)
-        finally:
-            self._unuse()
+        with self._modify_lock:
+            if mod.current_state is not None and mod.current_state is not self._qp_state:
+                self._resync()
+            qp_fsm.check_modify(self._qp_type, self._qp_state, mod)
+            self._check_mod_values(mod)
+            self._use()
+            try:
+                with self._state_lock:
+                    self._modifying, self._observed = True, False
+                try:
+                    attr = self._ci.modify_qp(self._h, mod)
+                except IbError:
+                    self._resync_quietly()
+                    raise
+                state = attr.state if isinstance(attr, QpAttr) else mod.state
+                with self._state_lock:
+                    raced = self._observed
+                if raced:
+                    with contextlib.suppress(IbError):
+                        state = self._ci.query_qp(self._h).state
+                with self._state_lock:
+                    self._qp_state = state
+            finally:
+                with self._state_lock:
+                    self._modifying = False
+                self._unuse()
         with self._lock:
-            self._qp_state = attr.state if isinstance(attr, QpAttr) else mod.state
             if mod.port_num is not None:
                 self._port_num = mod.port_num
             elif mod.state is QpState.RESET and not self._qp_type.is_special:
                 self._port_num = None
+
+    def _resync(self) -> None:
+        """Take the provider's state (``query_qp``)."""
+        self._use()
+        try:
+            state = self._ci.query_qp(self._h).state
+        finally:
+            self._unuse()
+        with self._state_lock:
+            self._qp_state = state
+
+    def _resync_quietly(self) -> None:
+        with contextlib.suppress(IbError):
+            state = self._ci.query_qp(self._h).state
+            with self._state_lock:
+                self._qp_state = state
+
+    # ------------------------------------------------------------------ observed state
+    def _observe_state(self, new: QpState, reason: str) -> None:
+        """The provider reported an error that moves the QP to ``new`` (any thread, cheap).
+
+        The one place besides ``modify``/``query`` that changes ``state``;
+        :func:`ibal.qp_fsm.observed_state` says whether ``new`` applies.
+        """
+        with self._state_lock:
+            if self._modifying:
+                self._observed = True
+            cur = self._qp_state
+            nxt = qp_fsm.observed_state(self._qp_type, cur, new)
+            self._qp_state = nxt
+        if nxt is not cur:
+            log.debug("ibal: QP 0x%x %s -> %s (%s)", self._num, cur.name, nxt.name, reason)
+
+    def _observe_event(self, code: AsyncEvent) -> None:
+        """Async-event hook (called by the CA's event upcall, on the provider's thread)."""
+        new = _EVENT_STATE.get(code)
+        if new is not None:
+            self._observe_state(new, code.name)
+
+    def _observe_wc(self, wc: Wc) -> None:
+        """Error-completion hook (``Cq.poll``, only for non-success, non-flush statuses).
+
+        IBA 10.8.3: on an RC QP any error completion means ERROR; on UC/UD a
+        send error means SQE; a receive error on UC/UD leaves the state to the
+        provider's async event.
+        """
+        if self._qp_type is QpType.RC:
+            self._observe_state(QpState.ERROR, wc.status.name)
+        elif wc.wc_type not in _RECV_WC:
+            self._observe_state(QpState.SQERR, wc.status.name)
 
     def _check_mod_values(self, mod: QpMod) -> None:
         cica = self._cica
@@ -243,7 +353,8 @@ class Qp(CaObject):
             attr = self._ci.query_qp(self._h)
         finally:
             self._unuse()
-        self._qp_state = attr.state
+        with self._state_lock:
+            self._qp_state = attr.state
         return dataclasses.replace(
             attr, pd=self._pd, send_cq=self._send_cq, recv_cq=self._recv_cq, srq=self._srq
         )
@@ -315,10 +426,14 @@ class Qp(CaObject):
 
     # ------------------------------------------------------------------ posting
     def post_send(self, wrs: SendWr | Sequence[SendWr]) -> None:
-        """``ib_post_send``; ``PostError.failed_index`` is IBAL's ``pp_failed``."""
+        """``ib_post_send``; ``PostError.failed_index`` is IBAL's ``pp_failed``.
+
+        Accepted in RTS and SQD, and in SQE and ERROR, where the provider
+        completes every WR with ``WR_FLUSHED_ERR`` (IBA 10.8.3, 11.4.1.1).
+        """
         if self._state is not READY:
             self._check()
-        if self._qp_state not in _SEND_STATES:
+        if self._qp_state not in _POST_SEND_STATES:
             raise post_error(Status.INVALID_QP_STATE, 0, f"QP is {self._qp_state.name}")
         wrs, bad = wrcheck.send_list(wrs)
         if self._translate:
@@ -367,7 +482,7 @@ class Qp(CaObject):
         return out
 
     def post_recv(self, wrs: RecvWr | Sequence[RecvWr]) -> None:
-        """``ib_post_recv``."""
+        """``ib_post_recv``: accepted from INIT on; in ERROR each WR completes flushed."""
         if self._state is not READY:
             self._check()
         if self._qp_state not in _RECV_STATES:
@@ -377,6 +492,90 @@ class Qp(CaObject):
             self._ci.post_recv(self._h, wrs)
         if bad is not None:
             raise bad
+
+    # ------------------------------------------------------------------ drain
+    def drain(
+        self, timeout: float | None = None, *, send: bool = True, recv: bool = True
+    ) -> list[Wc]:
+        """Move to ERROR and wait until every posted WR has completed (IBA drain).
+
+        Posts a marker send and a marker receive (``DRAIN_SEND_WR_ID`` /
+        ``DRAIN_RECV_WR_ID``) behind everything outstanding and polls this QP's
+        CQs until both come out flushed; since a queue completes in order,
+        everything posted before has completed then.  Returns every other
+        completion polled meanwhile (this QP's flushes and those of other QPs
+        sharing the CQs), in order, so none is lost.
+
+        Contract (as Linux ``ib_drain_qp``): nobody else polls these CQs or
+        posts to this QP while ``drain`` runs, or a marker may be taken by
+        another poller and ``drain`` times out.  A QP on an SRQ has no receive
+        marker (its ``SRQ_QP_LAST_WQE_REACHED`` event says when the SRQ stops
+        feeding it).  ``Timeout`` if the markers are not back in ``timeout``
+        seconds (``None``: wait as long as it takes).
+        """
+        self._check()
+        if self._qp_state is QpState.RESET:
+            raise InvalidQpState("a QP in RESET has nothing to drain")
+        if self._qp_state is not QpState.ERROR:
+            self.modify(QpMod(QpState.ERROR))
+        want: dict[int, Cq] = {}
+        if send:
+            self.post_send(self._drain_send_wr())
+            want[DRAIN_SEND_WR_ID] = self._send_cq
+        if recv and self._srq is None:
+            self.post_recv(RecvWr(wr_id=DRAIN_RECV_WR_ID))
+            want[DRAIN_RECV_WR_ID] = self._recv_cq
+        return self._wait_markers(want, timeout)
+
+    def _drain_send_wr(self) -> SendWr:
+        if not (self._qp_type.is_datagram or self._qp_type in _RAW):
+            # A zero-length RDMA WRITE, as Linux's drain posts: RC and UC take it.
+            return SendWr(DRAIN_SEND_WR_ID, WrType.RDMA_WRITE, send_opt=SendOpt.SIGNALED)
+        # A datagram send needs a destination; it is flushed, so any valid AV will do.
+        port = self._cica.port(self._port_num or 1) or (
+            self._cica.attr.ports[0] if self._cica.attr.ports else None
+        )
+        if port is None:
+            raise InvalidParameter("the QP's CA reports no port to address the marker to")
+        roce = port.link_layer is LinkLayer.ETHERNET and port.gids
+        grh = Grh(dgid=port.gids[0]) if roce else None
+        av = self._pd.create_av(AvAttr(port_num=port.port_num, dlid=port.lid, grh=grh))
+        self._drain_av = av
+        return SendWr(DRAIN_SEND_WR_ID, WrType.SEND, send_opt=SendOpt.SIGNALED,
+                      ud=UdDest(av, self._num, 0))  # fmt: skip
+
+    def _wait_markers(self, want: dict[int, Cq], timeout: float | None) -> list[Wc]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        got: list[Wc] = []
+        pause = 0.0001
+        try:
+            while want:
+                progress = False
+                for cq in {id(c): c for c in want.values()}.values():
+                    for wc in cq.poll(64):
+                        progress = True
+                        if wc.wr_id in want and wc.qp_num == self._num:
+                            del want[wc.wr_id]
+                        else:
+                            got.append(wc)
+                if not want:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise Timeout(
+                        f"drain: {[hex(w) for w in want]} not flushed in {timeout} s "
+                        "(is another thread polling the CQ?)"
+                    )
+                if progress:
+                    pause = 0.0001
+                else:  # the provider flushes asynchronously: back off a little
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.01)
+        finally:
+            av, self._drain_av = self._drain_av, None
+            if av is not None:
+                with contextlib.suppress(IbError):
+                    av.destroy()
+        return got
 
     # ------------------------------------------------------------------ multicast
     def attach_mcast(self, gid: Gid | bytes | str, lid: int) -> McastAttachment:

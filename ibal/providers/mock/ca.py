@@ -155,6 +155,8 @@ _RTS = QpState.RTS
 _SQD = QpState.SQD
 _RESET = QpState.RESET
 _ERROR = QpState.ERROR
+_SQERR = QpState.SQERR
+_FLUSHING = frozenset({_ERROR, _SQERR})  # posted sends complete WR_FLUSHED_ERR at once
 
 _OPCODES: dict[QpType, frozenset[WrType]] = {
     QpType.RC: frozenset(WrType),
@@ -1365,7 +1367,7 @@ class MockCa(ChannelInterface):
                 if type(qp) is not MockQp or qp.ca is not self or not qp.alive:
                     raise post_error(Status.INVALID_QP_HANDLE, 0, f"not a QP of {self.name}")
                 state = qp.state
-                if state is not _RTS and state is not _SQD:
+                if state is not _RTS and state is not _SQD and state not in _FLUSHING:
                     raise post_error(Status.INVALID_QP_STATE, 0, f"post_send in {state.name}")
                 sq = qp.sq
                 depth = qp.caps.sq_depth
@@ -1379,6 +1381,8 @@ class MockCa(ChannelInterface):
                         fab._sq_progress(qp)
                         if fab._inline:
                             fab._drive()
+                    elif state is _ERROR or state is _SQERR:
+                        fab._flush_sq(qp)  # IBA 10.8.3: each WR completes WR_FLUSHED_ERR
         finally:
             if fab._upcalls:
                 fab._flush_upcalls()

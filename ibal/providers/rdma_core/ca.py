@@ -61,7 +61,7 @@ from ibal.providers.rdma_core.wr import (
     convert_wcs,
     flush_tuples,
 )
-from ibal.qp_fsm import can_post_recv, can_post_send
+from ibal.qp_fsm import can_post_recv, sends_execute
 from ibal.status import (
     InsufficientResources,
     InvalidAvHandle,
@@ -1863,7 +1863,7 @@ class RdmaCoreCa(ChannelInterface):
         qp = self._qp(h_qp)
         if qp.qp_type not in (QpType.RC, QpType.UC):
             raise InvalidServiceType("memory windows are bound on RC or UC QPs")
-        if not can_post_send(qp.state):
+        if not sends_execute(qp.state):
             raise InvalidQpState(f"QP is in {qp.state.name}")
         if qp.pd is not mw.pd:
             raise InvalidParameter("the binding QP must be in the window's PD (IBA 10.6.7)")
@@ -1957,6 +1957,12 @@ class RdmaCoreCa(ChannelInterface):
             # A device queues sends posted in SQD until RTS; rxe does not restart a
             # drained send queue on SQD -> RTS: hold them (validated) until then.
             qp.sq.post(wrs, hold=self.rxe)  # type: ignore[union-attr]
+        elif state is QpState.ERROR or state is QpState.SQERR:
+            # IBA 10.8.3: accepted and completed WR_FLUSHED_ERR by the device; rxe's
+            # requester flushes only when it runs, so nudge it as for receives.
+            qp.sq.post(wrs)  # type: ignore[union-attr]
+            if state is QpState.ERROR and self.rxe:
+                self._kick_flush(qp)
         else:
             raise post_error(Status.INVALID_QP_STATE, 0, f"QP is in {state.name}")
 

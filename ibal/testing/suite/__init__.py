@@ -27,6 +27,7 @@ from ibal.testing.suite.ch_mw import MwChecks
 from ibal.testing.suite.ch_pd_av import AvChecks, PdChecks
 from ibal.testing.suite.ch_post import PostChecks
 from ibal.testing.suite.ch_qp import QpChecks
+from ibal.testing.suite.ch_qp_state import QpStateChecks
 from ibal.testing.suite.ch_registration import RegistrationChecks
 from ibal.testing.suite.ch_srq import SrqChecks
 
@@ -40,6 +41,7 @@ CHAPTERS: tuple[type[ConformanceBase], ...] = (
     PostChecks,
     DataPathChecks,
     ErrorCompletionChecks,
+    QpStateChecks,
     MrChecks,
     MwChecks,
     SrqChecks,
@@ -71,6 +73,7 @@ class ProviderConformance(
     SrqChecks,
     MwChecks,
     MrChecks,
+    QpStateChecks,
     ErrorCompletionChecks,
     DataPathChecks,
     PostChecks,
