@@ -315,14 +315,25 @@ class Qp(CaObject):
     def _observe_wc(self, wc: Wc) -> None:
         """Error-completion hook (``Cq.poll``, only for non-success, non-flush statuses).
 
-        IBA 10.8.3: on an RC QP any error completion means ERROR; on UC/UD a
-        send error means SQE; a receive error on UC/UD leaves the state to the
-        provider's async event.
+        IBA 10.8.3: on an RC QP any error completion means ERROR.  On UC/UD a
+        send error means SQE, but the completion may be older than a modify
+        that already recovered the QP (RTS -> RTS is SQE -> RTS too), and some
+        CAs (kernel rxe) move such QPs to ERROR instead: the provider is asked
+        (one ``query_qp`` per send error).  A receive error on UC/UD leaves the
+        state to the provider's async event.
         """
         if self._qp_type is QpType.RC:
             self._observe_state(QpState.ERROR, wc.status.name)
         elif wc.wc_type not in _RECV_WC:
-            self._observe_state(QpState.SQERR, wc.status.name)
+            try:
+                told = self._ci.query_qp(self._h).state
+            except IbError:
+                self._observe_state(QpState.SQERR, wc.status.name)
+                return
+            with self._state_lock:
+                if self._modifying:
+                    self._observed = True
+                self._qp_state = told
 
     def _check_mod_values(self, mod: QpMod) -> None:
         cica = self._cica
