@@ -468,3 +468,52 @@ def test_cq_wait_with_and_without_completions(env: Env) -> None:
     a.post_send(SendWr(96, WrType.SEND, [e.mr.sge(100, 4)], SIG))
     got = e.cq.wait(10.0, min_entries=2)
     assert sorted(w.wr_id for w in got) == [95, 96]
+
+
+# ------------------------------------------------------------------ one QP state
+
+
+def test_posts_in_error_flush_signaled_and_unsignaled(env: Env) -> None:
+    """IBA 10.8.3: sends and receives posted to a QP in ERROR complete WR_FLUSHED_ERR."""
+    e = env
+    a, _ = rc_pair(e, sq_signaled=False)
+    a.modify(QpMod(QpState.ERROR))
+    a.post_send([SendWr(60 + i, WrType.SEND, [e.mr.sge(0, 8)], SIG if i % 2 else SendOpt.NONE)
+                 for i in range(4)])  # fmt: skip
+    a.post_recv(RecvWr(70, [e.mr.sge(64, 8)]))
+    wcs = sorted(poll(e.cq, 5), key=lambda w: w.wr_id)
+    assert [(w.wr_id, w.status, w.qp_num) for w in wcs] == [
+        (i, WcStatus.WR_FLUSHED_ERR, a.num) for i in (60, 61, 62, 63, 70)
+    ]
+    assert a.state is QpState.ERROR and a.query().state is QpState.ERROR
+
+
+def test_rc_error_completion_moves_the_al_state(env: Env) -> None:
+    """A polled RC error completion moves qp.state to ERROR; posts then flush."""
+    e = env
+    a, _ = rc_pair(e)
+    bad = e.mr.sge(0, 8)
+    bad = type(bad)(bad.addr, bad.length, bad.lkey ^ 0x00FF_FF00)
+    a.post_send(SendWr(80, WrType.SEND, [bad], SIG))
+    (wc,) = poll(e.cq, 1)
+    assert wc.wr_id == 80 and wc.status not in (WcStatus.SUCCESS, WcStatus.WR_FLUSHED_ERR)
+    assert a.state is QpState.ERROR
+    wait_for(lambda: a.query().state is QpState.ERROR)
+    a.post_send(SendWr(81, WrType.RDMA_WRITE, [e.mr.sge(0, 8)], SendOpt.NONE))
+    assert [(w.wr_id, w.status) for w in poll(e.cq, 1)] == [(81, WcStatus.WR_FLUSHED_ERR)]
+
+
+def test_drain_returns_when_everything_has_completed(env: Env) -> None:
+    """qp.drain(): ERROR, marker send and receive, wait for their flushes."""
+    e = env
+    a, _ = rc_pair(e)
+    a.post_recv([RecvWr(90 + i, [e.mr.sge(128, 8)]) for i in range(3)])
+    wcs = a.drain(timeout=30)
+    assert [(w.wr_id, w.status, w.wc_type) for w in wcs] == [
+        (90 + i, WcStatus.WR_FLUSHED_ERR, WcType.RECV) for i in range(3)
+    ]
+    assert a.state is QpState.ERROR
+    assert e.cq.poll() == []
+    u = ud_qp(e)
+    u.post_recv(RecvWr(95, [e.mr.sge(256, 128)]))
+    assert [(w.wr_id, w.status) for w in u.drain(timeout=30)] == [(95, WcStatus.WR_FLUSHED_ERR)]
