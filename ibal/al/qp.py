@@ -508,7 +508,7 @@ class Qp(CaObject):
     def drain(
         self, timeout: float | None = None, *, send: bool = True, recv: bool = True
     ) -> list[Wc]:
-        """Move to ERROR and wait until every posted WR has completed (IBA drain).
+        """Move to ERROR (again) and wait until every posted WR has completed (IBA drain).
 
         Posts a marker send and a marker receive (``DRAIN_SEND_WR_ID`` /
         ``DRAIN_RECV_WR_ID``) behind everything outstanding and polls this QP's
@@ -527,8 +527,9 @@ class Qp(CaObject):
         self._check()
         if self._qp_state is QpState.RESET:
             raise InvalidQpState("a QP in RESET has nothing to drain")
-        if self._qp_state is not QpState.ERROR:
-            self.modify(QpMod(QpState.ERROR))
+        # Always (as Linux does): ERROR -> ERROR is legal, and it makes a CA that flushes
+        # lazily (kernel rxe's responder) look at its queues again.
+        self.modify(QpMod(QpState.ERROR))
         want: dict[int, Cq] = {}
         if send:
             self.post_send(self._drain_send_wr())

@@ -63,6 +63,7 @@ from ibal.providers.rdma_core.wr import (
 )
 from ibal.qp_fsm import can_post_recv, sends_execute
 from ibal.status import (
+    IbError,
     InsufficientResources,
     InvalidAvHandle,
     InvalidCaHandle,
@@ -393,6 +394,7 @@ class RdmaCoreCa(ChannelInterface):
         self._srqs: dict[int, _Srq] = {}
         self._ud_qpns: set[int] = set()
         self._areas = ReceiveAreas()
+        self._errored: set[int] = set()  # QPs with an error completion since the last look
         self._sq_accts: dict[int, SqAccount] = {}
         self.tokens = RecvTokens()
         self._ports: dict[int, _PortInfo] = {}
@@ -1151,11 +1153,15 @@ class RdmaCoreCa(ChannelInterface):
                     got = wc_tuples_from_pyverbs(wcs) if n else ()
             except (OSError, self._errs.PyverbsError) as exc:
                 raise translate(exc, "ibv_poll_cq") from exc
-            out = convert_wcs(got, self.tokens, self._ud_qpns, cq.wc_cache, self._sq_accts)
+            out = convert_wcs(
+                got, self.tokens, self._ud_qpns, cq.wc_cache, self._sq_accts, self._errored
+            )
             if cq.pending and len(out) < max_entries:  # after the device's: they came later
                 take = cq.pending[: max_entries - len(out)]
                 del cq.pending[: len(take)]
-                out += convert_wcs(take, self.tokens, self._ud_qpns, None, self._sq_accts)
+                out += convert_wcs(
+                    take, self.tokens, self._ud_qpns, None, self._sq_accts, self._errored
+                )
             return self._headers(out) if self._ud_qpns else out
 
     def _complete_flushed(self, qp: _Qp, lost: Held) -> None:
@@ -1950,6 +1956,8 @@ class RdmaCoreCa(ChannelInterface):
         qp = h_qp
         if qp.__class__ is not _Qp or qp.ci is not self or not qp.alive:
             raise post_error(Status.INVALID_QP_HANDLE, 0, "invalid or destroyed QP")
+        if self._errored:
+            self._refresh_state(qp)
         state = qp.state
         if state is QpState.RTS:
             qp.sq.post(wrs)  # type: ignore[union-attr]  # set for every live QP
@@ -1970,6 +1978,8 @@ class RdmaCoreCa(ChannelInterface):
         qp = h_qp
         if qp.__class__ is not _Qp or qp.ci is not self or not qp.alive:
             raise post_error(Status.INVALID_QP_HANDLE, 0, "invalid or destroyed QP")
+        if self._errored:
+            self._refresh_state(qp)
         if not can_post_recv(qp.state):
             raise post_error(Status.INVALID_QP_STATE, 0, f"QP is in {qp.state.name}")
         rq = qp.rq
@@ -1998,6 +2008,16 @@ class RdmaCoreCa(ChannelInterface):
         if room:
             rq.post(wrs[:room])
         raise post_error(Status.INSUFFICIENT_RESOURCES, room, "receive queue full")
+
+    def _refresh_state(self, qp: _Qp) -> None:
+        """An error completion was polled for ``qp``: the kernel may have moved it to
+        ERROR (rxe does for every error), which the cached state does not know yet;
+        posts there must be flushed, so ask once (``ibv_query_qp``)."""
+        if qp.num not in self._errored:
+            return
+        self._errored.discard(qp.num)
+        with contextlib.suppress(IbError):
+            self._query(qp)
 
     def _kick_flush(self, qp: _Qp) -> None:
         """Receives posted to a QP in ERROR must complete flushed; rxe's responder only

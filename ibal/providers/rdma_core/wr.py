@@ -820,6 +820,7 @@ def convert_wcs(
     ud_qpns: set[int] | frozenset[int] = frozenset(),
     cache: dict[tuple[int, int, int, int], Wc] | None = None,
     sq_accts: dict[int, SqAccount] | None = None,
+    errored: set[int] | None = None,
 ) -> list[Wc]:
     """``ibv_wc`` tuples -> ibal :class:`Wc`, in order.
 
@@ -838,6 +839,9 @@ def convert_wcs(
 
     ``sq_accts``: each QP's :class:`SqAccount`, by QP number; send
     completions free their slots there.
+
+    ``errored``: numbers of QPs an error completion was seen for are added
+    (the kernel may have moved them to ERROR behind the provider's back).
     """
     out: list[Wc] = []
     append = out.append
@@ -891,6 +895,8 @@ def convert_wcs(
             )  # fmt: skip
         else:
             status = _WC_STATUS.get(st, WcStatus.GENERAL_ERR)
+            if errored is not None:
+                errored.add(qpn)
             append(
                 _full_wc(wr_id, wc_type, status, 0, None, RecvOpt.NONE, qpn, 0, 0, 0, 0, 0, verr)
             )

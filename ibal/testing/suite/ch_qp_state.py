@@ -125,7 +125,7 @@ class QpStateChecks(ConformanceBase):
         assert state(pair.b.qp) is QpState.ERROR
 
     def test_drain_after_an_error_then_reset(self, ca: Ca, port: PortAttr) -> None:
-        """ibal.qp_fsm: a QP already in ERROR drains without a modify (nothing left to flush)
+        """ibal.qp_fsm: a QP an error completion put in ERROR drains (nothing left to flush)
         and goes back to RESET."""
         pair = self.loop(ca, port, QpType.RC, timing=FAST)
         a = pair.a

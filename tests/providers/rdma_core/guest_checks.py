@@ -501,6 +501,9 @@ def test_rc_error_completion_moves_the_al_state(env: Env) -> None:
     wait_for(lambda: a.query().state is QpState.ERROR)
     a.post_send(SendWr(81, WrType.RDMA_WRITE, [e.mr.sge(0, 8)], SendOpt.NONE))
     assert [(w.wr_id, w.status) for w in poll(e.cq, 1)] == [(81, WcStatus.WR_FLUSHED_ERR)]
+    # A receive too: rxe flushes it only if the provider knows the kernel moved the QP.
+    a.post_recv(RecvWr(82, [e.mr.sge(0, 8)]))
+    assert [(w.wr_id, w.status) for w in poll(e.cq, 1)] == [(82, WcStatus.WR_FLUSHED_ERR)]
 
 
 def test_drain_returns_when_everything_has_completed(env: Env) -> None:
