@@ -29,6 +29,7 @@ from ibal.al.pnp import (
 from ibal.al.qp import McastAttachment, Qp, QpCreate
 from ibal.al.srq import Srq
 from ibal.al.stash import Stash, StashKey
+from ibal.al.timer import Timer, TimerScope, TimerService
 
 __all__ = [
     "PROVIDERS_ENV",
@@ -63,6 +64,9 @@ __all__ = [
     "Srq",
     "Stash",
     "StashKey",
+    "Timer",
+    "TimerScope",
+    "TimerService",
     "connect_qp",
     "default_manager",
     "endpoint",
