@@ -515,7 +515,9 @@ class Qp(CaObject):
         CQs until both come out flushed; since a queue completes in order,
         everything posted before has completed then.  Returns every other
         completion polled meanwhile (this QP's flushes and those of other QPs
-        sharing the CQs), in order, so none is lost.
+        sharing the CQs; the send CQ's first, each CQ's in order), so none is
+        lost.  It waits with ``cq.wait`` (which rearms the CQ: a ``comp_cb``
+        may see an extra notification).
 
         Contract (as Linux ``ib_drain_qp``): nobody else polls these CQs or
         posts to this QP while ``drain`` runs, or a marker may be taken by
@@ -557,31 +559,23 @@ class Qp(CaObject):
                       ud=UdDest(av, self._num, 0))  # fmt: skip
 
     def _wait_markers(self, want: dict[int, Cq], timeout: float | None) -> list[Wc]:
+        """``cq.wait`` on each CQ until its markers are back (no spinning, no sleeps)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         got: list[Wc] = []
-        pause = 0.0001
         try:
-            while want:
-                progress = False
-                for cq in {id(c): c for c in want.values()}.values():
-                    for wc in cq.poll(64):
-                        progress = True
+            for cq in list({id(c): c for c in want.values()}.values()):
+                while any(c is cq for c in want.values()):
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise Timeout(
+                            f"drain: {[hex(w) for w in want]} not flushed in {timeout} s "
+                            "(is another thread polling the CQ?)"
+                        )
+                    for wc in cq.wait(remaining, 64):
                         if wc.wr_id in want and wc.qp_num == self._num:
                             del want[wc.wr_id]
                         else:
                             got.append(wc)
-                if not want:
-                    break
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise Timeout(
-                        f"drain: {[hex(w) for w in want]} not flushed in {timeout} s "
-                        "(is another thread polling the CQ?)"
-                    )
-                if progress:
-                    pause = 0.0001
-                else:  # the provider flushes asynchronously: back off a little
-                    time.sleep(pause)
-                    pause = min(pause * 2, 0.01)
         finally:
             av, self._drain_av = self._drain_av, None
             if av is not None:

@@ -203,7 +203,7 @@ def test_advance_from_inside_a_listener_is_refused(clock: ManualClock) -> None:
 # ---------------------------------------------------------------- the AL's service
 
 
-def test_al_timers_run_on_the_dispatcher_and_die_with_the_al() -> None:
+def test_al_timers_run_on_the_misc_queue_and_die_with_the_al() -> None:
     clock = ManualClock()
     mgr = AlManager(clock=clock)
     try:
@@ -211,8 +211,8 @@ def test_al_timers_run_on_the_dispatcher_and_die_with_the_al() -> None:
         al = mgr.open_al()
         al2 = mgr.open_al()
         ran: list[tuple[str, bool]] = []
-        al.timers.call_later(1, lambda: ran.append(("al", mgr.dispatcher.is_current())))
-        al2.timers.call_later(1, lambda: ran.append(("al2", mgr.dispatcher.is_current())))
+        al.timers.call_later(1, lambda: ran.append(("al", mgr.queues.misc.is_current())))
+        al2.timers.call_later(1, lambda: ran.append(("al2", mgr.queues.misc.is_current())))
         al.timers.call_later(2, lambda: ran.append(("late", True)))
         clock.advance(1, settle=mgr.dispatcher.flush)
         assert sorted(ran) == [("al", True), ("al2", True)]
@@ -240,9 +240,11 @@ def test_real_clock_timers_share_one_thread_and_fire() -> None:
         done = threading.Event()
         got: list[int] = []
         threads: set[str] = set()
+        on_misc: list[bool] = []
 
         def fire(i: int) -> None:
             threads.add(threading.current_thread().name)
+            on_misc.append(mgr.queues.misc.is_current())
             got.append(i)
             if len(got) == 20:
                 done.set()
@@ -253,7 +255,8 @@ def test_real_clock_timers_share_one_thread_and_fire() -> None:
         assert done.wait(WAIT)
         timer_threads = {t.name for t in threading.enumerate()} - before
         assert len([n for n in timer_threads if n.startswith("ibal-timer")]) == 1
-        assert threads == {mgr.dispatcher._thread.name}  # never on the timer thread
+        assert all(on_misc) and len(threads) == 1  # on the misc queue, never the timer thread
+        assert not any(n.startswith("ibal-timer") for n in threads)
         assert sorted(got) == list(range(20))
         stop = al.timers.call_later(3600, fire, -1)
         al.close()
