@@ -95,7 +95,7 @@ class ManualClock:
     def advance(self, seconds: float, *, settle: Callable[[], object] | None = None) -> None:
         """Move ``seconds`` on, stopping at every due timer on the way, in time order.
 
-        ``settle`` (e.g. the AL dispatcher's ``flush``) runs after every step,
+        ``settle`` (e.g. the AL manager's ``queues.flush``) runs after every step,
         so callbacks that expired timers handed off run -- and may re-arm
         timers -- before time moves further: fully deterministic tests.
         """

@@ -7,7 +7,7 @@ MAD retries, RMPP windows, CM timers and SA lease renewals all schedule here::
     t.cancel()            # True: the callback will not run
 
 Expired callbacks never run on the timer thread: they are handed to the
-service's ``post`` (the manager's callback dispatcher), where ``call_user``
+service's ``post`` (the manager's misc callback queue), where ``call_user``
 isolates what they raise.  ``cancel()`` returning ``True`` means the callback
 will not start, even if it was already handed to ``post``.
 
