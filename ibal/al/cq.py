@@ -80,10 +80,12 @@ class Cq(CaObject):
 
     def _observe_errors(self, wcs: list[Wc]) -> None:
         """Error completions move their QP's state (``Qp._observe_wc``); flushes do not."""
+        with self._lock:  # QPs come and go on other threads
+            deps = list(self._dependents)
         for wc in wcs:
             if wc.status in _QUIET:
                 continue
-            for dep in list(self._dependents):
+            for dep in deps:
                 if getattr(dep, "num", None) == wc.qp_num and hasattr(dep, "_observe_wc"):
                     dep._observe_wc(wc)
                     break
