@@ -55,6 +55,7 @@ def bare_ca(*, rxe: bool = False) -> Any:
     ca._n = {"qp": 1}
     ca._ud_qpns = set()
     ca._sq_accts = {}
+    ca._errored = set()
     ca._ip_groups = None
     ca._areas = ReceiveAreas()
     ca.tokens = RecvTokens()
