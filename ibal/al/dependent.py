@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ibal.al.pd import Pd
     from ibal.al.qp import Qp
     from ibal.al.srq import Srq
+    from ibal.al.timer import Timer
 
 
 def _owner_types() -> tuple[type[AlObject], ...]:
@@ -119,6 +120,12 @@ class Dependent(AlObject):
         self._mgr._queues.misc.post(self._run_callback, fn, args)
         return True
 
+    def call_later(self, delay: float, fn: Callable[..., object], *args: Any) -> Timer:
+        """Run ``fn(*args)`` on the misc queue ``delay`` seconds from now (the manager's
+        clock), like :meth:`post_callback`: not once the object is dying, whose timers
+        are all cancelled as it starts to (``owner=self`` in ``al.timers``)."""
+        return self.al.timers.call_later(delay, self._run_callback, fn, args, owner=self)
+
     @contextlib.contextmanager
     def use(self) -> Iterator[None]:
         """Pin the valid object for a call: its ``cleanup`` waits until the block ends."""
@@ -191,6 +198,7 @@ class Dependent(AlObject):
         return super()._mark(destroy_cb if destroy_cb is not None else self._preset_cb, done)
 
     def _destroying(self) -> None:
+        self.al.timers.cancel_owner(self)
         call_user(self.on_destroying)
 
     def _cleanup(self) -> None:

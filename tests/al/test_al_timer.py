@@ -227,6 +227,38 @@ def test_al_timers_run_on_the_misc_queue_and_die_with_the_al() -> None:
     assert len(mgr.timers) == 0
 
 
+def test_a_dependent_objects_timers_die_with_it() -> None:
+    """``Dependent.call_later``: runs while the object lives, cancelled as it starts dying
+    (also when its AL closes), and never runs for a dying object."""
+    from ibal.al.dependent import Dependent
+
+    class Retry(Dependent):
+        pass
+
+    clock = ManualClock()
+    mgr = AlManager(clock=clock)
+    try:
+        al = mgr.open_al()
+        ran: list[str] = []
+        a, b, c = Retry(al), Retry(al), Retry(al)
+        a.call_later(1, ran.append, "a")
+        ta = a.call_later(3, ran.append, "a-late")
+        tb = b.call_later(2, ran.append, "b")
+        tc = c.call_later(2, ran.append, "c")
+        clock.advance(1, settle=mgr.queues.flush)
+        assert ran == ["a"]
+        b.destroy(wait=True)
+        assert tb.cancelled and len(al.timers) == 2
+        clock.advance(1, settle=mgr.queues.flush)
+        assert ran == ["a", "c"] and not tc.pending
+        al.close()
+        assert ta.cancelled
+        clock.advance(5, settle=mgr.queues.flush)
+        assert ran == ["a", "c"]
+    finally:
+        mgr.close(timeout=WAIT)
+
+
 def test_open_al_takes_a_clock_only_with_providers() -> None:
     with pytest.raises(InvalidParameter):
         ibal.open_al(clock=ManualClock())
