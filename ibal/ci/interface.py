@@ -220,6 +220,10 @@ KNOWN_DEVIATIONS: Mapping[str, str] = {
         "a QP attached to an SRQ that goes to ERROR raises SRQ_QP_LAST_WQE_REACHED "
         "(IBA 11.6.3.2)"
     ),
+    "sqe": (
+        "a send error on a UC/UD QP moves it to SQE, where receives go on and "
+        "modify SQE -> RTS recovers it (IBA 10.8.3, 11.2.5)"
+    ),
 }
 """The rules a provider may declare in :attr:`Capabilities.deviations`, and what
 each says.  Declaring one turns the check's failure into a reported xfail."""

@@ -74,6 +74,7 @@ RXE_DEVIATIONS: dict[str, str] = {
         "kernel rxe (6.1) raises no IBV_EVENT_QP_LAST_WQE_REACHED when a QP on an SRQ "
         "goes to ERROR"
     ),
+    "sqe": "kernel rxe moves a UC/UD QP to ERROR on a send error: it has no SQE state",
 }
 
 

@@ -48,6 +48,7 @@ DECLARED_RXE_DEVIATIONS: dict[str, str] = {
     "test_refused_request_raises_wq_error_at_responder": "responder_events",
     "test_first_receive_in_rtr_raises_comm_est": "comm_est",
     "test_qp_on_srq_in_error_raises_last_wqe_reached": "last_wqe_reached",
+    "test_ud_send_error_enters_sqe_and_recovers_to_rts": "sqe",
 }
 """Kernel rxe behaviour the provider declares (see docs/rdma-core-provider.md): those
 checks run strictly and report an expected failure (xfail) naming the deviation."""
