@@ -235,6 +235,56 @@ def demo() -> None:
     sys.exit(0 if report.ok else 1)
 
 
+def _tool_providers(providers: tuple[str, ...]) -> tuple[str, ...]:
+    """``--provider`` names, else ``IBAL_PROVIDERS`` (comma separated), else the defaults."""
+    import os
+
+    if providers:
+        return providers
+    env = os.environ.get("IBAL_PROVIDERS", "")
+    return tuple(n.strip() for n in env.split(",") if n.strip())
+
+
+_PROVIDER_HELP = "Provider to run on (repeatable; default IBAL_PROVIDERS, else the real ones)."
+
+
+@main.command()
+@click.option("-p", "--port", type=int, default=18515, show_default=True, help="TCP port.")
+@click.option("-d", "--ib-dev", "device", help="Device (CA name or GUID) [default: the first].")
+@click.option("-i", "--ib-port", type=int, default=1, show_default=True, help="Port of the device.")
+@click.option("-s", "--size", type=int, help="Message size [default: 4096, 2048 with --ud].")
+@click.option("-m", "--mtu", type=int, default=1024, show_default=True, help="Path MTU (RC).")
+@click.option("-r", "--rx-depth", type=int, default=500, show_default=True, help="Receives.")
+@click.option("-n", "--iters", type=int, default=1000, show_default=True, help="Exchanges.")
+@click.option("-l", "--sl", type=int, default=0, show_default=True, help="Service level.")
+@click.option("-e", "--events", is_flag=True, help="Sleep on completion events, do not poll.")
+@click.option("-g", "--gid-idx", "gid_index", type=int, help="Local GID index (RoCE: 1 = IPv4).")
+@click.option("--ud", is_flag=True, help="Unreliable datagram (ibv_ud_pingpong), not RC.")
+@click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
+@click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
+@click.argument("servername", required=False)
+def pingpong(
+    port: int, device: str | None, ib_port: int, size: int | None, mtu: int, rx_depth: int,
+    iters: int, sl: int, events: bool, gid_index: int | None, ud: bool,
+    providers: tuple[str, ...], options: tuple[str, ...], servername: str | None,
+) -> None:
+    """ibv_rc_pingpong (ibv_ud_pingpong with --ud): server without SERVERNAME, else client.
+
+    Interoperates with the real tools: same options, TCP exchange and output.
+    """
+    from ibal.tools.pingpong import PingpongError, PingpongOptions, run
+
+    opts = PingpongOptions(
+        servername=servername, port=port, device=device, ib_port=ib_port, size=size, mtu=mtu,
+        rx_depth=rx_depth, iters=iters, sl=sl, gid_index=gid_index, use_event=events, ud=ud,
+    )
+    with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+        try:
+            run(al, opts, out=lambda line: click.echo(line))
+        except PingpongError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
 def _mount_lab() -> None:
     try:
         from ibal.lab.cli import lab

@@ -1,0 +1,1 @@
+"""Command-line tools on the access layer's public API (``ibal pingpong``, ``perftest``)."""
