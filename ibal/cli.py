@@ -264,9 +264,20 @@ _PROVIDER_HELP = "Provider to run on (repeatable; default IBAL_PROVIDERS, else t
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
 @click.argument("servername", required=False)
 def pingpong(
-    port: int, device: str | None, ib_port: int, size: int | None, mtu: int, rx_depth: int,
-    iters: int, sl: int, events: bool, gid_index: int | None, ud: bool,
-    providers: tuple[str, ...], options: tuple[str, ...], servername: str | None,
+    port: int,
+    device: str | None,
+    ib_port: int,
+    size: int | None,
+    mtu: int,
+    rx_depth: int,
+    iters: int,
+    sl: int,
+    events: bool,
+    gid_index: int | None,
+    ud: bool,
+    providers: tuple[str, ...],
+    options: tuple[str, ...],
+    servername: str | None,
 ) -> None:
     """ibv_rc_pingpong (ibv_ud_pingpong with --ud): server without SERVERNAME, else client.
 
@@ -277,11 +288,65 @@ def pingpong(
     opts = PingpongOptions(
         servername=servername, port=port, device=device, ib_port=ib_port, size=size, mtu=mtu,
         rx_depth=rx_depth, iters=iters, sl=sl, gid_index=gid_index, use_event=events, ud=ud,
-    )
+    )  # fmt: skip
     with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
         try:
             run(al, opts, out=lambda line: click.echo(line))
         except PingpongError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+_PERFTESTS = ["write_bw", "read_bw", "send_bw", "send_lat", "write_lat"]
+
+
+@main.command()
+@click.argument("test", type=click.Choice(_PERFTESTS))
+@click.option("-p", "--port", type=int, default=18515, show_default=True, help="TCP port.")
+@click.option("-d", "--ib-dev", "device", help="Device (CA name or GUID) [default: the first].")
+@click.option("-i", "--ib-port", type=int, default=1, show_default=True, help="Port of the device.")
+@click.option("-s", "--size", type=int, help="Message size [default: 65536 bw, 2 lat].")
+@click.option("-n", "--iters", type=int, default=1000, show_default=True, help="Iterations.")
+@click.option("-t", "--tx-depth", type=int, default=128, show_default=True, help="Send window.")
+@click.option("-r", "--rx-depth", type=int, default=512, show_default=True, help="Receives.")
+@click.option("-Q", "--cq-mod", type=int, default=100, show_default=True, help="Signal every N.")
+@click.option("-m", "--mtu", type=int, help="Path MTU [default: the port's active MTU].")
+@click.option("-x", "--gid-index", type=int, help="Local GID index (RoCE: 1 = IPv4).")
+@click.option("-F", "--CPU-freq", "cpu_freq", is_flag=True, help="Accepted for perftest's sake.")
+@click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
+@click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
+@click.argument("servername", required=False)
+def perftest(
+    test: str,
+    port: int,
+    device: str | None,
+    ib_port: int,
+    size: int | None,
+    iters: int,
+    tx_depth: int,
+    rx_depth: int,
+    cq_mod: int,
+    mtu: int | None,
+    gid_index: int | None,
+    cpu_freq: bool,
+    providers: tuple[str, ...],
+    options: tuple[str, ...],
+    servername: str | None,
+) -> None:
+    """perftest's ib_TEST (write_bw, read_bw, send_bw, send_lat, write_lat) between two ibal ends.
+
+    Server without SERVERNAME, else client; prints perftest's result table.
+    """
+    from ibal.tools.perftest import PerftestError, PerftestOptions, run
+
+    opts = PerftestOptions(
+        test=test, servername=servername, port=port, device=device, ib_port=ib_port, size=size,
+        iters=iters, tx_depth=tx_depth, rx_depth=rx_depth, cq_mod=cq_mod, mtu=mtu,
+        gid_index=gid_index,
+    )  # fmt: skip
+    with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+        try:
+            run(al, opts, out=lambda line: click.echo(line))
+        except PerftestError as exc:
             raise click.ClickException(str(exc)) from exc
 
 

@@ -79,7 +79,7 @@ def pair(
 @pytest.mark.parametrize("size", [1, 4096, 1 << 20])
 def test_rc_pingpong_moves_the_bytes_both_ways(al: AccessLayer, size: int, events: bool) -> None:
     iters = 20 if size < (1 << 20) else 3
-    server, client, s_out, c_out = pair(al, size=size, iters=iters, rx_depth=8, use_event=events)
+    server, client, _, c_out = pair(al, size=size, iters=iters, rx_depth=8, use_event=events)
     for res in (server, client):
         assert res.sent == res.received == iters
         assert res.bytes == size * iters * 2
