@@ -96,13 +96,15 @@ def guest_main(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     prov = ["--provider", args.provider]
     ours = {
         "write_bw": [*py, "write_bw", *prov, *gid],
-        "send_lat": [*py, "send_lat", *prov, *gid],
+        "send_lat": [*py, "send_lat", *prov, *gid, *args.lat_args.split()],
     }
     figures = {
         "bw_64k_MBps": ("bw", "write_bw", 65536, args.bw_iters),
         "rate_8B_Mpps": ("rate", "write_bw", 8, args.rate_iters),
         "lat_8B_usec": ("lat", "send_lat", 8, args.lat_iters),
     }
+    if args.only:
+        figures = {k: v for k, v in figures.items() if k in args.only}
     results: dict[str, dict[str, list[float]]] = {"kernel": {}, "ibal": {}}
     for _ in range(args.rounds):
         for name, (kind, test, size, iters) in figures.items():
@@ -135,6 +137,8 @@ def main() -> None:
     ap.add_argument("--rate-iters", type=int, default=20000)
     ap.add_argument("--lat-iters", type=int, default=1000)
     ap.add_argument("--cpus", type=int, default=2, help="guest CPUs (from the host)")
+    ap.add_argument("--only", action="append", help="only this figure (repeatable)")
+    ap.add_argument("--lat-args", default="", help="extra ibal perftest options for send_lat")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = ap.parse_args()
     if in_guest(args.device):
