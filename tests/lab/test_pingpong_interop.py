@@ -9,6 +9,7 @@ guest, which prints one JSON line per case.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -33,6 +34,11 @@ GID = ["-g", "1"]  # the IPv4-mapped GID of rxe0 on lo
 @pytest.fixture(scope="module")
 def guest(ibal_lab: Lab) -> Iterator[LabSession]:
     lab_requires("pyverbs")
+    if shutil.which("ibv_rc_pingpong") is None or shutil.which("ibv_ud_pingpong") is None:
+        reason = "ibv_rc_pingpong/ibv_ud_pingpong missing (apt-get install ibverbs-utils)"
+        if os.environ.get("IBAL_LAB_REQUIRED", "") not in ("", "0"):
+            pytest.fail(f"{reason} (IBAL_LAB_REQUIRED is set)", pytrace=False)
+        pytest.skip(reason)
     lab = Lab(kernel=ibal_lab.kernel_spec, cache_dir=ibal_lab.cache_dir, cpus=2)
     with lab.session() as s:
         shutil.copy(DRIVER, s.host_dir)
