@@ -290,7 +290,10 @@ class _Session:
         peer = remote.endpoint()
         sgid = opts.gid_index
         if sgid is None and local.has_gid:  # the GID we told the peer is the one we send from
-            sgid = self.ca.find_gid(opts.ib_port, Gid(local.gid))
+            try:
+                sgid = self.ca.find_gid(opts.ib_port, Gid(local.gid))
+            except IbError as exc:
+                raise PingpongError(f"local GID {Gid(local.gid)} vanished: {exc}") from exc
         copts = ConnectOptions(
             access=AccessFlags(0),
             sl=opts.sl,
