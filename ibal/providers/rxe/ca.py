@@ -1,0 +1,344 @@
+"""``RxeCa``: one rxe device as a :class:`~ibal.ci.ChannelInterface`.
+
+The verbs are split by what they manage: CA, PD, AV, CQ and multicast here,
+memory in :mod:`.mr_verbs`, QPs and SRQs in :mod:`.qp_verbs`.  All of them
+run under one lock per CA, which the engine's receive and timer threads take
+too (:mod:`.engine`); upcalls are made with it held, so none can follow the
+return of a destroy verb.  The device (:mod:`.device`) owns the sockets and
+the port; its port events become CA async events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import zlib
+from typing import Any
+
+from ibal.ci import (
+    AsyncEventCallback,
+    Capabilities,
+    ChannelInterface,
+    CompletionCallback,
+    CqCreated,
+)
+from ibal.providers.rxe.cq import Cq
+from ibal.providers.rxe.device import Device, DeviceEvent
+from ibal.providers.rxe.engine import Engine
+from ibal.providers.rxe.memory import KeyTable, Pd
+from ibal.providers.rxe.mr_verbs import MemoryVerbs
+from ibal.providers.rxe.qp_verbs import QpVerbs
+from ibal.providers.rxe.qps import Av, gid_to_ip
+from ibal.providers.rxe.verbs import PORT, serialized
+from ibal.status import (
+    InvalidCaHandle,
+    InvalidCqSize,
+    InvalidParameter,
+    InvalidPort,
+    NotFound,
+    Overflow,
+    ResourceBusy,
+)
+from ibal.types import (
+    AvAttr,
+    CaAttr,
+    EventRecord,
+    PdType,
+    QpType,
+    Wc,
+    WrType,
+)
+
+FW_VERSION = "ibal rxe 0.1"
+
+REASONS = {
+    "qp_types": "reliable datagram is not part of RoCE (rxe has none either)",
+    "special_qps": "RoCE has no subnet manager, so no QP0; QP1 (GSI) carries the MADs",
+    "mw_types": "the contract binds windows only through bind_mw (type 1); type 2 needs "
+    "a bind work request it does not define",
+    "multicast": "joining IP multicast groups through the device's sockets is not done yet",
+    "phys_mr": "a software HCA reaches only the buffers it is given (no physical pages)",
+    "shared_mr": "register the buffer again instead",
+    "local_mad": "RoCE ports have no subnet management agent",
+    "vendor_call": "rxe has no private commands",
+    "violation_counters": "rxe counts P_Key/Q_Key drops in its device counters, not in "
+    "the port's violation counters",
+    "modify_ca": "the port's attributes follow the network interface",
+    "apm": "RoCE has no alternate path migration in rxe",
+    "resize_qp": "queues keep the depths granted at creation, as kernel rxe's",
+    "async_event_injection": "events come only from real conditions",
+}
+
+CAPABILITIES = Capabilities(
+    qp_types=frozenset({QpType.RC, QpType.UC, QpType.UD}),
+    opcodes={
+        QpType.RC: frozenset(WrType),
+        QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE}),
+        QpType.UD: frozenset({WrType.SEND}),
+    },
+    special_qps=frozenset({QpType.QP1}),
+    atomics=True,
+    mw_types=frozenset({1}),
+    srq=True,
+    peek_cq=True,
+    rearm_n_cq=True,
+    resize_cq=True,
+    multicast=False,
+    phys_mr=False,
+    shared_mr=False,
+    modify_mr=True,
+    local_mad=False,
+    vendor_call=False,
+    violation_counters=False,
+    modify_ca=False,
+    inline_data=True,
+    immediate=True,
+    solicited_events=True,
+    sqd=True,
+    apm=False,
+    async_event_injection=False,
+    resize_qp=False,
+    reasons=REASONS,
+)
+
+
+class OpenCa:
+    """What ``open_ca`` returns."""
+
+    __slots__ = ("alive", "ca")
+
+    def __init__(self, ca: RxeCa) -> None:
+        self.ca = ca
+        self.alive = True
+
+
+def ca_guid(device: Device) -> int:
+    """The device's node GUID; a device bound to one address mixes the address in,
+    so several devices on one interface (127.0.0.2, 127.0.0.3 on lo) differ."""
+    guid = device.node_guid
+    addr = device.spec.address
+    if addr is not None:
+        guid = (0x0200_0000 << 32) | (guid & 0xFFFF_0000_0000) ^ zlib.crc32(addr.packed)
+    return guid
+
+
+class RxeCa(QpVerbs, MemoryVerbs, ChannelInterface):
+    """One rxe device: port 1 on its interface, QPs driven by an :class:`Engine`."""
+
+    provider_name = "rxe"
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self.name = device.name
+        self.guid = ca_guid(device)
+        self.vendor_id = device.limits.vendor_id
+        self._lock = threading.RLock()
+        self._open: OpenCa | None = None
+        self._completion_cb: CompletionCallback | None = None
+        self._async_cb: AsyncEventCallback | None = None
+        self._ca_context: Any = None
+        self.keys = KeyTable()
+        self._n = {"pd": 0, "cq": 0, "qp": 0, "srq": 0, "av": 0, "mr": 0, "mw": 0}
+        self._next_qpn = 0x11
+        self.attr = self._ca_attr()
+        self.engine = Engine(self.name, self._lock, device.io, device.counters,
+                             self._on_completion, self._on_event)
+        device.subscribe(self._on_device_event)
+
+    def __repr__(self) -> str:
+        return f"<RxeCa {self.name} guid={self.guid:016x}>"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return CAPABILITIES
+
+    def resource_counts(self) -> dict[str, int]:
+        """Live resources by kind (the conformance suite's backdoor)."""
+        with self._lock:
+            return dict(self._n)
+
+    def _ca_attr(self) -> CaAttr:
+        port = dataclasses.replace(self.device.port_attr(), port_guid=self.guid)
+        return dataclasses.replace(
+            self.device.ca_attr(), ca_guid=self.guid, system_image_guid=self.guid,
+            fw_version=FW_VERSION, ports=(port,),
+        )  # fmt: skip
+
+    # -------------------------------------------------------------- upcalls
+    def _on_completion(self, context: Any) -> None:
+        cb = self._completion_cb
+        if cb is not None:
+            cb(context)
+
+    def _on_event(self, record: EventRecord) -> None:
+        cb = self._async_cb
+        if cb is not None:
+            cb(record)
+
+    def _on_device_event(self, ev: DeviceEvent) -> None:
+        """Port events from the device's watcher thread."""
+        with self._lock:
+            if self._open is not None:
+                self._on_event(EventRecord(ev.event, self._ca_context, port_num=ev.port_num))
+
+    def shutdown(self) -> None:
+        """The device is going away: stop the engine; no upcall afterwards."""
+        with self._lock:
+            self.device.set_receiver(None)
+            self._completion_cb = self._async_cb = None
+        self.engine.close()
+
+    # -------------------------------------------------------------- CA access
+    def _h_ca(self, h: Any) -> OpenCa:
+        if type(h) is not OpenCa or h.ca is not self or not h.alive:
+            raise InvalidCaHandle(f"not an open handle of {self.name}: {h!r}")
+        return h
+
+    @serialized
+    def open_ca(self, completion_cb: CompletionCallback, async_event_cb: AsyncEventCallback,
+                ca_context: Any) -> OpenCa:
+        if not callable(completion_cb) or not callable(async_event_cb):
+            raise InvalidParameter("open_ca needs a completion and an async event callback")
+        if self._open is not None:
+            raise ResourceBusy(f"{self.name} is already open")
+        if self.engine.closed:
+            raise NotFound(f"{self.name} has been removed")
+        self._open = OpenCa(self)
+        self._completion_cb = completion_cb
+        self._async_cb = async_event_cb
+        self._ca_context = ca_context
+        self.device.set_receiver(self.engine.on_packets)
+        return self._open
+
+    @serialized
+    def query_ca(self, h_ca: Any) -> CaAttr:
+        self._h_ca(h_ca)
+        self.attr = self._ca_attr()
+        return self.attr
+
+    @serialized
+    def close_ca(self, h_ca: Any) -> None:
+        h = self._h_ca(h_ca)
+        busy = {k: v for k, v in self._n.items() if v}
+        if busy:
+            raise ResourceBusy(f"{self.name} still has {busy}")
+        h.alive = False
+        self._open = None
+        self.device.set_receiver(None)
+        self._completion_cb = self._async_cb = None
+
+    # -------------------------------------------------------------- PD / AV
+    @serialized
+    def allocate_pd(self, h_ca: Any, pd_type: PdType) -> Pd:
+        self._h_ca(h_ca)
+        try:
+            PdType(pd_type)
+        except ValueError:
+            raise InvalidParameter(f"unknown PD type {pd_type!r}") from None
+        self._count("pd", self.attr.max_pds)
+        self._n["pd"] += 1
+        return Pd(self)
+
+    @serialized
+    def deallocate_pd(self, h_pd: Any) -> None:
+        pd = self._h_pd(h_pd)
+        if pd.users:
+            raise ResourceBusy(f"PD still used by {pd.users} QP/SRQ/AV/MR/MW")
+        pd.alive = False
+        self._n["pd"] -= 1
+
+    def _av_ip(self, attr: AvAttr) -> bytes:
+        if not isinstance(attr, AvAttr):
+            raise InvalidParameter("address vector attributes missing")
+        if attr.port_num != PORT:
+            raise InvalidPort(f"{self.name} has no port {attr.port_num}")
+        if attr.grh is None:
+            raise InvalidParameter("a RoCE address vector needs a GRH (the destination GID)")
+        if not 0 <= attr.grh.sgid_index < max(len(self.device.gid_table), 1):
+            raise InvalidParameter(f"SGID index {attr.grh.sgid_index} outside the GID table")
+        return gid_to_ip(attr.grh.dgid)
+
+    @serialized
+    def create_av(self, h_pd: Any, attr: AvAttr) -> Av:
+        pd = self._h_pd(h_pd)
+        ip = self._av_ip(attr)
+        self._count("av", self.attr.max_avs)
+        self._n["av"] += 1
+        pd.users += 1
+        return Av(self, pd, attr, ip)
+
+    @serialized
+    def query_av(self, h_av: Any) -> AvAttr:
+        return self._h_av(h_av).attr
+
+    @serialized
+    def modify_av(self, h_av: Any, attr: AvAttr) -> None:
+        av = self._h_av(h_av)
+        av.dst_ip = self._av_ip(attr)
+        av.attr = attr
+
+    @serialized
+    def destroy_av(self, h_av: Any) -> None:
+        av = self._h_av(h_av)
+        av.alive = False
+        av.pd.users -= 1
+        self._n["av"] -= 1
+
+    # -------------------------------------------------------------------- CQ
+    def _check_cq_size(self, size: int) -> None:
+        if not isinstance(size, int) or not 1 <= size <= self.attr.max_cqes:
+            raise InvalidCqSize(f"CQ size must be 1..{self.attr.max_cqes}")
+
+    @serialized
+    def create_cq(self, h_ca: Any, size: int, cq_context: Any) -> CqCreated:
+        self._h_ca(h_ca)
+        self._check_cq_size(size)
+        self._count("cq", self.attr.max_cqs)
+        self._n["cq"] += 1
+        return CqCreated(Cq(self, size, cq_context), size)
+
+    @serialized
+    def resize_cq(self, h_cq: Any, size: int) -> int:
+        cq = self._h_cq(h_cq)
+        self._check_cq_size(size)
+        if size < len(cq.entries):
+            raise Overflow(f"the CQ holds {len(cq.entries)} entries, more than {size}")
+        cq.size = size
+        if cq.notify_n > size:
+            cq.notify_n = size
+        return size
+
+    @serialized
+    def query_cq(self, h_cq: Any) -> int:
+        return self._h_cq(h_cq).size
+
+    @serialized
+    def destroy_cq(self, h_cq: Any) -> None:
+        cq = self._h_cq(h_cq)
+        if cq.users:
+            raise ResourceBusy(f"CQ still used by {cq.users} QP(s)")
+        cq.alive = False
+        cq.disarm()
+        self._n["cq"] -= 1
+
+    @serialized
+    def poll_cq(self, h_cq: Any, max_entries: int) -> list[Wc]:
+        cq = self._h_cq(h_cq)
+        if not isinstance(max_entries, int) or max_entries < 0:
+            raise InvalidParameter("max_entries < 0")
+        return cq.poll(max_entries)
+
+    @serialized
+    def peek_cq(self, h_cq: Any) -> int:
+        return len(self._h_cq(h_cq).entries)
+
+    @serialized
+    def enable_cq_notify(self, h_cq: Any, solicited: bool) -> None:
+        self._h_cq(h_cq).arm(bool(solicited))
+
+    @serialized
+    def enable_ncomp_cq_notify(self, h_cq: Any, n_cqes: int) -> None:
+        cq = self._h_cq(h_cq)
+        if not isinstance(n_cqes, int) or not 1 <= n_cqes <= cq.size:
+            raise InvalidParameter(f"n_cqes must be 1..{cq.size}")
+        cq.arm_n(n_cqes)

@@ -1,0 +1,202 @@
+"""The thin driver between an rxe device's sockets and its QPs' transport cores.
+
+One :class:`Engine` per CA.  It is driven from three places, always under the
+CA lock:
+
+* the device's receive thread calls :meth:`Engine.on_packets` with a batch of
+  decoded packets; each goes to the core of its destination QP (a multicast
+  datagram to every attached QP), then every QP touched is pumped;
+* verbs call :meth:`Engine.pump` after posting work or changing a QP;
+* the engine's own timer thread runs :meth:`QpCore.handle_timer` when a core's
+  :meth:`~QpCore.next_deadline` has passed (ACK timeout, RNR wait).
+
+Pumping a QP takes its packets to send (queued on the device's socket batch,
+flushed once per round), moves its completions into CQs and turns its events
+into upcalls.  Upcalls are made with the lock held: the access layer only
+queues them, and it makes "no upcall once destroy returned" hold by
+construction.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ibal.providers.rxe.cq import Cq
+from ibal.providers.rxe.packet import Packet
+from ibal.providers.rxe.qps import Qp, Srq, is_multicast_ip
+from ibal.types import AsyncEvent, EventRecord, Wc
+
+MCAST_QPN = 0xFFFFFF
+"""The destination QPN of a multicast datagram (IBA 10.5.2.3)."""
+
+
+class Engine:
+    """Routes packets into cores, runs their timers, drains their output."""
+
+    def __init__(
+        self,
+        name: str,
+        lock: threading.RLock,
+        io: Any,
+        counters: Any,
+        completion_cb: Callable[[Any], None],
+        event_cb: Callable[[EventRecord], None],
+    ) -> None:
+        self.name = name
+        self.io = io
+        self.counters = counters
+        self._lock = lock
+        self._cond = threading.Condition(lock)
+        self.completion_cb = completion_cb
+        self.event_cb = event_cb
+        self.qps: dict[int, Qp] = {}
+        self.mcast: dict[bytes, list[Qp]] = {}
+        self._deadlines: dict[Qp, float] = {}
+        self._closed = False
+        self._thread = threading.Thread(target=self._timers, name=f"{name}-timer", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- receive
+    def on_packets(self, packets: list[Packet]) -> None:
+        """The receive thread's callback: one batch of checked packets."""
+        with self._lock:
+            if self._closed:
+                return
+            now = time.monotonic()
+            touched: dict[Qp, None] = {}
+            qps = self.qps
+            for pkt in packets:
+                if pkt.dest_qpn == MCAST_QPN and is_multicast_ip(bytes(pkt.dst_ip)):
+                    for qp in self.mcast.get(bytes(pkt.dst_ip), ()):
+                        qp.core.receive(pkt, now)
+                        touched[qp] = None
+                    continue
+                qp = qps.get(pkt.dest_qpn)
+                if qp is None:
+                    self.counters.drop("unknown_qpn")
+                    continue
+                cfg = qp.cfg
+                if cfg.dst_ip and bytes(pkt.src_ip) != cfg.dst_ip:
+                    self.counters.drop("wrong_source")  # a connected QP hears only its peer
+                    continue
+                qp.core.receive(pkt, now)
+                touched[qp] = None
+            for qp in touched:
+                self._pump(qp, now)
+            self._flush()
+
+    # ------------------------------------------------------------------- pump
+    def pump(self, qp: Qp) -> None:
+        """Run ``qp`` after a verb changed it (posted work, a state change)."""
+        with self._lock:
+            self._pump(qp, time.monotonic())
+            self._flush()
+
+    def _pump(self, qp: Qp, now: float) -> None:
+        core = qp.core
+        io = self.io
+        while True:
+            pkts = core.poll(now)
+            for p in pkts:
+                try:
+                    io.send(p, bytes(p.dst_ip), p.src_port)
+                except (KeyError, OSError, ValueError):
+                    self.counters.drop("no_route")
+            if len(pkts) < 64:
+                break
+        self.deliver(qp)
+        if qp.alive:
+            d = core.next_deadline()
+            if d is None:
+                self._deadlines.pop(qp, None)
+            else:
+                old = self._deadlines.get(qp)
+                self._deadlines[qp] = d
+                if old is None or d < old:
+                    self._cond.notify()
+
+    def _flush(self) -> None:
+        try:
+            self.io.flush()
+        except OSError:
+            self.counters.drop("send_error")
+
+    def deliver(self, qp: Qp) -> None:
+        """Move ``qp``'s completions into its CQs and raise its events."""
+        out = qp.core.out
+        if out.send_wcs:
+            wcs, out.send_wcs = out.send_wcs, []
+            for wc in wcs:
+                self.complete(qp.send_cq, wc, False)
+        if out.recv_wcs:
+            rwcs, out.recv_wcs = out.recv_wcs, []
+            for wc, solicited in rwcs:
+                self.complete(qp.recv_cq, wc, solicited)
+        if out.events:
+            events, out.events = out.events, []
+            for code in events:
+                self.event_cb(EventRecord(code, qp.context))
+        srq = qp.srq
+        if srq is not None and srq.limit_hit:
+            self.srq_limit(srq)
+
+    def srq_limit(self, srq: Srq) -> None:
+        srq.limit_hit = False
+        self.event_cb(EventRecord(AsyncEvent.SRQ_LIMIT_REACHED, srq.context))
+
+    def complete(self, cq: Cq, wc: Wc, solicited: bool) -> None:
+        if not cq.alive:
+            return
+        fire, overran = cq.add(wc, solicited)
+        if fire:
+            self.completion_cb(cq.context)
+        elif overran:
+            self.event_cb(EventRecord(AsyncEvent.CQ_ERROR, cq.context))
+
+    # ------------------------------------------------------------------ QPs
+    def add(self, qp: Qp) -> None:
+        self.qps[qp.num] = qp
+
+    def remove(self, qp: Qp) -> None:
+        """Forget ``qp``: no packet, timer or completion reaches it afterwards."""
+        self.qps.pop(qp.num, None)
+        self._deadlines.pop(qp, None)
+        for ip, members in list(self.mcast.items()):
+            if qp in members:
+                members.remove(qp)
+                if not members:
+                    del self.mcast[ip]
+
+    # ---------------------------------------------------------------- timers
+    def _timers(self) -> None:
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                due = [qp for qp, d in self._deadlines.items() if d <= now]
+                if due:
+                    for qp in due:
+                        self._deadlines.pop(qp, None)
+                        if qp.alive:
+                            qp.core.handle_timer(now)
+                            self._pump(qp, now)
+                    self._flush()
+                    continue
+                wait = min(self._deadlines.values(), default=now + 1.0) - now
+                self._cond.wait(max(wait, 0.0005))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Stop the timer thread (idempotent); no upcall after it returns."""
+        with self._cond:
+            self._closed = True
+            self.qps.clear()
+            self._deadlines.clear()
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(5)

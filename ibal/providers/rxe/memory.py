@@ -1,0 +1,203 @@
+"""Protection domains, memory regions and windows of an rxe CA, and the key table.
+
+:class:`KeyTable` maps L_Keys and R_Keys to :class:`Mr` and :class:`Mw`
+objects.  A key is a 24-bit index and a random low byte (the "key" byte of
+IBA 10.6.3.1, which rxe draws at random too), so a stale or guessed key
+does not reach a newer region.  :class:`QpMemory` is the transport core's
+:class:`~ibal.providers.rxe.qp.MemoryAccess` for one QP: every translation
+checks the key, the protection domain, the access rights and the bounds, and
+answers ``None`` when any of them fails.
+
+Threading: called under the CA lock (verbs and the engine take it).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from ibal.types import AccessFlags
+
+REMOTE = int(AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE | AccessFlags.ATOMIC)
+LOCAL_WRITE = int(AccessFlags.LOCAL_WRITE)
+MW_BIND = int(AccessFlags.MW_BIND)
+NEEDS_LOCAL_WRITE = int(AccessFlags.RDMA_WRITE | AccessFlags.ATOMIC)
+ANY_WRITE = int(AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.ATOMIC)
+ALL_ACCESS = REMOTE | LOCAL_WRITE | MW_BIND
+
+_EMPTY = memoryview(bytearray())
+
+
+class Resource:
+    """A handle: the CA that made it and whether it is still alive."""
+
+    __slots__ = ("alive", "ca")
+
+    def __init__(self, ca: object) -> None:
+        self.ca = ca
+        self.alive = True
+
+
+class Pd(Resource):
+    """A protection domain; ``users`` counts the objects that keep it busy."""
+
+    __slots__ = ("users",)
+
+    def __init__(self, ca: object) -> None:
+        super().__init__(ca)
+        self.users = 0
+
+
+class Mr(Resource):
+    """A registered region: a view of the consumer's bytes at ``vaddr``."""
+
+    __slots__ = ("access", "length", "lkey", "pd", "rkey", "vaddr", "view", "windows")
+
+    def __init__(self, ca: object, pd: Pd, view: memoryview, vaddr: int, access: int) -> None:
+        super().__init__(ca)
+        self.pd = pd
+        self.view = view
+        self.vaddr = vaddr
+        self.length = len(view)
+        self.access = access
+        self.lkey = 0
+        self.rkey = 0
+        self.windows = 0
+
+
+class Mw(Resource):
+    """A type 1 memory window: unbound, or a range of ``mr`` with remote rights."""
+
+    __slots__ = ("access", "addr", "length", "mr", "pd", "rkey")
+
+    def __init__(self, ca: object, pd: Pd) -> None:
+        super().__init__(ca)
+        self.pd = pd
+        self.rkey = 0
+        self.mr: Mr | None = None
+        self.addr = 0
+        self.length = 0
+        self.access = 0
+
+    def unbind(self) -> None:
+        if self.mr is not None:
+            self.mr.windows -= 1
+            self.mr = None
+        self.addr = self.length = self.access = 0
+
+
+class KeyTable:
+    """Keys to regions and windows, with the checks every access goes through."""
+
+    def __init__(self) -> None:
+        self._keys: dict[int, Mr | Mw] = {}
+        self._next_index = 1
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def new_key(self) -> int:
+        index = self._next_index
+        self._next_index = (index + 1) & 0xFFFFFF or 1
+        return (index << 8) | secrets.randbits(8)
+
+    @staticmethod
+    def next_variant(key: int) -> int:
+        """The same index with another key byte (a window's rebind, a re-registration)."""
+        return (key & ~0xFF) | ((key + 1 + secrets.randbelow(255)) & 0xFF)
+
+    def install(self, obj: Mr | Mw, key: int) -> None:
+        self._keys[key] = obj
+
+    def remove(self, key: int) -> None:
+        self._keys.pop(key, None)
+
+    def get(self, key: int) -> Mr | Mw | None:
+        return self._keys.get(key)
+
+
+def _slice(mr: Mr, addr: int, length: int) -> memoryview | None:
+    off = addr - mr.vaddr
+    if off < 0 or length < 0 or off + length > mr.length:
+        return None
+    return mr.view[off : off + length]
+
+
+class QpMemory:
+    """The :class:`~ibal.providers.rxe.qp.MemoryAccess` of one QP (its PD's keys)."""
+
+    __slots__ = ("keys", "pd")
+
+    def __init__(self, keys: KeyTable, pd: Pd) -> None:
+        self.keys = keys
+        self.pd = pd
+
+    def _mr(self, lkey: int) -> Mr | None:
+        mr = self.keys.get(lkey)
+        if type(mr) is not Mr or mr.pd is not self.pd or mr.lkey != lkey:
+            return None
+        return mr
+
+    def local(self, lkey: int, addr: int, length: int, write: bool) -> memoryview | None:
+        if not length:
+            return _EMPTY
+        mr = self._mr(lkey)
+        if mr is None or (write and not mr.access & LOCAL_WRITE):
+            return None
+        return _slice(mr, addr, length)
+
+    def recv(self, lkey: int, addr: int, length: int) -> memoryview | None:
+        return self.local(lkey, addr, length, True)
+
+    def remote(self, rkey: int, va: int, length: int, access: int) -> memoryview | None:
+        if not length:
+            return _EMPTY
+        obj = self.keys.get(rkey)
+        if obj is None or obj.pd is not self.pd or obj.rkey != rkey:
+            return None
+        if type(obj) is Mw:
+            mr = obj.mr
+            if mr is None or obj.access & access != access:
+                return None
+            if va < obj.addr or va + length > obj.addr + obj.length:
+                return None
+            return _slice(mr, va, length)
+        assert type(obj) is Mr
+        if obj.access & access != access:
+            return None
+        return _slice(obj, va, length)
+
+    def invalidate(self, rkey: int) -> bool:
+        return False  # no type 2 windows: nothing may be invalidated remotely
+
+
+def check_access(access: Any) -> int:
+    """Validated access bits as an int; ``InvalidParameter``/``InvalidPermission``."""
+    from ibal.status import InvalidParameter, InvalidPermission
+
+    try:
+        acc = int(access)
+    except (TypeError, ValueError):
+        raise InvalidParameter(f"bad access flags {access!r}") from None
+    if acc < 0 or acc & ~ALL_ACCESS:
+        raise InvalidParameter(f"unknown access bits in {access!r}")
+    if acc & NEEDS_LOCAL_WRITE and not acc & LOCAL_WRITE:
+        raise InvalidPermission("remote write and atomic access need local write")
+    return acc
+
+
+def byte_view(buffer: Any, acc: int) -> memoryview:
+    """The consumer's buffer as a flat byte view; checks contiguity and writability."""
+    from ibal.status import InvalidParameter, InvalidPermission
+
+    try:
+        mv = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+    except TypeError:
+        raise InvalidParameter(f"{type(buffer).__name__} is not a buffer") from None
+    if not mv.contiguous:
+        raise InvalidParameter("the buffer is not contiguous")
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    if mv.readonly and acc & ANY_WRITE:
+        raise InvalidPermission("write access requested on a read-only buffer")
+    return mv

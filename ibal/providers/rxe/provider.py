@@ -1,0 +1,118 @@
+"""The rxe provider: creates the configured devices and announces each as a CA.
+
+Devices come from the ``devices`` option (``"rxe0=127.0.0.2,rxe1=lo"`` or a
+list of such items), else from ``IBAL_RXE_DEVICES`` or the config file
+(:func:`~ibal.providers.rxe.device.startup_specs`).  Unlike kernel rxe's
+``rdma link add``, nothing is created by default: without configuration the
+provider registers no CA and says why (``unavailable_reason``).  Devices
+added or removed later through :attr:`RxeProvider.registry` are registered
+and withdrawn as they come and go.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ibal.ci import CaRegistrar, Provider
+from ibal.providers.rxe.ca import RxeCa
+from ibal.providers.rxe.device import (
+    ENV_DEVICES,
+    ConfigError,
+    Device,
+    DeviceSpec,
+    Registry,
+    config_path,
+    parse_devices,
+    startup_specs,
+)
+from ibal.status import InvalidParameter, InvalidState
+
+OPTIONS = frozenset({"devices", "rx_mode"})
+NOT_CONFIGURED = (
+    f"no rxe device configured: set {ENV_DEVICES} (for example rxe0=lo or "
+    "rxe0=127.0.0.2), write the config file, or give the provider option devices=..."
+)
+
+
+def _specs(options: Mapping[str, Any]) -> list[DeviceSpec] | None:
+    """The devices to create, or None when nothing is configured."""
+    given = options.get("devices")
+    try:
+        if given is not None:
+            text = ",".join(given) if isinstance(given, (list, tuple)) else str(given)
+            specs = parse_devices(text)
+        elif ENV_DEVICES in os.environ or config_path().exists():
+            specs = startup_specs()
+        else:
+            return None
+    except ConfigError as e:
+        raise InvalidParameter(str(e)) from None
+    mode = options.get("rx_mode")
+    if mode is not None:
+        if mode not in ("raw", "udp"):
+            raise InvalidParameter(f"rx_mode must be raw or udp, not {mode!r}")
+        specs = [DeviceSpec(s.name, s.netdev, s.address, mode, s.capture, s.port) for s in specs]
+    return specs
+
+
+class RxeProvider(Provider):
+    """rxe devices as CAs."""
+
+    name = "rxe"
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        unknown = set(options) - OPTIONS
+        if unknown:
+            raise InvalidParameter(
+                f"unknown option(s) {', '.join(sorted(unknown))}; rxe takes: "
+                + ", ".join(sorted(OPTIONS))
+            )
+        self._specs = _specs(options)
+        self._registrar: CaRegistrar | None = None
+        self._cas: dict[str, RxeCa] = {}
+        self.registry: Registry | None = None
+
+    @property
+    def cas(self) -> list[RxeCa]:
+        return list(self._cas.values())
+
+    def start(self, registrar: CaRegistrar) -> None:
+        if self._registrar is not None:
+            raise InvalidState("the rxe provider is already started")
+        self._registrar = registrar
+        if not self._specs:
+            self.unavailable_reason = NOT_CONFIGURED
+            return
+        self.registry = Registry(self._added, self._removed)
+        errors = []
+        for spec in self._specs:
+            try:
+                self.registry.create(spec)
+            except (OSError, KeyError, ValueError) as e:
+                errors.append(f"{spec.name}: {e}")
+        if errors:
+            self.unavailable_reason = "; ".join(errors)
+
+    def stop(self) -> None:
+        if self.registry is not None:
+            self.registry.close()
+            self.registry = None
+        self._registrar = None
+
+    def _added(self, dev: Device) -> None:
+        ca = RxeCa(dev)
+        self._cas[dev.name] = ca
+        if self._registrar is not None:
+            self._registrar.register_ca(ca)
+
+    def _removed(self, dev: Device) -> None:
+        ca = self._cas.pop(dev.name, None)
+        if ca is None:
+            return
+        try:
+            if self._registrar is not None:
+                self._registrar.deregister_ca(ca.guid)
+        finally:
+            ca.shutdown()
