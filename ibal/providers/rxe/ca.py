@@ -43,6 +43,7 @@ from ibal.types import (
     AvAttr,
     CaAttr,
     EventRecord,
+    GidEntry,
     PdType,
     QpType,
     Wc,
@@ -157,8 +158,20 @@ class RxeCa(QpVerbs, MemoryVerbs, ChannelInterface):
         with self._lock:
             return dict(self._n)
 
+    def gid_table(self) -> tuple[GidEntry, ...]:
+        """The device's GIDs; a device bound to one address has only that one, at
+        index 0: the link-local GID of its interface reaches no socket of it."""
+        table = self.device.gid_table
+        addr = self.device.spec.address
+        if addr is None:
+            return table
+        own = [e for e in table if gid_to_ip(e.gid) == addr.packed]
+        return tuple(dataclasses.replace(e, index=i) for i, e in enumerate(own))
+
     def _ca_attr(self) -> CaAttr:
-        port = dataclasses.replace(self.device.port_attr(), port_guid=self.guid)
+        gids = self.gid_table()
+        port = dataclasses.replace(self.device.port_attr(), port_guid=self.guid, gids=(),
+                                   gid_table=gids)
         return dataclasses.replace(
             self.device.ca_attr(), ca_guid=self.guid, system_image_guid=self.guid,
             fw_version=FW_VERSION, ports=(port,),
@@ -254,7 +267,7 @@ class RxeCa(QpVerbs, MemoryVerbs, ChannelInterface):
             raise InvalidPort(f"{self.name} has no port {attr.port_num}")
         if attr.grh is None:
             raise InvalidParameter("a RoCE address vector needs a GRH (the destination GID)")
-        if not 0 <= attr.grh.sgid_index < max(len(self.device.gid_table), 1):
+        if not 0 <= attr.grh.sgid_index < max(len(self.attr.ports[0].gid_table), 1):
             raise InvalidParameter(f"SGID index {attr.grh.sgid_index} outside the GID table")
         return gid_to_ip(attr.grh.dgid)
 

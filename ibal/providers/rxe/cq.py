@@ -2,8 +2,8 @@
 
 Arming follows the verbs rules: ``arm(solicited=False)`` fires at the next
 completion, ``arm(solicited=True)`` at the next solicited or failed one
-(a wider arm is never narrowed), ``arm_n(n)`` once ``n`` completions are
-queued.  Each arm fires once.  A completion that finds the CQ full is lost
+(a wider arm is never narrowed), ``arm_n(n)`` once ``n`` more completions
+have been queued.  Each arm fires once.  A completion that finds the CQ full is lost
 and the CQ reports ``CQ_ERROR`` once (IBA 11.4.2.1: an overrun is a CQ error).
 
 Threading: used under the CA lock; the caller makes the upcalls.
@@ -59,9 +59,10 @@ class Cq(Resource):
         if n and (n == Cq.NEXT or solicited or wc.status is not _OK):
             self.notify = Cq.NONE
             fire = True
-        if self.notify_n and len(entries) >= self.notify_n:
-            self.notify_n = 0
-            fire = True
+        if self.notify_n:
+            self.notify_n -= 1  # counts the new completions down to the callback
+            if not self.notify_n:
+                fire = True
         return fire, False
 
     def poll(self, max_entries: int) -> list[Wc]:

@@ -116,6 +116,8 @@ class QpVerbs(CaState):
         cfg.src_port = wire.qp_udp_sport(qpn)
         if qp_type is QpType.QP1:
             cfg.qkey = QP1_WELL_KNOWN_QKEY
+        if qp_type in (QpType.UD, QpType.QP1):
+            cfg.mtu = self.device.port_attr().active_mtu.bytes  # datagrams: the port's MTU
         rq = RecvQueue()
         source = SrqSource(srq) if srq is not None else rq
         core = QpCore(cfg, QpMemory(self.keys, pd), source, self.device.counters)
@@ -195,7 +197,7 @@ class QpVerbs(CaState):
             raise InvalidPort(f"{self.name} has no port {av.port_num}")
         if av.grh is None:
             raise InvalidParameter("a RoCE address vector needs a GRH (the destination GID)")
-        gids = self.device.gid_table
+        gids = self.attr.ports[0].gid_table
         if not 0 <= av.grh.sgid_index < max(len(gids), 1):
             raise InvalidParameter(f"SGID index {av.grh.sgid_index} outside the GID table")
         dst = gid_to_ip(av.grh.dgid)
@@ -251,6 +253,8 @@ class QpVerbs(CaState):
             cfg.rq_psn = cfg.sq_psn = 0
             core.set_psns(0, 0)
             cfg.src_port = wire.qp_udp_sport(cfg.qpn)
+            if qp.qp_type in (QpType.UD, QpType.QP1):
+                cfg.mtu = self.device.port_attr().active_mtu.bytes
             return
         if mod.port_num is not None:
             qp.port_num = mod.port_num
