@@ -35,6 +35,7 @@ from ibal.status import (
     InvalidCqSize,
     InvalidParameter,
     InvalidPort,
+    InvalidState,
     NotFound,
     Overflow,
     ResourceBusy,
@@ -59,7 +60,6 @@ REASONS = {
     "a bind work request it does not define",
     "multicast": "joining IP multicast groups through the device's sockets is not done yet",
     "phys_mr": "a software HCA reaches only the buffers it is given (no physical pages)",
-    "shared_mr": "register the buffer again instead",
     "local_mad": "RoCE ports have no subnet management agent",
     "vendor_call": "rxe has no private commands",
     "violation_counters": "rxe counts P_Key/Q_Key drops in its device counters, not in "
@@ -67,7 +67,6 @@ REASONS = {
     "modify_ca": "the port's attributes follow the network interface",
     "apm": "RoCE has no alternate path migration in rxe",
     "resize_qp": "queues keep the depths granted at creation, as kernel rxe's",
-    "async_event_injection": "events come only from real conditions",
 }
 
 CAPABILITIES = Capabilities(
@@ -86,7 +85,7 @@ CAPABILITIES = Capabilities(
     resize_cq=True,
     multicast=False,
     phys_mr=False,
-    shared_mr=False,
+    shared_mr=True,
     modify_mr=True,
     local_mad=False,
     vendor_call=False,
@@ -97,7 +96,7 @@ CAPABILITIES = Capabilities(
     solicited_events=True,
     sqd=True,
     apm=False,
-    async_event_injection=False,
+    async_event_injection=True,
     resize_qp=False,
     reasons=REASONS,
 )
@@ -200,6 +199,15 @@ class RxeCa(QpVerbs, MemoryVerbs, ChannelInterface):
             self.device.set_receiver(None)
             self._completion_cb = self._async_cb = None
         self.engine.close()
+
+    def inject_async_event(self, record: EventRecord) -> None:
+        """Deliver ``record`` through the async event callback (fault injection)."""
+        with self._lock:
+            if not isinstance(record, EventRecord):
+                raise InvalidParameter("inject_async_event needs an EventRecord")
+            if self._open is None:
+                raise InvalidState(f"{self.name} is not open: no callback to deliver to")
+            self._on_event(record)
 
     # -------------------------------------------------------------- CA access
     def _h_ca(self, h: Any) -> OpenCa:

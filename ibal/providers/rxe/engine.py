@@ -70,9 +70,9 @@ class Engine:
             qps = self.qps
             for pkt in packets:
                 if pkt.dest_qpn == MCAST_QPN and is_multicast_ip(bytes(pkt.dst_ip)):
-                    for qp in self.mcast.get(bytes(pkt.dst_ip), ()):
-                        qp.core.receive(pkt, now)
-                        touched[qp] = None
+                    for member in self.mcast.get(bytes(pkt.dst_ip), ()):
+                        member.core.receive(pkt, now)
+                        touched[member] = None
                     continue
                 qp = qps.get(pkt.dest_qpn)
                 if qp is None:

@@ -51,7 +51,8 @@ class Pd(Resource):
 class Mr(Resource):
     """A registered region: a view of the consumer's bytes at ``vaddr``."""
 
-    __slots__ = ("access", "length", "lkey", "pd", "rkey", "vaddr", "view", "windows")
+    __slots__ = ("access", "length", "lkey", "parent", "pd", "rkey", "shares", "vaddr", "view",
+                 "windows")
 
     def __init__(self, ca: object, pd: Pd, view: memoryview, vaddr: int, access: int) -> None:
         super().__init__(ca)
@@ -63,6 +64,8 @@ class Mr(Resource):
         self.lkey = 0
         self.rkey = 0
         self.windows = 0
+        self.shares = 0  # shared regions over this one's pages
+        self.parent: Mr | None = None  # the region this one shares
 
 
 class Mw(Resource):

@@ -107,8 +107,7 @@ class MemoryVerbs(CaState):
         m = int(mask)
         if not m or m & ~int(MrModMask.ADDR | MrModMask.PD | MrModMask.ACCESS):
             raise InvalidParameter(f"bad re-registration mask {mask!r}")
-        if mr.windows:
-            raise ResourceBusy(f"{mr.windows} memory window(s) bound to the region")
+        self._not_busy(mr)
         pd = self._h_pd(h_pd) if m & int(MrModMask.PD) else mr.pd
         if m & int(MrModMask.ACCESS):
             if access is None:
@@ -135,14 +134,50 @@ class MemoryVerbs(CaState):
             mr.view = mv
             mr.vaddr = vaddr
             mr.length = mv.nbytes
+            self._unshare(mr)
         return self._install(mr, acc, self.keys.next_variant(mr.lkey))
+
+    @staticmethod
+    def _not_busy(mr: Mr) -> None:
+        if mr.windows:
+            raise ResourceBusy(f"{mr.windows} memory window(s) bound to the region")
+        if mr.shares:
+            raise ResourceBusy(f"{mr.shares} shared region(s) use its pages")
+
+    @staticmethod
+    def _unshare(mr: Mr) -> None:
+        if mr.parent is not None:
+            mr.parent.shares -= 1
+            mr.parent = None
+
+    @serialized
+    def register_smr(self, h_mr: Any, h_pd: Any, access: AccessFlags, vaddr: int) -> MrKeys:
+        src = self._h_mr(h_mr)
+        pd = self._h_pd(h_pd)
+        acc = check_access(access)
+        if acc & (LOCAL_WRITE | NEEDS_LOCAL_WRITE) and src.view.readonly:
+            raise InvalidPermission("write access requested on read-only pages")
+        if not isinstance(vaddr, int) or vaddr < 0:
+            raise InvalidParameter(f"virtual address {vaddr!r} out of range")
+        self._count("mr", self.attr.max_mrs)
+        page = 4096  # the new address keeps the offset within the page, as the IBA asks
+        if not vaddr:
+            assigned = src.vaddr
+        else:
+            assigned = vaddr - vaddr % page + src.vaddr % page
+        mr = Mr(self, pd, src.view, assigned, acc)
+        mr.parent = src
+        src.shares += 1
+        self._n["mr"] += 1
+        pd.users += 1
+        return self._install(mr, acc)
 
     @serialized
     def deregister_mr(self, h_mr: Any) -> None:
         mr = self._h_mr(h_mr)
-        if mr.windows:
-            raise ResourceBusy(f"{mr.windows} memory window(s) bound to the region")
+        self._not_busy(mr)
         mr.alive = False
+        self._unshare(mr)
         self.keys.remove(mr.lkey)
         mr.pd.users -= 1
         self._n["mr"] -= 1

@@ -36,7 +36,7 @@ from ibal.types import CaAttr
 
 P = ParamSpec("P")
 R = TypeVar("R")
-O = TypeVar("O")
+H = TypeVar("H")
 
 PORT = 1
 
@@ -59,7 +59,7 @@ class CaState:
     def unsupported(self, name: str) -> Unsupported:
         return Unsupported(f"{name}: {self.capabilities.reason(name)}")
 
-    def _own(self, h: Any, kind: type[O], error: type[IbError], what: str) -> O:
+    def _own(self, h: Any, kind: type[H], error: type[IbError], what: str) -> H:
         if type(h) is not kind or getattr(h, "ca", None) is not self or not h.alive:  # type: ignore[attr-defined]
             raise error(f"not {what} of {self.name}: {h!r}")
         return h
