@@ -161,10 +161,7 @@ class MemoryVerbs(CaState):
             raise InvalidParameter(f"virtual address {vaddr!r} out of range")
         self._count("mr", self.attr.max_mrs)
         page = 4096  # the new address keeps the offset within the page, as the IBA asks
-        if not vaddr:
-            assigned = src.vaddr
-        else:
-            assigned = vaddr - vaddr % page + src.vaddr % page
+        assigned = vaddr - vaddr % page + src.vaddr % page if vaddr else src.vaddr
         mr = Mr(self, pd, src.view, assigned, acc)
         mr.parent = src
         src.shares += 1
