@@ -11,6 +11,7 @@ the port; its port events become CA async events.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import threading
 import zlib
 from typing import Any
@@ -28,14 +29,18 @@ from ibal.providers.rxe.engine import Engine
 from ibal.providers.rxe.memory import KeyTable, Pd
 from ibal.providers.rxe.mr_verbs import MemoryVerbs
 from ibal.providers.rxe.qp_verbs import QpVerbs
-from ibal.providers.rxe.qps import Av, gid_to_ip
+from ibal.providers.rxe.qps import Av, McastAttach, gid_to_ip, is_multicast_ip
 from ibal.providers.rxe.verbs import PORT, serialized
 from ibal.status import (
+    InsufficientResources,
     InvalidCaHandle,
     InvalidCqSize,
+    InvalidGid,
     InvalidParameter,
     InvalidPort,
+    InvalidServiceType,
     InvalidState,
+    MaxMcastQpsReached,
     NotFound,
     Overflow,
     ResourceBusy,
@@ -44,6 +49,7 @@ from ibal.types import (
     AvAttr,
     CaAttr,
     EventRecord,
+    Gid,
     GidEntry,
     PdType,
     QpType,
@@ -58,7 +64,6 @@ REASONS = {
     "special_qps": "RoCE has no subnet manager, so no QP0; QP1 (GSI) carries the MADs",
     "mw_types": "the contract binds windows only through bind_mw (type 1); type 2 needs "
     "a bind work request it does not define",
-    "multicast": "joining IP multicast groups through the device's sockets is not done yet",
     "phys_mr": "a software HCA reaches only the buffers it is given (no physical pages)",
     "local_mad": "RoCE ports have no subnet management agent",
     "vendor_call": "rxe has no private commands",
@@ -83,7 +88,7 @@ CAPABILITIES = Capabilities(
     peek_cq=True,
     rearm_n_cq=True,
     resize_cq=True,
-    multicast=False,
+    multicast=True,
     phys_mr=False,
     shared_mr=True,
     modify_mr=True,
@@ -199,6 +204,47 @@ class RxeCa(QpVerbs, MemoryVerbs, ChannelInterface):
             self.device.set_receiver(None)
             self._completion_cb = self._async_cb = None
         self.engine.close()
+
+    # ------------------------------------------------------------- multicast
+    @serialized
+    def attach_mcast(self, h_qp: Any, gid: Gid, lid: int) -> McastAttach:
+        """Join the group's IP address (the socket layer's ``join``): RoCE has no LIDs,
+        ``lid`` is kept for ``query`` only."""
+        qp = self._h_qp(h_qp)
+        if qp.qp_type is not QpType.UD:
+            raise InvalidServiceType(f"only UD QPs join multicast groups, not {qp.qp_type.name}")
+        if not isinstance(gid, Gid) or not is_multicast_ip(gid_to_ip(gid)):
+            raise InvalidGid(f"{gid!r} is not a multicast GID")
+        ip = gid_to_ip(gid)
+        members = self.engine.mcast.get(ip, [])
+        if qp in members:
+            raise InvalidParameter(f"QP 0x{qp.num:x} is already attached to {gid}")
+        if not members and len(self.engine.mcast) >= self.attr.max_mcast_grps:
+            raise InsufficientResources(f"{self.name} is in {len(self.engine.mcast)} groups")
+        if len(members) >= self.attr.max_qps_per_mcast_grp:
+            raise MaxMcastQpsReached(f"group {gid} has its maximum of QPs on {self.name}")
+        if not members:
+            try:
+                self.device.io.join(ipaddress.ip_address(ip), self.device.ifindex)
+            except KeyError:
+                pass  # no address of that family: only this device's own members hear it
+            except OSError as e:
+                raise InsufficientResources(f"cannot join {gid}: {e.strerror or e}") from None
+        self.engine.mcast.setdefault(ip, []).append(qp)
+        qp.mcasts += 1
+        return McastAttach(self, qp, gid, lid, ip)
+
+    @serialized
+    def detach_mcast(self, h_mcast: Any) -> None:
+        m = self._h_mcast(h_mcast)
+        m.alive = False
+        m.qp.mcasts -= 1
+        members = self.engine.mcast.get(m.ip, [])
+        if m.qp in members:
+            members.remove(m.qp)
+        if not members:
+            self.engine.mcast.pop(m.ip, None)
+            self.device.io.leave(ipaddress.ip_address(m.ip))
 
     def inject_async_event(self, record: EventRecord) -> None:
         """Deliver ``record`` through the async event callback (fault injection)."""

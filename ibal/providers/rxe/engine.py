@@ -70,6 +70,9 @@ class Engine:
             qps = self.qps
             for pkt in packets:
                 if pkt.dest_qpn == MCAST_QPN and is_multicast_ip(bytes(pkt.dst_ip)):
+                    if bytes(pkt.src_ip) in self.own_ips:
+                        self.counters.drop("mcast_own")  # delivered locally when sent
+                        continue
                     for member in self.mcast.get(bytes(pkt.dst_ip), ()):
                         member.core.receive(pkt, now)
                         touched[member] = None
@@ -101,8 +104,11 @@ class Engine:
         while True:
             pkts = core.poll(now)
             for p in pkts:
+                dst = bytes(p.dst_ip)
+                if p.dest_qpn == MCAST_QPN and is_multicast_ip(dst):
+                    self._loop_mcast(p, dst, now)
                 try:
-                    io.send(p, bytes(p.dst_ip), p.src_port)
+                    io.send(p, dst, p.src_port)
                 except (KeyError, OSError, ValueError):
                     self.counters.drop("no_route")
             if len(pkts) < 64:
@@ -117,6 +123,24 @@ class Engine:
                 self._deadlines[qp] = d
                 if old is None or d < old:
                     self._cond.notify()
+
+    @property
+    def own_ips(self) -> frozenset[bytes]:
+        return frozenset(ip.packed for ip in self.io.addresses)
+
+    def _loop_mcast(self, pkt: Packet, dst: bytes, now: float) -> None:
+        """This device's own members of the group get the datagram straight away, as the
+        IP stack's multicast loop would hand it back (the copy that does come back
+        from the network is dropped)."""
+        members = self.mcast.get(dst)
+        if not members:
+            return
+        if not pkt.src_ip:
+            src = [ip for ip in self.own_ips if len(ip) == len(dst)]
+            pkt.src_ip = src[0] if src else bytes(len(dst))
+        for member in members:
+            member.core.receive(pkt, now)
+            self.deliver(member)
 
     def _flush(self) -> None:
         try:

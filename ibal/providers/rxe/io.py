@@ -39,7 +39,7 @@ import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 from ibal.providers.rxe import mmsg, wire
 from ibal.providers.rxe.counters import DeviceCounters
@@ -133,6 +133,8 @@ def _open(ip: IpAddress, port: int, rx_mode: RxMode, batch: int, scope: int) -> 
         if v4:
             # DF set and, unconnected, IP ID 0: the ID the send-side ICRC assumes
             tx.setsockopt(socket.IPPROTO_IP, _IP_MTU_DISCOVER, _IP_PMTUDISC_DO)
+            # multicast leaves from this address's interface, not by the routing table
+            tx.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, ip.packed)
             tx.bind((str(ip), 0))
         else:
             tx.setsockopt(socket.IPPROTO_IPV6, _IPV6_CHECKSUM, 6)
@@ -155,6 +157,39 @@ def _open(ip: IpAddress, port: int, rx_mode: RxMode, batch: int, scope: int) -> 
             tx.close()
         raise
     return _Endpoint(ip, ip.packed, udp, tx, rx, rx_raw, mmsg.SendBatch(batch))
+
+
+class _Group(NamedTuple):
+    """A multicast group's receive socket (UDP, bound to the group and port 4791)."""
+
+    rx: socket.socket
+    rx_raw: bool
+    raw_ip: bytes
+
+
+def _join(group: IpAddress, local: IpAddress, port: int, ifindex: int) -> _Group:
+    """A socket that receives ``group``'s datagrams on ``local``'s interface."""
+    v4 = group.version == 4
+    sock = socket.socket(socket.AF_INET if v4 else socket.AF_INET6,
+                         socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    try:
+        # several devices (and processes) on one host may join one group
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if v4:
+            sock.bind((str(group), port))
+            mreq = group.packed + local.packed
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreq)
+        else:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.setsockopt(mmsg.SOL_UDP, mmsg.UDP_NO_CHECK6_RX, 1)
+            sock.bind((str(group), port, 0, ifindex))
+            mreq6 = group.packed + struct.pack("@I", ifindex)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_JOIN_GROUP, mreq6)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RCVBUF)
+    except BaseException:
+        sock.close()
+        raise
+    return _Group(sock, False, group.packed)
 
 
 class DeviceIO:
@@ -194,6 +229,7 @@ class DeviceIO:
         self._ring = mmsg.RecvRing(batch, max_datagram)
         self._decoder = RxDecoder(self._ring, self.counters, capture)
         self._endpoints: dict[IpAddress, _Endpoint] = {}
+        self._groups: dict[IpAddress, _Group] = {}
         self._names: dict[bytes, bytes] = {}  # destination -> sockaddr
         # (source, destination, port, length) -> (ICRC prefix, UDP header) to send
         self._tx_cache: dict[tuple[bytes, bytes, int, int], tuple[int, bytes]] = {}
@@ -224,6 +260,29 @@ class DeviceIO:
             with self._lock:
                 ep.close()
 
+    def join(self, group: IpAddress, ifindex: int = 0) -> None:
+        """Receive multicast ``group`` (idempotent) on the interface of this device's
+        address of the group's family; ``KeyError`` without one, ``OSError`` from the
+        kernel.  Sends to the group need nothing: they leave like any datagram."""
+        with self._lock:
+            if group in self._groups:
+                return
+            mine = [ip for ip in self._endpoints if ip.version == group.version]
+            if not mine:
+                raise KeyError(f"no IPv{group.version} address on {self.name}")
+            local = mine[0]
+            self._groups[group] = _join(group, local, self.port, ifindex)
+        self._wake()
+
+    def leave(self, group: IpAddress) -> None:
+        """Stop receiving ``group`` (no-op when not joined)."""
+        with self._lock:
+            g = self._groups.pop(group, None)
+        if g is not None:
+            self._wake()
+            with self._lock:
+                g.rx.close()
+
     @property
     def addresses(self) -> tuple[IpAddress, ...]:
         with self._lock:
@@ -241,6 +300,9 @@ class DeviceIO:
             for ep in self._endpoints.values():
                 ep.close()
             self._endpoints.clear()
+            for g in self._groups.values():
+                g.rx.close()
+            self._groups.clear()
         os.close(self._wake_r)
         os.close(self._wake_w)
 
@@ -348,7 +410,10 @@ class DeviceIO:
     def _run(self) -> None:
         while not self._closed:
             with self._lock:
-                eps = {ep.rx.fileno(): ep for ep in self._endpoints.values()}
+                eps: dict[int, _Endpoint | _Group] = {
+                    ep.rx.fileno(): ep for ep in self._endpoints.values()
+                }
+                eps.update((g.rx.fileno(), g) for g in self._groups.values())
             poller = select.poll()
             poller.register(self._wake_r, select.POLLIN)
             for fd in eps:
@@ -370,7 +435,7 @@ class DeviceIO:
                         except OSError:
                             rebuild = True  # socket closed under us: re-read the endpoints
 
-    def _drain(self, ep: _Endpoint) -> None:
+    def _drain(self, ep: _Endpoint | _Group) -> None:
         """Read batches from one socket until it is empty (bounded, to stay fair)."""
         ring = self._ring
         fd = ep.rx.fileno()
