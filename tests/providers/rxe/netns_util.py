@@ -23,11 +23,20 @@ def need_ip() -> None:
         missing = "needs the `ip` command (Debian package iproute2)"
     elif os.geteuid() != 0:
         missing = "needs root (network namespaces, raw sockets)"
-    if missing is None:
-        return
+    if missing is not None:
+        _missing(missing)
+
+
+def need_root() -> None:
+    """Skip without root (rxe's raw sockets); in CI (``IBAL_LAB_REQUIRED=1``) fail."""
+    if os.geteuid() != 0:
+        _missing("needs root (rxe's raw sockets need CAP_NET_RAW)")
+
+
+def _missing(what: str) -> None:
     if os.environ.get("IBAL_LAB_REQUIRED", "") not in ("", "0"):
-        pytest.fail(f"{missing} (IBAL_LAB_REQUIRED is set)", pytrace=False)
-    pytest.skip(missing)
+        pytest.fail(f"{what} (IBAL_LAB_REQUIRED is set)", pytrace=False)
+    pytest.skip(what)
 
 
 def _setns(fd: int) -> None:

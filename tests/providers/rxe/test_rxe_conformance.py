@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from netns_util import need_root
 
 from ibal.ci import Provider
 from ibal.testing import ProviderConformance
@@ -21,4 +22,5 @@ class TestRxe(ProviderConformance):
         # the rxe entry point may not be installed yet in an editable install: build directly
         from ibal.providers.rxe.provider import RxeProvider
 
+        need_root()  # without raw sockets no device opens and the suite would only skip
         return lambda: RxeProvider({"devices": DEVICES})

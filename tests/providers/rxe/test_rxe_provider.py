@@ -5,10 +5,10 @@ sockets, QP1 MADs between two devices."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterator
 
 import pytest
+from netns_util import need_root
 
 from ibal.al import AlManager, Ca
 from ibal.providers.rxe.ca import RxeCa
@@ -35,8 +35,7 @@ DEVICES = "rxe_t0=127.0.0.2,rxe_t1=127.0.0.3"
 
 
 def _root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("rxe's raw sockets need root (CAP_NET_RAW)")
+    need_root()
 
 
 @pytest.fixture

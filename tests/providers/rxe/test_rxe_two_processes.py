@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from netns_util import need_root
 from rxe_peer import pattern
 
 from ibal.al import AlManager
@@ -58,8 +59,7 @@ class Peer:
 
 @pytest.fixture
 def pair() -> Iterator[tuple[Side, Peer, dict[str, Any]]]:
-    if os.geteuid() != 0:
-        pytest.skip("rxe's raw sockets need root (CAP_NET_RAW)")
+    need_root()
     mgr = AlManager()
     mgr.add_provider(RxeProvider({"devices": "rxe_local=127.0.0.2"}))
     peer = Peer()
