@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,8 @@ class Engine:
         self.qps: dict[int, Qp] = {}
         self.mcast: dict[bytes, list[Qp]] = {}
         self._deadlines: dict[Qp, float] = {}
+        self._local: deque[Packet] = deque()
+        self._own: frozenset[bytes] = frozenset()
         self._closed = False
         self._thread = threading.Thread(target=self._timers, name=f"{name}-timer", daemon=True)
         self._thread.start()
@@ -66,47 +69,64 @@ class Engine:
             if self._closed:
                 return
             now = time.monotonic()
+            self._own = frozenset(ip.packed for ip in self.io.addresses)
             touched: dict[Qp, None] = {}
-            qps = self.qps
             for pkt in packets:
-                if pkt.dest_qpn == MCAST_QPN and is_multicast_ip(bytes(pkt.dst_ip)):
-                    if bytes(pkt.src_ip) in self.own_ips:
-                        self.counters.drop("mcast_own")  # delivered locally when sent
-                        continue
-                    for member in self.mcast.get(bytes(pkt.dst_ip), ()):
-                        member.core.receive(pkt, now)
-                        touched[member] = None
-                    continue
-                qp = qps.get(pkt.dest_qpn)
-                if qp is None:
-                    self.counters.drop("unknown_qpn")
-                    continue
-                cfg = qp.cfg
-                if cfg.dst_ip and bytes(pkt.src_ip) != cfg.dst_ip:
-                    self.counters.drop("wrong_source")  # a connected QP hears only its peer
-                    continue
-                qp.core.receive(pkt, now)
-                touched[qp] = None
+                self._dispatch(pkt, now, touched, True)
             for qp in touched:
                 self._pump(qp, now)
+            self._run_local(now)
             self._flush()
+
+    def _dispatch(self, pkt: Packet, now: float, touched: dict[Qp, None], wire: bool) -> None:
+        """Hand one packet to the core of its QP (or of each member of its group)."""
+        if pkt.dest_qpn == MCAST_QPN and is_multicast_ip(bytes(pkt.dst_ip)):
+            if wire and bytes(pkt.src_ip) in self._own:
+                self.counters.drop("mcast_own")  # its members had it when it was sent
+                return
+            for member in self.mcast.get(bytes(pkt.dst_ip), ()):
+                member.core.receive(pkt, now)
+                touched[member] = None
+            return
+        qp = self.qps.get(pkt.dest_qpn)
+        if qp is None:
+            self.counters.drop("unknown_qpn")
+            return
+        cfg = qp.cfg
+        if cfg.dst_ip and bytes(pkt.src_ip) != cfg.dst_ip:
+            self.counters.drop("wrong_source")  # a connected QP hears only its peer
+            return
+        qp.core.receive(pkt, now)
+        touched[qp] = None
 
     # ------------------------------------------------------------------- pump
     def pump(self, qp: Qp) -> None:
         """Run ``qp`` after a verb changed it (posted work, a state change)."""
         with self._lock:
-            self._pump(qp, time.monotonic())
+            now = time.monotonic()
+            self._own = frozenset(ip.packed for ip in self.io.addresses)
+            self._pump(qp, now)
+            self._run_local(now)
             self._flush()
 
     def _pump(self, qp: Qp, now: float) -> None:
         core = qp.core
         io = self.io
+        own = self._own
+        local = self._local
         while True:
             pkts = core.poll(now)
             for p in pkts:
                 dst = bytes(p.dst_ip)
+                if dst in own:
+                    # to this device: straight to the receiving core, as kernel rxe's
+                    # loopback does (no socket, no ICRC)
+                    if not p.src_ip:
+                        p.src_ip = dst
+                    local.append(p)
+                    continue
                 if p.dest_qpn == MCAST_QPN and is_multicast_ip(dst):
-                    self._loop_mcast(p, dst, now)
+                    self._loop_mcast(p, dst)
                 try:
                     io.send(p, dst, p.src_port)
                 except (KeyError, OSError, ValueError):
@@ -124,23 +144,26 @@ class Engine:
                 if old is None or d < old:
                     self._cond.notify()
 
-    @property
-    def own_ips(self) -> frozenset[bytes]:
-        return frozenset(ip.packed for ip in self.io.addresses)
+    def _run_local(self, now: float) -> None:
+        """Deliver the packets this device sent to itself, and what they cause in turn."""
+        local = self._local
+        while local:
+            touched: dict[Qp, None] = {}
+            while local:
+                self._dispatch(local.popleft(), now, touched, False)
+            for qp in touched:
+                self._pump(qp, now)
 
-    def _loop_mcast(self, pkt: Packet, dst: bytes, now: float) -> None:
-        """This device's own members of the group get the datagram straight away, as the
-        IP stack's multicast loop would hand it back (the copy that does come back
-        from the network is dropped)."""
-        members = self.mcast.get(dst)
-        if not members:
+    def _loop_mcast(self, pkt: Packet, dst: bytes) -> None:
+        """This device's own members of a group get the datagram locally, as the IP
+        stack's multicast loop would hand it back (the copy that comes back from the
+        network is dropped)."""
+        if not self.mcast.get(dst):
             return
         if not pkt.src_ip:
-            src = [ip for ip in self.own_ips if len(ip) == len(dst)]
+            src = [ip for ip in self._own if len(ip) == len(dst)]
             pkt.src_ip = src[0] if src else bytes(len(dst))
-        for member in members:
-            member.core.receive(pkt, now)
-            self.deliver(member)
+        self._local.append(pkt)
 
     def _flush(self) -> None:
         try:
@@ -201,11 +224,13 @@ class Engine:
                 now = time.monotonic()
                 due = [qp for qp, d in self._deadlines.items() if d <= now]
                 if due:
+                    self._own = frozenset(ip.packed for ip in self.io.addresses)
                     for qp in due:
                         self._deadlines.pop(qp, None)
                         if qp.alive:
                             qp.core.handle_timer(now)
                             self._pump(qp, now)
+                    self._run_local(now)
                     self._flush()
                     continue
                 wait = min(self._deadlines.values(), default=now + 1.0) - now
