@@ -5,6 +5,7 @@ sockets, QP1 MADs between two devices."""
 from __future__ import annotations
 
 import dataclasses
+import queue
 from collections.abc import Iterator
 
 import pytest
@@ -19,14 +20,23 @@ from ibal.testing.helpers import GRH_BYTES, UD_QKEY, Side, active_port, make_sid
 from ibal.types import (
     MAD_SIZE,
     QP1_WELL_KNOWN_QKEY,
+    AccessFlags,
+    AsyncEvent,
     AvAttr,
     DgrmInfo,
+    EventRecord,
     Gid,
     Grh,
+    LinkState,
+    PdType,
     PortAttr,
+    QpCaps,
+    QpMod,
+    QpState,
     QpType,
     RecvWr,
     SendWr,
+    Sge,
     UdDest,
     WcStatus,
 )
@@ -146,3 +156,126 @@ def test_rxe_ca_is_a_channel_interface() -> None:
     from ibal.ci import ChannelInterface
 
     assert issubclass(RxeCa, ChannelInterface)
+
+
+# ------------------------------------------------------------ CI level
+
+
+class _Upcalls:
+    def __init__(self) -> None:
+        self.events: queue.Queue[EventRecord] = queue.Queue()
+        self.completions: queue.Queue[object] = queue.Queue()
+
+    def event(self, rec: EventRecord) -> None:
+        self.events.put(rec)
+
+    def completion(self, ctx: object) -> None:
+        self.completions.put(ctx)
+
+    def wait_event(self, code: AsyncEvent) -> EventRecord:
+        while True:
+            rec = self.events.get(timeout=10)
+            if rec.code is code:
+                return rec
+
+
+@pytest.fixture
+def raw() -> Iterator[tuple[RxeProvider, CollectingRegistrar]]:
+    _root()
+    provider = RxeProvider({"devices": "rxe_r0=127.0.0.2"})
+    registrar = CollectingRegistrar()
+    provider.start(registrar)
+    try:
+        yield provider, registrar
+    finally:
+        provider.stop()
+
+
+def test_posts_in_error_and_sqe_are_flushed(raw: tuple[RxeProvider, CollectingRegistrar]) -> None:
+    """Sends posted to an RC QP in ERROR or a UD QP in SQE complete WR_FLUSHED_ERR
+    (a UD send with a bad L_Key takes its QP to SQE)."""
+    _, registrar = raw
+    (ci,) = registrar.cis.values()
+    up = _Upcalls()
+    h_ca = ci.open_ca(up.completion, up.event, "ca")
+    h_pd = ci.allocate_pd(h_ca, PdType.NORMAL)
+    h_cq = ci.create_cq(h_ca, 16, "cq").handle
+    buf = bytearray(64)
+    keys = ci.register_mr(h_pd, memoryview(buf), 0x1000, AccessFlags.LOCAL_WRITE)
+    caps = QpCaps(sq_depth=4, rq_depth=4, sq_sge=1, rq_sge=1)
+    handles = []
+    for qp_type, states in ((QpType.RC, (QpState.INIT, QpState.ERROR)),
+                            (QpType.UD, (QpState.INIT, QpState.RTR, QpState.RTS))):  # fmt: skip
+        h_qp = ci.create_qp(h_pd, qp_type, caps, h_cq, h_cq, None, True, qp_type.name).handle
+        handles.append(h_qp)
+        for st in states:
+            if st is QpState.INIT and qp_type is QpType.UD:
+                mod = QpMod(st, pkey_index=0, port_num=1, qkey=UD_QKEY)
+            elif st is QpState.INIT:
+                mod = QpMod(st, pkey_index=0, port_num=1, access=AccessFlags.LOCAL_WRITE)
+            elif st is QpState.RTS:
+                mod = QpMod(st, sq_psn=0)
+            else:
+                mod = QpMod(st)
+            ci.modify_qp(h_qp, mod)
+        if qp_type is QpType.UD:
+            h_av = ci.create_av(h_pd, AvAttr(port_num=1, grh=Grh(dgid=Gid("::ffff:127.0.0.2"))))
+            dest = UdDest(av=h_av, remote_qp=1, remote_qkey=UD_QKEY)
+            ci.post_send(h_qp, [SendWr(wr_id=10, sg_list=[Sge(0x1000, 8, keys.lkey ^ 0xFF)],
+                                       ud=dest)])
+            assert ci.query_qp(h_qp).state is QpState.SQERR
+        else:
+            dest = None
+        ci.post_send(h_qp, [SendWr(wr_id=11, sg_list=[Sge(0x1000, 8, keys.lkey)], ud=dest)])
+        ci.post_recv(h_qp, [RecvWr(wr_id=12, sg_list=[Sge(0x1000, 64, keys.lkey)])])
+    wcs = ci.poll_cq(h_cq, 8)
+    assert [(w.wr_id, w.status) for w in wcs] == [
+        (11, WcStatus.WR_FLUSHED_ERR), (12, WcStatus.WR_FLUSHED_ERR),  # RC in ERROR
+        (10, WcStatus.LOCAL_PROTECTION_ERR),  # UD: the bad L_Key, then SQE
+        (11, WcStatus.WR_FLUSHED_ERR),  # the send flushes, the receive waits
+    ]  # fmt: skip
+    ci.destroy_av(h_av)
+    for h in handles:
+        ci.destroy_qp(h)
+    ci.deregister_mr(keys.handle)
+    ci.destroy_cq(h_cq)
+    ci.deallocate_pd(h_pd)
+    ci.close_ca(h_ca)
+
+
+def test_port_follows_the_interface() -> None:
+    """Link down/up on the device's interface: PORT_DOWN/PORT_ACTIVE to the CA's
+    async callback with the CA context, and query_ca shows the state."""
+    from netns_util import netns
+    from test_rxe_device import _dummy
+
+    with netns() as ns:
+        _dummy(ns)
+        with ns.entered():
+            provider = RxeProvider({"devices": "rxe0=dum0"})
+            registrar = CollectingRegistrar()
+            provider.start(registrar)
+        try:
+            (ci,) = registrar.cis.values()
+            up = _Upcalls()
+            h_ca = ci.open_ca(up.completion, up.event, "my-ca")
+            assert ci.query_ca(h_ca).ports[0].link_state is LinkState.ACTIVE
+            ns.ip("link", "set", "dum0", "down")
+            rec = up.wait_event(AsyncEvent.PORT_DOWN)
+            assert (rec.context, rec.port_num) == ("my-ca", 1)
+            assert ci.query_ca(h_ca).ports[0].link_state is LinkState.DOWN
+            ns.ip("link", "set", "dum0", "up")
+            up.wait_event(AsyncEvent.PORT_ACTIVE)
+            assert ci.query_ca(h_ca).ports[0].link_state is LinkState.ACTIVE
+            ci.close_ca(h_ca)
+        finally:
+            provider.stop()
+
+
+def test_removed_device_deregisters_its_ca(raw: tuple[RxeProvider, CollectingRegistrar]) -> None:
+    provider, registrar = raw
+    assert len(registrar.cis) == 1
+    assert provider.registry is not None
+    provider.registry.remove("rxe_r0")
+    assert registrar.cis == {}
+    assert provider.cas == []
