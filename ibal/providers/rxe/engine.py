@@ -28,7 +28,7 @@ from typing import Any
 from ibal.providers.rxe.cq import Cq
 from ibal.providers.rxe.packet import Packet
 from ibal.providers.rxe.qps import Qp, Srq, is_multicast_ip
-from ibal.types import AsyncEvent, EventRecord, Wc
+from ibal.types import AsyncEvent, EventRecord, QpState, Wc
 
 MCAST_QPN = 0xFFFFFF
 """The destination QPN of a multicast datagram (IBA 10.5.2.3)."""
@@ -187,8 +187,13 @@ class Engine:
             for code in events:
                 self.event_cb(EventRecord(code, qp.context))
         srq = qp.srq
-        if srq is not None and srq.limit_hit:
-            self.srq_limit(srq)
+        if srq is not None:
+            if srq.limit_hit:
+                self.srq_limit(srq)
+            if qp.cfg.state is QpState.ERROR and not qp.last_wqe:
+                # IBA 11.6.3.2: no receive of this QP can consume another SRQ WQE
+                qp.last_wqe = True
+                self.event_cb(EventRecord(AsyncEvent.SRQ_QP_LAST_WQE_REACHED, qp.context))
 
     def srq_limit(self, srq: Srq) -> None:
         srq.limit_hit = False

@@ -94,15 +94,19 @@ class KeyTable:
 
     def __init__(self) -> None:
         self._keys: dict[int, Mr | Mw] = {}
+        self._indexes: set[int] = set()  # a wrapped index never reaches a live key
         self._next_index = 1
 
     def __len__(self) -> int:
         return len(self._keys)
 
     def new_key(self) -> int:
-        index = self._next_index
-        self._next_index = (index + 1) & 0xFFFFFF or 1
-        return (index << 8) | secrets.randbits(8)
+        while True:
+            index = self._next_index
+            self._next_index = (index + 1) & 0xFFFFFF or 1
+            key = (index << 8) | secrets.randbits(8)
+            if key >> 8 not in self._indexes:
+                return key
 
     @staticmethod
     def next_variant(key: int) -> int:
@@ -111,9 +115,11 @@ class KeyTable:
 
     def install(self, obj: Mr | Mw, key: int) -> None:
         self._keys[key] = obj
+        self._indexes.add(key >> 8)
 
     def remove(self, key: int) -> None:
-        self._keys.pop(key, None)
+        if self._keys.pop(key, None) is not None:
+            self._indexes.discard(key >> 8)
 
     def get(self, key: int) -> Mr | Mw | None:
         return self._keys.get(key)
@@ -199,8 +205,7 @@ def byte_view(buffer: Any, acc: int) -> memoryview:
         raise InvalidParameter(f"{type(buffer).__name__} is not a buffer") from None
     if not mv.contiguous:
         raise InvalidParameter("the buffer is not contiguous")
-    if mv.format != "B" or mv.ndim != 1:
-        mv = mv.cast("B")
+    mv = mv.cast("B")  # always a view of our own, so deregistration may release it
     if mv.readonly and acc & ANY_WRITE:
         raise InvalidPermission("write access requested on a read-only buffer")
     return mv

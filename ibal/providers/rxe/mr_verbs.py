@@ -7,6 +7,7 @@ blocks on the network, and raises the :mod:`ibal.status` exceptions.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from ibal.ci import MwCreated
@@ -174,6 +175,9 @@ class MemoryVerbs(CaState):
         mr = self._h_mr(h_mr)
         self._not_busy(mr)
         mr.alive = False
+        if mr.parent is None:
+            with contextlib.suppress(BufferError):  # let go of the consumer's buffer
+                mr.view.release()  # (slices a packet still holds stay valid)
         self._unshare(mr)
         self.keys.remove(mr.lkey)
         mr.pd.users -= 1

@@ -133,7 +133,7 @@ class Qp(Resource):
     """A QP: its core, its queues and the attributes ``query_qp`` reports."""
 
     __slots__ = (
-        "access", "av", "caps", "cfg", "context", "core", "dest_qp", "init_depth",
+        "access", "av", "caps", "cfg", "context", "core", "dest_qp", "init_depth", "last_wqe",
         "local_ack_timeout", "mcasts", "path_mtu", "pd", "port_num", "recv_cq", "resp_res",
         "retry_cnt", "rnr_nak_timeout", "rnr_retry_cnt", "rq", "send_cq", "sq_psn",
         "sq_signaled", "srq",
@@ -157,6 +157,7 @@ class Qp(Resource):
         self.reset_attrs()
 
     def reset_attrs(self) -> None:
+        self.last_wqe = False  # SRQ_QP_LAST_WQE_REACHED raised (once per trip to ERROR)
         self.port_num = 1 if self.cfg.qp_type is QpType.QP1 else 0
         self.access = AccessFlags.NONE
         self.av: AvAttr | None = None

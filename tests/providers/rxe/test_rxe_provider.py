@@ -37,6 +37,7 @@ from ibal.types import (
     RecvWr,
     SendWr,
     Sge,
+    SrqAttr,
     UdDest,
     WcStatus,
 )
@@ -279,3 +280,27 @@ def test_removed_device_deregisters_its_ca(raw: tuple[RxeProvider, CollectingReg
     provider.registry.remove("rxe_r0")
     assert registrar.cis == {}
     assert provider.cas == []
+
+
+def test_srq_qp_in_error_raises_last_wqe_reached(
+    raw: tuple[RxeProvider, CollectingRegistrar],
+) -> None:
+    _, registrar = raw
+    (ci,) = registrar.cis.values()
+    up = _Upcalls()
+    h_ca = ci.open_ca(up.completion, up.event, "ca")
+    h_pd = ci.allocate_pd(h_ca, PdType.NORMAL)
+    h_cq = ci.create_cq(h_ca, 16, "cq").handle
+    h_srq = ci.create_srq(h_pd, SrqAttr(max_wr=4, max_sge=1, srq_limit=0), "srq").handle
+    caps = QpCaps(sq_depth=4, rq_depth=0, sq_sge=1, rq_sge=0)
+    h_qp = ci.create_qp(h_pd, QpType.RC, caps, h_cq, h_cq, h_srq, True, "the-qp").handle
+    ci.modify_qp(h_qp, QpMod(QpState.INIT, pkey_index=0, port_num=1,
+                             access=AccessFlags.LOCAL_WRITE))
+    ci.modify_qp(h_qp, QpMod(QpState.ERROR))
+    rec = up.wait_event(AsyncEvent.SRQ_QP_LAST_WQE_REACHED)
+    assert rec.context == "the-qp"
+    ci.destroy_qp(h_qp)
+    ci.destroy_srq(h_srq)
+    ci.destroy_cq(h_cq)
+    ci.deallocate_pd(h_pd)
+    ci.close_ca(h_ca)
