@@ -30,6 +30,10 @@ from ibal.providers.rxe.packet import Packet
 from ibal.providers.rxe.qps import Qp, Srq, is_multicast_ip
 from ibal.types import AsyncEvent, EventRecord, QpState, Wc
 
+TIMER_TICK = 0.001
+"""Timers run at most once per tick, as kernel rxe's run at jiffy resolution (its
+shortest RNR wait and ACK timeout are one jiffy): a 10 us RNR timer cannot spin."""
+
 MCAST_QPN = 0xFFFFFF
 """The destination QPN of a multicast datagram (IBA 10.5.2.3)."""
 
@@ -237,9 +241,12 @@ class Engine:
                             self._pump(qp, now)
                     self._run_local(now)
                     self._flush()
+                    # one tick before the next round: timers re-armed meanwhile (an RNR
+                    # wait of 10 us) wait for it, and verbs get the lock
+                    self._cond.wait(TIMER_TICK)
                     continue
                 wait = min(self._deadlines.values(), default=now + 1.0) - now
-                self._cond.wait(max(wait, 0.0005))
+                self._cond.wait(max(wait, 0.0001))
 
     @property
     def closed(self) -> bool:
