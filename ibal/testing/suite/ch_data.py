@@ -17,6 +17,7 @@ from ibal.testing.helpers import (
     connect,
     make_side,
     mr_access,
+    wait_until,
     wait_wc,
     wait_wcs,
 )
@@ -310,7 +311,8 @@ class DataPathChecks(ConformanceBase):
         pair.write(b"uc write", dst_off=700, wr_id=12)
         wc = wait_wc(pair.a.cq)
         assert (wc.wr_id, wc.wc_type, wc.status) == (12, WcType.RDMA_WRITE, WcStatus.SUCCESS)
-        assert pair.b.get(700, 8) == b"uc write"
+        # UC completes when the data left (IBA 9.8.3); on another CA it lands a moment later
+        wait_until(lambda: pair.b.get(700, 8) == b"uc write", "the UC write at B")
 
     def test_uc_rdma_write_with_immediate(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """access-layer §5.9: UC WRITE with immediate completes a receive with the value."""
