@@ -66,6 +66,7 @@ REASONS = {
     "a bind work request it does not define",
     "phys_mr": "a software HCA reaches only the buffers it is given (no physical pages)",
     "local_mad": "RoCE ports have no subnet management agent",
+    "mad_agents": "QP1 is a special QP the access layer owns and shares (no kernel MAD layer)",
     "vendor_call": "rxe has no private commands",
     "violation_counters": "rxe counts P_Key/Q_Key drops in its device counters, not in "
     "the port's violation counters",
@@ -93,6 +94,7 @@ CAPABILITIES = Capabilities(
     shared_mr=True,
     modify_mr=True,
     local_mad=False,
+    mad_agents=False,
     vendor_call=False,
     violation_counters=False,
     modify_ca=False,
