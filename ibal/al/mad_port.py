@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ibal.al.dispatcher import log
 from ibal.al.mr import pin_buffer
+from ibal.al.timer import Timer
 from ibal.status import (
     IbError,
     InsufficientResources,
@@ -174,7 +175,7 @@ class _Out:
     retries: int
     on_wire: int = 0
     responded: bool = False
-    timer: threading.Timer | None = None
+    timer: Timer | None = None
 
 
 _SERIALS = itertools.count(1 << 32)  # keys of sends that await no response
@@ -183,8 +184,8 @@ _SERIALS = itertools.count(1 << 32)  # keys of sends that await no response
 class SplQpTransport(MadTransport):
     """The AL's own QP0/QP1 on a provider that exposes special QPs.
 
-    Response time-outs run on ``threading.Timer`` until the AL's timer service
-    exists; tests use short time-outs, not sleeps.
+    Response time-outs run on the manager's timer service (so a test steps
+    them with a ``ManualClock``); they fire on the misc queue.
     """
 
     def __init__(self, cica: CiCa, port_num: int, qp_num: int) -> None:
@@ -363,12 +364,12 @@ class SplQpTransport(MadTransport):
             raise
 
     def _arm(self, out: _Out) -> None:
-        out.timer = threading.Timer(out.send.timeout_ms / 1000, self._expired, (out,))
-        out.timer.daemon = True
-        out.timer.start()
+        out.timer = self.cica.mgr.timers.call_later(
+            out.send.timeout_ms / 1000, self._expired, out, owner=self
+        )
 
     def _expired(self, out: _Out) -> None:
-        """Timer thread: re-send or give up."""
+        """Misc queue, when a response time-out expires: re-send or give up."""
         with self._lock:
             if out.agent.pending.get(out.key) is not out or out.responded or not self._open:
                 return

@@ -219,6 +219,43 @@ def test_an_unanswered_request_times_out_after_its_retries(world: World) -> None
     assert listener.transport_stats == {"dropped_unclaimed": 3}  # the first try and 2 retries
 
 
+def test_response_timeouts_follow_the_managers_clock() -> None:
+    """Retries go out exactly when a ManualClock is stepped past each time-out, not before."""
+    from ibal.clock import ManualClock
+
+    clock = ManualClock()
+    fabric = MockFabric(seed=0)
+    fabric.add_ca()
+    fabric.add_ca()
+    fabric.use_clock(clock)
+    mgr = AlManager(clock=clock)
+    try:
+        mgr.add_provider(MockProvider({"fabric": fabric}))
+        al = mgr.open_al()
+        a, b = (al.open_ca(g) for g in al.get_ca_guids())
+        pa, pb = a.alloc_pd(), b.alloc_pd()
+        inbox = Inbox()
+        asker = pa.get_spl_qp(a.query().ports[0].port_guid, QpType.QP1_ALIAS).register_agent(
+            VENDOR, 1, methods=(), recv_cb=inbox.recvs.put, send_cb=inbox.dones.put
+        )
+        listener = pb.get_spl_qp(b.query().ports[0].port_guid, QpType.QP1_ALIAS)
+        dest = MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=b.query().ports[0].lid)
+        asker.send(MadSend(mad(0x0B, GET, 1), dest, timeout_ms=100, retries=1, context="q"))
+        mgr.queues.flush()
+        assert listener.transport_stats == {"dropped_unclaimed": 1}
+        clock.advance(0.099, settle=mgr.queues.flush)
+        assert listener.transport_stats == {"dropped_unclaimed": 1}  # not yet
+        assert inbox.dones.empty()
+        clock.advance(0.002, settle=mgr.queues.flush)
+        assert listener.transport_stats == {"dropped_unclaimed": 2}  # the one retry
+        assert inbox.dones.empty()
+        clock.advance(0.1, settle=mgr.queues.flush)
+        assert inbox.done() == MadSendDone("q", WcStatus.TIMEOUT_RETRY_ERR)
+    finally:
+        mgr.close(timeout=WAIT)
+        fabric.close()
+
+
 def test_destroying_one_alias_leaves_the_other_working(world: World) -> None:
     alias_x = world.b.pd.get_spl_qp(world.b.port.port_guid, QpType.QP1_ALIAS)
     world.agent(world.b, VENDOR2, methods={GET}, alias=alias_x)
