@@ -124,7 +124,11 @@ def info(ca_name: str | None, providers: tuple[str, ...], options: tuple[str, ..
             try:
                 if ca_name and ca_name not in (ca.name, _guid(guid), hex(guid)):
                     continue
-                _print_ca(ca.name, ca.provider_name, ca.query())
+                attr = ca.query()
+                _print_ca(ca.name, ca.provider_name, attr)
+                if ca.capabilities.port_counters:
+                    for port in attr.ports:
+                        _print_counters(port.port_num, ca.query_port_counters(port.port_num))
                 missing = ca.capabilities.missing()
                 if missing:
                     text = ", ".join(f"{k} ({v})" for k, v in sorted(missing.items()))
@@ -137,6 +141,12 @@ def info(ca_name: str | None, providers: tuple[str, ...], options: tuple[str, ..
         if not shown:
             _print_unavailable(mgr)
             raise click.ClickException(f"no CA {ca_name or ''}".strip())
+
+
+def _print_counters(port_num: int, counters: dict[str, int]) -> None:
+    console.print(f"  [bold]port {port_num} counters[/]")
+    for name, value in sorted(counters.items()):
+        console.print(f"    {name:<28} {value}")
 
 
 def _print_unavailable(mgr: AlManager) -> None:

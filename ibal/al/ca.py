@@ -251,6 +251,21 @@ class Ca(CaObject):
         finally:
             self._unuse()
 
+    def query_port_counters(self, port_num: int) -> dict[str, int]:
+        """The provider's named counters of ``port_num`` (``Unsupported`` without them)."""
+        self._check()
+        if not isinstance(port_num, int) or self._cica.port(port_num) is None:
+            raise InvalidPort(f"CA {self.name} has no port {port_num!r}")
+        if not self._cica.capabilities.port_counters:
+            raise Unsupported(
+                f"{self.name}: port counters: {self._cica.capabilities.reason('port_counters')}"
+            )
+        self._use()
+        try:
+            return dict(self._ci.query_port_counters(self._h, port_num))
+        finally:
+            self._unuse()
+
     # ------------------------------------------------------------------ life cycle
     def _unlink(self) -> None:
         cica = self._cica

@@ -128,6 +128,10 @@ class Capabilities:
     the access layer owns QP1 (and QP0) through ``create_spl_qp``."""
     vendor_call: bool = False
     violation_counters: bool = False
+    port_counters: bool = False
+    """``query_port_counters`` answers: named per-port counters (kernel
+    ``hw_counters`` names where the meaning is the same, ``drop_<reason>`` for
+    packets the CA dropped)."""
     modify_ca: bool = True
     inline_data: bool = True
     immediate: bool = True
@@ -474,6 +478,16 @@ class ChannelInterface(abc.ABC):
     def local_mad(self, h_ca: Handle, port_num: int, mad: bytes) -> bytes:
         """`ci_local_mad` (optional): the response to a 256-byte MAD for this port."""
         raise Unsupported("local_mad")
+
+    # ------------------------------------------------------------ counters
+    def query_port_counters(self, h_ca: Handle, port_num: int) -> Mapping[str, int]:
+        """Named counters of ``port_num`` (optional, with ``port_counters``).
+
+        Any thread; must not block on the data path (a snapshot, not a reset).
+        Names follow Linux ``hw_counters`` where the meaning is the same;
+        ``InvalidPort`` for a port the CA lacks.
+        """
+        raise Unsupported("port counters")
 
     # --------------------------------------------------------- MAD agents (v2)
     def register_mad_agent(self, h_ca: Handle, spec: MadAgentSpec) -> Handle:

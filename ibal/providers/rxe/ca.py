@@ -97,6 +97,7 @@ CAPABILITIES = Capabilities(
     mad_agents=False,
     vendor_call=False,
     violation_counters=False,
+    port_counters=True,
     modify_ca=False,
     inline_data=True,
     immediate=True,
@@ -284,6 +285,13 @@ class RxeCa(QpVerbs, MemoryVerbs, ChannelInterface):
         self._h_ca(h_ca)
         self.attr = self._ca_attr()
         return self.attr
+
+    def query_port_counters(self, h_ca: Any, port_num: int) -> dict[str, int]:
+        # Not serialized: a snapshot of plain ints, safe while the engine runs.
+        self._h_ca(h_ca)
+        if port_num != 1:
+            raise InvalidPort(f"{self.name} has no port {port_num}")
+        return self.device.counters.snapshot()
 
     @serialized
     def close_ca(self, h_ca: Any) -> None:

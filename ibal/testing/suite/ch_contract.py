@@ -204,6 +204,7 @@ _CAPABILITY_PROBES: dict[str, str] = {
     "shared_mr": "register_smr",
     "modify_mr": "modify_mr",
     "local_mad": "local_mad",
+    "port_counters": "query_port_counters",
     "vendor_call": "vendor_call",
     "mw_types": "create_mw",
     "modify_ca": "modify_ca",
@@ -651,6 +652,11 @@ class ContractChecks(ConformanceBase):
             )
         elif capability == "local_mad":
             ci.local_mad(raw.h, raw.port.port_num, bytes(256))
+        elif capability == "port_counters":
+            counters = ci.query_port_counters(raw.h, raw.port.port_num)
+            assert all(
+                isinstance(k, str) and type(v) is int and v >= 0 for k, v in counters.items()
+            ), f"counters are names and non-negative ints, got {counters!r}"
         elif capability == "vendor_call":
             ci.vendor_call(raw.h, [], CiOp(command=0))
         elif capability == "mw_types":

@@ -14,7 +14,7 @@ from netns_util import need_root
 from ibal.al import AlManager, Ca
 from ibal.providers.rxe.ca import RxeCa
 from ibal.providers.rxe.provider import NOT_CONFIGURED, RxeProvider
-from ibal.status import InvalidParameter
+from ibal.status import InvalidParameter, InvalidPort
 from ibal.testing.backdoor import CollectingRegistrar
 from ibal.testing.helpers import GRH_BYTES, UD_QKEY, Side, active_port, make_side, wait_wc
 from ibal.types import (
@@ -124,6 +124,29 @@ def test_multicast_crosses_devices_through_sockets(
         assert r.get(GRH_BYTES, 12) == b"to the group"
         assert r.get(20 + 16, 4) == bytes([239, 1, 2, 3])  # IPv4 header: the group
     assert dev_b.device.counters.rx_datagrams == before + 1  # one datagram, two members
+
+
+def test_port_counters_count_what_crossed_the_sockets(
+    two: tuple[RxeProvider, Ca, PortAttr, Ca, PortAttr],
+) -> None:
+    """ca.query_port_counters: kernel rxe's names, moved by one datagram each way."""
+    _, a, pa, b, pb = two
+    receiver, sender = _ud(b, pb), _ud(a, pa)
+    receiver.recv(3, 0, GRH_BYTES + 16)
+    before_a, before_b = a.query_port_counters(1), b.query_port_counters(1)
+    assert {"sent_pkts", "rcvd_pkts", "duplicate_request", "drop_bad_icrc"} <= set(before_a)
+    av = sender.pd.create_av(AvAttr(port_num=pa.port_num, grh=Grh(dgid=pb.gid_table[0].gid)))
+    sender.put(0, b"counted")
+    sender.qp.post_send(SendWr(wr_id=1, sg_list=[sender.sge(0, 7)],
+                               ud=UdDest(av=av, remote_qp=receiver.qp.num,
+                                         remote_qkey=UD_QKEY)))
+    assert wait_wc(sender.cq).status is WcStatus.SUCCESS
+    assert wait_wc(receiver.cq).status is WcStatus.SUCCESS
+    after_a, after_b = a.query_port_counters(1), b.query_port_counters(1)
+    assert after_a["sent_pkts"] == before_a["sent_pkts"] + 1
+    assert after_b["rcvd_pkts"] == before_b["rcvd_pkts"] + 1
+    with pytest.raises(InvalidPort):
+        a.query_port_counters(2)
 
 
 def _gsi(ca: Ca, port: PortAttr) -> Side:

@@ -138,6 +138,7 @@ CAPABILITIES = Capabilities(
         "shared_mr": "register the buffer again instead",
         "modify_mr": "deregister and register again instead",
         "local_mad": "the loopback port has no subnet management agent",
+        "port_counters": "the sample keeps no statistics",
         "mad_agents": "no MADs at all: neither special QPs nor a kernel MAD layer to register with",
         "vendor_call": "the sample has no private commands",
         "violation_counters": "the loopback port counts no P_Key or Q_Key violations",
