@@ -76,7 +76,7 @@ from ibal.types import (
 )
 
 if TYPE_CHECKING:
-    from ibal.providers.mock.ca import MockCa
+    from ibal.providers.mock.ca_state import CaState
 
 # Plain ints for the hot path (IntFlag arithmetic is slow).
 _LOCAL_WRITE = int(AccessFlags.LOCAL_WRITE)
@@ -353,7 +353,7 @@ class Engine:
             self._upcalls.append((cq, h.completion_cb, cq.context))
 
     def _event(
-        self, obj: Any, ca: MockCa, code: AsyncEvent, context: Any, port_num: int = 0
+        self, obj: Any, ca: CaState, code: AsyncEvent, context: Any, port_num: int = 0
     ) -> None:
         h = ca._open
         if h is None:
@@ -498,7 +498,7 @@ class Engine:
     # =============================================================== memory
     @staticmethod
     def _local(
-        ca: MockCa, pd: MockPd, addr: int, length: int, lkey: int, write: bool
+        ca: CaState, pd: MockPd, addr: int, length: int, lkey: int, write: bool
     ) -> tuple[MockMr, int] | None:
         mr = ca._keys.get(lkey)
         if mr is None or mr.__class__ is not MockMr or mr.lkey != lkey or mr.pd is not pd:
@@ -512,7 +512,7 @@ class Engine:
 
     @staticmethod
     def _remote(
-        ca: MockCa, qp: MockQp, rkey: int, addr: int, length: int, need: int
+        ca: CaState, qp: MockQp, rkey: int, addr: int, length: int, need: int
     ) -> tuple[MockMr, int] | None:
         if not qp.acc & need:
             return None
@@ -563,7 +563,7 @@ class Engine:
 
     def _scatter(
         self,
-        ca: MockCa,
+        ca: CaState,
         pd: MockPd,
         sges: tuple[RecvSge, ...],
         writes: tuple[tuple[int, bytes | memoryview], ...],

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ibal.clock import ManualClock
 from ibal.providers.mock.ca import MOCK_OUI, CaLimits, MockCa
+from ibal.providers.mock.ca_state import CaState
 from ibal.providers.mock.capture import mock_capture
 from ibal.providers.mock.engine import Engine
 from ibal.providers.mock.objects import MockCq, MockQp, MockSrq
@@ -576,7 +577,7 @@ class MockFabric(Engine):
         """Raise async event ``code`` for ``obj`` with the context it was created with."""
 
         def apply() -> None:
-            ca: MockCa
+            ca: CaState
             context: Any
             target: Any
             port_num: int

@@ -20,7 +20,7 @@ from ibal.status import Status, error_class, post_error
 from ibal.types import QpType
 
 if TYPE_CHECKING:
-    from ibal.providers.mock.ca import MockCa
+    from ibal.providers.mock.ca_state import CaState
     from ibal.providers.mock.engine import Engine
     from ibal.providers.mock.objects import MockQp
     from ibal.providers.mock.topology import Link, MockPort
@@ -30,7 +30,7 @@ PacketPredicate = Callable[[Packet], bool]
 POST_VERBS = frozenset({"post_send", "post_recv", "post_srq_recv"})
 
 
-def _qp_key(qp: MockQp | int) -> tuple[MockCa | None, int]:
+def _qp_key(qp: MockQp | int) -> tuple[CaState | None, int]:
     if isinstance(qp, int):
         return (None, qp)
     return (qp.ca, qp.num)
@@ -54,7 +54,7 @@ class PacketRule:
         port: MockPort | None = None,
         src_port: MockPort | None = None,
         dst_port: MockPort | None = None,
-        ca: MockCa | None = None,
+        ca: CaState | None = None,
         link: Link | None = None,
         predicate: PacketPredicate | None = None,
         nth: int | Collection[int] | None = None,
@@ -140,7 +140,7 @@ class PacketRule:
         return True
 
 
-def _same(want: tuple[MockCa | None, int], got: tuple[MockCa, int]) -> bool:
+def _same(want: tuple[CaState | None, int], got: tuple[CaState, int]) -> bool:
     return want[1] == got[1] and (want[0] is None or want[0] is got[0])
 
 
@@ -154,7 +154,7 @@ class VerbFault:
         status: Status,
         nth: int,
         count: int,
-        ca: MockCa | None,
+        ca: CaState | None,
         failed_index: int,
     ) -> None:
         self._plan = plan
@@ -177,7 +177,7 @@ class VerbFault:
             self._plan.verb_faults.remove(self)
         self._plan._sync()
 
-    def _check(self, verb: str, ca: MockCa) -> None:
+    def _check(self, verb: str, ca: CaState) -> None:
         if verb != self.verb or (self.ca is not None and self.ca is not ca):
             return
         self.calls += 1
@@ -234,7 +234,7 @@ class FaultPlan:
         *,
         nth: int = 1,
         count: int = 1,
-        ca: MockCa | None = None,
+        ca: CaState | None = None,
         failed_index: int = 0,
     ) -> VerbFault:
         """Make call ``nth`` of ``verb`` (counted from now) raise ``status``.
@@ -257,7 +257,7 @@ class FaultPlan:
         self._sync()
 
     # ----------------------------------------------------------------- engine
-    def check_verb(self, verb: str, ca: MockCa) -> None:
+    def check_verb(self, verb: str, ca: CaState) -> None:
         for fault in list(self.verb_faults):
             fault._check(verb, ca)
 

@@ -27,7 +27,7 @@ from ibal.types import (
 
 if TYPE_CHECKING:
     from ibal.ci.interface import AsyncEventCallback, CompletionCallback
-    from ibal.providers.mock.ca import MockCa
+    from ibal.providers.mock.ca_state import CaState
     from ibal.providers.mock.topology import MockPort
 
 _RD_ATOMIC = frozenset({WrType.RDMA_READ, WrType.COMPARE_SWAP, WrType.FETCH_ADD})
@@ -47,7 +47,7 @@ class OpenCa:
 
     def __init__(
         self,
-        ca: MockCa,
+        ca: CaState,
         completion_cb: CompletionCallback,
         async_event_cb: AsyncEventCallback,
         context: Any,
@@ -65,7 +65,7 @@ class OpenCa:
 class MockPd:
     __slots__ = ("alive", "ca", "pd_type", "users")
 
-    def __init__(self, ca: MockCa, pd_type: PdType) -> None:
+    def __init__(self, ca: CaState, pd_type: PdType) -> None:
         self.ca = ca
         self.pd_type = pd_type
         self.alive = True
@@ -78,7 +78,7 @@ class MockPd:
 class MockAv:
     __slots__ = ("alive", "attr", "ca", "pd")
 
-    def __init__(self, ca: MockCa, pd: MockPd, attr: AvAttr) -> None:
+    def __init__(self, ca: CaState, pd: MockPd, attr: AvAttr) -> None:
         self.ca = ca
         self.pd = pd
         self.attr = attr
@@ -105,7 +105,7 @@ class MockCq:
     NOTIFY_NEXT = 1
     NOTIFY_SOLICITED = 2
 
-    def __init__(self, ca: MockCa, size: int, context: Any) -> None:
+    def __init__(self, ca: CaState, size: int, context: Any) -> None:
         self.ca = ca
         self.size = size
         self.context = context
@@ -124,7 +124,7 @@ class MockSrq:
     __slots__ = ("alive", "ca", "context", "limit", "max_sge", "max_wr", "pd", "users", "wqes")
 
     def __init__(
-        self, ca: MockCa, pd: MockPd, max_wr: int, max_sge: int, limit: int, context: Any
+        self, ca: CaState, pd: MockPd, max_wr: int, max_sge: int, limit: int, context: Any
     ) -> None:
         self.ca = ca
         self.pd = pd
@@ -168,7 +168,7 @@ class MockMr:
         "windows",
     )
 
-    def __init__(self, ca: MockCa, pd: MockPd) -> None:
+    def __init__(self, ca: CaState, pd: MockPd) -> None:
         self.ca = ca
         self.pd = pd
         self.alive = True
@@ -235,7 +235,7 @@ class MockMr:
 class MockMw:
     __slots__ = ("acc", "access", "addr", "alive", "ca", "length", "mr", "pd", "rkey")
 
-    def __init__(self, ca: MockCa, pd: MockPd, rkey: int) -> None:
+    def __init__(self, ca: CaState, pd: MockPd, rkey: int) -> None:
         self.ca = ca
         self.pd = pd
         self.rkey = rkey
@@ -369,7 +369,7 @@ class MockQp:
 
     def __init__(
         self,
-        ca: MockCa,
+        ca: CaState,
         pd: MockPd,
         qp_type: QpType,
         num: int,

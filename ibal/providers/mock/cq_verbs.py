@@ -1,0 +1,133 @@
+"""Completion queues: create, resize, destroy, poll, peek and arm.
+
+Called by the access layer on any thread under the fabric lock; never blocks;
+raises the :mod:`ibal.status` exceptions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ibal.ci.interface import (
+    CqCreated,
+    Handle,
+)
+from ibal.providers.mock.objects import (
+    MockCq,
+)
+from ibal.status import (
+    InvalidCqHandle,
+    InvalidCqSize,
+    InvalidParameter,
+    Overflow,
+    ResourceBusy,
+)
+from ibal.types import (
+    Wc,
+)
+
+if TYPE_CHECKING:
+    pass
+
+from ibal.providers.mock.ca_state import (
+    CaState,
+    verb,
+)
+
+
+class CqVerbs(CaState):
+    """Completion queues: create, resize, destroy, poll, peek and arm."""
+
+    @verb
+    def create_cq(self, h_ca: Handle, size: int, cq_context: Any) -> CqCreated:
+        self._h_ca(h_ca)
+        if not isinstance(size, int) or not 1 <= size <= self.limits.max_cqes:
+            raise InvalidCqSize(f"CQ size must be 1..{self.limits.max_cqes}")
+        self._check_count("cq", self.limits.max_cqs)
+        self._n["cq"] += 1
+        cq = MockCq(self, size, cq_context)
+        return CqCreated(cq, size)
+
+    @verb
+    def resize_cq(self, h_cq: Handle, size: int) -> int:
+        cq = self._h_cq(h_cq)
+        if not isinstance(size, int) or not 1 <= size <= self.limits.max_cqes:
+            raise InvalidCqSize(f"CQ size must be 1..{self.limits.max_cqes}")
+        if size < len(cq.entries):
+            raise Overflow(f"the CQ holds {len(cq.entries)} entries, more than {size}")
+        cq.size = size
+        if cq.notify_n > size:
+            cq.notify_n = size
+        return size
+
+    @verb
+    def query_cq(self, h_cq: Handle) -> int:
+        return self._h_cq(h_cq).size
+
+    def destroy_cq(self, h_cq: Handle) -> None:
+        fab = self._fab
+        self._no_callback("destroy_cq")
+        with fab._lock:
+            if fab._verb_faults:
+                fab.faults.check_verb("destroy_cq", self)
+            cq = self._h_cq(h_cq)
+            if cq.users:
+                raise ResourceBusy(f"CQ still used by {cq.users} QP(s)")
+            cq.alive = False
+            cq.notify = cq.notify_n = 0
+            self._n["cq"] -= 1
+        fab._callback_barrier()
+
+    def poll_cq(self, h_cq: Handle, max_entries: int) -> list[Wc]:
+        fab = self._fab
+        cq = h_cq
+        if type(cq) is not MockCq or cq.ca is not self or not cq.alive:
+            raise InvalidCqHandle(f"not a CQ of {self.name}: {cq!r}")
+        with fab._lock:
+            if fab._verb_faults:
+                fab.faults.check_verb("poll_cq", self)
+            ents = cq.entries
+            if not ents:
+                if not fab._heap or fab._manual:
+                    if max_entries < 0:
+                        raise InvalidParameter("max_entries < 0")
+                    return []
+                fab._drive()  # let due timers (RNR waits, retries) run while polling
+            if max_entries >= len(ents):
+                out = list(ents)
+                ents.clear()
+            elif max_entries > 0:
+                out = [ents.popleft() for _ in range(max_entries)]
+            elif max_entries == 0:
+                out = []
+            else:
+                raise InvalidParameter("max_entries < 0")
+        if fab._upcalls:
+            fab._flush_upcalls()
+        return out
+
+    def peek_cq(self, h_cq: Handle) -> int:
+        cq = h_cq
+        if type(cq) is not MockCq or cq.ca is not self or not cq.alive:
+            raise InvalidCqHandle(f"not a CQ of {self.name}: {cq!r}")
+        fab = self._fab
+        with fab._lock:
+            if fab._verb_faults:
+                fab.faults.check_verb("peek_cq", self)
+            return len(cq.entries)
+
+    @verb
+    def enable_cq_notify(self, h_cq: Handle, solicited: bool) -> None:
+        cq = self._h_cq(h_cq)
+        if solicited:
+            if cq.notify != MockCq.NOTIFY_NEXT:
+                cq.notify = MockCq.NOTIFY_SOLICITED
+        else:
+            cq.notify = MockCq.NOTIFY_NEXT
+
+    @verb
+    def enable_ncomp_cq_notify(self, h_cq: Handle, n_cqes: int) -> None:
+        cq = self._h_cq(h_cq)
+        if not isinstance(n_cqes, int) or not 1 <= n_cqes <= cq.size:
+            raise InvalidParameter(f"n_cqes must be 1..{cq.size}")
+        cq.notify_n = n_cqes

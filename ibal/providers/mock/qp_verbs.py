@@ -1,0 +1,355 @@
+"""Queue pairs: create (also the special QP0/QP1), query, modify, destroy.
+
+Called by the access layer on any thread under the fabric lock; never blocks;
+raises the :mod:`ibal.status` exceptions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ibal import qp_fsm
+from ibal.ci.interface import (
+    Handle,
+    QpCreated,
+)
+from ibal.providers.mock.objects import (
+    MockQp,
+    MockSrq,
+)
+from ibal.status import (
+    InvalidApmState,
+    InvalidMaxSge,
+    InvalidMaxWrs,
+    InvalidParameter,
+    InvalidPkey,
+    InvalidPort,
+    InvalidServiceType,
+    InvalidSetting,
+    InvalidSrqHandle,
+    ResourceBusy,
+    Unsupported,
+)
+from ibal.types import (
+    QP1_WELL_KNOWN_QKEY,
+    AccessFlags,
+    ApmState,
+    AsyncEvent,
+    QpAttr,
+    QpCaps,
+    QpMod,
+    QpType,
+)
+
+if TYPE_CHECKING:
+    pass
+
+from ibal.providers.mock.ca_state import (
+    ALL_ACCESS,
+    ERROR,
+    RESET,
+    RTS,
+    SQD,
+    CaState,
+    verb,
+)
+
+
+def _resized(qp: MockQp, mod: QpMod, max_wrs: int) -> QpCaps:
+    """The QP's sizes after ``mod``'s ``sq_depth``/``rq_depth`` (IBAL SQ_DEPTH/RQ_DEPTH).
+
+    A queue never shrinks below the work requests it holds (``InvalidMaxWrs``).
+    """
+    caps = qp.caps
+    for name, queue in (("sq_depth", qp.sq), ("rq_depth", qp.rq)):
+        depth = getattr(mod, name)
+        if depth is None:
+            continue
+        if name == "rq_depth" and qp.srq is not None:
+            raise InvalidSetting("the QP takes its receives from an SRQ: no rq_depth")
+        if not max(1, len(queue)) <= depth <= max_wrs:
+            raise InvalidMaxWrs(f"{name} {depth}: {len(queue)} outstanding, CA limit {max_wrs}")
+        caps = replace(caps, **{name: depth})
+    return caps
+
+
+class QpVerbs(CaState):
+    """Queue pairs: create (also the special QP0/QP1), query, modify, destroy."""
+
+    def _check_caps(self, caps: QpCaps, srq: MockSrq | None) -> None:
+        lim = self.limits
+        if not isinstance(caps, QpCaps):
+            raise InvalidParameter("QP capabilities missing")
+        if not 0 <= caps.sq_depth <= lim.max_wrs or (
+            srq is None and not 0 <= caps.rq_depth <= lim.max_wrs
+        ):
+            raise InvalidMaxWrs(f"queue depth above {lim.max_wrs} (or negative)")
+        if not 0 <= caps.sq_sge <= lim.max_sges or (
+            srq is None and not 0 <= caps.rq_sge <= lim.max_sges
+        ):
+            raise InvalidMaxSge(f"SGE count above {lim.max_sges} (or negative)")
+        if not 0 <= caps.max_inline <= lim.max_inline:
+            raise InvalidSetting(f"inline size above {lim.max_inline}")
+
+    def _alloc_qpn(self) -> int:
+        qpn = self._next_qpn
+        while qpn in self._qps or qpn < 2:
+            qpn = (qpn + 1) & 0xFFFFFF
+        self._next_qpn = (qpn + 1) & 0xFFFFFF
+        return qpn
+
+    @verb
+    def create_qp(
+        self,
+        h_pd: Handle,
+        qp_type: QpType,
+        caps: QpCaps,
+        send_cq: Handle,
+        recv_cq: Handle,
+        srq: Handle | None,
+        sq_signaled: bool,
+        qp_context: Any,
+    ) -> QpCreated:
+        pd = self._h_pd(h_pd)
+        scq = self._h_cq(send_cq)
+        rcq = self._h_cq(recv_cq)
+        s = self._h_srq(srq) if srq is not None else None
+        if s is not None and s.pd is not pd:
+            raise InvalidSrqHandle("the SRQ belongs to another protection domain")
+        if qp_type is QpType.RD:
+            raise Unsupported("reliable datagram QPs are not implemented")
+        if qp_type not in (QpType.RC, QpType.UC, QpType.UD, QpType.MAD):
+            raise InvalidServiceType(f"create_qp does not make {qp_type!r} QPs")
+        self._check_caps(caps, s)
+        self._check_count("qp", self.limits.max_qps)
+        qp = MockQp(
+            self, pd, qp_type, self._alloc_qpn(), caps, scq, rcq, s, bool(sq_signaled), qp_context
+        )
+        self._qps[qp.num] = qp
+        self._take_refs(qp)
+        return QpCreated(qp, self._qp_attr(qp))
+
+    def _take_refs(self, qp: MockQp) -> None:
+        self._n["qp"] += 1
+        qp.pd.users += 1
+        qp.send_cq.users += 1
+        qp.recv_cq.users += 1
+        if qp.srq is not None:
+            qp.srq.users += 1
+
+    @verb
+    def create_spl_qp(
+        self,
+        h_pd: Handle,
+        port_num: int,
+        qp_type: QpType,
+        caps: QpCaps,
+        send_cq: Handle,
+        recv_cq: Handle,
+        qp_context: Any,
+    ) -> QpCreated:
+        pd = self._h_pd(h_pd)
+        port = self._port_or_none(port_num)
+        if port is None:
+            raise InvalidPort(f"{self.name} has no port {port_num}")
+        scq = self._h_cq(send_cq)
+        rcq = self._h_cq(recv_cq)
+        if qp_type in (QpType.RAW_IPV6, QpType.RAW_ETHER):
+            raise Unsupported("raw IPv6 / Ethertype QPs are not modelled")
+        if qp_type not in (QpType.QP0, QpType.QP1):
+            raise InvalidServiceType(f"create_spl_qp makes QP0 and QP1, not {qp_type!r}")
+        index = 0 if qp_type is QpType.QP0 else 1
+        if port.special[index] is not None:
+            raise ResourceBusy(f"{qp_type.name} of {port.name} already exists")
+        self._check_caps(caps, None)
+        self._check_count("qp", self.limits.max_qps)
+        qp = MockQp(self, pd, qp_type, index, caps, scq, rcq, None, True, qp_context)
+        qp.port = port
+        qp.port_num = port.num
+        if qp_type is QpType.QP1:
+            qp.qkey = QP1_WELL_KNOWN_QKEY
+        port.special[index] = qp
+        self._take_refs(qp)
+        return QpCreated(qp, self._qp_attr(qp))
+
+    def _qp_attr(self, qp: MockQp) -> QpAttr:
+        return QpAttr(
+            qp_type=qp.qp_type,
+            qp_num=qp.num,
+            state=qp.state,
+            caps=qp.caps,
+            sq_signaled=qp.sq_signaled,
+            dest_qp=qp.dest_qp,
+            port_num=qp.port_num,
+            pkey_index=qp.pkey_index,
+            qkey=qp.qkey,
+            access=qp.access,
+            primary_av=qp.av,
+            alternate_av=None,
+            path_mtu=qp.path_mtu,
+            sq_psn=qp.sq_psn,
+            rq_psn=qp.epsn,
+            resp_res=qp.resp_res,
+            init_depth=qp.init_depth,
+            rnr_nak_timeout=qp.rnr_nak_timeout,
+            local_ack_timeout=qp.local_ack_timeout,
+            retry_cnt=qp.retry_cnt,
+            rnr_retry_cnt=qp.rnr_retry_cnt,
+            apm_state=qp.apm_state,
+            sq_draining=qp.state is SQD and qp.send_idx > 0,
+        )
+
+    @verb
+    def query_qp(self, h_qp: Handle) -> QpAttr:
+        return self._qp_attr(self._h_qp(h_qp))
+
+    @verb
+    def modify_qp(self, h_qp: Handle, mod: QpMod) -> QpAttr:
+        qp = self._h_qp(h_qp)
+        if not isinstance(mod, QpMod):
+            raise InvalidParameter("modify_qp needs a QpMod")
+        qp_fsm.check_modify(qp.qp_type, qp.state, mod)
+        # ------------------------------------------------ validate everything first
+        lim = self.limits
+        port = qp.port
+        if mod.port_num is not None:
+            port = self._port_or_none(mod.port_num)
+            if port is None:
+                raise InvalidPort(f"{self.name} has no port {mod.port_num}")
+        av = mod.primary_av
+        if av is not None:
+            self._check_av(av)
+            port = self.ports[av.port_num - 1]
+        if mod.pkey_index is not None:
+            table = port.pkeys if port is not None else self.ports[0].pkeys
+            if not 0 <= mod.pkey_index < len(table):
+                raise InvalidPkey(f"P_Key index {mod.pkey_index} outside the table")
+        if mod.alternate_av is not None:
+            raise Unsupported("alternate paths (APM) are not supported by the mock")
+        if mod.apm_state is not None and mod.apm_state is not ApmState.MIGRATED:
+            raise InvalidApmState("no alternate path is loaded: only MIGRATED is valid")
+        if mod.path_mtu is not None and (port is None or mod.path_mtu > port.max_mtu):
+            raise InvalidSetting(f"path MTU {mod.path_mtu!r} above the port MTU")
+        for name, top in (
+            ("dest_qp", 0xFFFFFF),
+            ("rq_psn", 0xFFFFFF),
+            ("sq_psn", 0xFFFFFF),
+            ("rnr_nak_timeout", 31),
+            ("local_ack_timeout", 31),
+            ("retry_cnt", 7),
+            ("rnr_retry_cnt", 7),
+            ("qkey", 0xFFFFFFFF),
+        ):
+            value = getattr(mod, name)
+            if value is not None and not 0 <= value <= top:
+                raise InvalidParameter(f"{name} {value} out of range 0..{top}")
+        if mod.resp_res is not None and not 0 <= mod.resp_res <= lim.max_qp_resp_res:
+            raise InvalidSetting(f"resp_res above {lim.max_qp_resp_res}")
+        if mod.init_depth is not None and not 0 <= mod.init_depth <= lim.max_qp_init_depth:
+            raise InvalidSetting(f"init_depth above {lim.max_qp_init_depth}")
+        if mod.access is not None and int(mod.access) & ~ALL_ACCESS:
+            raise InvalidParameter(f"unknown access bits in {mod.access!r}")
+        caps = _resized(qp, mod, lim.max_wrs)
+        # ---------------------------------------------------------------- apply
+        qp.caps = caps
+        if port is not None and not qp.special:
+            qp.port = port
+            qp.port_num = port.num
+        if mod.pkey_index is not None:
+            qp.pkey_index = mod.pkey_index
+        if mod.qkey is not None and qp.qp_type is not QpType.QP1:
+            qp.qkey = mod.qkey
+        if mod.access is not None:
+            qp.access = AccessFlags(mod.access)
+            qp.acc = int(mod.access)
+        if av is not None:
+            qp.av = av
+        if mod.path_mtu is not None:
+            qp.path_mtu = mod.path_mtu
+            qp.mtu_bytes = mod.path_mtu.bytes
+        if mod.dest_qp is not None:
+            qp.dest_qp = mod.dest_qp
+        if mod.rq_psn is not None:
+            qp.rq_psn = mod.rq_psn
+            qp.epsn = mod.rq_psn
+        if mod.sq_psn is not None:
+            qp.sq_psn = mod.sq_psn
+        if mod.resp_res is not None:
+            qp.resp_res = mod.resp_res
+        if mod.init_depth is not None:
+            qp.init_depth = mod.init_depth
+        if mod.rnr_nak_timeout is not None:
+            qp.rnr_nak_timeout = mod.rnr_nak_timeout
+        if mod.local_ack_timeout is not None:
+            qp.local_ack_timeout = mod.local_ack_timeout
+        if mod.retry_cnt is not None:
+            qp.retry_cnt = qp.retry_left = mod.retry_cnt
+        if mod.rnr_retry_cnt is not None:
+            qp.rnr_retry_cnt = qp.rnr_left = mod.rnr_retry_cnt
+        if mod.apm_state is not None:
+            qp.apm_state = mod.apm_state
+        self._transition(qp, mod)
+        return self._qp_attr(qp)
+
+    def _transition(self, qp: MockQp, mod: QpMod) -> None:
+        fab = self._fab
+        old, new = qp.state, mod.state
+        if new is RESET:
+            self._reset_qp(qp)
+            return
+        if new is ERROR:
+            fab._qp_error(qp)
+            return
+        qp.state = new
+        if new is SQD and old is not SQD:
+            qp.sqd_notify = mod.sqd_event is not False
+            if qp.sqd_notify and qp.send_idx == 0:
+                qp.sqd_notify = False
+                fab._qp_event(qp, AsyncEvent.SQ_DRAINED)
+        if new is RTS and old is not RTS:
+            fab._sq_progress(qp)
+            if fab._inline:
+                fab._drive()
+
+    def _reset_qp(self, qp: MockQp) -> None:
+        """RESET discards every WQE without a completion and clears the transport state."""
+        self._fab._cancel_timer(qp)
+        self._fab._ack_wait.discard(qp)
+        qp.state = RESET
+        qp.sq.clear()
+        qp.rq.clear()
+        qp.send_idx = 0
+        qp.rd_atomic_out = 0
+        qp.comm_est = False
+        qp.nak_sent = False
+        qp.atomic_cache.clear()
+        qp.sqd_notify = False
+        qp.epsn = qp.sq_psn = qp.rq_psn = 0
+
+    def destroy_qp(self, h_qp: Handle, timewait_us: int = 0) -> None:
+        fab = self._fab
+        self._no_callback("destroy_qp")
+        with fab._lock:
+            if fab._verb_faults:
+                fab.faults.check_verb("destroy_qp", self)
+            qp = self._h_qp(h_qp)
+            if qp.mcasts:
+                raise ResourceBusy(f"QP 0x{qp.num:x} is still attached to {qp.mcasts} group(s)")
+            qp.alive = False
+            fab._cancel_timer(qp)
+            fab._ack_wait.discard(qp)
+            qp.sq.clear()
+            qp.rq.clear()
+            if qp.special:
+                assert qp.port is not None
+                qp.port.special[qp.num] = None
+            else:
+                del self._qps[qp.num]
+            self._n["qp"] -= 1
+            qp.pd.users -= 1
+            qp.send_cq.users -= 1
+            qp.recv_cq.users -= 1
+            if qp.srq is not None:
+                qp.srq.users -= 1
+        fab._callback_barrier()
