@@ -124,7 +124,7 @@ def test_async_events_move_the_state_when_raised(
 
 def _mock_qp(fabric: Any, num: int) -> Any:
     """The mock's own QP object (what ``fabric.raise_event`` takes)."""
-    return fabric.cas[0]._qps[num]
+    return fabric.cas[0].qps[num]
 
 
 def test_a_late_error_event_does_not_resurrect_a_reset_qp(

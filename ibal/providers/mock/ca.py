@@ -106,17 +106,17 @@ class MockCa(
         async_event_cb: AsyncEventCallback,
         ca_context: Any,
     ) -> Handle:
-        with self._fab._lock:
-            if self._fab._verb_faults:
+        with self._fab.lock:
+            if self._fab.verb_faults_armed:
                 self._fab.faults.check_verb("open_ca", self)
             if not callable(completion_cb) or not callable(async_event_cb):
                 raise InvalidParameter("open_ca needs a completion and an async event callback")
             if self.removed:
                 raise NotFound(f"{self.name} has been removed from the fabric")
-            if self._open is not None:
+            if self.opened is not None:
                 raise ResourceBusy(f"{self.name} is already open")
-            self._open = OpenCa(self, completion_cb, async_event_cb, ca_context)
-            return self._open
+            self.opened = OpenCa(self, completion_cb, async_event_cb, ca_context)
+            return self.opened
 
     @verb
     def query_ca(self, h_ca: Handle) -> CaAttr:
@@ -190,7 +190,7 @@ class MockCa(
         self, h_ca: Handle, port_num: int, ca_mod: CaMod, port_attr_mod: PortAttrMod
     ) -> None:
         self._h_ca(h_ca)
-        port = self._port_or_none(port_num)
+        port = self.port_or_none(port_num)
         if port is None:
             raise InvalidPort(f"{self.name} has no port {port_num}")
         mod = int(ca_mod)
@@ -199,7 +199,7 @@ class MockCa(
         if not isinstance(port_attr_mod, PortAttrMod):
             raise InvalidParameter("modify_ca needs port attributes")
         counters = int(CaMod.QKEY_CTR | CaMod.PKEY_CTR)
-        if mod & counters and not self._violation_counters:
+        if mod & counters and not self.violation_counters:
             raise Unsupported(f"{self.name} has no P_Key/Q_Key violation counters")
         cap = int(port.cap)
         for bit, port_bit in CA_MOD_TO_PORT_CAP.items():
@@ -218,21 +218,21 @@ class MockCa(
             self.system_image_guid = port_attr_mod.system_image_guid
         port.cap = PortCap(cap)
         if mod & int(CaMod.SHUTDOWN_PORT) and port.state is LinkState.ACTIVE:
-            self._fab._set_port_link_locked(port, False)
+            self._fab.set_port_link_locked(port, False)
 
     def close_ca(self, h_ca: Handle) -> None:
         fab = self._fab
         self._no_callback("close_ca")
-        with fab._lock:
-            if fab._verb_faults:
+        with fab.lock:
+            if fab.verb_faults_armed:
                 fab.faults.check_verb("close_ca", self)
             h = self._h_ca(h_ca)
             busy = {k: v for k, v in self._n.items() if v}
             if busy:
                 raise ResourceBusy(f"{self.name} still has {busy}")
             h.alive = False
-            self._open = None
-        fab._callback_barrier()
+            self.opened = None
+        fab.callback_barrier()
 
     @verb
     def vendor_call(self, h_ca: Handle, handles: Sequence[Handle], op: CiOp) -> CiOp:
@@ -276,7 +276,7 @@ class MockCa(
     @verb
     def local_mad(self, h_ca: Handle, port_num: int, mad: bytes) -> bytes:
         self._h_ca(h_ca)
-        port = self._port_or_none(port_num)
+        port = self.port_or_none(port_num)
         if port is None:
             raise InvalidPort(f"{self.name} has no port {port_num}")
         if mad is None or len(mad) != MAD_SIZE:
@@ -287,11 +287,11 @@ class MockCa(
     def inject_async_event(self, record: EventRecord) -> None:
         """Deliver ``record`` through this CA's async event callback, as if raised."""
         fab = self._fab
-        with fab._lock:
+        with fab.lock:
             if not isinstance(record, EventRecord):
                 raise InvalidParameter("inject_async_event needs an EventRecord")
-            h = self._open
+            h = self.opened
             if h is None:
                 raise InvalidState(f"{self.name} is not open: no callback to deliver to")
-            fab._upcalls.append((h, h.async_event_cb, record))
-        fab._flush_upcalls()
+            fab.upcalls.append((h, h.async_event_cb, record))
+        fab.flush_upcalls()

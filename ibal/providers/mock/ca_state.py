@@ -144,13 +144,13 @@ def verb(fn: Callable[Concatenate[_Ca, P], R]) -> Callable[Concatenate[_Ca, P], 
     def wrapper(self: _Ca, /, *args: P.args, **kwargs: P.kwargs) -> R:
         fab = self._fab
         try:
-            with fab._lock:
-                if fab._verb_faults:
+            with fab.lock:
+                if fab.verb_faults_armed:
                     fab.faults.check_verb(name, self)
                 return fn(self, *args, **kwargs)
         finally:
-            if fab._upcalls:
-                fab._flush_upcalls()
+            if fab.upcalls:
+                fab.flush_upcalls()
 
     return wrapper
 
@@ -184,11 +184,11 @@ class CaState:
         self.attr_vendor_id = MOCK_OUI
         self.attr_device_id = MOCK_DEVICE_ID
         self.attr_revision = MOCK_REVISION
-        self._violation_counters = violation_counters
+        self.violation_counters = violation_counters
         self.ports: list[MockPort] = []
-        self._open: OpenCa | None = None
-        self._qps: dict[int, MockQp] = {}
-        self._keys: dict[int, MockMr | MockMw] = {}
+        self.opened: OpenCa | None = None
+        self.qps: dict[int, MockQp] = {}
+        self.keys: dict[int, MockMr | MockMw] = {}
         self._next_qpn = 0x40
         self._next_key = 1
         self._iova = IOVA_BASE + (index << 36)
@@ -208,7 +208,7 @@ class CaState:
             "mw_types": "only type 1 memory windows (bound with bind_mw)",
             "mad_agents": "QP0/QP1 are special QPs the access layer owns and shares",
         }
-        if not self._violation_counters:
+        if not self.violation_counters:
             reasons["violation_counters"] = "this CA was created without P_Key/Q_Key counters"
         return Capabilities(
             qp_types=frozenset({QpType.RC, QpType.UC, QpType.UD}),
@@ -226,7 +226,7 @@ class CaState:
             modify_mr=True,
             local_mad=True,
             vendor_call=True,
-            violation_counters=self._violation_counters,
+            violation_counters=self.violation_counters,
             resize_qp=True,
             modify_ca=True,
             inline_data=True,
@@ -248,12 +248,12 @@ class CaState:
 
     def port(self, port_num: int) -> MockPort:
         """Port ``port_num`` (from 1) of this CA."""
-        found = self._port_or_none(port_num)
+        found = self.port_or_none(port_num)
         if found is None:
             raise InvalidPort(f"{self.name} has no port {port_num}")
         return found
 
-    def _port_or_none(self, port_num: int) -> MockPort | None:
+    def port_or_none(self, port_num: int) -> MockPort | None:
         if isinstance(port_num, int) and 1 <= port_num <= len(self.ports):
             return self.ports[port_num - 1]
         return None
@@ -311,7 +311,7 @@ class CaState:
     def _check_av(self, attr: AvAttr) -> None:
         if not isinstance(attr, AvAttr):
             raise InvalidParameter("address vector attributes missing")
-        if self._port_or_none(attr.port_num) is None:
+        if self.port_or_none(attr.port_num) is None:
             raise InvalidPort(f"{self.name} has no port {attr.port_num}")
         if not 0 <= attr.dlid <= 0xFFFF:
             raise InvalidParameter(f"DLID 0x{attr.dlid:x} out of range")

@@ -67,8 +67,8 @@ class CqVerbs(CaState):
     def destroy_cq(self, h_cq: Handle) -> None:
         fab = self._fab
         self._no_callback("destroy_cq")
-        with fab._lock:
-            if fab._verb_faults:
+        with fab.lock:
+            if fab.verb_faults_armed:
                 fab.faults.check_verb("destroy_cq", self)
             cq = self._h_cq(h_cq)
             if cq.users:
@@ -76,23 +76,23 @@ class CqVerbs(CaState):
             cq.alive = False
             cq.notify = cq.notify_n = 0
             self._n["cq"] -= 1
-        fab._callback_barrier()
+        fab.callback_barrier()
 
     def poll_cq(self, h_cq: Handle, max_entries: int) -> list[Wc]:
         fab = self._fab
         cq = h_cq
         if type(cq) is not MockCq or cq.ca is not self or not cq.alive:
             raise InvalidCqHandle(f"not a CQ of {self.name}: {cq!r}")
-        with fab._lock:
-            if fab._verb_faults:
+        with fab.lock:
+            if fab.verb_faults_armed:
                 fab.faults.check_verb("poll_cq", self)
             ents = cq.entries
             if not ents:
-                if not fab._heap or fab._manual:
+                if not fab.timer_heap or fab.manual:
                     if max_entries < 0:
                         raise InvalidParameter("max_entries < 0")
                     return []
-                fab._drive()  # let due timers (RNR waits, retries) run while polling
+                fab.drive()  # let due timers (RNR waits, retries) run while polling
             if max_entries >= len(ents):
                 out = list(ents)
                 ents.clear()
@@ -102,8 +102,8 @@ class CqVerbs(CaState):
                 out = []
             else:
                 raise InvalidParameter("max_entries < 0")
-        if fab._upcalls:
-            fab._flush_upcalls()
+        if fab.upcalls:
+            fab.flush_upcalls()
         return out
 
     def peek_cq(self, h_cq: Handle) -> int:
@@ -111,8 +111,8 @@ class CqVerbs(CaState):
         if type(cq) is not MockCq or cq.ca is not self or not cq.alive:
             raise InvalidCqHandle(f"not a CQ of {self.name}: {cq!r}")
         fab = self._fab
-        with fab._lock:
-            if fab._verb_faults:
+        with fab.lock:
+            if fab.verb_faults_armed:
                 fab.faults.check_verb("peek_cq", self)
             return len(cq.entries)
 

@@ -1,6 +1,6 @@
 """The mock fabric's engine: a sans-IO transport driven by a clock.
 
-Packets between QPs are events on a queue.  ``_drive`` processes the queue in
+Packets between QPs are events on a queue.  ``drive`` processes the queue in
 order until nothing is ready; timers (ACK timeouts, RNR waits, delayed
 packets) sit on a heap keyed by the fabric clock.  Nothing here does I/O or
 sleeps, so a run is fully determined by the calls made, the clock and the seed
@@ -166,25 +166,25 @@ class Engine:
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
-        self._lock = threading.RLock()
-        self._cond = threading.Condition(self._lock)
+        self.lock = threading.RLock()
+        self._cond = threading.Condition(self.lock)
         self._cb_lock = threading.RLock()
         self._tls = threading.local()
         self._manual = False
-        self._inline = True
+        self.runs_inline = True
         self._now_manual = 0.0
         self._t0 = time.monotonic()
         self._ready: deque[Packet] = deque()
-        self._heap: list[tuple[float, int, int, Any, int]] = []
+        self.timer_heap: list[tuple[float, int, int, Any, int]] = []
         self._seq = 0
         self._driving = False
-        self._ack_wait: set[MockQp] = set()
-        self._upcalls: list[tuple[Any, Callable[[Any], None], Any]] = []
+        self.ack_wait: set[MockQp] = set()
+        self.upcalls: list[tuple[Any, Callable[[Any], None], Any]] = []
         self.counters = FabricCounters()
         self.faults = FaultPlan(self)
-        self._packet_faults = False
-        self._verb_faults = False
-        self._mcast: dict[int, list[MockMcast]] = {}
+        self.packet_faults_armed = False
+        self.verb_faults_armed = False
+        self.mcast_groups: dict[int, list[MockMcast]] = {}
         self._topo_gen = 0
         self._timer_thread: threading.Thread | None = None
         self._closed = False
@@ -206,7 +206,7 @@ class Engine:
 
     def _schedule(self, deadline: float, kind: int, obj: Any, gen: int = 0) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (deadline, self._seq, kind, obj, gen))
+        heapq.heappush(self.timer_heap, (deadline, self._seq, kind, obj, gen))
         if not self._manual:
             self._kick_timer_thread()
 
@@ -222,10 +222,10 @@ class Engine:
             self._ack_timeout(qp)
         else:
             qp.rnr_blocked = False
-            self._sq_progress(qp)
+            self.sq_progress(qp)
 
     def _fire_due(self, until: float) -> None:
-        heap = self._heap
+        heap = self.timer_heap
         while heap and heap[0][0] <= until:
             deadline, _, kind, obj, gen = heapq.heappop(heap)
             if self._manual and deadline > self._now_manual:
@@ -238,7 +238,7 @@ class Engine:
         receive = self._receive
         while ready:
             receive(ready.popleft())
-        if self._ack_wait:
+        if self.ack_wait:
             self._arm_ack_timers()
 
     def _advance_to(self, target: float) -> None:
@@ -275,11 +275,11 @@ class Engine:
                     if self._timer_thread is me:
                         self._timer_thread = None
                     return
-                heap = self._heap
+                heap = self.timer_heap
                 now = self.now
                 if heap and heap[0][0] <= now:
                     idle_since = None
-                    self._drive()
+                    self.drive()
                     wait = None
                 elif heap:
                     idle_since = None
@@ -293,8 +293,8 @@ class Engine:
                     wait = 0.5
                 if wait is not None:
                     self._cond.wait(wait)
-            if self._upcalls:
-                self._flush_upcalls()
+            if self.upcalls:
+                self.flush_upcalls()
 
     def _stop_timer_thread(self) -> None:
         with self._cond:
@@ -305,22 +305,22 @@ class Engine:
             t.join(timeout=5)
 
     # ================================================================== drive
-    def _drive(self) -> None:
+    def drive(self) -> None:
         """Process every ready event (and, on the real-time clock, due timers)."""
         if self._driving:
             return
         self._driving = True
         try:
             self._run_ready()
-            heap = self._heap
+            heap = self.timer_heap
             if heap and not self._manual and heap[0][0] <= self.now:
                 self._fire_due(self.now)
         finally:
             self._driving = False
 
     def _arm_ack_timers(self) -> None:
-        waiting = self._ack_wait
-        self._ack_wait = set()
+        waiting = self.ack_wait
+        self.ack_wait = set()
         now: float | None = None
         for qp in waiting:
             if (
@@ -341,31 +341,31 @@ class Engine:
             self._schedule(now + timeout, _T_ACK, qp, qp.timer_gen)
 
     @staticmethod
-    def _cancel_timer(qp: MockQp) -> None:
+    def cancel_timer(qp: MockQp) -> None:
         qp.timer_gen += 1
         qp.timer_armed = False
         qp.rnr_blocked = False
 
     # ================================================================ upcalls
     def _completion_upcall(self, cq: MockCq) -> None:
-        h = cq.ca._open
+        h = cq.ca.opened
         if h is not None:
-            self._upcalls.append((cq, h.completion_cb, cq.context))
+            self.upcalls.append((cq, h.completion_cb, cq.context))
 
     def _event(
         self, obj: Any, ca: CaState, code: AsyncEvent, context: Any, port_num: int = 0
     ) -> None:
-        h = ca._open
+        h = ca.opened
         if h is None:
             return
         rec = EventRecord(code, context, 0, port_num)
-        self._upcalls.append((obj if obj is not None else h, h.async_event_cb, rec))
+        self.upcalls.append((obj if obj is not None else h, h.async_event_cb, rec))
 
-    def _qp_event(self, qp: MockQp, code: AsyncEvent) -> None:
+    def qp_event(self, qp: MockQp, code: AsyncEvent) -> None:
         self._event(qp, qp.ca, code, qp.context, qp.port_num)
 
-    def _port_event(self, port: MockPort, code: AsyncEvent) -> None:
-        h = port.ca._open
+    def port_event(self, port: MockPort, code: AsyncEvent) -> None:
+        h = port.ca.opened
         if h is not None:
             self._event(h, port.ca, code, h.context, port.num)
 
@@ -373,7 +373,7 @@ class Engine:
         """Whether the calling thread is inside an upcall made by this fabric."""
         return bool(getattr(self._tls, "in_cb", False))
 
-    def _flush_upcalls(self) -> None:
+    def flush_upcalls(self) -> None:
         tls = self._tls
         if getattr(tls, "in_cb", False):
             return  # the flush running further up this stack delivers them
@@ -382,11 +382,11 @@ class Engine:
             tls.in_cb = True
             try:
                 while True:
-                    with self._lock:
-                        batch = self._upcalls
+                    with self.lock:
+                        batch = self.upcalls
                         if not batch:
                             break
-                        self._upcalls = []
+                        self.upcalls = []
                     for obj, fn, arg in batch:
                         if not obj.alive:
                             continue
@@ -401,7 +401,7 @@ class Engine:
         if first is not None:
             raise first
 
-    def _callback_barrier(self) -> None:
+    def callback_barrier(self) -> None:
         """Wait until no upcall is running on another thread."""
         with self._cb_lock:
             pass
@@ -441,36 +441,36 @@ class Engine:
                 )
         if qp.sqd_notify and qp.state is _SQD and qp.send_idx == 0:
             qp.sqd_notify = False
-            self._qp_event(qp, AsyncEvent.SQ_DRAINED)
+            self.qp_event(qp, AsyncEvent.SQ_DRAINED)
 
-    def _flush_recv(self, qp: MockQp, wr_id: int) -> None:
+    def flush_recv(self, qp: MockQp, wr_id: int) -> None:
         self._push_wc(qp.recv_cq, make_wc(wr_id, _RECV, _FLUSHED, 0, None, _NO_OPT, qp.num))
 
     # ============================================================ QP errors
-    def _qp_error(self, qp: MockQp, event: AsyncEvent | None = None) -> None:
+    def qp_error(self, qp: MockQp, event: AsyncEvent | None = None) -> None:
         """Move ``qp`` to ERROR: complete what finished, flush every other WQE."""
         if qp.state is _ERROR:
             return
         qp.state = _ERROR
-        self._cancel_timer(qp)
+        self.cancel_timer(qp)
         qp.rnr_blocked = False
-        self._flush_sq(qp)
+        self.flush_sq(qp)
         rq = qp.rq
         while rq:
-            self._flush_recv(qp, rq.popleft()[0])
+            self.flush_recv(qp, rq.popleft()[0])
         if event is not None:
-            self._qp_event(qp, event)
+            self.qp_event(qp, event)
         if qp.srq is not None:
-            self._qp_event(qp, AsyncEvent.SRQ_QP_LAST_WQE_REACHED)
+            self.qp_event(qp, AsyncEvent.SRQ_QP_LAST_WQE_REACHED)
 
     def _sq_error(self, qp: MockQp) -> None:
         """UC/UD send-queue error: SQE state, send queue flushed, receives go on."""
         if qp.state is _ERROR or qp.state is _SQERR:
             return
         qp.state = _SQERR
-        self._flush_sq(qp)
+        self.flush_sq(qp)
 
-    def _flush_sq(self, qp: MockQp) -> None:
+    def flush_sq(self, qp: MockQp) -> None:
         sq = qp.sq
         cq = qp.send_cq
         while sq:
@@ -491,7 +491,7 @@ class Engine:
         wqe.done = True
         wqe.status = status
         if qp.transport is _RC:
-            self._qp_error(qp)
+            self.qp_error(qp)
         else:
             self._sq_error(qp)
 
@@ -500,7 +500,7 @@ class Engine:
     def _local(
         ca: CaState, pd: MockPd, addr: int, length: int, lkey: int, write: bool
     ) -> tuple[MockMr, int] | None:
-        mr = ca._keys.get(lkey)
+        mr = ca.keys.get(lkey)
         if mr is None or mr.__class__ is not MockMr or mr.lkey != lkey or mr.pd is not pd:
             return None
         off = addr - mr.vaddr
@@ -516,7 +516,7 @@ class Engine:
     ) -> tuple[MockMr, int] | None:
         if not qp.acc & need:
             return None
-        obj = ca._keys.get(rkey)
+        obj = ca.keys.get(rkey)
         if obj is None:
             return None
         if obj.__class__ is MockMr:
@@ -535,7 +535,7 @@ class Engine:
             return None
         return bound, addr - bound.vaddr
 
-    def _gather(self, qp: MockQp, wqe: SendWqe) -> bytes | memoryview | None:
+    def gather(self, qp: MockQp, wqe: SendWqe) -> bytes | memoryview | None:
         if wqe.inline is not None:
             return wqe.inline
         sges = wqe.sges
@@ -674,7 +674,7 @@ class Engine:
         pkt.topo = self._topo_gen
         if self.capture is not None:
             self.capture(pkt)
-        if self._packet_faults:
+        if self.packet_faults_armed:
             for p, delay in self.faults.on_packet(pkt, self.rng):
                 delay += self.latency
                 if delay > 0:
@@ -704,7 +704,7 @@ class Engine:
         setattr(c, why, getattr(c, why) + 1)
 
     # ================================================================ requester
-    def _sq_progress(self, qp: MockQp) -> None:
+    def sq_progress(self, qp: MockQp) -> None:
         """Transmit whatever the send queue may send now."""
         if qp.rnr_blocked:
             return
@@ -740,7 +740,7 @@ class Engine:
         transport = qp.transport
         op = wqe.opcode
         if op is WrType.SEND or op is WrType.RDMA_WRITE:
-            data = self._gather(qp, wqe)
+            data = self.gather(qp, wqe)
             if data is None:
                 self._fail_wqe(qp, wqe, WcStatus.LOCAL_PROTECTION_ERR)
                 self._complete_front(qp)
@@ -811,7 +811,7 @@ class Engine:
                     pkt.swap = wqe.swap
             self._transmit(pkt)
         if transport is _RC:
-            self._ack_wait.add(qp)
+            self.ack_wait.add(qp)
         else:
             wqe.done = True
             self._complete_front(qp)
@@ -885,7 +885,7 @@ class Engine:
         grh: bytes | None,
     ) -> None:
         ports: list[MockPort] = []
-        for m in self._mcast.get(mlid, ()):
+        for m in self.mcast_groups.get(mlid, ()):
             p = m.qp.port
             if p is not None and p not in ports and m.alive and m.qp.alive:
                 ports.append(p)
@@ -939,16 +939,16 @@ class Engine:
         qp.retry_left = qp.retry_cnt
         qp.rnr_left = qp.rnr_retry_cnt
         if qp.timer_armed and not qp.rnr_blocked:
-            self._cancel_timer(qp)
+            self.cancel_timer(qp)
         self._complete_front(qp)
         if qp.send_idx:
-            self._ack_wait.add(qp)
+            self.ack_wait.add(qp)
         if qp.send_idx < len(qp.sq):
-            self._sq_progress(qp)
+            self.sq_progress(qp)
 
     def _requester_rx(self, pkt: Packet) -> None:
         port = pkt.dst_port
-        qp = port.ca._qps.get(pkt.dst_qpn)
+        qp = port.ca.qps.get(pkt.dst_qpn)
         if qp is None or qp.transport is not _RC or qp.port is not port:
             self._drop("dropped_no_dest")
             return
@@ -1025,7 +1025,7 @@ class Engine:
             qp.rnr_left -= 1
         self.counters.rnr_retries += 1
         qp.send_idx = i
-        self._cancel_timer(qp)
+        self.cancel_timer(qp)
         qp.rnr_blocked = True
         qp.timer_armed = True
         self._schedule(self.now + rnr_seconds(pkt.syndrome), _T_RNR, qp, qp.timer_gen)
@@ -1046,9 +1046,9 @@ class Engine:
                 return
             qp.retry_left -= 1
             qp.send_idx = i
-            self._cancel_timer(qp)
+            self.cancel_timer(qp)
             self._complete_front(qp)
-            self._sq_progress(qp)
+            self.sq_progress(qp)
             return
         self._fail_wqe(qp, w, NAK_WC_STATUS.get(code, WcStatus.REM_OP_ERR))
         self._complete_front(qp)
@@ -1063,7 +1063,7 @@ class Engine:
             return
         qp.retry_left -= 1
         qp.send_idx = 0
-        self._sq_progress(qp)
+        self.sq_progress(qp)
 
     # ================================================================ responder
     def _receive(self, pkt: Packet) -> None:
@@ -1083,13 +1083,13 @@ class Engine:
             if qpn == MCAST_QPN:
                 self._mcast_rx(pkt)
                 return
-            qp = port.special[qpn] if qpn <= 1 else port.ca._qps.get(qpn)
+            qp = port.special[qpn] if qpn <= 1 else port.ca.qps.get(qpn)
             if qp is None or qp.transport is not _UD or qp.port is not port:
                 self._drop("dropped_no_dest")
                 return
             self._ud_rx(qp, pkt)
             return
-        qp = port.ca._qps.get(qpn)
+        qp = port.ca.qps.get(qpn)
         if qp is None or qp.transport is not pkt.transport or qp.port is not port:
             self._drop("dropped_no_dest")
             return
@@ -1104,7 +1104,7 @@ class Engine:
             return
         if state is _RTR and not qp.comm_est:
             qp.comm_est = True
-            self._qp_event(qp, AsyncEvent.QP_COMM)
+            self.qp_event(qp, AsyncEvent.QP_COMM)
         if qp.transport is _RC:
             self._rc_rx(qp, pkt)
         else:
@@ -1113,13 +1113,13 @@ class Engine:
     def _pkey_violation(self, port: MockPort) -> None:
         self._drop("dropped_access")
         self.counters.pkey_violations += 1
-        if port.ca._violation_counters:
+        if port.ca.violation_counters:
             port.pkey_violations = min(port.pkey_violations + 1, 0xFFFF)
 
     def _qkey_violation(self, port: MockPort) -> None:
         self._drop("dropped_access")
         self.counters.qkey_violations += 1
-        if port.ca._violation_counters:
+        if port.ca.violation_counters:
             port.qkey_violations = min(port.qkey_violations + 1, 0xFFFF)
 
     def _take_recv(self, qp: MockQp) -> tuple[RecvWqe, MockPd] | None:
@@ -1175,7 +1175,7 @@ class Engine:
         self, qp: MockQp, req: Packet, code: NakCode, event: AsyncEvent | None
     ) -> None:
         self._send_nak(qp, req, code, req.psn)
-        self._qp_error(qp, event)
+        self.qp_error(qp, event)
 
     def _rc_rx(self, qp: MockQp, pkt: Packet) -> None:
         d = psn_diff(pkt.psn, qp.epsn)
@@ -1323,7 +1323,7 @@ class Engine:
             status = self._scatter(ca, rpd, sges, ((0, pkt.payload),))
             if status is not _OK:
                 self._push_wc(qp.recv_cq, make_wc(wr_id, _RECV, status, 0, None, _NO_OPT, qp.num))
-                self._qp_error(qp)
+                self.qp_error(qp)
                 return
             opt = RecvOpt.NONE if pkt.imm is None else RecvOpt.IMMEDIATE
             self._push_wc(
@@ -1357,7 +1357,7 @@ class Engine:
         port = pkt.dst_port
         src_ca = pkt.src_port.ca
         delivered = False
-        for m in list(self._mcast.get(pkt.dlid, ())):
+        for m in list(self.mcast_groups.get(pkt.dlid, ())):
             qp = m.qp
             if qp.port is not port or not m.alive:
                 continue
@@ -1403,7 +1403,7 @@ class Engine:
                 return
         if state is _RTR and not qp.comm_est:
             qp.comm_est = True
-            self._qp_event(qp, AsyncEvent.QP_COMM)
+            self.qp_event(qp, AsyncEvent.QP_COMM)
         taken = self._take_recv(qp)
         if taken is None:
             self._drop("dropped_no_recv")

@@ -142,11 +142,11 @@ class MockFabric(Engine):
     # ============================================================ locking
     def _locked(self, fn: Callable[[], T]) -> T:
         try:
-            with self._lock:
+            with self.lock:
                 return fn()
         finally:
-            if self._upcalls:
-                self._flush_upcalls()
+            if self.upcalls:
+                self.flush_upcalls()
 
     # ============================================================ CAs
     def add_ca(
@@ -235,7 +235,7 @@ class MockFabric(Engine):
         """
 
         def remove() -> None:
-            if ca._open is not None and not force:
+            if ca.opened is not None and not force:
                 raise ResourceBusy(f"{ca.name} is still open")
             if ca in self._registered:
                 raise ResourceBusy(f"{ca.name} is registered: use hotplug_remove")
@@ -254,7 +254,7 @@ class MockFabric(Engine):
     # ========================================================== registration
     def attach(self, registrar: CaRegistrar) -> None:
         """Register every CA with ``registrar`` (what ``MockProvider.start`` does)."""
-        with self._lock:
+        with self.lock:
             self._closed = False
         self._registrar = registrar
         for ca in list(self.cas):
@@ -365,7 +365,7 @@ class MockFabric(Engine):
             if isinstance(end, MockPort):
                 self._set_state(end, LinkState.ACTIVE if up else LinkState.DOWN)
 
-    def _set_port_link_locked(self, port: MockPort, up: bool) -> None:
+    def set_port_link_locked(self, port: MockPort, up: bool) -> None:
         if port.link is not None:
             self._set_link_state(port.link, up)
 
@@ -377,7 +377,7 @@ class MockFabric(Engine):
         port.state = state
         self._topo_gen += 1
         code = AsyncEvent.PORT_ACTIVE if state is LinkState.ACTIVE else AsyncEvent.PORT_DOWN
-        self._port_event(port, code)
+        self.port_event(port, code)
 
     def set_pkeys(self, port: MockPort, pkeys: Iterable[int]) -> None:
         """Replace the P_Key table of ``port`` (raises ``PKEY_CHANGE``)."""
@@ -387,15 +387,15 @@ class MockFabric(Engine):
 
         def apply() -> None:
             port.pkeys[:] = keys
-            self._port_event(port, AsyncEvent.PKEY_CHANGE)
+            self.port_event(port, AsyncEvent.PKEY_CHANGE)
 
         self._locked(apply)
 
     def set_lid(self, port: MockPort, lid: int) -> None:
         """Give ``port`` a new unicast LID (raises ``LID_CHANGE``)."""
-        self._locked(lambda: self._set_lid_locked(port, lid))
+        self._locked(lambda: self.set_lid_locked(port, lid))
 
-    def _set_lid_locked(self, port: MockPort, lid: int) -> None:
+    def set_lid_locked(self, port: MockPort, lid: int) -> None:
         if not 1 <= lid <= MAX_UNICAST_LID:
             raise InvalidParameter(f"0x{lid:x} is not a unicast LID")
         if any(p.lid == lid and p is not port for p in self.ports()):
@@ -404,7 +404,7 @@ class MockFabric(Engine):
             self.sm_lid = lid
         port.lid = lid
         self._topo_gen += 1
-        self._port_event(port, AsyncEvent.LID_CHANGE)
+        self.port_event(port, AsyncEvent.LID_CHANGE)
 
     # ================================================================= clock
     def manual_clock(self, inline: bool = True) -> None:
@@ -417,7 +417,7 @@ class MockFabric(Engine):
             if not self._manual:
                 self._now_manual = self.now
                 self._manual = True
-            self._inline = inline
+            self.runs_inline = inline
             self._cond.notify_all()
 
     def use_clock(self, clock: ManualClock, inline: bool = True) -> None:
@@ -434,11 +434,11 @@ class MockFabric(Engine):
         with self._cond:
             old = self._shared_clock
             shift = clock.now() - self.now
-            if shift and self._heap:
-                self._heap = [(d + shift, *rest) for d, *rest in self._heap]
+            if shift and self.timer_heap:
+                self.timer_heap = [(d + shift, *rest) for d, *rest in self.timer_heap]
             self._now_manual = clock.now()
             self._manual = True
-            self._inline = inline
+            self.runs_inline = inline
             self._shared_clock = clock
             self._cond.notify_all()
         if old is not None and old is not clock:
@@ -470,10 +470,10 @@ class MockFabric(Engine):
             if self._manual:
                 self._t0 = time.monotonic() - self._now_manual
                 self._manual = False
-            self._inline = True
-            if self._heap:
+            self.runs_inline = True
+            if self.timer_heap:
                 self._kick_timer_thread()
-            self._drive()
+            self.drive()
 
         self._locked(apply)
 
@@ -507,7 +507,7 @@ class MockFabric(Engine):
                 while ready:
                     self._receive(ready.popleft())
                     n += 1
-                if self._ack_wait:
+                if self.ack_wait:
                     self._arm_ack_timers()
             finally:
                 self._driving = False
@@ -524,7 +524,7 @@ class MockFabric(Engine):
             self._driving = True
             try:
                 self._receive(self._ready.popleft())
-                if not self._ready and self._ack_wait:
+                if not self._ready and self.ack_wait:
                     self._arm_ack_timers()
             finally:
                 self._driving = False
@@ -535,8 +535,8 @@ class MockFabric(Engine):
     @property
     def next_deadline(self) -> float | None:
         """When the next live timer fires (``None`` when nothing is pending)."""
-        with self._lock:
-            for deadline, _, kind, obj, gen in sorted(self._heap):
+        with self.lock:
+            for deadline, _, kind, obj, gen in sorted(self.timer_heap):
                 if kind == 0 or (obj.alive and obj.timer_gen == gen):
                     return deadline
             return None
@@ -587,14 +587,14 @@ class MockFabric(Engine):
                 ca, context, target, port_num = obj.ca, obj.context, obj, 0
             else:
                 ca = obj if isinstance(obj, MockCa) else obj.ca
-                h = ca._open
+                h = ca.opened
                 context = None if h is None else h.context
                 target = h
                 port_num = obj.num if isinstance(obj, MockPort) else 0
-            h = ca._open
+            h = ca.opened
             if h is None or target is None:
                 raise InvalidParameter(f"{ca.name} is not open: no callback to deliver to")
-            self._upcalls.append(
+            self.upcalls.append(
                 (target, h.async_event_cb, EventRecord(code, context, vendor_specific, port_num))
             )
 
@@ -603,7 +603,7 @@ class MockFabric(Engine):
     # ============================================================== lifetime
     def close(self) -> None:
         """Stop the timer thread; the fabric must not be used afterwards."""
-        with self._lock:
+        with self.lock:
             self._closed = True
         if self._shared_clock is not None:
             self._shared_clock.detach(self)

@@ -95,7 +95,7 @@ class PacketRule:
         self.active = False
         if self in self._plan.packet_rules:
             self._plan.packet_rules.remove(self)
-        self._plan._sync()
+        self._plan.sync_fabric()
 
     def _matches(self, pkt: Packet) -> bool:
         if self.ops is not None and pkt.op not in self.ops:
@@ -126,7 +126,7 @@ class PacketRule:
             return False
         return self.predicate is None or bool(self.predicate(pkt))
 
-    def _select(self, pkt: Packet, rng: random.Random) -> bool:
+    def selects(self, pkt: Packet, rng: random.Random) -> bool:
         if not self.active or not self._matches(pkt):
             return False
         self.matched += 1
@@ -175,9 +175,9 @@ class VerbFault:
     def remove(self) -> None:
         if self in self._plan.verb_faults:
             self._plan.verb_faults.remove(self)
-        self._plan._sync()
+        self._plan.sync_fabric()
 
-    def _check(self, verb: str, ca: CaState) -> None:
+    def check(self, verb: str, ca: CaState) -> None:
         if verb != self.verb or (self.ca is not None and self.ca is not ca):
             return
         self.calls += 1
@@ -198,13 +198,13 @@ class FaultPlan:
         self.packet_rules: list[PacketRule] = []
         self.verb_faults: list[VerbFault] = []
 
-    def _sync(self) -> None:
-        self._fabric._packet_faults = bool(self.packet_rules)
-        self._fabric._verb_faults = bool(self.verb_faults)
+    def sync_fabric(self) -> None:
+        self._fabric.packet_faults_armed = bool(self.packet_rules)
+        self._fabric.verb_faults_armed = bool(self.verb_faults)
 
     def _add(self, rule: PacketRule) -> PacketRule:
         self.packet_rules.append(rule)
-        self._sync()
+        self.sync_fabric()
         return rule
 
     # ----------------------------------------------------------------- packets
@@ -245,7 +245,7 @@ class FaultPlan:
             raise ValueError("a verb fault needs an error status")
         fault = VerbFault(self, verb, status, nth, count, ca, failed_index)
         self.verb_faults.append(fault)
-        self._sync()
+        self.sync_fabric()
         return fault
 
     def clear(self) -> None:
@@ -254,12 +254,12 @@ class FaultPlan:
             rule.active = False
         self.packet_rules.clear()
         self.verb_faults.clear()
-        self._sync()
+        self.sync_fabric()
 
     # ----------------------------------------------------------------- engine
     def check_verb(self, verb: str, ca: CaState) -> None:
         for fault in list(self.verb_faults):
-            fault._check(verb, ca)
+            fault.check(verb, ca)
 
     def on_packet(self, pkt: Packet, rng: random.Random) -> Iterable[tuple[Packet, float]]:
         """What becomes of ``pkt``: ``(packet, delay)`` deliveries (none if dropped)."""
@@ -268,7 +268,7 @@ class FaultPlan:
         corrupt = False
         counters = self._fabric.counters
         for rule in list(self.packet_rules):
-            if not rule._select(pkt, rng):
+            if not rule.selects(pkt, rng):
                 continue
             action = rule.action
             if action == "drop":

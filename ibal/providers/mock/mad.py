@@ -56,7 +56,7 @@ def node_info(ca: MockCa, port: MockPort) -> bytes:
 
 def port_info(ca: MockCa, port: MockPort) -> bytes:
     pi = bytearray(64)
-    fab = ca._fab
+    fab = ca.fabric
     active = port.state is LinkState.ACTIVE
     struct.pack_into(">QQHHI", pi, 0, 0, port.subnet_prefix, port.lid, fab.sm_lid, int(port.cap))
     pi[28] = port.num
@@ -118,7 +118,7 @@ def _attribute(
             return STATUS_INVALID_FIELD, None
         return 0, port.guid.to_bytes(8, "big")
     if attr_id == ATTR_PORT_INFO:
-        target = port if attr_mod == 0 else ca._port_or_none(attr_mod)
+        target = port if attr_mod == 0 else ca.port_or_none(attr_mod)
         if target is None:
             return STATUS_INVALID_FIELD, None
         if method == METHOD_SET:
@@ -137,14 +137,14 @@ def _attribute(
 
 def _set_port_info(ca: MockCa, port: MockPort, pi: bytes) -> None:
     """Apply what an SM may set and the mock models: LID, PortState, ClientReregister."""
-    fab = ca._fab
+    fab = ca.fabric
     lid = struct.unpack_from(">H", pi, 16)[0]
     if lid and lid != port.lid:
-        fab._set_lid_locked(port, lid)
+        fab.set_lid_locked(port, lid)
     state = pi[32] & 0xF
     if state == LinkState.DOWN and port.state is LinkState.ACTIVE:
-        fab._set_port_link_locked(port, False)
+        fab.set_port_link_locked(port, False)
     elif state == LinkState.ACTIVE and port.state is not LinkState.ACTIVE and port.link is not None:
-        fab._set_port_link_locked(port, True)
+        fab.set_port_link_locked(port, True)
     if pi[51] & 0x80:
-        fab._port_event(port, AsyncEvent.CLIENT_REREGISTER)
+        fab.port_event(port, AsyncEvent.CLIENT_REREGISTER)

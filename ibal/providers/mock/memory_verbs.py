@@ -93,7 +93,7 @@ class MemoryVerbs(CaState):
         mr.rkey = key if acc & REMOTE else 0
         mr.access = AccessFlags(acc)
         mr.acc = acc
-        self._keys[key] = mr
+        self.keys[key] = mr
 
     @staticmethod
     def _keys_of(mr: MockMr) -> MrKeys:
@@ -223,7 +223,7 @@ class MemoryVerbs(CaState):
         ):
             raise InvalidPermission("write access requested on a read-only buffer")
         # apply: a deregistration and a registration, with new keys
-        del self._keys[mr.lkey]
+        del self.keys[mr.lkey]
         if pd is not mr.pd:
             mr.pd.users -= 1
             pd.users += 1
@@ -285,7 +285,7 @@ class MemoryVerbs(CaState):
         if mr.shares:
             raise ResourceBusy(f"{mr.shares} shared region(s) use its pages")
         mr.alive = False
-        del self._keys[mr.lkey]
+        del self.keys[mr.lkey]
         if mr.parent is not None:
             mr.parent.shares -= 1
             mr.parent = None
@@ -300,7 +300,7 @@ class MemoryVerbs(CaState):
         pd = self._h_pd(h_pd)
         self._check_count("mw", self.limits.max_mws)
         mw = MockMw(self, pd, self._new_key())
-        self._keys[mw.rkey] = mw
+        self.keys[mw.rkey] = mw
         self._n["mw"] += 1
         pd.users += 1
         return MwCreated(mw, mw.rkey)
@@ -320,16 +320,16 @@ class MemoryVerbs(CaState):
     def bind_mw(self, h_mw: Handle, h_qp: Handle, bind: BindWr) -> int:
         fab = self._fab
         try:
-            with fab._lock:
-                if fab._verb_faults:
+            with fab.lock:
+                if fab.verb_faults_armed:
                     fab.faults.check_verb("bind_mw", self)
                 rkey = self._bind_mw(h_mw, h_qp, bind)
-                if fab._inline:
-                    fab._drive()
+                if fab.runs_inline:
+                    fab.drive()
                 return rkey
         finally:
-            if fab._upcalls:
-                fab._flush_upcalls()
+            if fab.upcalls:
+                fab.flush_upcalls()
 
     def _bind_mw(self, h_mw: Handle, h_qp: Handle, bind: BindWr) -> int:
         mw = self._h_mw(h_mw)
@@ -369,7 +369,7 @@ class MemoryVerbs(CaState):
         # Type 1 binds take effect when posted; the WQE gives the completion in order.
         old = mw.rkey
         new = self._rekey(old)
-        del self._keys[old]
+        del self.keys[old]
         self._unbind(mw)
         if mr is not None:
             mw.mr = mr
@@ -379,13 +379,13 @@ class MemoryVerbs(CaState):
             mw.access = AccessFlags(acc)
             mw.acc = acc
         mw.rkey = new
-        self._keys[new] = mw
+        self.keys[new] = mw
         opt = int(bind.send_opt)
         wqe = SendWqe(bind.wr_id, WrType.SEND, bool(opt & SIGNALED) or qp.sq_signaled)
         wqe.bind = (mw, mr, bind.addr, bind.length, AccessFlags(acc), new)
         wqe.fence = bool(opt & FENCE)
         qp.sq.append(wqe)
-        self._fab._sq_progress(qp)
+        self._fab.sq_progress(qp)
         return new
 
     @verb
@@ -393,6 +393,6 @@ class MemoryVerbs(CaState):
         mw = self._h_mw(h_mw)
         self._unbind(mw)
         mw.alive = False
-        del self._keys[mw.rkey]
+        del self.keys[mw.rkey]
         mw.pd.users -= 1
         self._n["mw"] -= 1

@@ -56,8 +56,8 @@ class PostVerbs(CaState):
     def post_send(self, h_qp: Handle, wrs: Sequence[SendWr]) -> None:
         fab = self._fab
         try:
-            with fab._lock:
-                if fab._verb_faults:
+            with fab.lock:
+                if fab.verb_faults_armed:
                     fab.faults.check_verb("post_send", self)
                 qp = h_qp
                 if type(qp) is not MockQp or qp.ca is not self or not qp.alive:
@@ -74,14 +74,14 @@ class PostVerbs(CaState):
                         sq.append(self._make_wqe(qp, wr, i))
                 finally:
                     if state is RTS:
-                        fab._sq_progress(qp)
-                        if fab._inline:
-                            fab._drive()
+                        fab.sq_progress(qp)
+                        if fab.runs_inline:
+                            fab.drive()
                     elif state is ERROR or state is SQERR:
-                        fab._flush_sq(qp)  # IBA 10.8.3: each WR completes WR_FLUSHED_ERR
+                        fab.flush_sq(qp)  # IBA 10.8.3: each WR completes WR_FLUSHED_ERR
         finally:
-            if fab._upcalls:
-                fab._flush_upcalls()
+            if fab.upcalls:
+                fab.flush_upcalls()
 
     def _make_wqe(self, qp: MockQp, wr: SendWr, i: int) -> SendWqe:
         op = wr.opcode
@@ -101,7 +101,7 @@ class PostVerbs(CaState):
                 )
             w.sges = sges
             w.length = total
-            data = self._fab._gather(qp, w)  # copied now: the buffer may be reused at once
+            data = self._fab.gather(qp, w)  # copied now: the buffer may be reused at once
             if data is not None:
                 w.inline = bytes(data)
         else:
@@ -142,8 +142,8 @@ class PostVerbs(CaState):
     def post_recv(self, h_qp: Handle, wrs: Sequence[RecvWr]) -> None:
         fab = self._fab
         try:
-            with fab._lock:
-                if fab._verb_faults:
+            with fab.lock:
+                if fab.verb_faults_armed:
                     fab.faults.check_verb("post_recv", self)
                 qp = h_qp
                 if type(qp) is not MockQp or qp.ca is not self or not qp.alive:
@@ -171,9 +171,9 @@ class PostVerbs(CaState):
                         else tuple((s.addr, s.length, s.lkey) for s in sg),
                     )
                     if state is ERROR:
-                        fab._flush_recv(qp, wqe[0])
+                        fab.flush_recv(qp, wqe[0])
                     else:
                         rq.append(wqe)
         finally:
-            if fab._upcalls:
-                fab._flush_upcalls()
+            if fab.upcalls:
+                fab.flush_upcalls()

@@ -94,7 +94,7 @@ class QpVerbs(CaState):
 
     def _alloc_qpn(self) -> int:
         qpn = self._next_qpn
-        while qpn in self._qps or qpn < 2:
+        while qpn in self.qps or qpn < 2:
             qpn = (qpn + 1) & 0xFFFFFF
         self._next_qpn = (qpn + 1) & 0xFFFFFF
         return qpn
@@ -126,7 +126,7 @@ class QpVerbs(CaState):
         qp = MockQp(
             self, pd, qp_type, self._alloc_qpn(), caps, scq, rcq, s, bool(sq_signaled), qp_context
         )
-        self._qps[qp.num] = qp
+        self.qps[qp.num] = qp
         self._take_refs(qp)
         return QpCreated(qp, self._qp_attr(qp))
 
@@ -150,7 +150,7 @@ class QpVerbs(CaState):
         qp_context: Any,
     ) -> QpCreated:
         pd = self._h_pd(h_pd)
-        port = self._port_or_none(port_num)
+        port = self.port_or_none(port_num)
         if port is None:
             raise InvalidPort(f"{self.name} has no port {port_num}")
         scq = self._h_cq(send_cq)
@@ -214,7 +214,7 @@ class QpVerbs(CaState):
         lim = self.limits
         port = qp.port
         if mod.port_num is not None:
-            port = self._port_or_none(mod.port_num)
+            port = self.port_or_none(mod.port_num)
             if port is None:
                 raise InvalidPort(f"{self.name} has no port {mod.port_num}")
         av = mod.primary_av
@@ -299,23 +299,23 @@ class QpVerbs(CaState):
             self._reset_qp(qp)
             return
         if new is ERROR:
-            fab._qp_error(qp)
+            fab.qp_error(qp)
             return
         qp.state = new
         if new is SQD and old is not SQD:
             qp.sqd_notify = mod.sqd_event is not False
             if qp.sqd_notify and qp.send_idx == 0:
                 qp.sqd_notify = False
-                fab._qp_event(qp, AsyncEvent.SQ_DRAINED)
+                fab.qp_event(qp, AsyncEvent.SQ_DRAINED)
         if new is RTS and old is not RTS:
-            fab._sq_progress(qp)
-            if fab._inline:
-                fab._drive()
+            fab.sq_progress(qp)
+            if fab.runs_inline:
+                fab.drive()
 
     def _reset_qp(self, qp: MockQp) -> None:
         """RESET discards every WQE without a completion and clears the transport state."""
-        self._fab._cancel_timer(qp)
-        self._fab._ack_wait.discard(qp)
+        self._fab.cancel_timer(qp)
+        self._fab.ack_wait.discard(qp)
         qp.state = RESET
         qp.sq.clear()
         qp.rq.clear()
@@ -330,26 +330,26 @@ class QpVerbs(CaState):
     def destroy_qp(self, h_qp: Handle, timewait_us: int = 0) -> None:
         fab = self._fab
         self._no_callback("destroy_qp")
-        with fab._lock:
-            if fab._verb_faults:
+        with fab.lock:
+            if fab.verb_faults_armed:
                 fab.faults.check_verb("destroy_qp", self)
             qp = self._h_qp(h_qp)
             if qp.mcasts:
                 raise ResourceBusy(f"QP 0x{qp.num:x} is still attached to {qp.mcasts} group(s)")
             qp.alive = False
-            fab._cancel_timer(qp)
-            fab._ack_wait.discard(qp)
+            fab.cancel_timer(qp)
+            fab.ack_wait.discard(qp)
             qp.sq.clear()
             qp.rq.clear()
             if qp.special:
                 assert qp.port is not None
                 qp.port.special[qp.num] = None
             else:
-                del self._qps[qp.num]
+                del self.qps[qp.num]
             self._n["qp"] -= 1
             qp.pd.users -= 1
             qp.send_cq.users -= 1
             qp.recv_cq.users -= 1
             if qp.srq is not None:
                 qp.srq.users -= 1
-        fab._callback_barrier()
+        fab.callback_barrier()

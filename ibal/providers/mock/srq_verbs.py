@@ -88,8 +88,8 @@ class SrqVerbs(CaState):
     def destroy_srq(self, h_srq: Handle) -> None:
         fab = self._fab
         self._no_callback("destroy_srq")
-        with fab._lock:
-            if fab._verb_faults:
+        with fab.lock:
+            if fab.verb_faults_armed:
                 fab.faults.check_verb("destroy_srq", self)
             srq = self._h_srq(h_srq)
             if srq.users:
@@ -98,12 +98,12 @@ class SrqVerbs(CaState):
             srq.wqes.clear()
             srq.pd.users -= 1
             self._n["srq"] -= 1
-        fab._callback_barrier()
+        fab.callback_barrier()
 
     def post_srq_recv(self, h_srq: Handle, wrs: Sequence[RecvWr]) -> None:
         fab = self._fab
-        with fab._lock:
-            if fab._verb_faults:
+        with fab.lock:
+            if fab.verb_faults_armed:
                 fab.faults.check_verb("post_srq_recv", self)
             srq = h_srq
             if type(srq) is not MockSrq or srq.ca is not self or not srq.alive:

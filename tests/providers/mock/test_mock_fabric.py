@@ -392,7 +392,7 @@ def test_upcalls_are_made_without_the_fabric_lock(a: Node, b: Node) -> None:
         t.join(timeout=60)  # would never finish if the callback held the fabric lock
         results.append(-1 if t.is_alive() else 0)
 
-    b.ca._open.completion_cb = on_completion  # type: ignore[union-attr]
+    b.ca.opened.completion_cb = on_completion  # type: ignore[union-attr]
     b.ca.enable_cq_notify(b.cq, False)
     b.ca.post_recv(qb, [RecvWr(1, [b.sge(0, 8)])])
     a.ca.post_send(qa, [SendWr(1, WrType.SEND, [a.sge(0, 4)])])

@@ -140,7 +140,7 @@ def test_destroys_from_inside_a_callback_are_refused(a: Node, b: Node) -> None:
             except InvalidState:
                 refused.append(name)
 
-    b.ca._open.completion_cb = on_completion  # type: ignore[union-attr]
+    b.ca.opened.completion_cb = on_completion  # type: ignore[union-attr]
     b.ca.post_recv(qb, [RecvWr(1, [b.sge(0, 8)])])
     b.ca.enable_cq_notify(b.cq, False)
     a.ca.post_send(qa, [SendWr(1, WrType.SEND, [a.sge(0, 4)])])
