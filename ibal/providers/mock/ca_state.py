@@ -207,6 +207,7 @@ class CaState:
             "special_qps": "QP0 and QP1 only: raw IPv6 / Ethertype QPs need a real link layer",
             "mw_types": "only type 1 memory windows (bound with bind_mw)",
             "mad_agents": "QP0/QP1 are special QPs the access layer owns and shares",
+            "port_counters": "the fabric counts for all its ports at once (fabric.counters)",
         }
         if not self.violation_counters:
             reasons["violation_counters"] = "this CA was created without P_Key/Q_Key counters"
