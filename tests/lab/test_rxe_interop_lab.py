@@ -11,27 +11,38 @@ One guest boot (2 CPUs) for the module.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ibal.al import AlManager
 from ibal.lab import Lab, LabSession
 from ibal.lab.pytest_plugin import lab_requires
+from ibal.providers.rxe.provider import RxeProvider
+from ibal.testing.helpers import Side as QpSide
+from ibal.testing.helpers import active_port, make_side, to_init, to_rtr, to_rts, wait_wc
+from ibal.types import AvAttr, Gid, Grh, Mtu, QpType, SendWr, WcStatus, WrType
 
 pytestmark = pytest.mark.lab
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+PEER = HERE / "pyverbs_rdma_peer.py"
 PP_PORT = 18515
+RDMA_PORT = 18600
 
 
 def _need(tool: str, package: str) -> None:
@@ -160,3 +171,121 @@ def test_rc_pingpong_ibal_rxe_and_kernel_rxe_both_ways(link: LabSession) -> None
 @pytest.mark.timeout(900)
 def test_ud_pingpong_ibal_rxe_and_kernel_rxe_both_ways(link: LabSession) -> None:
     pingpong_both_ways(link, "ibv_ud_pingpong", [1, 1024])
+
+
+# ------------------------------------------------------------ RDMA with pyverbs
+
+
+def pattern(n: int, seed: int) -> bytes:
+    """The guest script's pattern (same formula)."""
+    return bytes((i * 7 + seed * 13 + (i >> 8)) & 0xFF for i in range(n))
+
+
+class GuestPeer:
+    """The pyverbs QP in the guest, driven over its TCP line protocol."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.rfile = sock.makefile("r")
+
+    def read(self) -> Any:
+        line = self.rfile.readline()
+        assert line, "the guest peer closed the connection"
+        return json.loads(line)
+
+    def write(self, obj: object) -> None:
+        text = obj if isinstance(obj, str) else json.dumps(obj)
+        self.sock.sendall((text + "\n").encode())
+
+    def dump(self, off: int, n: int) -> bytes:
+        self.write(f"dump {off} {n}")
+        return bytes.fromhex(self.read()["data"])
+
+
+def _connect_guest(s: LabSession, guest_ip: str, job_done: Any) -> socket.socket:
+    deadline = time.monotonic() + 120
+    while True:  # retried while the guest's python starts (bounded)
+        try:
+            return socket.create_connection((guest_ip, RDMA_PORT), timeout=120)
+        except ConnectionRefusedError:
+            assert not job_done() and time.monotonic() < deadline, "guest peer never listened"
+            time.sleep(0.2)
+
+
+def _post(side: QpSide, **wr: Any) -> None:
+    side.qp.post_send(SendWr(wr_id=1, **wr))
+    wc = wait_wc(side.cq, timeout=60)
+    assert (wc.status, wc.wr_id) == (WcStatus.SUCCESS, 1), wc
+
+
+def _word(data: bytes) -> int:
+    return int.from_bytes(data, "little")
+
+
+@pytest.mark.timeout(600)
+def test_rdma_write_read_atomics_with_pyverbs_on_kernel_rxe(link: LabSession) -> None:
+    s = link
+    host_ip, guest_ip = _addrs(s)
+    shutil.copy(PEER, s.host_dir)
+    job = s.guest_start(
+        ["/usr/bin/python3", s.guest_path(s.host_dir / PEER.name), str(RDMA_PORT)], timeout=300
+    )
+    with contextlib.ExitStack() as stack:
+        stack.callback(lambda: None if job.done() else job.kill())
+        with s.in_netns():  # the device's sockets and the TCP link live in the namespace
+            mgr = AlManager()
+            stack.callback(mgr.close)
+            mgr.add_provider(RxeProvider({"devices": f"rxe0={host_ip}"}))
+            sock = _connect_guest(s, guest_ip, job.done)
+        stack.callback(sock.close)
+        al = mgr.open_al()
+        ca = al.open_ca(al.get_ca_guids()[0])
+        port = active_port(ca.query().ports)
+        assert port is not None
+        side = make_side(ca, port, QpType.RC, buf_size=128 * 1024)
+        side.put(4096, pattern(9000, 7))  # what the guest READs
+        side.put(32768, (100).to_bytes(8, "little"))  # the guest's atomics' target
+        peer = GuestPeer(sock)
+        info = peer.read()
+        gid = port.gid_table[0].gid
+        assert gid == Gid(f"::ffff:{host_ip}")
+        peer.write({"qpn": side.qp.num, "gid": gid.exploded, "vaddr": side.mr.vaddr,
+                    "rkey": side.mr.rkey})  # fmt: skip
+        to_init(side.qp, port.port_num, side.mr.access)
+        av = AvAttr(port_num=port.port_num, grh=Grh(dgid=Gid(info["gid"])))
+        to_rtr(side.qp, av, Mtu.MTU_1024, info["qpn"])
+        to_rts(side.qp)
+        assert peer.read() == {"ready": True}
+        rva, rkey = info["vaddr"], info["rkey"]
+
+        # ibal requests, kernel rxe responds.
+        data = pattern(5000, 3)  # five packets at MTU 1024
+        side.put(49152, data)
+        _post(side, opcode=WrType.RDMA_WRITE, sg_list=[side.sge(49152, len(data))],
+              remote_addr=rva + 16384, rkey=rkey)  # fmt: skip
+        assert peer.dump(16384, len(data) + 16) == data + bytes(16)  # not a byte further
+        _post(side, opcode=WrType.RDMA_READ, sg_list=[side.sge(57344, 9000)],
+              remote_addr=rva + 4096, rkey=rkey)  # fmt: skip
+        assert side.get(57344, 9000) == pattern(9000, 5)
+        _post(side, opcode=WrType.COMPARE_SWAP, sg_list=[side.sge(69632, 8)],
+              remote_addr=rva + 32768, rkey=rkey, compare_add=100, swap=7)  # fmt: skip
+        _post(side, opcode=WrType.COMPARE_SWAP, sg_list=[side.sge(69640, 8)],
+              remote_addr=rva + 32768, rkey=rkey, compare_add=100, swap=9)  # fmt: skip
+        _post(side, opcode=WrType.FETCH_ADD, sg_list=[side.sge(69648, 8)],
+              remote_addr=rva + 32768, rkey=rkey, compare_add=5)  # fmt: skip
+        old = [_word(side.get(69632 + 8 * i, 8)) for i in range(3)]
+        assert old == [100, 7, 7]  # swapped, missed (no swap), then added to
+        assert _word(peer.dump(32768, 8)) == 12
+
+        # Kernel rxe requests, ibal responds.
+        peer.write("ops")
+        res = peer.read()
+        assert res["status"] == [0] * 5, res["status"]  # IBV_WC_SUCCESS
+        assert side.get(16384, 5016) == pattern(5000, 6) + bytes(16)
+        assert bytes.fromhex(res["read"]) == pattern(9000, 7)
+        swapped = 0x1122334455667788
+        assert (res["cas_hit"], res["cas_miss"], res["faa"]) == (100, swapped, swapped)
+        assert _word(side.get(32768, 8)) == swapped + 0x10
+        peer.write("quit")
+        r = job.wait()
+        assert r.returncode == 0 and r.stdout_text.strip() == "OK", r.stderr_text
