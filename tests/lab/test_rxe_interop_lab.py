@@ -45,12 +45,15 @@ PP_PORT = 18515
 RDMA_PORT = 18600
 
 
+def _unavailable(reason: str) -> None:
+    if os.environ.get("IBAL_LAB_REQUIRED", "") not in ("", "0"):
+        pytest.fail(f"{reason} (IBAL_LAB_REQUIRED is set)", pytrace=False)
+    pytest.skip(reason)
+
+
 def _need(tool: str, package: str) -> None:
     if shutil.which(tool) is None:
-        reason = f"{tool} missing (apt-get install {package})"
-        if os.environ.get("IBAL_LAB_REQUIRED", "") not in ("", "0"):
-            pytest.fail(f"{reason} (IBAL_LAB_REQUIRED is set)", pytrace=False)
-        pytest.skip(reason)
+        _unavailable(f"{tool} missing (apt-get install {package})")
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +62,7 @@ def link(ibal_lab: Lab) -> Iterator[LabSession]:
     _need("ibv_rc_pingpong", "ibverbs-utils")
     _need("ss", "iproute2")
     if os.geteuid() != 0:
-        pytest.skip("the rxe provider's raw sockets need root")
+        _unavailable("the rxe provider's raw sockets need root")
     lab = Lab(kernel=ibal_lab.kernel_spec, cache_dir=ibal_lab.cache_dir, cpus=2)
     with lab.session(net=True) as s:
         yield s
