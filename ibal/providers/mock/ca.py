@@ -106,9 +106,9 @@ class MockCa(
         async_event_cb: AsyncEventCallback,
         ca_context: Any,
     ) -> Handle:
-        with self._fab.lock:
-            if self._fab.verb_faults_armed:
-                self._fab.faults.check_verb("open_ca", self)
+        with self._engine.lock:
+            if self._engine.verb_faults_armed:
+                self._engine.faults.check_verb("open_ca", self)
             if not callable(completion_cb) or not callable(async_event_cb):
                 raise InvalidParameter("open_ca needs a completion and an async event callback")
             if self.removed:
@@ -160,7 +160,7 @@ class MockCa(
         )
 
     def _port_attr(self, port: MockPort) -> PortAttr:
-        fab = self._fab
+        fab = self._fabric
         return PortAttr(
             port_num=port.num,
             port_guid=port.guid,
@@ -218,10 +218,10 @@ class MockCa(
             self.system_image_guid = port_attr_mod.system_image_guid
         port.cap = PortCap(cap)
         if mod & int(CaMod.SHUTDOWN_PORT) and port.state is LinkState.ACTIVE:
-            self._fab.set_port_link_locked(port, False)
+            self._fabric.set_port_link_locked(port, False)
 
     def close_ca(self, h_ca: Handle) -> None:
-        fab = self._fab
+        fab = self._engine
         self._no_callback("close_ca")
         with fab.lock:
             if fab.verb_faults_armed:
@@ -245,7 +245,7 @@ class MockCa(
         if op.command == VENDOR_ECHO:
             op.out = bytes(op.data)
         elif op.command == VENDOR_COUNTERS:
-            op.out = json.dumps(self._fab.counters.snapshot(), sort_keys=True).encode()
+            op.out = json.dumps(self._engine.counters.snapshot(), sort_keys=True).encode()
         elif op.command == VENDOR_DESCRIBE:
             op.out = json.dumps(described).encode()
         else:
@@ -286,7 +286,7 @@ class MockCa(
     # ========================================================== fault backdoor
     def inject_async_event(self, record: EventRecord) -> None:
         """Deliver ``record`` through this CA's async event callback, as if raised."""
-        fab = self._fab
+        fab = self._engine
         with fab.lock:
             if not isinstance(record, EventRecord):
                 raise InvalidParameter("inject_async_event needs an EventRecord")

@@ -47,6 +47,7 @@ from ibal.types import (
 )
 
 if TYPE_CHECKING:
+    from ibal.providers.mock.engine import Engine
     from ibal.providers.mock.fabric import MockFabric
 
 P = ParamSpec("P")
@@ -142,7 +143,7 @@ def verb(fn: Callable[Concatenate[_Ca, P], R]) -> Callable[Concatenate[_Ca, P], 
 
     @functools.wraps(fn)
     def wrapper(self: _Ca, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        fab = self._fab
+        fab = self._engine
         try:
             with fab.lock:
                 if fab.verb_faults_armed:
@@ -169,17 +170,19 @@ class CaState:
         violation_counters: bool = True,
         description: str | None = None,
     ) -> None:
-        self._fab = fabric
+        self._fabric = fabric
+        # the verbs drive the engine directly; the fabric only for topology
+        self._engine: Engine = fabric.engine
         self.index = index
-        self.name = name
-        self.guid = guid
+        self.name: str = name
+        self.guid: int = guid
         self.system_image_guid = guid
         self.limits = limits
         self.description = description or f"ibal mock CA {name}"
         # ci_interface_t identity: no user-mode library, so vendor fields are zero.
-        self.vendor_id = 0
-        self.device_id = 0
-        self.revision = 0
+        self.vendor_id: int = 0
+        self.device_id: int = 0
+        self.revision: int = 0
         # What query_ca / NodeInfo report.
         self.attr_vendor_id = MOCK_OUI
         self.attr_device_id = MOCK_DEVICE_ID
@@ -245,7 +248,7 @@ class CaState:
 
     @property
     def fabric(self) -> MockFabric:
-        return self._fab
+        return self._fabric
 
     def port(self, port_num: int) -> MockPort:
         """Port ``port_num`` (from 1) of this CA."""
@@ -297,7 +300,7 @@ class CaState:
         return self._own(h, MockMw, InvalidMwHandle, "an MW")
 
     def _no_callback(self, verb: str) -> None:
-        if self._fab.in_callback():
+        if self._engine.in_callback():
             raise InvalidState(f"{verb} may not be called from a provider callback")
 
     def _new_key(self) -> int:

@@ -65,7 +65,7 @@ class CqVerbs(CaState):
         return self._h_cq(h_cq).size
 
     def destroy_cq(self, h_cq: Handle) -> None:
-        fab = self._fab
+        fab = self._engine
         self._no_callback("destroy_cq")
         with fab.lock:
             if fab.verb_faults_armed:
@@ -79,7 +79,7 @@ class CqVerbs(CaState):
         fab.callback_barrier()
 
     def poll_cq(self, h_cq: Handle, max_entries: int) -> list[Wc]:
-        fab = self._fab
+        fab = self._engine
         cq = h_cq
         if type(cq) is not MockCq or cq.ca is not self or not cq.alive:
             raise InvalidCqHandle(f"not a CQ of {self.name}: {cq!r}")
@@ -110,7 +110,7 @@ class CqVerbs(CaState):
         cq = h_cq
         if type(cq) is not MockCq or cq.ca is not self or not cq.alive:
             raise InvalidCqHandle(f"not a CQ of {self.name}: {cq!r}")
-        fab = self._fab
+        fab = self._engine
         with fab.lock:
             if fab.verb_faults_armed:
                 fab.faults.check_verb("peek_cq", self)

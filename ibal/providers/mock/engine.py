@@ -241,8 +241,8 @@ class Engine:
         if self.ack_wait:
             self._arm_ack_timers()
 
-    def _advance_to(self, target: float) -> None:
-        """Manual clock: fire every timer due up to ``target``, in time order."""
+    def advance_to(self, target: float) -> None:
+        """Manual clock: fire every timer due up to ``target``, in time order (lock held)."""
         if self._driving:
             return
         self._driving = True
@@ -253,6 +253,106 @@ class Engine:
                 self._now_manual = target
         finally:
             self._driving = False
+
+    # ------------------------------------------------------------ clock modes
+    @property
+    def manual(self) -> bool:
+        """Whether the clock moves only when told to (``manual_clock``/``use_clock``)."""
+        return self._manual
+
+    @property
+    def manual_now(self) -> float:
+        """The manual clock's reading (meaningful only while :attr:`manual`)."""
+        return self._now_manual
+
+    def manual_clock(self, inline: bool = True) -> None:
+        """Stop real time at :attr:`now`; ``inline`` says whether verbs drive the queue."""
+        with self._cond:
+            if not self._manual:
+                self._now_manual = self.now
+                self._manual = True
+            self.runs_inline = inline
+            self._cond.notify_all()
+
+    def manual_clock_at(self, now: float, inline: bool = True) -> None:
+        """Go manual at ``now`` (another clock's reading); pending timers keep their
+        remaining time."""
+        with self._cond:
+            shift = now - self.now
+            if shift and self.timer_heap:
+                self.timer_heap = [(d + shift, *rest) for d, *rest in self.timer_heap]
+            self._now_manual = now
+            self._manual = True
+            self.runs_inline = inline
+            self._cond.notify_all()
+
+    def real_time_clock(self) -> None:
+        """Back to real time from :attr:`now` on, timers on the timer thread (lock held)."""
+        if self._manual:
+            self._t0 = time.monotonic() - self._now_manual
+            self._manual = False
+        self.runs_inline = True
+        if self.timer_heap:
+            self._kick_timer_thread()
+        self.drive()
+
+    def run_until_idle(self) -> int:
+        """Deliver every packet ready now (lock held); returns how many."""
+        n = 0
+        ready = self._ready
+        self._driving = True
+        try:
+            while ready:
+                self._receive(ready.popleft())
+                n += 1
+            if self.ack_wait:
+                self._arm_ack_timers()
+        finally:
+            self._driving = False
+        return n
+
+    def step(self) -> bool:
+        """Deliver one ready packet (lock held); ``False`` when none is ready."""
+        if not self._ready:
+            return False
+        self._driving = True
+        try:
+            self._receive(self._ready.popleft())
+            if not self._ready and self.ack_wait:
+                self._arm_ack_timers()
+        finally:
+            self._driving = False
+        return True
+
+    @property
+    def next_deadline(self) -> float | None:
+        """When the next live timer fires (``None`` when nothing is pending)."""
+        with self.lock:
+            for deadline, _, kind, obj, gen in sorted(self.timer_heap):
+                if kind == 0 or (obj.alive and obj.timer_gen == gen):
+                    return deadline
+            return None
+
+    @property
+    def ready(self) -> int:
+        """Packets waiting for delivery now."""
+        return len(self._ready)
+
+    def topology_changed(self) -> None:
+        """Ports, links or LIDs changed: packets in flight are routed again (lock held)."""
+        self._topo_gen += 1
+
+    # ------------------------------------------------------------ lifetime
+    def open(self) -> None:
+        """Allow the timer thread again (after :meth:`close`)."""
+        with self.lock:
+            self._closed = False
+
+    def close(self) -> None:
+        """Stop the timer thread and start no new one until :meth:`open`."""
+        with self.lock:
+            self._closed = True
+        self._stop_timer_thread()
 
     # ------------------------------------------------------------ timer thread
     def _kick_timer_thread(self) -> None:

@@ -9,6 +9,8 @@ down, which puts the ports on it DOWN and raises ``PORT_DOWN`` on their CAs.
 
 from __future__ import annotations
 
+import random
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -16,8 +18,10 @@ from ibal.clock import ManualClock
 from ibal.providers.mock.ca import MOCK_OUI, CaLimits, MockCa
 from ibal.providers.mock.ca_state import CaState
 from ibal.providers.mock.capture import mock_capture
-from ibal.providers.mock.engine import Engine
+from ibal.providers.mock.engine import Engine, FabricCounters
+from ibal.providers.mock.faults import FaultPlan
 from ibal.providers.mock.objects import MockCq, MockQp, MockSrq
+from ibal.providers.mock.packets import Packet
 from ibal.providers.mock.topology import (
     DEFAULT_SUBNET_PREFIX,
     Endpoint,
@@ -54,8 +58,8 @@ FABRIC_OPTIONS = frozenset(
 )
 
 
-class MockFabric(Engine):
-    """An in-process InfiniBand subnet: any number of mock CAs and one engine.
+class MockFabric:
+    """An in-process InfiniBand subnet: any number of mock CAs and the engine it owns.
 
     ``seed`` seeds the RNG that probability-based faults draw from; the same
     seed and the same calls give the same outcome.  ``fabric_id`` (default:
@@ -73,11 +77,11 @@ class MockFabric(Engine):
         subnet_timeout: int = 18,
         capture: str | None = None,
     ) -> None:
-        super().__init__(seed)
+        self.engine = Engine(seed)
         # pcap of every transmitted packet as IB frames (option, else IBAL_CAPTURE)
-        self.capture = mock_capture(capture)
+        self.engine.capture = mock_capture(capture)
         self.fabric_id = (seed if fabric_id is None else fabric_id) & 0xFFFF
-        self.latency = float(latency)
+        self.engine.latency = float(latency)
         self.subnet_prefix = subnet_prefix
         self.subnet_timeout = subnet_timeout
         self.cas: list[MockCa] = []
@@ -195,7 +199,7 @@ class MockFabric(Engine):
                     self._cable(port, self.switch)
             self._ca_index += 1
             self.cas.append(ca)
-            self._topo_gen += 1
+            self.engine.topology_changed()
             return ca
 
         return self._locked(add)
@@ -247,15 +251,14 @@ class MockFabric(Engine):
                 port.state = LinkState.DOWN
             if ca in self.cas:
                 self.cas.remove(ca)
-            self._topo_gen += 1
+            self.engine.topology_changed()
 
         self._locked(remove)
 
     # ========================================================== registration
     def attach(self, registrar: CaRegistrar) -> None:
         """Register every CA with ``registrar`` (what ``MockProvider.start`` does)."""
-        with self.lock:
-            self._closed = False
+        self.engine.open()
         self._registrar = registrar
         for ca in list(self.cas):
             if ca not in self._registered:
@@ -310,7 +313,7 @@ class MockFabric(Engine):
                 end.link = link
             else:
                 end.links.append(link)
-        self._topo_gen += 1
+        self.engine.topology_changed()
         for end in (a, b):
             if isinstance(end, MockPort):
                 self._set_state(end, LinkState.ACTIVE)
@@ -326,7 +329,7 @@ class MockFabric(Engine):
                     self._set_state(end, LinkState.DOWN)
             elif link in end.links:
                 end.links.remove(link)
-        self._topo_gen += 1
+        self.engine.topology_changed()
 
     def link(self, a: MockPort | Switch, b: MockPort | Switch) -> Link:
         """Cable ``a`` to ``b``; a port leaves whatever it was cabled to."""
@@ -360,7 +363,7 @@ class MockFabric(Engine):
 
     def _set_link_state(self, link: Link, up: bool) -> None:
         link.up = up
-        self._topo_gen += 1
+        self.engine.topology_changed()
         for end in (link.a, link.b):
             if isinstance(end, MockPort):
                 self._set_state(end, LinkState.ACTIVE if up else LinkState.DOWN)
@@ -375,7 +378,7 @@ class MockFabric(Engine):
         if port.state is state:
             return
         port.state = state
-        self._topo_gen += 1
+        self.engine.topology_changed()
         code = AsyncEvent.PORT_ACTIVE if state is LinkState.ACTIVE else AsyncEvent.PORT_DOWN
         self.port_event(port, code)
 
@@ -403,7 +406,7 @@ class MockFabric(Engine):
         if self.sm_lid == port.lid:
             self.sm_lid = lid
         port.lid = lid
-        self._topo_gen += 1
+        self.engine.topology_changed()
         self.port_event(port, AsyncEvent.LID_CHANGE)
 
     # ================================================================= clock
@@ -413,12 +416,7 @@ class MockFabric(Engine):
         With ``inline=False`` verbs also stop delivering packets: they queue
         until ``step``, ``run_until_idle``, ``advance`` or ``settle``.
         """
-        with self._cond:
-            if not self._manual:
-                self._now_manual = self.now
-                self._manual = True
-            self.runs_inline = inline
-            self._cond.notify_all()
+        self.engine.manual_clock(inline)
 
     def use_clock(self, clock: ManualClock, inline: bool = True) -> None:
         """Run on ``clock``, shared with others (the access layer's timers).
@@ -431,16 +429,10 @@ class MockFabric(Engine):
         """
         if not isinstance(clock, ManualClock):
             raise InvalidParameter(f"use_clock needs an ibal.clock.ManualClock, not {clock!r}")
-        with self._cond:
+        with self.lock:
             old = self._shared_clock
-            shift = clock.now() - self.now
-            if shift and self.timer_heap:
-                self.timer_heap = [(d + shift, *rest) for d, *rest in self.timer_heap]
-            self._now_manual = clock.now()
-            self._manual = True
-            self.runs_inline = inline
+            self.engine.manual_clock_at(clock.now(), inline)
             self._shared_clock = clock
-            self._cond.notify_all()
         if old is not None and old is not clock:
             old.detach(self)
         clock.attach(self)
@@ -452,34 +444,22 @@ class MockFabric(Engine):
 
     def clock_deadline(self) -> float | None:
         """:class:`~ibal.clock.ClockListener`: the next live fabric timer."""
-        return self.next_deadline
+        return self.engine.next_deadline
 
     def clock_run(self, now: float) -> None:
         """:class:`~ibal.clock.ClockListener`: fire fabric timers due by ``now``."""
-        self._locked(lambda: self._advance_to(now))
+        self._locked(lambda: self.engine.advance_to(now))
 
     def auto_clock(self) -> None:
         """Back to real time (the default): timers fire on a timer thread."""
         shared, self._shared_clock = self._shared_clock, None
         if shared is not None:
             shared.detach(self)
-
-        def apply() -> None:
-            import time
-
-            if self._manual:
-                self._t0 = time.monotonic() - self._now_manual
-                self._manual = False
-            self.runs_inline = True
-            if self.timer_heap:
-                self._kick_timer_thread()
-            self.drive()
-
-        self._locked(apply)
+        self._locked(self.engine.real_time_clock)
 
     @property
     def manual(self) -> bool:
-        return self._manual
+        return self.engine.manual
 
     def advance(self, seconds: float) -> None:
         """Move the manual clock ``seconds`` on, firing due timers in time order.
@@ -487,64 +467,33 @@ class MockFabric(Engine):
         On a shared clock this is ``clock.advance(seconds)``: every listener's
         timers fire too.
         """
-        if not self._manual:
+        engine = self.engine
+        if not engine.manual:
             raise RuntimeError("advance() needs fabric.manual_clock()")
         if seconds < 0:
             raise ValueError("the clock does not go back")
         if self._shared_clock is not None:
             self._shared_clock.advance(seconds)
             return
-        self._locked(lambda: self._advance_to(self._now_manual + seconds))
+        self._locked(lambda: engine.advance_to(engine.manual_now + seconds))
 
     def run_until_idle(self) -> int:
         """Deliver every packet ready now (no clock change); returns how many."""
-
-        def run() -> int:
-            n = 0
-            ready = self._ready
-            self._driving = True
-            try:
-                while ready:
-                    self._receive(ready.popleft())
-                    n += 1
-                if self.ack_wait:
-                    self._arm_ack_timers()
-            finally:
-                self._driving = False
-            return n
-
-        return self._locked(run)
+        return self._locked(self.engine.run_until_idle)
 
     def step(self) -> bool:
         """Deliver one ready packet; ``False`` when none is ready."""
-
-        def one() -> bool:
-            if not self._ready:
-                return False
-            self._driving = True
-            try:
-                self._receive(self._ready.popleft())
-                if not self._ready and self.ack_wait:
-                    self._arm_ack_timers()
-            finally:
-                self._driving = False
-            return True
-
-        return self._locked(one)
+        return self._locked(self.engine.step)
 
     @property
     def next_deadline(self) -> float | None:
         """When the next live timer fires (``None`` when nothing is pending)."""
-        with self.lock:
-            for deadline, _, kind, obj, gen in sorted(self.timer_heap):
-                if kind == 0 or (obj.alive and obj.timer_gen == gen):
-                    return deadline
-            return None
+        return self.engine.next_deadline
 
     @property
     def ready(self) -> int:
         """Packets waiting for delivery now."""
-        return len(self._ready)
+        return self.engine.ready
 
     def settle(self, max_seconds: float = 3600.0, max_timers: int = 100_000) -> float:
         """Manual clock: fire timers one by one until none is left.
@@ -552,19 +501,105 @@ class MockFabric(Engine):
         Stops after ``max_seconds`` of fabric time or ``max_timers`` timers
         (an infinite RNR retry never settles).  Returns the time that passed.
         """
-        if not self._manual:
+        engine = self.engine
+        if not engine.manual:
             raise RuntimeError("settle() needs fabric.manual_clock()")
-        start = self._now_manual
+        start = engine.manual_now
         for _ in range(max_timers):
             self.run_until_idle()
-            deadline = self.next_deadline
+            deadline = engine.next_deadline
             if deadline is None or deadline - start > max_seconds:
                 break
             if self._shared_clock is not None:  # other listeners' timers on the way fire too
                 self._shared_clock.advance_to(deadline)
                 continue
-            self._locked(lambda d=deadline: self._advance_to(d))  # type: ignore[misc]
-        return self._now_manual - start
+            self._locked(lambda d=deadline: engine.advance_to(d))  # type: ignore[misc]
+        return engine.manual_now - start
+
+    # ============================================================ engine view
+    # What users and tests read or set on the fabric; the engine owns it all.
+    @property
+    def lock(self) -> threading.RLock:
+        return self.engine.lock
+
+    @property
+    def seed(self) -> int:
+        return self.engine.seed
+
+    @property
+    def rng(self) -> random.Random:
+        return self.engine.rng
+
+    @property
+    def counters(self) -> FabricCounters:
+        return self.engine.counters
+
+    @property
+    def faults(self) -> FaultPlan:
+        return self.engine.faults
+
+    @property
+    def callback_errors(self) -> list[BaseException]:
+        return self.engine.callback_errors
+
+    @property
+    def now(self) -> float:
+        """The fabric clock, in seconds (virtual under ``manual_clock``)."""
+        return self.engine.now
+
+    @property
+    def clock(self) -> float:
+        """The fabric clock (same as :attr:`now`)."""
+        return self.engine.now
+
+    @property
+    def latency(self) -> float:
+        return self.engine.latency
+
+    @latency.setter
+    def latency(self, value: float) -> None:
+        self.engine.latency = value
+
+    @property
+    def capture(self) -> Callable[[Packet], None] | None:
+        return self.engine.capture
+
+    @capture.setter
+    def capture(self, value: Callable[[Packet], None] | None) -> None:
+        self.engine.capture = value
+
+    @property
+    def runs_inline(self) -> bool:
+        return self.engine.runs_inline
+
+    @property
+    def packet_faults_armed(self) -> bool:
+        return self.engine.packet_faults_armed
+
+    @property
+    def verb_faults_armed(self) -> bool:
+        return self.engine.verb_faults_armed
+
+    @property
+    def upcalls(self) -> list[tuple[Any, Callable[[Any], None], Any]]:
+        return self.engine.upcalls
+
+    def in_callback(self) -> bool:
+        """Whether the calling thread is inside an upcall made by this fabric."""
+        return self.engine.in_callback()
+
+    def flush_upcalls(self) -> None:
+        self.engine.flush_upcalls()
+
+    def callback_barrier(self) -> None:
+        """Wait until no upcall is running on another thread."""
+        self.engine.callback_barrier()
+
+    def drive(self) -> None:
+        self.engine.drive()
+
+    def port_event(self, port: MockPort, code: AsyncEvent) -> None:
+        self.engine.port_event(port, code)
 
     # ============================================================== events
     def raise_event(
@@ -603,11 +638,9 @@ class MockFabric(Engine):
     # ============================================================== lifetime
     def close(self) -> None:
         """Stop the timer thread; the fabric must not be used afterwards."""
-        with self.lock:
-            self._closed = True
+        self.engine.close()
         if self._shared_clock is not None:
             self._shared_clock.detach(self)
-        self._stop_timer_thread()
 
 
 def _name(end: Endpoint) -> str:

@@ -147,4 +147,4 @@ def _set_port_info(ca: MockCa, port: MockPort, pi: bytes) -> None:
     elif state == LinkState.ACTIVE and port.state is not LinkState.ACTIVE and port.link is not None:
         fab.set_port_link_locked(port, True)
     if pi[51] & 0x80:
-        fab.port_event(port, AsyncEvent.CLIENT_REREGISTER)
+        fab.engine.port_event(port, AsyncEvent.CLIENT_REREGISTER)

@@ -50,7 +50,7 @@ class McastVerbs(CaState):
             raise InvalidGid(f"{gid!r} is not a multicast GID")
         if not isinstance(lid, int) or not MULTICAST_LID_BASE <= lid <= 0xFFFE:
             raise InvalidLid(f"LID {lid!r} is not a multicast LID (0xC000..0xFFFE)")
-        groups = self._fab.mcast_groups
+        groups = self._engine.mcast_groups
         members = groups.get(lid, [])
         for m in members:
             if m.qp is qp and m.gid == gid:
@@ -73,7 +73,7 @@ class McastVerbs(CaState):
             raise InvalidMcastHandle(f"not a multicast attachment of {self.name}: {m!r}")
         m.alive = False
         m.qp.mcasts -= 1
-        members = self._fab.mcast_groups[m.lid]
+        members = self._engine.mcast_groups[m.lid]
         members.remove(m)
         if not members:
-            del self._fab.mcast_groups[m.lid]
+            del self._engine.mcast_groups[m.lid]

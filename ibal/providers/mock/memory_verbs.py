@@ -318,7 +318,7 @@ class MemoryVerbs(CaState):
         mw.acc = 0
 
     def bind_mw(self, h_mw: Handle, h_qp: Handle, bind: BindWr) -> int:
-        fab = self._fab
+        fab = self._engine
         try:
             with fab.lock:
                 if fab.verb_faults_armed:
@@ -385,7 +385,7 @@ class MemoryVerbs(CaState):
         wqe.bind = (mw, mr, bind.addr, bind.length, AccessFlags(acc), new)
         wqe.fence = bool(opt & FENCE)
         qp.sq.append(wqe)
-        self._fab.sq_progress(qp)
+        self._engine.sq_progress(qp)
         return new
 
     @verb

@@ -54,7 +54,7 @@ class PostVerbs(CaState):
     """Posting send and receive work requests."""
 
     def post_send(self, h_qp: Handle, wrs: Sequence[SendWr]) -> None:
-        fab = self._fab
+        fab = self._engine
         try:
             with fab.lock:
                 if fab.verb_faults_armed:
@@ -101,7 +101,7 @@ class PostVerbs(CaState):
                 )
             w.sges = sges
             w.length = total
-            data = self._fab.gather(qp, w)  # copied now: the buffer may be reused at once
+            data = self._engine.gather(qp, w)  # copied now: the buffer may be reused at once
             if data is not None:
                 w.inline = bytes(data)
         else:
@@ -140,7 +140,7 @@ class PostVerbs(CaState):
         return w
 
     def post_recv(self, h_qp: Handle, wrs: Sequence[RecvWr]) -> None:
-        fab = self._fab
+        fab = self._engine
         try:
             with fab.lock:
                 if fab.verb_faults_armed:

@@ -293,7 +293,7 @@ class QpVerbs(CaState):
         return self._qp_attr(qp)
 
     def _transition(self, qp: MockQp, mod: QpMod) -> None:
-        fab = self._fab
+        fab = self._engine
         old, new = qp.state, mod.state
         if new is RESET:
             self._reset_qp(qp)
@@ -314,8 +314,8 @@ class QpVerbs(CaState):
 
     def _reset_qp(self, qp: MockQp) -> None:
         """RESET discards every WQE without a completion and clears the transport state."""
-        self._fab.cancel_timer(qp)
-        self._fab.ack_wait.discard(qp)
+        self._engine.cancel_timer(qp)
+        self._engine.ack_wait.discard(qp)
         qp.state = RESET
         qp.sq.clear()
         qp.rq.clear()
@@ -328,7 +328,7 @@ class QpVerbs(CaState):
         qp.epsn = qp.sq_psn = qp.rq_psn = 0
 
     def destroy_qp(self, h_qp: Handle, timewait_us: int = 0) -> None:
-        fab = self._fab
+        fab = self._engine
         self._no_callback("destroy_qp")
         with fab.lock:
             if fab.verb_faults_armed:

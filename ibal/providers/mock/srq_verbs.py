@@ -86,7 +86,7 @@ class SrqVerbs(CaState):
         return SrqAttr(srq.max_wr, srq.max_sge, srq.limit)
 
     def destroy_srq(self, h_srq: Handle) -> None:
-        fab = self._fab
+        fab = self._engine
         self._no_callback("destroy_srq")
         with fab.lock:
             if fab.verb_faults_armed:
@@ -101,7 +101,7 @@ class SrqVerbs(CaState):
         fab.callback_barrier()
 
     def post_srq_recv(self, h_srq: Handle, wrs: Sequence[RecvWr]) -> None:
-        fab = self._fab
+        fab = self._engine
         with fab.lock:
             if fab.verb_faults_armed:
                 fab.faults.check_verb("post_srq_recv", self)
