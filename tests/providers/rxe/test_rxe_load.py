@@ -4,15 +4,29 @@ flood of forged datagrams during a transfer.  Two devices, 127.0.0.12 and
 
 from __future__ import annotations
 
+import random
+import socket
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 from netns_util import need_root
 
 from ibal.al import AlManager, Ca, QpCreate
+from ibal.providers.rxe import wire
+from ibal.providers.rxe.packet import Opcode, Packet
 from ibal.providers.rxe.provider import RxeProvider
-from ibal.testing.helpers import active_port, mr_access, to_init, to_rtr, to_rts, wait_wcs
+from ibal.testing.helpers import (
+    active_port,
+    mr_access,
+    to_init,
+    to_rtr,
+    to_rts,
+    wait_until,
+    wait_wcs,
+)
 from ibal.types import (
     AvAttr,
     Grh,
@@ -114,3 +128,166 @@ def test_a_thousand_rc_qps_each_move_their_own_message(two: Two) -> None:
     assert not cq_a.poll(1) and not cq_b.poll(1)
     assert {q.query().state for q in qa + qb} == {QpState.RTS}
     print(f"\n{N_QPS} RC pairs: set-up {t_setup:.2f} s, one message each {t_move:.2f} s")
+
+
+# ------------------------------------------------------------------ forged flood
+
+G = 64 * 1024  # guard bytes either side of the receiver's registered range
+CHUNK = 512 * 1024
+N_WRS = 24  # 12 MiB: WRITEs and SENDs alternating
+PER_KIND = 300  # forged datagrams of each kind
+OLD = 0xFFFFFF  # PSNs counted back from here are "behind" a stream that starts at 0
+
+
+def _forge(kind: str, i: int, rng: random.Random, qpn: int, rkey: int, va: int,
+           src: str, sport: int) -> tuple[bytes, str]:
+    """One forged UDP payload from ``src`` and the drop reason the receiver must count."""
+    if kind == "garbage":
+        while True:
+            d = rng.randbytes(rng.randrange(0, 200))
+            try:
+                wire.decode(d)
+            except wire.Malformed as e:
+                return d, e.reason.value
+            if not wire.icrc_ok(d, wire.icrc_prefix_ipv4(_ip(src), _ip(B_IP), len(d), sport)):
+                return d, "bad_icrc"
+    # Old PSNs, no AckReq: a duplicate the responder drops silently (IBA 9.7.5.1.1);
+    # the expected PSN would execute or NAK, a newer one NAK: both would disturb the stream.
+    psn = (OLD - i) & 0xFFFFFF
+    if kind == "bad_rkey":
+        p = Packet(Opcode.RC_RDMA_WRITE_ONLY, qpn, psn, b"\xee" * 64)
+        p.rkey = rkey ^ (1 + i % 255)
+        p.va = va - G + (i * 64) % (2 * G) if i % 2 else va + i % CHUNK
+        p.dma_len = 64
+        reason = "duplicate"
+    else:
+        p = Packet(Opcode.RC_SEND_ONLY, qpn if kind != "unknown_qpn" else UNKNOWN_QPN, psn,
+                   f"forged {i}".encode())
+        reason = {"bad_icrc": "bad_icrc", "unknown_qpn": "unknown_qpn",
+                  "old_psn": "duplicate", "wrong_source": "wrong_source"}[kind]
+    n = len(wire.encode_headers(p)) + len(p.payload) + p.pad + 4
+    d = bytearray(wire.encode_bytes(p, wire.icrc_prefix_ipv4(_ip(src), _ip(B_IP), n, sport)))
+    if kind == "bad_icrc":
+        d[-1 - i % 4] ^= 0x5A
+    return bytes(d), reason
+
+
+UNKNOWN_QPN = 0x7FFFF0
+
+
+def _ip(s: str) -> bytes:
+    return socket.inet_aton(s)
+
+
+def _sock(src: str) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = DO: DF and ID 0, as the ICRC assumed
+    s.bind((src, 0))
+    return s
+
+
+def test_forged_flood_does_not_stop_a_transfer(two: Two, monkeypatch: pytest.MonkeyPatch) -> None:
+    provider, a, pa, b, pb = two
+    raised: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    acc = mr_access(a.capabilities)
+    pd_a, pd_b = a.alloc_pd(), b.alloc_pd()
+    cq_a, cq_b = a.create_cq(64), b.create_cq(64)
+    total = N_WRS * CHUNK
+    src = bytearray(random.Random(1).randbytes(total))
+    mr_a = pd_a.reg_mem(src, acc)
+    big = bytearray(b"\x5c" * (G + total + G))
+    mr_b = pd_b.reg_mem(memoryview(big)[G : G + total], acc)
+    qa = pd_a.create_qp(QpCreate(QpType.RC, send_cq=cq_a, recv_cq=cq_a, sq_depth=N_WRS))
+    qb = pd_b.create_qp(QpCreate(QpType.RC, send_cq=cq_b, recv_cq=cq_b, rq_depth=N_WRS))
+    to_init(qa, pa.port_num, acc)
+    to_init(qb, pb.port_num, acc)
+    to_rtr(qa, _av(pb, pa), Mtu.MTU_4096, qb.num)
+    to_rtr(qb, _av(pa, pb), Mtu.MTU_4096, qa.num)
+    to_rts(qa)
+    to_rts(qb)
+    assert UNKNOWN_QPN not in (qa.num, qb.num)
+    dev_b = next(ca for ca in provider.cas if ca.name == "rxe_l1").device.counters
+    before, before_a = b.query_port_counters(1), a.query_port_counters(1)
+
+    rng = random.Random(8)
+    sport = 0
+    flood: list[tuple[str, bytes, str]] = []
+    with _sock(A_IP) as s_a, _sock("127.0.0.14") as s_x:
+        sport_a, sport_x = s_a.getsockname()[1], s_x.getsockname()[1]
+        for i in range(PER_KIND):
+            for kind in ("garbage", "bad_icrc", "unknown_qpn", "old_psn", "bad_rkey",
+                         "wrong_source"):  # fmt: skip
+                x = kind == "wrong_source"
+                src_ip, sport = ("127.0.0.14", sport_x) if x else (A_IP, sport_a)
+                d, reason = _forge(kind, i, rng, qb.num, mr_b.rkey, mr_b.vaddr, src_ip, sport)
+                flood.append((src_ip, d, reason))
+        expected = Counter(reason for _, _, reason in flood)
+        accounted = ("short", "bad_opcode", "bad_tver", "bad_length", "bad_pad", "bad_icrc",
+                     "unknown_qpn", "duplicate", "wrong_source")  # fmt: skip
+        sent = [0]
+        stop = threading.Event()
+
+        def seen() -> int:
+            return sum(dev_b.drops.get(r, 0) - before.get(f"drop_{r}", 0) for r in accounted)
+
+        def blast() -> None:
+            # bursts of 32, each when the receiver has counted what came before:
+            # the kernel's socket buffer never overflows, so every datagram is counted
+            deadline = time.monotonic() + 20
+            for k in range(0, len(flood), 32):
+                while seen() < sent[0] and time.monotonic() < deadline and not stop.is_set():
+                    time.sleep(0.0005)
+                if time.monotonic() >= deadline or stop.is_set():
+                    return
+                for src_ip, d, _ in flood[k : k + 32]:
+                    (s_x if src_ip != A_IP else s_a).sendto(d, (B_IP, 4791))
+                    sent[0] += 1
+
+        for j in range(N_WRS):
+            if j % 2:
+                dst = Sge(mr_b.vaddr + j * CHUNK, CHUNK, mr_b.lkey)
+                qb.post_recv(RecvWr(wr_id=j, sg_list=[dst]))
+        flooder = threading.Thread(target=blast)
+        flooder.start()
+        try:
+            wait_until(lambda: sent[0] > 0, "the flood to start")
+            for j in range(N_WRS):
+                sge = Sge(mr_a.vaddr + j * CHUNK, CHUNK, mr_a.lkey)
+                if j % 2:
+                    qa.post_send(SendWr(wr_id=j, opcode=WrType.SEND, sg_list=[sge]))
+                else:
+                    qa.post_send(SendWr(wr_id=j, opcode=WrType.RDMA_WRITE, sg_list=[sge],
+                                        remote_addr=mr_b.vaddr + j * CHUNK,
+                                        rkey=mr_b.rkey))  # fmt: skip
+            sends = wait_wcs(cq_a, N_WRS, timeout=60)
+            recvs = wait_wcs(cq_b, N_WRS // 2, timeout=60)
+            sent_at_done, seen_at_done = sent[0], seen()
+        finally:
+            flooder.join(30)
+            stop.set()
+        assert not flooder.is_alive()
+    assert sent[0] == len(flood)
+    assert seen_at_done > 0  # forged datagrams arrived while the stream ran
+    assert [(w.wr_id, w.status) for w in sends] == [(j, WcStatus.SUCCESS) for j in range(N_WRS)]
+    assert [(w.wr_id, w.status, w.length) for w in recvs] == [
+        (j, WcStatus.SUCCESS, CHUNK) for j in range(1, N_WRS, 2)
+    ]
+    assert big[G : G + total] == src
+    assert big[:G] == b"\x5c" * G and big[G + total :] == b"\x5c" * G
+    assert qa.query().state is QpState.RTS and qb.query().state is QpState.RTS
+    wait_until(lambda: seen() >= len(flood), "every forged datagram counted")
+    after = b.query_port_counters(1)
+    got = {r: after.get(f"drop_{r}", 0) - before.get(f"drop_{r}", 0) for r in accounted}
+    # genuine retransmissions (none expected on lo) would add duplicates, never take any
+    dup = got.pop("duplicate")
+    assert dup >= expected.pop("duplicate")
+    assert got == {r: expected.get(r, 0) for r in got}
+    # nothing forged was ahead of the stream: no sequence NAK, no go-back-N at the sender
+    assert after["out_of_seq_request"] == before["out_of_seq_request"]
+    assert a.query_port_counters(1)["rcvd_seq_err"] == before_a["rcvd_seq_err"]
+    assert after["duplicate_request"] - before["duplicate_request"] >= 2 * PER_KIND
+    assert after.get("drop_handler_error", 0) == before.get("drop_handler_error", 0)
+    assert raised == []
+    print(f"\nflood: {sent_at_done} of {len(flood)} sent when the stream completed "
+          f"({seen_at_done} counted); duplicate {dup}, {got}")
