@@ -1,6 +1,6 @@
 """One RDMA device (``ibv_context``) as an ibal :class:`ChannelInterface`.
 
-Handles are small objects owned by this CA (``_Pd``, ``_Qp``, ...).  Every
+Handles are small objects owned by this CA (``Pd``, ``Qp``, ...).  Every
 verb checks that a handle is of the right kind, belongs to this CA and is
 alive, and raises that kind's ``Invalid*Handle`` otherwise.
 
@@ -20,7 +20,6 @@ import os
 import socket
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from ipaddress import IPv6Address
 from typing import Any
 
@@ -48,6 +47,19 @@ from ibal.providers.rdma_core.fastpath import (
     Ops,
     OpsUnavailable,
     wc_tuples_from_pyverbs,
+)
+from ibal.providers.rdma_core.handles import (
+    ZERO_GID,
+    Av,
+    CaHandle,
+    Cq,
+    Mcast,
+    Mr,
+    Mw,
+    Pd,
+    PortInfo,
+    Qp,
+    Srq,
 )
 from ibal.providers.rdma_core.ipmcast import IpMemberships
 from ibal.providers.rdma_core.nethdr import ReceiveAreas, classify
@@ -136,7 +148,6 @@ from ibal.types import (
 
 log = logging.getLogger("ibal.providers.rdma_core")
 
-_ZERO_GID = IPv6Address(0)
 _PSN_MASK = 0xFFFFFF
 _WRITE_ACCESS = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.ATOMIC
 _BIND_ACCESS = AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE | AccessFlags.ATOMIC
@@ -148,209 +159,6 @@ def _bswap64(v: int) -> int:
 
 
 # ------------------------------------------------------------------ handles
-
-
-class _Handle:
-    __slots__ = ("alive", "ci")
-
-    def __init__(self, ci: RdmaCoreCa) -> None:
-        self.ci = ci
-        self.alive = True
-
-
-class _CaHandle(_Handle):
-    __slots__ = ("completion_cb", "context", "event_cb")
-
-    def __init__(
-        self,
-        ci: RdmaCoreCa,
-        completion_cb: CompletionCallback,
-        event_cb: AsyncEventCallback,
-        context: Any,
-    ) -> None:
-        super().__init__(ci)
-        self.completion_cb = completion_cb
-        self.event_cb = event_cb
-        self.context = context
-
-
-class _Pd(_Handle):
-    __slots__ = ("pd_type", "pv", "users")
-
-    def __init__(self, ci: RdmaCoreCa, pv: Any, pd_type: PdType) -> None:
-        super().__init__(ci)
-        self.pv = pv
-        self.pd_type = pd_type
-        self.users = 0
-
-
-class _Av(_Handle):
-    __slots__ = ("attr", "pd", "ptr", "pv")
-
-    def __init__(self, ci: RdmaCoreCa, pd: _Pd, pv: Any, attr: AvAttr, ptr: int) -> None:
-        super().__init__(ci)
-        self.pd = pd
-        self.pv = pv
-        self.attr = attr
-        self.ptr = ptr
-
-
-class _Cq(_Handle):
-    __slots__ = (
-        "armed",
-        "channel",
-        "context",
-        "fd",
-        "lock",
-        "orphans",
-        "pending",
-        "poller",
-        "pv",
-        "size",
-        "users",
-        "wc_cache",
-    )
-
-    def __init__(self, ci: RdmaCoreCa, context: Any) -> None:
-        super().__init__(ci)
-        self.context = context
-        self.pv: Any = None
-        self.channel: Any = None
-        self.fd: int | None = None
-        self.size = 0
-        self.users = 0
-        self.lock = threading.Lock()
-        self.orphans: list[set[int]] = []
-        self.pending: list[tuple[int, ...]] = []  # completions made here, not by the device
-        self.armed = False
-        self.poller: FastPoller | None = None
-        self.wc_cache: dict[tuple[int, int, int, int], Wc] = {}
-
-
-class _Srq(_Handle):
-    __slots__ = ("context", "max_wr", "pd", "ptr", "pv", "rq", "rtok", "users")
-
-    def __init__(self, ci: RdmaCoreCa, pd: _Pd, context: Any) -> None:
-        super().__init__(ci)
-        self.pd = pd
-        self.context = context
-        self.pv: Any = None
-        self.ptr = 0
-        self.rq: RecvQueue | FastRecvQueue | None = None
-        self.rtok: set[int] = set()
-        self.users = 0
-        self.max_wr = 0
-
-
-class _Qp(_Handle):
-    __slots__ = (
-        "alternate_av",
-        "caps",
-        "context",
-        "mcast",
-        "num",
-        "pd",
-        "pkey_index",
-        "port_num",
-        "primary_av",
-        "ptr",
-        "pv",
-        "qp_type",
-        "recv_cq",
-        "rq",
-        "rtok",
-        "send_cq",
-        "sq",
-        "sq_signaled",
-        "srq",
-        "state",
-        "timeout",
-    )
-
-    def __init__(self, ci: RdmaCoreCa, pd: _Pd, qp_type: QpType, context: Any) -> None:
-        super().__init__(ci)
-        self.pd = pd
-        self.qp_type = qp_type
-        self.context = context
-        self.pv: Any = None
-        self.ptr = 0
-        self.num = 0
-        self.state = QpState.RESET
-        self.caps = QpCaps()
-        self.sq_signaled = True
-        self.send_cq: _Cq | None = None
-        self.recv_cq: _Cq | None = None
-        self.srq: _Srq | None = None
-        self.sq: SendQueue | FastSendQueue | None = None
-        self.rq: RecvQueue | FastRecvQueue | None = None
-        self.rtok: set[int] = set()
-        self.mcast: dict[tuple[bytes, int], int] = {}
-        self.port_num = 0
-        self.pkey_index = 0
-        self.timeout = 14
-        self.primary_av: AvAttr | None = None
-        self.alternate_av: AvAttr | None = None
-
-
-class _Mr(_Handle):
-    __slots__ = ("access", "buffer", "length", "mws", "pd", "pv", "vaddr")
-
-    def __init__(self, ci: RdmaCoreCa) -> None:
-        super().__init__(ci)
-        self.pd: _Pd | None = None
-        self.pv: Any = None
-        self.buffer: memoryview | None = None
-        self.vaddr = 0
-        self.length = 0
-        self.access = AccessFlags.NONE
-        self.mws: set[_Mw] = set()
-
-
-class _Mw(_Handle):
-    __slots__ = ("bound", "last", "pd", "pv")
-
-    def __init__(self, ci: RdmaCoreCa, pd: _Pd, pv: Any) -> None:
-        super().__init__(ci)
-        self.pd = pd
-        self.pv = pv
-        self.bound: _Mr | None = None
-        self.last: _Mr | None = None
-
-
-class _Mcast(_Handle):
-    __slots__ = ("gid", "ifindex", "lid", "qp")
-
-    def __init__(self, ci: RdmaCoreCa, qp: _Qp, gid: bytes, lid: int, ifindex: int) -> None:
-        super().__init__(ci)
-        self.qp = qp
-        self.gid = gid
-        self.lid = lid
-        self.ifindex = ifindex
-
-
-@dataclass
-class _PortInfo:
-    """What AV and QP translation need to know about a port."""
-
-    link_layer: LinkLayer
-    gids: list[Gid | None] = field(default_factory=list)
-    gid_types: list[int] = field(default_factory=list)
-    pkeys: tuple[int, ...] = ()
-    ifindex: int = 0
-    v2_gids: frozenset[bytes] = frozenset()
-
-    def roce_gid(self, ipv4: bool) -> int | None:
-        """Index of the first RoCE v2 (then v1) GID of the wanted address family."""
-        for want in (C.IBV_GID_TYPE_ROCE_V2, C.IBV_GID_TYPE_ROCE_V1):
-            for i, g in enumerate(self.gids):
-                if g is None or g == _ZERO_GID or self.gid_types[i] != want:
-                    continue
-                if (g.ipv4_mapped is not None) == ipv4 and (ipv4 or not g.is_link_local):
-                    return i
-        return None
-
-
-# ------------------------------------------------------------------- the CA
 
 
 class RdmaCoreCa(ChannelInterface):
@@ -386,18 +194,18 @@ class RdmaCoreCa(ChannelInterface):
         self.device_id = int(self.dev.vendor_part_id)
         self.revision = int(self.dev.hw_ver)
         self._lock = threading.RLock()
-        self._open: _CaHandle | None = None
+        self._open: CaHandle | None = None
         self._loop: EventLoop | None = None
-        self._pds: set[_Pd] = set()
-        self._cqs: dict[int, _Cq] = {}
-        self._qps: dict[int, _Qp] = {}
-        self._srqs: dict[int, _Srq] = {}
+        self._pds: set[Pd] = set()
+        self._cqs: dict[int, Cq] = {}
+        self._qps: dict[int, Qp] = {}
+        self._srqs: dict[int, Srq] = {}
         self._ud_qpns: set[int] = set()
         self._areas = ReceiveAreas()
         self._errored: set[int] = set()  # QPs with an error completion since the last look
         self._sq_accts: dict[int, SqAccount] = {}
         self.tokens = RecvTokens()
-        self._ports: dict[int, _PortInfo] = {}
+        self._ports: dict[int, PortInfo] = {}
         self._max_inline: int | None = None
         self._gid_total = 0
         self._n = dict.fromkeys(("pd", "cq", "qp", "srq", "av", "mr", "mw"), 0)
@@ -498,54 +306,54 @@ class RdmaCoreCa(ChannelInterface):
             self.ctx.close()
 
     # ---------------------------------------------------------- checks
-    def _ca(self, h: Handle) -> _CaHandle:
-        if type(h) is not _CaHandle or h.ci is not self or not h.alive:
+    def _ca(self, h: Handle) -> CaHandle:
+        if type(h) is not CaHandle or h.ci is not self or not h.alive:
             raise InvalidCaHandle("not an open CA handle of this device")
         return h
 
-    def _pd(self, h: Handle) -> _Pd:
-        if type(h) is not _Pd or h.ci is not self or not h.alive:
+    def _pd(self, h: Handle) -> Pd:
+        if type(h) is not Pd or h.ci is not self or not h.alive:
             raise InvalidPdHandle("invalid or deallocated PD")
         return h
 
-    def _av(self, h: Handle) -> _Av:
-        if type(h) is not _Av or h.ci is not self or not h.alive:
+    def _av(self, h: Handle) -> Av:
+        if type(h) is not Av or h.ci is not self or not h.alive:
             raise InvalidAvHandle("invalid or destroyed AV")
         return h
 
-    def _cq(self, h: Handle) -> _Cq:
-        if type(h) is not _Cq or h.ci is not self or not h.alive:
+    def _cq(self, h: Handle) -> Cq:
+        if type(h) is not Cq or h.ci is not self or not h.alive:
             raise InvalidCqHandle("invalid or destroyed CQ")
         return h
 
-    def _qp(self, h: Handle) -> _Qp:
-        if type(h) is not _Qp or h.ci is not self or not h.alive:
+    def _qp(self, h: Handle) -> Qp:
+        if type(h) is not Qp or h.ci is not self or not h.alive:
             raise InvalidQpHandle("invalid or destroyed QP")
         return h
 
-    def _srq(self, h: Handle) -> _Srq:
-        if type(h) is not _Srq or h.ci is not self or not h.alive:
+    def _srq(self, h: Handle) -> Srq:
+        if type(h) is not Srq or h.ci is not self or not h.alive:
             raise InvalidSrqHandle("invalid or destroyed SRQ")
         return h
 
-    def _mr(self, h: Handle) -> _Mr:
-        if type(h) is not _Mr or h.ci is not self or not h.alive:
+    def _mr(self, h: Handle) -> Mr:
+        if type(h) is not Mr or h.ci is not self or not h.alive:
             raise InvalidMrHandle("invalid or deregistered MR")
         return h
 
-    def _mw(self, h: Handle) -> _Mw:
-        if type(h) is not _Mw or h.ci is not self or not h.alive:
+    def _mw(self, h: Handle) -> Mw:
+        if type(h) is not Mw or h.ci is not self or not h.alive:
             raise InvalidMwHandle("invalid or destroyed MW")
         return h
 
     def _ah_of(self, av: Any) -> Any:
         """The AV's pyverbs AH; None when invalid, destroyed, or a RoCE AV without GRH."""
-        if type(av) is _Av and av.ci is self and av.alive:
+        if type(av) is Av and av.ci is self and av.alive:
             return av.pv
         return None
 
     def _ah_ptr_of(self, av: Any) -> int:
-        if type(av) is _Av and av.ci is self and av.alive:
+        if type(av) is Av and av.ci is self and av.alive:
             return av.ptr
         return 0
 
@@ -558,7 +366,7 @@ class RdmaCoreCa(ChannelInterface):
         with self._lock:
             if self._open is not None:
                 raise ResourceBusy(f"{self.name} is already open")
-            h = _CaHandle(self, completion_cb, async_event_cb, ca_context)
+            h = CaHandle(self, completion_cb, async_event_cb, ca_context)
             loop = EventLoop(
                 self.name, on_async=self._read_async, rdma_error=self._errs.PyverbsRDMAError
             )
@@ -645,7 +453,7 @@ class RdmaCoreCa(ChannelInterface):
                 g = IPv6Address(self.ctx.query_gid(port_num, i).gid)
             except self._errs.PyverbsError:
                 g = None
-            if g == _ZERO_GID:
+            if g == ZERO_GID:
                 g = None
             gids.append(g)
             t = C.IBV_GID_TYPE_IB
@@ -681,7 +489,7 @@ class RdmaCoreCa(ChannelInterface):
     ) -> tuple[GidEntry, ...]:
         out = []
         for i, g in enumerate(gids):
-            if g is None or g == _ZERO_GID:
+            if g is None or g == ZERO_GID:
                 continue
             t = C.GID_TYPE_FROM_IBV.get(types[i], GidType.IB)
             if t is GidType.IB and ll is LinkLayer.ETHERNET:
@@ -701,7 +509,7 @@ class RdmaCoreCa(ChannelInterface):
                 pkeys.append(0)
         table = self._gid_entries(ll, gids, types, names)
         v2 = frozenset(e.gid.packed for e in table if e.gid_type is GidType.ROCE_V2)
-        self._ports[port_num] = _PortInfo(ll, gids, types, tuple(pkeys), ifindex, v2)
+        self._ports[port_num] = PortInfo(ll, gids, types, tuple(pkeys), ifindex, v2)
         g0 = gids[0] if gids and gids[0] is not None else None
         port_guid = int(g0) & 0xFFFF_FFFF_FFFF_FFFF if g0 is not None else self.guid
         mtu_max = C.mtu_from_ibv(int(pa.max_mtu))
@@ -721,7 +529,7 @@ class RdmaCoreCa(ChannelInterface):
             link_state=C.LINK_STATE_FROM_IBV.get(int(pa.state), C.LINK_STATE_FROM_IBV[1]),
             cap=PortCap(int(pa.port_cap_flags)),
             pkeys=tuple(pkeys),
-            gids=tuple(g if g is not None else _ZERO_GID for g in gids),
+            gids=tuple(g if g is not None else ZERO_GID for g in gids),
             gid_table=table,
             qkey_violations=int(pa.qkey_viol_cntr),
             pkey_violations=int(pa.bad_pkey_cntr),
@@ -738,7 +546,7 @@ class RdmaCoreCa(ChannelInterface):
             **kw,
         )
 
-    def _port(self, port_num: int) -> _PortInfo:
+    def _port(self, port_num: int) -> PortInfo:
         info = self._ports.get(port_num)
         if info is None:
             if not isinstance(port_num, int) or not 1 <= port_num <= int(self.dev.phys_port_cnt):
@@ -908,7 +716,7 @@ class RdmaCoreCa(ChannelInterface):
                 pv = self.pv.pd.PD(self.ctx)
             except self._errs.PyverbsError as exc:
                 raise translate(exc, "ibv_alloc_pd") from exc
-            pd = _Pd(self, pv, pd_type)
+            pd = Pd(self, pv, pd_type)
             self._pds.add(pd)
             self._n["pd"] += 1
             return pd
@@ -971,7 +779,7 @@ class RdmaCoreCa(ChannelInterface):
         )
         return ah, attr
 
-    def _roce_grh(self, port: _PortInfo, grh: Grh) -> Grh:
+    def _roce_grh(self, port: PortInfo, grh: Grh) -> Grh:
         dgid = grh.dgid
         gids = port.gids
         if dgid in gids:
@@ -995,7 +803,7 @@ class RdmaCoreCa(ChannelInterface):
             return grh
         return Grh(dgid, i, grh.flow_label, grh.hop_limit, grh.traffic_class)
 
-    def _make_ah(self, pd: _Pd, ah_attr: Any) -> Any:
+    def _make_ah(self, pd: Pd, ah_attr: Any) -> Any:
         if ah_attr is None:
             return None
         try:
@@ -1010,9 +818,9 @@ class RdmaCoreCa(ChannelInterface):
             pv = self._make_ah(pd, ah_attr)
             pd.users += 1
             self._n["av"] += 1
-            return _Av(self, pd, pv, attr, self._ah_ptr(pv, pd))
+            return Av(self, pd, pv, attr, self._ah_ptr(pv, pd))
 
-    def _ah_ptr(self, pv: Any, pd: _Pd) -> int:
+    def _ah_ptr(self, pv: Any, pd: Pd) -> int:
         if pv is None or self.ops is None or self.layout is None:
             return 0
         try:
@@ -1056,7 +864,7 @@ class RdmaCoreCa(ChannelInterface):
         if loop is None:
             raise InvalidCaHandle("CA is not open")
         with self._lock:
-            cq = _Cq(self, cq_context)
+            cq = Cq(self, cq_context)
             pvc = self.pv.cq
             try:
                 channel = pvc.CompChannel(self.ctx)
@@ -1137,7 +945,7 @@ class RdmaCoreCa(ChannelInterface):
 
     def poll_cq(self, h_cq: Handle, max_entries: int) -> list[Wc]:
         cq = h_cq
-        if cq.__class__ is not _Cq or cq.ci is not self or not cq.alive:
+        if cq.__class__ is not Cq or cq.ci is not self or not cq.alive:
             raise InvalidCqHandle("invalid or destroyed CQ")
         if max_entries < 1:
             return []
@@ -1164,7 +972,7 @@ class RdmaCoreCa(ChannelInterface):
                 )
             return self._headers(out) if self._ud_qpns else out
 
-    def _complete_flushed(self, qp: _Qp, lost: Held) -> None:
+    def _complete_flushed(self, qp: Qp, lost: Held) -> None:
         """Complete send requests that never reached the device with ``WR_FLUSHED_ERR``.
 
         Called without the CA lock; upcalls once if the CQ was armed.
@@ -1246,7 +1054,7 @@ class RdmaCoreCa(ChannelInterface):
             raise InvalidParameter("negative max_inline")
         q = self.pv.qp
         with self._lock:
-            qp = _Qp(self, pd, qp_type, qp_context)
+            qp = Qp(self, pd, qp_type, qp_context)
             cap = q.QPCap(
                 max_send_wr=caps.sq_depth,
                 max_recv_wr=0 if s is not None else caps.rq_depth,
@@ -1333,7 +1141,7 @@ class RdmaCoreCa(ChannelInterface):
                     self._areas.add_qp(qp.num)
             return QpCreated(qp, self._qp_attr_basic(qp))
 
-    def _qp_attr_basic(self, qp: _Qp) -> QpAttr:
+    def _qp_attr_basic(self, qp: Qp) -> QpAttr:
         return QpAttr(
             qp_type=qp.qp_type,
             qp_num=qp.num,
@@ -1342,7 +1150,7 @@ class RdmaCoreCa(ChannelInterface):
             sq_signaled=qp.sq_signaled,
         )
 
-    def _modify_attr(self, qp: _Qp, mod: QpMod) -> tuple[Any, int]:
+    def _modify_attr(self, qp: Qp, mod: QpMod) -> tuple[Any, int]:
         a = self.pv.qp.QPAttr()
         mask = C.IBV_QP_STATE
         a.qp_state = C.QPS_TO_IBV[mod.state]
@@ -1502,7 +1310,7 @@ class RdmaCoreCa(ChannelInterface):
     def query_qp(self, h_qp: Handle) -> QpAttr:
         return self._query(self._qp(h_qp))
 
-    def _query(self, qp: _Qp) -> QpAttr:
+    def _query(self, qp: Qp) -> QpAttr:
         try:
             a, ia = qp.pv.query(C.IBV_QP_ALL_ATTRS)
         except self._errs.PyverbsError as exc:
@@ -1610,7 +1418,7 @@ class RdmaCoreCa(ChannelInterface):
             raise InvalidSetting(f"srq_limit {attr.srq_limit} above max_wr {attr.max_wr}")
         m = self.pv.srq
         with self._lock:
-            s = _Srq(self, pd, srq_context)
+            s = Srq(self, pd, srq_context)
             try:
                 pv = m.SRQ(
                     pd.pv, m.SrqInitAttr(m.SrqAttr(max_wr=attr.max_wr, max_sge=attr.max_sge))
@@ -1702,7 +1510,7 @@ class RdmaCoreCa(ChannelInterface):
 
     def post_srq_recv(self, h_srq: Handle, wrs: Sequence[RecvWr]) -> None:
         s = h_srq
-        if s.__class__ is not _Srq or s.ci is not self or not s.alive:
+        if s.__class__ is not Srq or s.ci is not self or not s.alive:
             raise post_error(Status.INVALID_SRQ_HANDLE, 0, "invalid or destroyed SRQ")
         rq = s.rq
         assert rq is not None
@@ -1721,7 +1529,7 @@ class RdmaCoreCa(ChannelInterface):
             if real != vaddr:
                 raise InvalidParameter(f"vaddr {vaddr:#x} is not the buffer's address {real:#x}")
 
-    def _register(self, pd: _Pd, mv: memoryview, vaddr: int, access: AccessFlags) -> Any:
+    def _register(self, pd: Pd, mv: memoryview, vaddr: int, access: AccessFlags) -> Any:
         if (
             access & (AccessFlags.RDMA_WRITE | AccessFlags.ATOMIC)
             and not access & AccessFlags.LOCAL_WRITE
@@ -1739,7 +1547,7 @@ class RdmaCoreCa(ChannelInterface):
         except self._errs.PyverbsError as exc:
             raise translate(exc, "ibv_reg_mr", {errno.EFAULT: InvalidPermission}) from exc
 
-    def _keys(self, mr: _Mr) -> MrKeys:
+    def _keys(self, mr: Mr) -> MrKeys:
         rkey = int(mr.pv.rkey) if mr.access.is_remote else 0
         return MrKeys(handle=mr, lkey=int(mr.pv.lkey), rkey=rkey, vaddr=mr.vaddr, length=mr.length)
 
@@ -1750,7 +1558,7 @@ class RdmaCoreCa(ChannelInterface):
         mv = memoryview(buffer)
         with self._lock:
             pv = self._register(pd, mv, vaddr, access)
-            mr = _Mr(self)
+            mr = Mr(self)
             mr.pd, mr.pv, mr.buffer, mr.vaddr, mr.length = pd, pv, mv, vaddr, mv.nbytes
             mr.access = AccessFlags(access)
             pd.users += 1
@@ -1858,7 +1666,7 @@ class RdmaCoreCa(ChannelInterface):
                 raise translate(exc, "ibv_alloc_mw") from exc
             pd.users += 1
             self._n["mw"] += 1
-            mw = _Mw(self, pd, pv)
+            mw = Mw(self, pd, pv)
             return MwCreated(mw, int(pv.rkey))
 
     def query_mw(self, h_mw: Handle) -> int:
@@ -1873,7 +1681,7 @@ class RdmaCoreCa(ChannelInterface):
             raise InvalidQpState(f"QP is in {qp.state.name}")
         if qp.pd is not mw.pd:
             raise InvalidParameter("the binding QP must be in the window's PD (IBA 10.6.7)")
-        mr: _Mr | None
+        mr: Mr | None
         if bind.length or bind.mr is not None:
             mr = self._mr(bind.mr)
             if mr.pd is not mw.pd:
@@ -1954,7 +1762,7 @@ class RdmaCoreCa(ChannelInterface):
     # ------------------------------------------------------- post and poll
     def post_send(self, h_qp: Handle, wrs: Sequence[SendWr]) -> None:
         qp = h_qp
-        if qp.__class__ is not _Qp or qp.ci is not self or not qp.alive:
+        if qp.__class__ is not Qp or qp.ci is not self or not qp.alive:
             raise post_error(Status.INVALID_QP_HANDLE, 0, "invalid or destroyed QP")
         if self._errored:
             self._refresh_state(qp)
@@ -1976,7 +1784,7 @@ class RdmaCoreCa(ChannelInterface):
 
     def post_recv(self, h_qp: Handle, wrs: Sequence[RecvWr]) -> None:
         qp = h_qp
-        if qp.__class__ is not _Qp or qp.ci is not self or not qp.alive:
+        if qp.__class__ is not Qp or qp.ci is not self or not qp.alive:
             raise post_error(Status.INVALID_QP_HANDLE, 0, "invalid or destroyed QP")
         if self._errored:
             self._refresh_state(qp)
@@ -2009,7 +1817,7 @@ class RdmaCoreCa(ChannelInterface):
             rq.post(wrs[:room])
         raise post_error(Status.INSUFFICIENT_RESOURCES, room, "receive queue full")
 
-    def _refresh_state(self, qp: _Qp) -> None:
+    def _refresh_state(self, qp: Qp) -> None:
         """An error completion was polled for ``qp``: the kernel may have moved it to
         ERROR (rxe does for every error), which the cached state does not know yet;
         posts there must be flushed, so ask once (``ibv_query_qp``)."""
@@ -2019,7 +1827,7 @@ class RdmaCoreCa(ChannelInterface):
         with contextlib.suppress(IbError):
             self._query(qp)
 
-    def _kick_flush(self, qp: _Qp) -> None:
+    def _kick_flush(self, qp: Qp) -> None:
         """Receives posted to a QP in ERROR must complete flushed; rxe's responder only
         runs on a state change or a packet, so re-enter ERROR (a legal ERR -> ERR)."""
         a = self.pv.qp.QPAttr()
@@ -2064,10 +1872,10 @@ class RdmaCoreCa(ChannelInterface):
                         log.warning("rdma_core %s: %s; datagrams to %s may not arrive",
                                     self.name, why, IPv6Address(raw))  # fmt: skip
             qp.mcast[key] += 1
-            return _Mcast(self, qp, raw, lid, port.ifindex)
+            return Mcast(self, qp, raw, lid, port.ifindex)
 
     def detach_mcast(self, h_mcast: Handle) -> None:
-        if type(h_mcast) is not _Mcast or h_mcast.ci is not self or not h_mcast.alive:
+        if type(h_mcast) is not Mcast or h_mcast.ci is not self or not h_mcast.alive:
             raise InvalidMcastHandle("invalid or detached multicast attachment")
         m = h_mcast
         qp = m.qp

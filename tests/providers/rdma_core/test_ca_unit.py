@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 from test_translation import FakeLib, FakeRdmaError, fast_queue, write
 
-from ibal.providers.rdma_core.ca import RdmaCoreCa, _Cq, _Qp
+from ibal.providers.rdma_core.ca import RdmaCoreCa
 from ibal.providers.rdma_core.fastpath import FastRecvQueue
+from ibal.providers.rdma_core.handles import Cq as _Cq
+from ibal.providers.rdma_core.handles import Qp as _Qp
 from ibal.providers.rdma_core.nethdr import ReceiveAreas
 from ibal.providers.rdma_core.wr import RecvTokens
 from ibal.status import InvalidParameter, PostError
