@@ -98,6 +98,13 @@ class Cq(HandleBase):
         self.poller: FastPoller | None = None
         self.wc_cache: dict[tuple[int, int, int, int], Wc] = {}
 
+    def add_flushed(self, wcs: list[tuple[int, ...]]) -> bool:
+        """Queue completions made by the provider; True if the CQ was armed (now disarmed)."""
+        with self.lock:
+            self.pending.extend(wcs)
+            fire, self.armed = self.armed, False
+        return fire
+
 
 class Srq(HandleBase):
     __slots__ = ("context", "max_wr", "pd", "ptr", "pv", "rq", "rtok", "users")

@@ -19,6 +19,7 @@ from ibal.providers.rdma_core.fastpath import FastRecvQueue
 from ibal.providers.rdma_core.handles import Cq as _Cq
 from ibal.providers.rdma_core.handles import Qp as _Qp
 from ibal.providers.rdma_core.nethdr import ReceiveAreas
+from ibal.providers.rdma_core.quirks import RxeQuirks
 from ibal.providers.rdma_core.wr import RecvTokens
 from ibal.status import InvalidParameter, PostError
 from ibal.types import QpCaps, QpState, QpType, RecvWr, Sge, WcStatus, WcType, WrType
@@ -62,6 +63,7 @@ def bare_ca(*, rxe: bool = False) -> Any:
     ca._areas = ReceiveAreas()
     ca.tokens = RecvTokens()
     ca.rxe = rxe
+    ca.quirks = RxeQuirks(rxe, "fake0", None, FakeRdmaError)
     ca.name = "fake0"
     return ca
 
@@ -113,7 +115,7 @@ def test_receives_in_error_kick_the_flush_only_on_rxe(rxe: bool) -> None:
     ca = bare_ca(rxe=rxe)
     qp = bare_qp(ca, lib, QpState.ERROR)
     kicked: list[int] = []
-    ca._kick_flush = lambda q: kicked.append(q.num)
+    ca.quirks.reenter_error = lambda q: kicked.append(q.num)
     ca.post_recv(qp, [RecvWr(1, [Sge(0x10, 8, 1)])])
     assert len(lib.recvd) == 1
     assert kicked == ([5] if rxe else [])

@@ -1,0 +1,533 @@
+"""Queue pair verbs of an rdma_core CA: create, modify, query, destroy and post.
+
+A QP's send and receive queues are :mod:`.wr`'s (pyverbs) or :mod:`.fastpath`'s
+(ctypes) objects.  Sends posted in SQD may be held until SQD -> RTS, and posts
+to a QP in ERROR complete flushed; what kernel rxe needs for both is in
+:mod:`.quirks`.  Called by the access layer on any thread; raises
+:mod:`ibal.status` exceptions (posts raise ``PostError``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+from collections.abc import Sequence
+from ipaddress import IPv6Address
+from typing import Any
+
+from ibal.ci.interface import (
+    Handle,
+    QpCreated,
+)
+from ibal.providers.rdma_core import consts as C
+from ibal.providers.rdma_core import peek
+from ibal.providers.rdma_core.errors import translate
+from ibal.providers.rdma_core.fastpath import (
+    FastRecvQueue,
+    FastSendQueue,
+)
+from ibal.providers.rdma_core.handles import (
+    Qp,
+)
+from ibal.providers.rdma_core.state import CaState
+from ibal.providers.rdma_core.wr import (
+    Held,
+    RecvQueue,
+    SendQueue,
+    flush_tuples,
+)
+from ibal.qp_fsm import can_post_recv
+from ibal.status import (
+    IbError,
+    InvalidMaxSge,
+    InvalidMaxWrs,
+    InvalidParameter,
+    InvalidPkey,
+    InvalidServiceType,
+    InvalidSrqHandle,
+    PostError,
+    ResourceBusy,
+    Status,
+    Unsupported,
+    post_error,
+)
+from ibal.types import (
+    AvAttr,
+    Grh,
+    QpAttr,
+    QpCaps,
+    QpMod,
+    QpState,
+    QpType,
+    RecvWr,
+    SendWr,
+)
+
+log = logging.getLogger("ibal.providers.rdma_core")
+_PSN_MASK = 0xFFFFFF
+
+
+class QpVerbs(CaState):
+    """``create_qp`` ... ``destroy_qp``, ``post_send``, ``post_recv``."""
+
+    def create_qp(
+        self,
+        h_pd: Handle,
+        qp_type: QpType,
+        caps: QpCaps,
+        send_cq: Handle,
+        recv_cq: Handle,
+        srq: Handle | None,
+        sq_signaled: bool,
+        qp_context: Any,
+    ) -> QpCreated:
+        pd = self._pd(h_pd)
+        scq = self._cq(send_cq)
+        rcq = self._cq(recv_cq)
+        s = self._srq(srq) if srq is not None else None
+        if s is not None and s.pd is not pd:
+            raise InvalidSrqHandle("the SRQ belongs to another PD than the QP (IBA 10.2.3)")
+        ibv_type = C.QPT_TO_IBV.get(qp_type)
+        if ibv_type is None or qp_type not in self._caps.qp_types:
+            raise InvalidServiceType(f"{qp_type!r} QPs are not available on {self.name}")
+        d = self.dev
+        depths = (caps.sq_depth,) + (() if s is not None else (caps.rq_depth,))
+        if any(x < 0 or x > int(d.max_qp_wr) for x in depths):
+            raise InvalidMaxWrs(f"queue depth above the device's {int(d.max_qp_wr)}")
+        sges = (caps.sq_sge,) + (() if s is not None else (caps.rq_sge,))
+        if any(x < 0 or x > int(d.max_sge) for x in sges):
+            raise InvalidMaxSge(f"SGE count above the device's {int(d.max_sge)}")
+        if caps.max_inline < 0:
+            raise InvalidParameter("negative max_inline")
+        q = self.pv.qp
+        with self._lock:
+            qp = Qp(self, pd, qp_type, qp_context)
+            cap = q.QPCap(
+                max_send_wr=caps.sq_depth,
+                max_recv_wr=0 if s is not None else caps.rq_depth,
+                max_send_sge=caps.sq_sge,
+                max_recv_sge=0 if s is not None else caps.rq_sge,
+                max_inline_data=caps.max_inline,
+            )
+            ia = q.QPInitAttr(
+                qp_type=ibv_type,
+                qp_context=qp,
+                scq=scq.pv,
+                rcq=rcq.pv,
+                srq=s.pv if s is not None else None,
+                cap=cap,
+                sq_sig_all=1 if sq_signaled else 0,
+            )
+            try:
+                pv = q.QP(pd.pv, ia)
+            except self._errs.PyverbsError as exc:
+                raise translate(exc, "ibv_create_qp") from exc
+            qp.pv = pv
+            qp.num = int(pv.qp_num)
+            granted = QpCaps(
+                sq_depth=int(ia.max_send_wr),
+                rq_depth=0 if s is not None else int(ia.max_recv_wr),
+                sq_sge=int(ia.max_send_sge),
+                rq_sge=0 if s is not None else int(ia.max_recv_sge),
+                max_inline=int(ia.max_inline_data),
+            )
+            qp.caps = granted
+            qp.sq_signaled = bool(sq_signaled)
+            qp.send_cq, qp.recv_cq, qp.srq = scq, rcq, s
+            if self.layout is not None:
+                try:
+                    qp.ptr = self.layout.qp_ptr(pv, pd.pv, self.ctx)
+                except peek.PeekError as exc:
+                    log.debug("rdma_core %s: QP pointer not found: %s", self.name, exc)
+            allowed = self._caps.opcodes.get(qp_type, frozenset())
+            if self.ops is not None and qp.ptr:
+                qp.sq = FastSendQueue(
+                    self.ops,
+                    qp.ptr,
+                    qp_type,
+                    max_sge=granted.sq_sge,
+                    max_inline=granted.max_inline,
+                    depth=granted.sq_depth,
+                    atomics=self._caps.atomics,
+                    ah_ptr_of=self._ah_ptr_of,
+                    allowed=allowed,
+                    all_signaled=bool(sq_signaled),
+                )
+            else:
+                qp.sq = SendQueue(
+                    self.api,
+                    pv.post_send,
+                    qp_type,
+                    max_sge=granted.sq_sge,
+                    max_inline=granted.max_inline,
+                    depth=granted.sq_depth,
+                    atomics=self._caps.atomics,
+                    ah_of=self._ah_of,
+                    allowed=allowed,
+                    all_signaled=bool(sq_signaled),
+                )
+            if s is None:
+                if self.ops is not None and qp.ptr:
+                    qp.rq = FastRecvQueue(self.ops.post_recv, qp.ptr, max_sge=granted.rq_sge,
+                                          tokens=self.tokens, owner=qp)  # fmt: skip
+                else:
+                    qp.rq = RecvQueue(self.api, pv.post_recv, max_sge=granted.rq_sge,
+                                      tokens=self.tokens, owner=qp)  # fmt: skip
+                rcq.orphans.append(qp.rtok)
+            pd.users += 1
+            scq.users += 1
+            rcq.users += 1
+            if s is not None:
+                s.users += 1
+            self._qps[qp.num] = qp
+            self._n["qp"] += 1
+            self._sq_accts[qp.num] = qp.sq.acct
+            if qp_type is QpType.UD:
+                self._ud_qpns.add(qp.num)
+                if s is None:
+                    self._areas.add_qp(qp.num)
+            return QpCreated(qp, self._qp_attr_basic(qp))
+
+    def _qp_attr_basic(self, qp: Qp) -> QpAttr:
+        return QpAttr(
+            qp_type=qp.qp_type,
+            qp_num=qp.num,
+            state=qp.state,
+            caps=qp.caps,
+            sq_signaled=qp.sq_signaled,
+        )
+
+    def _modify_attr(self, qp: Qp, mod: QpMod) -> tuple[Any, int]:
+        a = self.pv.qp.QPAttr()
+        mask = C.IBV_QP_STATE
+        a.qp_state = C.QPS_TO_IBV[mod.state]
+        if mod.current_state is not None:
+            a.cur_qp_state = C.QPS_TO_IBV[mod.current_state]
+            mask |= C.IBV_QP_CUR_STATE
+        port_num = qp.port_num
+        if mod.port_num is not None:
+            self._port(mod.port_num)
+            port_num = mod.port_num
+            a.port_num = mod.port_num
+            mask |= C.IBV_QP_PORT
+        if mod.pkey_index is not None:
+            if port_num:
+                npk = len(self._port(port_num).pkeys)
+                if not 0 <= mod.pkey_index < npk:
+                    raise InvalidPkey(f"P_Key index {mod.pkey_index} outside the table of {npk}")
+            a.pkey_index = mod.pkey_index
+            mask |= C.IBV_QP_PKEY_INDEX
+        if mod.qkey is not None:
+            a.qkey = mod.qkey
+            mask |= C.IBV_QP_QKEY
+        if mod.access is not None:
+            try:
+                a.qp_access_flags = C.access_to_ibv(mod.access)
+            except ValueError as exc:
+                raise InvalidParameter(str(exc)) from exc
+            mask |= C.IBV_QP_ACCESS_FLAGS
+        if mod.primary_av is not None:
+            ah, _ = self._route(mod.primary_av)
+            a.ah_attr = ah
+            mask |= C.IBV_QP_AV
+        if mod.alternate_av is not None:
+            ah, _ = self._route(mod.alternate_av)
+            a.alt_ah_attr = ah
+            a.alt_port_num = mod.alternate_av.port_num
+            a.alt_pkey_index = mod.pkey_index if mod.pkey_index is not None else qp.pkey_index
+            a.alt_timeout = (
+                mod.local_ack_timeout if mod.local_ack_timeout is not None else qp.timeout
+            )
+            mask |= C.IBV_QP_ALT_PATH
+        if mod.path_mtu is not None:
+            a.path_mtu = int(mod.path_mtu)
+            mask |= C.IBV_QP_PATH_MTU
+        if mod.dest_qp is not None:
+            _check_range("dest_qp", mod.dest_qp, 0xFFFFFF)
+            a.dest_qp_num = mod.dest_qp
+            mask |= C.IBV_QP_DEST_QPN
+        if mod.rq_psn is not None:
+            _check_range("rq_psn", mod.rq_psn, _PSN_MASK)
+            a.rq_psn = mod.rq_psn
+            mask |= C.IBV_QP_RQ_PSN
+        if mod.sq_psn is not None:
+            _check_range("sq_psn", mod.sq_psn, _PSN_MASK)
+            a.sq_psn = mod.sq_psn
+            mask |= C.IBV_QP_SQ_PSN
+        if mod.resp_res is not None:
+            _check_range("resp_res", mod.resp_res, int(self.dev.max_qp_rd_atom))
+            a.max_dest_rd_atomic = mod.resp_res
+            mask |= C.IBV_QP_MAX_DEST_RD_ATOMIC
+        if mod.init_depth is not None:
+            _check_range("init_depth", mod.init_depth, int(self.dev.max_qp_init_rd_atom))
+            a.max_rd_atomic = mod.init_depth
+            mask |= C.IBV_QP_MAX_QP_RD_ATOMIC
+        if mod.rnr_nak_timeout is not None:
+            _check_range("rnr_nak_timeout", mod.rnr_nak_timeout, 31)
+            a.min_rnr_timer = mod.rnr_nak_timeout
+            mask |= C.IBV_QP_MIN_RNR_TIMER
+        if mod.local_ack_timeout is not None:
+            _check_range("local_ack_timeout", mod.local_ack_timeout, 31)
+            a.timeout = mod.local_ack_timeout
+            mask |= C.IBV_QP_TIMEOUT
+        if mod.retry_cnt is not None:
+            _check_range("retry_cnt", mod.retry_cnt, 7)
+            a.retry_cnt = mod.retry_cnt
+            mask |= C.IBV_QP_RETRY_CNT
+        if mod.rnr_retry_cnt is not None:
+            _check_range("rnr_retry_cnt", mod.rnr_retry_cnt, 7)
+            a.rnr_retry = mod.rnr_retry_cnt
+            mask |= C.IBV_QP_RNR_RETRY
+        if mod.apm_state is not None:
+            a.path_mig_state = C.APM_TO_IBV[mod.apm_state]
+            mask |= C.IBV_QP_PATH_MIG_STATE
+        if mod.sqd_event is not None:
+            a.en_sqd_async_notify = 1 if mod.sqd_event else 0
+            mask |= C.IBV_QP_EN_SQD_ASYNC_NOTIFY
+        if mod.sq_depth is not None or mod.rq_depth is not None:
+            cap = self.pv.qp.QPCap(
+                max_send_wr=mod.sq_depth if mod.sq_depth is not None else qp.caps.sq_depth,
+                max_recv_wr=mod.rq_depth if mod.rq_depth is not None else qp.caps.rq_depth,
+                max_send_sge=qp.caps.sq_sge,
+                max_recv_sge=qp.caps.rq_sge,
+                max_inline_data=qp.caps.max_inline,
+            )
+            a.cap = cap
+            mask |= C.IBV_QP_CAP
+        return a, mask
+
+    def modify_qp(self, h_qp: Handle, mod: QpMod) -> QpAttr:
+        qp = self._qp(h_qp)
+        if (mod.alternate_av is not None or mod.apm_state is not None) and not (
+            self.capabilities.apm
+        ):
+            # The kernel would take them (rxe advertises APM and never migrates).
+            raise Unsupported(f"apm: {self.capabilities.reason('apm')}")
+        try:
+            attr, mask = self._modify_attr(qp, mod)
+        except (OverflowError, TypeError) as exc:
+            raise InvalidParameter(f"modify_qp: {exc}") from exc
+        lost: Held = []
+        with self._lock:
+            old_state = qp.state
+            try:
+                qp.pv.modify(attr, mask)
+            except self._errs.PyverbsError as exc:
+                raise translate(
+                    exc, f"ibv_modify_qp to {mod.state.name}", {errno.EOPNOTSUPP: Unsupported}
+                ) from exc
+            qp.state = mod.state
+            if mod.port_num is not None:
+                qp.port_num = mod.port_num
+            if mod.pkey_index is not None:
+                qp.pkey_index = mod.pkey_index
+            if mod.local_ack_timeout is not None:
+                qp.timeout = mod.local_ack_timeout
+            if mod.primary_av is not None:
+                qp.primary_av = mod.primary_av
+            if mod.alternate_av is not None:
+                qp.alternate_av = mod.alternate_av
+            if mod.sq_depth is not None or mod.rq_depth is not None:
+                qp.caps = QpCaps(
+                    sq_depth=int(attr.cap.max_send_wr),
+                    rq_depth=int(attr.cap.max_recv_wr),
+                    sq_sge=qp.caps.sq_sge,
+                    rq_sge=qp.caps.rq_sge,
+                    max_inline=qp.caps.max_inline,
+                )
+            sq = qp.sq
+            assert sq is not None
+            if mod.state is QpState.RESET:
+                self._areas.reset(qp.num)
+                qp.primary_av = qp.alternate_av = None
+                sq.drop_held()
+                sq.acct.reset()
+                if qp.srq is None and qp.rtok:
+                    # Completions already queued may still name these receives.
+                    assert qp.recv_cq is not None
+                    qp.recv_cq.orphans.append(qp.rtok)
+                    qp.rtok = set()
+            elif old_state is QpState.SQD and mod.state is not QpState.SQD:
+                lost = sq.release()  # sends held in SQD run now (and flush on ERROR)
+            result = self._query(qp)
+        if lost:
+            self._complete_flushed(qp, lost)
+        return result
+
+    def query_qp(self, h_qp: Handle) -> QpAttr:
+        return self._query(self._qp(h_qp))
+
+    def _query(self, qp: Qp) -> QpAttr:
+        try:
+            a, ia = qp.pv.query(C.IBV_QP_ALL_ATTRS)
+        except self._errs.PyverbsError as exc:
+            raise translate(exc, "ibv_query_qp") from exc
+        state = C.QPS_FROM_IBV.get(int(a.qp_state), qp.state)
+        qp.state = state
+        caps = qp.caps
+        connected = qp.qp_type is not QpType.UD
+        primary = qp.primary_av
+        if primary is None and connected and state not in (QpState.RESET, QpState.INIT):
+            primary = self._av_from_ibv(a.ah_attr)
+        return QpAttr(
+            qp_type=qp.qp_type,
+            qp_num=qp.num,
+            state=state,
+            caps=caps,
+            sq_signaled=bool(ia.sq_sig_all),
+            dest_qp=int(a.dest_qp_num) if connected else 0,
+            port_num=int(a.port_num),
+            pkey_index=int(a.pkey_index),
+            qkey=int(a.qkey) if not connected else 0,
+            access=C.access_from_ibv(int(a.qp_access_flags)),
+            primary_av=primary,
+            alternate_av=qp.alternate_av,
+            path_mtu=C.mtu_from_ibv(int(a.path_mtu)) if connected else None,
+            sq_psn=int(a.sq_psn),
+            rq_psn=int(a.rq_psn) if connected else 0,
+            resp_res=int(a.max_dest_rd_atomic),
+            init_depth=int(a.max_rd_atomic),
+            rnr_nak_timeout=int(a.min_rnr_timer),
+            local_ack_timeout=int(a.timeout),
+            retry_cnt=int(a.retry_cnt),
+            rnr_retry_cnt=int(a.rnr_retry),
+            apm_state=C.APM_FROM_IBV.get(int(a.path_mig_state), C.APM_FROM_IBV[0]),
+            sq_draining=bool(a.sq_draining),
+        )
+
+    def _av_from_ibv(self, ah: Any) -> AvAttr:
+        grh = None
+        if int(ah.is_global):
+            grh = Grh(
+                dgid=IPv6Address(ah.dgid),
+                sgid_index=int(ah.sgid_index),
+                flow_label=int(ah.flow_label),
+                hop_limit=int(ah.hop_limit),
+                traffic_class=int(ah.traffic_class),
+            )
+        return AvAttr(
+            port_num=int(ah.port_num),
+            dlid=int(ah.dlid),
+            sl=int(ah.sl),
+            grh=grh,
+            static_rate=int(ah.static_rate),
+            path_bits=int(ah.src_path_bits),
+        )
+
+    def destroy_qp(self, h_qp: Handle, timewait_us: int = 0) -> None:
+        qp = self._qp(h_qp)
+        with self._lock:
+            if qp.mcast:
+                raise ResourceBusy(
+                    f"QP {qp.num} is still attached to {len(qp.mcast)} multicast groups"
+                )
+            sq, rq = qp.sq, qp.rq
+            assert sq is not None
+
+            def destroy() -> None:
+                with sq.lock, rq.lock if rq is not None else contextlib.nullcontext():
+                    qp.pv.close()
+                    # Under the same locks: a post that raced the destroy and waits
+                    # for them must find the queues closed, never the freed ibv_qp.
+                    sq.closed = True
+                    if rq is not None:
+                        rq.closed = True
+
+            self._retire(qp, destroy, "ibv_destroy_qp")
+            sq.close()
+            if rq is not None:
+                rq.close()
+            self._qps.pop(qp.num, None)
+            self._n["qp"] -= 1
+            self._ud_qpns.discard(qp.num)
+            self._areas.drop_qp(qp.num)
+            self._sq_accts.pop(qp.num, None)
+            qp.pd.users -= 1
+            assert qp.send_cq is not None and qp.recv_cq is not None
+            qp.send_cq.users -= 1
+            qp.recv_cq.users -= 1
+            if qp.srq is not None:
+                qp.srq.users -= 1
+
+    def post_send(self, h_qp: Handle, wrs: Sequence[SendWr]) -> None:
+        qp = h_qp
+        if qp.__class__ is not Qp or qp.ci is not self or not qp.alive:
+            raise post_error(Status.INVALID_QP_HANDLE, 0, "invalid or destroyed QP")
+        if self._errored:
+            self._refresh_state(qp)
+        state = qp.state
+        if state is QpState.RTS:
+            qp.sq.post(wrs)  # type: ignore[union-attr]  # set for every live QP
+        elif state is QpState.SQD:
+            # A device queues sends posted in SQD until RTS; rxe does not restart a
+            # drained send queue on SQD -> RTS: hold them (validated) until then.
+            qp.sq.post(wrs, hold=self.quirks.hold_sends_in_sqd)  # type: ignore[union-attr]
+        elif state is QpState.ERROR or state is QpState.SQERR:
+            # IBA 10.8.3: accepted and completed WR_FLUSHED_ERR by the device; rxe's
+            # requester flushes only when it runs, so nudge it as for receives.
+            qp.sq.post(wrs)  # type: ignore[union-attr]
+            if state is QpState.ERROR:
+                self.quirks.posted_in_error(qp)
+        else:
+            raise post_error(Status.INVALID_QP_STATE, 0, f"QP is in {state.name}")
+
+    def post_recv(self, h_qp: Handle, wrs: Sequence[RecvWr]) -> None:
+        qp = h_qp
+        if qp.__class__ is not Qp or qp.ci is not self or not qp.alive:
+            raise post_error(Status.INVALID_QP_HANDLE, 0, "invalid or destroyed QP")
+        if self._errored:
+            self._refresh_state(qp)
+        if not can_post_recv(qp.state):
+            raise post_error(Status.INVALID_QP_STATE, 0, f"QP is in {qp.state.name}")
+        rq = qp.rq
+        if rq is None:
+            raise post_error(Status.INVALID_PARAMETER, 0, "the QP receives through its SRQ")
+        if qp.qp_type is QpType.UD:
+            try:
+                post_recv_limited(rq, wrs, qp.caps.rq_depth - len(qp.rtok))
+            except PostError as exc:
+                self._areas.posted(qp.num, wrs[: exc.failed_index])
+                raise
+            self._areas.posted(qp.num, wrs)
+        else:
+            post_recv_limited(rq, wrs, qp.caps.rq_depth - len(qp.rtok))
+        if qp.state is QpState.ERROR:
+            self.quirks.posted_in_error(qp)
+
+    def _complete_flushed(self, qp: Qp, lost: Held) -> None:
+        """Complete send requests that never reached the device with ``WR_FLUSHED_ERR``.
+
+        Called without the CA lock; upcalls once if the CQ was armed.
+        """
+        cq = qp.send_cq
+        assert cq is not None
+        if cq.add_flushed(flush_tuples(lost, qp.num)):
+            self.completion_upcall(cq)
+
+    def _refresh_state(self, qp: Qp) -> None:
+        """An error completion was polled for ``qp``: the kernel may have moved it to
+        ERROR (rxe does for every error), which the cached state does not know yet;
+        posts there must be flushed, so ask once (``ibv_query_qp``)."""
+        if qp.num not in self._errored:
+            return
+        self._errored.discard(qp.num)
+        with contextlib.suppress(IbError):
+            self._query(qp)
+
+
+def post_recv_limited(rq: RecvQueue | FastRecvQueue, wrs: Sequence[RecvWr], room: int) -> None:
+    """Post what fits in ``room``; the rest fails with ``INSUFFICIENT_RESOURCES``."""
+    n = len(wrs)
+    if n <= room:
+        rq.post(wrs)
+        return
+    room = max(room, 0)
+    if room:
+        rq.post(wrs[:room])
+    raise post_error(Status.INSUFFICIENT_RESOURCES, room, "receive queue full")
+
+
+def _check_range(name: str, value: int, top: int) -> None:
+    if not isinstance(value, int) or not 0 <= value <= top:
+        raise InvalidParameter(f"{name} {value} outside 0..{top}")
