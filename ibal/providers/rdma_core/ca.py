@@ -7,6 +7,10 @@ alive, and raises that kind's ``Invalid*Handle`` otherwise.
 pyverbs cascades: closing a PD closes its QPs and MRs, closing a CQ closes the
 QPs that use it.  The contract wants ``ResourceBusy`` instead, so the
 dependencies are counted here and checked before anything is closed.
+
+The verbs are split by responsibility: :mod:`.state` (shared state, handle
+checks, ports, AV routing), :mod:`.cq_verbs`, :mod:`.qp_verbs`,
+:mod:`.srq_verbs`, :mod:`.mr_verbs`, and :mod:`.quirks` for kernel rxe.
 """
 
 from __future__ import annotations
@@ -327,7 +331,6 @@ class RdmaCoreCa(QpVerbs, SrqVerbs, CqVerbs, MemoryVerbs, CaState, ChannelInterf
             av.pd.users -= 1
             self._n["av"] -= 1
 
-    # ------------------------------------------------------------------ CQ
     # ------------------------------------------------------------ multicast
     def attach_mcast(self, h_qp: Handle, gid: Gid, lid: int) -> Handle:
         qp = self._qp(h_qp)

@@ -79,8 +79,6 @@ _INLINE_PROBES = (1024, 512, 400, 256, 128, 64, 32)
 class CaState:
     """The device and the state the verb mixins share (see the module docstring)."""
 
-    provider_name = "rdma_core"
-
     def __init__(self, pv: Any, name: str, guid: int, *, layout: peek.Layout | None) -> None:
         self.pv = pv
         self.name = name
