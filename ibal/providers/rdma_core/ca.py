@@ -28,7 +28,7 @@ from ibal.ci.interface import (
     QpCreated,
 )
 from ibal.providers.rdma_core import consts as C
-from ibal.providers.rdma_core import peek, umad
+from ibal.providers.rdma_core import counters, peek, umad
 from ibal.providers.rdma_core.cq_verbs import CqVerbs
 from ibal.providers.rdma_core.errors import translate
 from ibal.providers.rdma_core.events import AsyncDispatch, EventLoop
@@ -392,6 +392,14 @@ class RdmaCoreCa(QpVerbs, SrqVerbs, CqVerbs, MemoryVerbs, CaState, ChannelInterf
         self._ca(h_ca)
         self._port(port_num)
         raise Unsupported(self._caps.reason("local_mad"))
+
+    # ------------------------------------------------------------ counters
+    def query_port_counters(self, h_ca: Handle, port_num: int) -> dict[str, int]:
+        self._ca(h_ca)
+        self._port(port_num)
+        if not self._caps.port_counters:
+            raise Unsupported(self._caps.reason("port_counters"))
+        return counters.read(self.name, port_num)
 
     def create_spl_qp(
         self,

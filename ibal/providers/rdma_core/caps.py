@@ -89,6 +89,7 @@ def build_capabilities(
     multicast_reason: str | None,
     name: str = "",
     mad_agents_reason: str | None = "not probed",
+    counters_reason: str | None = "not probed",
 ) -> Capabilities:
     """The :class:`Capabilities` of one device from its ``ibv_device_attr``.
 
@@ -101,6 +102,8 @@ def build_capabilities(
     reasons = dict(REASONS)
     if mad_agents_reason is not None:
         reasons["mad_agents"] = mad_agents_reason
+    if counters_reason is not None:
+        reasons["port_counters"] = counters_reason
     rxe = is_rxe(dev, name)
     flags = int(dev.device_cap_flags)
     atomics = int(dev.atomic_caps) != 0
@@ -154,6 +157,7 @@ def build_capabilities(
         mad_agents=mad_agents_reason is None,
         vendor_call=False,
         violation_counters=False,
+        port_counters=counters_reason is None,
         modify_ca=False,
         inline_data=True,
         immediate=True,

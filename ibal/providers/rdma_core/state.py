@@ -21,7 +21,7 @@ from ibal.ci.interface import (
     Handle,
 )
 from ibal.providers.rdma_core import consts as C
-from ibal.providers.rdma_core import peek, umad
+from ibal.providers.rdma_core import counters, peek, umad
 from ibal.providers.rdma_core.caps import build_capabilities, is_rxe
 from ibal.providers.rdma_core.errors import translate
 from ibal.providers.rdma_core.events import EventLoop
@@ -142,6 +142,7 @@ class CaState:
             self._multicast_reason(),
             self.name,
             umad.availability(self.name),
+            counters.availability(self.name),
         )
         self.rxe = is_rxe(self.dev, self.name)
         """Kernel rxe: its workarounds (SQD hold, ERROR re-entry) apply to it only."""

@@ -192,6 +192,22 @@ def test_rc_rdma_write_lands_bytes(env: Env) -> None:
     assert bytes(e.buf[4096:4296]) == payload
 
 
+def test_port_counters_are_the_kernels_hw_counters(env: Env) -> None:
+    """ca.query_port_counters reads rxe0's sysfs hw_counters; a loopback WRITE moves them."""
+    e = env
+    assert e.ca.capabilities.port_counters
+    before = e.ca.query_port_counters(e.port.port_num)
+    assert {"sent_pkts", "rcvd_pkts", "duplicate_request"} <= set(before)
+    a, _ = rc_pair(e)
+    a.post_send(SendWr(9, WrType.RDMA_WRITE, [e.mr.sge(0, 64)], SIG,
+                       remote_addr=e.mr.vaddr + 8192, rkey=e.mr.rkey))  # fmt: skip
+    (wc,) = poll(e.cq, 1)
+    assert wc.status is WcStatus.SUCCESS
+    after = e.ca.query_port_counters(e.port.port_num)
+    assert after["sent_pkts"] > before["sent_pkts"]
+    assert after["rcvd_pkts"] > before["rcvd_pkts"]
+
+
 def test_batched_writes_read_and_atomics(env: Env) -> None:
     e = env
     a, _ = rc_pair(e)
