@@ -1,0 +1,157 @@
+"""Guest side of test_rxe_faults_lab: one pyverbs RC QP on kernel rxe moving bulk data.
+
+Run in the lab guest as ``pyverbs_bulk_peer.py PORT SIZE RNR_RETRY`` with
+Debian's python3.  Its buffer is 2 * SIZE bytes: [0, SIZE) what it sends,
+[SIZE, 2 * SIZE) where the host's data lands (the host's buffer has the same
+layout).  Listens on TCP PORT, sends its QP as one JSON line (qpn, gid,
+vaddr, rkey), reads the host's, connects (PSN 0 both ways, ``rnr_retry`` =
+RNR_RETRY), says ``{"ready": true}``, then answers commands line by line, each
+with one JSON line:
+
+- ``netem ARGS...``: ``tc qdisc replace dev eth0 root netem ARGS`` → ``rc``;
+- ``fill SEED``: random bytes into [0, SIZE) → ``sha``;
+- ``hash OFFSET LENGTH`` → ``sha`` (sha256 of that part of the buffer);
+- ``recv N LENGTH``: post N receives, the i-th at SIZE + i * LENGTH;
+- ``wait N SECONDS``: poll N completions, then 1 s more for any extra one →
+  ``wcs`` ([wr_id, status, byte_len] each), ``extra``;
+- ``post write|send N LENGTH``: N signalled WRITEs (to the host's
+  SIZE + i * LENGTH) or SENDs of [i * LENGTH, +LENGTH), at most 16 in flight,
+  → ``wcs``, ``secs``;
+- ``quit``.
+"""
+
+import hashlib
+import json
+import random
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.append("/usr/lib/python3/dist-packages")
+
+import pyverbs.enums as e
+from pyverbs.addr import GID, AHAttr, GlobalRoute
+from pyverbs.cq import CQ
+from pyverbs.device import Context
+from pyverbs.mr import MR
+from pyverbs.pd import PD
+from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.wr import SGE, RecvWR, SendWR
+
+PORT_NUM = 1
+GID_INDEX = 1  # the IPv4-mapped GID of rxe0 on eth0
+WINDOW = 16
+SIZE = int(sys.argv[2])
+RNR_RETRY = int(sys.argv[3])
+
+ctx = Context(name="rxe0")
+pd = PD(ctx)
+cq = CQ(ctx, 1024, None, None, 0)
+cap = QPCap(max_send_wr=WINDOW, max_recv_wr=512, max_send_sge=1, max_recv_sge=1)
+qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap))
+access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+mr = MR(pd, 2 * SIZE, access)
+mr.write(bytes(2 * SIZE), 2 * SIZE)
+
+listener = socket.create_server(("0.0.0.0", int(sys.argv[1])))
+conn, _ = listener.accept()
+rfile = conn.makefile("r")
+
+
+def say(obj: object) -> None:
+    conn.sendall((json.dumps(obj) + "\n").encode())
+
+
+gid = ctx.query_gid(PORT_NUM, GID_INDEX)
+say({"qpn": qp.qp_num, "gid": str(gid), "vaddr": mr.buf, "rkey": mr.rkey})
+peer = json.loads(rfile.readline())
+
+attr = QPAttr(qp_state=e.IBV_QPS_INIT, cur_qp_state=e.IBV_QPS_RESET)
+attr.port_num = PORT_NUM
+attr.pkey_index = 0
+attr.qp_access_flags = access
+qp.to_init(attr)
+gr = GlobalRoute(dgid=GID(peer["gid"]), sgid_index=GID_INDEX, hop_limit=64)
+attr.ah_attr = AHAttr(gr=gr, is_global=1, port_num=PORT_NUM)
+attr.path_mtu = e.IBV_MTU_1024
+attr.dest_qp_num = peer["qpn"]
+attr.rq_psn = 0
+attr.max_dest_rd_atomic = 4
+attr.min_rnr_timer = 1
+qp.to_rtr(attr)
+attr.sq_psn = 0
+attr.timeout = 12
+attr.retry_cnt = 7
+attr.rnr_retry = RNR_RETRY
+attr.max_rd_atomic = 4
+qp.to_rts(attr)
+say({"ready": True})
+
+
+def sha(off: int, n: int) -> str:
+    return hashlib.sha256(mr.read(n, off)).hexdigest()
+
+
+def poll(n: int, seconds: float) -> list[list[int]]:
+    got: list[list[int]] = []
+    deadline = time.monotonic() + seconds
+    while len(got) < n and time.monotonic() < deadline:
+        k, wcs = cq.poll(num_entries=n - len(got))
+        got += [[int(w.wr_id), int(w.status), int(w.byte_len)] for w in wcs[:k]]
+    return got
+
+
+def post(op: str, n: int, length: int) -> dict[str, object]:
+    start = time.monotonic()
+    wcs: list[list[int]] = []
+    posted = 0
+    while len(wcs) < n:
+        while posted < n and posted - len(wcs) < WINDOW:
+            wr = SendWR(
+                wr_id=posted,
+                opcode=e.IBV_WR_RDMA_WRITE if op == "write" else e.IBV_WR_SEND,
+                num_sge=1,
+                sg=[SGE(mr.buf + posted * length, length, mr.lkey)],
+                send_flags=e.IBV_SEND_SIGNALED,
+            )
+            if op == "write":
+                wr.set_wr_rdma(peer["rkey"], peer["vaddr"] + SIZE + posted * length)
+            qp.post_send(wr)
+            posted += 1
+        got = poll(1, 180)
+        if not got:
+            break  # no completion within 180 s: report what came
+        wcs += got
+        if got[0][1] != 0:
+            wcs += poll(n, 5)  # the flushed rest
+            break
+    return {"wcs": wcs, "secs": time.monotonic() - start}
+
+
+for line in rfile:
+    cmd = line.split()
+    if cmd[0] == "netem":
+        tc = ["tc", "qdisc", "replace", "dev", "eth0", "root", "netem", *cmd[1:]]
+        subprocess.run(["modprobe", "sch_netem"], check=False)
+        say({"rc": subprocess.run(tc, check=False).returncode})
+    elif cmd[0] == "fill":
+        mr.write(random.Random(int(cmd[1])).randbytes(SIZE), SIZE, 0)
+        say({"sha": sha(0, SIZE)})
+    elif cmd[0] == "hash":
+        say({"sha": sha(int(cmd[1]), int(cmd[2]))})
+    elif cmd[0] == "recv":
+        n, length = int(cmd[1]), int(cmd[2])
+        for i in range(n):
+            sge = SGE(mr.buf + SIZE + i * length, length, mr.lkey)
+            qp.post_recv(RecvWR(wr_id=i, num_sge=1, sg=[sge]))
+        say({"posted": n})
+    elif cmd[0] == "wait":
+        n = int(cmd[1])
+        wcs = poll(n, float(cmd[2]))
+        say({"wcs": wcs, "extra": len(poll(1, 1.0))})
+    elif cmd[0] == "post":
+        say(post(cmd[1], int(cmd[2]), int(cmd[3])))
+    elif cmd[0] == "quit":
+        break
+print("OK")
