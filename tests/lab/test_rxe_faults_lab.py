@@ -48,7 +48,7 @@ from ibal.testing.helpers import (
     wait_wcs,
 )
 from ibal.testing.helpers import Side as QpSide
-from ibal.types import AvAttr, Gid, Grh, Mtu, QpType, RecvWr, SendWr, WcStatus, WrType
+from ibal.types import AvAttr, Gid, Grh, Mtu, QpState, QpType, RecvWr, SendWr, WcStatus, WrType
 
 pytestmark = pytest.mark.lab
 
@@ -248,3 +248,35 @@ def test_netem_transfers_byte_exact_both_ways(link: LabSession) -> None:
         FIGURES["netem guest WRITE"] = guest_to_host(c, "write", 5)
         FIGURES["netem guest SEND"] = guest_to_host(c, "send", 6)
         FIGURES["netem counters"] = {k: v - before.get(k, 0) for k, v in _counters(c.side).items()}
+
+
+@pytest.mark.timeout(600)
+def test_rnr_retry_exhausted_when_kernel_rxe_posts_no_receive(link: LabSession) -> None:
+    """ibal SENDs to a guest QP with no receive: RNR NAKs, 2 retries, then RNR_RETRY_ERR."""
+    with connected(link, rnr_retry=2) as c:
+        side = c.side
+        before = _counters(side)
+        side.qp.post_send(SendWr(wr_id=7, opcode=WrType.SEND, sg_list=[side.sge(0, 100)]))
+        [wc] = wait_wcs(side.cq, 1, timeout=60)
+        assert (wc.wr_id, wc.status) == (7, WcStatus.RNR_RETRY_ERR), wc
+        assert side.qp.query().state is QpState.ERROR
+        assert drain(side.cq) == []
+        got = {k: v - before.get(k, 0) for k, v in _counters(side).items()}
+        FIGURES["rnr ibal requester"] = got
+        assert (got.get("rcvd_rnr_err"), got.get("retry_rnr_exceeded_err")) == (3, 1), got
+        res = c.peer.ask("wait 1 1")
+        assert res == {"wcs": [], "extra": 0}, res  # nothing reached the guest's CQ
+
+
+@pytest.mark.timeout(600)
+def test_rnr_retry_exhausted_when_ibal_posts_no_receive(link: LabSession) -> None:
+    """Kernel rxe SENDs to an ibal QP with no receive: ibal RNR-NAKs until the guest gives up."""
+    with connected(link, guest_rnr_retry=2) as c:
+        side = c.side
+        before = _counters(side)
+        res = c.peer.ask(f"post send 1 {CHUNK}")
+        assert res["wcs"] == [[0, 13, 0]], res  # IBV_WC_RNR_RETRY_EXC_ERR
+        got = {k: v - before.get(k, 0) for k, v in _counters(side).items()}
+        FIGURES["rnr ibal responder"] = got
+        assert got.get("send_rnr_err", 0) == 3  # the first try and 2 retries, each NAKed
+        assert drain(side.cq) == []
