@@ -1,0 +1,593 @@
+"""RMPP (IBA vol.1 13.6): the header table and the sender and receiver as sans-IO machines.
+
+A message larger than one MAD travels as DATA segments of 256-byte MADs; the
+receiver opens a sliding window with ACKs (``NewWindowLast``), the sender
+retransmits what is unacknowledged when its response timer expires, and
+either side ends the transfer with ABORT (a protocol error, with a status) or
+the receiver with STOP (no resources).
+
+The machines are pure: :meth:`RmppSender.start`, ``handle(mad, now)`` and
+``on_timer(now)`` return a list of actions (:class:`Send`, :class:`Arm`,
+:class:`Deliver`, :class:`Complete`, :class:`Fail`) and never block, sleep or
+touch a socket; :mod:`ibal.mad.rmpp_io` drives them over a send function and
+a timer service.  Every state change goes through :data:`TRANSITIONS`, the
+table ``python -m ibal.docgen`` draws docs/rmpp-state-machine.md from.
+
+Segment layout: bytes 0..23 the common MAD header, 24..35 the RMPP header,
+then 220 bytes per segment.  A class with a class header (SA: 20 bytes at
+36..55) repeats it in every segment and carries ``220 - len(header)`` data
+bytes; PayloadLength counts the 220-byte areas (class header included), so
+the first segment says ``segments * 220 - pad`` and the last ``220 - pad``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from ibal.wire.fields import Buffer, F, Table
+
+MAD_SIZE = 256
+COMMON_HEADER_SIZE = 24
+RMPP_OFFSET = 24
+RMPP_HEADER_SIZE = 12
+SEGMENT_AREA = MAD_SIZE - RMPP_OFFSET - RMPP_HEADER_SIZE  # 220
+RMPP_VERSION = 1
+NO_RESP_TIME = 0x1F
+
+# common-header bytes the machines touch (the full table is ibal.mad.header's)
+_METHOD_BYTE = 3
+_RESPONSE_BIT = 0x80
+
+
+class RmppType(enum.IntEnum):
+    NONE = 0  # not an RMPP MAD (Active clear)
+    DATA = 1
+    ACK = 2
+    STOP = 3
+    ABORT = 4
+
+
+class RmppFlags(enum.IntFlag):
+    ACTIVE = 0x1
+    FIRST = 0x2
+    LAST = 0x4
+
+
+class RmppStatus(enum.IntEnum):
+    NORMAL = 0
+    RESOURCES_EXHAUSTED = 1  # STOP
+    TOTAL_TIME_TOO_LONG = 118
+    INCONSISTENT_LAST_LENGTH = 119
+    INCONSISTENT_FIRST_SEGMENT = 120
+    BAD_TYPE = 121
+    WINDOW_LAST_TOO_SMALL = 122
+    SEGMENT_TOO_BIG = 123
+    ILLEGAL_STATUS = 124
+    UNSUPPORTED_VERSION = 125
+    TOO_MANY_RETRIES = 126
+    UNSPECIFIED = 127
+
+
+ABORT_STATUSES = frozenset(s for s in RmppStatus if s >= 118)
+
+RMPP_HEADER = Table(
+    "RMPP header",
+    [
+        F("version", 8, title="RMPPVersion"),
+        F("type", 8, enum=RmppType, title="RMPPType"),
+        F("resp_time", 5, title="RRespTime"),
+        F("flags", 3, enum=RmppFlags, title="RMPPFlags"),
+        F("status", 8, title="RMPPStatus"),
+        F("segment_number", 32, title="SegmentNumber"),
+        F("payload_length", 32, title="PayloadLength/NewWindowLast"),
+    ],
+)
+"""Bytes 24..35 of a MAD.  ``payload_length`` is NewWindowLast in an ACK; zero
+in STOP and ABORT.  ``status`` is a plain integer so a forged value decodes."""
+assert RMPP_HEADER.size == RMPP_HEADER_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class RmppHeader:
+    version: int
+    type: int
+    resp_time: int
+    flags: int
+    status: int
+    segment_number: int
+    payload_length: int
+
+    @classmethod
+    def of(cls, mad: Buffer) -> RmppHeader:
+        """The RMPP header of ``mad``; raises ``FieldError('short')``."""
+        return cls(*RMPP_HEADER.unpack(mad, RMPP_OFFSET)) if len(mad) >= 36 else cls._short(mad)
+
+    @classmethod
+    def _short(cls, mad: Buffer) -> RmppHeader:
+        RMPP_HEADER.decode(mad, RMPP_OFFSET)  # raises the table's 'short' error
+        raise AssertionError("unreachable")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.flags & RmppFlags.ACTIVE)
+
+
+def is_rmpp(mad: Buffer) -> bool:
+    """Whether ``mad`` has the RMPP Active flag (byte 26 bit 0)."""
+    return len(mad) >= 36 and bool(mad[26] & RmppFlags.ACTIVE)
+
+
+def with_rmpp(mad: bytes | bytearray, **fields: int) -> bytes:
+    """``mad`` with its RMPP header replaced (the other bytes kept)."""
+    out = bytearray(mad)
+    RMPP_HEADER.pack_into(out, RMPP_OFFSET, *RMPP_HEADER.check(fields))
+    return bytes(out)
+
+
+# -- actions ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send this 256-byte MAD to the peer."""
+
+    mad: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Arm:
+    """Call ``on_timer`` at ``at`` (replaces the machine's earlier deadline; None: disarm)."""
+
+    at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """The reassembled message: common header and class header of segment 1, and the data."""
+
+    header: bytes
+    class_header: bytes
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """The sender's message is acknowledged in full (``switch``: the peer answered with DATA)."""
+
+    switch: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """The transfer ended unsuccessfully; ``sent`` says whether this end sent the ABORT/STOP."""
+
+    status: RmppStatus
+    sent: bool
+
+
+Action = Send | Arm | Deliver | Complete | Fail
+
+
+# -- the transition table -----------------------------------------------------
+
+
+class State(enum.Enum):
+    SENDING = "sending"  # sender: segments outstanding
+    WAIT_LAST_ACK = "wait last ACK"  # sender: every segment sent once, last not ACKed
+    RECEIVING = "receiving"
+    DONE = "done"  # receiver: delivered, still ACKing duplicates until the linger time
+    COMPLETE = "complete"
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+TRANSITIONS: tuple[tuple[str, State, str, State], ...] = (
+    ("sender", State.SENDING, "ACK, more to send", State.SENDING),
+    ("sender", State.SENDING, "ACK, last segment sent", State.WAIT_LAST_ACK),
+    ("sender", State.SENDING, "time-out, retries left: resend window", State.SENDING),
+    ("sender", State.WAIT_LAST_ACK, "time-out, retries left: resend window", State.SENDING),
+    ("sender", State.SENDING, "sent the last segment", State.WAIT_LAST_ACK),
+    ("sender", State.WAIT_LAST_ACK, "ACK of a middle segment", State.SENDING),
+    ("sender", State.WAIT_LAST_ACK, "ACK of the last segment", State.COMPLETE),
+    ("sender", State.WAIT_LAST_ACK, "DATA from the peer (response)", State.COMPLETE),
+    ("sender", State.SENDING, "retries or total time exhausted / send ABORT", State.FAILED),
+    ("sender", State.WAIT_LAST_ACK, "retries or total time exhausted / send ABORT",
+     State.FAILED),
+    ("sender", State.SENDING, "malformed or bad ACK / send ABORT", State.FAILED),
+    ("sender", State.WAIT_LAST_ACK, "malformed or bad ACK / send ABORT", State.FAILED),
+    ("sender", State.SENDING, "ABORT or STOP received", State.FAILED),
+    ("sender", State.WAIT_LAST_ACK, "ABORT or STOP received", State.FAILED),
+    ("receiver", State.RECEIVING, "DATA in sequence", State.RECEIVING),
+    ("receiver", State.RECEIVING, "DATA with Last: deliver, ACK", State.DONE),
+    ("receiver", State.RECEIVING, "malformed DATA / send ABORT", State.FAILED),
+    ("receiver", State.RECEIVING, "message too large / send STOP", State.FAILED),
+    ("receiver", State.RECEIVING, "total time-out / send ABORT", State.FAILED),
+    ("receiver", State.RECEIVING, "ABORT or STOP received", State.FAILED),
+    ("receiver", State.DONE, "duplicate DATA: re-ACK", State.DONE),
+    ("receiver", State.DONE, "linger time over", State.CLOSED),
+)  # fmt: skip
+
+_ALLOWED = {(who, a, b) for who, a, _, b in TRANSITIONS}
+
+
+class RmppError(ValueError):
+    """A state change the transition table does not have (a bug, never a peer's doing)."""
+
+
+@dataclass
+class RmppCounters:
+    """Per-machine counts, summed by the driver."""
+
+    sent: int = 0
+    resent: int = 0
+    received: int = 0
+    duplicates: int = 0
+    dropped: int = 0  # out of window/order, or stale
+    malformed: int = 0  # answered with ABORT (or dropped when no answer is allowed)
+
+
+@dataclass
+class _Machine:
+    role: str = field(init=False, default="")
+    state: State = field(init=False, default=State.SENDING)
+    counters: RmppCounters = field(init=False, default_factory=RmppCounters)
+    status: RmppStatus | None = field(init=False, default=None)
+
+    def _move(self, to: State) -> None:
+        if (self.role, self.state, to) not in _ALLOWED:
+            raise RmppError(f"{self.role}: no transition {self.state.value} -> {to.value}")
+        self.state = to
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (State.COMPLETE, State.FAILED, State.CLOSED, State.DONE)
+
+
+def _reply_header(mad: Buffer) -> bytearray:
+    """A MAD answering ``mad`` in the other direction (response bit flipped, body zero)."""
+    out = bytearray(MAD_SIZE)
+    out[:COMMON_HEADER_SIZE] = mad[:COMMON_HEADER_SIZE]
+    out[_METHOD_BYTE] ^= _RESPONSE_BIT
+    return out
+
+
+def _control(base: bytearray, kind: RmppType, status: int = 0, seg: int = 0, d2: int = 0) -> bytes:
+    RMPP_HEADER.pack_into(
+        base, RMPP_OFFSET, RMPP_VERSION, kind, NO_RESP_TIME, RmppFlags.ACTIVE, status, seg, d2
+    )
+    return bytes(base)
+
+
+def _check_common(h: RmppHeader) -> RmppStatus | None:
+    """The checks every RMPP MAD gets before its type is looked at."""
+    if h.version != RMPP_VERSION:
+        return RmppStatus.UNSUPPORTED_VERSION
+    if h.type not in (RmppType.DATA, RmppType.ACK, RmppType.STOP, RmppType.ABORT):
+        return RmppStatus.BAD_TYPE
+    if h.status != RmppStatus.NORMAL:
+        return RmppStatus.ILLEGAL_STATUS
+    return None
+
+
+def _remote_status(h: RmppHeader) -> RmppStatus:
+    """The status an ABORT/STOP reports (an illegal one reads as UNSPECIFIED)."""
+    ok = ABORT_STATUSES if h.type == RmppType.ABORT else {RmppStatus.RESOURCES_EXHAUSTED}
+    return RmppStatus(h.status) if h.status in ok else RmppStatus.UNSPECIFIED
+
+
+# -- sender --------------------------------------------------------------------
+
+
+@dataclass
+class RmppSender(_Machine):
+    """Sends one message as DATA segments.
+
+    ``header`` is the 24-byte common MAD header every segment carries
+    (class, method, TID...); ``class_header`` the class header repeated in
+    each segment (20 bytes for SA, empty for most classes).
+    """
+
+    header: bytes
+    data: bytes
+    class_header: bytes = b""
+    resp_timeout: float = 1.0
+    retries: int = 5
+    total_timeout: float = 30.0
+    resp_time: int = NO_RESP_TIME
+
+    def __post_init__(self) -> None:
+        self.role = "sender"
+        if len(self.header) != COMMON_HEADER_SIZE:
+            raise ValueError("header must be the 24-byte common MAD header")
+        if len(self.class_header) >= SEGMENT_AREA:
+            raise ValueError("class header leaves no room for data")
+        per = SEGMENT_AREA - len(self.class_header)
+        self.count = max(1, -(-len(self.data) // per))
+        self.pad = self.count * per - len(self.data)
+        self.window_last = 1  # the receiver opens the window with its first ACK
+        self.last_acked = 0
+        self.next_seg = 1
+        self.high_sent = 0
+        self.tries = 0
+        self._start: float | None = None
+        self._resp_deadline = 0.0
+
+    @property
+    def per_segment(self) -> int:
+        return SEGMENT_AREA - len(self.class_header)
+
+    def segment(self, n: int) -> bytes:
+        """DATA segment ``n`` (1-based), exactly as sent."""
+        if not 1 <= n <= self.count:
+            raise ValueError(f"segment {n} not in 1..{self.count}")
+        per = self.per_segment
+        flags = RmppFlags.ACTIVE
+        paylen = 0
+        if n == 1:
+            flags |= RmppFlags.FIRST
+            paylen = self.count * SEGMENT_AREA - self.pad
+        if n == self.count:
+            flags |= RmppFlags.LAST
+            paylen = SEGMENT_AREA - self.pad
+        out = bytearray(MAD_SIZE)
+        out[:COMMON_HEADER_SIZE] = self.header
+        RMPP_HEADER.pack_into(
+            out, RMPP_OFFSET, RMPP_VERSION, RmppType.DATA, self.resp_time, flags, 0, n, paylen
+        )
+        body = 36 + len(self.class_header)
+        out[36:body] = self.class_header
+        chunk = self.data[(n - 1) * per : n * per]
+        out[body : body + len(chunk)] = chunk
+        return bytes(out)
+
+    def start(self, now: float) -> list[Action]:
+        """Send the first window (one segment: the receiver's ACK opens the rest)."""
+        if self._start is not None:
+            raise RmppError("sender already started")
+        self._start = now
+        return self._pump(now)
+
+    def _deadline(self) -> float:
+        assert self._start is not None
+        return min(self._resp_deadline, self._start + self.total_timeout)
+
+    def _pump(self, now: float) -> list[Action]:
+        out: list[Action] = []
+        top = min(self.window_last, self.count)
+        while self.next_seg <= top:
+            out.append(Send(self.segment(self.next_seg)))
+            self.counters.sent += 1
+            self.high_sent = max(self.high_sent, self.next_seg)
+            self.next_seg += 1
+        if self.next_seg > self.count and self.state is State.SENDING:
+            self._move(State.WAIT_LAST_ACK)
+        self._resp_deadline = now + self.resp_timeout
+        out.append(Arm(self._deadline()))
+        return out
+
+    def _abort(self, status: RmppStatus, ref: bytes) -> list[Action]:
+        self.status = status
+        self._move(State.FAILED)
+        base = bytearray(MAD_SIZE)
+        base[:COMMON_HEADER_SIZE] = ref[:COMMON_HEADER_SIZE]
+        return [Send(_control(base, RmppType.ABORT, status)), Arm(None), Fail(status, True)]
+
+    def handle(self, mad: Buffer, now: float) -> list[Action]:
+        """A MAD of this transaction from the peer (ACK, STOP, ABORT, or DATA of a response)."""
+        if self.state not in (State.SENDING, State.WAIT_LAST_ACK):
+            self.counters.dropped += 1
+            return []
+        if len(mad) < 36 or not is_rmpp(mad):
+            self.counters.malformed += 1
+            return []
+        self.counters.received += 1
+        h = RmppHeader.of(mad)
+        if h.type in (RmppType.ABORT, RmppType.STOP):
+            return self._fail_remote(h)  # never answered, so two ends cannot loop
+        bad = _check_common(h)
+        if bad is not None:
+            self.counters.malformed += 1
+            return self._abort(bad, self.header)
+        if h.type == RmppType.DATA:
+            if self.state is State.WAIT_LAST_ACK and mad[_METHOD_BYTE] != self.header[_METHOD_BYTE]:
+                # double-sided: the response's first segment acknowledges the request
+                self.status = RmppStatus.NORMAL
+                self._move(State.COMPLETE)
+                return [Arm(None), Complete(switch=True)]
+            self.counters.malformed += 1
+            return self._abort(RmppStatus.BAD_TYPE, self.header)
+        return self._ack(h, now)
+
+    def _fail_remote(self, h: RmppHeader) -> list[Action]:
+        self.status = _remote_status(h)
+        self._move(State.FAILED)
+        return [Arm(None), Fail(self.status, False)]
+
+    def _ack(self, h: RmppHeader, now: float) -> list[Action]:
+        seg, wl = h.segment_number, h.payload_length
+        if seg > self.count or seg > self.high_sent:
+            self.counters.malformed += 1
+            return self._abort(RmppStatus.SEGMENT_TOO_BIG, self.header)
+        if wl < seg:
+            self.counters.malformed += 1
+            return self._abort(RmppStatus.WINDOW_LAST_TOO_SMALL, self.header)
+        if seg < self.last_acked or (seg == self.last_acked and wl <= self.window_last):
+            self.counters.duplicates += 1
+            return []
+        self.last_acked = seg
+        self.window_last = max(self.window_last, wl)
+        self.tries = 0
+        if seg == self.count:
+            self.status = RmppStatus.NORMAL
+            self._move(State.COMPLETE)
+            return [Arm(None), Complete()]
+        if self.state is State.WAIT_LAST_ACK and self.next_seg <= self.count:
+            self._move(State.SENDING)
+        return self._pump(now)
+
+    def on_timer(self, now: float) -> list[Action]:
+        """The deadline from the last :class:`Arm` came: resend, or give up."""
+        if self.state not in (State.SENDING, State.WAIT_LAST_ACK) or self._start is None:
+            return []
+        if now >= self._start + self.total_timeout:
+            return self._abort(RmppStatus.TOTAL_TIME_TOO_LONG, self.header)
+        if now < self._resp_deadline:
+            return [Arm(self._deadline())]
+        if self.tries >= self.retries:
+            return self._abort(RmppStatus.TOO_MANY_RETRIES, self.header)
+        self.tries += 1
+        # go back to the first unacknowledged segment
+        resend_to = min(self.window_last, self.count, self.next_seg - 1)
+        self.counters.resent += resend_to - self.last_acked
+        self.next_seg = self.last_acked + 1
+        if self.state is State.WAIT_LAST_ACK:
+            self._move(State.SENDING)
+        return self._pump(now)
+
+
+# -- receiver -------------------------------------------------------------------
+
+
+@dataclass
+class RmppReceiver(_Machine):
+    """Reassembles one message from DATA segments, ACKing each window.
+
+    Created for the first segment of a transaction (the driver keys receivers
+    by peer, class and TID); ``class_header_size`` is the class's header
+    length repeated per segment (20 for SA).
+    """
+
+    class_header_size: int = 0
+    window: int = 16
+    total_timeout: float = 30.0
+    linger: float = 5.0
+    max_size: int = 1 << 24
+    created: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.role = "receiver"
+        self.state = State.RECEIVING
+        if not 0 <= self.class_header_size < SEGMENT_AREA:
+            raise ValueError("class header size out of range")
+        if self.window < 1:
+            raise ValueError("window must be at least 1")
+        self.expected = 1
+        self.window_last = 1
+        self.total: int | None = None  # PayloadLength of segment 1 (0: not given)
+        self.chunks: list[bytes] = []
+        self.header = b""
+        self.class_header = b""
+        self.ref = b""  # common header of the first MAD seen, for ABORTs
+        self._deadline = self.created + self.total_timeout
+
+    def _last_ack(self, ref: Buffer) -> bytes:
+        seg = self.expected - 1
+        return _control(_reply_header(ref), RmppType.ACK, 0, seg, self.window_last)
+
+    def _abort(
+        self, status: RmppStatus, ref: Buffer, kind: RmppType = RmppType.ABORT
+    ) -> list[Action]:
+        self.status = status
+        if kind == RmppType.ABORT and status != RmppStatus.TOTAL_TIME_TOO_LONG:
+            self.counters.malformed += 1
+        self._move(State.FAILED)
+        return [Send(_control(_reply_header(ref), kind, status)), Arm(None), Fail(status, True)]
+
+    def start(self, now: float) -> list[Action]:
+        """Arm the total transaction time-out (call once, before the first ``handle``)."""
+        self.created = now
+        self._deadline = now + self.total_timeout
+        return [Arm(self._deadline)]
+
+    def handle(self, mad: Buffer, now: float) -> list[Action]:
+        """A MAD of this transaction from the sender."""
+        if self.state in (State.FAILED, State.CLOSED) or len(mad) < 36 or not is_rmpp(mad):
+            self.counters.dropped += 1
+            return []
+        self.counters.received += 1
+        if not self.ref:
+            self.ref = bytes(mad[:COMMON_HEADER_SIZE])
+        h = RmppHeader.of(mad)
+        bad = _check_common(h)
+        if bad is None and h.type == RmppType.ACK:
+            bad = RmppStatus.BAD_TYPE  # ACKs go to senders
+        if self.state is State.DONE:
+            if bad is None and h.type == RmppType.DATA and h.segment_number < self.expected:
+                self.counters.duplicates += 1
+                return [Send(self._last_ack(mad))]
+            self.counters.dropped += 1
+            return []
+        if h.type in (RmppType.ABORT, RmppType.STOP):
+            self.status = _remote_status(h)
+            self._move(State.FAILED)
+            return [Arm(None), Fail(self.status, False)]
+        if bad is not None:
+            return self._abort(bad, mad)
+        return self._data(h, mad, now)
+
+    def _data(self, h: RmppHeader, mad: Buffer, now: float) -> list[Action]:
+        seg = h.segment_number
+        first = bool(h.flags & RmppFlags.FIRST)
+        last = bool(h.flags & RmppFlags.LAST)
+        if seg == 0 or first != (seg == 1):
+            return self._abort(RmppStatus.INCONSISTENT_FIRST_SEGMENT, mad)
+        if seg < self.expected:
+            self.counters.duplicates += 1
+            return [Send(self._last_ack(mad))] if self.expected > 1 else []
+        if seg > self.window_last:
+            return self._abort(RmppStatus.SEGMENT_TOO_BIG, mad)
+        if seg > self.expected:
+            self.counters.dropped += 1  # a gap: the sender's time-out resends from the hole
+            return []
+        ch = self.class_header_size
+        if first:
+            self.total = h.payload_length
+            if self.total and self.total // SEGMENT_AREA * (SEGMENT_AREA - ch) > self.max_size:
+                return self._abort(RmppStatus.RESOURCES_EXHAUSTED, mad, RmppType.STOP)
+            self.header = bytes(mad[:COMMON_HEADER_SIZE])
+            self.class_header = bytes(mad[36 : 36 + ch])
+        if self.total:
+            segs = -(-self.total // SEGMENT_AREA)
+            if seg > segs or (seg == segs) != last:
+                return self._abort(RmppStatus.INCONSISTENT_LAST_LENGTH, mad)
+        if last:
+            plen = h.payload_length
+            ok = ch <= plen <= SEGMENT_AREA and (
+                plen > ch or seg == 1  # an empty last segment only for an empty message
+            )
+            if not ok or (self.total and self.total != (seg - 1) * SEGMENT_AREA + plen):
+                return self._abort(RmppStatus.INCONSISTENT_LAST_LENGTH, mad)
+            self.chunks.append(bytes(mad[36 + ch : 36 + plen]))
+        else:
+            self.chunks.append(bytes(mad[36 + ch : MAD_SIZE]))
+            if len(self.chunks) * (SEGMENT_AREA - ch) > self.max_size:
+                return self._abort(RmppStatus.RESOURCES_EXHAUSTED, mad, RmppType.STOP)
+        self.expected = seg + 1
+        if last:
+            self.window_last = max(self.window_last, seg)
+            self.status = RmppStatus.NORMAL
+            self._move(State.DONE)
+            self._deadline = now + self.linger
+            msg = Deliver(self.header, self.class_header, b"".join(self.chunks))
+            self.chunks = []
+            return [Send(self._last_ack(mad)), msg, Arm(self._deadline)]
+        self._move(State.RECEIVING)
+        if seg == self.window_last:
+            self.window_last = seg + self.window
+            return [Send(self._last_ack(mad))]
+        return []
+
+    def on_timer(self, now: float) -> list[Action]:
+        """Total time-out while receiving (ABORT), or the end of the linger time."""
+        if now < self._deadline or self.state in (State.FAILED, State.CLOSED):
+            return [] if self.state in (State.FAILED, State.CLOSED) else [Arm(self._deadline)]
+        if self.state is State.DONE:
+            self._move(State.CLOSED)
+            return [Arm(None)]
+        return self._abort(RmppStatus.TOTAL_TIME_TOO_LONG, self.ref or bytes(MAD_SIZE))
+
+
+def segments_for(size: int, class_header_size: int = 0) -> int:
+    """How many segments a ``size``-byte message takes."""
+    return max(1, -(-size // (SEGMENT_AREA - class_header_size)))
