@@ -65,8 +65,36 @@ def mapping_md() -> str:
     return "\n".join(lines) + "\n"
 
 
+def rmpp_state_machine_md() -> str:
+    """docs/rmpp-state-machine.md from ``ibal.mad.rmpp.TRANSITIONS``."""
+    from ibal.mad.rmpp import TRANSITIONS
+
+    lines = [
+        "# The RMPP state machines",
+        "",
+        "Generated from `ibal.mad.rmpp.TRANSITIONS` by `python -m ibal.docgen`; do not edit.",
+        "",
+        "The sender and the receiver refuse any state change this table lacks",
+        "(`RmppError`); see docs/mad.md, section RMPP, for what they do.",
+    ]
+    for role in ("sender", "receiver"):
+        rows = [r for r in TRANSITIONS if r[0] == role]
+        ids = {s: s.name.lower() for _, a, _, b in rows for s in (a, b)}
+        lines += ["", f"## {role.capitalize()}", "", "```mermaid", "stateDiagram-v2"]
+        first = rows[0][1]
+        lines.append(f"    [*] --> {ids[first]}")
+        for s, i in ids.items():
+            lines.append(f"    {i} : {s.value}")
+        for _, a, event, b in rows:
+            lines.append(f"    {ids[a]} --> {ids[b]} : {event}")
+        lines += ["```", "", "| from | event | to |", "|---|---|---|"]
+        lines += [f"| {a.value} | {event} | {b.value} |" for _, a, event, b in rows]
+    return "\n".join(lines) + "\n"
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "qp-state-machine.md": qp_state_machine_md,
+    "rmpp-state-machine.md": rmpp_state_machine_md,
     "mapping.md": mapping_md,
 }
 

@@ -184,11 +184,10 @@ class State(enum.Enum):
 
 TRANSITIONS: tuple[tuple[str, State, str, State], ...] = (
     ("sender", State.SENDING, "ACK, more to send", State.SENDING),
-    ("sender", State.SENDING, "ACK, last segment sent", State.WAIT_LAST_ACK),
-    ("sender", State.SENDING, "time-out, retries left: resend window", State.SENDING),
-    ("sender", State.WAIT_LAST_ACK, "time-out, retries left: resend window", State.SENDING),
+    ("sender", State.SENDING, "time-out, retries left / resend from the hole", State.SENDING),
+    ("sender", State.WAIT_LAST_ACK, "time-out, retries left / resend from the hole", State.SENDING),
     ("sender", State.SENDING, "sent the last segment", State.WAIT_LAST_ACK),
-    ("sender", State.WAIT_LAST_ACK, "ACK of a middle segment", State.SENDING),
+    ("sender", State.WAIT_LAST_ACK, "ACK of a middle segment", State.WAIT_LAST_ACK),
     ("sender", State.WAIT_LAST_ACK, "ACK of the last segment", State.COMPLETE),
     ("sender", State.WAIT_LAST_ACK, "DATA from the peer (response)", State.COMPLETE),
     ("sender", State.SENDING, "retries or total time exhausted / send ABORT", State.FAILED),
@@ -199,12 +198,12 @@ TRANSITIONS: tuple[tuple[str, State, str, State], ...] = (
     ("sender", State.SENDING, "ABORT or STOP received", State.FAILED),
     ("sender", State.WAIT_LAST_ACK, "ABORT or STOP received", State.FAILED),
     ("receiver", State.RECEIVING, "DATA in sequence", State.RECEIVING),
-    ("receiver", State.RECEIVING, "DATA with Last: deliver, ACK", State.DONE),
+    ("receiver", State.RECEIVING, "DATA with Last / deliver, ACK", State.DONE),
     ("receiver", State.RECEIVING, "malformed DATA / send ABORT", State.FAILED),
     ("receiver", State.RECEIVING, "message too large / send STOP", State.FAILED),
     ("receiver", State.RECEIVING, "total time-out / send ABORT", State.FAILED),
     ("receiver", State.RECEIVING, "ABORT or STOP received", State.FAILED),
-    ("receiver", State.DONE, "duplicate DATA: re-ACK", State.DONE),
+    ("receiver", State.DONE, "duplicate DATA / re-ACK", State.DONE),
     ("receiver", State.DONE, "linger time over", State.CLOSED),
 )  # fmt: skip
 
