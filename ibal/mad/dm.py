@@ -1,0 +1,172 @@
+"""Device Management (class 0x06, IBA vol.1 16.3): I/O unit, controller and service tables.
+
+DM MADs carry 40 reserved bytes after the common header; attribute data
+starts at MAD byte 64 (192 bytes).  ClassPortInfo is the common one
+(``ibal.mad.header``).  Attribute modifiers: IOControllerProfile takes the
+controller slot (1-based); ServiceEntries takes slot << 16 | last << 8 | first
+and answers at most four entries (:func:`service_entries_modifier`).
+"""
+
+from __future__ import annotations
+
+import enum
+
+from ibal.wire.fields import F, Field, FieldError, Kind, R, Table, Value
+
+DM_CLASS = 0x06
+DM_CLASS_VERSION = 1
+DATA_OFFSET = 64
+DATA_SIZE = 192
+MAX_SLOTS = 256  # 128 bytes of 4-bit slot entries
+ENTRIES_PER_MAD = 4
+
+
+class DmAttr(enum.IntEnum):
+    CLASS_PORT_INFO = 0x0001
+    NOTICE = 0x0002
+    IO_UNIT_INFO = 0x0010
+    IO_CONTROLLER_PROFILE = 0x0011
+    SERVICE_ENTRIES = 0x0012
+    DIAGNOSTIC_TIMEOUT = 0x0020
+    PREPARE_TO_TEST = 0x0021
+    TEST_DEVICE_ONCE = 0x0022
+    TEST_DEVICE_LOOP = 0x0023
+    DIAG_CODE = 0x0024
+
+
+class SlotState(enum.IntEnum):
+    """One 4-bit entry of IOUnitInfo's ControllerList."""
+
+    NOT_INSTALLED = 0x0
+    PRESENT = 0x1
+    NO_SLOT = 0xF
+
+
+IO_UNIT_INFO = Table("IOUnitInfo", [
+    F("change_id", 16, hex=True),
+    F("max_controllers", 8),
+    R(6),
+    F("diag_device_id", 1, kind=Kind.BOOL),
+    F("option_rom", 1, kind=Kind.BOOL),
+    F("controller_list", 1024, kind=Kind.BYTES),
+])  # fmt: skip
+
+IO_CONTROLLER_PROFILE = Table("IOControllerProfile", [
+    F("guid", 64, hex=True),
+    F("vendor_id", 24, hex=True),
+    R(8),
+    F("device_id", 32, hex=True),
+    F("device_version", 16, hex=True),
+    R(16),
+    F("subsystem_vendor_id", 24, hex=True),
+    R(8),
+    F("subsystem_id", 32, hex=True),
+    F("io_class", 16, hex=True),
+    F("io_subclass", 16, hex=True),
+    F("protocol", 16, hex=True),
+    F("protocol_version", 16, hex=True),
+    R(32),
+    F("send_message_depth", 16),
+    R(8),
+    F("rdma_read_depth", 8),
+    F("send_message_size", 32),
+    F("rdma_transfer_size", 32),
+    F("controller_operations_mask", 8, hex=True),
+    R(8),
+    F("service_entries", 8),
+    R(8),
+    R(64),
+    F("id_string", 512, kind=Kind.BYTES),
+])  # fmt: skip
+
+
+def _entry(n: int) -> list[Field]:
+    return [F(f"service_name_{n}", 320, kind=Kind.BYTES), F(f"service_id_{n}", 64, hex=True)]
+
+
+SERVICE_ENTRIES = Table(
+    "ServiceEntries", [f for n in range(ENTRIES_PER_MAD) for f in _entry(n)]
+)
+DIAGNOSTIC_TIMEOUT = Table("DiagnosticTimeout", [F("max_diag_time", 32)])
+DIAG_CODE = Table("DiagCode", [F("diag_code", 16, hex=True), R(16)])
+
+TABLES: dict[DmAttr, Table] = {
+    DmAttr.IO_UNIT_INFO: IO_UNIT_INFO,
+    DmAttr.IO_CONTROLLER_PROFILE: IO_CONTROLLER_PROFILE,
+    DmAttr.SERVICE_ENTRIES: SERVICE_ENTRIES,
+    DmAttr.DIAGNOSTIC_TIMEOUT: DIAGNOSTIC_TIMEOUT,
+    DmAttr.DIAG_CODE: DIAG_CODE,
+}
+"""Attributes with data; PrepareToTest, TestDeviceOnce and TestDeviceLoop carry none."""
+
+
+def controller_list(slots: list[int]) -> bytes:
+    """ControllerList bytes: slot 1 in the high nibble of byte 0; the rest NOT_INSTALLED."""
+    if len(slots) > MAX_SLOTS:
+        raise FieldError("range", f"at most {MAX_SLOTS} controller slots", "controller_list")
+    out = bytearray(MAX_SLOTS // 2)
+    for i, s in enumerate(slots):
+        if not 0 <= s <= 0xF:
+            raise FieldError("range", f"slot {i + 1} state {s} is not 4 bits", "controller_list")
+        out[i // 2] |= s << (4 if i % 2 == 0 else 0)
+    return bytes(out)
+
+
+def controller_slots(raw: bytes, max_controllers: int | None = None) -> list[int]:
+    """The 4-bit state of each slot (1-based slot n at index n-1), up to ``max_controllers``."""
+    n = MAX_SLOTS if max_controllers is None else min(max_controllers, MAX_SLOTS)
+    return [(raw[i // 2] >> (4 if i % 2 == 0 else 0)) & 0xF for i in range(n)]
+
+
+def service_entries_modifier(slot: int, first: int, last: int) -> int:
+    """The ServiceEntries attribute modifier; at most four entries per MAD."""
+    if not 1 <= slot <= 0xFFFF:
+        raise FieldError("range", f"controller slot {slot} not in 1..65535", "slot")
+    if not 0 <= first <= last <= 0xFF or last - first >= ENTRIES_PER_MAD:
+        raise FieldError("range", f"entries {first}..{last}: at most 4, in 0..255", "entries")
+    return slot << 16 | last << 8 | first
+
+
+def parse_service_entries_modifier(mod: int) -> tuple[int, int, int]:
+    """(slot, first, last) of a ServiceEntries modifier; raises on an impossible one."""
+    slot, last, first = mod >> 16 & 0xFFFF, mod >> 8 & 0xFF, mod & 0xFF
+    service_entries_modifier(slot, first, last)
+    return slot, first, last
+
+
+def service_entries(values: dict[str, Value], count: int) -> list[tuple[bytes, int]]:
+    """The first ``count`` (name, service ID) pairs of decoded ServiceEntries values."""
+    out = []
+    for n in range(min(count, ENTRIES_PER_MAD)):
+        name, sid = values[f"service_name_{n}"], values[f"service_id_{n}"]
+        assert isinstance(name, bytes) and isinstance(sid, int)
+        out.append((name.rstrip(b"\0"), sid))
+    return out
+
+
+def dm_mad(attr: DmAttr, tid: int, *, method: int = 0x01, modifier: int = 0,
+           values: dict[str, Value] | None = None) -> bytes:  # fmt: skip
+    """A 256-byte DM MAD (default method Get) with ``values`` for the attribute's table."""
+    if not 0 <= tid < 1 << 64 or not 0 <= modifier < 1 << 32 or not 0 <= method <= 0xFF:
+        raise FieldError("range", "TID, method or modifier out of range")
+    head = bytes([1, DM_CLASS, DM_CLASS_VERSION, method]) + bytes(4) + tid.to_bytes(8, "big")
+    head += int(attr).to_bytes(2, "big") + bytes(2) + modifier.to_bytes(4, "big")
+    table = TABLES.get(DmAttr(attr))
+    body = b"" if table is None else table.encode(values or {})
+    return head + bytes(DATA_OFFSET - 24) + body + bytes(DATA_SIZE - len(body))
+
+
+def parse_dm(mad: bytes | bytearray | memoryview) -> tuple[DmAttr, int, dict[str, Value]]:
+    """(attribute, modifier, values) of a DM MAD; raises ``FieldError`` if it is not one."""
+    if len(mad) < DATA_OFFSET + DATA_SIZE:
+        raise FieldError("short", f"a DM MAD is 256 bytes, got {len(mad)}")
+    if mad[1] != DM_CLASS:
+        raise FieldError("type", f"management class {mad[1]:#04x} is not DM")
+    raw = int.from_bytes(mad[16:18], "big")
+    try:
+        attr = DmAttr(raw)
+    except ValueError:
+        raise FieldError("enum", f"DM attribute {raw:#06x} unknown") from None
+    table = TABLES.get(attr)
+    mod = int.from_bytes(mad[20:24], "big")
+    return attr, mod, ({} if table is None else table.decode(mad, DATA_OFFSET))
