@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ibal.mad import cm, dm
@@ -33,6 +33,7 @@ ALL = [*cm.TABLES.values(), *dm.TABLES.values(), RMPP_HEADER]
 
 
 @pytest.mark.parametrize("table", ALL, ids=lambda t: t.name)
+@settings(deadline=None)
 @given(data=st.data())
 def test_round_trip(table: Table, data: st.DataObject) -> None:
     vals = data.draw(values_of(table))
@@ -46,6 +47,7 @@ def test_round_trip(table: Table, data: st.DataObject) -> None:
 
 
 @pytest.mark.parametrize("attr", list(cm.TABLES))
+@settings(deadline=None)
 @given(data=st.data())
 def test_cm_mad_round_trip(attr: cm.CmAttr, data: st.DataObject) -> None:
     vals = data.draw(values_of(cm.TABLES[attr]))
@@ -89,6 +91,7 @@ def test_cm_known_bytes() -> None:
     assert mad[16:18] == b"\x00\x10" and mad[8:16] == (0x1122).to_bytes(8, "big")
 
 
+@settings(deadline=None)
 @given(st.binary(min_size=0, max_size=300), st.integers(0, 0x30), st.booleans())
 def test_parse_garbage_raises_field_error_only(junk: bytes, attr: int, cm_class: bool) -> None:
     mad = bytearray(junk)
@@ -100,6 +103,7 @@ def test_parse_garbage_raises_field_error_only(junk: bytes, attr: int, cm_class:
             parse(bytes(mad))
 
 
+@settings(deadline=None)
 @given(st.lists(st.sampled_from([0, 1, 0xF]), max_size=256))
 def test_controller_list_round_trip(slots: list[int]) -> None:
     raw = dm.controller_list(slots)
