@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from ibal.wire.fields import Buffer, F, Table
+from ibal.wire.fields import Buffer, F, FieldError, Table
 
 MAD_SIZE = 256
 COMMON_HEADER_SIZE = 24
@@ -100,13 +100,10 @@ class RmppHeader:
 
     @classmethod
     def of(cls, mad: Buffer) -> RmppHeader:
-        """The RMPP header of ``mad``; raises ``FieldError('short')``."""
-        return cls(*RMPP_HEADER.unpack(mad, RMPP_OFFSET)) if len(mad) >= 36 else cls._short(mad)
-
-    @classmethod
-    def _short(cls, mad: Buffer) -> RmppHeader:
-        RMPP_HEADER.decode(mad, RMPP_OFFSET)  # raises the table's 'short' error
-        raise AssertionError("unreachable")
+        """The RMPP header of ``mad``; raises ``FieldError('short')`` below 36 bytes."""
+        if len(mad) < RMPP_OFFSET + RMPP_HEADER_SIZE:
+            raise FieldError("short", f"an RMPP MAD has at least 36 bytes, got {len(mad)}")
+        return cls(*RMPP_HEADER.unpack(mad, RMPP_OFFSET))
 
     @property
     def active(self) -> bool:
@@ -389,13 +386,17 @@ class RmppSender(_Machine):
             self.counters.malformed += 1
             return self._abort(bad, self.header)
         if h.type == RmppType.DATA:
-            if self.state is State.WAIT_LAST_ACK and mad[_METHOD_BYTE] != self.header[_METHOD_BYTE]:
+            if mad[_METHOD_BYTE] == self.header[_METHOD_BYTE]:
+                self.counters.malformed += 1  # DATA in our own direction: not for a sender
+                return self._abort(RmppStatus.BAD_TYPE, self.header)
+            if self.state is State.WAIT_LAST_ACK and h.segment_number == 1:
                 # double-sided: the response's first segment acknowledges the request
                 self.status = RmppStatus.NORMAL
                 self._move(State.COMPLETE)
                 return [Arm(None), Complete(switch=True)]
-            self.counters.malformed += 1
-            return self._abort(RmppStatus.BAD_TYPE, self.header)
+            # a late segment of the other direction (a request we are answering)
+            self.counters.dropped += 1
+            return []
         return self._ack(h, now)
 
     def _fail_remote(self, h: RmppHeader) -> list[Action]:

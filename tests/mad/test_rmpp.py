@@ -321,3 +321,14 @@ def test_lost_final_ack_is_resent_not_redelivered() -> None:
     assert sim.a.completed and len(sim.b.delivered) == 1
     assert s.counters.resent >= 1 and sim.b.machine is not None
     assert sim.b.machine.counters.duplicates >= 1 and sim.b.machine.state is State.CLOSED
+
+
+def test_sender_drops_late_segments_of_the_other_direction() -> None:
+    s = sender(bytes(3000))
+    s.start(0.0)
+    req = bytearray(sender(bytes(500)).segment(2))
+    req[3] ^= 0x80  # a late segment of the request this sender answers
+    assert s.handle(bytes(req), 0.1) == [] and s.state is State.SENDING
+    assert s.counters.dropped == 1 and s.counters.malformed == 0
+    own = sender(bytes(500)).segment(1)  # DATA in the sender's own direction
+    assert _abort_status(s.handle(own, 0.2)) == (RmppType.ABORT, RmppStatus.BAD_TYPE)

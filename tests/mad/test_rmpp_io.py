@@ -33,6 +33,7 @@ class Link:
         self.b = RmppTransfers(self.timers, lambda k, r: self.results["b"].append((k, r)), ch,
                                opts)  # fmt: skip
         self.packets = 0
+        self.drop: Any = None  # optional (side, mad) -> bool, on top of the random loss
 
     def to(self, side: str) -> Any:
         dst = self.b if side == "b" else self.a
@@ -40,7 +41,7 @@ class Link:
 
         def send(mad: bytes) -> None:
             self.packets += 1
-            if self.rng.random() < self.loss:
+            if self.rng.random() < self.loss or (self.drop and self.drop(side, mad)):
                 return
             self.timers.call_later(LATENCY, dst.feed, "t1", mad, self.to(back))
 
@@ -91,3 +92,35 @@ def test_all_lost_fails_with_too_many_retries() -> None:
     assert link.results["a"] == [("t1", Fail(RmppStatus.TOO_MANY_RETRIES, True))]
     assert link.packets == 4 + 1  # 1 + 3 retries of segment 1, then the ABORT
     assert link.results["b"] == []
+
+
+def test_double_sided_request_and_response() -> None:
+    """An RMPP request answered by an RMPP response on the same TID (e.g. SA GetMulti)."""
+    link = Link(0.0, 3)
+    req_hdr = bytes([1, 0x03, 2, 0x14]) + SA_LIKE_HEADER[4:]
+    request, response = bytes(range(200)) * 3, bytes(range(100, 200)) * 30
+
+    def answer() -> None:
+        (_, d), = [(k, r) for k, r in link.results["b"] if isinstance(r, Deliver)]
+        assert d.data == request and d.header[3] == 0x14
+        hdr = d.header[:3] + bytes([0x94]) + d.header[4:]
+        link.b.send("t1", RmppSender(header=hdr, data=response, class_header=bytes(20),
+                                     resp_timeout=0.05), link.to("a"))  # fmt: skip
+
+    # B's ACK of the request's last segment is lost: the response's first segment
+    # acknowledges the request instead (the sender's switch)
+    link.drop = lambda side, mad: (
+        side == "a" and mad[25] == 2 and mad[28:32] == (3).to_bytes(4, "big"))
+    link.b.on_result = lambda k, r: (
+        link.results["b"].append((k, r)),
+        isinstance(r, Deliver) and link.timers.call_later(0.01, answer),
+    )
+    s = RmppSender(header=req_hdr, data=request, class_header=bytes(20), resp_timeout=0.05)
+    link.a.send("t1", s, link.to("b"))
+    link.clock.settle(max_seconds=1000)
+    ra = [r for _, r in link.results["a"]]
+    assert ra[0] == Complete(switch=True)
+    (got,) = [r for r in ra if isinstance(r, Deliver)]
+    assert got.data == response and got.header[3] == 0x94
+    assert [type(r) for _, r in link.results["b"]] == [Deliver, Complete]
+    assert len(link.timers) == 0
