@@ -113,7 +113,7 @@ def test_clean_transfer_counts() -> None:
 FATES = st.sampled_from(["ok", "ok", "ok", "drop", "dup", "late"])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     size=st.one_of(st.integers(0, 1000), st.integers(1000, 70_000)),
     ch=st.sampled_from([0, 20]),
