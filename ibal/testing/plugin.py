@@ -7,15 +7,27 @@ suite (``ibal/testing/suite/``, whose ``test_provider.py`` holds the one test
 class) instead of the current directory's tests, so ``pytest --ibal-provider
 mock`` works from anywhere.
 Every check is marked ``ibal_chapter(NAME)``.
+
+It also provides the ibsim fixtures (:mod:`ibal.testing.ibsim`, imported when
+used): ``ibsim_fabric`` (the small net file of ``tests/data/ibsim``, OpenSM up)
+and ``ibsim_factory`` (``ibsim_factory(netfile, **Fabric options)``).  Both
+skip naming the missing Debian packages, and fail instead with
+``IBAL_LAB_REQUIRED=1``.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from ibal.testing.ibsim import Fabric
 
 SUITE_FILE = Path(__file__).resolve().parent / "suite" / "test_provider.py"
 """The module whose ``TestProvider`` runs against ``--ibal-provider``."""
@@ -113,3 +125,56 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         klass = _defining_class(item)
         if klass is not None:
             item.extra_keyword_matches.add(klass.__name__)
+
+
+# ------------------------------------------------------------------ ibsim fixtures
+
+
+def ibsim_required() -> None:
+    """Skip the calling test unless ibsim, OpenSM, umad2sim and infiniband-diags are
+    installed (naming the missing Debian packages); fail instead with IBAL_LAB_REQUIRED=1."""
+    from ibal.testing.ibsim import missing_packages
+
+    missing = missing_packages()
+    if not missing:
+        return
+    msg = f"needs the Debian packages: {' '.join(missing)}"
+    if os.environ.get("IBAL_LAB_REQUIRED", "") not in ("", "0"):
+        pytest.fail(f"{msg} (IBAL_LAB_REQUIRED is set)", pytrace=False)
+    pytest.skip(msg)
+
+
+@pytest.fixture
+def ibsim_factory(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[..., Fabric]]:
+    """``start(netfile, **options) -> Fabric``: fabrics stopped (logs kept) when the test ends.
+
+    The logs of ibsim and OpenSM are attached to the test's report (shown if it fails).
+    """
+    from ibal.testing.ibsim import Fabric
+
+    ibsim_required()
+    started: list[Fabric] = []
+
+    def start(netfile: Path, **options: Any) -> Fabric:
+        fabric = Fabric(netfile, tmp_path / f"fabric{len(started)}", **options)
+        started.append(fabric)
+        fabric.start()
+        return fabric
+
+    try:
+        yield start
+    finally:
+        for fabric in reversed(started):
+            fabric.stop()
+            request.node.add_report_section("teardown", f"ibsim {fabric.netfile.name}",
+                                            fabric.logs())  # fmt: skip
+
+
+@pytest.fixture
+def ibsim_fabric(ibsim_factory: Callable[..., Fabric]) -> Fabric:
+    """ibsim on ``tests/data/ibsim/small.net`` (SmHca runs OpenSM; Host and Peer are free)."""
+    from ibal.testing.ibsim import DATA_DIR
+
+    return ibsim_factory(DATA_DIR / "small.net")
