@@ -3,9 +3,13 @@
 Options (``mgr.start_provider("rdma_core", {...})``):
 
 * ``devices``: a list of device names to use (default: every device);
+* ``mad_only``: register a MAD-only CA (:mod:`.umad_ca`) for each libibumad
+  CA without a verbs device, e.g. ``ibsim0`` under umad2sim (default true);
+* ``watch_interval``: seconds between two looks of a MAD-only CA at its
+  ports' PortInfo (default 1.0).
 
 ``start()`` imports pyverbs lazily.  Without pyverbs or without a device it
-registers nothing and sets ``unavailable_reason``.
+registers no verbs CA; with no CA at all it sets ``unavailable_reason``.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ibal.ci.provider import CaRegistrar, Provider
-from ibal.providers.rdma_core import loader, peek
+from ibal.providers.rdma_core import loader, peek, umad
 from ibal.providers.rdma_core.ca import RdmaCoreCa
 from ibal.providers.rdma_core.fastpath import OpsUnavailable
+from ibal.providers.rdma_core.umad_ca import WATCH_INTERVAL, UmadCa
 from ibal.status import IbError, NotFound
 
 log = logging.getLogger("ibal.providers.rdma_core")
@@ -55,10 +60,11 @@ class RdmaCoreProvider(Provider):
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         self.options = dict(options or {})
-        unknown = set(self.options) - {"devices"}
+        unknown = set(self.options) - {"devices", "mad_only", "watch_interval"}
         if unknown:
             raise ValueError(f"unknown rdma_core options: {', '.join(sorted(unknown))}")
         self.cas: list[RdmaCoreCa] = []
+        self.mad_only_cas: list[UmadCa] = []
         self.skipped: dict[str, str] = {}
         self._registrar: CaRegistrar | None = None
         self._registered: list[int] = []
@@ -66,29 +72,35 @@ class RdmaCoreProvider(Provider):
     def start(self, registrar: CaRegistrar) -> None:
         self._registrar = registrar
         self.unavailable_reason = None
+        verbs_names, why_not = self._start_verbs(registrar)
+        if self.options.get("mad_only", True):
+            self._start_mad_only(registrar, verbs_names)
+        if not self.cas and not self.mad_only_cas:
+            self.unavailable_reason = why_not
+
+    def _start_verbs(self, registrar: CaRegistrar) -> tuple[set[str], str | None]:
+        """The verbs devices: their names, and why none was registered (if none was)."""
         try:
             root = loader.load()
         except ImportError as exc:
-            self.unavailable_reason = f"pyverbs not importable: {exc}"
-            return
+            return set(), f"pyverbs not importable: {exc}"
         pv = _Pyverbs(root)
         errs = pv.pyverbs_error
         try:
             devices = pv.device.get_device_list()
         except errs.PyverbsError as exc:
-            self.unavailable_reason = f"no RDMA device ({exc})"
-            return
+            return set(), f"no RDMA device ({exc})"
         wanted = self.options.get("devices")
         names = [(_name(d), int(d.guid)) for d in devices]
+        all_names = {n for n, _ in names}
         if wanted is not None:
             names = [(n, g) for n, g in names if n in set(wanted)]
         if not names:
-            self.unavailable_reason = (
+            return all_names, (
                 "no RDMA device (ibv_get_device_list returned none"
                 + (f" of {', '.join(wanted)}" if wanted else "")
                 + ")"
             )
-            return
         try:
             layout: peek.Layout | None = peek.Layout(pv.base)
         except peek.PeekError as exc:
@@ -111,12 +123,42 @@ class RdmaCoreProvider(Provider):
                 continue
             self.cas.append(ci)
             self._registered.append(guid)
-        if not self.cas:
-            self.unavailable_reason = (
-                "no usable RDMA device ("
-                + "; ".join(f"{n}: {why}" for n, why in self.skipped.items())
-                + ")"
-            )
+        if self.cas:
+            return all_names, None
+        return all_names, (
+            "no usable RDMA device ("
+            + "; ".join(f"{n}: {why}" for n, why in self.skipped.items())
+            + ")"
+        )
+
+    def _start_mad_only(self, registrar: CaRegistrar, verbs_names: set[str]) -> None:
+        """A MAD-only CA for each libibumad CA that is not a verbs device."""
+        try:
+            names = umad.umad_cas()
+        except umad.UmadUnavailable as exc:
+            log.debug("rdma_core: no MAD-only CAs: %s", exc)
+            return
+        wanted = self.options.get("devices")
+        interval = float(self.options.get("watch_interval", WATCH_INTERVAL))
+        for name in names:
+            if name in verbs_names or (wanted is not None and name not in set(wanted)):
+                continue
+            try:
+                info = umad.ca_info(name)
+            except IbError as exc:
+                self.skipped[name] = f"umad_get_ca: {exc}"
+                continue
+            if not info.node_guid or not info.ports:
+                self.skipped[name] = "no node GUID or no port (umad)"
+                continue
+            ci = UmadCa(info, watch_interval=interval)
+            try:
+                registrar.register_ca(ci)
+            except IbError as exc:
+                self.skipped[name] = f"not registered: {exc}"
+                continue
+            self.mad_only_cas.append(ci)
+            self._registered.append(ci.guid)
 
     def stop(self) -> None:
         registrar = self._registrar
@@ -132,6 +174,7 @@ class RdmaCoreProvider(Provider):
         for ci in self.cas:
             ci.release()
         self.cas.clear()
+        self.mad_only_cas.clear()
 
 
 def _name(device: Any) -> str:

@@ -24,6 +24,8 @@ import os
 import select
 import socket
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,6 +40,7 @@ from ibal.status import (
     Unsupported,
 )
 from ibal.types import (
+    MAD_HEADER_SIZE,
     MAD_SIZE,
     QP1_WELL_KNOWN_QKEY,
     Gid,
@@ -98,6 +101,81 @@ class _Buffer(ctypes.Structure):
     _fields_ = [("hdr", _UserMad), ("data", ctypes.c_uint8 * MAD_SIZE)]
 
 
+_MAX_PORTS = 10  # UMAD_CA_MAX_PORTS
+
+
+class _UmadPort(ctypes.Structure):
+    """``umad_port_t`` (umad.h)."""
+
+    _fields_ = [
+        ("ca_name", ctypes.c_char * _CA_NAME_LEN),
+        ("portnum", ctypes.c_int),
+        ("base_lid", ctypes.c_uint),
+        ("lmc", ctypes.c_uint),
+        ("sm_lid", ctypes.c_uint),
+        ("sm_sl", ctypes.c_uint),
+        ("state", ctypes.c_uint),
+        ("phys_state", ctypes.c_uint),
+        ("rate", ctypes.c_uint),
+        ("capmask", ctypes.c_uint32),  # __be32
+        ("gid_prefix", ctypes.c_uint64),  # __be64
+        ("port_guid", ctypes.c_uint64),  # __be64
+        ("pkeys_size", ctypes.c_uint),
+        ("pkeys", ctypes.POINTER(ctypes.c_uint16)),
+        ("link_layer", ctypes.c_char * _CA_NAME_LEN),
+    ]
+
+
+class _UmadCa(ctypes.Structure):
+    """``umad_ca_t`` (umad.h)."""
+
+    _fields_ = [
+        ("ca_name", ctypes.c_char * _CA_NAME_LEN),
+        ("node_type", ctypes.c_uint),
+        ("numports", ctypes.c_int),
+        ("fw_ver", ctypes.c_char * 20),
+        ("ca_type", ctypes.c_char * 40),
+        ("hw_ver", ctypes.c_char * 20),
+        ("node_guid", ctypes.c_uint64),  # __be64
+        ("system_guid", ctypes.c_uint64),  # __be64
+        ("ports", ctypes.POINTER(_UmadPort) * _MAX_PORTS),
+    ]
+
+
+@dataclass(frozen=True)
+class UmadPortInfo:
+    """One port as libibumad reports it (sysfs; under umad2sim a snapshot taken at start)."""
+
+    port_num: int
+    port_guid: int
+    gid_prefix: int
+    lid: int
+    lmc: int
+    sm_lid: int
+    sm_sl: int
+    state: int
+    """IBA PortState: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE."""
+    phys_state: int
+    rate: int
+    capmask: int
+    pkeys: tuple[int, ...]
+    link_layer: str
+
+
+@dataclass(frozen=True)
+class UmadCaInfo:
+    """A CA as ``umad_get_ca`` reports it."""
+
+    name: str
+    node_type: int
+    node_guid: int
+    system_guid: int
+    fw_ver: str
+    ca_type: str
+    hw_ver: str
+    ports: tuple[UmadPortInfo, ...]
+
+
 class UmadUnavailable(Exception):
     """libibumad or the kernel's umad devices are missing; the message says which."""
 
@@ -124,6 +202,8 @@ class Lib:
             "umad_unregister": (i, [i, i]),
             "umad_send": (i, [i, i, p, i, i, i]),
             "umad_recv": (i, [i, p, ctypes.POINTER(i), i]),
+            "umad_get_ca": (i, [c, ctypes.POINTER(_UmadCa)]),
+            "umad_release_ca": (i, [ctypes.POINTER(_UmadCa)]),
         }
         for name, (res, args) in sig.items():
             fn = getattr(lib, name)
@@ -152,6 +232,44 @@ def umad_cas() -> list[str]:
     names = (ctypes.c_char * _CA_NAME_LEN * _MAX_CAS)()
     n = lib.umad_get_cas_names(names, _MAX_CAS)
     return [bytes(names[i]).split(b"\0")[0].decode() for i in range(max(n, 0))]
+
+
+def _text(raw: bytes) -> str:
+    return raw.split(b"\0")[0].decode(errors="replace").strip()
+
+
+def ca_info(ca_name: str) -> UmadCaInfo:
+    """``umad_get_ca``: the CA's identity and its ports (``InvalidParameter`` if unknown)."""
+    lib = load().lib
+    ca = _UmadCa()
+    rc = lib.umad_get_ca(ca_name.encode(), ctypes.byref(ca))
+    if rc < 0:
+        raise _errno_error(rc, f"umad_get_ca {ca_name}")
+    try:
+        ports = []
+        for i in range(_MAX_PORTS):
+            ptr = ca.ports[i]
+            if not ptr:
+                continue
+            p = ptr.contents
+            pkeys = tuple(p.pkeys[k] for k in range(p.pkeys_size)) if p.pkeys else ()
+            ports.append(UmadPortInfo(
+                port_num=p.portnum, port_guid=_be64(p.port_guid),
+                gid_prefix=_be64(p.gid_prefix), lid=p.base_lid, lmc=p.lmc, sm_lid=p.sm_lid,
+                sm_sl=p.sm_sl, state=p.state, phys_state=p.phys_state, rate=p.rate,
+                capmask=socket.ntohl(p.capmask), pkeys=pkeys, link_layer=_text(p.link_layer),
+            ))  # fmt: skip
+        return UmadCaInfo(
+            name=_text(ca.ca_name), node_type=ca.node_type, node_guid=_be64(ca.node_guid),
+            system_guid=_be64(ca.system_guid), fw_ver=_text(ca.fw_ver),
+            ca_type=_text(ca.ca_type), hw_ver=_text(ca.hw_ver), ports=tuple(ports),
+        )  # fmt: skip
+    finally:
+        lib.umad_release_ca(ctypes.byref(ca))
+
+
+def _be64(v: int) -> int:
+    return int.from_bytes(v.to_bytes(8, "little"), "big")
 
 
 def availability(ca_name: str, port_num: int = 1) -> str | None:
@@ -235,6 +353,20 @@ class UmadAgents:
         self._stopping = False
         self._rx = _Buffer()
         self.dropped: dict[str, int] = {}
+        self._tick: Callable[[], None] | None = None
+        self._tick_every = 0.0
+        self._next_tick = 0.0
+
+    def set_tick(self, every: float, fn: Callable[[], None]) -> None:
+        """Call ``fn`` on the receive thread every ``every`` seconds, first at once.
+
+        The thread runs while a port is open; ``fn`` runs without the agents'
+        lock held and must not block (it may send: answers come on this thread).
+        """
+        with self._lock:
+            self._tick, self._tick_every = fn, every
+            self._next_tick = time.monotonic()
+        os.write(self._wake_w, b"t")
 
     # ------------------------------------------------------------------ verbs
     def register(self, spec: MadAgentSpec) -> UmadAgent:
@@ -283,6 +415,15 @@ class UmadAgents:
                 raise _errno_error(rc, "umad_send")
             if not waits and agent.spec.send_cb is not None:
                 agent.spec.send_cb(MadSendDone(send.context, WcStatus.SUCCESS))
+
+    def abandon(self, agent: UmadAgent, tid_low: int) -> None:
+        """Stop waiting for the answer to a request (no completion follows).
+
+        For callers that gave a request up themselves: under umad2sim there is
+        no kernel MAD layer, so an unanswered request never times out.
+        """
+        with self._lock:
+            agent.pending.pop(tid_low, None)
 
     def unregister(self, agent: UmadAgent) -> None:
         if not isinstance(agent, UmadAgent):
@@ -355,7 +496,11 @@ class UmadAgents:
         while not self._stopping:
             # A timeout as well as the wake pipe: under umad2sim a pipe in the set does
             # not always end the wait.
-            for fd, _events in self._poll.poll(_POLL_MS):
+            wait = _POLL_MS
+            if self._tick is not None:
+                due = int((self._next_tick - time.monotonic()) * 1000)
+                wait = max(0, min(wait, due))
+            for fd, _events in self._poll.poll(wait):
                 if fd == self._wake_r:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 64)
@@ -363,6 +508,13 @@ class UmadAgents:
                 port = self._by_fd.get(fd)
                 if port is not None:
                     self._read_one(port)
+            tick = self._tick
+            if tick is not None and time.monotonic() >= self._next_tick and not self._stopping:
+                self._next_tick = time.monotonic() + self._tick_every
+                try:
+                    tick()
+                except Exception:  # the watch must not end the receive thread
+                    log.exception("umad %s: periodic task failed", self.ca_name)
 
     def _read_one(self, port: _Port) -> None:
         """One MAD: poll() said the descriptor is readable, so the read does not block."""
@@ -388,15 +540,17 @@ class UmadAgents:
             self._count("unknown_agent")
             return
         hdr = self._rx.hdr
-        mad = bytes(self._rx.data)
+        if length < MAD_HEADER_SIZE:
+            self._count("short")
+            return
+        # The kernel always hands over 256 bytes; umad2sim hands over what the sender
+        # wrote (OpenSM writes an SA Get response without its zero tail): pad it.
+        mad = bytes(self._rx.data[: min(length, MAD_SIZE)]).ljust(MAD_SIZE, b"\0")
         tid_low = int.from_bytes(mad[12:16], "big")
         if hdr.status:  # our request came back: no response in time
             ctx = agent.pending.pop(tid_low, None)
             if agent.spec.send_cb is not None:
                 agent.spec.send_cb(MadSendDone(ctx, WcStatus.TIMEOUT_RETRY_ERR))
-            return
-        if length < MAD_SIZE:
-            self._count("short")
             return
         qpn = 0 if mad[1] in SMP_CLASSES else 1
         # The kernel leaves the Q_Key out; a MAD to QP1 always carries the GSI one.
@@ -447,4 +601,14 @@ def _read_addr(a: _MadAddr) -> MadAddr:
     )
 
 
-__all__ = ["UmadAgent", "UmadAgents", "UmadUnavailable", "availability", "load"]
+__all__ = [
+    "UmadAgent",
+    "UmadAgents",
+    "UmadCaInfo",
+    "UmadPortInfo",
+    "UmadUnavailable",
+    "availability",
+    "ca_info",
+    "load",
+    "umad_cas",
+]
