@@ -131,7 +131,10 @@ def info(ca_name: str | None, providers: tuple[str, ...], options: tuple[str, ..
                         _print_counters(port.port_num, ca.query_port_counters(port.port_num))
                 missing = ca.capabilities.missing()
                 if missing:
-                    text = ", ".join(f"{k} ({v})" for k, v in sorted(missing.items()))
+                    by_reason: dict[str, list[str]] = {}
+                    for k, v in sorted(missing.items()):
+                        by_reason.setdefault(v, []).append(k)
+                    text = "; ".join(f"{', '.join(ks)} ({v})" for v, ks in by_reason.items())
                     console.print(
                         f"  not supported: {text}", style="dim", markup=False, soft_wrap=True
                     )

@@ -79,6 +79,14 @@ def test_mad_only_ca_attributes_mads_and_port_events(ibsim_fabric: Fabric) -> No
 
     env = fabric.env_for(NODE)
     env["PYTHONPATH"] = f"{REPO}:{env.get('PYTHONPATH', '')}"
+    # `ibal info` lists the CA with its port as the SMA reports it.
+    info = subprocess.run([sys.executable, "-c", "from ibal.cli import main; main()", "info"],
+                          env={**env, "COLUMNS": "200"}, cwd=fabric.workdir, text=True,
+                          capture_output=True, timeout=WAIT)  # fmt: skip
+    assert "CA 'ibsim0' (rdma_core)" in info.stdout, info.stderr
+    lid = int(_field(portinfo, "Lid"))
+    assert re.search(rf"LID / LMC / SM LID\s+0x{lid:x} / 0 / 0x{sm_lid:x}", info.stdout)
+    assert "MAD-only CA" in info.stdout
     env["SA_LID"] = str(sm_lid)
     pipe = subprocess.PIPE
     p = subprocess.Popen([sys.executable, str(PROBE)], env=env, cwd=fabric.workdir, text=True,
