@@ -1,8 +1,8 @@
 """Run under umad2sim (ibsim): an SMP and an SA query through the rdma_core umad backend.
 
-Uses :class:`ibal.providers.rdma_core.umad.UmadAgents` directly: under ibsim
-there is no verbs device, so no rdma_core CA (see docs/decisions.md).  Prints
-one JSON line; ``test_umad_ibsim.py`` compares it with infiniband-diags.
+Uses :class:`ibal.providers.rdma_core.umad.UmadAgents` directly, the transport
+under the MAD-only CA (``umad_ca_probe.py`` goes through the access layer).
+Prints one JSON line; ``test_umad_ibsim.py`` compares it with infiniband-diags.
 """
 
 from __future__ import annotations
