@@ -14,9 +14,11 @@ registers no verbs CA; with no CA at all it sets ``unavailable_reason``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ibal.ci.provider import CaRegistrar, Provider
@@ -74,7 +76,8 @@ class RdmaCoreProvider(Provider):
         self.unavailable_reason = None
         verbs_names, why_not = self._start_verbs(registrar)
         if self.options.get("mad_only", True):
-            self._start_mad_only(registrar, verbs_names)
+            # sysfs too: without pyverbs a verbs device must not become a MAD-only CA.
+            self._start_mad_only(registrar, verbs_names | _sysfs_verbs_devices())
         if not self.cas and not self.mad_only_cas:
             self.unavailable_reason = why_not
 
@@ -175,6 +178,16 @@ class RdmaCoreProvider(Provider):
             ci.release()
         self.cas.clear()
         self.mad_only_cas.clear()
+
+
+def _sysfs_verbs_devices(root: Path = Path("/sys/class/infiniband_verbs")) -> set[str]:
+    """The devices the kernel serves through uverbs (``uverbsN/ibdev``)."""
+    names: set[str] = set()
+    with contextlib.suppress(OSError):
+        for entry in root.iterdir():
+            with contextlib.suppress(OSError):
+                names.add((entry / "ibdev").read_text().strip())
+    return names
 
 
 def _name(device: Any) -> str:

@@ -90,3 +90,39 @@ def test_mad_only_ca_before_open() -> None:
         ca.create_qp(object(), QpType.UD, QpCaps(), object(), object(), None, True, None)
     with pytest.raises(Unsupported, match="MAD-only CA"):
         ca.create_cq(object(), 16, None)
+
+
+class _Registrar:
+    def __init__(self) -> None:
+        self.cis: list[object] = []
+
+    def register_ca(self, ci: object) -> None:
+        self.cis.append(ci)
+
+    def deregister_ca(self, guid: int) -> None:
+        self.cis = [c for c in self.cis if getattr(c, "guid", None) != guid]
+
+
+def test_provider_registers_a_mad_only_ca_per_umad_ca_without_verbs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ibal.providers.rdma_core import loader, provider
+
+    def no_pyverbs() -> None:
+        raise loader.PyverbsUnavailable("No module named 'pyverbs'")
+
+    monkeypatch.setattr(loader, "load", no_pyverbs)
+    monkeypatch.setattr(umad, "umad_cas", lambda: ["ibsim0", "mlx5_0"])
+    monkeypatch.setattr(umad, "ca_info", lambda name: _info())
+    monkeypatch.setattr(provider, "_sysfs_verbs_devices", lambda: {"mlx5_0"})
+    p = provider.RdmaCoreProvider({"watch_interval": 0.5})
+    reg = _Registrar()
+    p.start(reg)  # type: ignore[arg-type]
+    assert [type(c).__name__ for c in reg.cis] == ["UmadCa"]  # mlx5_0 is a verbs device
+    assert p.unavailable_reason is None
+    p.stop()
+    assert reg.cis == []
+    off = provider.RdmaCoreProvider({"mad_only": False})
+    off.start(_Registrar())  # type: ignore[arg-type]
+    assert off.unavailable_reason is not None
+    assert off.unavailable_reason.startswith("pyverbs not importable")
