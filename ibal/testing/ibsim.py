@@ -350,17 +350,20 @@ class Fabric:
         while True:
             self._check_alive()
             left = max(deadline - time.monotonic(), 1.0)
-            r = self.run(["sminfo"], timeout=left)
-            if "SMINFO_MASTER" in r.stdout:
-                d = self.run(["ibnetdiscover"], timeout=left)
-                found = len(_DISCOVERED_NODE.findall(d.stdout))
-                zero = _LID_ZERO.search(d.stdout)
-                if d.returncode == 0 and found == want and zero is None:
-                    self.timings["sm_ready"] = time.monotonic() - self._sm_started
-                    return
-                last = f"ibnetdiscover: {found} of {want} nodes, lid 0 seen: {zero is not None}"
-            else:
-                last = f"sminfo: {r.stdout.strip()} {r.stderr.strip()}"
+            try:
+                r = self.run(["sminfo"], timeout=left)
+                if "SMINFO_MASTER" in r.stdout:
+                    d = self.run(["ibnetdiscover"], timeout=left)
+                    found = len(_DISCOVERED_NODE.findall(d.stdout))
+                    zero = _LID_ZERO.search(d.stdout)
+                    if d.returncode == 0 and found == want and zero is None:
+                        self.timings["sm_ready"] = time.monotonic() - self._sm_started
+                        return
+                    last = f"ibnetdiscover: {found} of {want} nodes, lid 0 seen: {zero is not None}"
+                else:
+                    last = f"sminfo: {r.stdout.strip()} {r.stderr.strip()}"
+            except subprocess.TimeoutExpired as exc:
+                last = f"{exc.cmd[0]} did not answer in time"
             if time.monotonic() > deadline:
                 raise FabricError(f"the subnet did not come up in {self.ready_within} s ({last})"
                                   f"\n{self.logs()}")  # fmt: skip

@@ -195,9 +195,18 @@ class UmadCa(ChannelInterface):
                 raise ResourceBusy(f"{self.name} is already open")
             h = _CaHandle(self, async_event_cb, ca_context)
             self._open = h
-        agents = umad.UmadAgents(self.name)
+        try:
+            agents = umad.UmadAgents(self.name)
+        except BaseException:
+            with self._lock:
+                self._open = None
+            raise
         self._agents = agents
-        watches = self._start_watch(agents)
+        try:
+            watches = self._start_watch(agents)
+        except BaseException:
+            self.close_ca(h)
+            raise
         if watches:
             with self._lock:
                 self._first.wait_for(
