@@ -6,13 +6,12 @@ layer (docs/mad.md, RMPP), so the MAD arrives with Active set and the rest
 zero.  Our receiver must treat that as malformed RMPP: ABORT with
 UNSUPPORTED_VERSION (as the Linux MAD layer does), counted, no crash.
 
-Reuses the ibsim/OpenSM fixture of the umad backend's test (same topology,
-same readiness probe, same skip/fail rules).
+Runs on the shared ibsim/OpenSM harness (the ``ibsim_fabric`` fixture of
+:mod:`ibal.testing.ibsim`: same skip/fail rules as every ibsim test).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -21,22 +20,18 @@ from pathlib import Path
 import pytest
 
 from ibal.mad.rmpp import RmppHeader, RmppReceiver, RmppStatus, RmppType, Send, State
+from ibal.testing.ibsim import Fabric
 
-_UMAD_TEST = Path(__file__).resolve().parents[1] / "providers/rdma_core/test_umad_ibsim.py"
-_spec = importlib.util.spec_from_file_location("_umad_ibsim_fixture", _UMAD_TEST)
-assert _spec is not None and _spec.loader is not None
-_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_mod)
-fabric = _mod.fabric
 PROBE = Path(__file__).with_name("rmpp_ibsim_probe.py")
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(180)
-def test_opensm_first_segment_header(fabric: dict[str, str]) -> None:
-    env = {**fabric, "PYTHONPATH": f"{REPO}:{fabric.get('PYTHONPATH', '')}"}
+def test_opensm_first_segment_header(ibsim_fabric: Fabric) -> None:
+    env = ibsim_fabric.env_for("Host")
+    env["PYTHONPATH"] = f"{REPO}:{env.get('PYTHONPATH', '')}"
     r = subprocess.run([sys.executable, str(PROBE)], env=env, capture_output=True, text=True,
-                       timeout=120, cwd=env["IBAL_TEST_CWD"])  # fmt: skip
+                       timeout=120, cwd=ibsim_fabric.workdir)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["method"] == 0x92 and got["active"] and got["attr_offset"] == 14  # NodeRecord
