@@ -84,8 +84,12 @@ def F(
 
 
 def R(bits: int, *, name: str = "", offset: int | None = None) -> Field:
-    """A reserved field: sent as zero, checked to be zero by :meth:`Table.validate`."""
-    return Field(name, bits, Kind.UINT, None, True, offset)
+    """A reserved field: sent as zero, checked to be zero by :meth:`Table.validate`.
+
+    Wider than 64 bits it is a run of whole bytes (e.g. the tail of a MAD).
+    """
+    kind = Kind.BYTES if bits > 64 else Kind.UINT
+    return Field(name, bits, kind, None, True, offset)
 
 
 def _enum_flag() -> type[enum.IntFlag]:
@@ -134,6 +138,7 @@ class Table:
         self.names: tuple[str, ...] = tuple(p.name for p in self.values)
         self.source = c.source
         self._resv_masks = c.resv_masks
+        self._has_resv = any(p.field.reserved for p in self.fields)
         self.unpack: Callable[..., tuple[Any, ...]] = c.unpack
         self.pack: Callable[..., bytes] = c.pack
         self.pack_into: Callable[..., None] = c.pack_into
@@ -186,7 +191,7 @@ class Table:
     def validate(self, buf: Buffer, off: int = 0, *, enums: bool = True) -> None:
         """Length, reserved-must-be-zero and (optionally) enum membership."""
         self._need(buf, off)
-        if any(self._resv_masks):
+        if self._has_resv:
             for p in self.fields:
                 if p.field.reserved and self._extract(buf, off, p):
                     raise FieldError("reserved", f"{self.name}.{p.name} is not zero", p.name)
