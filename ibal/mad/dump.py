@@ -1,0 +1,532 @@
+"""Attribute dumps in infiniband-diags' format (``smpquery``, ``perfquery``, ``saquery``).
+
+A dump is a list of rows ``(label, field, style)`` over one of our tables:
+``label`` is the name libibmad prints, ``field`` ours, ``style`` how
+libibmad's ``mad_dump_*`` family renders the value (``uint``, ``hex`` zero
+padded to the field's whole bytes, link width/speed lists, states, MTU and VL
+codes, capability bit lists...).  A line is the label, a colon, dots up to
+column 33 and the value: ``LinkWidthEnabled:................4X``.
+
+The ``smpquery_*``/``perfquery*``/``saquery_*`` functions produce exactly what
+those tools print for the same attribute (header line included), so their
+output can be compared line by line with the real tools (tests/mad).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final
+
+from ibal.mad import perf, sa, smp
+from ibal.mad.consts import PM_EXT_WIDTH_SUPPORTED, PM_PC_XMIT_WAIT_SUP
+from ibal.mad.smp import CapabilityMask, CapabilityMask2
+from ibal.wire.fields import Buffer, Table, Value
+
+__all__ = [
+    "field_line", "fields", "format_value", "ntop", "perfquery", "perfquery_ext", "portid_str",
+    "saquery_mcmember_record", "saquery_node_record", "saquery_path_record",
+    "saquery_portinfo_record", "saquery_service_record", "smpquery_guids", "smpquery_nodedesc",
+    "smpquery_nodeinfo", "smpquery_pkeys", "smpquery_portinfo", "smpquery_switchinfo",
+]  # fmt: skip
+
+NOT_DISPLAYED: Final = "<not displayed>"
+Row = tuple[str, str, str]  # label, field, style
+
+# ------------------------------------------------------------- value styles
+
+
+def _or_list(v: int, names: Sequence[tuple[int, str]]) -> str:
+    return " or ".join(n for bit, n in names if v & bit)
+
+
+_WIDTHS = ((1, "1X"), (2, "4X"), (4, "8X"), (8, "12X"), (16, "2X"))
+_SPEEDS = ((1, "2.5 Gbps"), (2, "5.0 Gbps"), (4, "10.0 Gbps"))
+_EXT_SPEEDS = ((1, "14.0625 Gbps"), (2, "25.78125 Gbps"), (4, "53.125 Gbps"), (8, "106.25 Gbps"))
+
+
+def _width_list(v: int) -> str:
+    s = _or_list(v, _WIDTHS)
+    if v == 0 or v >> 5:
+        return f"{s} or undefined ({v})" if s else f"undefined ({v})"
+    return s
+
+
+def _width_sup(v: int) -> str:
+    s = _width_list(v)
+    if v not in (1, 3, 7, 11, 15, 17, 19, 23, 27, 31) and not v >> 5:
+        s += " (IBA extension)"
+    return s
+
+
+def _speed_list(v: int) -> str:
+    s = _or_list(v, _SPEEDS)
+    if v == 0 or v >> 3:
+        s = f"{s} or undefined ({v})" if s else f"undefined ({v})"
+    if v not in (1, 3, 5, 7) and not v >> 3:
+        s += " (IBA extension)"
+    return s
+
+
+def _ext_speed_list(v: int) -> str:
+    if v == 0:
+        return "0"
+    s = _or_list(v, _EXT_SPEEDS)
+    if v >> 4:
+        return f"{s} or undefined ({v})" if s else f"undefined ({v})"
+    return s
+
+
+def _ext_speed_en(v: int) -> str:
+    return "Extended link speeds disabled" if v == 30 else _ext_speed_list(v)
+
+
+def _table(names: Mapping[int, str], fallback: str) -> Callable[[int], str]:
+    return lambda v: names.get(v, fallback.format(v))
+
+
+_VLS = {1: "VL0", 2: "VL0-1", 3: "VL0-3", 4: "VL0-7", 5: "VL0-14"}
+_CAP_NAMES: Final[dict[str, str]] = {  # where libibmad's spelling is not the CamelCase name
+    "IS_COMMUNICATION_MANAGEMENT_SUPPORTED": "IsCommunicatonManagementSupported",
+    "IS_SNMP_TUNNELING_SUPPORTED": "IsSNMPTunnelingSupported",
+    "IS_SM_DISABLED": "IsSMdisabled",
+    "IS_SYSTEM_IMAGE_GUID_SUPPORTED": "IsSystemImageGUIDsupported",
+    "IS_DR_NOTICE_SUPPORTED": "IsDRNoticeSupported",
+    "IS_MKEY_NVRAM": "IsMKeyNVRAM",
+    "IS_PKEY_NVRAM": "IsPKeyNVRAM",
+    "IS_OPTIONAL_IPD_SUPPORTED": "IsOptionalIPDSupported",
+    "IS_SL_MAPPING_SUPPORTED": "IsSLMappingSupported",
+    "IS_SM": "IsSM",
+    "IS_MULTICAST_FDB_TOP_SUPPORTED": "IsMulticastFDBTopSupported",
+    "IS_LINK_WIDTH_2X_SUPPORTED": "IsLinkWidth2xSupported",
+    "IS_LINK_SPEED_HDR_SUPPORTED": "IsLinkSpeedHDRSupported",
+    "IS_LINK_SPEED_NDR_SUPPORTED": "IsLinkSpeedNDRSupported",
+    "IS_MKEY_PROTECT_BITS_EXT_SUPPORTED": "IsMKeyProtectBitsExtSupported",
+    "IS_ENHANCED_QOS_ARBITER_SUPPORTED": "IsEnhancedQoSArbiterSupported",
+    "IS_ENHANCED_TRAP128_SUPPORTED": "IsEnhancedTrap128Supported",
+}
+
+
+def _camel(name: str) -> str:
+    """libibmad's spelling of a capability bit (``IsTrapSupported``...)."""
+    return _CAP_NAMES.get(name) or "".join(w.capitalize() for w in name.split("_"))
+
+
+def _capmask(flags: type[CapabilityMask] | type[CapabilityMask2]) -> Callable[[int], str]:
+    bits = [(int(m), _camel(m.name or "")) for m in flags]
+
+    def fmt(v: int) -> str:
+        return "\n".join([f"{v:#x}", *(f"\t\t\t\t{n}" for b, n in bits if v & b)])
+
+    return fmt
+
+
+def _node_type(v: int) -> str:
+    return {1: "Channel Adapter", 2: "Switch", 3: "Router"}.get(v, f"?({v})?")
+
+
+STYLES: Final[dict[str, Callable[[int], str]]] = {
+    "uint": str,
+    "node_type": _node_type,
+    "linkwidth": _table({1: "1X", 2: "4X", 4: "8X", 8: "12X", 16: "2X"}, "undefined ({})"),
+    "linkwidthsup": _width_sup,
+    "linkwidthen": _width_list,
+    "linkspeed": _table({0: "Extended speed", 1: "2.5 Gbps", 2: "5.0 Gbps", 4: "10.0 Gbps"},
+                        "undefined ({})"),  # fmt: skip
+    "linkspeedsup": _speed_list,
+    "linkspeeden": _speed_list,
+    "linkspeedext": _table({0: "No Extended Speed", **{b: n for b, n in _EXT_SPEEDS}},
+                           "undefined ({})"),  # fmt: skip
+    "linkspeedextsup": _ext_speed_list,
+    "linkspeedexten": _ext_speed_en,
+    "portstate": _table({0: "NoChange", 1: "Down", 2: "Initialize", 3: "Armed", 4: "Active"},
+                        "?({})"),  # fmt: skip
+    "physportstate": _table({0: "NoChange", 1: "Sleep", 2: "Polling", 3: "Disabled",
+                             4: "PortConfigurationTraining", 5: "LinkUp",
+                             6: "LinkErrorRecovery", 7: "PhyTest"}, "?({})"),  # fmt: skip
+    "linkdowndefstate": _table({0: "NoChange", 1: "Sleep", 2: "Polling"}, "?({})"),
+    "mtu": _table({1: "256", 2: "512", 3: "1024", 4: "2048", 5: "4096"}, "?({})"),
+    "vlcap": _table(_VLS, "?({})"),
+    "opervls": _table({0: "No change", **_VLS}, "?({})"),
+    "portcapmask": _capmask(CapabilityMask),
+    "portcapmask2": _capmask(CapabilityMask2),
+}
+
+
+def format_value(style: str, bits: int, v: Value) -> str:
+    """``v`` rendered like libibmad's ``mad_dump_<style>`` for a ``bits``-wide field."""
+    if isinstance(v, bytes | bytearray):
+        return bytes(v).hex()
+    if style == "hex":
+        return f"0x{v:0{(bits + 7) // 8 * 2}x}"
+    return STYLES[style](int(v))
+
+
+def field_line(label: str, value: str) -> str:
+    """``label:`` and dots to column 33, then the value (``mad_dump_field``)."""
+    return f"{label}:{'.' * (32 - len(label)) if len(label) < 32 else ''}{value}"
+
+
+def fields(table: Table, rows: Sequence[Row], buf: Buffer, off: int = 0,
+           tabs: int = 0, override: Mapping[str, str] | None = None) -> list[str]:  # fmt: skip
+    """The dump lines of ``rows`` for the attribute at ``buf[off:]``."""
+    d = table.decode(buf, off)
+    out = []
+    for label, name, style in rows:
+        if override and name in override:
+            value = override[name]
+        else:
+            value = format_value(style, table.by_name[name].field.bits, d[name])
+        out.append("\t" * tabs + field_line(label, value))
+    return out
+
+
+# ------------------------------------------------------------- the tables' rows
+
+NODE_INFO_ROWS: Final[tuple[Row, ...]] = (
+    ("BaseVers", "base_version", "uint"),
+    ("ClassVers", "class_version", "uint"),
+    ("NodeType", "node_type", "node_type"),
+    ("NumPorts", "num_ports", "uint"),
+    ("SystemGuid", "system_image_guid", "hex"),
+    ("Guid", "node_guid", "hex"),
+    ("PortGuid", "port_guid", "hex"),
+    ("PartCap", "partition_cap", "uint"),
+    ("DevId", "device_id", "hex"),
+    ("Revision", "revision", "hex"),
+    ("LocalPort", "local_port_num", "uint"),
+    ("VendorId", "vendor_id", "hex"),
+)
+
+PORT_INFO_ROWS: Final[tuple[Row, ...]] = (
+    ("Mkey", "m_key", "hex"),
+    ("GidPrefix", "gid_prefix", "hex"),
+    ("Lid", "lid", "uint"),
+    ("SMLid", "master_sm_lid", "uint"),
+    ("CapMask", "capability_mask", "portcapmask"),
+    ("DiagCode", "diag_code", "hex"),
+    ("MkeyLeasePeriod", "m_key_lease_period", "uint"),
+    ("LocalPort", "local_port_num", "uint"),
+    ("LinkWidthEnabled", "link_width_enabled", "linkwidthen"),
+    ("LinkWidthSupported", "link_width_supported", "linkwidthsup"),
+    ("LinkWidthActive", "link_width_active", "linkwidth"),
+    ("LinkSpeedSupported", "link_speed_supported", "linkspeedsup"),
+    ("LinkState", "port_state", "portstate"),
+    ("PhysLinkState", "port_phys_state", "physportstate"),
+    ("LinkDownDefState", "link_down_default_state", "linkdowndefstate"),
+    ("ProtectBits", "m_key_protect_bits", "uint"),
+    ("LMC", "lmc", "uint"),
+    ("LinkSpeedActive", "link_speed_active", "linkspeed"),
+    ("LinkSpeedEnabled", "link_speed_enabled", "linkspeeden"),
+    ("NeighborMTU", "neighbor_mtu", "mtu"),
+    ("SMSL", "master_sm_sl", "uint"),
+    ("VLCap", "vl_cap", "vlcap"),
+    ("InitType", "init_type", "hex"),
+    ("VLHighLimit", "vl_high_limit", "uint"),
+    ("VLArbHighCap", "vl_arbitration_high_cap", "uint"),
+    ("VLArbLowCap", "vl_arbitration_low_cap", "uint"),
+    ("InitReply", "init_type_reply", "hex"),
+    ("MtuCap", "mtu_cap", "mtu"),
+    ("VLStallCount", "vl_stall_count", "uint"),
+    ("HoqLife", "hoq_life", "uint"),
+    ("OperVLs", "operational_vls", "opervls"),
+    ("PartEnforceInb", "partition_enforcement_inbound", "uint"),
+    ("PartEnforceOutb", "partition_enforcement_outbound", "uint"),
+    ("FilterRawInb", "filter_raw_inbound", "uint"),
+    ("FilterRawOutb", "filter_raw_outbound", "uint"),
+    ("MkeyViolations", "m_key_violations", "uint"),
+    ("PkeyViolations", "p_key_violations", "uint"),
+    ("QkeyViolations", "q_key_violations", "uint"),
+    ("GuidCap", "guid_cap", "uint"),
+    ("ClientReregister", "client_reregister", "uint"),
+    ("McastPkeyTrapSuppressionEnabled", "multicast_pkey_trap_suppression_enabled", "uint"),
+    ("SubnetTimeout", "subnet_timeout", "uint"),
+    ("RespTimeVal", "resp_time_value", "uint"),
+    ("LocalPhysErr", "local_phy_errors", "uint"),
+    ("OverrunErr", "overrun_errors", "uint"),
+    ("MaxCreditHint", "max_credit_hint", "uint"),
+    ("RoundTrip", "link_round_trip_latency", "uint"),
+    ("CapabilityMask2", "capability_mask2", "portcapmask2"),
+    ("LinkSpeedExtActive", "link_speed_ext_active", "linkspeedext"),
+    ("LinkSpeedExtSupported", "link_speed_ext_supported", "linkspeedextsup"),
+    ("LinkSpeedExtEnabled", "link_speed_ext_enabled", "linkspeedexten"),
+)
+
+SWITCH_INFO_ROWS: Final[tuple[Row, ...]] = (
+    ("LinearFdbCap", "linear_fdb_cap", "uint"),
+    ("RandomFdbCap", "random_fdb_cap", "uint"),
+    ("McastFdbCap", "multicast_fdb_cap", "uint"),
+    ("LinearFdbTop", "linear_fdb_top", "uint"),
+    ("DefPort", "default_port", "uint"),
+    ("DefMcastPrimPort", "default_multicast_primary_port", "uint"),
+    ("DefMcastNotPrimPort", "default_multicast_not_primary_port", "uint"),
+    ("LifeTime", "life_time_value", "uint"),
+    ("StateChange", "port_state_change", "uint"),
+    ("OptSLtoVLMapping", "optimized_sl_to_vl_mapping_programming", "uint"),
+    ("LidsPerPort", "lids_per_port", "uint"),
+    ("PartEnforceCap", "partition_enforcement_cap", "uint"),
+    ("InboundPartEnf", "inbound_enforcement_cap", "uint"),
+    ("OutboundPartEnf", "outbound_enforcement_cap", "uint"),
+    ("FilterRawInbound", "filter_raw_inbound_cap", "uint"),
+    ("FilterRawOutbound", "filter_raw_outbound_cap", "uint"),
+    ("EnhancedPort0", "enhanced_port0", "uint"),
+    ("MulticastFDBTop", "multicast_fdb_top", "hex"),
+)
+
+SM_INFO_ROWS: Final[tuple[Row, ...]] = (
+    ("SmInfoGuid", "guid", "hex"),
+    ("SmInfoKey", "sm_key", "hex"),
+    ("SmActivity", "act_count", "uint"),
+    ("SmPriority", "priority", "uint"),
+    ("SmState", "sm_state", "uint"),
+)
+
+PORT_COUNTERS_ROWS: Final[tuple[Row, ...]] = (
+    ("PortSelect", "port_select", "uint"),
+    ("CounterSelect", "counter_select", "hex"),
+    ("SymbolErrorCounter", "symbol_error_counter", "uint"),
+    ("LinkErrorRecoveryCounter", "link_error_recovery_counter", "uint"),
+    ("LinkDownedCounter", "link_downed_counter", "uint"),
+    ("PortRcvErrors", "port_rcv_errors", "uint"),
+    ("PortRcvRemotePhysicalErrors", "port_rcv_remote_physical_errors", "uint"),
+    ("PortRcvSwitchRelayErrors", "port_rcv_switch_relay_errors", "uint"),
+    ("PortXmitDiscards", "port_xmit_discards", "uint"),
+    ("PortXmitConstraintErrors", "port_xmit_constraint_errors", "uint"),
+    ("PortRcvConstraintErrors", "port_rcv_constraint_errors", "uint"),
+    ("CounterSelect2", "counter_select2", "hex"),
+    ("LocalLinkIntegrityErrors", "local_link_integrity_errors", "uint"),
+    ("ExcessiveBufferOverrunErrors", "excessive_buffer_overrun_errors", "uint"),
+    ("QP1Dropped", "qp1_dropped", "uint"),
+    ("VL15Dropped", "vl15_dropped", "uint"),
+    ("PortXmitData", "port_xmit_data", "uint"),
+    ("PortRcvData", "port_rcv_data", "uint"),
+    ("PortXmitPkts", "port_xmit_pkts", "uint"),
+    ("PortRcvPkts", "port_rcv_pkts", "uint"),
+    ("PortXmitWait", "port_xmit_wait", "uint"),
+)
+
+PORT_COUNTERS_EXT_ROWS: Final[tuple[Row, ...]] = (
+    ("PortSelect", "port_select", "uint"),
+    ("CounterSelect", "counter_select", "hex"),
+    ("PortXmitData", "port_xmit_data", "uint"),
+    ("PortRcvData", "port_rcv_data", "uint"),
+    ("PortXmitPkts", "port_xmit_pkts", "uint"),
+    ("PortRcvPkts", "port_rcv_pkts", "uint"),
+    ("PortUnicastXmitPkts", "port_unicast_xmit_pkts", "uint"),
+    ("PortUnicastRcvPkts", "port_unicast_rcv_pkts", "uint"),
+    ("PortMulticastXmitPkts", "port_multicast_xmit_pkts", "uint"),
+    ("PortMulticastRcvPkts", "port_multicast_rcv_pkts", "uint"),
+)
+
+# ------------------------------------------------------------- smpquery / perfquery
+
+
+def portid_str(lid: int = 0, dr_path: Sequence[int] | None = None,
+               dr_slid: int = 0xFFFF, dr_dlid: int = 0xFFFF) -> str:  # fmt: skip
+    """How the tools name a target: ``Lid 2``, or ``DR path slid 65535; dlid 65535; 0,1``.
+
+    ``dr_path`` lists the out ports of the hops (``[]``: the local port).
+    """
+    if lid > 0 and not dr_path:
+        return f"Lid {lid}"
+    hops = "".join(f",{p}" for p in (dr_path or []))
+    dr = f"DR path slid {dr_slid}; dlid {dr_dlid}; 0{hops}"
+    return f"Lid {lid} {dr}" if lid > 0 else dr
+
+
+def _text(lines: Sequence[str]) -> str:
+    return "".join(line + "\n" for line in lines)
+
+
+def smpquery_nodeinfo(data: Buffer, target: str) -> str:
+    """``smpquery nodeinfo`` for a NodeInfo attribute."""
+    return _text([f"# Node info: {target}", *fields(smp.NODE_INFO, NODE_INFO_ROWS, data)])
+
+
+def _portinfo_lines(data: Buffer, off: int, table: Table, tabs: int, show_keys: bool) -> list[str]:
+    hide = None if show_keys else {"m_key": NOT_DISPLAYED}
+    return fields(table, PORT_INFO_ROWS, data, off, tabs, hide)
+
+
+def smpquery_portinfo(data: Buffer, target: str, port: int = 0, *, show_keys: bool = False) -> str:
+    """``smpquery portinfo`` (M_Key hidden unless ``show_keys``, like ``-K``)."""
+    lines = _portinfo_lines(data, 0, smp.PORT_INFO, 0, show_keys)
+    return _text([f"# Port info: {target} port {port}", *lines])
+
+
+def smpquery_switchinfo(data: Buffer, target: str) -> str:
+    """``smpquery switchinfo``."""
+    return _text([f"# Switch info: {target}", *fields(smp.SWITCH_INFO, SWITCH_INFO_ROWS, data)])
+
+
+def _cstring(b: bytes) -> str:
+    return b.split(b"\0", 1)[0].decode("utf-8", errors="replace")
+
+
+def smpquery_nodedesc(data: Buffer) -> str:
+    """``smpquery nodedesc``: its dots depend on the description's length, not the label's."""
+    desc = _cstring(bytes(smp.NODE_DESCRIPTION.decode(data)["node_string"]))  # type: ignore[arg-type]
+    dots = "." * (32 - len(desc)) if len(desc) < 32 else "."
+    return f"Node Description:{dots}{desc}\n"
+
+
+def smpquery_pkeys(blocks: Sequence[Buffer], capacity: int) -> str:
+    """``smpquery pkeys``: P_KeyTable blocks (32 entries each) up to ``capacity`` entries."""
+    out = []
+    nblocks = (capacity + 31) // 32
+    for i in range(nblocks):
+        keys = smp.PKEY_TABLE.unpack(blocks[i])
+        k = ((capacity + 7 - i * 32) // 8) * 8 if i + 1 == nblocks else 32
+        for j in range(0, k, 8):
+            out.append(f"{i * 32 + j:4d}: " + " ".join(f"0x{x:04x}" for x in keys[j : j + 8]))
+    out.append(f"{capacity} pkeys capacity for this port")
+    return _text(out)
+
+
+def smpquery_guids(blocks: Sequence[Buffer], capacity: int) -> str:
+    """``smpquery guids``: GUIDInfo blocks (8 GUIDs each) up to ``capacity`` (GUIDCap)."""
+    out = []
+    nblocks = (capacity + 7) // 8
+    for i in range(nblocks):
+        guids = smp.GUID_INFO.unpack(blocks[i])
+        k = ((capacity + 1 - i * 8) // 2) * 2 if i + 1 == nblocks else 8
+        for j in range(0, k, 2):
+            out.append(f"{i * 8 + j:4d}: 0x{guids[j]:016x} 0x{guids[j + 1]:016x}")
+    out.append(f"{capacity} guids capacity for this port")
+    return _text(out)
+
+
+def perfquery(data: Buffer, target: str, port: int, cap_mask: int) -> str:
+    """``perfquery``: PortCounters (PortXmitWait shown 0 when the PMA does not claim it)."""
+    over = None if cap_mask & PM_PC_XMIT_WAIT_SUP else {"port_xmit_wait": "0"}
+    lines = fields(perf.PORT_COUNTERS, PORT_COUNTERS_ROWS, data, override=over)
+    return _text([f"# Port counters: {target} port {port} (CapMask: 0x{cap_mask:02X})", *lines])
+
+
+def perfquery_ext(data: Buffer, target: str, port: int, cap_mask: int, cap_mask2: int = 0) -> str:
+    """``perfquery -x``: PortCountersExtended (the 4 packet-type counters need the cap bit)."""
+    rows = PORT_COUNTERS_EXT_ROWS if cap_mask & PM_EXT_WIDTH_SUPPORTED else PORT_COUNTERS_EXT_ROWS[:6]
+    head = (f"# Port extended counters: {target} port {port} "
+            f"(CapMask: 0x{cap_mask:02X} CapMask2: 0x{cap_mask2:07X})")  # fmt: skip
+    return _text([head, *fields(perf.PORT_COUNTERS_EXT, rows, data)])
+
+
+# ------------------------------------------------------------- saquery
+
+
+def ntop(gid: bytes) -> str:
+    """A GID as glibc's ``inet_ntop(AF_INET6)`` writes it (dotted tail for v4-mapped/compatible)."""
+    a = ipaddress.IPv6Address(gid)
+    words = [int.from_bytes(gid[i : i + 2], "big") for i in range(0, 16, 2)]
+    if not any(words[:5]) and words[5] in (0, 0xFFFF) and (words[5] or any(words[6:7])):
+        v4 = ipaddress.IPv4Address(gid[12:])
+        return f"::ffff:{v4}" if words[5] else f"::{v4}"
+    return a.compressed
+
+
+def _sa_lines(head: str, pairs: Sequence[tuple[str, str]]) -> str:
+    # saquery pads its labels with dots to 24 columns, after two tabs
+    return _text([head, *(f"\t\t{k}{'.' * (24 - len(k))}{v}" for k, v in pairs)])
+
+
+_SA_NODE_TYPES: Final = {1: "Channel Adapter", 2: "Switch", 3: "Router"}
+
+
+def saquery_node_record(rec: Buffer) -> str:
+    """``saquery NR``'s dump of one NodeRecord."""
+    d = sa.NODE_RECORD.decode(rec)
+    return _sa_lines("NodeRecord dump:", [
+        ("lid", f"{d['lid']}"),
+        ("reserved", f"0x{d['resv_16']:X}"),
+        ("base_version", f"0x{d['base_version']:X}"),
+        ("class_version", f"0x{d['class_version']:X}"),
+        ("node_type", _SA_NODE_TYPES.get(int(d["node_type"]), "UNKNOWN")),
+        ("num_ports", f"{d['num_ports']}"),
+        ("sys_guid", f"0x{d['system_image_guid']:016x}"),
+        ("node_guid", f"0x{d['node_guid']:016x}"),
+        ("port_guid", f"0x{d['port_guid']:016x}"),
+        ("partition_cap", f"0x{d['partition_cap']:X}"),
+        ("device_id", f"0x{d['device_id']:X}"),
+        ("revision", f"0x{d['revision']:X}"),
+        ("port_num", f"{d['local_port_num']}"),
+        ("vendor_id", f"0x{d['vendor_id']:X}"),
+        ("NodeDescription", _cstring(bytes(d["node_string"]))),  # type: ignore[arg-type]
+    ])  # fmt: skip
+
+
+def saquery_portinfo_record(rec: Buffer, *, show_keys: bool = False) -> str:
+    """``saquery PIR``'s dump of one PortInfoRecord (the PortInfo as smpquery prints it)."""
+    d = sa.PORT_INFO_RECORD.decode(rec)
+    head = ["PortInfoRecord dump:", "\tRID",
+            f"\t\tEndPortLid..............{d['endport_lid']}",
+            f"\t\tPortNum.................{d['port_num']}",
+            f"\t\tOptions.................0x{d['options']:x}",
+            "\tPortInfo dump:"]  # fmt: skip
+    return _text([*head, *_portinfo_lines(rec, 4, smp.PORT_INFO, 2, show_keys)])
+
+
+def saquery_path_record(rec: Buffer) -> str:
+    """``saquery PR``'s dump of one PathRecord (bytes of packed fields shown raw, as it does)."""
+    d = sa.PATH_RECORD.decode(rec)
+    i = {k: int(v) if isinstance(v, int) else 0 for k, v in d.items()}
+    hop_flow_raw = i["raw_traffic"] << 31 | i["flow_label"] << 8 | i["hop_limit"]
+    return _sa_lines("PathRecord dump:", [
+        ("service_id", f"0x{i['service_id']:016x}"),
+        ("dgid", ntop(bytes(d["dgid"]))),  # type: ignore[arg-type]
+        ("sgid", ntop(bytes(d["sgid"]))),  # type: ignore[arg-type]
+        ("dlid", f"{i['dlid']}"),
+        ("slid", f"{i['slid']}"),
+        ("hop_flow_raw", f"0x{hop_flow_raw:X}"),
+        ("tclass", f"0x{i['tclass']:X}"),
+        ("num_path_revers", f"0x{i['reversible'] << 7 | i['numb_path']:X}"),
+        ("pkey", f"0x{i['p_key']:X}"),
+        ("qos_class", f"0x{i['qos_class']:X}"),
+        ("sl", f"0x{i['sl']:X}"),
+        ("mtu", f"0x{i['mtu_selector'] << 6 | i['mtu']:X}"),
+        ("rate", f"0x{i['rate_selector'] << 6 | i['rate']:X}"),
+        ("pkt_life", f"0x{i['packet_life_time_selector'] << 6 | i['packet_life_time']:X}"),
+        ("preference", f"0x{i['preference']:X}"),
+        ("resv2", f"0x{i['resv_464']:012X}"),
+    ])  # fmt: skip
+
+
+def saquery_mcmember_record(rec: Buffer) -> str:
+    """``saquery MCMR``'s dump of one MCMemberRecord."""
+    d = sa.MCMEMBER_RECORD.decode(rec)
+    i = {k: int(v) if isinstance(v, int) else 0 for k, v in d.items()}
+    return _sa_lines("MCMember Record dump:", [
+        ("MGID", ntop(bytes(d["mgid"]))),  # type: ignore[arg-type]
+        ("PortGid", ntop(bytes(d["port_gid"]))),  # type: ignore[arg-type]
+        ("qkey", f"0x{i['q_key']:x}"),
+        ("mlid", f"0x{i['mlid']:x}"),
+        ("mtu", f"0x{i['mtu_selector'] << 6 | i['mtu']:x}"),
+        ("TClass", f"0x{i['tclass']:x}"),
+        ("pkey", f"0x{i['p_key']:x}"),
+        ("rate", f"0x{i['rate_selector'] << 6 | i['rate']:x}"),
+        ("pkt_life", f"0x{i['packet_life_time_selector'] << 6 | i['packet_life_time']:x}"),
+        ("SL", f"0x{i['sl']:x}"),
+        ("FlowLabel", f"0x{i['flow_label']:x}"),
+        ("HopLimit", f"0x{i['hop_limit']:x}"),
+        ("Scope", f"0x{i['scope']:x}"),
+        ("JoinState", f"0x{i['join_state']:x}"),
+        ("ProxyJoin", f"0x{i['proxy_join'] << 7:x}"),
+    ])  # fmt: skip
+
+
+def saquery_service_record(rec: Buffer, *, show_keys: bool = False) -> str:
+    """``saquery SR``'s dump of one ServiceRecord (ServiceKey hidden unless ``show_keys``)."""
+    d = sa.SERVICE_RECORD.decode(rec)
+    key = "0x" + bytes(d["service_key"]).hex() if show_keys else NOT_DISPLAYED  # type: ignore[arg-type]
+    pairs = [
+        ("ServiceID", f"0x{d['service_id']:016x}"),
+        ("ServiceGID", ntop(bytes(d["service_gid"]))),  # type: ignore[arg-type]
+        ("ServiceP_Key", f"0x{d['service_p_key']:X}"),
+        ("ServiceLease", f"0x{d['service_lease']:X}"),
+        ("ServiceKey", key),
+        ("ServiceName", _cstring(bytes(d["service_name"]))),  # type: ignore[arg-type]
+    ]
+    pairs += [(f"ServiceData8.{n + 1}", f"0x{d[f'service_data8_{n}']:X}") for n in range(16)]
+    pairs += [(f"ServiceData16.{n + 1}", f"0x{d[f'service_data16_{n}']:X}") for n in range(8)]
+    pairs += [(f"ServiceData32.{n + 1}", f"0x{d[f'service_data32_{n}']:X}") for n in range(4)]
+    pairs += [(f"ServiceData64.{n + 1}", f"0x{d[f'service_data64_{n}']:016x}") for n in range(2)]
+    return _sa_lines("ServiceRecord dump:", pairs)
