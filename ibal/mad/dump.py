@@ -125,25 +125,27 @@ def _node_type(v: int) -> str:
     return {1: "Channel Adapter", 2: "Switch", 3: "Router"}.get(v, f"?({v})?")
 
 
+_SPEED_ACTIVE = {0: "Extended speed", 1: "2.5 Gbps", 2: "5.0 Gbps", 4: "10.0 Gbps"}
+_EXT_SPEED_ACTIVE = {0: "No Extended Speed", **dict(_EXT_SPEEDS)}
+_PORT_STATES = {0: "NoChange", 1: "Down", 2: "Initialize", 3: "Armed", 4: "Active"}
+_PHYS_STATES = {0: "NoChange", 1: "Sleep", 2: "Polling", 3: "Disabled",
+                4: "PortConfigurationTraining", 5: "LinkUp", 6: "LinkErrorRecovery",
+                7: "PhyTest"}  # fmt: skip
+
 STYLES: Final[dict[str, Callable[[int], str]]] = {
     "uint": str,
     "node_type": _node_type,
     "linkwidth": _table({1: "1X", 2: "4X", 4: "8X", 8: "12X", 16: "2X"}, "undefined ({})"),
     "linkwidthsup": _width_sup,
     "linkwidthen": _width_list,
-    "linkspeed": _table({0: "Extended speed", 1: "2.5 Gbps", 2: "5.0 Gbps", 4: "10.0 Gbps"},
-                        "undefined ({})"),  # fmt: skip
+    "linkspeed": _table(_SPEED_ACTIVE, "undefined ({})"),
     "linkspeedsup": _speed_list,
     "linkspeeden": _speed_list,
-    "linkspeedext": _table({0: "No Extended Speed", **{b: n for b, n in _EXT_SPEEDS}},
-                           "undefined ({})"),  # fmt: skip
+    "linkspeedext": _table(_EXT_SPEED_ACTIVE, "undefined ({})"),
     "linkspeedextsup": _ext_speed_list,
     "linkspeedexten": _ext_speed_en,
-    "portstate": _table({0: "NoChange", 1: "Down", 2: "Initialize", 3: "Armed", 4: "Active"},
-                        "?({})"),  # fmt: skip
-    "physportstate": _table({0: "NoChange", 1: "Sleep", 2: "Polling", 3: "Disabled",
-                             4: "PortConfigurationTraining", 5: "LinkUp",
-                             6: "LinkErrorRecovery", 7: "PhyTest"}, "?({})"),  # fmt: skip
+    "portstate": _table(_PORT_STATES, "?({})"),
+    "physportstate": _table(_PHYS_STATES, "?({})"),
     "linkdowndefstate": _table({0: "NoChange", 1: "Sleep", 2: "Polling"}, "?({})"),
     "mtu": _table({1: "256", 2: "512", 3: "1024", 4: "2048", 5: "4096"}, "?({})"),
     "vlcap": _table(_VLS, "?({})"),
@@ -365,7 +367,7 @@ def _cstring(b: bytes) -> str:
 
 def smpquery_nodedesc(data: Buffer) -> str:
     """``smpquery nodedesc``: its dots depend on the description's length, not the label's."""
-    desc = _cstring(bytes(smp.NODE_DESCRIPTION.decode(data)["node_string"]))  # type: ignore[arg-type]
+    desc = _cstring(bytes(data[: smp.NODE_DESCRIPTION.size]))
     dots = "." * (32 - len(desc)) if len(desc) < 32 else "."
     return f"Node Description:{dots}{desc}\n"
 
@@ -405,7 +407,9 @@ def perfquery(data: Buffer, target: str, port: int, cap_mask: int) -> str:
 
 def perfquery_ext(data: Buffer, target: str, port: int, cap_mask: int, cap_mask2: int = 0) -> str:
     """``perfquery -x``: PortCountersExtended (the 4 packet-type counters need the cap bit)."""
-    rows = PORT_COUNTERS_EXT_ROWS if cap_mask & PM_EXT_WIDTH_SUPPORTED else PORT_COUNTERS_EXT_ROWS[:6]
+    rows = PORT_COUNTERS_EXT_ROWS
+    if not cap_mask & PM_EXT_WIDTH_SUPPORTED:
+        rows = rows[:6]
     head = (f"# Port extended counters: {target} port {port} "
             f"(CapMask: 0x{cap_mask:02X} CapMask2: 0x{cap_mask2:07X})")  # fmt: skip
     return _text([head, *fields(perf.PORT_COUNTERS_EXT, rows, data)])
@@ -424,6 +428,12 @@ def ntop(gid: bytes) -> str:
     return a.compressed
 
 
+def _split(d: Mapping[str, Value]) -> tuple[dict[str, int], dict[str, bytes]]:
+    """A decoded record as its integer fields and its byte fields."""
+    ints = {k: v for k, v in d.items() if isinstance(v, int)}
+    return ints, {k: bytes(v) for k, v in d.items() if not isinstance(v, int)}
+
+
 def _sa_lines(head: str, pairs: Sequence[tuple[str, str]]) -> str:
     # saquery pads its labels with dots to 24 columns, after two tabs
     return _text([head, *(f"\t\t{k}{'.' * (24 - len(k))}{v}" for k, v in pairs)])
@@ -434,13 +444,13 @@ _SA_NODE_TYPES: Final = {1: "Channel Adapter", 2: "Switch", 3: "Router"}
 
 def saquery_node_record(rec: Buffer) -> str:
     """``saquery NR``'s dump of one NodeRecord."""
-    d = sa.NODE_RECORD.decode(rec)
+    d, b = _split(sa.NODE_RECORD.decode(rec))
     return _sa_lines("NodeRecord dump:", [
         ("lid", f"{d['lid']}"),
         ("reserved", f"0x{d['resv_16']:X}"),
         ("base_version", f"0x{d['base_version']:X}"),
         ("class_version", f"0x{d['class_version']:X}"),
-        ("node_type", _SA_NODE_TYPES.get(int(d["node_type"]), "UNKNOWN")),
+        ("node_type", _SA_NODE_TYPES.get(d["node_type"], "UNKNOWN")),
         ("num_ports", f"{d['num_ports']}"),
         ("sys_guid", f"0x{d['system_image_guid']:016x}"),
         ("node_guid", f"0x{d['node_guid']:016x}"),
@@ -450,13 +460,13 @@ def saquery_node_record(rec: Buffer) -> str:
         ("revision", f"0x{d['revision']:X}"),
         ("port_num", f"{d['local_port_num']}"),
         ("vendor_id", f"0x{d['vendor_id']:X}"),
-        ("NodeDescription", _cstring(bytes(d["node_string"]))),  # type: ignore[arg-type]
+        ("NodeDescription", _cstring(b["node_string"])),
     ])  # fmt: skip
 
 
 def saquery_portinfo_record(rec: Buffer, *, show_keys: bool = False) -> str:
     """``saquery PIR``'s dump of one PortInfoRecord (the PortInfo as smpquery prints it)."""
-    d = sa.PORT_INFO_RECORD.decode(rec)
+    d, _ = _split(sa.PORT_INFO_RECORD.decode(rec))
     head = ["PortInfoRecord dump:", "\tRID",
             f"\t\tEndPortLid..............{d['endport_lid']}",
             f"\t\tPortNum.................{d['port_num']}",
@@ -467,13 +477,12 @@ def saquery_portinfo_record(rec: Buffer, *, show_keys: bool = False) -> str:
 
 def saquery_path_record(rec: Buffer) -> str:
     """``saquery PR``'s dump of one PathRecord (bytes of packed fields shown raw, as it does)."""
-    d = sa.PATH_RECORD.decode(rec)
-    i = {k: int(v) if isinstance(v, int) else 0 for k, v in d.items()}
+    i, b = _split(sa.PATH_RECORD.decode(rec))
     hop_flow_raw = i["raw_traffic"] << 31 | i["flow_label"] << 8 | i["hop_limit"]
     return _sa_lines("PathRecord dump:", [
         ("service_id", f"0x{i['service_id']:016x}"),
-        ("dgid", ntop(bytes(d["dgid"]))),  # type: ignore[arg-type]
-        ("sgid", ntop(bytes(d["sgid"]))),  # type: ignore[arg-type]
+        ("dgid", ntop(b["dgid"])),
+        ("sgid", ntop(b["sgid"])),
         ("dlid", f"{i['dlid']}"),
         ("slid", f"{i['slid']}"),
         ("hop_flow_raw", f"0x{hop_flow_raw:X}"),
@@ -492,11 +501,10 @@ def saquery_path_record(rec: Buffer) -> str:
 
 def saquery_mcmember_record(rec: Buffer) -> str:
     """``saquery MCMR``'s dump of one MCMemberRecord."""
-    d = sa.MCMEMBER_RECORD.decode(rec)
-    i = {k: int(v) if isinstance(v, int) else 0 for k, v in d.items()}
+    i, b = _split(sa.MCMEMBER_RECORD.decode(rec))
     return _sa_lines("MCMember Record dump:", [
-        ("MGID", ntop(bytes(d["mgid"]))),  # type: ignore[arg-type]
-        ("PortGid", ntop(bytes(d["port_gid"]))),  # type: ignore[arg-type]
+        ("MGID", ntop(b["mgid"])),
+        ("PortGid", ntop(b["port_gid"])),
         ("qkey", f"0x{i['q_key']:x}"),
         ("mlid", f"0x{i['mlid']:x}"),
         ("mtu", f"0x{i['mtu_selector'] << 6 | i['mtu']:x}"),
@@ -515,15 +523,15 @@ def saquery_mcmember_record(rec: Buffer) -> str:
 
 def saquery_service_record(rec: Buffer, *, show_keys: bool = False) -> str:
     """``saquery SR``'s dump of one ServiceRecord (ServiceKey hidden unless ``show_keys``)."""
-    d = sa.SERVICE_RECORD.decode(rec)
-    key = "0x" + bytes(d["service_key"]).hex() if show_keys else NOT_DISPLAYED  # type: ignore[arg-type]
+    d, b = _split(sa.SERVICE_RECORD.decode(rec))
+    key = "0x" + b["service_key"].hex() if show_keys else NOT_DISPLAYED
     pairs = [
         ("ServiceID", f"0x{d['service_id']:016x}"),
-        ("ServiceGID", ntop(bytes(d["service_gid"]))),  # type: ignore[arg-type]
+        ("ServiceGID", ntop(b["service_gid"])),
         ("ServiceP_Key", f"0x{d['service_p_key']:X}"),
         ("ServiceLease", f"0x{d['service_lease']:X}"),
         ("ServiceKey", key),
-        ("ServiceName", _cstring(bytes(d["service_name"]))),  # type: ignore[arg-type]
+        ("ServiceName", _cstring(b["service_name"])),
     ]
     pairs += [(f"ServiceData8.{n + 1}", f"0x{d[f'service_data8_{n}']:X}") for n in range(16)]
     pairs += [(f"ServiceData16.{n + 1}", f"0x{d[f'service_data16_{n}']:X}") for n in range(8)]

@@ -116,8 +116,10 @@ def _tool(args: list[str], env: dict[str, str]) -> str:
 
 def _probe(env: dict[str, str], reqs: list[dict[str, Any]]) -> dict[str, bytes]:
     penv = {**env, "PYTHONPATH": f"{REPO}:{env.get('PYTHONPATH', '')}"}
-    r = subprocess.run([sys.executable, str(PROBE)], input=json.dumps(reqs), env=penv,
-                       capture_output=True, text=True, timeout=180, cwd=env["IBAL_TEST_CWD"])  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, str(PROBE)], input=json.dumps(reqs), env=penv,
+        capture_output=True, text=True, timeout=180, cwd=env["IBAL_TEST_CWD"],
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     missing = [k for k, v in got.items() if v is None]

@@ -1,0 +1,57 @@
+"""Dump value styles where ibsim cannot show them (libibmad's rules for odd values)."""
+
+from __future__ import annotations
+
+from ibal.mad import dump, sa, smp
+
+
+def test_link_width_and_speed_lists() -> None:
+    f = dump.format_value
+    assert f("linkwidthen", 8, 0x3) == "1X or 4X"
+    assert f("linkwidthsup", 8, 0x2) == "4X (IBA extension)"
+    assert f("linkwidthsup", 8, 0) == "undefined (0) (IBA extension)"
+    assert f("linkwidthen", 8, 0x21) == "1X or undefined (33)"
+    assert f("linkwidth", 8, 3) == "undefined (3)"
+    assert f("linkspeedsup", 4, 0x7) == "2.5 Gbps or 5.0 Gbps or 10.0 Gbps"
+    assert f("linkspeedsup", 4, 0x6) == "5.0 Gbps or 10.0 Gbps (IBA extension)"
+    assert f("linkspeedsup", 4, 0x9) == "2.5 Gbps or undefined (9)"
+    assert f("linkspeed", 4, 0) == "Extended speed"
+    assert f("linkspeedext", 4, 4) == "53.125 Gbps"
+    assert f("linkspeedextsup", 4, 0x3) == "14.0625 Gbps or 25.78125 Gbps"
+    assert f("linkspeedexten", 5, 30) == "Extended link speeds disabled"
+    assert f("linkspeedexten", 5, 0) == "0"
+    assert f("mtu", 4, 5) == "4096" and f("mtu", 4, 9) == "?(9)"
+    assert f("opervls", 4, 0) == "No change" and f("vlcap", 4, 5) == "VL0-14"
+    assert f("hex", 24, 0x2C9) == "0x0002c9" and f("hex", 4, 0) == "0x00"
+
+
+def test_capability_mask_lines() -> None:
+    v = smp.CapabilityMask.IS_SM | smp.CapabilityMask.IS_COMMUNICATION_MANAGEMENT_SUPPORTED
+    assert dump.format_value("portcapmask", 32, int(v)).split("\n") == [
+        "0x10002", "\t\t\t\tIsSM", "\t\t\t\tIsCommunicatonManagementSupported"]
+    assert dump.format_value("portcapmask2", 16, 0) == "0x0"
+
+
+def test_field_line_pads_to_column_33() -> None:
+    assert dump.field_line("LMC", "0") == "LMC:" + "." * 29 + "0"
+    assert dump.field_line("McastPkeyTrapSuppressionEnabled", "0").endswith(":.0")
+
+
+def test_portid_and_gid_text() -> None:
+    assert dump.portid_str(5) == "Lid 5"
+    assert dump.portid_str(dr_path=[]) == "DR path slid 65535; dlid 65535; 0"
+    assert dump.portid_str(dr_path=[1, 3]) == "DR path slid 65535; dlid 65535; 0,1,3"
+    assert dump.ntop(bytes.fromhex("fe800000000000000000000000100003")) == "fe80::10:3"
+    assert dump.ntop(bytes(10) + b"\xff\xff" + bytes([10, 0, 0, 1])) == "::ffff:10.0.0.1"
+    assert dump.ntop(bytes(16)) == "::"
+
+
+def test_service_record_hides_the_key() -> None:
+    rec = sa.SERVICE_RECORD.encode(service_id=0x10, service_key=bytes(range(16)),
+                                   service_name=b"srp".ljust(64, b"\0"))
+    text = dump.saquery_service_record(rec)
+    assert "\t\tServiceKey..............<not displayed>\n" in text
+    assert "\t\tServiceName.............srp\n" in text
+    shown = dump.saquery_service_record(rec, show_keys=True)
+    assert "ServiceKey..............0x000102030405060708090a0b0c0d0e0f" in shown
+    assert "\t\tServiceData64.2.........0x0000000000000000\n" in shown
