@@ -138,7 +138,8 @@ class Table:
         self.names: tuple[str, ...] = tuple(p.name for p in self.values)
         self.source = c.source
         self._resv_masks = c.resv_masks
-        self._has_resv = any(p.field.reserved for p in self.fields)
+        self._resv_names = frozenset(p.name for p in self.fields if p.field.reserved)
+        self._has_resv = bool(self._resv_names)
         self.unpack: Callable[..., tuple[Any, ...]] = c.unpack
         self.pack: Callable[..., bytes] = c.pack
         self.pack_into: Callable[..., None] = c.pack_into
@@ -172,10 +173,12 @@ class Table:
         self._need(buf, off)
         vals = self.unpack(buf, off)
         out: dict[str, Value] = dict(zip(self.names, vals, strict=True))
-        if len(self.values) != len(self.fields):
+        if self._has_resv:  # one big-int read for all reserved fields
+            raw = int.from_bytes(bytes(buf[off : off + self.size]), "big")
+            top = self.size * 8
             for p in self.fields:
                 if p.field.reserved:
-                    out[p.name] = self._extract(buf, off, p)
+                    out[p.name] = (raw >> (top - p.offset - p.field.bits)) & p.mask
         return out
 
     def _extract(self, buf: Buffer, off: int, p: Placed) -> Value:
@@ -200,8 +203,15 @@ class Table:
                 _check_enum(self.name, p.field, v)
 
     def check(self, values: Mapping[str, Value]) -> tuple[Value, ...]:
-        """The positional values for :meth:`pack`, defaults filled in, each checked."""
+        """The positional values for :meth:`pack`, defaults filled in, each checked.
+
+        Reserved fields (as :meth:`decode` returns them) are accepted when zero.
+        """
         unknown = set(values) - set(self.names)
+        for n in unknown & self._resv_names:  # what decode() gave back: zero is fine
+            if values[n]:
+                raise FieldError("reserved", f"{self.name}.{n} is not zero", n)
+        unknown -= self._resv_names
         if unknown:
             raise FieldError("unknown", f"{self.name}: unknown fields {sorted(unknown)}")
         out: list[Value] = []
