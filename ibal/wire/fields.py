@@ -138,6 +138,8 @@ class Table:
         self.names: tuple[str, ...] = tuple(p.name for p in self.values)
         self.source = c.source
         self._resv_masks = c.resv_masks
+        self._name_set = frozenset(self.names)
+        self._checks = tuple((p.field, p.field.kind in BYTE_KINDS, p.mask) for p in self.values)
         self._resv_names = frozenset(p.name for p in self.fields if p.field.reserved)
         self._has_resv = bool(self._resv_names)
         self.unpack: Callable[..., tuple[Any, ...]] = c.unpack
@@ -207,34 +209,42 @@ class Table:
 
         Reserved fields (as :meth:`decode` returns them) are accepted when zero.
         """
-        unknown = set(values) - set(self.names)
-        for n in unknown & self._resv_names:  # what decode() gave back: zero is fine
-            if values[n]:
-                raise FieldError("reserved", f"{self.name}.{n} is not zero", n)
-        unknown -= self._resv_names
-        if unknown:
-            raise FieldError("unknown", f"{self.name}: unknown fields {sorted(unknown)}")
+        if not self._name_set.issuperset(values):
+            unknown = set(values) - self._name_set
+            for n in unknown & self._resv_names:  # what decode() gave back: zero is fine
+                if values[n]:
+                    raise FieldError("reserved", f"{self.name}.{n} is not zero", n)
+            unknown -= self._resv_names
+            if unknown:
+                raise FieldError("unknown", f"{self.name}: unknown fields {sorted(unknown)}")
         out: list[Value] = []
-        for p in self.values:
-            f = p.field
-            v = values.get(f.name, f.default)
-            if f.kind in BYTE_KINDS:
-                if not isinstance(v, bytes | bytearray | memoryview):
-                    raise FieldError("type", f"{self.name}.{f.name}: expected bytes", f.name)
-                v = bytes(v)
+        get = values.get
+        for f, is_bytes, mask in self._checks:
+            v = get(f.name, f.default)
+            if is_bytes:
+                if type(v) is not bytes:
+                    if not isinstance(v, bytes | bytearray | memoryview):
+                        raise FieldError("type", f"{self.name}.{f.name}: expected bytes", f.name)
+                    v = bytes(v)
                 if len(v) != f.bits // 8:
                     raise FieldError(
                         "range", f"{self.name}.{f.name}: need {f.bits // 8} bytes", f.name
                     )
             else:
-                if not isinstance(v, int) or (isinstance(v, bool) and f.bits != 1):
+                # type() first: plain ints (nearly all values) skip the isinstance checks
+                if type(v) is not int and (
+                    not isinstance(v, int) or (isinstance(v, bool) and f.bits != 1)
+                ):
                     raise FieldError("type", f"{self.name}.{f.name}: expected int", f.name)
-                if not 0 <= v <= p.mask:
+                if not 0 <= v <= mask:
                     raise FieldError(
                         "range", f"{self.name}.{f.name}={v} does not fit {f.bits} bits", f.name
                     )
-                _check_enum(self.name, f, v)
-                v = int(v)
+                if f.enum is not None:
+                    _check_enum(self.name, f, v)
+                    v = int(v)
+                elif type(v) is not int:
+                    v = int(v)
             out.append(v)
         return tuple(out)
 
