@@ -1,1 +1,4 @@
-"""Planned: see docs/architecture.md (the mad layer builds on the access layer's public API)."""
+"""Management datagrams: field tables, dumps (docs/mad.md); builds on the access layer's public API.
+
+The wire layer (consts, header, smp, sa, perf, dump) imports nothing from ``ibal.al``.
+"""

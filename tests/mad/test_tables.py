@@ -187,3 +187,31 @@ def test_tables_replace_the_mock_smas_struct_code() -> None:
         local_port_num=1, vendor_id=0x2C9,
     )  # fmt: skip
     assert hand == ours
+
+
+def test_port_info_table_reads_and_rebuilds_the_mock_smas_bytes() -> None:
+    from types import SimpleNamespace
+
+    from ibal.providers.mock import mad as mock_mad
+    from ibal.types import LinkState, Mtu
+
+    fab = SimpleNamespace(sm_lid=1, subnet_timeout=18)
+    port = SimpleNamespace(state=LinkState.ACTIVE, subnet_prefix=0xFE80 << 48, lid=7, cap=0x2010,
+                           num=1, lmc=2, max_mtu=Mtu.MTU_2048, init_type=0, pkey_violations=3,
+                           qkey_violations=4)  # fmt: skip
+    hand = mock_mad.port_info(SimpleNamespace(fabric=fab), port)  # type: ignore[arg-type]
+    d = smp.PORT_INFO.decode(hand)
+    assert (d["lid"], d["master_sm_lid"], d["capability_mask"], d["lmc"]) == (7, 1, 0x2010, 2)
+    assert (d["port_state"], d["port_phys_state"], d["neighbor_mtu"]) == (4, 5, int(Mtu.MTU_2048))
+    assert (d["p_key_violations"], d["q_key_violations"], d["subnet_timeout"]) == (3, 4, 18)
+    assert smp.PORT_INFO.encode(d) == hand
+
+
+def test_the_wire_layer_does_not_import_the_access_layer() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, ibal.mad.dump, ibal.mad.sa, ibal.mad.perf, ibal.mad.header; "
+            "print(sorted(m for m in sys.modules if m.startswith('ibal.al')))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
