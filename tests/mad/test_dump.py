@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from ibal.mad import dump, sa, smp
 
 
@@ -55,3 +58,22 @@ def test_service_record_hides_the_key() -> None:
     shown = dump.saquery_service_record(rec, show_keys=True)
     assert "ServiceKey..............0x000102030405060708090a0b0c0d0e0f" in shown
     assert "\t\tServiceData64.2.........0x0000000000000000\n" in shown
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(min_size=256, max_size=256))
+def test_any_bytes_dump_without_error(raw: bytes) -> None:
+    """Whatever a peer sends, every dump renders it: one line per row (plus bit lists)."""
+    target = dump.portid_str(3)
+    assert dump.smpquery_nodeinfo(raw, target).count("\n") == 13
+    pi = dump.smpquery_portinfo(raw, target, 1)
+    assert pi.startswith("# Port info: Lid 3 port 1\nMkey:") and "<not displayed>" in pi
+    assert dump.smpquery_switchinfo(raw, target).count("\n") == 19
+    assert dump.smpquery_nodedesc(raw).startswith("Node Description:")
+    assert dump.perfquery(raw, target, 1, 0x1200).count("\n") == 22
+    assert dump.perfquery_ext(raw, target, 1, 0).count("\n") == 7
+    assert dump.smpquery_pkeys([raw[:64], raw[64:128]], 64).count("\n") == 9
+    assert dump.smpquery_guids([raw[:64]], 8).count("\n") == 5
+    for fn in (dump.saquery_node_record, dump.saquery_path_record, dump.saquery_mcmember_record,
+               dump.saquery_portinfo_record, dump.saquery_service_record):
+        assert fn(raw).endswith("\n")
