@@ -46,6 +46,7 @@ __all__ = [
     "Header",
     "build",
     "data_offset",
+    "data_size",
     "embed",
     "header",
     "payload",
@@ -196,9 +197,17 @@ def data_offset(mgmt_class: int) -> int:
     return GSI_DATA
 
 
+def data_size(mgmt_class: int) -> int:
+    """How many bytes of attribute data a class's MAD holds (SMPs: 64, before the DR paths)."""
+    if mgmt_class in (MgmtClass.SUBN_LID, MgmtClass.SUBN_DR):
+        return SMP_DATA_SIZE
+    return MAD_SIZE - data_offset(mgmt_class)
+
+
 def payload(mad: Buffer) -> memoryview:
     """The attribute data of ``mad`` (a view: no copy), for its class."""
-    return memoryview(mad)[data_offset(mad[1]) : MAD_SIZE]
+    off = data_offset(mad[1])
+    return memoryview(mad)[off : off + data_size(mad[1])]
 
 
 def build(
@@ -227,9 +236,9 @@ def build(
     """
     if class_version is None:
         class_version = CLASS_VERSION.get(mgmt_class, 1)
-    off = data_offset(mgmt_class)
-    if len(data) > MAD_SIZE - off:
-        raise FieldError("range", f"MAD data: {len(data)} bytes do not fit {MAD_SIZE - off}")
+    off, room = data_offset(mgmt_class), data_size(mgmt_class)
+    if len(data) > room:
+        raise FieldError("range", f"MAD data: {len(data)} bytes do not fit {room}")
     mad = bytearray(MAD_SIZE)
     common = {"mgmt_class": mgmt_class, "class_version": class_version, "method": method,
               "tid": tid, "attr_id": attr_id, "attr_mod": attr_mod}  # fmt: skip
@@ -262,7 +271,8 @@ def respond(request: Buffer, *, status: int = 0, data: Buffer | None = None) -> 
 
     A directed-route SMP response gets the D bit; the hop pointer and paths
     are the responder's business (IBA 14.2.2).  ``data``, if given, replaces
-    the attribute data (zero-filled to the end of the MAD).
+    the attribute data (zero-filled to the end of the class's data area; the
+    DR paths stay).
     """
     if len(request) < MAD_SIZE:
         raise FieldError("short", f"MAD: need {MAD_SIZE} bytes, have {len(request)}")
@@ -274,8 +284,8 @@ def respond(request: Buffer, *, status: int = 0, data: Buffer | None = None) -> 
         status |= DR_DIRECTION
     out[4:6] = status.to_bytes(2, "big")
     if data is not None:
-        off = data_offset(out[1])
-        if len(data) > MAD_SIZE - off:
-            raise FieldError("range", f"MAD data: {len(data)} bytes do not fit {MAD_SIZE - off}")
-        out[off:] = bytes(data).ljust(MAD_SIZE - off, b"\0")
+        off, room = data_offset(out[1]), data_size(out[1])
+        if len(data) > room:
+            raise FieldError("range", f"MAD data: {len(data)} bytes do not fit {room}")
+        out[off : off + room] = bytes(data).ljust(room, b"\0")
     return out

@@ -141,6 +141,10 @@ def test_build_and_respond_a_directed_route_smp() -> None:
     assert h.method == Method.GET_RESP and h.tid == 0x1234
     assert h.status == DR_DIRECTION | MadStatus.INVALID_FIELD
     assert smp.PORT_INFO.decode(header.payload(resp))["lid"] == 7
+    assert len(header.payload(resp)) == 64
+    assert resp[128:131] == bytes([0, 1, 4])  # the initial path survives the new data
+    with pytest.raises(FieldError):
+        header.respond(req, data=bytes(65))
 
 
 def test_build_an_sa_query() -> None:
