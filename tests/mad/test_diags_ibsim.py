@@ -11,20 +11,17 @@ lines included.  Counters are read by the probe and the tool at different
 moments, so the packet/data counters (which the queries themselves move) are
 compared after masking those values only.
 
-The fabric set-up is local (own IBSIM_SOCKNAME); skips naming the missing
-Debian packages, fails instead when ``IBAL_LAB_REQUIRED=1``.
+Runs on the shared ibsim/OpenSM harness (the ``ibsim_fabric`` fixture of
+:mod:`ibal.testing.ibsim`: skips naming the missing Debian packages, fails
+instead when ``IBAL_LAB_REQUIRED=1``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,79 +29,18 @@ import pytest
 
 from ibal.mad import dump, header, perf, sa, smp
 from ibal.mad.consts import MgmtClass, PerfAttr, SaAttr, SmpAttr
+from ibal.testing.ibsim import Fabric
 
-UMAD2SIM = Path("/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so")
-LIBUMAD = Path("/usr/lib/x86_64-linux-gnu/libibumad.so.3")
 PROBE = Path(__file__).with_name("umad_query_probe.py")
 REPO = Path(__file__).resolve().parents[2]
-TOPOLOGY = """\
-Switch 8 "Switch1"
-[1] "SmHca"[1]
-[2] "Host"[1]
-
-Hca 1 "SmHca"
-[1] "Switch1"[1]
-
-Hca 1 "Host"
-[1] "Switch1"[2]
-"""
-READY_WITHIN = 30.0
 
 
-def _missing() -> list[str]:
-    need = {
-        "ibsim-utils": shutil.which("ibsim") is not None,
-        "opensm": shutil.which("opensm") is not None,
-        "infiniband-diags": shutil.which("smpquery") is not None,
-        "libumad2sim0": UMAD2SIM.exists(),
-        "libibumad3": LIBUMAD.exists(),
-    }
-    return [pkg for pkg, ok in need.items() if not ok]
-
-
-@pytest.fixture(scope="module")
-def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    missing = _missing()
-    if missing:
-        msg = f"needs the Debian packages: {' '.join(missing)}"
-        if os.environ.get("IBAL_LAB_REQUIRED") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    tmp = tmp_path_factory.mktemp("madsim")
-    net = tmp / "net"
-    net.write_text(TOPOLOGY)
-    base = {**os.environ, "IBSIM_SOCKNAME": f"ibal-mad-{os.getpid()}"}
-    sim_env = {**base, "LD_PRELOAD": str(UMAD2SIM)}
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        sim = subprocess.Popen(
-            ["ibsim", "-s", str(net)], stdin=subprocess.PIPE, cwd=tmp,
-            stdout=subprocess.DEVNULL, stderr=(tmp / "ibsim.log").open("wb"), env=base,
-        )  # fmt: skip
-        procs.append(sim)
-        procs.append(subprocess.Popen(
-            ["opensm", "-f", str(tmp / "opensm.log")], stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, cwd=tmp, env={**sim_env, "SIM_HOST": "SmHca"},
-        ))  # fmt: skip
-        host_env = {**sim_env, "SIM_HOST": "Host", "IBAL_TEST_CWD": str(tmp)}
-        deadline = time.monotonic() + READY_WITHIN
-        while True:  # readiness probe: sminfo waits for its own answer
-            r = subprocess.run(["sminfo"], env=host_env, capture_output=True, text=True,
-                               timeout=READY_WITHIN, cwd=tmp)  # fmt: skip
-            if "SMINFO_MASTER" in r.stdout:
-                break
-            if time.monotonic() > deadline or sim.poll() is not None:
-                pytest.fail(f"OpenSM did not become MASTER: {r.stdout}{r.stderr}")
-        yield host_env
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+@pytest.fixture
+def fabric(ibsim_fabric: Fabric) -> dict[str, str]:
+    """A client on ``Host`` of the shared small fabric (Switch1 port 2)."""
+    env = ibsim_fabric.env_for("Host")
+    env["IBAL_TEST_CWD"] = str(ibsim_fabric.workdir)
+    return env
 
 
 def _tool(args: list[str], env: dict[str, str]) -> str:
@@ -141,7 +77,7 @@ def _smp(name: str, attr: int, *, lid: int | None = None, dr: list[int] | None =
     return {"name": name, "class": MgmtClass.SUBN_LID, "attr": attr, "lid": lid, "mod": mod}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def lids(fabric: dict[str, str]) -> dict[str, int]:
     """The LIDs OpenSM gave: Host's own (DR hop 0) and the switch's (DR 0,1)."""
     got = _probe(fabric, [_smp("host", SmpAttr.PORT_INFO, dr=[]),
