@@ -10,6 +10,17 @@ from __future__ import annotations
 import enum
 from typing import Final
 
+# One definition of the attribute IDs of each class: DM's and CM's live with
+# their tables.
+from ibal.mad.cm import CmAttr
+from ibal.mad.dm import DmAttr
+
+__all__ = [
+    "BASE_VERSION", "CLASS_VERSION", "DR_DIRECTION", "MAD_SIZE", "CmAttr", "CommonAttr",
+    "DmAttr", "MadStatus", "Method", "MgmtClass", "PerfAttr", "SaAttr", "SmpAttr",
+    "response_method",
+]  # fmt: skip
+
 MAD_SIZE: Final = 256
 BASE_VERSION: Final = 1
 
@@ -168,22 +179,6 @@ class PerfAttr(enum.IntEnum):
     PORT_SAMPLES_RESULT_EXT = 0x001E
     PORT_XMIT_DATA_SL = 0x0036
     PORT_RCV_DATA_SL = 0x0037
-
-
-class DmAttr(enum.IntEnum):
-    """Device management attributes (class 0x06)."""
-
-    CLASS_PORT_INFO = 0x0001
-    NOTICE = 0x0002
-    INFORM_INFO = 0x0003
-    IO_UNIT_INFO = 0x0010
-    IO_CONTROLLER_PROFILE = 0x0011
-    SERVICE_ENTRIES = 0x0012
-    DIAGNOSTIC_TIMEOUT = 0x0020
-    PREPARE_TO_TEST = 0x0021
-    TEST_DEVICE_ONCE = 0x0022
-    TEST_DEVICE_LOOP = 0x0023
-    DIAG_CODE = 0x0024
 
 
 # PerfMgt ClassPortInfo CapabilityMask bits perfquery looks at.
