@@ -119,26 +119,51 @@ class SendOpt(enum.IntFlag):
 
 
 class RecvOpt(enum.IntFlag):
-    """`ib_recv_opt_t`."""
+    """`ib_recv_opt_t`; INVALIDATE (verbs' ``IBV_WC_WITH_INV``): ``Wc.invalidated_rkey`` is set."""
 
     NONE = 0
     IMMEDIATE = 0x1
     FORWARD = 0x2
     GRH_VALID = 0x4
+    INVALIDATE = 0x8
 
 
 class WrType(enum.IntEnum):
-    """`ib_wr_type_t`: immediate data is the IMMEDIATE send option, as in IBAL."""
+    """`ib_wr_type_t`: immediate data is the IMMEDIATE send option, as in IBAL.
+
+    The last three are verbs' (``IBV_WR_*``, same numbers): IBAL has no send
+    with invalidate and binds windows only through ``ib_bind_mw``.
+    ``SEND_WITH_INV`` and ``LOCAL_INV`` name the key in ``SendWr.invalidate_rkey``;
+    ``BIND_MW`` binds a type 2 window (``SendWr.mw``, ``SendWr.bind``) under the
+    new R_Key ``SendWr.rkey``.  Providers list them in ``Capabilities.opcodes``.
+    """
 
     SEND = 0
     RDMA_WRITE = 1
     RDMA_READ = 2
     COMPARE_SWAP = 3
     FETCH_ADD = 4
+    LOCAL_INV = 7
+    BIND_MW = 8
+    SEND_WITH_INV = 9
 
     @property
     def is_atomic(self) -> bool:
         return self in (WrType.COMPARE_SWAP, WrType.FETCH_ADD)
+
+    @property
+    def is_local(self) -> bool:
+        """Executed by the local CA alone: nothing goes on the wire."""
+        return self is WrType.LOCAL_INV or self is WrType.BIND_MW
+
+
+BASE_WR_TYPES = frozenset(
+    {WrType.SEND, WrType.RDMA_WRITE, WrType.RDMA_READ, WrType.COMPARE_SWAP, WrType.FETCH_ADD}
+)
+"""The opcodes of contract version 1 (what a CA that says nothing else supports)."""
+
+INVALIDATE_WR_TYPES = frozenset({WrType.SEND_WITH_INV, WrType.LOCAL_INV, WrType.BIND_MW})
+"""Send with invalidate, local invalidate, type 2 bind: each provider opts in."""
 
 
 class WcType(enum.IntEnum):
@@ -150,6 +175,7 @@ class WcType(enum.IntEnum):
     COMPARE_SWAP = 3
     FETCH_ADD = 4
     MW_BIND = 5
+    LOCAL_INV = 6
     RECV = 0x80
     RECV_RDMA_WRITE = 0x81
 
@@ -160,6 +186,9 @@ WC_TYPE_FOR_WR: dict[WrType, WcType] = {
     WrType.RDMA_READ: WcType.RDMA_READ,
     WrType.COMPARE_SWAP: WcType.COMPARE_SWAP,
     WrType.FETCH_ADD: WcType.FETCH_ADD,
+    WrType.LOCAL_INV: WcType.LOCAL_INV,
+    WrType.BIND_MW: WcType.MW_BIND,
+    WrType.SEND_WITH_INV: WcType.SEND,
 }
 
 
@@ -744,6 +773,12 @@ class SendWr:
     compare_add: int = 0
     swap: int = 0
     ud: UdDest | None = None
+    invalidate_rkey: int = 0
+    """``SEND_WITH_INV``: the R_Key the receiver invalidates; ``LOCAL_INV``: the local one."""
+    mw: Any = None
+    """``BIND_MW``: the type 2 window (an AL ``Mw``; the provider's handle below the AL)."""
+    bind: BindWr | None = None
+    """``BIND_MW``: region, range and access (``mr``, ``addr``, ``length``, ``access``)."""
 
 
 @dataclass(slots=True)
@@ -774,6 +809,8 @@ class Wc:
     grh: bytes | None = None
     network_header: NetworkHeader | None = None
     """Datagram receives with ``RecvOpt.GRH_VALID``: what the 40-byte GRH area holds."""
+    invalidated_rkey: int | None = None
+    """Receives with ``RecvOpt.INVALIDATE``: the R_Key the sender's SEND_WITH_INV invalidated."""
 
 
 @dataclass(slots=True)

@@ -252,9 +252,11 @@ class Mw(CaObject):
     _kind = "MW"
     _sync_destroy = True
 
-    def __init__(self, pd: Pd) -> None:
+    def __init__(self, pd: Pd, mw_type: int = 1) -> None:
         super().__init__(pd._mgr, pd._al, pd, pd._cica)
         self._pd = pd
+        self.mw_type = mw_type
+        """1: bound with ``bind``; 2: bound with a ``BIND_MW`` work request (``Qp.post_send``)."""
         self.rkey = 0
         self._bound_mr: Mr | None = None
 
@@ -277,6 +279,8 @@ class Mw(CaObject):
 
         self._check()
         qp = check_handle(qp, Qp, self._al, self._cica)
+        if self.mw_type != 1:
+            raise InvalidParameter("a type 2 window is bound by a BIND_MW work request")
         if not isinstance(bind, BindWr):
             raise InvalidParameter("a BindWr is required")
         if qp._qp_type not in (QpType.RC, QpType.UC):

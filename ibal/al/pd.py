@@ -257,13 +257,25 @@ class Pd(CaObject):
 
         return self._spawn(mr, make)
 
-    def create_mw(self) -> Mw:
-        """``ib_create_mw``: an unbound window; its R_KEY is ``mw.rkey``."""
+    def create_mw(self, mw_type: int = 1) -> Mw:
+        """``ib_create_mw``: an unbound window; its R_KEY is ``mw.rkey``.
+
+        ``mw_type=2`` (verbs' ``ibv_alloc_mw(IBV_MW_TYPE_2)``): a window bound by a
+        ``BIND_MW`` work request and invalidated by ``LOCAL_INV`` or a peer's
+        ``SEND_WITH_INV``; ``Unsupported`` unless the CA lists type 2.
+        """
         self._check()
-        mw = Mw(self)
+        if mw_type not in (1, 2) or type(mw_type) is not int:
+            raise InvalidParameter(f"no memory window type {mw_type!r}")
+        caps = self._cica.capabilities
+        if mw_type not in caps.mw_types:
+            raise Unsupported(f"type {mw_type} windows: {caps.reason('mw_types')}")
+        mw = Mw(self, mw_type)
 
         def make() -> None:
-            created = self._ci.create_mw(self._h)
+            # a CA of contract version 1 takes no type: type 1 is asked the old way
+            args = (self._h,) if mw_type == 1 else (self._h, mw_type)
+            created = self._ci.create_mw(*args)
             mw._h, mw.rkey = created.handle, created.rkey
 
         return self._spawn(mw, make)

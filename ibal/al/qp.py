@@ -32,12 +32,14 @@ from ibal.status import (
     InvalidQpState,
     InvalidServiceType,
     InvalidSetting,
+    PostError,
     Status,
     Timeout,
     Unsupported,
     post_error,
 )
 from ibal.types import (
+    INVALIDATE_WR_TYPES,
     MULTICAST_LID_BASE,
     PERMISSIVE_LID,
     QP1_WELL_KNOWN_QKEY,
@@ -45,6 +47,7 @@ from ibal.types import (
     AsyncEvent,
     AsyncEventRec,
     AvAttr,
+    BindWr,
     DgrmInfo,
     Gid,
     Grh,
@@ -446,13 +449,61 @@ class Qp(CaObject):
             self._check()
         if self._qp_state not in _POST_SEND_STATES:
             raise post_error(Status.INVALID_QP_STATE, 0, f"QP is {self._qp_state.name}")
-        wrs, bad = wrcheck.send_list(wrs)
+        wrs, bad, careful = wrcheck.send_list(wrs)
+        if careful:
+            wrs = self._prepare_ext(wrs)
         if self._translate:
             wrs = self._translate_avs(wrs)
         if bad is None or wrs:
             self._ci.post_send(self._h, wrs)
         if bad is not None:
             raise bad
+
+    def _prepare_ext(self, wrs: Sequence[SendWr]) -> Sequence[SendWr]:
+        """``wrs`` with invalidate/bind requests checked against the CA and bound to its handles.
+
+        An opcode the CA does not list raises ``Unsupported`` (IBAL's
+        IB_UNSUPPORTED) at its index, after posting the ones before it.
+        """
+        if not any(isinstance(wr, SendWr) and wr.opcode in INVALIDATE_WR_TYPES for wr in wrs):
+            return wrs
+        caps = self._cica.capabilities
+        out: list[SendWr] = []
+        for i, wr in enumerate(wrs):
+            op = wr.opcode
+            if op not in INVALIDATE_WR_TYPES:
+                out.append(wr)
+                continue
+            why = None
+            if not caps.supports_opcode(self._qp_type, WrType(op)):
+                why = post_error(Status.UNSUPPORTED, i, f"{WrType(op).name}: "
+                                 f"{caps.reason('opcodes')}")  # fmt: skip
+            elif op == WrType.BIND_MW:
+                why, wr = self._bind_wr(wr, i)
+            if why is not None:
+                if out:
+                    self._ci.post_send(self._h, out)
+                raise why
+            out.append(wr)
+        return out
+
+    def _bind_wr(self, wr: SendWr, i: int) -> tuple[PostError | None, SendWr]:
+        """A type 2 BIND_MW naming the provider's window and region handles."""
+        from ibal.al.mr import Mr, Mw
+
+        mw, bind = wr.mw, wr.bind
+        assert bind is not None  # wrcheck saw to it
+        if not isinstance(mw, Mw) or mw._state is not READY or mw._cica is not self._cica:
+            return post_error(Status.INVALID_MW_HANDLE, i, "BIND_MW: bad window"), wr
+        if mw.mw_type != 2:
+            return post_error(Status.INVALID_PARAMETER, i, "BIND_MW binds type 2 windows; "
+                              "type 1 ones are bound with mw.bind()"), wr  # fmt: skip
+        mr = bind.mr
+        if not isinstance(mr, Mr) or mr._state is not READY or mr._cica is not self._cica:
+            return post_error(Status.INVALID_MR_HANDLE, i, "BIND_MW: bad region"), wr
+        b = BindWr(mr._h, bind.addr, bind.length, bind.access, bind.current_rkey, bind.wr_id,
+                   bind.send_opt)  # fmt: skip
+        return None, dataclasses.replace(wr, mw=mw._h, bind=b)
 
     def _translate_avs(self, wrs: Sequence[SendWr]) -> Sequence[SendWr]:
         """Copies of ``wrs`` naming the provider's AV handles (the consumer's are untouched).

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ibal.status import PostError, Status, post_error
-from ibal.types import RecvWr, SendWr, Sge, UdDest
+from ibal.types import BASE_WR_TYPES, BindWr, RecvWr, SendWr, Sge, UdDest, WrType
 
 
 def as_list(wrs: Any, cls: type) -> Sequence[Any]:
@@ -55,6 +55,14 @@ def _send_problem(wr: Any) -> str | None:
         wr.wr_id, wr.opcode, wr.send_opt, wr.imm, wr.remote_addr, wr.rkey, wr.compare_add, wr.swap
     ):
         return "wr_id, opcode, send_opt, imm, remote_addr, rkey, compare_add, swap must be ints"
+    if not _ints(wr.invalidate_rkey):
+        return "invalidate_rkey must be an int"
+    if wr.opcode == WrType.BIND_MW:
+        b = wr.bind
+        if wr.mw is None or not isinstance(b, BindWr):
+            return "BIND_MW needs mw and bind (a BindWr)"
+        if not _ints(b.addr, b.length, b.access):
+            return "bind addr, length and access must be ints"
     ud = wr.ud
     if ud is not None and (
         not isinstance(ud, UdDest) or not _ints(ud.remote_qp, ud.remote_qkey, ud.pkey_index)
@@ -71,15 +79,18 @@ def _recv_problem(wr: Any) -> str | None:
     return _sgl_problem(wr.sg_list)
 
 
-def send_list(wrs: Any) -> tuple[Sequence[SendWr], PostError | None]:
-    """``wrs`` as a list, cut before its first malformed request, and that request's error.
+def send_list(wrs: Any) -> tuple[Sequence[SendWr], PostError | None, bool]:
+    """``wrs`` as a list, cut before its first malformed request, that request's error,
+    and whether the list may hold requests the AL rewrites (datagram or ``INVALIDATE_WR_TYPES``).
 
     The caller posts the list it gets (the good prefix, as the post contract
     says) and then raises the error.
     """
     wrs = as_list(wrs, SendWr)
+    if _plain_sends(wrs):
+        return wrs, None, False
     bad = first_bad_send(wrs)
-    return (wrs if bad is None else wrs[: bad.failed_index]), bad
+    return (wrs if bad is None else wrs[: bad.failed_index]), bad, True
 
 
 def recv_list(wrs: Any) -> tuple[Sequence[RecvWr], PostError | None]:
@@ -89,9 +100,9 @@ def recv_list(wrs: Any) -> tuple[Sequence[RecvWr], PostError | None]:
     return (wrs if bad is None else wrs[: bad.failed_index]), bad
 
 
-def first_bad_send(wrs: Sequence[Any]) -> PostError | None:
-    """The error for the first malformed send work request, or ``None``."""
-    try:  # the common case in one tight pass: ``|`` raises TypeError unless ints
+def _plain_sends(wrs: Sequence[Any]) -> bool:
+    """The common case in one tight pass: well-formed, connected, version-1 opcodes."""
+    try:  # ``|`` raises TypeError unless ints
         for wr in wrs:
             if type(wr) is not SendWr or not isinstance(wr.opcode, int):
                 raise TypeError
@@ -102,11 +113,20 @@ def first_bad_send(wrs: Sequence[Any]) -> PostError | None:
                 if type(g) is not Sge:
                     raise TypeError
                 _ = g.addr | g.length | g.lkey
-            if wr.ud is not None:
-                raise TypeError  # UD requests take the careful path
-        return None
+            if wr.ud is not None or wr.opcode > _LAST_BASE:
+                raise TypeError  # UD and invalidate/bind requests take the careful path
+        return True
     except (TypeError, AttributeError):
-        pass
+        return False
+
+
+_LAST_BASE = max(BASE_WR_TYPES)
+
+
+def first_bad_send(wrs: Sequence[Any]) -> PostError | None:
+    """The error for the first malformed send work request, or ``None``."""
+    if _plain_sends(wrs):
+        return None
     for i, wr in enumerate(wrs):
         why = _send_problem(wr)
         if why is not None:

@@ -32,6 +32,8 @@ from typing import Any, NamedTuple
 
 from ibal.status import Unsupported
 from ibal.types import (
+    BASE_WR_TYPES,
+    INVALIDATE_WR_TYPES,
     VERBS_VERSION,
     AccessFlags,
     AvAttr,
@@ -105,11 +107,14 @@ class Capabilities:
     qp_types: frozenset[QpType] = frozenset({QpType.RC, QpType.UC, QpType.UD})
     opcodes: Mapping[QpType, frozenset[WrType]] = field(
         default_factory=lambda: {
-            QpType.RC: frozenset(WrType),
+            QpType.RC: BASE_WR_TYPES,
             QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE}),
             QpType.UD: frozenset({WrType.SEND}),
         }
     )
+    """Per QP type, the opcodes ``post_send`` takes; the default is contract version 1's.
+    A CA opts in to ``INVALIDATE_WR_TYPES`` (send with invalidate, local
+    invalidate, type 2 bind) by listing them; the AL refuses them otherwise."""
     special_qps: frozenset[QpType] = frozenset()
     atomics: bool = True
     mw_types: frozenset[int] = frozenset({1})
@@ -201,7 +206,11 @@ _FULL_SETS: dict[str, Any] = {
     "qp_types": frozenset({QpType.RC, QpType.UC, QpType.UD}),
     "special_qps": frozenset({QpType.QP0, QpType.QP1}),
     "mw_types": frozenset({1, 2}),
-    "opcodes": Capabilities().opcodes,
+    "opcodes": {
+        QpType.RC: BASE_WR_TYPES | INVALIDATE_WR_TYPES,
+        QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE}) | INVALIDATE_WR_TYPES,
+        QpType.UD: frozenset({WrType.SEND}),
+    },
 }
 
 
@@ -424,8 +433,14 @@ class ChannelInterface(abc.ABC):
         """`ci_deregister_mr`: ``ResourceBusy`` with windows bound or shared regions."""
 
     # ------------------------------------------------------------------------ MW
-    def create_mw(self, h_pd: Handle) -> MwCreated:
-        """`ci_create_mw`: the window starts unbound."""
+    def create_mw(self, h_pd: Handle, mw_type: int = 1) -> MwCreated:
+        """`ci_create_mw`: the window starts unbound (its R_Key invalid).
+
+        ``mw_type`` 2 (verbs' ``IBV_MW_TYPE_2``) only when ``capabilities.mw_types``
+        lists it: such a window is bound by a ``BIND_MW`` work request and
+        invalidated by ``LOCAL_INV`` or a peer's ``SEND_WITH_INV``.  The AL
+        passes ``mw_type`` only for type 2, so a CA written before it keeps working.
+        """
         raise Unsupported("memory windows")
 
     def query_mw(self, h_mw: Handle) -> int:

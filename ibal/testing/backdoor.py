@@ -291,8 +291,9 @@ class TracingCi(ChannelInterface):
         self._fwd("deregister_mr", h_mr)
 
     # ---------------------------------------------------------------- MW
-    def create_mw(self, h_pd: Handle) -> MwCreated:
-        result: MwCreated = self._fwd("create_mw", h_pd)
+    def create_mw(self, h_pd: Handle, mw_type: int = 1) -> MwCreated:
+        args = (h_pd,) if mw_type == 1 else (h_pd, mw_type)  # old CAs take no type
+        result: MwCreated = self._fwd("create_mw", *args)
         return result
 
     def query_mw(self, h_mw: Handle) -> int:

@@ -17,7 +17,7 @@ _NO_OPT = RecvOpt.NONE
 _WC_FIELDS = (
     "wr_id", "wc_type", "status", "length", "imm", "recv_opt", "qp_num",
     "src_qp", "slid", "sl", "pkey_index", "path_bits", "vendor_err", "grh",
-    "network_header",
+    "network_header", "invalidated_rkey",
 )  # fmt: skip
 
 
@@ -27,7 +27,7 @@ def _wc_maker() -> Callable[..., Wc]:
     if tuple(f.name for f in fields(Wc)) != _WC_FIELDS:  # pragma: no cover
         return Wc
     new = object.__new__
-    (s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14) = (
+    (s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15) = (
         Wc.__dict__[name].__set__ for name in _WC_FIELDS
     )
 
@@ -36,6 +36,7 @@ def _wc_maker() -> Callable[..., Wc]:
         recv_opt: RecvOpt = _NO_OPT, qp_num: int = 0, src_qp: int = 0, slid: int = 0,
         sl: int = 0, pkey_index: int = 0, path_bits: int = 0, vendor_err: int = 0,
         grh: bytes | None = None, network_header: NetworkHeader | None = None,
+        invalidated_rkey: int | None = None,
     ) -> Wc:
         w: Wc = new(Wc)
         s0(w, wr_id)
@@ -53,6 +54,7 @@ def _wc_maker() -> Callable[..., Wc]:
         s12(w, vendor_err)
         s13(w, grh)
         s14(w, network_header)
+        s15(w, invalidated_rkey)
         return w
 
     return make

@@ -38,6 +38,7 @@ from ibal.status import (
     InvalidState,
 )
 from ibal.types import (
+    INVALIDATE_WR_TYPES,
     AccessFlags,
     AvAttr,
     QpState,
@@ -90,7 +91,7 @@ FLUSHING = frozenset({ERROR, SQERR})  # posted sends complete WR_FLUSHED_ERR at 
 
 OPCODES: dict[QpType, frozenset[WrType]] = {
     QpType.RC: frozenset(WrType),
-    QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE}),
+    QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE}) | INVALIDATE_WR_TYPES,
     QpType.UD: frozenset({WrType.SEND}),
 }
 
@@ -208,7 +209,6 @@ class CaState:
             "apm": "alternate paths and automatic path migration are not modelled",
             "qp_types": "reliable datagram (EE contexts) is not implemented",
             "special_qps": "QP0 and QP1 only: raw IPv6 / Ethertype QPs need a real link layer",
-            "mw_types": "only type 1 memory windows (bound with bind_mw)",
             "mad_agents": "QP0/QP1 are special QPs the access layer owns and shares",
             "port_counters": "the fabric counts for all its ports at once (fabric.counters)",
         }
@@ -219,7 +219,7 @@ class CaState:
             opcodes=dict(OPCODES),
             special_qps=frozenset({QpType.QP0, QpType.QP1}),
             atomics=True,
-            mw_types=frozenset({1}),
+            mw_types=frozenset({1, 2}),
             srq=True,
             peek_cq=True,
             rearm_n_cq=True,

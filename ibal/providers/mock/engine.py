@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from ibal.providers.mock import invalidate
 from ibal.providers.mock.faults import FaultPlan
 from ibal.providers.mock.objects import (
     MockCq,
@@ -97,6 +98,7 @@ _OK = WcStatus.SUCCESS
 _RECV = WcType.RECV
 _RECV_WRITE = WcType.RECV_RDMA_WRITE
 _FLUSHED = WcStatus.WR_FLUSHED_ERR
+_INV_REQ = WcStatus.REM_INVALID_REQ_ERR
 _NO_OPT = RecvOpt.NONE
 
 _SEND_WC: dict[WrType, WcType] = {
@@ -105,6 +107,8 @@ _SEND_WC: dict[WrType, WcType] = {
     WrType.RDMA_READ: WcType.RDMA_READ,
     WrType.COMPARE_SWAP: WcType.COMPARE_SWAP,
     WrType.FETCH_ADD: WcType.FETCH_ADD,
+    WrType.LOCAL_INV: WcType.LOCAL_INV,
+    WrType.BIND_MW: WcType.MW_BIND,
 }
 
 
@@ -631,6 +635,8 @@ class Engine:
         bound = mw.mr
         if mw.rkey != rkey or bound is None or mw.pd is not qp.pd or not mw.acc & need:
             return None
+        if mw.qp is not None and mw.qp is not qp:
+            return None  # type 2B: only through the QP it was bound on
         if addr < mw.addr or addr + length > mw.addr + mw.length:
             return None
         return bound, addr - bound.vaddr
@@ -830,6 +836,9 @@ class Engine:
                 return
 
     def _send_wqe(self, qp: MockQp, wqe: SendWqe) -> None:
+        if wqe.local is not None:
+            self._local_op(qp, wqe)
+            return
         if wqe.bind is not None:
             wqe.done = True
             if wqe.psn is None:
@@ -899,6 +908,7 @@ class Engine:
             )
             pkt.npsn = wqe.npsn
             pkt.imm = wqe.imm
+            pkt.inv = wqe.inv
             pkt.solicited = wqe.solicited
             if pop is not PacketOp.SEND and pop is not PacketOp.SEND_IMM:
                 pkt.remote_addr = wqe.remote_addr
@@ -915,6 +925,23 @@ class Engine:
         else:
             wqe.done = True
             self._complete_front(qp)
+
+    def _local_op(self, qp: MockQp, wqe: SendWqe) -> None:
+        """LOCAL_INV or a type 2 BIND_MW, reached in send-queue order."""
+        loc = wqe.local
+        assert loc is not None
+        if loc[0] == "inv":
+            status = invalidate.local_invalidate(qp.ca, qp, loc[1])
+        else:
+            status = invalidate.bind_type2(qp.ca, qp, *loc[1:])
+        if wqe.psn is None:
+            wqe.psn = qp.sq_psn
+            wqe.npsn = 0
+        if status is _OK:
+            wqe.done = True
+        else:
+            self._fail_wqe(qp, wqe, status)
+        self._complete_front(qp)
 
     def _send_ud(self, qp: MockQp, wqe: SendWqe, port: MockPort, data: bytes | memoryview) -> None:
         ud = wqe.ud
@@ -1306,7 +1333,20 @@ class Engine:
                 )
                 self._responder_error(qp, pkt, code, None)
                 return
-            if pkt.imm is None:
+            if pkt.inv is not None:
+                if not invalidate.remote_invalidate(ca, qp, pkt.inv):
+                    # kernel rxe's class J: the receive fails, the QP goes to error
+                    self._push_wc(
+                        qp.recv_cq,
+                        make_wc(wr_id, _RECV, _INV_REQ, 0, None, _NO_OPT, qp.num),
+                    )
+                    self._responder_error(
+                        qp, pkt, NakCode.INVALID_REQUEST, AsyncEvent.WQ_REQ_ERROR
+                    )
+                    return
+                wc = make_wc(wr_id, _RECV, _OK, pkt.length, None, RecvOpt.INVALIDATE, qp.num,
+                    0, pkt.slid, invalidated_rkey=pkt.inv)  # fmt: skip
+            elif pkt.imm is None:
                 wc = make_wc(wr_id, _RECV, _OK, pkt.length, None, _NO_OPT, qp.num, 0, pkt.slid)
             else:
                 wc = make_wc(wr_id, _RECV, _OK, pkt.length, pkt.imm, RecvOpt.IMMEDIATE,
@@ -1424,6 +1464,20 @@ class Engine:
             if status is not _OK:
                 self._push_wc(qp.recv_cq, make_wc(wr_id, _RECV, status, 0, None, _NO_OPT, qp.num))
                 self.qp_error(qp)
+                return
+            if pkt.inv is not None:
+                if not invalidate.remote_invalidate(ca, qp, pkt.inv):
+                    self._push_wc(
+                        qp.recv_cq, make_wc(wr_id, _RECV, _INV_REQ, 0, None, _NO_OPT, qp.num)
+                    )
+                    self.qp_error(qp)
+                    return
+                self._push_wc(
+                    qp.recv_cq,
+                    make_wc(wr_id, _RECV, _OK, pkt.length, None, RecvOpt.INVALIDATE, qp.num, 0,
+                        pkt.slid, invalidated_rkey=pkt.inv),
+                    pkt.solicited,
+                )
                 return
             opt = RecvOpt.NONE if pkt.imm is None else RecvOpt.IMMEDIATE
             self._push_wc(

@@ -296,10 +296,12 @@ class MemoryVerbs(CaState):
 
     # ==================================================================== MW
     @verb
-    def create_mw(self, h_pd: Handle) -> MwCreated:
+    def create_mw(self, h_pd: Handle, mw_type: int = 1) -> MwCreated:
         pd = self._h_pd(h_pd)
+        if mw_type not in (1, 2):
+            raise InvalidParameter(f"no memory window type {mw_type!r}")
         self._check_count("mw", self.limits.max_mws)
-        mw = MockMw(self, pd, self._new_key())
+        mw = MockMw(self, pd, self._new_key(), mw_type)
         self.keys[mw.rkey] = mw
         self._n["mw"] += 1
         pd.users += 1
@@ -316,6 +318,8 @@ class MemoryVerbs(CaState):
         mw.addr = mw.length = 0
         mw.access = AccessFlags.NONE
         mw.acc = 0
+        mw.valid = mw.mw_type == 1
+        mw.qp = None
 
     def bind_mw(self, h_mw: Handle, h_qp: Handle, bind: BindWr) -> int:
         fab = self._engine
@@ -338,6 +342,8 @@ class MemoryVerbs(CaState):
             raise InvalidServiceType(f"{qp.qp_type.name} QPs cannot bind memory windows")
         if not isinstance(bind, BindWr):
             raise InvalidParameter("bind_mw needs a BindWr")
+        if mw.mw_type != 1:
+            raise InvalidParameter("a type 2 window is bound by a BIND_MW work request")
         if bind.current_rkey != mw.rkey:
             raise InvalidRkey(
                 f"current_rkey 0x{bind.current_rkey:x} is not the window's 0x{mw.rkey:x}"

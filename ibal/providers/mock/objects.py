@@ -233,12 +233,18 @@ class MockMr:
 
 
 class MockMw:
-    __slots__ = ("acc", "access", "addr", "alive", "ca", "length", "mr", "pd", "rkey")
+    __slots__ = (
+        "acc", "access", "addr", "alive", "ca", "length", "mr", "mw_type", "pd", "qp", "rkey",
+        "valid",
+    )  # fmt: skip
 
-    def __init__(self, ca: CaState, pd: MockPd, rkey: int) -> None:
+    def __init__(self, ca: CaState, pd: MockPd, rkey: int, mw_type: int = 1) -> None:
         self.ca = ca
         self.pd = pd
         self.rkey = rkey
+        self.mw_type = mw_type
+        self.valid = mw_type == 1  # a type 2 window's R_Key is invalid until bound
+        self.qp: MockQp | None = None  # type 2: the QP it was bound through (IBA type 2B)
         self.mr: MockMr | None = None
         self.addr = 0
         self.length = 0
@@ -274,8 +280,10 @@ class SendWqe:
         "fence",
         "imm",
         "inline",
+        "inv",
         "is_rd_atomic",
         "length",
+        "local",
         "npsn",
         "opcode",
         "psn",
@@ -307,6 +315,9 @@ class SendWqe:
         self.swap = 0
         self.ud: tuple[AvAttr, int, int, int] | None = None  # av, qpn, qkey, pkey_index
         self.bind: tuple[MockMw, MockMr | None, int, int, AccessFlags, int] | None = None
+        self.inv: int | None = None  # SEND with invalidate: the peer's R_Key to invalidate
+        # LOCAL_INV / type 2 BIND_MW: done in send-queue order, nothing on the wire
+        self.local: tuple[Any, ...] | None = None
         self.is_rd_atomic = opcode in _RD_ATOMIC
         self.psn: int | None = None
         self.npsn = 1

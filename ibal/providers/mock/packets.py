@@ -64,6 +64,7 @@ class Packet:
         "grh",
         "icrc",
         "imm",
+        "inv",
         "length",
         "npsn",
         "op",
@@ -115,6 +116,7 @@ class Packet:
         self.payload = payload
         self.length = len(payload)
         self.imm: int | None = None
+        self.inv: int | None = None  # SEND with invalidate: the R_Key (IETH)
         self.solicited = False
         self.remote_addr = 0
         self.rkey = 0

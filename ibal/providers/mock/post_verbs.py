@@ -14,6 +14,8 @@ from ibal.ci.interface import (
 )
 from ibal.providers.mock.objects import (
     MockAv,
+    MockMr,
+    MockMw,
     MockQp,
     RecvWqe,
     SendWqe,
@@ -23,6 +25,7 @@ from ibal.status import (
     post_error,
 )
 from ibal.types import (
+    BindWr,
     QpType,
     RecvWr,
     SendWr,
@@ -40,6 +43,7 @@ from ibal.providers.mock.ca_state import (
     IMMEDIATE,
     INLINE,
     OPCODES,
+    REMOTE,
     RESET,
     RTS,
     SIGNALED,
@@ -90,7 +94,17 @@ class PostVerbs(CaState):
                 raise post_error(Status.INVALID_WR_TYPE, i, f"{op!r} on a {qp.qp_type.name} QP")
             raise post_error(Status.INVALID_WR_TYPE, i, f"unknown work request type {op!r}")
         opt = int(wr.send_opt)
+        if op is WrType.LOCAL_INV or op is WrType.BIND_MW:
+            return self._local_wqe(qp, wr, op, opt, i)
+        inv: int | None = None
+        if op is WrType.SEND_WITH_INV:
+            if opt & IMMEDIATE:
+                raise post_error(Status.INVALID_PARAMETER, i, "a send carries immediate data "
+                                 "or an R_Key to invalidate, not both")  # fmt: skip
+            op = WrType.SEND
+            inv = wr.invalidate_rkey & 0xFFFFFFFF
         w = SendWqe(wr.wr_id, op, bool(opt & SIGNALED) or qp.sq_signaled)
+        w.inv = inv
         sg = wr.sg_list
         if opt & INLINE and (op is WrType.SEND or op is WrType.RDMA_WRITE):
             sges = tuple((s.addr, s.length, s.lkey) for s in sg)
@@ -137,6 +151,25 @@ class PostVerbs(CaState):
             if av.pd is not qp.pd:
                 w.status = WcStatus.LOCAL_PROTECTION_ERR  # IBA: the AV's PD must be the QP's
             w.ud = (av.attr, ud.remote_qp, ud.remote_qkey & 0xFFFFFFFF, ud.pkey_index)
+        return w
+
+    def _local_wqe(self, qp: MockQp, wr: SendWr, op: WrType, opt: int, i: int) -> SendWqe:
+        """LOCAL_INV or a type 2 BIND_MW: checked for shape now, executed in queue order."""
+        w = SendWqe(wr.wr_id, op, bool(opt & SIGNALED) or qp.sq_signaled)
+        w.fence = bool(opt & FENCE)
+        if op is WrType.LOCAL_INV:
+            w.local = ("inv", wr.invalidate_rkey & 0xFFFFFFFF)
+            return w
+        mw, bind = wr.mw, wr.bind
+        if type(mw) is not MockMw or mw.ca is not self:
+            raise post_error(Status.INVALID_PARAMETER, i, f"BIND_MW: not a window of {self.name}")
+        if not isinstance(bind, BindWr):
+            raise post_error(Status.INVALID_PARAMETER, i, "BIND_MW needs wr.bind (a BindWr)")
+        mr = bind.mr
+        if mr is not None and (type(mr) is not MockMr or mr.ca is not self):
+            raise post_error(Status.INVALID_PARAMETER, i, f"BIND_MW: not a region of {self.name}")
+        acc = int(bind.access) & REMOTE
+        w.local = ("bind", mw, mr, bind.addr, bind.length, acc, wr.rkey & 0xFFFFFFFF)
         return w
 
     def post_recv(self, h_qp: Handle, wrs: Sequence[RecvWr]) -> None:

@@ -191,9 +191,9 @@ class MemoryVerbs(CaState):
             mr.buffer = None
 
     # ------------------------------------------------------------------- MW
-    def create_mw(self, h_pd: Handle) -> MwCreated:
+    def create_mw(self, h_pd: Handle, mw_type: int = 1) -> MwCreated:
         pd = self._pd(h_pd)
-        if 1 not in self._caps.mw_types:
+        if mw_type not in self._caps.mw_types:
             raise Unsupported(self._caps.reason("mw_types"))
         with self._lock:
             try:

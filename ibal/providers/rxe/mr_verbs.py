@@ -31,6 +31,7 @@ from ibal.status import (
     InvalidServiceType,
     InvalidSetting,
     ResourceBusy,
+    Unsupported,
 )
 from ibal.transport.wc import make_wc
 from ibal.types import (
@@ -185,8 +186,10 @@ class MemoryVerbs(CaState):
 
     # ------------------------------------------------------------------ MW
     @serialized
-    def create_mw(self, h_pd: Any) -> MwCreated:
+    def create_mw(self, h_pd: Any, mw_type: int = 1) -> MwCreated:
         pd = self._h_pd(h_pd)
+        if mw_type != 1:
+            raise Unsupported("type 2 memory windows")
         self._count("mw", self.attr.max_mws)
         mw = Mw(self, pd)
         mw.rkey = self.keys.new_key()
