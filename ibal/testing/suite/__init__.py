@@ -20,6 +20,7 @@ from ibal.testing.suite.ch_destroy import DestroyChecks
 from ibal.testing.suite.ch_errors import ErrorCompletionChecks
 from ibal.testing.suite.ch_events import EventChecks
 from ibal.testing.suite.ch_handles import HandleChecks
+from ibal.testing.suite.ch_inv import InvalidateChecks
 from ibal.testing.suite.ch_mad import MadChecks
 from ibal.testing.suite.ch_mcast import McastChecks, SpecialQpChecks
 from ibal.testing.suite.ch_mr import MrChecks
@@ -44,6 +45,7 @@ CHAPTERS: tuple[type[ConformanceBase], ...] = (
     QpStateChecks,
     MrChecks,
     MwChecks,
+    InvalidateChecks,
     SrqChecks,
     McastChecks,
     SpecialQpChecks,
@@ -71,6 +73,7 @@ class ProviderConformance(
     SpecialQpChecks,
     McastChecks,
     SrqChecks,
+    InvalidateChecks,
     MwChecks,
     MrChecks,
     QpStateChecks,
