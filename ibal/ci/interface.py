@@ -208,7 +208,7 @@ _FULL_SETS: dict[str, Any] = {
     "mw_types": frozenset({1, 2}),
     "opcodes": {
         QpType.RC: BASE_WR_TYPES | INVALIDATE_WR_TYPES,
-        QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE}) | INVALIDATE_WR_TYPES,
+        QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE, WrType.LOCAL_INV, WrType.BIND_MW}),
         QpType.UD: frozenset({WrType.SEND}),
     },
 }

@@ -38,7 +38,6 @@ from ibal.status import (
     InvalidState,
 )
 from ibal.types import (
-    INVALIDATE_WR_TYPES,
     AccessFlags,
     AvAttr,
     QpState,
@@ -91,7 +90,8 @@ FLUSHING = frozenset({ERROR, SQERR})  # posted sends complete WR_FLUSHED_ERR at 
 
 OPCODES: dict[QpType, frozenset[WrType]] = {
     QpType.RC: frozenset(WrType),
-    QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE}) | INVALIDATE_WR_TYPES,
+    # UC has no SEND with invalidate opcodes (IBA 9.2); the local ones work on it
+    QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE, WrType.LOCAL_INV, WrType.BIND_MW}),
     QpType.UD: frozenset({WrType.SEND}),
 }
 

@@ -1465,20 +1465,6 @@ class Engine:
                 self._push_wc(qp.recv_cq, make_wc(wr_id, _RECV, status, 0, None, _NO_OPT, qp.num))
                 self.qp_error(qp)
                 return
-            if pkt.inv is not None:
-                if not invalidate.remote_invalidate(ca, qp, pkt.inv):
-                    self._push_wc(
-                        qp.recv_cq, make_wc(wr_id, _RECV, _INV_REQ, 0, None, _NO_OPT, qp.num)
-                    )
-                    self.qp_error(qp)
-                    return
-                self._push_wc(
-                    qp.recv_cq,
-                    make_wc(wr_id, _RECV, _OK, pkt.length, None, RecvOpt.INVALIDATE, qp.num, 0,
-                        pkt.slid, invalidated_rkey=pkt.inv),
-                    pkt.solicited,
-                )
-                return
             opt = RecvOpt.NONE if pkt.imm is None else RecvOpt.IMMEDIATE
             self._push_wc(
                 qp.recv_cq,

@@ -62,8 +62,6 @@ FW_VERSION = "ibal rxe 0.1"
 REASONS = {
     "qp_types": "reliable datagram is not part of RoCE (rxe has none either)",
     "special_qps": "RoCE has no subnet manager, so no QP0; QP1 (GSI) carries the MADs",
-    "mw_types": "the contract binds windows only through bind_mw (type 1); type 2 needs "
-    "a bind work request it does not define",
     "phys_mr": "a software HCA reaches only the buffers it is given (no physical pages)",
     "local_mad": "RoCE ports have no subnet management agent",
     "mad_agents": "QP1 is a special QP the access layer owns and shares (no kernel MAD layer)",
@@ -79,12 +77,12 @@ CAPABILITIES = Capabilities(
     qp_types=frozenset({QpType.RC, QpType.UC, QpType.UD}),
     opcodes={
         QpType.RC: frozenset(WrType),
-        QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE}),
+        QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE, WrType.LOCAL_INV, WrType.BIND_MW}),
         QpType.UD: frozenset({WrType.SEND}),
     },
     special_qps=frozenset({QpType.QP1}),
     atomics=True,
-    mw_types=frozenset({1}),
+    mw_types=frozenset({1, 2}),
     srq=True,
     peek_cq=True,
     rearm_n_cq=True,

@@ -15,6 +15,8 @@ reads a clock: ``now`` is passed in, in seconds.  One thread drives a core.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ibal.providers.rxe import packet as P
 from ibal.providers.rxe.completer import Completer
 from ibal.providers.rxe.packet import Packet
@@ -110,9 +112,10 @@ class QpCore:
                 self.resp.set_psn(rq_psn)
 
     def post_send(self, wr: SendWr, inline: bytes | None = None,
-                  inv_rkey: int | None = None) -> None:
+                  inv_rkey: int | None = None,
+                  local: Callable[[], WcStatus] | None = None) -> None:
         """Queue a send WR; in ERROR it completes WR_FLUSHED_ERR at once."""
-        self.req.post(wr, inline, inv_rkey)
+        self.req.post(wr, inline, inv_rkey, local)
         if self.cfg.state is _ERROR or self.cfg.state is _SQERR:
             self.req.flush()
 

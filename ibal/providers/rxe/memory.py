@@ -69,11 +69,16 @@ class Mr(Resource):
 
 
 class Mw(Resource):
-    """A type 1 memory window: unbound, or a range of ``mr`` with remote rights."""
+    """A memory window: unbound, or a range of ``mr`` with remote rights.
 
-    __slots__ = ("access", "addr", "length", "mr", "pd", "rkey")
+    Type 1 windows are bound by ``bind_mw``; type 2 ones by a BIND_MW work
+    request, only from the free state (``valid`` false), and answer only on
+    the QP they were bound through (``qp``, IBA type 2B) until invalidated.
+    """
 
-    def __init__(self, ca: object, pd: Pd) -> None:
+    __slots__ = ("access", "addr", "length", "mr", "mw_type", "pd", "qp", "rkey", "valid")
+
+    def __init__(self, ca: object, pd: Pd, mw_type: int = 1) -> None:
         super().__init__(ca)
         self.pd = pd
         self.rkey = 0
@@ -81,12 +86,17 @@ class Mw(Resource):
         self.addr = 0
         self.length = 0
         self.access = 0
+        self.mw_type = mw_type
+        self.valid = mw_type == 1
+        self.qp: object = None
 
     def unbind(self) -> None:
         if self.mr is not None:
             self.mr.windows -= 1
             self.mr = None
         self.addr = self.length = self.access = 0
+        self.valid = self.mw_type == 1
+        self.qp = None
 
 
 class KeyTable:
@@ -135,11 +145,12 @@ def _slice(mr: Mr, addr: int, length: int) -> memoryview | None:
 class QpMemory:
     """The :class:`~ibal.providers.rxe.qp.MemoryAccess` of one QP (its PD's keys)."""
 
-    __slots__ = ("keys", "pd")
+    __slots__ = ("keys", "owner", "pd")
 
     def __init__(self, keys: KeyTable, pd: Pd) -> None:
         self.keys = keys
         self.pd = pd
+        self.owner: object = None  # the QP: type 2 windows answer only on theirs
 
     def _mr(self, lkey: int) -> Mr | None:
         mr = self.keys.get(lkey)
@@ -168,6 +179,8 @@ class QpMemory:
             mr = obj.mr
             if mr is None or obj.access & access != access:
                 return None
+            if obj.qp is not None and obj.qp is not self.owner:
+                return None
             if va < obj.addr or va + length > obj.addr + obj.length:
                 return None
             return _slice(mr, va, length)
@@ -176,8 +189,58 @@ class QpMemory:
             return None
         return _slice(obj, va, length)
 
+    def _type2(self, key: int) -> Mw | None:
+        """The valid type 2 window of this PD whose R_Key is exactly ``key``.
+
+        Only windows: the contract has no fast-register regions, and a region
+        registered the ordinary way is not invalidated (IBA; kernel rxe too).
+        """
+        mw = self.keys.get(key)
+        if type(mw) is not Mw or mw.mw_type != 2 or not mw.valid:
+            return None
+        if mw.rkey != key or mw.pd is not self.pd:
+            return None
+        return mw
+
     def invalidate(self, rkey: int) -> bool:
-        return False  # no type 2 windows: nothing may be invalidated remotely
+        mw = self._type2(rkey)
+        if mw is None or mw.qp is not self.owner:
+            return False
+        mw.unbind()
+        return True
+
+    def local_invalidate(self, key: int) -> bool:
+        """LOCAL_INV of ``key`` (a type 2 window of this PD); False if not allowed."""
+        mw = self._type2(key)
+        if mw is None:
+            return False
+        mw.unbind()
+        return True
+
+    def bind_type2(self, mw: Mw, mr: Mr | None, addr: int, length: int, acc: int,
+                   new_rkey: int) -> bool:
+        """A BIND_MW work request of the owner QP, with IBA 10.6.7.2's checks."""
+        if not mw.alive or mw.mw_type != 2 or mw.valid or mw.pd is not self.pd:
+            return False  # bound from the free state only
+        if new_rkey & ~0xFF != mw.rkey & ~0xFF or new_rkey == mw.rkey:
+            return False  # only the key byte may change, and it must
+        if mr is None or not mr.alive or mr.pd is not self.pd or not mr.access & MW_BIND:
+            return False
+        if acc & NEEDS_LOCAL_WRITE and not mr.access & LOCAL_WRITE:
+            return False
+        if length <= 0 or addr < mr.vaddr or addr + length > mr.vaddr + mr.length:
+            return False
+        self.keys.remove(mw.rkey)
+        mw.rkey = new_rkey
+        self.keys.install(mw, new_rkey)
+        mw.mr = mr
+        mr.windows += 1
+        mw.addr = addr
+        mw.length = length
+        mw.access = acc
+        mw.valid = True
+        mw.qp = self.owner
+        return True
 
 
 def check_access(access: Any) -> int:

@@ -31,7 +31,6 @@ from ibal.status import (
     InvalidServiceType,
     InvalidSetting,
     ResourceBusy,
-    Unsupported,
 )
 from ibal.transport.wc import make_wc
 from ibal.types import (
@@ -188,10 +187,10 @@ class MemoryVerbs(CaState):
     @serialized
     def create_mw(self, h_pd: Any, mw_type: int = 1) -> MwCreated:
         pd = self._h_pd(h_pd)
-        if mw_type != 1:
-            raise Unsupported("type 2 memory windows")
+        if mw_type not in (1, 2):
+            raise InvalidParameter(f"no memory window type {mw_type!r}")
         self._count("mw", self.attr.max_mws)
-        mw = Mw(self, pd)
+        mw = Mw(self, pd, mw_type)
         mw.rkey = self.keys.new_key()
         self.keys.install(mw, mw.rkey)
         self._n["mw"] += 1
@@ -210,6 +209,8 @@ class MemoryVerbs(CaState):
             raise InvalidServiceType(f"{qp.qp_type.name} QPs cannot bind memory windows")
         if not isinstance(bind, BindWr):
             raise InvalidParameter("bind_mw needs a BindWr")
+        if mw.mw_type != 1:
+            raise InvalidParameter("a type 2 window is bound by a BIND_MW work request")
         if bind.current_rkey != mw.rkey:
             raise InvalidRkey(
                 f"current_rkey 0x{bind.current_rkey:x} is not the window's 0x{mw.rkey:x}"

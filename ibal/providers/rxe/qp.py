@@ -10,7 +10,7 @@ for its driver: completions and async events (packets are pulled with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ibal.types import AsyncEvent, QpState, QpType, SendOpt, SendWr, Sge, Wc, WcStatus, WrType
@@ -187,6 +187,7 @@ class SendWqe:
         "imm",
         "inv_rkey",
         "length",
+        "local",
         "npkts",
         "opcode",
         "rd_atomic",
@@ -224,6 +225,8 @@ class SendWqe:
         self.fence = bool(opt & _FENCE)
         self.imm = bool(opt & _IMMEDIATE)
         self.inv_rkey = inv_rkey
+        # LOCAL_INV / BIND_MW: done by the requester in queue order, nothing on the wire
+        self.local: Callable[[], WcStatus] | None = None
         self.first_psn: int | None = None
         self.got = 0
         self.done = False

@@ -12,14 +12,14 @@ raises the :mod:`ibal.status` exceptions (post verbs a ``PostError``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ibal import qp_fsm
 from ibal.ci import QpCreated, SrqCreated
 from ibal.providers.rxe import wire
 from ibal.providers.rxe.core import QpCore
-from ibal.providers.rxe.memory import ALL_ACCESS, QpMemory
+from ibal.providers.rxe.memory import ALL_ACCESS, REMOTE, Mr, Mw, QpMemory
 from ibal.providers.rxe.qp import QpConfig
 from ibal.providers.rxe.qps import (
     Av,
@@ -50,6 +50,7 @@ from ibal.types import (
     QP1_WELL_KNOWN_QKEY,
     AccessFlags,
     AvAttr,
+    BindWr,
     QpAttr,
     QpCaps,
     QpMod,
@@ -62,6 +63,7 @@ from ibal.types import (
     SrqAttr,
     SrqAttrMask,
     UdDest,
+    WcStatus,
     WrType,
 )
 
@@ -70,11 +72,13 @@ _ERROR = QpState.ERROR
 _SEND_OK = frozenset({QpState.RTS, QpState.SQD, QpState.SQERR, QpState.ERROR})
 _OPCODES: dict[QpType, frozenset[WrType]] = {
     QpType.RC: frozenset(WrType),
-    QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE}),
+    QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE, WrType.LOCAL_INV, WrType.BIND_MW}),
     QpType.UD: frozenset({WrType.SEND}),
     QpType.QP1: frozenset({WrType.SEND}),
 }
 _INLINE = int(SendOpt.INLINE)
+_IMMEDIATE = int(SendOpt.IMMEDIATE)
+_OK = WcStatus.SUCCESS
 _BAD_SGE = (Sge(0, 1, 0),)  # key 0 is never valid: the core fails the WR in order
 _RANGES = (("dest_qp", 0xFFFFFF), ("rq_psn", 0xFFFFFF), ("sq_psn", 0xFFFFFF),
            ("rnr_nak_timeout", 31), ("local_ack_timeout", 31), ("retry_cnt", 7),
@@ -120,9 +124,11 @@ class QpVerbs(CaState):
             cfg.mtu = self.device.port_attr().active_mtu.bytes  # datagrams: the port's MTU
         rq = RecvQueue()
         source = SrqSource(srq) if srq is not None else rq
-        core = QpCore(cfg, QpMemory(self.keys, pd), source, self.device.counters)
+        mem = QpMemory(self.keys, pd)
+        core = QpCore(cfg, mem, source, self.device.counters)
         qp = Qp(self, pd, qp_type, qpn, caps, scq, rcq, srq, bool(sq_signaled), context,
                 core, cfg, rq)
+        mem.owner = qp
         self.engine.add(qp)
         self._n["qp"] += 1
         pd.users += 1
@@ -382,8 +388,16 @@ class QpVerbs(CaState):
             for i, wr in enumerate(wrs):
                 if len(core.req.sq) >= qp.caps.sq_depth:
                     raise post_error(Status.INSUFFICIENT_RESOURCES, i, "send queue full")
+                op = wr.opcode
+                if op is WrType.LOCAL_INV or op is WrType.BIND_MW:
+                    snap, local = self._local_wqe(qp, wr, i)
+                    core.post_send(snap, None, None, local)
+                    continue
                 snap, inline = self._send_wqe(qp, wr, i)
-                core.post_send(snap, inline)
+                inv = None
+                if op is WrType.SEND_WITH_INV:
+                    inv = wr.invalidate_rkey & 0xFFFFFFFF
+                core.post_send(snap, inline, inv)
         finally:
             self.engine.pump(qp)
 
@@ -421,10 +435,36 @@ class QpVerbs(CaState):
                 sg, inline = _BAD_SGE, None  # IBA: the AV's PD must be the QP's
             ud = UdDest(av=av, remote_qp=ud.remote_qp, remote_qkey=ud.remote_qkey & 0xFFFFFFFF,
                         pkey_index=ud.pkey_index)
+        if op is WrType.SEND_WITH_INV:
+            if opt & _IMMEDIATE:
+                raise post_error(Status.INVALID_PARAMETER, i, "a send carries immediate data "
+                                 "or an R_Key to invalidate, not both")
+            op = WrType.SEND  # the core sends it with the IETH it is given
         snap = SendWr(wr_id=wr.wr_id, opcode=op, sg_list=sg, send_opt=SendOpt(opt), imm=wr.imm,
                       remote_addr=wr.remote_addr, rkey=wr.rkey, compare_add=wr.compare_add,
                       swap=wr.swap, ud=ud)
         return snap, inline
+
+    def _local_wqe(self, qp: Qp, wr: SendWr, i: int) -> tuple[SendWr, Callable[[], WcStatus]]:
+        """LOCAL_INV or a type 2 BIND_MW: its shape checked now, its effect run in queue order."""
+        opt = int(wr.send_opt) | (int(SendOpt.SIGNALED) if qp.sq_signaled else 0)
+        snap = SendWr(wr_id=wr.wr_id, opcode=wr.opcode, send_opt=SendOpt(opt))
+        mem = qp.core.mem
+        assert isinstance(mem, QpMemory)
+        if wr.opcode is WrType.LOCAL_INV:
+            key = wr.invalidate_rkey & 0xFFFFFFFF
+            # kernel rxe completes a refused LOCAL_INV with IB_WC_LOC_QP_OP_ERR
+            return snap, lambda: _OK if mem.local_invalidate(key) else WcStatus.LOCAL_OP_ERR
+        mw, bind = wr.mw, wr.bind
+        if type(mw) is not Mw or mw.ca is not self:
+            raise post_error(Status.INVALID_PARAMETER, i, f"BIND_MW: not a window of {self.name}")
+        if not isinstance(bind, BindWr):
+            raise post_error(Status.INVALID_PARAMETER, i, "BIND_MW needs wr.bind (a BindWr)")
+        mr = bind.mr
+        if mr is not None and (type(mr) is not Mr or mr.ca is not self):
+            raise post_error(Status.INVALID_PARAMETER, i, f"BIND_MW: not a region of {self.name}")
+        args = (mw, mr, bind.addr, bind.length, int(bind.access) & REMOTE, wr.rkey & 0xFFFFFFFF)
+        return snap, lambda: _OK if mem.bind_type2(*args) else WcStatus.MEM_WINDOW_BIND_ERR
 
     @serialized
     def post_recv(self, h_qp: Any, wrs: Sequence[RecvWr]) -> None:

@@ -101,9 +101,16 @@ class Requester:
         self.retry_left = self.cfg.retry_cnt
         self.rnr_left = self.cfg.rnr_retry
 
-    def post(self, wr: SendWr, inline: bytes | None = None, inv_rkey: int | None = None) -> None:
-        """Queue a send WR (the provider validated it); it leaves on a later :meth:`poll`."""
-        self.sq.append(SendWqe(wr, self.cfg.mtu, inline, inv_rkey))
+    def post(self, wr: SendWr, inline: bytes | None = None, inv_rkey: int | None = None,
+             local: Callable[[], WcStatus] | None = None) -> None:
+        """Queue a send WR (the provider validated it); it leaves on a later :meth:`poll`.
+
+        ``local`` (LOCAL_INV, BIND_MW) runs when the queue reaches the WR and
+        says how it completes; nothing goes on the wire for it.
+        """
+        w = SendWqe(wr, self.cfg.mtu, inline, inv_rkey)
+        w.local = local
+        self.sq.append(w)
 
     @property
     def outstanding(self) -> bool:
@@ -119,6 +126,7 @@ class Requester:
             return
         sq = self.sq
         start = len(out)
+        ran_local = False
         while len(out) - start < budget and self.cur < len(sq):
             w = sq[self.cur]
             if w.done:
@@ -128,6 +136,17 @@ class Requester:
             if w.first_psn is None:
                 if state is _SQD:
                     break
+                if w.local is not None:
+                    if w.fence and self.rd_atomic_out:
+                        break
+                    status = w.local()
+                    if status is not _OK:
+                        self.fail(w, status)
+                        break
+                    w.done = True
+                    self.cur += 1
+                    ran_local = True
+                    continue
                 if self.reliable:
                     if w.fence and self.rd_atomic_out:
                         break
@@ -155,7 +174,7 @@ class Requester:
             t = ack_timeout_seconds(cfg.local_ack_timeout)
             if t:
                 self.ack_deadline = now + t
-        if not self.reliable:
+        if not self.reliable or ran_local:
             self.retire()
 
     def _prepare(self, w: SendWqe) -> bool:

@@ -41,6 +41,7 @@ _F_MIDDLE = P.MIDDLE
 _F_LAST = P.LAST
 _F_IMM = P.IMMDT
 _F_IETH = P.IETH
+_INV_OPT = RecvOpt.INVALIDATE
 _F_RWQE = P.CONSUMES_RWQE
 
 _IN_NONE = 0
@@ -271,6 +272,9 @@ class Responder:
         self.msn = (self.msn + 1) & PSN_MASK
         if flags & _F_IMM:
             wc = make_wc(target.wr_id, _RECV, status, target.off, pkt.imm, _IMM_OPT, self.cfg.qpn)
+        elif flags & _F_IETH:
+            wc = make_wc(target.wr_id, _RECV, status, target.off, None, _INV_OPT, self.cfg.qpn,
+                         invalidated_rkey=pkt.inv_rkey)
         else:
             wc = make_wc(target.wr_id, _RECV, status, target.off, None, _NO_OPT, self.cfg.qpn)
         self.out.recv_wcs.append((wc, pkt.se))
