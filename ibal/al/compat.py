@@ -376,7 +376,8 @@ _DONE: dict[str, str] = {
     "ib_modify_srq": "srq.modify(attr, mask)",
     "ib_destroy_srq": "srq.destroy(destroy_cb, wait=)",
     "ib_post_srq_recv": "srq.post_recv(wrs)",
-    "ib_post_send": "qp.post_send(wrs) (PostError.failed_index)",
+    "ib_post_send": "qp.post_send(wrs) (PostError.failed_index); also verbs' SEND_WITH_INV, "
+    "LOCAL_INV, BIND_MW (WrType, SendWr.invalidate_rkey/mw/bind)",
     "ib_post_recv": "qp.post_recv(wrs)",
     "ib_reg_mem": "pd.reg_mem(buffer, access)",
     "ib_reg_phys": "pd.reg_phys(PhysCreate, vaddr)",
@@ -384,7 +385,7 @@ _DONE: dict[str, str] = {
     "ib_query_mr": "mr.query()",
     "ib_rereg_mem": "mr.rereg(mask, buffer=, access=, pd=)",
     "ib_dereg_mr": "mr.dereg()",
-    "ib_create_mw": "pd.create_mw()",
+    "ib_create_mw": "pd.create_mw() (mw_type=2: verbs' type 2 window)",
     "ib_query_mw": "mw.query() -> (pd, rkey)",
     "ib_bind_mw": "mw.bind(qp, BindWr)",
     "ib_destroy_mw": "mw.destroy()",

@@ -448,9 +448,9 @@ class FakeCi(ChannelInterface):
             raise ResourceBusy("fake: windows bound or shared regions")
         self._kill(mr)
 
-    def create_mw(self, h_pd: Any) -> MwCreated:
-        self._call("create_mw")
-        h = self._new("mw", pd=self._get(h_pd, "pd"), mr=None)
+    def create_mw(self, h_pd: Any, mw_type: int = 1) -> MwCreated:
+        self._call("create_mw", mw_type)
+        h = self._new("mw", pd=self._get(h_pd, "pd"), mr=None, mw_type=mw_type)
         return MwCreated(h, h.id << 8 | 3)
 
     def query_mw(self, h_mw: Any) -> int:

@@ -45,6 +45,7 @@ from ibal.types import (
     SrqAttr,
     SrqAttrMask,
     UdDest,
+    WrType,
 )
 
 RW = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE
@@ -368,6 +369,8 @@ _BAD_SENDS: dict[str, Any] = {
     "a string wr_id": [SendWr("x")],  # type: ignore[arg-type]
     "a float remote_addr": [SendWr(2, remote_addr=1.5)],  # type: ignore[arg-type]
     "a string ud": [SendWr(2, ud="x")],  # type: ignore[arg-type]
+    "a string invalidate_rkey": [SendWr(2, opcode=WrType.LOCAL_INV, invalidate_rkey="k")],  # type: ignore[arg-type]
+    "a BIND_MW without bind": [_GOOD, SendWr(2, opcode=WrType.BIND_MW, mw=object())],
 }
 
 
