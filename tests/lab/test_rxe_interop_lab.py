@@ -34,7 +34,20 @@ from ibal.lab.pytest_plugin import lab_requires
 from ibal.providers.rxe.provider import RxeProvider
 from ibal.testing.helpers import Side as QpSide
 from ibal.testing.helpers import active_port, make_side, to_init, to_rtr, to_rts, wait_wc
-from ibal.types import AvAttr, Gid, Grh, Mtu, QpType, SendWr, WcStatus, WrType
+from ibal.types import (
+    AccessFlags,
+    AvAttr,
+    BindWr,
+    Gid,
+    Grh,
+    Mtu,
+    QpType,
+    RecvOpt,
+    SendWr,
+    WcStatus,
+    WcType,
+    WrType,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -289,6 +302,113 @@ def test_rdma_write_read_atomics_with_pyverbs_on_kernel_rxe(link: LabSession) ->
         swapped = 0x1122334455667788
         assert (res["cas_hit"], res["cas_miss"], res["faa"]) == (100, swapped, swapped)
         assert _word(side.get(32768, 8)) == swapped + 0x10
+        peer.write("quit")
+        r = job.wait()
+        assert r.returncode == 0 and r.stdout_text.strip() == "OK", r.stderr_text
+
+
+# ------------------------------------------------- invalidate, both ways, with pyverbs
+
+INV_PEER = HERE / "pyverbs_inv_peer.py"
+IBV_WC_REM_ACCESS_ERR = 10
+IBV_WC_BIND_MW = 5
+
+
+def _one(side: QpSide, **wr: Any) -> Any:
+    side.qp.post_send(SendWr(wr_id=2, **wr))
+    return wait_wc(side.cq, timeout=60)
+
+
+@pytest.mark.timeout(600)
+def test_send_with_invalidate_both_ways_with_pyverbs_on_kernel_rxe(link: LabSession) -> None:
+    """Type 2 windows on both ends: a SEND with invalidate from one side kills the other's
+    window (the receiver sees it invalidated, with the R_Key) and a later WRITE with that
+    R_Key fails REM_ACCESS_ERR; ibal -> kernel rxe on one QP pair, kernel rxe -> ibal on another."""
+    s = link
+    host_ip, guest_ip = _addrs(s)
+    shutil.copy(INV_PEER, s.host_dir)
+    job = s.guest_start(
+        ["/usr/bin/python3", s.guest_path(s.host_dir / INV_PEER.name), str(RDMA_PORT + 1)],
+        timeout=300,
+    )
+    with contextlib.ExitStack() as stack:
+        stack.callback(lambda: None if job.done() else job.kill())
+        with s.in_netns():
+            mgr = AlManager()
+            stack.callback(mgr.close)
+            mgr.add_provider(RxeProvider({"devices": f"rxe0={host_ip}"}))
+            deadline = time.monotonic() + 120
+            while True:  # retried while the guest's python starts (bounded)
+                try:
+                    sock = socket.create_connection((guest_ip, RDMA_PORT + 1), timeout=120)
+                    break
+                except ConnectionRefusedError:
+                    assert not job.done() and time.monotonic() < deadline, "peer never listened"
+                    time.sleep(0.2)
+        stack.callback(sock.close)
+        al = mgr.open_al()
+        ca = al.open_ca(al.get_ca_guids()[0])
+        port = active_port(ca.query().ports)
+        assert port is not None
+        sides = [make_side(ca, port, QpType.RC, buf_size=64 * 1024) for _ in range(2)]
+        peer = GuestPeer(sock)
+        info = peer.read()
+        gid = port.gid_table[0].gid
+        peer.write({"qpns": [x.qp.num for x in sides], "gid": gid.exploded})
+        av = AvAttr(port_num=port.port_num, grh=Grh(dgid=Gid(info["gid"])))
+        for x, qpn in zip(sides, info["qpns"], strict=True):
+            to_init(x.qp, port.port_num, x.mr.access)
+            to_rtr(x.qp, av, Mtu.MTU_1024, qpn)
+            to_rts(x.qp)
+        assert peer.read() == {"ready": True}
+        a, b = sides
+        window = info["vaddr"] + 16384
+
+        # ibal -> kernel rxe: the guest binds a type 2 window; ibal writes through it,
+        # then invalidates it with a SEND.
+        peer.write("bind")
+        bound = peer.read()
+        assert (bound["status"], bound["opcode"]) == (0, IBV_WC_BIND_MW), bound
+        rkey_g = bound["rkey"]
+        a.put(0, b"via window")
+        wc = _one(a, opcode=WrType.RDMA_WRITE, sg_list=[a.sge(0, 10)],
+                  remote_addr=window + 100, rkey=rkey_g)  # fmt: skip
+        assert wc.status is WcStatus.SUCCESS, wc
+        assert peer.dump(16384 + 100, 10) == b"via window"
+        a.put(64, b"goodbye window")
+        wc = _one(a, opcode=WrType.SEND_WITH_INV, sg_list=[a.sge(64, 14)],
+                  invalidate_rkey=rkey_g)  # fmt: skip
+        assert (wc.wc_type, wc.status) == (WcType.SEND, WcStatus.SUCCESS), wc
+        peer.write("recv")
+        got = peer.read()
+        assert got == {"status": 0, "with_inv": True, "inv_rkey": rkey_g, "len": 14}, got
+        assert peer.dump(0, 14) == b"goodbye window"
+        wc = _one(a, opcode=WrType.RDMA_WRITE, sg_list=[a.sge(0, 10)],
+                  remote_addr=window + 200, rkey=rkey_g)  # fmt: skip
+        assert wc.status is WcStatus.REM_ACCESS_ERR, wc
+        assert peer.dump(16384 + 200, 10) == bytes(10)
+
+        # kernel rxe -> ibal: ibal binds a type 2 window on its second QP; the guest
+        # writes through it, then invalidates it with a SEND.
+        mw = b.pd.create_mw(2)
+        rkey_h = (mw.rkey & ~0xFF) | ((mw.rkey + 1) & 0xFF)
+        wc = _one(b, opcode=WrType.BIND_MW, rkey=rkey_h, mw=mw,
+                  bind=BindWr(b.mr, b.mr.vaddr + 8192, 4096,
+                              AccessFlags.RDMA_WRITE | AccessFlags.RDMA_READ, mw.rkey))  # fmt: skip
+        assert (wc.wc_type, wc.status) == (WcType.MW_BIND, WcStatus.SUCCESS), wc
+        b.recv(100, 0, 64)
+        peer.write(f"write {rkey_h} {b.mr.vaddr + 8192 + 8}")
+        assert peer.read() == {"status": 0}
+        assert b.get(8192 + 8, 8) == b"kernelrx"
+        peer.write(f"sendinv {rkey_h}")
+        assert peer.read() == {"status": 0}
+        wc = wait_wc(b.cq, timeout=60)
+        assert (wc.wr_id, wc.status, wc.length) == (100, WcStatus.SUCCESS, 16), wc
+        assert wc.recv_opt & RecvOpt.INVALIDATE and wc.invalidated_rkey == rkey_h, wc
+        assert b.get(0, 16) == b"invalidate yours"
+        peer.write(f"write {rkey_h} {b.mr.vaddr + 8192 + 64}")
+        assert peer.read() == {"status": IBV_WC_REM_ACCESS_ERR}
+        assert b.get(8192 + 64, 8) == bytes(8)
         peer.write("quit")
         r = job.wait()
         assert r.returncode == 0 and r.stdout_text.strip() == "OK", r.stderr_text
