@@ -8,7 +8,8 @@ reads the host's ``{"qpns": [...], "gid"}``, connects QP i to the host's QP i
 - ``bind``: post a receive on QP 0, bind a type 2 window over 4096 bytes at
   16384 of the buffer (remote read and write) with an ``IBV_WR_BIND_MW`` on
   QP 0: ``{"status": S, "opcode": OP, "rkey": NEW}``;
-- ``recv``: the receive's completion: ``{"status", "with_inv", "inv_rkey", "len"}``;
+- ``recv``: the receive's completion: ``{"status", "with_inv", "inv_rkey", "len",
+  "flags"}`` (``flags``: the raw ``wc_flags``);
 - ``sendinv RKEY``: ``IBV_WR_SEND_WITH_INV`` of 16 bytes on QP 1: ``{"status"}``;
 - ``write RKEY VA``: an 8-byte RDMA WRITE on QP 1: ``{"status"}``;
 - ``dump OFFSET LENGTH``: ``{"data": HEX}``;
@@ -119,7 +120,7 @@ def recv() -> dict[str, object]:
     with_inv = bool(wc.wc_flags & e.IBV_WC_WITH_INV)
     # imm_data shares its union with invalidated_rkey (host order)
     return {"status": int(wc.status), "with_inv": with_inv, "inv_rkey": int(wc.imm_data),
-            "len": int(wc.byte_len)}
+            "len": int(wc.byte_len), "flags": int(wc.wc_flags)}
 
 
 def sendinv(rkey: int) -> dict[str, object]:
