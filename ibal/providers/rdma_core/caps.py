@@ -12,7 +12,7 @@ from typing import Any
 
 from ibal.ci.interface import Capabilities
 from ibal.providers.rdma_core import consts as C
-from ibal.types import QpType, WrType
+from ibal.types import BASE_WR_TYPES, QpType, WrType
 
 SPECIAL_QPS_REASON = (
     "QP0/QP1 are owned by the kernel; MADs go through the MAD-agent verbs (libibumad)"
@@ -116,8 +116,8 @@ def build_capabilities(
     if flags & C.IBV_DEVICE_MEM_WINDOW and int(dev.max_mw) > 0:
         mw_types.add(1)
         reasons["mw_types"] = (
-            "type 1 windows (ibv_bind_mw); type 2 windows are bound by posting a work "
-            "request, which the contract's bind_mw does not model"
+            "type 1 windows (ibv_bind_mw); type 2 windows and their BIND_MW work "
+            "request are not mapped onto ibv_post_send yet"
         )
     else:
         reasons["mw_types"] = "the device does not report IBV_DEVICE_MEM_WINDOW"
@@ -126,10 +126,13 @@ def build_capabilities(
         reasons["multicast"] = multicast_reason
     elif not multicast:
         reasons["multicast"] = "the device reports max_mcast_grp = 0"
+    reasons["opcodes"] = (
+        "SEND_WITH_INV, LOCAL_INV and BIND_MW are not mapped onto ibv_post_send yet"
+    )
     rc_ops = (
-        frozenset(WrType)
+        BASE_WR_TYPES
         if atomics
-        else frozenset(WrType)
+        else BASE_WR_TYPES
         - {
             WrType.COMPARE_SWAP,
             WrType.FETCH_ADD,

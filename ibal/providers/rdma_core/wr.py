@@ -54,7 +54,18 @@ from ibal.status import (
     Unsupported,
     post_error,
 )
-from ibal.types import QpType, RecvOpt, RecvWr, SendOpt, SendWr, Wc, WcStatus, WcType, WrType
+from ibal.types import (
+    BASE_WR_TYPES,
+    QpType,
+    RecvOpt,
+    RecvWr,
+    SendOpt,
+    SendWr,
+    Wc,
+    WcStatus,
+    WcType,
+    WrType,
+)
 
 POOL_MAX = 64
 """Most send work requests posted with one ``ibv_post_send`` call."""
@@ -66,7 +77,7 @@ RECV_CACHE_MAX = 4096
 
 K_PLAIN, K_RDMA, K_ATOMIC, K_UD = range(4)
 _NOPT = 64  # SendOpt has six bits
-_TABLE_LEN = len(WrType) * _NOPT
+_TABLE_LEN = (max(WrType) + 1) * _NOPT  # indexed by value: WrType has gaps
 
 if sys.byteorder == "little":
 
@@ -98,15 +109,22 @@ def build_send_table(
     """
     if allowed is None:
         allowed = {
-            QpType.RC: frozenset(WrType),
+            QpType.RC: BASE_WR_TYPES,
             QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE}),
             QpType.UD: frozenset({WrType.SEND}),
         }.get(qp_type, frozenset())
     table: list[SendEntry | type[IbError]] = []
-    for op in WrType:
+    for value in range(_TABLE_LEN // _NOPT):
+        op = _WR_TYPES.get(value)
         for opt in range(_NOPT):
-            table.append(_send_entry(qp_type, op, SendOpt(opt), atomics, allowed))
+            table.append(
+                InvalidWrType if op is None
+                else _send_entry(qp_type, op, SendOpt(opt), atomics, allowed)
+            )  # fmt: skip
     return table
+
+
+_WR_TYPES = {int(op): op for op in WrType}
 
 
 def _send_entry(
@@ -114,6 +132,8 @@ def _send_entry(
 ) -> SendEntry | type[IbError]:
     if op not in allowed:
         return InvalidWrType
+    if op not in BASE_WR_TYPES:
+        return Unsupported  # invalidate and bind requests are not mapped onto verbs yet
     if op.is_atomic and not atomics:
         return Unsupported
     if opt & SendOpt.LOCAL:

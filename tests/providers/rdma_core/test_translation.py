@@ -232,6 +232,12 @@ def test_send_table_per_qp_type() -> None:
     assert entry(QpType.UC, WrType.FETCH_ADD, SIG) is InvalidWrType
     assert entry(QpType.UD, WrType.RDMA_WRITE, SIG) is InvalidWrType
     assert entry(QpType.UD, WrType.SEND, SIG)[0] == C.IBV_WR_SEND
+    # indexed by value (WrType has gaps); invalidate/bind requests are not mapped yet
+    for op in (WrType.LOCAL_INV, WrType.BIND_MW, WrType.SEND_WITH_INV):
+        assert entry(QpType.RC, op, SIG) is InvalidWrType
+        table = build_send_table(QpType.RC, True, frozenset({op}))
+        assert table[op * 64 + SIG] is Unsupported
+    assert build_send_table(QpType.RC, True)[5 * 64 + SIG] is InvalidWrType  # no opcode 5
 
 
 def test_immediate_goes_big_endian_on_the_wire() -> None:
