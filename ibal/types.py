@@ -924,6 +924,30 @@ def mad_is_response(mad: bytes | bytearray | memoryview) -> bool:
     return bool(method & 0x80) or method == 0x07
 
 
+MAD_STATUS_BAD_VERSION = 0x0004
+"""MAD status: the class (or its class version) is not supported here."""
+MAD_STATUS_UNSUPPORTED_METHOD = 0x0008
+"""MAD status: the class is supported, the method is not."""
+MAD_STATUS_UNSUPPORTED_METHOD_ATTR = 0x000C
+"""MAD status: the method is supported, not with this attribute."""
+
+
+def mad_error_reply(mad: bytes | bytearray | memoryview, status: int) -> bytes | None:
+    """The GetResp a management agent owes an unserved Get/Set request, else ``None``.
+
+    Only Get and Set requests are answered (responses, traps, Sends and the
+    other methods are not); the reply keeps the request's TID and attribute and
+    carries ``status``.  Directed-route SMPs (class 0x81) get none here: their
+    reply needs the path reversed, which is the SMA's job.
+    """
+    if len(mad) < MAD_HEADER_SIZE or mad[3] not in (0x01, 0x02) or mad[1] == 0x81:
+        return None
+    reply = bytearray(mad)
+    reply[3] = 0x81
+    reply[4:6] = status.to_bytes(2, "big")
+    return bytes(reply)
+
+
 @dataclass(frozen=True, slots=True)
 class MadAddr:
     """Where a MAD goes (send) or came from (receive): ``ib_mad_addr`` as a record.

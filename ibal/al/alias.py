@@ -13,13 +13,13 @@ callback.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ibal.al import mad_port
 from ibal.al.dispatcher import call_user
 from ibal.al.obj import CaObject, DestroyCallback, _SyncDestroy
-from ibal.status import InvalidHandle, InvalidParameter, InvalidQpHandle
+from ibal.status import InvalidHandle, InvalidParameter, InvalidQpHandle, NotFound, Unsupported
 from ibal.types import (
     MadAgentSpec,
     MadRecv,
@@ -28,6 +28,7 @@ from ibal.types import (
     MadSendCallback,
     MadSendDone,
     QpType,
+    WcStatus,
 )
 
 if TYPE_CHECKING:
@@ -189,6 +190,32 @@ class MadAgent(CaObject):
             self._transport.send(self._key, send)
         finally:
             self._unuse()
+
+    def cancel(self, context: Any) -> None:
+        """Stop the unfinished send whose ``MadSend.context`` is ``context``.
+
+        Its ``send_cb`` then reports ``CANCELED`` (on the misc queue) and no other
+        completion or response of it follows.  ``NotFound`` when no such send is
+        pending (it already completed); ``Unsupported`` where the provider cannot
+        stop a send (libibumad: the kernel owns the retries).
+        """
+        self._use()
+        try:
+            assert self._transport is not None
+            found = self._transport.cancel(self._key, context)
+        finally:
+            self._unuse()
+        if found is None:
+            raise Unsupported("this port's MAD transport cannot cancel a send")
+        if not found:
+            raise NotFound("no such MAD send is pending")
+        self._queue_send_done(MadSendDone(context, WcStatus.CANCELED))
+
+    def defer(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn(*args)`` on the misc queue, where this agent's callbacks run (so an
+        upper layer's own completions keep their order with the agent's)."""
+        self._check()
+        self._mgr._queues.misc.post(call_user, fn, *args)
 
     def deregister(
         self,

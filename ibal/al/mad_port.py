@@ -25,6 +25,7 @@ import abc
 import itertools
 import threading
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,8 @@ from ibal.status import (
 )
 from ibal.types import (
     MAD_SIZE,
+    MAD_STATUS_BAD_VERSION,
+    MAD_STATUS_UNSUPPORTED_METHOD,
     QP1_WELL_KNOWN_QKEY,
     AccessFlags,
     AvAttr,
@@ -66,6 +69,7 @@ from ibal.types import (
     Wc,
     WcStatus,
     WcType,
+    mad_error_reply,
     mad_is_response,
 )
 
@@ -73,6 +77,8 @@ if TYPE_CHECKING:
     from ibal.al.cica import CiCa
 
 GRH_LEN = 40
+SM_CLASSES = frozenset({0x01, 0x81})
+"""Subnet management classes: QP0 only (every other class lives on QP1)."""
 _SLOT = GRH_LEN + MAD_SIZE
 _RECV_DEPTH = 64
 _SEND_DEPTH = 64
@@ -153,6 +159,14 @@ class MadTransport(abc.ABC):
         """The TID high 32 bits this transport stamps on the agent's requests, if known."""
         return None
 
+    def cancel(self, key: Any, context: Any) -> bool | None:
+        """Forget the agent's unfinished send whose context is ``context``, without a callback.
+
+        ``True``: it was pending and no completion of it will follow; ``False``:
+        no such send is pending; ``None``: this transport cannot stop sends.
+        """
+        return None
+
 
 # ---------------------------------------------------------------- special QPs
 
@@ -204,6 +218,10 @@ class SplQpTransport(MadTransport):
         self._export: Any = None
         self._vaddr = 0
         self._lkey = 0
+        # Sends the transport makes itself (answers to unserved requests): no callbacks.
+        self._responder = _SplAgent(
+            MadAgentSpec(port_num, qp_num, 0, 0, recv_cb=lambda _r: None), 0
+        )
 
     # ------------------------------------------------------------------ set-up
     def open(self) -> None:
@@ -289,6 +307,20 @@ class SplQpTransport(MadTransport):
 
     def hi_tid(self, key: Any) -> int | None:
         return key.agent_id if isinstance(key, _SplAgent) else None
+
+    def cancel(self, key: Any, context: Any) -> bool:
+        with self._lock:
+            agent = self._agents.get(key.agent_id) if isinstance(key, _SplAgent) else None
+            if agent is None or agent is not key:
+                raise InvalidHandle("MAD agent is not registered here")
+            for out_key, out in agent.pending.items():
+                if out.send.context is context:
+                    # A copy still on the wire completes into nothing (_finish finds no entry).
+                    del agent.pending[out_key]
+                    if out.timer is not None:
+                        out.timer.cancel()
+                    return True
+        return False
 
     def unregister(self, key: Any) -> None:
         with self._lock:
@@ -468,6 +500,9 @@ class SplQpTransport(MadTransport):
         if mad[0] != 1:  # base version
             self.stats["dropped_bad_version"] += 1
             return
+        if (mad[1] in SM_CLASSES) != (self.qp_num == 0):
+            self.stats["dropped_wrong_qp"] += 1  # SMPs only on QP0, the rest only on QP1
+            return
         out: _Out | None = None
         with self._lock:
             if mad_is_response(mad):
@@ -483,11 +518,46 @@ class SplQpTransport(MadTransport):
             else:
                 agent = self._methods.get((mad[1], mad[2], mad[3]))
         if agent is None:
-            self.stats["dropped_unclaimed"] += 1
+            self._unclaimed(recv)
             return
         if out is not None:  # the answer proves the send: its completion goes first
             self._finish(out, WcStatus.SUCCESS)
         agent.spec.recv_cb(recv)
+
+    def _unclaimed(self, recv: MadRecv) -> None:
+        """A request no agent serves: answer a Get/Set as IBA requires, drop the rest."""
+        mad = recv.mad
+        with self._lock:
+            status = unserved_status(self._methods, mad[1], mad[2])
+        reply = mad_error_reply(mad, status)
+        if reply is None:
+            self.stats["dropped_unclaimed"] += 1
+            return
+        with self._lock:
+            if not self._open:
+                return
+            out = _Out(self._responder, next(_SERIALS), reply, MadSend(reply, recv.addr), 0)
+            try:
+                self._post(out)
+            except IbError as exc:
+                log.debug("ibal: answering an unserved MAD failed: %s", exc)
+                self.stats["dropped_unclaimed"] += 1
+                return
+            self._responder.pending[out.key] = out
+        self.stats[f"answered_0x{status:04x}"] += 1
+
+
+def unserved_status(
+    served: Iterable[tuple[int, int, int]], mgmt_class: int, class_version: int
+) -> int:
+    """The status owed to a request nobody serves (IBA 13.4.7): bad version when the
+    class at that version has no agent on the port, unsupported method otherwise.
+
+    ``served``: the (class, version, method) triples the port serves.
+    """
+    if any(c == mgmt_class and v == class_version for c, v, _m in served):
+        return MAD_STATUS_UNSUPPORTED_METHOD
+    return MAD_STATUS_BAD_VERSION
 
 
 def sender_grh(raw: bytes, header: NetworkHeader | None = None) -> Grh:

@@ -37,7 +37,7 @@ from ibal.types import (
 WAIT = 10.0
 VENDOR = 0x09  # a vendor class: nobody else answers it
 VENDOR2 = 0x0A
-GET, SET, GET_RESP = 0x01, 0x02, 0x81
+GET, SET, SEND, GET_RESP = 0x01, 0x02, 0x03, 0x81
 
 
 def mad(mgmt_class: int, method: int, tid: int, payload: bytes = b"", version: int = 1) -> bytes:
@@ -163,7 +163,8 @@ def test_requests_route_by_class_and_method_unclaimed_are_counted(world: World) 
     # A probe after the unclaimed ones: once it is in, the two before it were handled.
     sender.send(MadSend(mad(VENDOR, GET, 6), to(world.b)))
     assert int.from_bytes(get_in.recv().mad[12:16], "big") == 6
-    assert alias_b.transport_stats == {"dropped_unclaimed": 2}
+    # The unserved Get of class 0x0B is answered (bad version); the Send just dropped.
+    assert alias_b.transport_stats == {"answered_0x0004": 1, "dropped_unclaimed": 1}
     assert get_in.recvs.empty() and set_in.recvs.empty() and other_in.recvs.empty()
 
 
@@ -214,7 +215,7 @@ def test_the_send_completion_comes_before_its_response(world: World) -> None:
 def test_an_unanswered_request_times_out_after_its_retries(world: World) -> None:
     asker, inbox = world.agent(world.a, VENDOR)
     listener = world.b.pd.get_spl_qp(world.b.port.port_guid, QpType.QP1_ALIAS)
-    asker.send(MadSend(mad(0x0B, GET, 1), to(world.b), timeout_ms=20, retries=2, context="q"))
+    asker.send(MadSend(mad(0x0B, SEND, 1), to(world.b), timeout_ms=20, retries=2, context="q"))
     assert inbox.done() == MadSendDone("q", WcStatus.TIMEOUT_RETRY_ERR)
     assert listener.transport_stats == {"dropped_unclaimed": 3}  # the first try and 2 retries
 
@@ -240,7 +241,7 @@ def test_response_timeouts_follow_the_managers_clock() -> None:
         )
         listener = pb.get_spl_qp(b.query().ports[0].port_guid, QpType.QP1_ALIAS)
         dest = MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=b.query().ports[0].lid)
-        asker.send(MadSend(mad(0x0B, GET, 1), dest, timeout_ms=100, retries=1, context="q"))
+        asker.send(MadSend(mad(0x0B, SEND, 1), dest, timeout_ms=100, retries=1, context="q"))
         mgr.queues.flush()
         assert listener.transport_stats == {"dropped_unclaimed": 1}
         clock.advance(0.099, settle=mgr.queues.flush)
