@@ -169,6 +169,11 @@ class AlObject:
         return self._context
 
     @property
+    def alive(self) -> bool:
+        """True until it starts dying (upper layers check handles they are given)."""
+        return self._state is READY
+
+    @property
     def stash(self) -> Stash:
         """Typed per-client data for layers built on this handle (see :mod:`ibal.al.stash`)."""
         if self._stash is None:

@@ -1,0 +1,465 @@
+"""MAD services (IBAL ``ib_reg_mad_svc`` / ``ib_send_mad`` / ``ib_cancel_mad``).
+
+A :class:`MadService` is one management class and version on an alias QP
+(QP0 or QP1 of a port), built on the AL's :class:`~ibal.al.MadAgent`, so the
+port picks the transport (the AL's own special QP, or the kernel's through
+libibumad) and the caller never does.  It adds what IBAL's MAD service adds
+to a bare agent: MAD elements from a pool, lists of sends, the response
+linked to its request, cancel, a per-service bound on unsolicited MADs held
+by the user, receive-side checks with drop counters, and the RMPP seam.
+
+Threads: ``send_cb`` and ``recv_cb`` run on the AL's misc queue (the thread
+that runs MAD agent callbacks; they must not block); completions of a
+deregistration run on the teardown queue just before the destroy callback.
+:meth:`MadService.send`, :meth:`~MadService.cancel` and
+:meth:`~MadService.deregister` may be called from any thread, callbacks
+included.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ibal.al import SYNC_DESTROY, AliasQp, Ca, MadAgent
+from ibal.mad.pool import ElementState, MadElement, MadPool, PoolKey
+from ibal.status import (
+    IbError,
+    InvalidHandle,
+    InvalidParameter,
+    InvalidSetting,
+    NotFound,
+    Unsupported,
+)
+from ibal.types import (
+    MAD_SIZE,
+    MAD_STATUS_UNSUPPORTED_METHOD_ATTR,
+    MadAddr,
+    MadRecv,
+    MadSend,
+    MadSendDone,
+    WcStatus,
+    mad_error_reply,
+)
+
+# Common MAD header offsets (IBA 13.4.3); h1's field tables replace these on merge.
+_BASE_VERSION, _CLASS, _CLASS_VERSION, _METHOD = 0, 1, 2, 3
+_TID_LO = slice(12, 16)
+_ATTR_ID = slice(16, 18)
+_RESERVED = slice(18, 20)
+_SM_CLASSES = frozenset({0x01, 0x81})
+
+MadCallback = Callable[[MadElement], object]
+
+
+class MadSvcType(enum.IntEnum):
+    """``ib_mad_svc_type_t``."""
+
+    DEFAULT = 0
+    """Retransmissions, and RMPP for the classes IBA defines with it."""
+    RMPP = 1
+    """Retransmissions; every MAD carries an RMPP header, RMPP active per send."""
+    RAW = 2
+    """Neither retransmissions nor RMPP."""
+
+
+@dataclass(frozen=True)
+class MadSvc:
+    """``ib_mad_svc_t``: what a service handles and who hears about it.
+
+    ``methods`` are the request methods whose unsolicited MADs reach
+    ``recv_cb`` (only with ``support_unsol``; each (class, version, method) has
+    one service per port).  ``attributes`` optionally narrows a method to
+    attribute IDs: a Get/Set for another attribute is answered "unsupported
+    method/attribute" (0x000C) by the service.  ``max_unsolicited`` bounds the
+    unsolicited elements the user holds; past it they are dropped and counted
+    (responses to this service's requests never are).
+    """
+
+    mgmt_class: int
+    mgmt_version: int
+    recv_cb: MadCallback
+    send_cb: MadCallback | None = None
+    methods: frozenset[int] = frozenset()
+    support_unsol: bool = False
+    svc_type: MadSvcType = MadSvcType.DEFAULT
+    attributes: Mapping[int, frozenset[int]] | None = None
+    max_unsolicited: int = 256
+    context: Any = None
+
+
+class RmppSessions(Protocol):
+    """The seam to the sans-IO RMPP sender/receiver (``ibal.mad.rmpp``).
+
+    A service of type ``RMPP`` (or ``DEFAULT`` for an RMPP class) hands a send
+    with ``rmpp_version`` != 0 to :meth:`start_send` and every received MAD
+    with RMPP active to :meth:`segment_in`; the sessions send segments and
+    ACKs through ``transmit`` and report whole messages back.
+    """
+
+    def start_send(self, element: MadElement, transmit: Callable[[bytes], None]) -> None: ...
+
+    def segment_in(self, mad: bytes, addr: MadAddr) -> bytes | None: ...
+
+
+_INTERNAL = object()  # context of the service's own replies (no element, no callback)
+
+
+class MadService:
+    """``ib_mad_svc_handle_t``: one registered MAD service (see :func:`reg_mad_svc`)."""
+
+    def __init__(self, alias: AliasQp, svc: MadSvc, pool_key: PoolKey) -> None:
+        self.alias = alias
+        self.svc = svc
+        self.pool_key = pool_key
+        self.stats: Counter[str] = Counter()
+        """Received MADs this service dropped or answered itself, by reason."""
+        self._lock = threading.Lock()
+        self._out: dict[int, MadElement] = {}  # id(element) -> element being sent
+        self._awaiting: dict[int, MadElement] = {}  # TID low 32 bits -> request
+        self._tids = itertools.count(1)
+        self._unsol_held = 0
+        self._agent: MadAgent | None = None
+        self._gone = False
+        self.rmpp: RmppSessions | None = None
+
+    def __repr__(self) -> str:
+        s = self.svc
+        return f"<MadService class 0x{s.mgmt_class:02x} v{s.mgmt_version} on QP{self.alias.num}>"
+
+    def _attach(self, agent: MadAgent) -> None:
+        self._agent = agent
+
+    @property
+    def hi_tid(self) -> int | None:
+        """The TID high half the transport stamps on requests (``None`` if the kernel's)."""
+        return self._agent_or_raise().hi_tid
+
+    @property
+    def outstanding(self) -> int:
+        """Elements sent and not yet reported by ``send_cb``."""
+        return len(self._out)
+
+    def all_stats(self) -> dict[str, int]:
+        """This service's counters plus the port transport's (shared by the port)."""
+        merged = Counter(self.alias.transport_stats)
+        merged.update(self.stats)
+        return dict(merged)
+
+    def _agent_or_raise(self) -> MadAgent:
+        agent = self._agent
+        if agent is None or self._gone or not agent.alive:
+            raise InvalidHandle("the MAD service is deregistered")
+        return agent
+
+    # ------------------------------------------------------------------ sending
+    def send(self, elements: MadElement | Iterable[MadElement]) -> None:
+        """``ib_send_mad``: send each element; ``send_cb`` reports each once.
+
+        Every element is checked before any goes out (``InvalidParameter``,
+        ``InvalidSetting`` for an unsupported RMPP version).  A request whose TID
+        low half is 0 gets one from the service; the transport writes the high
+        half (shown in the element when the AL assigns it).  If the transport
+        refuses one mid-list, the ones before it stay sent and the exception's
+        ``mad_failure`` attribute is the first element not sent.
+        """
+        agent = self._agent_or_raise()
+        items = [elements] if isinstance(elements, MadElement) else list(elements)
+        if not items:
+            raise InvalidParameter("no MAD elements to send")
+        for e in items:
+            self._check_element(e)
+        if len({id(e) for e in items}) != len(items):
+            raise InvalidParameter("an element is listed twice")
+        hi = agent.hi_tid
+        for e in items:
+            try:
+                self._send_one(agent, e, hi)
+            except IbError as exc:
+                exc.mad_failure = e  # type: ignore[attr-defined]
+                raise
+
+    def _check_element(self, e: object) -> None:
+        if not isinstance(e, MadElement):
+            raise InvalidParameter("send takes MadElements")
+        if e.state is not ElementState.USER:
+            raise InvalidParameter(f"a MAD element that is {e.state.value} cannot be sent")
+        if not isinstance(e.addr, MadAddr):
+            raise InvalidParameter("the element has no address (MadElement.addr)")
+        if e.rmpp_version not in (0, 1):
+            raise InvalidSetting(f"RMPP version {e.rmpp_version} is not supported")
+        if e.rmpp_version and self.svc.svc_type is MadSvcType.RAW:
+            raise InvalidSetting("a RAW MAD service does no RMPP")
+        if e.size != MAD_SIZE and not e.rmpp_version:
+            raise InvalidParameter(f"a MAD without RMPP is {MAD_SIZE} bytes")
+        if e.mad[_CLASS] != self.svc.mgmt_class:
+            raise InvalidParameter("the MAD's class is not the service's")
+        if e.resp_expected and not e.is_response:
+            for name in ("timeout_ms", "retry_cnt"):
+                v = getattr(e, name)
+                if type(v) is not int or v < 0:
+                    raise InvalidParameter(f"{name} must be a non-negative int")
+            if e.timeout_ms == 0:
+                raise InvalidParameter("a request that expects a response needs timeout_ms > 0")
+
+    def _send_one(self, agent: MadAgent, e: MadElement, hi: int | None) -> None:
+        waits = e.resp_expected and not e.is_response
+        with self._lock:
+            if not e.is_response:
+                if hi is not None:
+                    e.mad[8:12] = hi.to_bytes(4, "big")
+                if int.from_bytes(e.mad[_TID_LO], "big") == 0:
+                    e.mad[_TID_LO] = self._fresh_tid().to_bytes(4, "big")
+            low = int.from_bytes(e.mad[_TID_LO], "big")
+            if waits and low in self._awaiting:
+                raise InvalidParameter(f"a request with TID low 0x{low:08x} is outstanding")
+            if e.rmpp_version:
+                raise Unsupported(
+                    "RMPP transfers need ibal.mad.rmpp sessions (service.rmpp is not set)"
+                )
+            e.state = ElementState.SENDING
+            e.status = WcStatus.SUCCESS
+            self._out[id(e)] = e
+            if waits:
+                self._awaiting[low] = e
+        retries = 0 if self.svc.svc_type is MadSvcType.RAW else e.retry_cnt
+        assert e.addr is not None
+        send = MadSend(bytes(e.mad), e.addr, e.timeout_ms if waits else 0, retries, context=e)
+        try:
+            agent.send(send)
+        except BaseException:
+            with self._lock:
+                self._out.pop(id(e), None)
+                if waits and self._awaiting.get(low) is e:
+                    del self._awaiting[low]
+                e.state = ElementState.USER
+            raise
+
+    def _fresh_tid(self) -> int:
+        while True:
+            low = next(self._tids) & 0xFFFFFFFF
+            if low and low not in self._awaiting:
+                return low
+
+    def cancel(self, element: MadElement) -> None:
+        """``ib_cancel_mad``: stop a pending send; ``send_cb`` reports it ``CANCELED``.
+
+        ``NotFound`` when the element is not being sent by this service (never
+        sent, or its completion is already on its way).
+        """
+        agent = self._agent_or_raise()
+        if not isinstance(element, MadElement):
+            raise InvalidParameter("cancel takes a MadElement")
+        with self._lock:
+            if self._out.get(id(element)) is not element:
+                raise NotFound("the MAD element is not pending on this service")
+        try:
+            agent.cancel(element)  # its CANCELED completion comes through _on_send_done
+        except Unsupported:
+            # The kernel owns the send: finish it here; its own completion is ignored.
+            self._complete(element, WcStatus.CANCELED, queue=agent)
+
+    # ------------------------------------------------------------------ completions
+    def _on_send_done(self, done: MadSendDone) -> None:
+        """Misc queue (teardown queue when deregistering): one transport completion."""
+        e = done.context
+        if isinstance(e, MadElement):
+            self._complete(e, done.status)
+
+    def _complete(self, e: MadElement, status: WcStatus, queue: MadAgent | None = None) -> None:
+        with self._lock:
+            if self._out.get(id(e)) is not e:
+                self.stats["late_completion"] += 1  # canceled here first
+                return
+            del self._out[id(e)]
+            low = int.from_bytes(e.mad[_TID_LO], "big")
+            if status is not WcStatus.SUCCESS and self._awaiting.get(low) is e:
+                del self._awaiting[low]
+            e.status = status
+            e.state = ElementState.USER
+        cb = self.svc.send_cb
+        if cb is not None:
+            if queue is not None:
+                queue.defer(cb, e)
+            else:
+                cb(e)
+
+    def _on_recv(self, recv: MadRecv) -> None:
+        """Misc queue: a MAD the transport routed to this service."""
+        mad = recv.mad
+        reason = self._malformed(mad)
+        if reason:
+            self.stats[reason] += 1
+            return
+        response = bool(mad[_METHOD] & 0x80) or mad[_METHOD] == 0x07
+        if not response and self.svc.support_unsol and self._unserved_attr(mad):
+            self._answer_unserved_attr(recv)
+            return
+        request: MadElement | None = None
+        with self._lock:
+            if response:
+                request = self._awaiting.pop(int.from_bytes(mad[_TID_LO], "big"), None)
+                if request is None:
+                    self.stats["dropped_unmatched_response"] += 1
+                    return
+            elif not self.svc.support_unsol:
+                self.stats["dropped_unsolicited"] += 1
+                return
+            elif self._unsol_held >= self.svc.max_unsolicited:
+                self.stats["dropped_backlog"] += 1
+                return
+            else:
+                self._unsol_held += 1
+        try:
+            e = self.pool_key.get_mad(len(mad))
+        except IbError:
+            self.stats["dropped_no_element"] += 1
+            if not response:
+                with self._lock:
+                    self._unsol_held -= 1
+            return
+        e.mad[:] = mad
+        e.addr = recv.addr
+        e.port_num, e.qp_num = recv.port_num, recv.qp_num
+        if request is not None:
+            e.request = request
+            e.send_context1, e.send_context2 = request.context1, request.context2
+        else:
+            e.on_put = self._unsol_returned
+        self.svc.recv_cb(e)
+
+    def _unsol_returned(self, _e: MadElement) -> None:
+        with self._lock:
+            self._unsol_held -= 1
+
+    def _malformed(self, mad: bytes) -> str | None:
+        """Why a received MAD is dropped, or ``None`` (checks beyond the transport's)."""
+        if len(mad) != MAD_SIZE:
+            return "dropped_bad_length"
+        if mad[_BASE_VERSION] != 1:
+            return "dropped_bad_base_version"
+        if mad[_CLASS] != self.svc.mgmt_class:
+            return "dropped_wrong_class"
+        if mad[_CLASS_VERSION] != self.svc.mgmt_version:
+            return "dropped_bad_class_version"
+        if any(mad[_RESERVED]):
+            return "dropped_reserved"
+        return None
+
+    def _unserved_attr(self, mad: bytes) -> bool:
+        attrs = self.svc.attributes
+        if not attrs or mad[_METHOD] not in attrs:
+            return False
+        return int.from_bytes(mad[_ATTR_ID], "big") not in attrs[mad[_METHOD]]
+
+    def _answer_unserved_attr(self, recv: MadRecv) -> None:
+        reply = mad_error_reply(recv.mad, MAD_STATUS_UNSUPPORTED_METHOD_ATTR)
+        agent = self._agent
+        if reply is None or agent is None:
+            self.stats["dropped_unserved_attr"] += 1
+            return
+        try:
+            agent.send(MadSend(reply, recv.addr, context=_INTERNAL))
+        except IbError:
+            self.stats["dropped_unserved_attr"] += 1
+            return
+        self.stats["answered_0x000c"] += 1
+
+    # ------------------------------------------------------------------ teardown
+    def deregister(
+        self,
+        destroy_cb: Callable[[Any], object] | object | None = None,
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """End the service (asynchronous): pending sends complete ``CANCELED``, then
+        ``destroy_cb(svc.context)`` (teardown queue); ``wait=True`` blocks until then.
+        ``InvalidHandle`` if already deregistered."""
+        agent = self._agent_or_raise()
+        sync = wait or destroy_cb is SYNC_DESTROY
+        user_cb = None if destroy_cb is SYNC_DESTROY or destroy_cb is None else destroy_cb
+        if user_cb is not None and not callable(user_cb):
+            raise InvalidParameter("destroy_cb must be callable (or SYNC_DESTROY)")
+        self._gone = True
+
+        def finished(_ctx: Any) -> None:
+            # Teardown queue, after the agent's own CANCELED completions: whatever
+            # the transport had already finished but not yet reported ends here too.
+            with self._lock:
+                left = list(self._out.values())
+            for e in left:
+                self._complete(e, WcStatus.CANCELED)
+            with self._lock:
+                self._awaiting.clear()
+            if user_cb is not None:
+                user_cb(self.svc.context)
+
+        agent.deregister(finished, wait=sync, timeout=timeout)
+
+
+def _check_svc(alias: object, svc: object) -> None:
+    if not isinstance(alias, AliasQp) or not alias.alive:
+        raise InvalidParameter("a MAD service lives on a live QP0/QP1 alias QP")
+    if not isinstance(svc, MadSvc):
+        raise InvalidParameter("a MadSvc is required")
+    if not callable(svc.recv_cb) or (svc.send_cb is not None and not callable(svc.send_cb)):
+        raise InvalidParameter("recv_cb and send_cb must be callable")
+    if not isinstance(svc.svc_type, MadSvcType):
+        raise InvalidParameter("svc_type must be a MadSvcType")
+    if (svc.mgmt_class in _SM_CLASSES) != (alias.num == 0):
+        raise InvalidParameter("subnet management classes on QP0, every other class on QP1")
+    if svc.support_unsol and not (svc.mgmt_class and svc.mgmt_version and svc.methods):
+        raise InvalidParameter("an unsolicited service needs a class, a version and methods")
+    if type(svc.max_unsolicited) is not int or svc.max_unsolicited < 1:
+        raise InvalidParameter("max_unsolicited must be a positive int")
+
+
+def reg_mad_svc(alias: AliasQp, svc: MadSvc, pool_key: PoolKey | None = None) -> MadService:
+    """``ib_reg_mad_svc``: register ``svc`` on a QP0/QP1 alias.
+
+    Received MADs are elements of ``pool_key`` (a private unbounded pool when
+    ``None``); the user gives them back with :func:`~ibal.mad.put_mad`.
+    ``InvalidParameter`` for a bad QP or description, ``ResourceBusy`` when
+    another client of the port already serves one of the methods.
+    """
+    _check_svc(alias, svc)
+    if pool_key is None:
+        pool_key = MadPool(None, 0, 0, 64).register(alias.pd)
+    elif not isinstance(pool_key, PoolKey):
+        raise InvalidParameter("pool_key must be a PoolKey")
+    service = MadService(alias, svc, pool_key)
+    agent = alias.register_agent(
+        svc.mgmt_class,
+        svc.mgmt_version,
+        recv_cb=service._on_recv,
+        send_cb=service._on_send_done,
+        methods=svc.methods if svc.support_unsol else (),
+        context=svc.context,
+    )
+    service._attach(agent)
+    return service
+
+
+def local_mad(ca: Ca, port_num: int, element: MadElement) -> MadElement:
+    """``ib_local_mad`` with elements: the CA's own answer to ``element`` (no wire).
+
+    The answer is an element of the request's pool key, linked to it as a
+    response received from the fabric would be (``request``, ``send_context*``).
+    ``InvalidPort``/``InvalidParameter`` as :meth:`Ca.local_mad`;
+    ``Unsupported`` where the provider has no local MAD path.
+    """
+    if not isinstance(element, MadElement) or element.state is not ElementState.USER:
+        raise InvalidParameter("local_mad takes a MadElement the caller holds")
+    answer = ca.local_mad(port_num, bytes(element.mad[:MAD_SIZE]))
+    resp = element.pool_key.get_mad(len(answer))
+    resp.mad[:] = answer
+    resp.request = element
+    resp.send_context1, resp.send_context2 = element.context1, element.context2
+    resp.port_num = port_num
+    return resp

@@ -1,0 +1,155 @@
+"""Two CAs with QP1 between them, on each transport the MAD service runs over.
+
+``mock``: the in-process fabric (special QPs, fault injection), ``rxe``: the
+userspace RoCE provider, two devices on 127.0.0.x in one process, QP1 over
+real UDP.  Both run the AL's timers on a :class:`~ibal.clock.ManualClock`, so
+response time-outs move only when a test steps the clock.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from ibal.al import AliasQp, AlManager, Ca, Pd
+from ibal.clock import ManualClock
+from ibal.mad import MadElement, MadService, MadSvc, reg_mad_svc
+from ibal.types import MAD_SIZE, QP1_WELL_KNOWN_QKEY, Grh, MadAddr, PortAttr, QpType
+
+WAIT = 10.0
+VENDOR, VENDOR2 = 0x09, 0x0A  # vendor classes nobody else on the fabric serves
+GET, SET, SEND, GET_RESP = 0x01, 0x02, 0x03, 0x81
+
+
+def mad(mgmt_class: int, method: int, tid: int = 0, *, attr: int = 0x10, version: int = 1,
+        payload: bytes = b"") -> bytearray:
+    m = bytearray(MAD_SIZE)
+    m[0], m[1], m[2], m[3] = 1, mgmt_class, version, method
+    m[8:16] = tid.to_bytes(8, "big")
+    m[16:18] = attr.to_bytes(2, "big")
+    m[24 : 24 + len(payload)] = payload
+    return m
+
+
+@dataclass
+class Inbox:
+    """What a service heard: elements to wait on (no sleeps)."""
+
+    recvs: queue.Queue[MadElement] = field(default_factory=queue.Queue)
+    sends: queue.Queue[MadElement] = field(default_factory=queue.Queue)
+    order: list[tuple[str, MadElement]] = field(default_factory=list)
+    """Both callbacks in the order they ran (one thread runs them)."""
+
+    def on_recv(self, e: MadElement) -> None:
+        self.order.append(("recv", e))
+        self.recvs.put(e)
+
+    def on_send(self, e: MadElement) -> None:
+        self.order.append(("send", e))
+        self.sends.put(e)
+
+    def recv(self) -> MadElement:
+        return self.recvs.get(timeout=WAIT)
+
+    def sent(self) -> MadElement:
+        return self.sends.get(timeout=WAIT)
+
+
+@dataclass
+class Side:
+    ca: Ca
+    pd: Pd
+    port: PortAttr
+    alias: AliasQp
+    roce: bool
+
+    def addr(self) -> MadAddr:
+        """Where this side's QP1 is, as a MAD element's address."""
+        grh = Grh(dgid=self.port.gid_table[0].gid) if self.roce else None
+        return MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=self.port.lid, grh=grh)
+
+
+@dataclass
+class Net:
+    kind: str
+    mgr: AlManager
+    clock: ManualClock
+    a: Side
+    b: Side
+    fabric: Any = None
+
+    def settle(self) -> None:
+        self.mgr.queues.flush(timeout=WAIT)
+
+    def step(self, seconds: float) -> None:
+        self.clock.advance(seconds, settle=self.settle)
+
+    def service(self, side: Side, mgmt_class: int = VENDOR, methods: Any = (), **kw: Any
+                ) -> tuple[MadService, Inbox]:
+        inbox = Inbox()
+        svc = MadSvc(mgmt_class, kw.pop("version", 1), recv_cb=inbox.on_recv,
+                     send_cb=inbox.on_send, methods=frozenset(methods),
+                     support_unsol=bool(methods), **kw)
+        return reg_mad_svc(side.alias, svc), inbox
+
+
+def _sides(mgr: AlManager, roce: bool) -> list[Side]:
+    al = mgr.open_al()
+    cas = sorted((al.open_ca(g) for g in al.get_ca_guids()), key=lambda c: c.name)
+    sides = []
+    for ca in cas:
+        pd = ca.alloc_pd()
+        port = ca.query().ports[0]
+        alias = pd.get_spl_qp(port.port_guid, QpType.QP1_ALIAS)
+        sides.append(Side(ca, pd, port, alias, roce))
+    return sides
+
+
+def _mock() -> Iterator[Net]:
+    from ibal.providers.mock import MockFabric, MockProvider
+
+    clock = ManualClock()
+    fabric = MockFabric(seed=0)
+    fabric.add_ca()
+    fabric.add_ca()
+    fabric.use_clock(clock)
+    mgr = AlManager(clock=clock)
+    try:
+        mgr.add_provider(MockProvider({"fabric": fabric}))
+        a, b = _sides(mgr, roce=False)
+        yield Net("mock", mgr, clock, a, b, fabric)
+    finally:
+        mgr.close(timeout=WAIT)
+        fabric.close()
+
+
+def _rxe() -> Iterator[Net]:
+    if os.geteuid() != 0:
+        if os.environ.get("IBAL_LAB_REQUIRED", "") not in ("", "0"):
+            pytest.fail("rxe needs root (raw sockets) and IBAL_LAB_REQUIRED is set")
+        pytest.skip("rxe needs root (raw sockets need CAP_NET_RAW)")
+    from ibal.providers.rxe.provider import RxeProvider
+
+    clock = ManualClock()
+    mgr = AlManager(clock=clock)
+    try:
+        mgr.add_provider(RxeProvider({"devices": "rxe_m0=127.0.0.2,rxe_m1=127.0.0.3"}))
+        a, b = _sides(mgr, roce=True)
+        yield Net("rxe", mgr, clock, a, b)
+    finally:
+        mgr.close(timeout=WAIT)
+
+
+@pytest.fixture(params=["mock", "rxe"])
+def net(request: pytest.FixtureRequest) -> Iterator[Net]:
+    yield from (_mock() if request.param == "mock" else _rxe())
+
+
+@pytest.fixture
+def mock_net() -> Iterator[Net]:
+    yield from _mock()

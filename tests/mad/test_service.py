@@ -1,0 +1,218 @@
+"""MAD services between two CAs, on the mock fabric and on userspace rxe (QP1 over UDP)."""
+
+from __future__ import annotations
+
+import pytest
+from mad_world import GET, GET_RESP, SEND, SET, VENDOR, VENDOR2, Net, mad
+
+from ibal.mad import ElementState, MadElement, MadService, put_mad
+from ibal.status import InvalidHandle, InvalidParameter, NotFound, ResourceBusy
+from ibal.types import WcStatus
+
+
+def request(svc: MadService, to: Net | None, elem_mad: bytearray, *, timeout_ms: int = 100,
+            retries: int = 0, resp: bool = True, ctx: object = None) -> MadElement:
+    e = svc.pool_key.get_mad()
+    e.mad[:] = elem_mad
+    e.resp_expected, e.timeout_ms, e.retry_cnt = resp, timeout_ms, retries
+    e.context1, e.context2 = ctx, "c2"
+    return e
+
+
+def answer(svc: MadService, req: MadElement, payload: bytes) -> MadElement:
+    """Reuse the received request as its response (as IBAL allows)."""
+    req.mad[3] = GET_RESP
+    req.mad[24 : 24 + len(payload)] = payload
+    svc.send(req)
+    return req
+
+
+def test_request_and_response_between_two_services(net: Net) -> None:
+    asker, a_in = net.service(net.a)
+    server, s_in = net.service(net.b, methods={GET})
+    req = request(asker, net, mad(VENDOR, GET, payload=b"question"), ctx="ctx1")
+    req.addr = net.b.addr()
+    asker.send(req)
+    hi = asker.hi_tid
+    assert hi is not None and req.tid >> 32 == hi and req.tid & 0xFFFFFFFF != 0
+    got = s_in.recv()
+    assert bytes(got.mad) == bytes(req.mad)  # on the wire as the element shows it
+    assert got.request is None and got.send_context1 is None  # unsolicited
+    answer(server, got, b"answer")
+    assert s_in.sent() is got and got.status is WcStatus.SUCCESS
+    done = a_in.sent()
+    assert done is req and done.status is WcStatus.SUCCESS
+    resp = a_in.recv()
+    assert a_in.order == [("send", req), ("recv", resp)]  # completion before response
+    assert bytes(resp.mad) == bytes(got.mad)
+    assert resp.tid == req.tid and resp.mad[3] == GET_RESP and resp.mad[4:6] == b"\0\0"
+    assert resp.request is req and (resp.send_context1, resp.send_context2) == ("ctx1", "c2")
+    put_mad([resp, got, req])
+    assert asker.pool_key.outstanding == 0 and server.pool_key.outstanding == 0
+
+
+def test_unanswered_request_times_out_after_its_retries_on_the_clock(net: Net) -> None:
+    asker, a_in = net.service(net.a)
+    req = request(asker, net, mad(VENDOR, SEND), timeout_ms=100, retries=2)
+    req.addr = net.b.addr()  # b's QP1 exists (its alias) but serves nothing: Sends drop
+    asker.send(req)
+    net.settle()
+    assert net.b.alias.transport_stats == {"dropped_unclaimed": 1}
+    net.step(0.099)
+    assert net.b.alias.transport_stats == {"dropped_unclaimed": 1} and a_in.sends.empty()
+    net.step(0.002)
+    assert net.b.alias.transport_stats == {"dropped_unclaimed": 2}
+    net.step(0.1)
+    assert net.b.alias.transport_stats == {"dropped_unclaimed": 3} and a_in.sends.empty()
+    net.step(0.1)
+    done = a_in.sent()
+    assert done is req and done.status is WcStatus.TIMEOUT_RETRY_ERR
+    assert net.b.alias.transport_stats == {"dropped_unclaimed": 3}  # 1 try + 2 retries
+    assert done.state is ElementState.USER
+    put_mad(done)
+
+
+def test_cancel_reports_canceled_and_stops_the_retries(net: Net) -> None:
+    asker, a_in = net.service(net.a)
+    req = request(asker, net, mad(VENDOR, SEND), timeout_ms=100, retries=3)
+    req.addr = net.b.addr()
+    asker.send(req)
+    net.settle()
+    asker.cancel(req)
+    done = a_in.sent()
+    assert done is req and done.status is WcStatus.CANCELED
+    with pytest.raises(NotFound):
+        asker.cancel(req)
+    net.step(1.0)
+    assert net.b.alias.transport_stats == {"dropped_unclaimed": 1}  # no retry went out
+    assert a_in.sends.empty()
+    put_mad(req)
+    never = asker.pool_key.get_mad()
+    with pytest.raises(NotFound):
+        asker.cancel(never)
+
+
+def test_deregister_completes_pending_sends_canceled_before_the_destroy_callback(
+    net: Net,
+) -> None:
+    asker, a_in = net.service(net.a)
+    reqs = []
+    for low in (1, 2, 3):
+        r = request(asker, net, mad(VENDOR, SEND, tid=low), timeout_ms=500)
+        r.addr = net.b.addr()
+        reqs.append(r)
+    asker.send(reqs)
+    net.settle()
+    assert asker.outstanding == 3
+    marker = asker.pool_key.get_mad()  # stands for "the destroy callback ran"
+    asker.deregister(lambda _ctx: a_in.order.append(("destroyed", marker)), wait=True)
+    assert [(what, e.status, e.tid & 0xFFFFFFFF) for what, e in a_in.order[:3]] == [
+        ("send", WcStatus.CANCELED, low) for low in (1, 2, 3)
+    ]
+    assert a_in.order[3:] == [("destroyed", marker)]
+    assert all(r.state is ElementState.USER for r in reqs)
+    with pytest.raises(InvalidHandle):
+        asker.send(reqs[0])
+    with pytest.raises(InvalidHandle):
+        asker.deregister()
+    net.step(1.0)  # nothing of it is left on the clock or the wire
+    assert net.b.alias.transport_stats == {"dropped_unclaimed": 3}
+
+
+def test_unsolicited_requests_route_by_method(net: Net) -> None:
+    sender, _ = net.service(net.a)
+    _getter, g_in = net.service(net.b, methods={GET})
+    _setter, s_in = net.service(net.b, methods={SET})
+    with pytest.raises(ResourceBusy):  # one service per (class, version, method) on a port
+        net.service(net.b, methods={SET})
+    for method, low in ((SET, 7), (GET, 8)):
+        e = request(sender, net, mad(VENDOR, method, tid=low), resp=False)
+        e.addr = net.b.addr()
+        sender.send(e)
+    assert g_in.recv().tid & 0xFFFFFFFF == 8
+    assert s_in.recv().tid & 0xFFFFFFFF == 7
+    assert g_in.recvs.empty() and s_in.recvs.empty()
+
+
+@pytest.mark.parametrize(
+    ("served_class", "served_version", "sent_class", "sent_version", "method", "status"),
+    [
+        (VENDOR, 1, VENDOR, 1, SET, 0x0008),  # class served, method not
+        (VENDOR, 1, VENDOR2, 1, GET, 0x0004),  # nobody serves the class
+        (VENDOR, 1, VENDOR, 2, GET, 0x0004),  # the class, not at that version
+    ],
+)
+def test_unserved_requests_get_the_status_iba_requires(
+    net: Net, served_class: int, served_version: int, sent_class: int, sent_version: int,
+    method: int, status: int,
+) -> None:
+    net.service(net.b, served_class, methods={GET}, version=served_version)
+    asker, a_in = net.service(net.a, sent_class, version=sent_version)
+    req = request(asker, net, mad(sent_class, method, attr=0x15, version=sent_version,
+                                  payload=b"keep me"))
+    req.addr = net.b.addr()
+    asker.send(req)
+    assert a_in.sent().status is WcStatus.SUCCESS
+    resp = a_in.recv()
+    expect = bytearray(req.mad)
+    expect[3] = GET_RESP
+    expect[4:6] = status.to_bytes(2, "big")
+    assert bytes(resp.mad) == bytes(expect)  # the request echoed, method and status set
+    assert net.b.alias.transport_stats == {f"answered_0x{status:04x}": 1}
+
+
+def test_unserved_attribute_is_answered_0x000c_by_the_service(net: Net) -> None:
+    server, s_in = net.service(net.b, methods={GET}, attributes={GET: frozenset({0x10})})
+    asker, a_in = net.service(net.a)
+    for attr in (0x11, 0x10):
+        req = request(asker, net, mad(VENDOR, GET, attr=attr))
+        req.addr = net.b.addr()
+        asker.send(req)
+    served = s_in.recv()
+    assert int.from_bytes(served.mad[16:18], "big") == 0x10
+    resp = a_in.recv()
+    assert resp.mad[3] == GET_RESP and resp.mad[4:6] == b"\x00\x0c"
+    assert int.from_bytes(resp.mad[16:18], "big") == 0x11
+    assert server.stats == {"answered_0x000c": 1}
+
+
+def test_answers_go_only_to_get_and_set_not_to_traps_sends_or_responses(net: Net) -> None:
+    asker, a_in = net.service(net.a, VENDOR2)
+    for method in (SEND, 0x05, GET_RESP):  # a Send, a Trap, a stray response
+        e = request(asker, net, mad(VENDOR2, method, tid=1), resp=False)
+        e.addr = net.b.addr()
+        asker.send(e)
+        assert a_in.sent().status is WcStatus.SUCCESS
+    probe = request(asker, net, mad(VENDOR2, GET))  # a Get behind them is answered
+    probe.addr = net.b.addr()
+    asker.send(probe)
+    assert a_in.recv().mad[4:6] == b"\x00\x04"
+    stats = net.b.alias.transport_stats
+    assert stats == {"dropped_unclaimed": 2, "dropped_unmatched_response": 1,
+                     "answered_0x0004": 1}
+
+
+def test_registration_rules(net: Net) -> None:
+    from ibal.mad import MadSvc, reg_mad_svc
+
+    def cb(_e: MadElement) -> None:
+        return None
+
+    with pytest.raises(InvalidParameter):  # unsolicited needs methods
+        reg_mad_svc(net.a.alias, MadSvc(VENDOR, 1, cb, support_unsol=True))
+    with pytest.raises(InvalidParameter):  # SMPs live on QP0
+        reg_mad_svc(net.a.alias, MadSvc(0x01, 1, cb))
+    with pytest.raises(InvalidParameter):
+        reg_mad_svc(object(), MadSvc(VENDOR, 1, cb))  # type: ignore[arg-type]
+    svc = reg_mad_svc(net.a.alias, MadSvc(VENDOR, 1, cb))
+    e = svc.pool_key.get_mad()
+    with pytest.raises(InvalidParameter):  # no address
+        svc.send(e)
+    e.addr = net.b.addr()
+    e.mad[:] = mad(VENDOR2, GET)
+    with pytest.raises(InvalidParameter):  # not the service's class
+        svc.send(e)
+    e.mad[1] = VENDOR
+    e.resp_expected = True
+    with pytest.raises(InvalidParameter):  # waits for an answer without a time-out
+        svc.send(e)
