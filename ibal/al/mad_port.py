@@ -503,6 +503,9 @@ class SplQpTransport(MadTransport):
         if (mad[1] in SM_CLASSES) != (self.qp_num == 0):
             self.stats["dropped_wrong_qp"] += 1  # SMPs only on QP0, the rest only on QP1
             return
+        if mad[18] or mad[19]:  # the common header's reserved 16 bits
+            self.stats["dropped_reserved"] += 1
+            return
         out: _Out | None = None
         with self._lock:
             if mad_is_response(mad):
@@ -511,6 +514,10 @@ class SplQpTransport(MadTransport):
                 if out is None or out.send.timeout_ms == 0 or out.responded:
                     # The kernel's MAD layer drops these too: nobody waits for them.
                     self.stats["dropped_unmatched_response"] += 1
+                    return
+                if mad[1:3] != out.mad[1:3]:
+                    # A forged or broken answer must not end the transaction it names.
+                    self.stats["dropped_mismatched_response"] += 1
                     return
                 out.responded = True
                 if out.timer is not None:
