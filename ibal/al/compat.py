@@ -26,6 +26,17 @@ from ibal.al.pd import Pd
 from ibal.al.pnp import PnpCallback, PnpClass, PnpRegistration
 from ibal.al.qp import Qp, QpCreate
 from ibal.al.srq import Srq
+from ibal.mad import (
+    MadElement,
+    MadPool,
+    MadService,
+    MadSvc,
+    PoolKey,
+    get_mad_buf,
+    put_mad,
+    reg_mad_svc,
+)
+from ibal.status import InvalidHandle, InvalidParameter
 from ibal.types import (
     AccessFlags,
     AsyncEventRec,
@@ -125,6 +136,69 @@ def ib_ci_call(h_ca: Ca, handle_array: Sequence[AlObject], ci_op: CiOp) -> CiOp:
 
 def ib_local_mad(h_ca: Ca, port_num: int, mad_in: bytes) -> bytes:
     return _h(h_ca, Ca).local_mad(port_num, mad_in)
+
+
+# ---------------------------------------------------------------------- MAD pools and services
+def _pool(h_pool: object) -> MadPool:
+    if not isinstance(h_pool, MadPool):
+        raise InvalidHandle(f"expected a MAD pool handle, got {type(h_pool).__name__}")
+    return h_pool
+
+
+def _key(pool_key: object) -> PoolKey:
+    if not isinstance(pool_key, PoolKey):
+        raise InvalidParameter(f"expected a pool key, got {type(pool_key).__name__}")
+    return pool_key
+
+
+def _svc(h_mad_svc: object) -> MadService:
+    if not isinstance(h_mad_svc, MadService):
+        raise InvalidHandle(f"expected a MAD service handle, got {type(h_mad_svc).__name__}")
+    return h_mad_svc
+
+
+def ib_create_mad_pool(h_al: AccessLayer, min: int, max: int, grow_size: int) -> MadPool:
+    return MadPool(_h(h_al, AccessLayer), min, max, grow_size)
+
+
+def ib_destroy_mad_pool(h_pool: MadPool) -> None:
+    _pool(h_pool).destroy()
+
+
+def ib_reg_mad_pool(h_pool: MadPool, h_pd: Pd) -> PoolKey:
+    return _pool(h_pool).register(_h(h_pd, Pd))
+
+
+def ib_dereg_mad_pool(pool_key: PoolKey) -> None:
+    _key(pool_key).dereg()
+
+
+def ib_get_mad(pool_key: PoolKey, buf_size: int) -> MadElement:
+    return _key(pool_key).get_mad(buf_size)
+
+
+def ib_put_mad(p_mad_element_list: MadElement | Sequence[MadElement]) -> None:
+    put_mad(p_mad_element_list)
+
+
+def ib_get_mad_buf(p_mad_element: MadElement) -> bytearray:
+    return get_mad_buf(p_mad_element)
+
+
+def ib_reg_mad_svc(h_qp: AliasQp, p_mad_svc: MadSvc, pool_key: PoolKey | None = None
+                   ) -> MadService:
+    if not isinstance(h_qp, AliasQp):
+        raise InvalidParameter("MAD services live on QP0/QP1 alias QPs")
+    return reg_mad_svc(h_qp, p_mad_svc, pool_key)
+
+
+def ib_send_mad(h_mad_svc: MadService, p_mad_element_list: MadElement | Sequence[MadElement]
+                ) -> None:
+    _svc(h_mad_svc).send(p_mad_element_list)
+
+
+def ib_cancel_mad(h_mad_svc: MadService, p_mad_element: MadElement) -> None:
+    _svc(h_mad_svc).cancel(p_mad_element)
 
 
 # ---------------------------------------------------------------------- PD and AV
@@ -392,7 +466,21 @@ _DONE: dict[str, str] = {
     "ib_get_spl_qp": "pd.get_spl_qp(port_guid, QpCreate | QpType.QP1_ALIAS, context=)",
     "ib_init_dgrm_svc": "qp.init_dgrm_svc(DgrmInfo)",
     "ib_dgrm_info_t": "ibal.types.DgrmInfo",
-    "ib_local_mad": "ca.local_mad(port_num, mad)",
+    "ib_local_mad": "ca.local_mad(port_num, mad); ibal.mad.local_mad(ca, port_num, element)",
+    "ib_create_mad_pool": "ibal.mad.MadPool(al, min_count, max_count, grow_size)",
+    "ib_destroy_mad_pool": "pool.destroy()",
+    "ib_reg_mad_pool": "pool.register(pd) -> PoolKey",
+    "ib_dereg_mad_pool": "pool_key.dereg()",
+    "ib_get_mad": "pool_key.get_mad(size) -> MadElement",
+    "ib_put_mad": "ibal.mad.put_mad(element | elements)",
+    "ib_get_mad_buf": "element.mad (ibal.mad.get_mad_buf)",
+    "ib_mad_element_t": "ibal.mad.MadElement",
+    "ib_mad_svc_t": "ibal.mad.MadSvc",
+    "ib_mad_svc_type_t": "ibal.mad.MadSvcType",
+    "ib_reg_mad_svc": "ibal.mad.reg_mad_svc(alias_qp, MadSvc, pool_key=) -> MadService",
+    "ib_send_mad": "service.send(element | elements)",
+    "ib_cancel_mad": "service.cancel(element)",
+    "ib_pfn_mad_comp_cb_t": "MadSvc.send_cb(element) / MadSvc.recv_cb(element)",
     "ib_reg_pnp": "al.reg_pnp(pnp_class, callback, context)",
     "ib_dereg_pnp": "registration.dereg(destroy_cb, wait=)",
     "ib_pnp_req_t": "al.reg_pnp(pnp_class, callback, context) arguments",
@@ -414,12 +502,6 @@ _CM_TYPES = {
     "ib_mra_pdata_t", "ib_rej_pdata_t", "ib_rep_pdata_t", "ib_req_pdata_t", "ib_rtu_pdata_t",
     "ib_sidr_rep_pdata_t", "ib_sidr_req_pdata_t", "ib_force_apm", "ib_al_flags_t",
     "ib_pfn_listen_err_cb_t",
-}
-_MAD = {
-    "ib_create_mad_pool", "ib_destroy_mad_pool", "ib_reg_mad_pool", "ib_dereg_mad_pool",
-    "ib_get_mad", "ib_put_mad", "ib_get_mad_buf", "ib_mad_element_t", "ib_mad_svc_t",
-    "ib_mad_svc_type_t", "ib_reg_mad_svc", "ib_send_mad", "ib_cancel_mad",
-    "ib_pfn_mad_comp_cb_t",
 }
 _SA = {
     "ib_query", "ib_cancel_query", "ib_query_req_t", "ib_query_rec_t", "ib_query_type_t",
@@ -498,8 +580,6 @@ def _status(name: str) -> tuple[str, str]:
         return "", _LATER_AL[name]
     if name.startswith(("ib_cm_", "ib_pfn_cm_")) or name in _CM_TYPES:
         return "", "planned: ibal.cm"
-    if name in _MAD:
-        return "", "planned: ibal.mad"
     if name in _SA:
         return "", "planned: ibal.sa"
     if name in _DM:
@@ -519,25 +599,31 @@ __all__ = [
     "IBAL_MAPPING",
     "ib_alloc_pd",
     "ib_bind_mw",
+    "ib_cancel_mad",
     "ib_ci_call",
     "ib_close_al",
     "ib_close_ca",
     "ib_create_av",
     "ib_create_cq",
+    "ib_create_mad_pool",
     "ib_create_mw",
     "ib_create_qp",
     "ib_create_srq",
     "ib_dealloc_pd",
+    "ib_dereg_mad_pool",
     "ib_dereg_mr",
     "ib_dereg_pnp",
     "ib_destroy_av",
     "ib_destroy_cq",
+    "ib_destroy_mad_pool",
     "ib_destroy_mw",
     "ib_destroy_qp",
     "ib_destroy_srq",
     "ib_get_ca_by_gid",
     "ib_get_ca_guids",
     "ib_get_guid",
+    "ib_get_mad",
+    "ib_get_mad_buf",
     "ib_get_port_by_gid",
     "ib_get_spl_qp",
     "ib_init_dgrm_svc",
@@ -554,6 +640,7 @@ __all__ = [
     "ib_post_recv",
     "ib_post_send",
     "ib_post_srq_recv",
+    "ib_put_mad",
     "ib_query_av",
     "ib_query_ca",
     "ib_query_ca_by_guid",
@@ -564,10 +651,13 @@ __all__ = [
     "ib_query_srq",
     "ib_rearm_cq",
     "ib_rearm_n_cq",
+    "ib_reg_mad_pool",
+    "ib_reg_mad_svc",
     "ib_reg_mem",
     "ib_reg_phys",
     "ib_reg_pnp",
     "ib_reg_shared",
     "ib_rereg_mem",
+    "ib_send_mad",
     "ib_sync_destroy",
 ]
