@@ -49,5 +49,5 @@ def test_a_request_and_answer_in_ib_spelling(mock_net: Net) -> None:
         compat.ib_reg_mad_pool(h_pool, net.a.ca)  # type: ignore[arg-type]
     with pytest.raises(InvalidParameter):
         compat.ib_reg_mad_svc(net.a.pd, MadSvc(VENDOR, 1, heard.append))  # type: ignore[arg-type]
-    compat.ib_put_mad(heard + [e])
+    compat.ib_put_mad([*heard, e])
     assert key_a.outstanding == 0
