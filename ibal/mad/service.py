@@ -22,7 +22,7 @@ import enum
 import itertools
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,6 +53,10 @@ _TID_LO = slice(12, 16)
 _ATTR_ID = slice(16, 18)
 _RESERVED = slice(18, 20)
 _SM_CLASSES = frozenset({0x01, 0x81})
+_RMPP_VERSION, _RMPP_FLAGS = 24, 26  # RMPP header: version, type, resp time | flags, status
+_RMPP_CLASSES = frozenset({0x03, 0x06, 0x10, 0x12, *range(0x30, 0x50)})
+"""Classes whose MADs carry an RMPP header: SA, DM, device administration, BIS and
+vendor range 2 (where a DEFAULT service does RMPP, as IBAL's and Linux's MAD layers do)."""
 
 MadCallback = Callable[[MadElement], object]
 
@@ -94,17 +98,20 @@ class MadSvc:
 
 
 class RmppSessions(Protocol):
-    """The seam to the sans-IO RMPP sender/receiver (``ibal.mad.rmpp``).
+    """The seam to the RMPP sender/receiver (``ibal.mad.rmpp``, helper h2's work).
 
-    A service of type ``RMPP`` (or ``DEFAULT`` for an RMPP class) hands a send
-    with ``rmpp_version`` != 0 to :meth:`start_send` and every received MAD
-    with RMPP active to :meth:`segment_in`; the sessions send segments and
-    ACKs through ``transmit`` and report whole messages back.
+    Set ``service.rmpp`` to one; the service then hands it a send whose element
+    has ``rmpp_version`` != 0 (:meth:`start`) and every received MAD whose RMPP
+    header is active (:meth:`feed`), keyed by the transaction (peer, TID).
+    ``send`` puts one segment or ACK on the wire through the service's agent
+    (no retries: RMPP times its own).  Whole messages and failures come back
+    through the callbacks the sessions object was made with.
     """
 
-    def start_send(self, element: MadElement, transmit: Callable[[bytes], None]) -> None: ...
+    def start(self, key: Hashable, element: MadElement, send: Callable[[bytes], None]) -> None:
+        ...
 
-    def segment_in(self, mad: bytes, addr: MadAddr) -> bytes | None: ...
+    def feed(self, key: Hashable, mad: bytes, send: Callable[[bytes], None]) -> bool: ...
 
 
 _INTERNAL = object()  # context of the service's own replies (no element, no callback)
@@ -218,7 +225,7 @@ class MadService:
             low = int.from_bytes(e.mad[_TID_LO], "big")
             if waits and low in self._awaiting:
                 raise InvalidParameter(f"a request with TID low 0x{low:08x} is outstanding")
-            if e.rmpp_version:
+            if e.rmpp_version and self.rmpp is None:
                 raise Unsupported(
                     "RMPP transfers need ibal.mad.rmpp sessions (service.rmpp is not set)"
                 )
@@ -227,8 +234,13 @@ class MadService:
             self._out[id(e)] = e
             if waits:
                 self._awaiting[low] = e
-        retries = 0 if self.svc.svc_type is MadSvcType.RAW else e.retry_cnt
         assert e.addr is not None
+        if e.rmpp_version and self.rmpp is not None:
+            addr = e.addr
+            key = (addr.dlid, addr.remote_qp, bytes(e.mad[8:16]))
+            self.rmpp.start(key, e, lambda m: self._raw_send(m, addr))
+            return
+        retries = 0 if self.svc.svc_type is MadSvcType.RAW else e.retry_cnt
         send = MadSend(bytes(e.mad), e.addr, e.timeout_ms if waits else 0, retries, context=e)
         try:
             agent.send(send)
@@ -289,14 +301,18 @@ class MadService:
             else:
                 cb(e)
 
-    def _on_recv(self, recv: MadRecv) -> None:
-        """Misc queue: a MAD the transport routed to this service."""
+    def _on_recv(self, recv: MadRecv, whole: bool = False) -> None:
+        """Misc queue: a MAD the transport routed to this service (``whole``: a message
+        the RMPP sessions reassembled)."""
         mad = recv.mad
-        reason = self._malformed(mad)
+        reason = self._malformed(mad, whole)
         if reason:
             self.stats[reason] += 1
             return
         response = bool(mad[_METHOD] & 0x80) or mad[_METHOD] == 0x07
+        if not whole and self._rmpp_active(mad):
+            self._rmpp_in(recv)
+            return
         if not response and self.svc.support_unsol and self._unserved_attr(mad):
             self._answer_unserved_attr(recv)
             return
@@ -337,9 +353,42 @@ class MadService:
         with self._lock:
             self._unsol_held -= 1
 
-    def _malformed(self, mad: bytes) -> str | None:
+    # ------------------------------------------------------------------ RMPP seam
+    def rmpp_send_done(self, element: MadElement, status: WcStatus) -> None:
+        """The RMPP sessions report a transfer's end (``send_cb`` follows, on the misc queue)."""
+        self._complete(element, status, queue=self._agent_or_raise())
+
+    def rmpp_message_in(self, mad: bytes, addr: MadAddr) -> None:
+        """The RMPP sessions deliver a reassembled message (as if one MAD had arrived)."""
+        self._agent_or_raise().defer(
+            self._on_recv, MadRecv(bytes(mad), addr, self.alias.port_num, self.alias.num), True
+        )
+
+    def _rmpp_active(self, mad: bytes) -> bool:
+        """Whether the MAD is an RMPP segment/ACK this service must hand to RMPP."""
+        if self.svc.svc_type is MadSvcType.RAW:
+            return False
+        if self.svc.svc_type is MadSvcType.DEFAULT and self.svc.mgmt_class not in _RMPP_CLASSES:
+            return False
+        return mad[_RMPP_VERSION] != 0 and bool(mad[_RMPP_FLAGS] & 0x01)
+
+    def _rmpp_in(self, recv: MadRecv) -> None:
+        sessions = self.rmpp
+        if sessions is None:
+            self.stats["dropped_rmpp_unsupported"] += 1
+            return
+        key = (recv.addr.dlid, recv.addr.remote_qp, bytes(recv.mad[8:16]))
+        if not sessions.feed(key, recv.mad, lambda m: self._raw_send(m, recv.addr)):
+            self.stats["dropped_rmpp_unclaimed"] += 1
+
+    def _raw_send(self, mad: bytes, addr: MadAddr) -> None:
+        agent = self._agent
+        if agent is not None:
+            agent.send(MadSend(mad, addr, context=_INTERNAL))
+
+    def _malformed(self, mad: bytes, whole: bool = False) -> str | None:
         """Why a received MAD is dropped, or ``None`` (checks beyond the transport's)."""
-        if len(mad) != MAD_SIZE:
+        if len(mad) < MAD_SIZE or (len(mad) != MAD_SIZE and not whole):
             return "dropped_bad_length"
         if mad[_BASE_VERSION] != 1:
             return "dropped_bad_base_version"
