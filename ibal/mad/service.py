@@ -59,6 +59,8 @@ _RMPP_CLASSES = frozenset({0x03, 0x06, 0x10, 0x12, *range(0x30, 0x50)})
 vendor range 2 (where a DEFAULT service does RMPP, as IBAL's and Linux's MAD layers do)."""
 
 MadCallback = Callable[[MadElement], object]
+Taker = Callable[[WcStatus, "MadElement | None"], None]
+"""Gets a request's outcome instead of ``send_cb``/``recv_cb``: (status, response)."""
 
 
 class MadSvcType(enum.IntEnum):
@@ -131,6 +133,7 @@ class MadService:
         self._awaiting: dict[int, MadElement] = {}  # TID low 32 bits -> request
         self._tids = itertools.count(1)
         self._unsol_held = 0
+        self._takers: dict[int, Taker] = {}  # id(request) -> who gets its outcome instead
         self._agent: MadAgent | None = None
         self._gone = False
         self.rmpp: RmppSessions | None = None
@@ -258,6 +261,21 @@ class MadService:
             if low and low not in self._awaiting:
                 return low
 
+    def send_taken(self, element: MadElement, taker: Taker) -> None:
+        """Send a request whose outcome goes to ``taker(status, response)`` (once, on the
+        misc queue) instead of the service's callbacks: the base of :func:`transact`."""
+        if not isinstance(element, MadElement) or element.is_response:
+            raise InvalidParameter("only a request has an outcome to take")
+        element.resp_expected = True
+        with self._lock:
+            self._takers[id(element)] = taker
+        try:
+            self.send(element)
+        except BaseException:
+            with self._lock:
+                self._takers.pop(id(element), None)
+            raise
+
     def cancel(self, element: MadElement) -> None:
         """``ib_cancel_mad``: stop a pending send; ``send_cb`` reports it ``CANCELED``.
 
@@ -294,6 +312,16 @@ class MadService:
                 del self._awaiting[low]
             e.status = status
             e.state = ElementState.USER
+            taker = self._takers.get(id(e))
+            if taker is not None and status is not WcStatus.SUCCESS:
+                del self._takers[id(e)]
+        if taker is not None:
+            if status is not WcStatus.SUCCESS:
+                if queue is not None:
+                    queue.defer(taker, status, None)
+                else:
+                    taker(status, None)
+            return  # SUCCESS: the response goes to the taker next
         cb = self.svc.send_cb
         if cb is not None:
             if queue is not None:
@@ -345,6 +373,11 @@ class MadService:
         if request is not None:
             e.request = request
             e.send_context1, e.send_context2 = request.context1, request.context2
+            with self._lock:
+                taker = self._takers.pop(id(request), None)
+            if taker is not None:
+                taker(WcStatus.SUCCESS, e)
+                return
         else:
             e.on_put = self._unsol_returned
         self.svc.recv_cb(e)

@@ -89,6 +89,14 @@ class Net:
     def step(self, seconds: float) -> None:
         self.clock.advance(seconds, settle=self.settle)
 
+    def b_stats(self, **expect: int) -> dict[str, int]:
+        """B's transport counters once they reach ``expect`` (rxe delivers over UDP, so a
+        copy sent may land a little after the AL's queues drained)."""
+        from ibal.testing.helpers import wait_until
+
+        wait_until(lambda: self.b.alias.transport_stats == expect, f"B's counters {expect}")
+        return self.b.alias.transport_stats
+
     def service(self, side: Side, mgmt_class: int = VENDOR, methods: Any = (), **kw: Any
                 ) -> tuple[MadService, Inbox]:
         inbox = Inbox()

@@ -57,13 +57,14 @@ def test_unanswered_request_times_out_after_its_retries_on_the_clock(net: Net) -
     req.addr = net.b.addr()  # b's QP1 exists (its alias) but serves nothing: Sends drop
     asker.send(req)
     net.settle()
-    assert net.b.alias.transport_stats == {"dropped_unclaimed": 1}
+    net.b_stats(dropped_unclaimed=1)
     net.step(0.099)
     assert net.b.alias.transport_stats == {"dropped_unclaimed": 1} and a_in.sends.empty()
     net.step(0.002)
-    assert net.b.alias.transport_stats == {"dropped_unclaimed": 2}
+    net.b_stats(dropped_unclaimed=2)
     net.step(0.1)
-    assert net.b.alias.transport_stats == {"dropped_unclaimed": 3} and a_in.sends.empty()
+    net.b_stats(dropped_unclaimed=3)
+    assert a_in.sends.empty()
     net.step(0.1)
     done = a_in.sent()
     assert done is req and done.status is WcStatus.TIMEOUT_RETRY_ERR
@@ -77,7 +78,7 @@ def test_cancel_reports_canceled_and_stops_the_retries(net: Net) -> None:
     req = request(asker, net, mad(VENDOR, SEND), timeout_ms=100, retries=3)
     req.addr = net.b.addr()
     asker.send(req)
-    net.settle()
+    net.b_stats(dropped_unclaimed=1)
     asker.cancel(req)
     done = a_in.sent()
     assert done is req and done.status is WcStatus.CANCELED
@@ -115,7 +116,9 @@ def test_deregister_completes_pending_sends_canceled_before_the_destroy_callback
         asker.send(reqs[0])
     with pytest.raises(InvalidHandle):
         asker.deregister()
+    net.b_stats(dropped_unclaimed=3)
     net.step(1.0)  # nothing of it is left on the clock or the wire
+    net.settle()
     assert net.b.alias.transport_stats == {"dropped_unclaimed": 3}
 
 
@@ -158,7 +161,7 @@ def test_unserved_requests_get_the_status_iba_requires(
     expect[3] = GET_RESP
     expect[4:6] = status.to_bytes(2, "big")
     assert bytes(resp.mad) == bytes(expect)  # the request echoed, method and status set
-    assert net.b.alias.transport_stats == {f"answered_0x{status:04x}": 1}
+    net.b_stats(**{f"answered_0x{status:04x}": 1})
 
 
 def test_unserved_attribute_is_answered_0x000c_by_the_service(net: Net) -> None:
@@ -187,9 +190,7 @@ def test_answers_go_only_to_get_and_set_not_to_traps_sends_or_responses(net: Net
     probe.addr = net.b.addr()
     asker.send(probe)
     assert a_in.recv().mad[4:6] == b"\x00\x04"
-    stats = net.b.alias.transport_stats
-    assert stats == {"dropped_unclaimed": 2, "dropped_unmatched_response": 1,
-                     "answered_0x0004": 1}
+    net.b_stats(dropped_unclaimed=2, dropped_unmatched_response=1, answered_0x0004=1)
 
 
 def test_registration_rules(net: Net) -> None:
@@ -216,3 +217,48 @@ def test_registration_rules(net: Net) -> None:
     e.resp_expected = True
     with pytest.raises(InvalidParameter):  # waits for an answer without a time-out
         svc.send(e)
+
+
+def test_sequenced_transactions_block_until_the_response(net: Net) -> None:
+    """IBMF's sequenced msg_transport without a callback: transact() returns the answer."""
+    import threading
+
+    from ibal.mad import transact
+    from ibal.status import Timeout
+
+    server, s_in = net.service(net.b, methods={GET})
+    asker, a_in = net.service(net.a)
+
+    def serve() -> None:
+        got = s_in.recv()
+        answer(server, got, b"seq")
+
+    t = threading.Thread(target=serve)
+    t.start()
+    req = request(asker, net, mad(VENDOR, GET), timeout_ms=100)
+    req.addr = net.b.addr()
+    resp = transact(asker, req, timeout=10)
+    t.join()
+    assert resp.request is req and bytes(resp.mad[24:27]) == b"seq"
+    assert a_in.sends.empty() and a_in.recvs.empty()  # the caller got it, not the callbacks
+    # No answer: the retries run out on the manual clock while transact waits.
+    lost = request(asker, net, mad(VENDOR, SEND), timeout_ms=100, retries=1)
+    lost.addr = net.b.addr()
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            transact(asker, lost)
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=ask)
+    t.start()
+    from ibal.testing.helpers import wait_until
+
+    # Its first copy has landed (so its time-out timer runs) before the clock moves.
+    wait_until(lambda: net.b.alias.transport_stats.get("dropped_unclaimed") == 1, "a copy")
+    net.step(0.25)
+    t.join(10)
+    assert len(errors) == 1 and isinstance(errors[0], Timeout)
+    net.b_stats(dropped_unclaimed=2)
