@@ -18,21 +18,31 @@ included.
 
 from __future__ import annotations
 
-import enum
 import itertools
 import threading
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ibal.al import SYNC_DESTROY, AliasQp, Ca, MadAgent
 from ibal.mad.pool import ElementState, MadElement, MadPool, PoolKey
+from ibal.mad.svc import (
+    METHOD,
+    TID_LO,
+    MadSvc,
+    MadSvcType,
+    RmppSessions,
+    Taker,
+    check_element,
+    check_svc,
+    malformed,
+    rmpp_active,
+    unserved_attr,
+)
 from ibal.status import (
     IbError,
     InvalidHandle,
     InvalidParameter,
-    InvalidSetting,
     NotFound,
     Unsupported,
 )
@@ -46,75 +56,6 @@ from ibal.types import (
     WcStatus,
     mad_error_reply,
 )
-
-# Common MAD header offsets (IBA 13.4.3); h1's field tables replace these on merge.
-_BASE_VERSION, _CLASS, _CLASS_VERSION, _METHOD = 0, 1, 2, 3
-_TID_LO = slice(12, 16)
-_ATTR_ID = slice(16, 18)
-_RESERVED = slice(18, 20)
-_SM_CLASSES = frozenset({0x01, 0x81})
-_RMPP_VERSION, _RMPP_FLAGS = 24, 26  # RMPP header: version, type, resp time | flags, status
-_RMPP_CLASSES = frozenset({0x03, 0x06, 0x10, 0x12, *range(0x30, 0x50)})
-"""Classes whose MADs carry an RMPP header: SA, DM, device administration, BIS and
-vendor range 2 (where a DEFAULT service does RMPP, as IBAL's and Linux's MAD layers do)."""
-
-MadCallback = Callable[[MadElement], object]
-Taker = Callable[[WcStatus, "MadElement | None"], None]
-"""Gets a request's outcome instead of ``send_cb``/``recv_cb``: (status, response)."""
-
-
-class MadSvcType(enum.IntEnum):
-    """``ib_mad_svc_type_t``."""
-
-    DEFAULT = 0
-    """Retransmissions, and RMPP for the classes IBA defines with it."""
-    RMPP = 1
-    """Retransmissions; every MAD carries an RMPP header, RMPP active per send."""
-    RAW = 2
-    """Neither retransmissions nor RMPP."""
-
-
-@dataclass(frozen=True)
-class MadSvc:
-    """``ib_mad_svc_t``: what a service handles and who hears about it.
-
-    ``methods`` are the request methods whose unsolicited MADs reach
-    ``recv_cb`` (only with ``support_unsol``; each (class, version, method) has
-    one service per port).  ``attributes`` optionally narrows a method to
-    attribute IDs: a Get/Set for another attribute is answered "unsupported
-    method/attribute" (0x000C) by the service.  ``max_unsolicited`` bounds the
-    unsolicited elements the user holds; past it they are dropped and counted
-    (responses to this service's requests never are).
-    """
-
-    mgmt_class: int
-    mgmt_version: int
-    recv_cb: MadCallback
-    send_cb: MadCallback | None = None
-    methods: frozenset[int] = frozenset()
-    support_unsol: bool = False
-    svc_type: MadSvcType = MadSvcType.DEFAULT
-    attributes: Mapping[int, frozenset[int]] | None = None
-    max_unsolicited: int = 256
-    context: Any = None
-
-
-class RmppSessions(Protocol):
-    """The seam to the RMPP sender/receiver (``ibal.mad.rmpp``, helper h2's work).
-
-    Set ``service.rmpp`` to one; the service then hands it a send whose element
-    has ``rmpp_version`` != 0 (:meth:`start`) and every received MAD whose RMPP
-    header is active (:meth:`feed`), keyed by the transaction (peer, TID).
-    ``send`` puts one segment or ACK on the wire through the service's agent
-    (no retries: RMPP times its own).  Whole messages and failures come back
-    through the callbacks the sessions object was made with.
-    """
-
-    def start(self, key: Hashable, element: MadElement, send: Callable[[bytes], None]) -> None:
-        ...
-
-    def feed(self, key: Hashable, mad: bytes, send: Callable[[bytes], None]) -> bool: ...
-
 
 _INTERNAL = object()  # context of the service's own replies (no element, no callback)
 
@@ -183,7 +124,7 @@ class MadService:
         if not items:
             raise InvalidParameter("no MAD elements to send")
         for e in items:
-            self._check_element(e)
+            check_element(e, self.svc)
         if len({id(e) for e in items}) != len(items):
             raise InvalidParameter("an element is listed twice")
         hi = agent.hi_tid
@@ -194,38 +135,15 @@ class MadService:
                 exc.mad_failure = e  # type: ignore[attr-defined]
                 raise
 
-    def _check_element(self, e: object) -> None:
-        if not isinstance(e, MadElement):
-            raise InvalidParameter("send takes MadElements")
-        if e.state is not ElementState.USER:
-            raise InvalidParameter(f"a MAD element that is {e.state.value} cannot be sent")
-        if not isinstance(e.addr, MadAddr):
-            raise InvalidParameter("the element has no address (MadElement.addr)")
-        if e.rmpp_version not in (0, 1):
-            raise InvalidSetting(f"RMPP version {e.rmpp_version} is not supported")
-        if e.rmpp_version and self.svc.svc_type is MadSvcType.RAW:
-            raise InvalidSetting("a RAW MAD service does no RMPP")
-        if e.size != MAD_SIZE and not e.rmpp_version:
-            raise InvalidParameter(f"a MAD without RMPP is {MAD_SIZE} bytes")
-        if e.mad[_CLASS] != self.svc.mgmt_class:
-            raise InvalidParameter("the MAD's class is not the service's")
-        if e.resp_expected and not e.is_response:
-            for name in ("timeout_ms", "retry_cnt"):
-                v = getattr(e, name)
-                if type(v) is not int or v < 0:
-                    raise InvalidParameter(f"{name} must be a non-negative int")
-            if e.timeout_ms == 0:
-                raise InvalidParameter("a request that expects a response needs timeout_ms > 0")
-
     def _send_one(self, agent: MadAgent, e: MadElement, hi: int | None) -> None:
         waits = e.resp_expected and not e.is_response
         with self._lock:
             if not e.is_response:
                 if hi is not None:
                     e.mad[8:12] = hi.to_bytes(4, "big")
-                if int.from_bytes(e.mad[_TID_LO], "big") == 0:
-                    e.mad[_TID_LO] = self._fresh_tid().to_bytes(4, "big")
-            low = int.from_bytes(e.mad[_TID_LO], "big")
+                if int.from_bytes(e.mad[TID_LO], "big") == 0:
+                    e.mad[TID_LO] = self._fresh_tid().to_bytes(4, "big")
+            low = int.from_bytes(e.mad[TID_LO], "big")
             if waits and low in self._awaiting:
                 raise InvalidParameter(f"a request with TID low 0x{low:08x} is outstanding")
             if e.rmpp_version and self.rmpp is None:
@@ -307,7 +225,7 @@ class MadService:
                 self.stats["late_completion"] += 1  # canceled here first
                 return
             del self._out[id(e)]
-            low = int.from_bytes(e.mad[_TID_LO], "big")
+            low = int.from_bytes(e.mad[TID_LO], "big")
             if status is not WcStatus.SUCCESS and self._awaiting.get(low) is e:
                 del self._awaiting[low]
             e.status = status
@@ -333,21 +251,21 @@ class MadService:
         """Misc queue: a MAD the transport routed to this service (``whole``: a message
         the RMPP sessions reassembled)."""
         mad = recv.mad
-        reason = self._malformed(mad, whole)
+        reason = malformed(mad, self.svc, whole)
         if reason:
             self.stats[reason] += 1
             return
-        response = bool(mad[_METHOD] & 0x80) or mad[_METHOD] == 0x07
-        if not whole and self._rmpp_active(mad):
+        response = bool(mad[METHOD] & 0x80) or mad[METHOD] == 0x07
+        if not whole and rmpp_active(mad, self.svc):
             self._rmpp_in(recv)
             return
-        if not response and self.svc.support_unsol and self._unserved_attr(mad):
+        if not response and self.svc.support_unsol and unserved_attr(mad, self.svc):
             self._answer_unserved_attr(recv)
             return
         request: MadElement | None = None
         with self._lock:
             if response:
-                request = self._awaiting.pop(int.from_bytes(mad[_TID_LO], "big"), None)
+                request = self._awaiting.pop(int.from_bytes(mad[TID_LO], "big"), None)
                 if request is None:
                     self.stats["dropped_unmatched_response"] += 1
                     return
@@ -397,14 +315,6 @@ class MadService:
             self._on_recv, MadRecv(bytes(mad), addr, self.alias.port_num, self.alias.num), True
         )
 
-    def _rmpp_active(self, mad: bytes) -> bool:
-        """Whether the MAD is an RMPP segment/ACK this service must hand to RMPP."""
-        if self.svc.svc_type is MadSvcType.RAW:
-            return False
-        if self.svc.svc_type is MadSvcType.DEFAULT and self.svc.mgmt_class not in _RMPP_CLASSES:
-            return False
-        return mad[_RMPP_VERSION] != 0 and bool(mad[_RMPP_FLAGS] & 0x01)
-
     def _rmpp_in(self, recv: MadRecv) -> None:
         sessions = self.rmpp
         if sessions is None:
@@ -418,26 +328,6 @@ class MadService:
         agent = self._agent
         if agent is not None:
             agent.send(MadSend(mad, addr, context=_INTERNAL))
-
-    def _malformed(self, mad: bytes, whole: bool = False) -> str | None:
-        """Why a received MAD is dropped, or ``None`` (checks beyond the transport's)."""
-        if len(mad) < MAD_SIZE or (len(mad) != MAD_SIZE and not whole):
-            return "dropped_bad_length"
-        if mad[_BASE_VERSION] != 1:
-            return "dropped_bad_base_version"
-        if mad[_CLASS] != self.svc.mgmt_class:
-            return "dropped_wrong_class"
-        if mad[_CLASS_VERSION] != self.svc.mgmt_version:
-            return "dropped_bad_class_version"
-        if any(mad[_RESERVED]):
-            return "dropped_reserved"
-        return None
-
-    def _unserved_attr(self, mad: bytes) -> bool:
-        attrs = self.svc.attributes
-        if not attrs or mad[_METHOD] not in attrs:
-            return False
-        return int.from_bytes(mad[_ATTR_ID], "big") not in attrs[mad[_METHOD]]
 
     def _answer_unserved_attr(self, recv: MadRecv) -> None:
         reply = mad_error_reply(recv.mad, MAD_STATUS_UNSUPPORTED_METHOD_ATTR)
@@ -485,23 +375,6 @@ class MadService:
         agent.deregister(finished, wait=sync, timeout=timeout)
 
 
-def _check_svc(alias: object, svc: object) -> None:
-    if not isinstance(alias, AliasQp) or not alias.alive:
-        raise InvalidParameter("a MAD service lives on a live QP0/QP1 alias QP")
-    if not isinstance(svc, MadSvc):
-        raise InvalidParameter("a MadSvc is required")
-    if not callable(svc.recv_cb) or (svc.send_cb is not None and not callable(svc.send_cb)):
-        raise InvalidParameter("recv_cb and send_cb must be callable")
-    if not isinstance(svc.svc_type, MadSvcType):
-        raise InvalidParameter("svc_type must be a MadSvcType")
-    if (svc.mgmt_class in _SM_CLASSES) != (alias.num == 0):
-        raise InvalidParameter("subnet management classes on QP0, every other class on QP1")
-    if svc.support_unsol and not (svc.mgmt_class and svc.mgmt_version and svc.methods):
-        raise InvalidParameter("an unsolicited service needs a class, a version and methods")
-    if type(svc.max_unsolicited) is not int or svc.max_unsolicited < 1:
-        raise InvalidParameter("max_unsolicited must be a positive int")
-
-
 def reg_mad_svc(alias: AliasQp, svc: MadSvc, pool_key: PoolKey | None = None) -> MadService:
     """``ib_reg_mad_svc``: register ``svc`` on a QP0/QP1 alias.
 
@@ -510,7 +383,9 @@ def reg_mad_svc(alias: AliasQp, svc: MadSvc, pool_key: PoolKey | None = None) ->
     ``InvalidParameter`` for a bad QP or description, ``ResourceBusy`` when
     another client of the port already serves one of the methods.
     """
-    _check_svc(alias, svc)
+    if not isinstance(alias, AliasQp) or not alias.alive:
+        raise InvalidParameter("a MAD service lives on a live QP0/QP1 alias QP")
+    check_svc(svc, alias.num)
     if pool_key is None:
         pool_key = MadPool(None, 0, 0, 64).register(alias.pd)
     elif not isinstance(pool_key, PoolKey):
