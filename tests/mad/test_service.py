@@ -262,3 +262,28 @@ def test_sequenced_transactions_block_until_the_response(net: Net) -> None:
     t.join(10)
     assert len(errors) == 1 and isinstance(errors[0], Timeout)
     net.b_stats(dropped_unclaimed=2)
+
+
+def test_a_lost_request_is_retried_and_a_duplicated_answer_counted_once(mock_net: Net) -> None:
+    """The mock's fault injection: the first copy of the request is lost, the answer doubled."""
+    net = mock_net
+    faults = net.fabric.faults
+    lost = faults.drop(predicate=lambda p: bytes(p.payload[:4]) == bytes([1, VENDOR, 1, GET]),
+                       nth=1)
+    doubled = faults.duplicate(
+        predicate=lambda p: bytes(p.payload[:4]) == bytes([1, VENDOR, 1, GET_RESP]), nth=1)
+    server, s_in = net.service(net.b, methods={GET})
+    asker, a_in = net.service(net.a)
+    req = request(asker, net, mad(VENDOR, GET), timeout_ms=100, retries=2)
+    req.addr = net.b.addr()
+    asker.send(req)
+    net.settle()
+    assert lost.fired == 1 and s_in.recvs.empty()
+    net.step(0.1)  # the retry
+    answer(server, s_in.recv(), b"once")
+    resp = a_in.recv()
+    net.settle()
+    assert resp.request is req and a_in.sent() is req and req.status is WcStatus.SUCCESS
+    assert doubled.fired == 1 and a_in.recvs.empty()  # the copy reached nobody
+    assert net.a.alias.transport_stats == {"dropped_unmatched_response": 1}
+    assert s_in.recvs.empty()  # the retry's request was the only one that arrived
