@@ -222,7 +222,7 @@ class MadService:
     def _complete(self, e: MadElement, status: WcStatus, queue: MadAgent | None = None) -> None:
         with self._lock:
             if self._out.get(id(e)) is not e:
-                self.stats["late_completion"] += 1  # canceled here first
+                self.stats["late_completion"] += 1  # ended here first (cancel, answer)
                 return
             del self._out[id(e)]
             low = int.from_bytes(e.mad[TID_LO], "big")
@@ -289,6 +289,10 @@ class MadService:
         e.addr = recv.addr
         e.port_num, e.qp_num = recv.port_num, recv.qp_num
         if request is not None:
+            with self._lock:
+                unfinished = self._out.get(id(request)) is request
+            if unfinished:  # the answer proves the send (a provider may report it later)
+                self._complete(request, WcStatus.SUCCESS)
             e.request = request
             e.send_context1, e.send_context2 = request.context1, request.context2
             with self._lock:
