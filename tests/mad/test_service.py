@@ -287,3 +287,17 @@ def test_a_lost_request_is_retried_and_a_duplicated_answer_counted_once(mock_net
     assert doubled.fired == 1 and a_in.recvs.empty()  # the copy reached nobody
     assert net.a.alias.transport_stats == {"dropped_unmatched_response": 1}
     assert s_in.recvs.empty()  # the retry's request was the only one that arrived
+
+
+def test_the_pd_going_away_ends_the_service_and_cancels_its_sends(net: Net) -> None:
+    asker, a_in = net.service(net.a)
+    req = request(asker, net, mad(VENDOR, SEND), timeout_ms=500)
+    req.addr = net.b.addr()
+    asker.send(req)
+    net.a.pd.dealloc(wait=True)  # takes the alias QP and the service's agent with it
+    done = a_in.sent()
+    assert done is req and done.status is WcStatus.CANCELED
+    with pytest.raises(InvalidHandle):
+        asker.send(req)
+    with pytest.raises(InvalidHandle):
+        asker.deregister()
