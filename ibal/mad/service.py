@@ -22,6 +22,7 @@ import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from ibal.al import SYNC_DESTROY, AliasQp, Ca, MadAgent
@@ -57,6 +58,15 @@ from ibal.types import (
     mad_error_reply,
 )
 
+
+@dataclass(eq=False)
+class _Sending:
+    """One send of an element: the transport's context, so a late completion of an
+    earlier send cannot end a later one of the same element."""
+
+    element: MadElement
+
+
 _INTERNAL = object()  # context of the service's own replies (no element, no callback)
 
 
@@ -70,7 +80,7 @@ class MadService:
         self.stats: Counter[str] = Counter()
         """Received MADs this service dropped or answered itself, by reason."""
         self._lock = threading.Lock()
-        self._out: dict[int, MadElement] = {}  # id(element) -> element being sent
+        self._out: dict[int, _Sending] = {}  # id(element) -> its send in progress
         self._awaiting: dict[int, MadElement] = {}  # TID low 32 bits -> request
         self._tids = itertools.count(1)
         self._unsol_held = 0
@@ -152,7 +162,8 @@ class MadService:
                 )
             e.state = ElementState.SENDING
             e.status = WcStatus.SUCCESS
-            self._out[id(e)] = e
+            token = _Sending(e)
+            self._out[id(e)] = token
             if waits:
                 self._awaiting[low] = e
         assert e.addr is not None
@@ -162,7 +173,7 @@ class MadService:
             self.rmpp.start(key, e, lambda m: self._raw_send(m, addr))
             return
         retries = 0 if self.svc.svc_type is MadSvcType.RAW else e.retry_cnt
-        send = MadSend(bytes(e.mad), e.addr, e.timeout_ms if waits else 0, retries, context=e)
+        send = MadSend(bytes(e.mad), e.addr, e.timeout_ms if waits else 0, retries, context=token)
         try:
             agent.send(send)
         except BaseException:
@@ -204,10 +215,11 @@ class MadService:
         if not isinstance(element, MadElement):
             raise InvalidParameter("cancel takes a MadElement")
         with self._lock:
-            if self._out.get(id(element)) is not element:
+            token = self._out.get(id(element))
+            if token is None or token.element is not element:
                 raise NotFound("the MAD element is not pending on this service")
         try:
-            agent.cancel(element)  # its CANCELED completion comes through _on_send_done
+            agent.cancel(token)  # its CANCELED completion comes through _on_send_done
         except Unsupported:
             # The kernel owns the send: finish it here; its own completion is ignored.
             self._complete(element, WcStatus.CANCELED, queue=agent)
@@ -215,14 +227,23 @@ class MadService:
     # ------------------------------------------------------------------ completions
     def _on_send_done(self, done: MadSendDone) -> None:
         """Misc queue (teardown queue when deregistering): one transport completion."""
-        e = done.context
-        if isinstance(e, MadElement):
-            self._complete(e, done.status)
+        token = done.context
+        if isinstance(token, _Sending):
+            self._complete(token.element, done.status, token=token)
 
-    def _complete(self, e: MadElement, status: WcStatus, queue: MadAgent | None = None) -> None:
+    def _complete(
+        self,
+        e: MadElement,
+        status: WcStatus,
+        queue: MadAgent | None = None,
+        token: _Sending | None = None,
+    ) -> None:
+        """End ``e``'s send once; a completion of an earlier send of it (``token``) or
+        one that ended here already (canceled, answered) is counted and ignored."""
         with self._lock:
-            if self._out.get(id(e)) is not e:
-                self.stats["late_completion"] += 1  # ended here first (cancel, answer)
+            cur = self._out.get(id(e))
+            if cur is None or cur.element is not e or (token is not None and cur is not token):
+                self.stats["late_completion"] += 1
                 return
             del self._out[id(e)]
             low = int.from_bytes(e.mad[TID_LO], "big")
@@ -290,7 +311,7 @@ class MadService:
         e.port_num, e.qp_num = recv.port_num, recv.qp_num
         if request is not None:
             with self._lock:
-                unfinished = self._out.get(id(request)) is request
+                unfinished = id(request) in self._out
             if unfinished:  # the answer proves the send (a provider may report it later)
                 self._complete(request, WcStatus.SUCCESS)
             e.request = request
@@ -368,7 +389,7 @@ class MadService:
             # Teardown queue, after the agent's own CANCELED completions: whatever
             # the transport had already finished but not yet reported ends here too.
             with self._lock:
-                left = list(self._out.values())
+                left = [t.element for t in self._out.values()]
             for e in left:
                 self._complete(e, WcStatus.CANCELED)
             with self._lock:

@@ -146,8 +146,11 @@ def _rxe() -> Iterator[Net]:
     clock = ManualClock()
     mgr = AlManager(clock=clock)
     try:
-        mgr.add_provider(RxeProvider({"devices": "rxe_m0=127.0.0.2,rxe_m1=127.0.0.3"}))
-        a, b = _sides(mgr, roce=True)
+        # Addresses of their own: other rxe tests bind 127.0.0.2/3 (EADDRINUSE if they run too).
+        mgr.add_provider(RxeProvider({"devices": "rxe_m0=127.0.9.2,rxe_m1=127.0.9.3"}))
+        sides = _sides(mgr, roce=True)
+        assert len(sides) == 2, f"rxe registered {len(sides)} CAs (addresses in use?)"
+        a, b = sides
         yield Net("rxe", mgr, clock, a, b)
     finally:
         mgr.close(timeout=WAIT)
