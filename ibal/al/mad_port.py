@@ -512,16 +512,21 @@ class SplQpTransport(MadTransport):
                 agent = self._agents.get(int.from_bytes(mad[8:12], "big"))
                 out = agent.pending.get(int.from_bytes(mad[12:16], "big")) if agent else None
                 if out is None or out.send.timeout_ms == 0 or out.responded:
-                    # The kernel's MAD layer drops these too: nobody waits for them.
-                    self.stats["dropped_unmatched_response"] += 1
-                    return
-                if mad[1:3] != out.mad[1:3]:
-                    # A forged or broken answer must not end the transaction it names.
-                    self.stats["dropped_mismatched_response"] += 1
-                    return
-                out.responded = True
-                if out.timer is not None:
-                    out.timer.cancel()
+                    if agent is None or agent.spec.rmpp_version != 0 or not _rmpp_active(mad):
+                        # The kernel's MAD layer drops these too: nobody waits for them.
+                        self.stats["dropped_unmatched_response"] += 1
+                        return
+                    # Later segments and ACKs of an RMPP transfer the agent runs itself
+                    # (rmpp_version 0): the TID names the agent; no transaction ends.
+                    out = None
+                if out is not None:
+                    if mad[1:3] != out.mad[1:3]:
+                        # A forged or broken answer must not end the transaction it names.
+                        self.stats["dropped_mismatched_response"] += 1
+                        return
+                    out.responded = True
+                    if out.timer is not None:
+                        out.timer.cancel()
             else:
                 agent = self._methods.get((mad[1], mad[2], mad[3]))
         if agent is None:
@@ -552,6 +557,12 @@ class SplQpTransport(MadTransport):
                 return
             self._responder.pending[out.key] = out
         self.stats[f"answered_0x{status:04x}"] += 1
+
+
+def _rmpp_active(mad: bytes) -> bool:
+    """Whether bytes 24..27 read as an active RMPP header (version 1, a type 1..4, the
+    Active flag): a class without RMPP has data there, which rarely looks like this."""
+    return mad[24] == 1 and 1 <= mad[25] <= 4 and bool(mad[26] & 0x01)
 
 
 def unserved_status(

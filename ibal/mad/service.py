@@ -346,7 +346,7 @@ class MadService:
             self.stats["dropped_rmpp_unsupported"] += 1
             return
         key = (recv.addr.dlid, recv.addr.remote_qp, bytes(recv.mad[8:16]))
-        if not sessions.feed(key, recv.mad, lambda m: self._raw_send(m, recv.addr)):
+        if not sessions.feed(key, recv.mad, recv.addr, lambda m: self._raw_send(m, recv.addr)):
             self.stats["dropped_rmpp_unclaimed"] += 1
 
     def _raw_send(self, mad: bytes, addr: MadAddr) -> None:

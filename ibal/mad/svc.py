@@ -70,11 +70,13 @@ class MadSvc:
 
 
 class RmppSessions(Protocol):
-    """The seam to the RMPP sender/receiver (``ibal.mad.rmpp``, helper h2's work).
+    """The seam to the RMPP sender/receiver.
 
     Set ``service.rmpp`` to one; the service then hands it a send whose element
     has ``rmpp_version`` != 0 (:meth:`start`) and every received MAD whose RMPP
-    header is active (:meth:`feed`), keyed by the transaction (peer, TID).
+    header is active (:meth:`feed`, with its sender), keyed by the transaction
+    (peer, TID).  :class:`ibal.mad.rmpp_service.TransferSessions` is the one over
+    ``ibal.mad.rmpp``.
     ``send`` puts one segment or ACK on the wire through the service's agent
     (no retries: RMPP times its own).  Whole messages and failures come back
     through the callbacks the sessions object was made with.
@@ -83,7 +85,9 @@ class RmppSessions(Protocol):
     def start(self, key: Hashable, element: MadElement, send: Callable[[bytes], None]) -> None:
         ...
 
-    def feed(self, key: Hashable, mad: bytes, send: Callable[[bytes], None]) -> bool: ...
+    def feed(
+        self, key: Hashable, mad: bytes, addr: MadAddr, send: Callable[[bytes], None]
+    ) -> bool: ...
 
 
 def check_svc(svc: object, qp_num: int) -> MadSvc:

@@ -33,13 +33,14 @@ class TwoSegments:
         assert self.service is not None
         self.service.rmpp_send_done(element, WcStatus.SUCCESS)
 
-    def feed(self, key: Hashable, mad: bytes, send: Callable[[bytes], None]) -> bool:
+    def feed(self, key: Hashable, mad: bytes, addr: MadAddr, send: Callable[[bytes], None]
+             ) -> bool:
         got = self.segments.setdefault(key, [])
         got.append(mad)
         if len(got) == 2:
             whole = got[0][:36] + got[0][36:] + got[1][36:]
             assert self.service is not None
-            self.service.rmpp_message_in(whole, MadAddr(dlid=key[0]))  # type: ignore[index]
+            self.service.rmpp_message_in(whole, addr)
         return True
 
 
