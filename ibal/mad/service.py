@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ibal.al import SYNC_DESTROY, AliasQp, Ca, MadAgent
+from ibal.mad.consts import MadStatus
 from ibal.mad.pool import ElementState, MadElement, MadPool, PoolKey
 from ibal.mad.svc import (
-    METHOD,
     TID_LO,
     MadSvc,
     MadSvcType,
@@ -36,6 +36,7 @@ from ibal.mad.svc import (
     Taker,
     check_element,
     check_svc,
+    is_response,
     malformed,
     rmpp_active,
     unserved_attr,
@@ -49,7 +50,6 @@ from ibal.status import (
 )
 from ibal.types import (
     MAD_SIZE,
-    MAD_STATUS_UNSUPPORTED_METHOD_ATTR,
     MadAddr,
     MadRecv,
     MadSend,
@@ -276,7 +276,7 @@ class MadService:
         if reason:
             self.stats[reason] += 1
             return
-        response = bool(mad[METHOD] & 0x80) or mad[METHOD] == 0x07
+        response = is_response(mad)
         if not whole and rmpp_active(mad, self.svc):
             self._rmpp_in(recv)
             return
@@ -355,7 +355,7 @@ class MadService:
             agent.send(MadSend(mad, addr, context=_INTERNAL))
 
     def _answer_unserved_attr(self, recv: MadRecv) -> None:
-        reply = mad_error_reply(recv.mad, MAD_STATUS_UNSUPPORTED_METHOD_ATTR)
+        reply = mad_error_reply(recv.mad, MadStatus.METHOD_ATTR_UNSUPPORTED)
         agent = self._agent
         if reply is None or agent is None:
             self.stats["dropped_unserved_attr"] += 1

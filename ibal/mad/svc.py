@@ -13,17 +13,19 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ibal.mad.consts import Method, MgmtClass
+from ibal.mad.header import header
 from ibal.mad.pool import ElementState, MadElement
+from ibal.mad.rmpp import is_rmpp
 from ibal.status import InvalidParameter, InvalidSetting
 from ibal.types import MAD_SIZE, MadAddr, WcStatus
 
-# Common MAD header offsets (IBA 13.4.3); h1's field tables replace these on merge.
-BASE_VERSION, CLASS, CLASS_VERSION, METHOD = 0, 1, 2, 3
+# The common header's fields come from ibal.mad.header's table; the TID's low half (the
+# caller's) and the reserved 16 bits are slices the table has no field for.
+CLASS = 1
 TID_LO = slice(12, 16)
-ATTR_ID = slice(16, 18)
 RESERVED = slice(18, 20)
-SM_CLASSES = frozenset({0x01, 0x81})
-RMPP_VERSION, RMPP_FLAGS = 24, 26  # RMPP header: version, type, resp time | flags, status
+SM_CLASSES = frozenset({MgmtClass.SUBN_LID, MgmtClass.SUBN_DR})
 RMPP_CLASSES = frozenset({0x03, 0x06, 0x10, 0x12, *range(0x30, 0x50)})
 """Classes whose MADs carry an RMPP header: SA, DM, device administration, BIS and
 vendor range 2 (where a DEFAULT service does RMPP, as IBAL's and Linux's MAD layers do)."""
@@ -137,11 +139,12 @@ def malformed(mad: bytes, svc: MadSvc, whole: bool = False) -> str | None:
     """Why a received MAD is dropped, or ``None`` (checks beyond the transport's)."""
     if len(mad) < MAD_SIZE or (len(mad) != MAD_SIZE and not whole):
         return "dropped_bad_length"
-    if mad[BASE_VERSION] != 1:
+    h = header(mad)
+    if h.base_version != 1:
         return "dropped_bad_base_version"
-    if mad[CLASS] != svc.mgmt_class:
+    if h.mgmt_class != svc.mgmt_class:
         return "dropped_wrong_class"
-    if mad[CLASS_VERSION] != svc.mgmt_version:
+    if h.class_version != svc.mgmt_version:
         return "dropped_bad_class_version"
     if any(mad[RESERVED]):
         return "dropped_reserved"
@@ -151,9 +154,10 @@ def malformed(mad: bytes, svc: MadSvc, whole: bool = False) -> str | None:
 def unserved_attr(mad: bytes, svc: MadSvc) -> bool:
     """Whether ``svc`` narrows the request's method to attributes and this is not one."""
     attrs = svc.attributes
-    if not attrs or mad[METHOD] not in attrs:
+    h = header(mad)
+    if not attrs or h.method not in attrs:
         return False
-    return int.from_bytes(mad[ATTR_ID], "big") not in attrs[mad[METHOD]]
+    return h.attr_id not in attrs[h.method]
 
 
 def rmpp_active(mad: bytes, svc: MadSvc) -> bool:
@@ -162,4 +166,10 @@ def rmpp_active(mad: bytes, svc: MadSvc) -> bool:
         return False
     if svc.svc_type is MadSvcType.DEFAULT and svc.mgmt_class not in RMPP_CLASSES:
         return False
-    return mad[RMPP_VERSION] != 0 and bool(mad[RMPP_FLAGS] & 0x01)
+    return is_rmpp(mad)
+
+
+def is_response(mad: bytes | bytearray) -> bool:
+    """Whether the MAD answers a request (the R bit, or TrapRepress)."""
+    method = header(mad).method
+    return bool(method & 0x80) or method == Method.TRAP_REPRESS
