@@ -1,7 +1,9 @@
 """Guest side of test_rxe_faults_lab: one pyverbs RC QP on kernel rxe moving bulk data.
 
-Run in the lab guest as ``pyverbs_bulk_peer.py PORT SIZE RNR_RETRY`` with
-Debian's python3.  Its buffer is 2 * SIZE bytes: [0, SIZE) what it sends,
+Run in the lab guest as ``pyverbs_bulk_peer.py PORT SIZE RNR_RETRY [MTU]`` with
+Debian's python3 (MTU 256..4096, default 1024; above 1024 it first raises
+eth0's MTU to 9000, since rxe's path MTU must fit the netdev's).  Its buffer is
+2 * SIZE bytes: [0, SIZE) what it sends,
 [SIZE, 2 * SIZE) where the host's data lands (the host's buffer has the same
 layout).  Listens on TCP PORT, sends its QP as one JSON line (qpn, gid,
 vaddr, rkey), reads the host's, connects (PSN 0 both ways, ``rnr_retry`` =
@@ -44,8 +46,16 @@ GID_INDEX = 1  # the IPv4-mapped GID of rxe0 on eth0
 WINDOW = 16
 SIZE = int(sys.argv[2])
 RNR_RETRY = int(sys.argv[3])
+MTU = int(sys.argv[4]) if len(sys.argv) > 4 else 1024
+MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}[MTU]  # enum ibv_mtu
+if MTU > 1024:
+    subprocess.run(["ip", "link", "set", "eth0", "mtu", "9000"], check=True)
 
 ctx = Context(name="rxe0")
+deadline = time.monotonic() + 10
+while ctx.query_port(PORT_NUM).active_mtu < MTU_ENUM:  # rxe follows the netdev notifier
+    assert time.monotonic() < deadline, "rxe0 never took eth0's new MTU"
+    time.sleep(0.05)
 pd = PD(ctx)
 cq = CQ(ctx, 1024, None, None, 0)
 cap = QPCap(max_send_wr=WINDOW, max_recv_wr=512, max_send_sge=1, max_recv_sge=1)
@@ -74,7 +84,7 @@ attr.qp_access_flags = access
 qp.to_init(attr)
 gr = GlobalRoute(dgid=GID(peer["gid"]), sgid_index=GID_INDEX, hop_limit=64)
 attr.ah_attr = AHAttr(gr=gr, is_global=1, port_num=PORT_NUM)
-attr.path_mtu = e.IBV_MTU_1024
+attr.path_mtu = MTU_ENUM
 attr.dest_qp_num = peer["qpn"]
 attr.rq_psn = 0
 attr.max_dest_rd_atomic = 4

@@ -26,6 +26,7 @@ import os
 import random
 import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,8 +56,9 @@ pytestmark = pytest.mark.lab
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = os.path.join(HERE, "pyverbs_bulk_peer.py")
 PORT = 18620
-SIZE = int(os.environ.get("IBAL_LAB_FAULT_MIB", "16")) << 20
-CHUNK = 64 << 10
+SIZE = int(os.environ.get("IBAL_LAB_FAULT_MIB", "100")) << 20
+MTU = int(os.environ.get("IBAL_LAB_FAULT_MTU", "4096"))
+CHUNK = int(os.environ.get("IBAL_LAB_FAULT_CHUNK_KIB", "256")) << 10
 COUNT = SIZE // CHUNK
 WINDOW = 16
 NETEM = "loss 5% reorder 25% 50% duplicate 1% delay 1ms"
@@ -76,8 +78,13 @@ def link(ibal_lab: Lab) -> Iterator[LabSession]:
         _unavailable("tc missing (apt-get install iproute2)")
     if os.geteuid() != 0:
         _unavailable("the rxe provider's raw sockets need root")
-    lab = Lab(kernel=ibal_lab.kernel_spec, cache_dir=ibal_lab.cache_dir, cpus=2)
+    lab = Lab(kernel=ibal_lab.kernel_spec, cache_dir=ibal_lab.cache_dir, cpus=2, memory_mb=2048)
     with lab.session(net=True) as s:
+        if MTU > 1024:  # room for 4096-byte RoCE payloads on the host's end of the link
+            cfg = s.net_config
+            assert cfg is not None and s.netns_name is not None
+            ip = ["ip", "-n", s.netns_name, "link", "set", cfg.tap, "mtu", "9000"]
+            subprocess.run(ip, check=True)
         yield s
     if FIGURES:
         print("\nrxe fault figures:", json.dumps(FIGURES, indent=1))
@@ -106,15 +113,18 @@ class Link:
 
 
 @contextlib.contextmanager
-def connected(s: LabSession, *, rnr_retry: int = 7, guest_rnr_retry: int = 7) -> Iterator[Link]:
-    """A fresh guest peer and an ibal RC QP connected to it (2 * SIZE buffers each)."""
+def connected(
+    s: LabSession, *, rnr_retry: int = 7, guest_rnr_retry: int = 7, size: int = SIZE
+) -> Iterator[Link]:
+    """A fresh guest peer and an ibal RC QP connected to it (2 * size buffers each)."""
     cfg = s.net_config
     assert cfg is not None
     host_ip, guest_ip = cfg.host_ip, cfg.guest_ip
     shutil.copy(PEER, s.host_dir)
     peer_path = s.guest_path(s.host_dir / os.path.basename(PEER))
     job = s.guest_start(
-        ["/usr/bin/python3", peer_path, str(PORT), str(SIZE), str(guest_rnr_retry)], timeout=900
+        ["/usr/bin/python3", peer_path, str(PORT), str(size), str(guest_rnr_retry), str(MTU)],
+        timeout=1800,
     )
     with contextlib.ExitStack() as stack:
         stack.callback(lambda: None if job.done() else job.kill())
@@ -137,7 +147,7 @@ def connected(s: LabSession, *, rnr_retry: int = 7, guest_rnr_retry: int = 7) ->
         assert port is not None
         pd = ca.alloc_pd()
         cq = ca.create_cq(1024)
-        buf = bytearray(2 * SIZE)
+        buf = bytearray(2 * size)
         mr = pd.reg_mem(buf, mr_access(ca.capabilities))
         qp = pd.create_qp(
             QpCreate(QpType.RC, send_cq=cq, recv_cq=cq, sq_depth=WINDOW, rq_depth=COUNT)
@@ -152,7 +162,7 @@ def connected(s: LabSession, *, rnr_retry: int = 7, guest_rnr_retry: int = 7) ->
         timing = RcTiming(rnr_retry_cnt=rnr_retry, local_ack_timeout=12)
         to_init(qp, port.port_num, mr.access)
         av = AvAttr(port_num=port.port_num, grh=Grh(dgid=Gid(info["gid"])))
-        to_rtr(qp, av, Mtu.MTU_1024, info["qpn"], timing=timing)
+        to_rtr(qp, av, Mtu[f"MTU_{MTU}"], info["qpn"], timing=timing)
         to_rts(qp, timing=timing)
         assert json.loads(peer.rfile.readline()) == {"ready": True}
         yield Link(side, peer, info["vaddr"], info["rkey"])
@@ -253,7 +263,7 @@ def test_netem_transfers_byte_exact_both_ways(link: LabSession) -> None:
 @pytest.mark.timeout(600)
 def test_rnr_retry_exhausted_when_kernel_rxe_posts_no_receive(link: LabSession) -> None:
     """ibal SENDs to a guest QP with no receive: RNR NAKs, 2 retries, then RNR_RETRY_ERR."""
-    with connected(link, rnr_retry=2) as c:
+    with connected(link, rnr_retry=2, size=CHUNK) as c:
         side = c.side
         before = _counters(side)
         side.qp.post_send(SendWr(wr_id=7, opcode=WrType.SEND, sg_list=[side.sge(0, 100)]))
@@ -271,7 +281,7 @@ def test_rnr_retry_exhausted_when_kernel_rxe_posts_no_receive(link: LabSession) 
 @pytest.mark.timeout(600)
 def test_rnr_retry_exhausted_when_ibal_posts_no_receive(link: LabSession) -> None:
     """Kernel rxe SENDs to an ibal QP with no receive: ibal RNR-NAKs until the guest gives up."""
-    with connected(link, guest_rnr_retry=2) as c:
+    with connected(link, guest_rnr_retry=2, size=CHUNK) as c:
         side = c.side
         before = _counters(side)
         res = c.peer.ask(f"post send 1 {CHUNK}")
