@@ -10,6 +10,7 @@ import pytest
 from ibal.lab import LabSession
 from ibal.lab.pytest_plugin import lab_requires
 from ibal.providers.rxe import wire
+from ibal.providers.rxe.packet import Opcode, rnr_nak_syndrome
 
 pytestmark = pytest.mark.lab
 
@@ -50,3 +51,19 @@ def test_kernel_rxe_golden_frames_and_ibal_encoded_requests(
     before = bytes((i * 7 + 3) & 0xFF for i in range(1024, 1032))
     after = int.from_bytes(before, "little") + 0x0101010101010101
     assert bytes.fromhex(lines["atomic"]) == after.to_bytes(8, "little")
+
+    # NAKs, the RNR NAK and duplicates' answers (the stored capture's checks live in
+    # tests/providers/rxe/test_rxe_golden.py, against ibal's responder too).
+    seen, manifest = golden.capture_naks(ibal_lab_net)
+    answers = []
+    for _, frame in seen:
+        f = wire.split_ethernet(frame)
+        assert f is not None
+        p = wire.decode_frame(f)
+        if p.dest_qpn == golden.HOST_QPN:
+            answers.append((Opcode(p.opcode).name, p.syndrome))
+    ack, aack = "RC_ACKNOWLEDGE", "RC_ATOMIC_ACKNOWLEDGE"
+    assert answers == [
+        (ack, 0x1F), (aack, 0x1F), (ack, rnr_nak_syndrome(12)), (ack, 0x60), (aack, 0x1F),
+        (ack, 0x1F), (ack, 0x62), (ack, 0x61),
+    ], manifest  # fmt: skip

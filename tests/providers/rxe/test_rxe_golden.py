@@ -7,13 +7,17 @@ IP header (its IP ID included), and the encoder must rebuild them byte for byte.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rxeharness import RW, Node, Region, make_node
 
 from ibal.providers.rxe import wire
-from ibal.providers.rxe.packet import GSI_QKEY, Opcode
+from ibal.providers.rxe.packet import GSI_QKEY, Opcode, Packet, rnr_nak_syndrome
+from ibal.types import QpState, QpType
 from ibal.wire.pcap import LINKTYPE_ETHERNET, read_pcap
 from ibal.wire.tshark import tshark_decode, tshark_path
 
@@ -115,3 +119,78 @@ def test_golden_frames_decode_clean_in_tshark() -> None:
         seen = tshark_decode(path)
         assert [s.opcode for s in seen] == [f.udp_payload[0] for f in frames(path)]
         assert [s for s in seen if not s.clean] == []
+
+
+NAKS_PCAP = DATA / "kernel-rxe-naks.pcap"
+NAKS = json.loads((DATA / "kernel-rxe-naks.json").read_text())
+HOST_QPN = NAKS["host_qpn"]
+
+
+def nak_runs() -> list[tuple[dict[str, Any], list[wire.Frame]]]:
+    """Each responder run of the NAK capture with its frames (both directions)."""
+    every = frames(NAKS_PCAP)
+    return [(r, every[r["first_frame"] : r["first_frame"] + r["frames"]]) for r in NAKS["runs"]]
+
+
+def answer(p: Packet) -> tuple[str, int, int, int, int]:
+    return (Opcode(p.opcode).name, p.psn, p.syndrome, p.msn, p.orig)
+
+
+def test_golden_nak_frames_decode_check_their_icrc_and_reencode_exactly() -> None:
+    for f in frames(NAKS_PCAP):
+        prefix = wire.icrc_prefix(f.ip_udp)
+        assert wire.icrc_ok(f.udp_payload, prefix)
+        assert wire.encode_bytes(wire.decode_frame(f), prefix) == bytes(f.udp_payload)
+
+
+def test_golden_nak_syndromes() -> None:
+    """What kernel rxe answered (make_rxe_golden.py nak_steps; rq_psn 0x100,
+    min_rnr_timer 12, one receive posted)."""
+    (run0, f0), (run1, f1) = nak_runs()
+    kernel = [answer(wire.decode_frame(f)) for f in f0 if wire.decode_frame(f).dest_qpn == HOST_QPN]
+    orig = kernel[1][4]
+    assert kernel == [
+        ("RC_ACKNOWLEDGE", 0x100, 0x1F, 1, 0),  # the SEND
+        ("RC_ATOMIC_ACKNOWLEDGE", 0x101, 0x1F, 2, orig),  # the FETCH_ADD
+        ("RC_ACKNOWLEDGE", 0x102, rnr_nak_syndrome(12), 2, 0),  # RNR NAK
+        ("RC_ACKNOWLEDGE", 0x102, 0x60, 2, 0),  # PSN sequence error: the PSN expected
+        ("RC_ATOMIC_ACKNOWLEDGE", 0x101, 0x1F, 2, orig),  # the duplicate: the saved answer
+        ("RC_ACKNOWLEDGE", 0x101, 0x1F, 2, 0),  # the duplicate SEND: ACK of the newest PSN
+        ("RC_ACKNOWLEDGE", 0x102, 0x62, 2, 0),  # remote access error
+    ]
+    assert len(run0["requests"]) == 7 and len(run1["requests"]) == 1
+    k1 = [answer(wire.decode_frame(f)) for f in f1 if wire.decode_frame(f).dest_qpn == HOST_QPN]
+    assert k1 == [("RC_ACKNOWLEDGE", 0x100, 0x61, 0, 0)]  # invalid request
+
+
+def _ibal_responder(run: dict[str, Any]) -> Node:
+    """An ibal RC core set up as the guest's responder QP was."""
+    node = make_node("ibal", QpType.RC, run["qpn"], 0, b"\x0a\x00\x00\x02")
+    cfg = node.cfg
+    cfg.dest_qpn, cfg.dst_ip, cfg.mtu = HOST_QPN, b"\x0a\x00\x00\x01", NAKS["mtu"]
+    cfg.access = int(RW)
+    cfg.min_rnr_timer = NAKS["min_rnr_timer"]
+    cfg.resp_res = cfg.init_depth = 4
+    node.core.set_psns(0, NAKS["rq_psn"])
+    for state in (QpState.INIT, QpState.RTR, QpState.RTS):
+        node.core.set_state(state)
+    mem = Region(bytearray(4096), run["addr"], RW, 0x4242, run["rkey"])
+    node.mem.by_key = {mem.lkey: mem, mem.rkey: mem}
+    node.post_recv(mem, NAKS["recv_len"], wr_id=1, offset=NAKS["recv_offset"])
+    return node
+
+
+def test_ibal_responder_answers_as_kernel_rxe_did() -> None:
+    """The same requests fed to ibal's responder core: the same opcodes, PSNs, AETH
+    syndromes and MSNs, request by request (atomic originals aside: memory differs)."""
+    for run, fs in nak_runs():
+        node = _ibal_responder(run)
+        ours, kernel = [], []
+        for f in fs:
+            p = wire.decode_frame(f)
+            if p.dest_qpn == HOST_QPN:
+                kernel.append(answer(p)[:4])
+                continue
+            node.core.receive(p, 0.0)
+            ours += [answer(q)[:4] for q in node.core.poll(0.0)]
+        assert ours == kernel, run["requests"]
