@@ -3,6 +3,9 @@
 One frame per request opcode, as the lab guest's rdma_rxe put them on the
 wire: the decoder must read them, the ICRC must match over the kernel's own
 IP header (its IP ID included), and the encoder must rebuild them byte for byte.
+Its answers (ACK, READ responses, atomic ACK; NAKs, the RNR NAK and duplicates'
+answers) are checked the same way, and ibal's responder core, fed the same
+requests, must give the same AETH syndromes, MSNs and PSNs.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ibal.wire.tshark import tshark_decode, tshark_path
 DATA = Path(__file__).resolve().parents[2] / "data" / "rxe-golden"
 GOLDEN = DATA / "kernel-rxe-requests.pcap"
 RESPONSES_PCAP = DATA / "kernel-rxe-responses.pcap"
+NAKS_PCAP = DATA / "kernel-rxe-naks.pcap"  # with kernel-rxe-naks.json, its manifest
 RESPONSES = {
     Opcode.RC_RDMA_READ_RESPONSE_FIRST, Opcode.RC_RDMA_READ_RESPONSE_MIDDLE,
     Opcode.RC_RDMA_READ_RESPONSE_LAST, Opcode.RC_RDMA_READ_RESPONSE_ONLY,
@@ -115,13 +119,12 @@ def test_golden_frames_decode_clean_in_tshark() -> None:
         if os.environ.get("IBAL_LAB_REQUIRED") == "1":
             pytest.fail("tshark not installed (Debian package tshark)")
         pytest.skip("tshark not installed (Debian package tshark)")
-    for path in (GOLDEN, RESPONSES_PCAP):
+    for path in (GOLDEN, RESPONSES_PCAP, NAKS_PCAP):
         seen = tshark_decode(path)
         assert [s.opcode for s in seen] == [f.udp_payload[0] for f in frames(path)]
         assert [s for s in seen if not s.clean] == []
 
 
-NAKS_PCAP = DATA / "kernel-rxe-naks.pcap"
 NAKS = json.loads((DATA / "kernel-rxe-naks.json").read_text())
 HOST_QPN = NAKS["host_qpn"]
 
