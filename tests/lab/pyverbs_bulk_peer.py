@@ -91,7 +91,10 @@ attr.max_dest_rd_atomic = 4
 attr.min_rnr_timer = 1
 qp.to_rtr(attr)
 attr.sq_psn = 0
-attr.timeout = 12
+# 4.096 us * 2^14 = 67 ms: at 16 ms kernel rxe timed out on the host's late ACKs even
+# on a clean link, and its 6.1 retry can renumber a WRITE when the ACK lands mid-retry
+# (tests/providers/rxe/test_rxe_kernel_quirks.py).
+attr.timeout = 14
 attr.retry_cnt = 7
 attr.rnr_retry = RNR_RETRY
 attr.max_rd_atomic = 4
