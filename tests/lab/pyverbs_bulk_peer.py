@@ -1,6 +1,6 @@
 """Guest side of test_rxe_faults_lab: one pyverbs RC QP on kernel rxe moving bulk data.
 
-Run in the lab guest as ``pyverbs_bulk_peer.py PORT SIZE RNR_RETRY [MTU]`` with
+Run in the lab guest as ``pyverbs_bulk_peer.py PORT SIZE RNR_RETRY [MTU [TIMEOUT]]`` with
 Debian's python3 (MTU 256..4096, default 1024; above 1024 it first raises
 eth0's MTU to 9000, since rxe's path MTU must fit the netdev's).  Its buffer is
 2 * SIZE bytes: [0, SIZE) what it sends,
@@ -47,6 +47,7 @@ WINDOW = 16
 SIZE = int(sys.argv[2])
 RNR_RETRY = int(sys.argv[3])
 MTU = int(sys.argv[4]) if len(sys.argv) > 4 else 1024
+TIMEOUT = int(sys.argv[5]) if len(sys.argv) > 5 else 12  # local ACK timeout exponent
 MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}[MTU]  # enum ibv_mtu
 if MTU > 1024:
     subprocess.run(["ip", "link", "set", "eth0", "mtu", "9000"], check=True)
@@ -91,10 +92,7 @@ attr.max_dest_rd_atomic = 4
 attr.min_rnr_timer = 1
 qp.to_rtr(attr)
 attr.sq_psn = 0
-# 4.096 us * 2^14 = 67 ms: at 16 ms kernel rxe timed out on the host's late ACKs even
-# on a clean link, and its 6.1 retry can renumber a WRITE when the ACK lands mid-retry
-# (tests/providers/rxe/test_rxe_kernel_quirks.py).
-attr.timeout = 14
+attr.timeout = TIMEOUT
 attr.retry_cnt = 7
 attr.rnr_retry = RNR_RETRY
 attr.max_rd_atomic = 4
