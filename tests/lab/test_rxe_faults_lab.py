@@ -259,8 +259,9 @@ def test_clean_transfer_both_ways(link: LabSession) -> None:
     """
     with connected(link, guest_timeout=16) as c:
         before = _counters(c.side)
-        FIGURES["clean ibal WRITE"] = host_to_guest(c, WrType.RDMA_WRITE, 1)
-        FIGURES["clean guest WRITE"] = guest_to_host(c, "write", 2)
+        half = COUNT // 2  # the size of each netem WRITE run
+        FIGURES["clean ibal WRITE"] = host_to_guest(c, WrType.RDMA_WRITE, 1, half)
+        FIGURES["clean guest WRITE"] = guest_to_host(c, "write", 2, half)
         FIGURES["clean counters"] = {k: v - before.get(k, 0) for k, v in _counters(c.side).items()}
 
 
