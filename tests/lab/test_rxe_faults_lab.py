@@ -301,7 +301,9 @@ def test_rnr_retry_exhausted_when_kernel_rxe_posts_no_receive(link: LabSession) 
 @pytest.mark.timeout(600)
 def test_rnr_retry_exhausted_when_ibal_posts_no_receive(link: LabSession) -> None:
     """Kernel rxe SENDs to an ibal QP with no receive: ibal RNR-NAKs until the guest gives up."""
-    with connected(link, guest_rnr_retry=2, size=CHUNK) as c:
+    # kernel rxe's ACK timeout well above its RNR waits: a timeout retry in between
+    # would be RNR-NAKed too (seen once at 16 ms: 4 NAKs)
+    with connected(link, guest_rnr_retry=2, size=CHUNK, guest_timeout=16) as c:
         side = c.side
         before = _counters(side)
         res = c.peer.ask(f"post send 1 {CHUNK}")
