@@ -13,29 +13,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from ibal.mad import header as H
+from ibal.mad.consts import CLASS_VERSION, MAD_SIZE, Method, MgmtClass
+from ibal.mad.consts import CmAttr as CmAttr  # one definition, re-exported with the tables
 from ibal.wire.fields import F, Field, FieldError, Kind, R, Table, Value
 
-CM_CLASS = 0x07
-CM_CLASS_VERSION = 2
-MAD_DATA = 232
-# common MAD header bytes used here (ibal.mad.header has the full table)
-_BASE_VERSION = 1
-_METHOD_SEND = 0x03
-
-
-class CmAttr(enum.IntEnum):
-    CLASS_PORT_INFO = 0x0001
-    REQ = 0x0010
-    MRA = 0x0011
-    REJ = 0x0012
-    REP = 0x0013
-    RTU = 0x0014
-    DREQ = 0x0015
-    DREP = 0x0016
-    SIDR_REQ = 0x0017
-    SIDR_REP = 0x0018
-    LAP = 0x0019
-    APR = 0x001A
+CM_CLASS = MgmtClass.COMM_MGT
+CM_CLASS_VERSION = CLASS_VERSION[CM_CLASS]
+MAD_DATA = H.data_size(CM_CLASS)  # 232: no class header
 
 
 class TransportType(enum.IntEnum):
@@ -329,23 +314,19 @@ def cm_mad(attr: CmAttr, tid: int, values: dict[str, Value] | None = None, **kw:
             raise FieldError("range", f"{table.name}: private data is at most {size} bytes",
                              "private_data")  # fmt: skip
         vals["private_data"] = bytes(pd) + bytes(size - len(pd))
-    if not 0 <= tid < 1 << 64:
-        raise FieldError("range", "TID does not fit 64 bits", "tid")
-    head = bytes([_BASE_VERSION, CM_CLASS, CM_CLASS_VERSION, _METHOD_SEND]) + bytes(4)
-    head += tid.to_bytes(8, "big") + int(attr).to_bytes(2, "big") + bytes(6)
-    return head + table.encode(vals)
+    return bytes(H.build(CM_CLASS, Method.SEND, attr, tid=tid, data=table.encode(vals)))
 
 
 def parse_cm(mad: bytes | bytearray | memoryview) -> CmMessage:
     """Decode a CM MAD; raises ``FieldError`` for a short MAD, another class or attribute."""
-    if len(mad) < 24 + MAD_DATA:
-        raise FieldError("short", f"a CM MAD is 256 bytes, got {len(mad)}")
-    if mad[1] != CM_CLASS:
-        raise FieldError("type", f"management class {mad[1]:#04x} is not CM")
-    raw_attr = int.from_bytes(mad[16:18], "big")
+    if len(mad) < MAD_SIZE:
+        raise FieldError("short", f"a CM MAD is {MAD_SIZE} bytes, got {len(mad)}")
+    h = H.header(mad)
+    if h.mgmt_class != CM_CLASS:
+        raise FieldError("type", f"management class {h.mgmt_class:#04x} is not CM")
     try:
-        attr = CmAttr(raw_attr)
+        attr = CmAttr(h.attr_id)
         table = TABLES[attr]
     except (ValueError, KeyError):
-        raise FieldError("enum", f"CM attribute {raw_attr:#06x} is not a CM message") from None
-    return CmMessage(attr, int.from_bytes(mad[8:16], "big"), table.decode(mad, 24))
+        raise FieldError("enum", f"CM attribute {h.attr_id:#06x} is not a CM message") from None
+    return CmMessage(attr, h.tid, table.decode(mad, H.data_offset(CM_CLASS)))

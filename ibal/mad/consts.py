@@ -10,14 +10,9 @@ from __future__ import annotations
 import enum
 from typing import Final
 
-# One definition of the attribute IDs of each class: DM's and CM's live with
-# their tables.
-from ibal.mad.cm import CmAttr
-from ibal.mad.dm import DmAttr
-
 __all__ = [
-    "BASE_VERSION", "CLASS_VERSION", "DR_DIRECTION", "MAD_SIZE", "CmAttr", "CommonAttr",
-    "DmAttr", "MadStatus", "Method", "MgmtClass", "PerfAttr", "SaAttr", "SmpAttr",
+    "BASE_VERSION", "CLASS_VERSION", "DR_DIRECTION", "MAD_SIZE", "RESPONSE_BIT", "CmAttr",
+    "CommonAttr", "DmAttr", "MadStatus", "Method", "MgmtClass", "PerfAttr", "SaAttr", "SmpAttr",
     "response_method",
 ]  # fmt: skip
 
@@ -158,6 +153,38 @@ class SaAttr(enum.IntEnum):
     MULTIPATH_RECORD = 0x003A
     SERVICE_ASSOC_RECORD = 0x003B
     INFORM_INFO_RECORD = 0x00F3
+
+
+class CmAttr(enum.IntEnum):
+    """Communication management messages (class 0x07); :mod:`ibal.mad.cm` has their tables."""
+
+    CLASS_PORT_INFO = 0x0001
+    REQ = 0x0010
+    MRA = 0x0011
+    REJ = 0x0012
+    REP = 0x0013
+    RTU = 0x0014
+    DREQ = 0x0015
+    DREP = 0x0016
+    SIDR_REQ = 0x0017
+    SIDR_REP = 0x0018
+    LAP = 0x0019
+    APR = 0x001A
+
+
+class DmAttr(enum.IntEnum):
+    """Device management attributes (class 0x06); :mod:`ibal.mad.dm` has their tables."""
+
+    CLASS_PORT_INFO = 0x0001
+    NOTICE = 0x0002
+    IO_UNIT_INFO = 0x0010
+    IO_CONTROLLER_PROFILE = 0x0011
+    SERVICE_ENTRIES = 0x0012
+    DIAGNOSTIC_TIMEOUT = 0x0020
+    PREPARE_TO_TEST = 0x0021
+    TEST_DEVICE_ONCE = 0x0022
+    TEST_DEVICE_LOOP = 0x0023
+    DIAG_CODE = 0x0024
 
 
 class PerfAttr(enum.IntEnum):

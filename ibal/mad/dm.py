@@ -11,27 +11,17 @@ from __future__ import annotations
 
 import enum
 
+from ibal.mad import header as H
+from ibal.mad.consts import CLASS_VERSION, MAD_SIZE, Method, MgmtClass
+from ibal.mad.consts import DmAttr as DmAttr  # one definition, re-exported with the tables
 from ibal.wire.fields import F, Field, FieldError, Kind, R, Table, Value
 
-DM_CLASS = 0x06
-DM_CLASS_VERSION = 1
-DATA_OFFSET = 64
-DATA_SIZE = 192
+DM_CLASS = MgmtClass.DEV_MGT
+DM_CLASS_VERSION = CLASS_VERSION[DM_CLASS]
+DATA_OFFSET = H.data_offset(DM_CLASS)  # 64: 40 reserved bytes follow the common header
+DATA_SIZE = H.data_size(DM_CLASS)  # 192
 MAX_SLOTS = 256  # 128 bytes of 4-bit slot entries
 ENTRIES_PER_MAD = 4
-
-
-class DmAttr(enum.IntEnum):
-    CLASS_PORT_INFO = 0x0001
-    NOTICE = 0x0002
-    IO_UNIT_INFO = 0x0010
-    IO_CONTROLLER_PROFILE = 0x0011
-    SERVICE_ENTRIES = 0x0012
-    DIAGNOSTIC_TIMEOUT = 0x0020
-    PREPARE_TO_TEST = 0x0021
-    TEST_DEVICE_ONCE = 0x0022
-    TEST_DEVICE_LOOP = 0x0023
-    DIAG_CODE = 0x0024
 
 
 class SlotState(enum.IntEnum):
@@ -144,29 +134,24 @@ def service_entries(values: dict[str, Value], count: int) -> list[tuple[bytes, i
     return out
 
 
-def dm_mad(attr: DmAttr, tid: int, *, method: int = 0x01, modifier: int = 0,
+def dm_mad(attr: DmAttr, tid: int, *, method: int = Method.GET, modifier: int = 0,
            values: dict[str, Value] | None = None) -> bytes:  # fmt: skip
     """A 256-byte DM MAD (default method Get) with ``values`` for the attribute's table."""
-    if not 0 <= tid < 1 << 64 or not 0 <= modifier < 1 << 32 or not 0 <= method <= 0xFF:
-        raise FieldError("range", "TID, method or modifier out of range")
-    head = bytes([1, DM_CLASS, DM_CLASS_VERSION, method]) + bytes(4) + tid.to_bytes(8, "big")
-    head += int(attr).to_bytes(2, "big") + bytes(2) + modifier.to_bytes(4, "big")
     table = TABLES.get(DmAttr(attr))
     body = b"" if table is None else table.encode(values or {})
-    return head + bytes(DATA_OFFSET - 24) + body + bytes(DATA_SIZE - len(body))
+    return bytes(H.build(DM_CLASS, method, attr, tid=tid, attr_mod=modifier, data=body))
 
 
 def parse_dm(mad: bytes | bytearray | memoryview) -> tuple[DmAttr, int, dict[str, Value]]:
     """(attribute, modifier, values) of a DM MAD; raises ``FieldError`` if it is not one."""
-    if len(mad) < DATA_OFFSET + DATA_SIZE:
-        raise FieldError("short", f"a DM MAD is 256 bytes, got {len(mad)}")
-    if mad[1] != DM_CLASS:
-        raise FieldError("type", f"management class {mad[1]:#04x} is not DM")
-    raw = int.from_bytes(mad[16:18], "big")
+    if len(mad) < MAD_SIZE:
+        raise FieldError("short", f"a DM MAD is {MAD_SIZE} bytes, got {len(mad)}")
+    h = H.header(mad)
+    if h.mgmt_class != DM_CLASS:
+        raise FieldError("type", f"management class {h.mgmt_class:#04x} is not DM")
     try:
-        attr = DmAttr(raw)
+        attr = DmAttr(h.attr_id)
     except ValueError:
-        raise FieldError("enum", f"DM attribute {raw:#06x} unknown") from None
+        raise FieldError("enum", f"DM attribute {h.attr_id:#06x} unknown") from None
     table = TABLES.get(attr)
-    mod = int.from_bytes(mad[20:24], "big")
-    return attr, mod, ({} if table is None else table.decode(mad, DATA_OFFSET))
+    return attr, h.attr_mod, ({} if table is None else table.decode(mad, DATA_OFFSET))

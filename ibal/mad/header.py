@@ -11,7 +11,7 @@ table                     bytes      what
 :data:`SMP`               0..255     LID-routed SMP: header, M_Key, 64-byte data
 :data:`DR_SMP`            0..255     directed-route SMP: DrSLID/DrDLID and paths
 :data:`SA_HEADER`         36..55     SM_Key, AttributeOffset, ComponentMask
-:data:`PERF_HEADER`       24..63     PerfMgt: 40 reserved bytes
+:data:`PERF_HEADER`       24..63     PerfMgt (and DevMgt): 40 reserved bytes
 :data:`CLASS_PORT_INFO`   data       ClassPortInfo, common to all GSI classes
 ========================  =========  ==============================================
 
@@ -59,6 +59,7 @@ SA_HEADER_OFFSET: Final = 36
 SA_DATA: Final = 56  # SA data: bytes 56..255
 SA_DATA_SIZE: Final = 200
 PERF_DATA: Final = 64  # PerfMgt data: bytes 64..255
+DM_DATA: Final = 64  # DevMgt data: bytes 64..255 (40 reserved bytes before, IBA 16.3.1)
 GSI_DATA: Final = 24  # other classes without a class header
 DR_PATH_SIZE: Final = 64
 
@@ -194,6 +195,8 @@ def data_offset(mgmt_class: int) -> int:
         return SA_DATA
     if mgmt_class == MgmtClass.PERF:
         return PERF_DATA
+    if mgmt_class == MgmtClass.DEV_MGT:
+        return DM_DATA
     return GSI_DATA
 
 

@@ -25,19 +25,19 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from ibal.mad.consts import MAD_SIZE, RESPONSE_BIT
+from ibal.mad.header import MAD_HEADER
 from ibal.wire.fields import Buffer, F, FieldError, Table
 
-MAD_SIZE = 256
-COMMON_HEADER_SIZE = 24
-RMPP_OFFSET = 24
+COMMON_HEADER_SIZE = MAD_HEADER.size  # 24
+RMPP_OFFSET = COMMON_HEADER_SIZE
 RMPP_HEADER_SIZE = 12
-SEGMENT_AREA = MAD_SIZE - RMPP_OFFSET - RMPP_HEADER_SIZE  # 220
+RMPP_DATA = RMPP_OFFSET + RMPP_HEADER_SIZE  # 36: class header, then the segment's data
+SEGMENT_AREA = MAD_SIZE - RMPP_DATA  # 220
 RMPP_VERSION = 1
 NO_RESP_TIME = 0x1F
 
-# common-header bytes the machines touch (the full table is ibal.mad.header's)
-_METHOD_BYTE = 3
-_RESPONSE_BIT = 0x80
+_METHOD_BYTE = MAD_HEADER.by_name["method"].offset // 8
 
 
 class RmppType(enum.IntEnum):
@@ -101,8 +101,8 @@ class RmppHeader:
     @classmethod
     def of(cls, mad: Buffer) -> RmppHeader:
         """The RMPP header of ``mad``; raises ``FieldError('short')`` below 36 bytes."""
-        if len(mad) < RMPP_OFFSET + RMPP_HEADER_SIZE:
-            raise FieldError("short", f"an RMPP MAD has at least 36 bytes, got {len(mad)}")
+        if len(mad) < RMPP_DATA:
+            raise FieldError("short", f"an RMPP MAD has at least {RMPP_DATA} bytes, got {len(mad)}")
         return cls(*RMPP_HEADER.unpack(mad, RMPP_OFFSET))
 
     @property
@@ -112,7 +112,7 @@ class RmppHeader:
 
 def is_rmpp(mad: Buffer) -> bool:
     """Whether ``mad`` has the RMPP Active flag (byte 26 bit 0)."""
-    return len(mad) >= 36 and bool(mad[26] & RmppFlags.ACTIVE)
+    return len(mad) >= RMPP_DATA and bool(mad[26] & RmppFlags.ACTIVE)
 
 
 def with_rmpp(mad: bytes | bytearray, **fields: int) -> bytes:
@@ -244,7 +244,7 @@ def _reply_header(mad: Buffer) -> bytearray:
     """A MAD answering ``mad`` in the other direction (response bit flipped, body zero)."""
     out = bytearray(MAD_SIZE)
     out[:COMMON_HEADER_SIZE] = mad[:COMMON_HEADER_SIZE]
-    out[_METHOD_BYTE] ^= _RESPONSE_BIT
+    out[_METHOD_BYTE] ^= RESPONSE_BIT
     return out
 
 
@@ -331,8 +331,8 @@ class RmppSender(_Machine):
         RMPP_HEADER.pack_into(
             out, RMPP_OFFSET, RMPP_VERSION, RmppType.DATA, self.resp_time, flags, 0, n, paylen
         )
-        body = 36 + len(self.class_header)
-        out[36:body] = self.class_header
+        body = RMPP_DATA + len(self.class_header)
+        out[RMPP_DATA:body] = self.class_header
         chunk = self.data[(n - 1) * per : n * per]
         out[body : body + len(chunk)] = chunk
         return bytes(out)
@@ -374,7 +374,7 @@ class RmppSender(_Machine):
         if self.state not in (State.SENDING, State.WAIT_LAST_ACK):
             self.counters.dropped += 1
             return []
-        if len(mad) < 36 or not is_rmpp(mad):
+        if len(mad) < RMPP_DATA or not is_rmpp(mad):
             self.counters.malformed += 1
             return []
         self.counters.received += 1
@@ -502,7 +502,7 @@ class RmppReceiver(_Machine):
 
     def handle(self, mad: Buffer, now: float) -> list[Action]:
         """A MAD of this transaction from the sender."""
-        if self.state in (State.FAILED, State.CLOSED) or len(mad) < 36 or not is_rmpp(mad):
+        if self.state in (State.FAILED, State.CLOSED) or len(mad) < RMPP_DATA or not is_rmpp(mad):
             self.counters.dropped += 1
             return []
         self.counters.received += 1
@@ -546,7 +546,7 @@ class RmppReceiver(_Machine):
             if self.total and self.total // SEGMENT_AREA * (SEGMENT_AREA - ch) > self.max_size:
                 return self._abort(RmppStatus.RESOURCES_EXHAUSTED, mad, RmppType.STOP)
             self.header = bytes(mad[:COMMON_HEADER_SIZE])
-            self.class_header = bytes(mad[36 : 36 + ch])
+            self.class_header = bytes(mad[RMPP_DATA : RMPP_DATA + ch])
         if self.total:
             segs = -(-self.total // SEGMENT_AREA)
             if seg > segs or (seg == segs) != last:
@@ -558,9 +558,9 @@ class RmppReceiver(_Machine):
             )
             if not ok or (self.total and self.total != (seg - 1) * SEGMENT_AREA + plen):
                 return self._abort(RmppStatus.INCONSISTENT_LAST_LENGTH, mad)
-            self.chunks.append(bytes(mad[36 + ch : 36 + plen]))
+            self.chunks.append(bytes(mad[RMPP_DATA + ch : RMPP_DATA + plen]))
         else:
-            self.chunks.append(bytes(mad[36 + ch : MAD_SIZE]))
+            self.chunks.append(bytes(mad[RMPP_DATA + ch : MAD_SIZE]))
             if len(self.chunks) * (SEGMENT_AREA - ch) > self.max_size:
                 return self._abort(RmppStatus.RESOURCES_EXHAUSTED, mad, RmppType.STOP)
         self.expected = seg + 1
