@@ -8,17 +8,19 @@ change between two snapshots raises (what the kernel raises for a verbs
 device: PORT_ACTIVE / PORT_DOWN when the port enters or leaves ACTIVE,
 LID_CHANGE, SM_CHANGE, PKEY_CHANGE, GID_CHANGE, CLIENT_REREGISTER).
 
-The PortInfo table below holds the fields up to SubnetTimeOut (IBA
-14.2.5.6); ``ibal.mad`` will carry the whole attribute.
+PortInfo's layout is :data:`ibal.mad.smp.PORT_INFO`; the SMPs are built
+with :func:`ibal.mad.header.build`.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
+from ibal.mad import header as H
+from ibal.mad.consts import DR_DIRECTION, Method, MgmtClass, SmpAttr
+from ibal.mad.smp import PORT_INFO
 from ibal.providers.rdma_core import consts as C
 from ibal.types import (
-    MAD_SIZE,
     AsyncEvent,
     Gid,
     LinkLayer,
@@ -27,75 +29,23 @@ from ibal.types import (
     PortAttr,
     PortCap,
 )
-from ibal.wire.fields import F, R, Table
 
-ATTR_PORT_INFO = 0x0015
-ATTR_PKEY_TABLE = 0x0016
+ATTR_PORT_INFO: Final = SmpAttr.PORT_INFO
+ATTR_PKEY_TABLE: Final = SmpAttr.PKEY_TABLE
 PKEYS_PER_BLOCK = 32
-SMP_DATA = 64
+SMP_DATA: Final = H.data_offset(MgmtClass.SUBN_DR)
 """Where a directed-route SMP's attribute data starts."""
-
-PORT_INFO: Final = Table("PortInfo", [
-    F("m_key", 64, hex=True),
-    F("gid_prefix", 64, hex=True),
-    F("lid", 16),
-    F("master_sm_lid", 16),
-    F("capability_mask", 32, hex=True),
-    F("diag_code", 16, hex=True),
-    F("m_key_lease_period", 16),
-    F("local_port_num", 8),
-    F("link_width_enabled", 8),
-    F("link_width_supported", 8),
-    F("link_width_active", 8),
-    F("link_speed_supported", 4),
-    F("port_state", 4),
-    F("port_phys_state", 4),
-    F("link_down_default_state", 4),
-    F("m_key_protect_bits", 2),
-    R(3),
-    F("lmc", 3),
-    F("link_speed_active", 4),
-    F("link_speed_enabled", 4),
-    F("neighbor_mtu", 4),
-    F("master_sm_sl", 4),
-    F("vl_cap", 4),
-    F("init_type", 4),
-    F("vl_high_limit", 8),
-    F("vl_arbitration_high_cap", 8),
-    F("vl_arbitration_low_cap", 8),
-    F("init_type_reply", 4),
-    F("mtu_cap", 4),
-    F("vl_stall_count", 3),
-    F("hoq_life", 5),
-    F("operational_vls", 4),
-    F("partition_enforcement_inbound", 1),
-    F("partition_enforcement_outbound", 1),
-    F("filter_raw_inbound", 1),
-    F("filter_raw_outbound", 1),
-    F("m_key_violations", 16),
-    F("p_key_violations", 16),
-    F("q_key_violations", 16),
-    F("guid_cap", 8),
-    F("client_reregister", 1),
-    F("multicast_pkey_trap_suppression_enabled", 2),
-    F("subnet_timeout", 5),
-])  # fmt: skip
 
 
 def local_smp(tid: int, attr_id: int, attr_mod: int = 0) -> bytes:
     """SubnGet(attr) to the local SMA: directed route, hop count 0, permissive DrSLID/DrDLID."""
-    m = bytearray(MAD_SIZE)
-    m[0:4] = bytes([1, 0x81, 1, 0x01])  # base version, DR SMP class, class version, Get
-    m[8:16] = tid.to_bytes(8, "big")
-    m[16:18] = attr_id.to_bytes(2, "big")
-    m[20:24] = attr_mod.to_bytes(4, "big")
-    m[32:36] = b"\xff\xff\xff\xff"  # DrSLID, DrDLID: permissive
-    return bytes(m)
+    return bytes(H.build(MgmtClass.SUBN_DR, Method.GET, attr_id, tid=tid, attr_mod=attr_mod,
+                         dr_path=[]))  # fmt: skip
 
 
 def smp_status(mad: bytes) -> int:
     """The status of an SMP answer, D bit (direction) left out."""
-    return int.from_bytes(mad[4:6], "big") & 0x7FFF
+    return H.header(mad).status & ~DR_DIRECTION
 
 
 def pkey_block(mad: bytes) -> tuple[int, ...]:
