@@ -44,7 +44,6 @@ from ibal.providers.rdma_core.srq_verbs import SrqVerbs
 from ibal.providers.rdma_core.state import CaState
 from ibal.status import (
     InvalidGid,
-    InvalidHandle,
     InvalidLid,
     InvalidMcastHandle,
     InvalidParameter,
@@ -186,16 +185,12 @@ class RdmaCoreCa(QpVerbs, SrqVerbs, CqVerbs, MemoryVerbs, CaState, ChannelInterf
         return agents.register(spec)
 
     def send_mad(self, h_agent: Handle, send: MadSend) -> None:
-        agents = self._umad
-        if agents is None or not isinstance(h_agent, umad.UmadAgent):
-            raise InvalidHandle("not a MAD agent of this CA")
-        agents.send(h_agent, send)
+        agents, agent = umad.agent_of(self._umad, h_agent)
+        agents.send(agent, send)
 
     def unregister_mad_agent(self, h_agent: Handle) -> None:
-        agents = self._umad
-        if agents is None or not isinstance(h_agent, umad.UmadAgent):
-            raise InvalidHandle("not a MAD agent of this CA")
-        agents.unregister(h_agent)
+        agents, agent = umad.agent_of(self._umad, h_agent)
+        agents.unregister(agent)
 
     # ------------------------------------------------------------- events
     def _read_async(self) -> AsyncDispatch | None:

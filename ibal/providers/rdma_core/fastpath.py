@@ -48,6 +48,7 @@ from ibal.providers.rdma_core.wr import (
     SqAccount,
     build_send_table,
     imm_to_verbs,
+    post_fail,
 )
 from ibal.status import (
     IbError,
@@ -57,7 +58,6 @@ from ibal.status import (
     InvalidParameter,
     InvalidWrType,
     PostError,
-    post_error,
 )
 from ibal.types import QpType, RecvWr, SendWr, WrType
 
@@ -159,10 +159,6 @@ class Ops:
             raise OpsUnavailable(f"poll_cq on an empty CQ returned {rc}")
 
 
-def _fail(cls: type[IbError], index: int, message: str) -> PostError:
-    return post_error(cls.status, index, message)
-
-
 class FastSendQueue:
     """Send work requests packed into ``ibv_send_wr`` slots and posted through ``ops.post_send``."""
 
@@ -211,7 +207,7 @@ class FastSendQueue:
         n = len(wrs)
         with self.lock:
             if self.closed:
-                raise _fail(InvalidParameter, 0, "QP destroyed")
+                raise post_fail(InvalidParameter, 0, "QP destroyed")
             room = self.acct.room()
             limit = n if n <= room else max(room, 0)
             self.holding = hold
@@ -226,7 +222,7 @@ class FastSendQueue:
                 self._wrs = ()
             if limit < n:
                 why = f"send queue full ({self.acct.depth} granted)"
-                raise _fail(InsufficientResources, limit, why)
+                raise post_fail(InsufficientResources, limit, why)
 
     def release(self) -> Held:
         """Post the chains held while the QP was in SQD, in order.
@@ -356,7 +352,7 @@ class FastSendQueue:
                 idx = 0
             self.acct.note(wrs, base, idx)
             cls = status_for_errno(rc, {errno.ENOMEM: InsufficientResources})
-            raise _fail(cls, base + idx, f"ibv_post_send: {errno.errorcode.get(rc, rc)}")
+            raise post_fail(cls, base + idx, f"ibv_post_send: {errno.errorcode.get(rc, rc)}")
         self.acct.note(wrs, base, count)
 
     def _refuse(self, base: int, j: int, cls: type[IbError], why: str) -> PostError:
@@ -364,7 +360,7 @@ class FastSendQueue:
         if j:
             _NEXT.pack_into(self.buf, (j - 1) * self.slot + _NEXT_OFF, 0)
             self._post(base, j)
-        return _fail(cls, base + j, f"send WR {base + j}: {why}")
+        return post_fail(cls, base + j, f"send WR {base + j}: {why}")
 
 
 _S1_RDMA = _S1[K_RDMA].pack_into
@@ -406,7 +402,7 @@ class FastRecvQueue:
         n = len(wrs)
         with self.lock:
             if self.closed:
-                raise _fail(InvalidParameter, 0, "queue destroyed")
+                raise post_fail(InvalidParameter, 0, "queue destroyed")
             base = 0
             while base < n:
                 k = n - base if n - base <= self.size else self.size
@@ -428,7 +424,7 @@ class FastRecvQueue:
                 ns = len(sgl)
                 if ns > self.max_sge:
                     why = f"recv WR {base + j}: {ns} SGEs, queue has {self.max_sge}"
-                    raise _fail(InvalidMaxSge, base + j, why)
+                    raise post_fail(InvalidMaxSge, base + j, why)
                 nxt = self.next_ptr[j] if j < last else 0
                 sp = self.sge_ptr[j]
                 if ns == 1:
@@ -456,7 +452,7 @@ class FastRecvQueue:
             if j:
                 _NEXT.pack_into(buf, (j - 1) * slot + _NEXT_OFF, 0)
                 self._post(base, j, toks)
-            raise _fail(InvalidParameter, base + j, f"recv WR {base + j}: {exc}") from exc
+            raise post_fail(InvalidParameter, base + j, f"recv WR {base + j}: {exc}") from exc
         self._post(base, k, toks)
 
     def _drop(self, toks: Sequence[int]) -> None:
@@ -472,7 +468,7 @@ class FastRecvQueue:
                 idx = 0
             self._drop(toks[idx:count])
             cls = status_for_errno(rc, {errno.ENOMEM: InsufficientResources})
-            raise _fail(cls, base + idx, f"ibv_post_recv: {errno.errorcode.get(rc, rc)}")
+            raise post_fail(cls, base + idx, f"ibv_post_recv: {errno.errorcode.get(rc, rc)}")
 
 
 class FastPoller:

@@ -601,12 +601,25 @@ def _read_addr(a: _MadAddr) -> MadAddr:
     )
 
 
+def agent_of(agents: UmadAgents | None, h_agent: object) -> tuple[UmadAgents, UmadAgent]:
+    """``h_agent`` with the agent table of the CA it must belong to.
+
+    Both CA kinds (verbs and MAD-only) answer ``send_mad`` and
+    ``unregister_mad_agent`` through this; raises ``InvalidHandle`` when the
+    CA has no agents or ``h_agent`` is not one.
+    """
+    if agents is None or not isinstance(h_agent, UmadAgent):
+        raise InvalidHandle("not a MAD agent of this CA")
+    return agents, h_agent
+
+
 __all__ = [
     "UmadAgent",
     "UmadAgents",
     "UmadCaInfo",
     "UmadPortInfo",
     "UmadUnavailable",
+    "agent_of",
     "availability",
     "ca_info",
     "load",

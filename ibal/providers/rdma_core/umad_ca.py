@@ -38,7 +38,6 @@ from ibal.providers.rdma_core import portwatch, umad
 from ibal.status import (
     IbError,
     InvalidCaHandle,
-    InvalidHandle,
     InvalidParameter,
     InvalidPdHandle,
     InvalidPort,
@@ -403,16 +402,12 @@ class UmadCa(ChannelInterface):
         return agents.register(spec)
 
     def send_mad(self, h_agent: Handle, send: MadSend) -> None:
-        agents = self._agents
-        if agents is None or not isinstance(h_agent, umad.UmadAgent):
-            raise InvalidHandle("not a MAD agent of this CA")
-        agents.send(h_agent, send)
+        agents, agent = umad.agent_of(self._agents, h_agent)
+        agents.send(agent, send)
 
     def unregister_mad_agent(self, h_agent: Handle) -> None:
-        agents = self._agents
-        if agents is None or not isinstance(h_agent, umad.UmadAgent):
-            raise InvalidHandle("not a MAD agent of this CA")
-        agents.unregister(h_agent)
+        agents, agent = umad.agent_of(self._agents, h_agent)
+        agents.unregister(agent)
 
     # ------------------------------------------------------------ PDs
     def allocate_pd(self, h_ca: Handle, pd_type: PdType) -> Handle:

@@ -266,7 +266,8 @@ class PyverbsApi:
         self.free = free
 
 
-def _fail(status_cls: type[IbError], index: int, message: str) -> PostError:
+def post_fail(status_cls: type[IbError], index: int, message: str) -> PostError:
+    """The :class:`PostError` for request ``index`` failing with ``status_cls``'s status."""
     return post_error(status_cls.status, index, message)
 
 
@@ -337,7 +338,7 @@ class SendQueue:
         n = len(wrs)
         with self.lock:
             if self.closed or not self.size:
-                raise _fail(InvalidParameter, 0, "QP destroyed")
+                raise post_fail(InvalidParameter, 0, "QP destroyed")
             room = self.acct.room()
             limit = n if n <= room else max(room, 0)
             self.holding = hold
@@ -348,7 +349,7 @@ class SendQueue:
                 self._post_chunk(wrs, base, k)
                 base += k
             if limit < n:
-                raise _fail(InsufficientResources, limit,
+                raise post_fail(InsufficientResources, limit,
                             f"send queue full ({self.acct.depth} granted)")  # fmt: skip
 
     def release(self) -> Held:
@@ -482,7 +483,7 @@ class SendQueue:
         """Post ``wrs[base:base+j]`` (the good prefix), then describe WR ``base+j``."""
         if j:
             self._post_fresh(wrs, base, j)
-        return _fail(cls, base + j, f"send WR {base + j}: {why}")
+        return post_fail(cls, base + j, f"send WR {base + j}: {why}")
 
     def _posted_error(self, exc: BaseException, index: int) -> PostError:
         status = status_of(exc, {errno.ENOMEM: InsufficientResources})
@@ -518,10 +519,12 @@ class SendQueue:
                     raise
                 except IbError as exc:
                     kept = self._post_built(built, wrs, base, sges)
-                    raise _fail(type(exc), base + j, f"send WR {base + j}: {exc.detail}") from exc
+                    why = f"send WR {base + j}: {exc.detail}"
+                    raise post_fail(type(exc), base + j, why) from exc
                 except (OverflowError, TypeError, ValueError, AttributeError) as exc:
                     kept = self._post_built(built, wrs, base, sges)
-                    raise _fail(InvalidParameter, base + j, f"send WR {base + j}: {exc}") from exc
+                    why = f"send WR {base + j}: {exc}"
+                    raise post_fail(InvalidParameter, base + j, why) from exc
                 if built:
                     built[-1].next_wr = w
                 built.append(w)
@@ -690,7 +693,7 @@ class RecvQueue:
         rdma_error = self.api.rdma_error
         with self.lock:
             if self.closed:
-                raise _fail(InvalidParameter, 0, "queue destroyed")
+                raise post_fail(InvalidParameter, 0, "queue destroyed")
             for j, wr in enumerate(wrs):
                 try:
                     sgl = wr.sg_list
@@ -703,7 +706,7 @@ class RecvQueue:
                     else:
                         key = tuple((g.addr, g.length, g.lkey) for g in sgl)
                     if ns > self.max_sge:
-                        raise _fail(
+                        raise post_fail(
                             InvalidMaxSge, j, f"recv WR {j}: {ns} SGEs, queue has {self.max_sge}"
                         )
                     rw = cache.get(key)
@@ -713,7 +716,7 @@ class RecvQueue:
                 except PostError:
                     raise
                 except (OverflowError, TypeError, ValueError, AttributeError) as exc:
-                    raise _fail(InvalidParameter, j, f"recv WR {j}: {exc}") from exc
+                    raise post_fail(InvalidParameter, j, f"recv WR {j}: {exc}") from exc
                 rw.wr_id = tok
                 try:
                     post(rw)
@@ -937,4 +940,5 @@ __all__ = [
     "flush_tuples",
     "imm_from_verbs",
     "imm_to_verbs",
+    "post_fail",
 ]
