@@ -62,7 +62,37 @@ def mapping_md() -> str:
     ]
     for c_name, py_name, status in IBAL_MAPPING:
         lines.append(f"| `{c_name}` | {f'`{py_name}`' if py_name else '-'} | {status} |")
+    lines += _mad_mapping_lines()
     return "\n".join(lines) + "\n"
+
+
+def _mad_mapping_lines() -> list[str]:
+    """The IBMF and libibmad tables of docs/mapping.md (``ibal.mad.mapping``)."""
+    from ibal.mad.mapping import IBMF_MAPPING, LIBIBMAD_MAPPING
+
+    lines: list[str] = []
+    for title, var, seed, rows in (
+        ("IBMF", "IBMF_MAPPING", "seed 001, the IBMF client interface", IBMF_MAPPING),
+        ("libibmad", "LIBIBMAD_MAPPING", "seed 004, libibmad", LIBIBMAD_MAPPING),
+    ):
+        done = sum(1 for row in rows if row[2] == "done")
+        lines += [
+            "",
+            f"## {title} → ibal",
+            "",
+            f"Generated from `ibal.mad.mapping.{var}`. Every call and type of {seed} "
+            f"({len(rows)} entries; {done} done). A done spelling is a real object",
+            "(`tests/mad/test_mapping.py` resolves each one).",
+            "",
+            f"| {title} | ibal | status |",
+            "|---|---|---|",
+        ]
+        for c_name, target, status, note in rows:
+            spelling = f"`{target}`" if target else "-"
+            if note:
+                spelling += f": {note}"
+            lines.append(f"| `{c_name}` | {spelling} | {status} |")
+    return lines
 
 
 def rmpp_state_machine_md() -> str:

@@ -13,7 +13,7 @@ from typing import Final
 __all__ = [
     "BASE_VERSION", "CLASS_VERSION", "DR_DIRECTION", "MAD_SIZE", "RESPONSE_BIT", "CmAttr",
     "CommonAttr", "DmAttr", "MadStatus", "Method", "MgmtClass", "PerfAttr", "SaAttr", "SmpAttr",
-    "response_method",
+    "is_vendor_range1", "is_vendor_range2", "response_method",
 ]  # fmt: skip
 
 MAD_SIZE: Final = 256
@@ -71,6 +71,16 @@ def response_method(method: int) -> int:
     if method == Method.TRAP:
         return Method.TRAP_REPRESS
     return method | RESPONSE_BIT
+
+
+def is_vendor_range1(mgmt_class: int) -> bool:
+    """Vendor classes 0x09-0x0F (no OUI in the header)."""
+    return 0x09 <= mgmt_class <= 0x0F
+
+
+def is_vendor_range2(mgmt_class: int) -> bool:
+    """Vendor classes 0x30-0x4F (an OUI follows the common header, RMPP allowed)."""
+    return 0x30 <= mgmt_class <= 0x4F
 
 
 class MadStatus(enum.IntEnum):

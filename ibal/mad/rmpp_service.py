@@ -17,12 +17,12 @@ import threading
 from collections.abc import Callable, Hashable
 
 from ibal.mad.pool import MadElement
-from ibal.mad.rmpp import Complete, Deliver, Fail, RmppSender, RmppStatus
+from ibal.mad.rmpp import RMPP_DATA, Complete, Deliver, Fail, RmppSender, RmppStatus
 from ibal.mad.rmpp_io import Result, RmppTransfers, Timers
 from ibal.mad.service import MadService
 from ibal.types import MadAddr, WcStatus
 
-RMPP_DATA_OFFSET = 36  # the common header (24) and the RMPP header (12)
+RMPP_DATA_OFFSET = RMPP_DATA  # the common header (24) and the RMPP header (12)
 
 
 class TransferSessions:
