@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass
 
 from ibal.mad import header as H
-from ibal.mad.consts import CLASS_VERSION, MAD_SIZE, Method, MgmtClass
+from ibal.mad.consts import CLASS_VERSION, Method, MgmtClass
 from ibal.mad.consts import CmAttr as CmAttr  # one definition, re-exported with the tables
 from ibal.wire.fields import F, Field, FieldError, Kind, R, Table, Value
 
@@ -319,11 +319,7 @@ def cm_mad(attr: CmAttr, tid: int, values: dict[str, Value] | None = None, **kw:
 
 def parse_cm(mad: bytes | bytearray | memoryview) -> CmMessage:
     """Decode a CM MAD; raises ``FieldError`` for a short MAD, another class or attribute."""
-    if len(mad) < MAD_SIZE:
-        raise FieldError("short", f"a CM MAD is {MAD_SIZE} bytes, got {len(mad)}")
-    h = H.header(mad)
-    if h.mgmt_class != CM_CLASS:
-        raise FieldError("type", f"management class {h.mgmt_class:#04x} is not CM")
+    h = H.header_of(mad, CM_CLASS, "CM")
     try:
         attr = CmAttr(h.attr_id)
         table = TABLES[attr]

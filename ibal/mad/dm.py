@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 
 from ibal.mad import header as H
-from ibal.mad.consts import CLASS_VERSION, MAD_SIZE, Method, MgmtClass
+from ibal.mad.consts import CLASS_VERSION, Method, MgmtClass
 from ibal.mad.consts import DmAttr as DmAttr  # one definition, re-exported with the tables
 from ibal.wire.fields import F, Field, FieldError, Kind, R, Table, Value
 
@@ -144,11 +144,7 @@ def dm_mad(attr: DmAttr, tid: int, *, method: int = Method.GET, modifier: int = 
 
 def parse_dm(mad: bytes | bytearray | memoryview) -> tuple[DmAttr, int, dict[str, Value]]:
     """(attribute, modifier, values) of a DM MAD; raises ``FieldError`` if it is not one."""
-    if len(mad) < MAD_SIZE:
-        raise FieldError("short", f"a DM MAD is {MAD_SIZE} bytes, got {len(mad)}")
-    h = H.header(mad)
-    if h.mgmt_class != DM_CLASS:
-        raise FieldError("type", f"management class {h.mgmt_class:#04x} is not DM")
+    h = H.header_of(mad, DM_CLASS, "DM")
     try:
         attr = DmAttr(h.attr_id)
     except ValueError:

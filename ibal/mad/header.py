@@ -49,6 +49,7 @@ __all__ = [
     "data_size",
     "embed",
     "header",
+    "header_of",
     "payload",
     "respond",
 ]
@@ -185,6 +186,16 @@ def header(mad: Buffer) -> Header:
     if len(mad) < MAD_HEADER.size:
         raise FieldError("short", f"MAD header: need 24 bytes, have {len(mad)}")
     return Header(*_unpack_header(mad, 0))
+
+
+def header_of(mad: Buffer, mgmt_class: int, what: str) -> Header:
+    """The header of a whole ``what`` MAD; ``FieldError`` when it is short or of another class."""
+    if len(mad) < MAD_SIZE:
+        raise FieldError("short", f"a {what} MAD is {MAD_SIZE} bytes, got {len(mad)}")
+    h = Header(*_unpack_header(mad, 0))
+    if h.mgmt_class != mgmt_class:
+        raise FieldError("type", f"management class {h.mgmt_class:#04x} is not {what}")
+    return h
 
 
 def data_offset(mgmt_class: int) -> int:

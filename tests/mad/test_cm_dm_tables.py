@@ -138,3 +138,15 @@ def test_service_entries_modifier() -> None:
     assert dm.service_entries(back, 2) == [(b"SRP.T10:0", 0x0002C90300000000),
                                            (b"SRP.T10:1", 0x0002C90300000001)]  # fmt: skip
     assert mod == 0x0001_01_00 and mad[64 + 40 : 64 + 48] == (0x0002C90300000000).to_bytes(8, "big")
+
+
+def test_parsers_refuse_short_mads_and_other_classes_by_reason() -> None:
+    req = cm.cm_mad(cm.CmAttr.RTU, 5, local_comm_id=1, remote_comm_id=2)
+    iou = dm.dm_mad(dm.DmAttr.IO_UNIT_INFO, 6)
+    for parse, own, other in ((cm.parse_cm, req, iou), (dm.parse_dm, iou, req)):
+        with pytest.raises(FieldError) as short:
+            parse(own[:255])
+        assert short.value.reason == "short"
+        with pytest.raises(FieldError) as wrong:
+            parse(other)
+        assert wrong.value.reason == "type"
