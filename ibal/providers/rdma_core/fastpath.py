@@ -48,6 +48,7 @@ from ibal.providers.rdma_core.wr import (
     SqAccount,
     build_send_table,
     imm_to_verbs,
+    post_chunked,
     post_fail,
 )
 from ibal.status import (
@@ -204,25 +205,14 @@ class FastSendQueue:
 
     def post(self, wrs: Sequence[SendWr], hold: bool = False) -> None:
         """Post ``wrs``; with ``hold`` (QP in SQD) validate and keep them until :meth:`release`."""
-        n = len(wrs)
         with self.lock:
             if self.closed:
                 raise post_fail(InvalidParameter, 0, "QP destroyed")
-            room = self.acct.room()
-            limit = n if n <= room else max(room, 0)
             self.holding = hold
-            base = 0
-            size = self.size
             try:
-                while base < limit:
-                    k = limit - base if limit - base <= size else size
-                    self._chunk(wrs, base, k)
-                    base += k
+                post_chunked(self.acct, self.size, wrs, self._chunk)
             finally:
                 self._wrs = ()
-            if limit < n:
-                why = f"send queue full ({self.acct.depth} granted)"
-                raise post_fail(InsufficientResources, limit, why)
 
     def release(self) -> Held:
         """Post the chains held while the QP was in SQD, in order.

@@ -271,6 +271,30 @@ def post_fail(status_cls: type[IbError], index: int, message: str) -> PostError:
     return post_error(status_cls.status, index, message)
 
 
+def post_chunked(
+    acct: SqAccount,
+    size: int,
+    wrs: Sequence[SendWr],
+    chunk: Callable[[Sequence[SendWr], int, int], None],
+) -> None:
+    """Post as many of ``wrs`` as the send queue has room for, ``size`` per chain.
+
+    ``chunk(wrs, base, k)`` posts ``wrs[base:base + k]``; both send queues
+    (pyverbs and the ctypes fast path) share this accounting.  Raises
+    ``InsufficientResources`` at the first request that found no room.
+    """
+    n = len(wrs)
+    room = acct.room()
+    limit = n if n <= room else max(room, 0)
+    base = 0
+    while base < limit:
+        k = limit - base if limit - base <= size else size
+        chunk(wrs, base, k)
+        base += k
+    if limit < n:
+        raise post_fail(InsufficientResources, limit, f"send queue full ({acct.depth} granted)")
+
+
 class SendQueue:
     """Posts ibal send work requests on one pyverbs QP."""
 
@@ -335,22 +359,11 @@ class SendQueue:
     # ------------------------------------------------------------------ post
     def post(self, wrs: Sequence[SendWr], hold: bool = False) -> None:
         """Post ``wrs``; with ``hold`` (QP in SQD) validate and queue them until :meth:`release`."""
-        n = len(wrs)
         with self.lock:
             if self.closed or not self.size:
                 raise post_fail(InvalidParameter, 0, "QP destroyed")
-            room = self.acct.room()
-            limit = n if n <= room else max(room, 0)
             self.holding = hold
-            base = 0
-            size = self.size
-            while base < limit:
-                k = limit - base if limit - base <= size else size
-                self._post_chunk(wrs, base, k)
-                base += k
-            if limit < n:
-                raise post_fail(InsufficientResources, limit,
-                            f"send queue full ({self.acct.depth} granted)")  # fmt: skip
+            post_chunked(self.acct, self.size, wrs, self._post_chunk)
 
     def release(self) -> Held:
         """Post what was held while the QP was in SQD, in order.
@@ -940,5 +953,6 @@ __all__ = [
     "flush_tuples",
     "imm_from_verbs",
     "imm_to_verbs",
+    "post_chunked",
     "post_fail",
 ]
