@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
+import types
 from typing import Final
 
 __all__ = ["IBMF_MAPPING", "LIBIBMAD_MAPPING", "Row", "resolve"]
@@ -41,7 +43,7 @@ IBMF_MAPPING: Final[list[Row]] = [
      "given at registration with support_unsol=True and the methods served"),
     ("ibmf_tear_down_async_cb", f"{_SVC}.MadService.deregister", DONE,
      "the callback goes with its service"),
-    ("ibmf_msg_transport (sequenced, blocking)", "ibal.mad.transact.transact", DONE,
+    ("ibmf_msg_transport (sequenced, blocking)", "ibal.mad.transact", DONE,
      "returns the response element; Timeout after the retries"),
     ("ibmf_msg_transport (sequenced, callback)", f"{_SVC}.MadService.send_taken", DONE, ""),
     ("ibmf_msg_transport (unsequenced)", f"{_SVC}.MadService.send", DONE,
@@ -80,7 +82,7 @@ LIBIBMAD_MAPPING: Final[list[Row]] = [
     # RPC
     ("madrpc_init", "ibal.mad.rpc.pick_port", _RPC,
      "today: reg_mad_svc per class; errors raise, nothing aborts"),
-    ("madrpc", "ibal.mad.transact.transact", DONE,
+    ("madrpc", "ibal.mad.transact", DONE,
      "on a MadService; ibal.mad.rpc.MadClient.call (planned) wraps it for tools"),
     ("madrpc_rmpp", "ibal.mad.rmpp_service.enable_rmpp", DONE,
      "then transact: the response arrives reassembled"),
@@ -161,29 +163,37 @@ LIBIBMAD_MAPPING: Final[list[Row]] = [
 
 
 def resolve(target: str) -> object:
-    """The object ``target`` names: a module, then attributes (or dataclass fields).
+    """The object ``target`` names, walked left to right as ``from a.b import c`` would.
 
-    Raises ``LookupError`` naming the part that does not exist.
+    A name is looked up as an attribute first (so a package's exports win over
+    a submodule of the same name: ``ibal.mad.transact`` is the function), then
+    as a submodule, then as a dataclass field.  Raises ``LookupError`` naming
+    the part that does not exist.
     """
-    parts = target.split(".")
-    for cut in range(len(parts), 0, -1):
-        module = ".".join(parts[:cut])
-        try:
-            obj: object = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not (module + ".").startswith(exc.name + "."):
-                raise  # a module that exists failed to import: not a missing name
-            continue
-        break
-    else:
-        raise LookupError(f"{target}: no importable module")
-    for name in parts[cut:]:
+    first, *rest = target.split(".")
+    obj: object = importlib.import_module(first)
+    for name in rest:
         if hasattr(obj, name):
             obj = getattr(obj, name)
-        elif isinstance(obj, type) and dataclasses.is_dataclass(obj) and name in {
-            f.name for f in dataclasses.fields(obj)
-        }:
-            obj = next(f for f in dataclasses.fields(obj) if f.name == name)
+        elif (module := _submodule(obj, name)) is not None:
+            obj = module
+        elif (field := _dataclass_field(obj, name)) is not None:
+            obj = field
         else:
             raise LookupError(f"{target}: {name!r} not found")
     return obj
+
+
+def _submodule(obj: object, name: str) -> types.ModuleType | None:
+    """Package ``obj``'s submodule ``name``, imported; None when there is none."""
+    if not isinstance(obj, types.ModuleType) or not hasattr(obj, "__path__"):
+        return None
+    full = f"{obj.__name__}.{name}"
+    return importlib.import_module(full) if importlib.util.find_spec(full) else None
+
+
+def _dataclass_field(obj: object, name: str) -> dataclasses.Field[object] | None:
+    """A dataclass field without a class-level default (no attribute of the class)."""
+    if not isinstance(obj, type) or not dataclasses.is_dataclass(obj):
+        return None
+    return next((f for f in dataclasses.fields(obj) if f.name == name), None)

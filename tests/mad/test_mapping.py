@@ -51,6 +51,11 @@ def test_every_call_of_the_seeds_is_listed() -> None:
 
 def test_resolve_reports_the_missing_part() -> None:
     assert resolve("ibal.mad.header.build").__name__ == "build"  # type: ignore[attr-defined]
+    # the package's export, not its submodule of the same name (which it must not import)
+    assert callable(resolve("ibal.mad.transact"))
+    from ibal.mad import transact
+
+    assert callable(transact)
     assert resolve("ibal.mad.pool.MadElement.mad").name == "mad"  # type: ignore[attr-defined]
     with pytest.raises(LookupError, match="'nope'"):
         resolve("ibal.mad.header.nope")
