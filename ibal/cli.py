@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import click
 from rich.console import Console
@@ -361,6 +362,115 @@ def perftest(
             run(al, opts, out=lambda line: click.echo(line))
         except PerftestError as exc:
             raise click.ClickException(str(exc)) from exc
+
+
+_DIAG_OPTS = [
+    click.option("-C", "--Ca", "ca_name", help="CA name or GUID [default: the first with an "
+                 "active port]."),
+    click.option("-P", "--Port", "port_num", type=int, help="CA port [default: the first active]."),
+    click.option("-t", "--timeout", "timeout_ms", type=int, default=500, show_default=True,
+                 help="Response time-out per try (ms)."),
+    click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP),
+    click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE."),
+]  # fmt: skip
+
+
+def _diag_options(fn: Any) -> Any:
+    for opt in reversed(_DIAG_OPTS):
+        fn = opt(fn)
+    return fn
+
+
+@contextmanager
+def _mad_client(
+    providers: tuple[str, ...], options: tuple[str, ...], ca_name: str | None,
+    port_num: int | None, timeout_ms: int,
+) -> Iterator[Any]:  # fmt: skip
+    """A :class:`~ibal.mad.rpc.MadClient` on the chosen port (errors: exit status 1)."""
+    from ibal.mad.rpc import MadClient, MadError, pick_port
+
+    with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+        try:
+            port = pick_port(al, ca_name, port_num)
+        except MadError as exc:
+            raise click.ClickException(str(exc)) from exc
+        client = MadClient(port, timeout_ms=timeout_ms)
+        try:
+            yield client
+        except MadError as exc:
+            raise click.ClickException(str(exc)) from exc
+        finally:
+            client.close()
+
+
+def _target(client: Any, text: str, directed: bool, by_guid: bool) -> Any:
+    from ibal.mad.rpc import parse_portid
+
+    try:
+        if by_guid:
+            return client.resolve_guid(int(text, 16))
+        return parse_portid(text, directed=directed)
+    except ValueError as exc:
+        raise click.ClickException(f"can't resolve destination port {text}: {exc}") from exc
+
+
+@main.command()
+@click.argument("op")
+@click.argument("target")
+@click.argument("port", type=int, default=0)
+@click.option("-D", "--Direct", "directed", is_flag=True, help="TARGET is a DR path (0,1,3).")
+@click.option("-G", "--Guid", "by_guid", is_flag=True, help="TARGET is a port GUID (via the SA).")
+@_diag_options
+def smpquery(
+    op: str, target: str, port: int, directed: bool, by_guid: bool, ca_name: str | None,
+    port_num: int | None, timeout_ms: int, providers: tuple[str, ...], options: tuple[str, ...],
+) -> None:  # fmt: skip
+    """smpquery: OP is nodeinfo, portinfo, nodedesc, switchinfo, pkeys or guids."""
+    from ibal.tools.diags import smpquery as run
+
+    with _mad_client(providers, options, ca_name, port_num, timeout_ms) as client:
+        click.echo(run(client, op, _target(client, target, directed, by_guid), port), nl=False)
+
+
+@main.command()
+@click.argument("target", required=False)
+@click.argument("port", type=int, required=False)
+@click.option("-x", "--extended", is_flag=True, help="PortCountersExtended.")
+@click.option("-r", "--reset_after_read", "reset", is_flag=True, help="Reset after reading.")
+@click.option("-G", "--Guid", "by_guid", is_flag=True, help="TARGET is a port GUID (via the SA).")
+@_diag_options
+def perfquery(
+    target: str | None, port: int | None, extended: bool, reset: bool, by_guid: bool,
+    ca_name: str | None, port_num: int | None, timeout_ms: int, providers: tuple[str, ...],
+    options: tuple[str, ...],
+) -> None:  # fmt: skip
+    """perfquery: port counters of TARGET's PORT [default: this port]."""
+    from ibal.tools.diags import perfquery as run
+
+    with _mad_client(providers, options, ca_name, port_num, timeout_ms) as client:
+        lid = client.port.lid
+        if target is not None:
+            lid = _target(client, target, False, by_guid).lid
+        if port is None:  # as perfquery: this port, or port 0 of a named target
+            port = client.port.port_num if target is None else 0
+        click.echo(run(client, lid, port, extended=extended, reset=reset), nl=False)
+
+
+@main.command()
+@click.option("-w", "--window", type=int, default=64, show_default=True,
+              help="SMPs in flight at once.")  # fmt: skip
+@click.option("--progress/--no-progress", default=None,
+              help="Progress on stderr [default: when stderr is a terminal].")  # fmt: skip
+@_diag_options
+def discover(
+    window: int, progress: bool | None, ca_name: str | None, port_num: int | None,
+    timeout_ms: int, providers: tuple[str, ...], options: tuple[str, ...],
+) -> None:  # fmt: skip
+    """ibnetdiscover: sweep the fabric by directed route and print its topology."""
+    from ibal.tools.diags import discover as run
+
+    with _mad_client(providers, options, ca_name, port_num, timeout_ms) as client:
+        click.echo(run(client, window=window, progress=progress), nl=False)
 
 
 def _mount_lab() -> None:

@@ -1,0 +1,141 @@
+"""``ibal smpquery``, ``ibal perfquery`` and ``ibal discover``: infiniband-diags' output.
+
+Each command is a function of a :class:`~ibal.mad.rpc.MadClient` returning
+the text the real tool prints for the same target (field names and value
+formats from :mod:`ibal.mad.dump`, the topology from
+:mod:`ibal.mad.discover`); :mod:`ibal.cli` only opens the port and prints.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO, Final
+
+from ibal.mad import dump, perf, smp
+from ibal.mad.consts import PerfAttr, SmpAttr
+from ibal.mad.discover import Sweep, ibnetdiscover_text, sweep
+from ibal.mad.rpc import MadClient, MadError, PortId
+
+__all__ = ["SMPQUERY_OPS", "discover", "perfquery", "smpquery"]
+
+SMPQUERY_OPS: Final = ("nodeinfo", "portinfo", "nodedesc", "switchinfo", "pkeys", "guids")
+_ALIASES: Final = {"ni": "nodeinfo", "pi": "portinfo", "nd": "nodedesc", "si": "switchinfo",
+                   "pkeytable": "pkeys", "guidinfo": "guids", "gi": "guids"}  # fmt: skip
+
+
+def op_name(op: str) -> str:
+    """The canonical operation for ``op`` (smpquery's names and aliases, any case)."""
+    name = op.lower()
+    name = _ALIASES.get(name, name)
+    if name not in SMPQUERY_OPS:
+        raise MadError(f"operation '{op}' not supported")
+    return name
+
+
+def smpquery(client: MadClient, op: str, to: PortId, port: int = 0) -> str:
+    """What ``smpquery OP TARGET [PORT]`` prints."""
+    name = op_name(op)
+    get = client.smp_get
+    if name == "nodeinfo":
+        return dump.smpquery_nodeinfo(get(SmpAttr.NODE_INFO, to), str(to))
+    if name == "portinfo":
+        return dump.smpquery_portinfo(get(SmpAttr.PORT_INFO, to, port), str(to), port)
+    if name == "switchinfo":
+        return dump.smpquery_switchinfo(get(SmpAttr.SWITCH_INFO, to), str(to))
+    if name == "nodedesc":
+        get(SmpAttr.NODE_INFO, to)  # as smpquery: the node must answer NodeInfo first
+        return dump.smpquery_nodedesc(get(SmpAttr.NODE_DESC, to))
+    if name == "pkeys":
+        ni = smp.NODE_INFO.decode(get(SmpAttr.NODE_INFO, to))
+        if port > int(ni["num_ports"]):
+            raise MadError("invalid port number")
+        if ni["node_type"] == smp.NodeType.SWITCH and port:
+            cap = int(smp.SWITCH_INFO.decode(get(SmpAttr.SWITCH_INFO, to))[
+                "partition_enforcement_cap"])  # fmt: skip
+        else:
+            cap = int(ni["partition_cap"])
+        blocks = _blocks(client, SmpAttr.PKEY_TABLE, to, (cap + 31) // 32, port << 16)
+        return dump.smpquery_pkeys(blocks, cap)
+    pi = smp.PORT_INFO.decode(get(SmpAttr.PORT_INFO, to, 0))
+    gcap = int(pi["guid_cap"])
+    return dump.smpquery_guids(_blocks(client, SmpAttr.GUID_INFO, to, (gcap + 7) // 8, 0), gcap)
+
+
+def _blocks(client: MadClient, attr: int, to: PortId, n: int, mod: int) -> list[bytes]:
+    from ibal.mad.rpc import smp_request
+
+    replies = client.call_many([smp_request(attr, to, i | mod) for i in range(n)], window=8)
+    return [bytes(r.data) for r in replies]
+
+
+# CounterSelect bits: which counters a reset (a Set) clears: all of them.
+_RESET_ALL = {"counter_select": 0xFFFF, "counter_select2": 0xFF}
+_RESET_EXT = {"counter_select": 0xFFFF}
+
+
+def perfquery(
+    client: MadClient, lid: int, port: int, *, extended: bool = False, reset: bool = False
+) -> str:
+    """What ``perfquery [-x] [-r] LID PORT`` prints (``-r``: reset after reading)."""
+    cpi = perf.CLASS_PORT_INFO.decode(client.perf_get(PerfAttr.CLASS_PORT_INFO, lid))
+    cap, cap2 = int(cpi["capability_mask"]), int(cpi["capability_mask2"])
+    to = str(PortId(lid))
+    if extended:
+        sel = perf.PORT_COUNTERS_EXT.encode(port_select=port)
+        text = dump.perfquery_ext(client.perf_get(PerfAttr.PORT_COUNTERS_EXT, lid, sel), to,
+                                  port, cap, cap2)  # fmt: skip
+    else:
+        sel = perf.PORT_COUNTERS.encode(port_select=port)
+        text = dump.perfquery(client.perf_get(PerfAttr.PORT_COUNTERS, lid, sel), to, port, cap)
+    if reset:
+        # as perfquery: -x resets the extended counters only
+        if extended:
+            data = perf.PORT_COUNTERS_EXT.encode(port_select=port, **_RESET_EXT)
+            client.perf_set(PerfAttr.PORT_COUNTERS_EXT, lid, data)
+        else:
+            data = perf.PORT_COUNTERS.encode(port_select=port, **_RESET_ALL)
+            client.perf_set(PerfAttr.PORT_COUNTERS, lid, data)
+    return text
+
+
+class Progress:
+    """``discovered N nodes, M SMPs in flight`` on a terminal, at most every 0.1 s."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self._next = 0.0
+        self.shown = False
+
+    def __call__(self, engine: Sweep, in_flight: int) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + 0.1
+        n = len(engine.topology.nodes)
+        self.stream.write(f"\rdiscovered {n} nodes, {in_flight} SMPs in flight ")
+        self.stream.flush()
+        self.shown = True
+
+    def end(self) -> None:
+        if self.shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def discover(client: MadClient, *, window: int = 64, progress: bool | None = None) -> str:
+    """What ``ibnetdiscover`` prints for the fabric ``client``'s port is on.
+
+    ``progress``: a line on stderr while sweeping (default: when stderr is a terminal).
+    """
+    if progress is None:
+        progress = sys.stderr.isatty()
+    show = Progress(sys.stderr) if progress else None
+    try:
+        engine = sweep(client, window=window, progress=show)
+    finally:
+        if show is not None:
+            show.end()
+    if engine.topology.root is None:
+        raise MadError("discover failed: the local port did not answer NodeInfo")
+    return ibnetdiscover_text(engine.topology, time.ctime())
