@@ -236,10 +236,10 @@ class MadClient:
         r = out.request
         mad = _build(r, tid)
         qp = 0 if r.mgmt_class in (MgmtClass.SUBN_LID, MgmtClass.SUBN_DR) else 1
+        out.deadline = self._clock() + self.timeout_ms / 1000
         self.port.send(bytes(mad), r.to, qp, self.timeout_ms)
         out.tid = tid
         out.tries += 1
-        out.deadline = self._clock() + self.timeout_ms / 1000
         self._out[tid] = out
         self._order.append((out.deadline, tid))
         self.stats["sent"] += 1
