@@ -1,0 +1,163 @@
+"""``ibal smpquery``/``perfquery``/``discover`` against infiniband-diags on ibsim + OpenSM.
+
+The ibal commands run in a subprocess as ``Host`` under umad2sim, on the
+rdma_core provider's MAD-only CA (``ibsim0``); ``smpquery``, ``perfquery``
+and ``ibnetdiscover`` run as the same node in the same test.  ``tools_probe.py``
+runs many ibal commands in one process (the CLI's own entry point, one AL per
+command) to keep the test short; one command also runs as ``python -m
+ibal.cli`` on its own.  Counters that the queries themselves move are masked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ibal.mad.discover import parse_ibnetdiscover
+from ibal.testing.ibsim import Fabric, fat_tree
+
+PROBE = Path(__file__).with_name("tools_probe.py")
+REPO = Path(__file__).resolve().parents[2]
+NODE = "Host"
+
+
+def _env(fabric: Fabric, node: str) -> dict[str, str]:
+    env = fabric.env_for(node)
+    env["PYTHONPATH"] = f"{REPO}:{env.get('PYTHONPATH', '')}"
+    return env
+
+
+def _ibal(fabric: Fabric, cmds: list[list[str]], node: str = NODE) -> list[dict[str, Any]]:
+    """Run ``ibal CMD`` for each command in one process; their exit codes and output."""
+    r = subprocess.run([sys.executable, str(PROBE)], input=json.dumps(cmds), env=_env(fabric, node),
+                       cwd=fabric.workdir, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    out: list[dict[str, Any]] = json.loads(r.stdout.strip().splitlines()[-1])
+    for cmd, res in zip(cmds, out, strict=True):
+        assert res["code"] == 0, (cmd, res)
+    return out
+
+
+def _tool(fabric: Fabric, args: list[str], node: str = NODE) -> str:
+    r = fabric.run(args, node)
+    assert r.returncode == 0, (args, r.stderr)
+    return r.stdout
+
+
+def _lids(fabric: Fabric) -> dict[str, int]:
+    sw = _tool(fabric, ["smpquery", "-D", "portinfo", "0,1", "0"])
+    me = _tool(fabric, ["smpquery", "-D", "portinfo", "0"])
+
+    def field(text: str, name: str) -> int:
+        m = re.search(rf"^{name}:\.+(\d+)$", text, re.M)
+        assert m, text
+        return int(m.group(1))
+
+    return {"switch": field(sw, "Lid"), "host": field(me, "Lid"), "sm": field(me, "SMLid")}
+
+
+@pytest.mark.timeout(600)
+def test_smpquery_matches(ibsim_fabric: Fabric) -> None:
+    lids = _lids(ibsim_fabric)
+    sw, sm = str(lids["switch"]), str(lids["sm"])
+    cases = [  # (ibal smpquery args, smpquery args)
+        (["nodeinfo", sw], ["nodeinfo", sw]),
+        (["nodeinfo", "-D", "0,1"], ["-D", "nodeinfo", "0,1"]),
+        (["nodeinfo", "-D", "0"], ["-D", "nodeinfo", "0"]),
+        (["portinfo", sm, "1"], ["portinfo", sm, "1"]),
+        (["portinfo", sw, "0"], ["portinfo", sw, "0"]),
+        (["portinfo", "-D", "0,1", "3"], ["-D", "portinfo", "0,1", "3"]),
+        (["portinfo", "-D", "0"], ["-D", "portinfo", "0"]),
+        (["nodedesc", sm], ["nodedesc", sm]),
+        (["nodedesc", "-D", "0,1,3"], ["-D", "nodedesc", "0,1,3"]),
+        (["switchinfo", sw], ["switchinfo", sw]),
+        (["switchinfo", "-D", "0,1"], ["-D", "switchinfo", "0,1"]),
+        (["pkeys", sm], ["pkeys", sm]),
+        (["pkeys", "-D", "0,1", "2"], ["-D", "pkeys", "0,1", "2"]),
+        (["guids", "-D", "0"], ["-D", "guidinfo", "0"]),
+        (["guids", sw], ["guidinfo", sw]),
+    ]
+    ours = _ibal(ibsim_fabric, [["smpquery", *a] for a, _ in cases])
+    for (a, b), res in zip(cases, ours, strict=True):
+        theirs = _tool(ibsim_fabric, ["smpquery", *b])
+        assert res["stdout"].splitlines() == theirs.splitlines(), a
+    # The CLI as its own process, and -G (the port GUID through OpenSM's SA).
+    guid = re.search(r"^PortGuid:\.+(0x[0-9a-f]+)$", ours[0]["stdout"], re.M)
+    assert guid
+    r = subprocess.run([sys.executable, "-m", "ibal.cli", "smpquery", "-G", "nodeinfo",
+                        guid.group(1)], env=_env(ibsim_fabric, NODE), cwd=ibsim_fabric.workdir,
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == _tool(ibsim_fabric, ["smpquery", "nodeinfo", sw]).splitlines()
+    # A target that does not answer: a clear error, exit status 1.
+    bad = _ibal_fail(ibsim_fabric, ["smpquery", "nodeinfo", "-D", "0,1,7"])
+    assert bad["code"] == 1 and "no response" in bad["stderr"]
+
+
+def _ibal_fail(fabric: Fabric, cmd: list[str]) -> dict[str, Any]:
+    r = subprocess.run([sys.executable, str(PROBE)], input=json.dumps([cmd]),
+                       env=_env(fabric, NODE), cwd=fabric.workdir, capture_output=True,
+                       text=True, timeout=300)  # fmt: skip
+    res: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])[0]
+    return res
+
+
+_MOVING = re.compile(r"^(PortXmitData|PortRcvData|PortXmitPkts|PortRcvPkts):\.+\d+$", re.M)
+
+
+def _masked(text: str) -> list[str]:
+    return _MOVING.sub(lambda m: f"{m.group(1)}:<n>", text).splitlines()
+
+
+@pytest.mark.timeout(600)
+def test_perfquery_matches(ibsim_fabric: Fabric) -> None:
+    lids = _lids(ibsim_fabric)
+    sw, host = str(lids["switch"]), str(lids["host"])
+    cases = [[], [host, "1"], [sw, "2"], ["-x", sw, "3"], ["-x"], [sw]]
+    ours = _ibal(ibsim_fabric, [["perfquery", *a] for a in cases])
+    for a, res in zip(cases, ours, strict=True):
+        theirs = _tool(ibsim_fabric, ["perfquery", *a])
+        assert _masked(res["stdout"]) == _masked(theirs), a
+    # -r: read, then reset; the next read (by perfquery) starts again from zero
+    _ibal(ibsim_fabric, [["perfquery", "-r", sw, "1"]])
+    after = _tool(ibsim_fabric, ["perfquery", sw, "1"])
+    pkts = int(re.search(r"^PortXmitPkts:\.+(\d+)$", after, re.M).group(1))  # type: ignore[union-attr]
+    before = int(re.search(r"^PortXmitPkts:\.+(\d+)$", ours[2]["stdout"], re.M).group(1))  # type: ignore[union-attr]
+    assert pkts < max(before, 1) + 5  # only what the few MADs since the reset moved
+
+
+def _blocks(text: str) -> set[str]:
+    """The node blocks of a topology text (order aside), the dated header dropped."""
+    body = [b for b in text.split("\n\n") if not b.startswith("#")]
+    return {b.strip("\n") for b in body}
+
+
+@pytest.mark.timeout(600)
+def test_discover_matches_ibnetdiscover_small(ibsim_fabric: Fabric) -> None:
+    (ours,) = _ibal(ibsim_fabric, [["discover"]])
+    theirs = _tool(ibsim_fabric, ["ibnetdiscover"])
+    assert parse_ibnetdiscover(ours["stdout"]) == parse_ibnetdiscover(theirs)
+    # ibnetdiscover's order is deterministic here: the whole text matches but the date
+    date = re.compile(r"^# Topology file: generated on .*$", re.M)
+    assert date.sub("", ours["stdout"]) == date.sub("", theirs)
+    assert ours["stderr"] == ""  # no progress when stderr is not a terminal
+
+
+@pytest.mark.timeout(900)
+def test_discover_matches_ibnetdiscover_fat_tree(ibsim_factory: Any, tmp_path: Path) -> None:
+    tree = fat_tree(tmp_path / "fat.net", spines=4, leaves=8, hosts_per_leaf=6)
+    fabric = ibsim_factory(tree.path)
+    node = tree.hosts[5]
+    ours = _ibal(fabric, [["discover", "-w", "16"], ["discover", "-w", "1"]], node)
+    theirs = _tool(fabric, ["ibnetdiscover"], node)
+    want = parse_ibnetdiscover(theirs)
+    assert len(want["nodes"]) == tree.nodes
+    for res in ours:
+        assert parse_ibnetdiscover(res["stdout"]) == want
+        assert _blocks(res["stdout"]) == _blocks(theirs)
