@@ -1,0 +1,131 @@
+"""``ibal discover`` vs ``ibnetdiscover`` on a generated two-level fat tree on ibsim + OpenSM.
+
+In one run: ibsim + OpenSM on a fat tree (default 8 spines, 40 leaves, 24
+hosts per leaf: 1,008 nodes), then, all as the same host under umad2sim,
+``ibnetdiscover`` as a whole command (several runs), ``ibal discover`` as a
+whole command, and the in-process sweep (the time from the first SMP to the
+topology, interpreter start, imports and opening the AL excluded) at a few
+window sizes.  Every result is checked to have found every node.  Figures are
+medians; compare ratios only (the machine is shared).
+
+    python benchmarks/bench_discover.py [--spines 8 --leaves 40 --hosts 24] [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def inner(windows: list[int], runs: int) -> None:
+    """Under umad2sim: open the AL and the port once, then time sweeps; JSON on stdout."""
+    t0 = time.perf_counter()
+    import ibal
+    from ibal.mad.discover import sweep
+    from ibal.mad.rpc import MadClient, pick_port
+
+    t_import = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    al = ibal.open_al()
+    client = MadClient(pick_port(al))
+    t_open = time.perf_counter() - t1
+    out: dict[str, object] = {"import": t_import, "open": t_open, "sweeps": {}}
+    sweeps: dict[str, list[float]] = {}
+    nodes = 0
+    for w in windows:
+        for _ in range(runs):
+            t = time.perf_counter()
+            eng = sweep(client, window=w)
+            sweeps.setdefault(str(w), []).append(time.perf_counter() - t)
+            nodes = len(eng.topology.nodes)
+            assert not eng.failed, eng.failed[:3]
+            out["smps"] = eng.asked
+    out["sweeps"] = sweeps
+    out["nodes"] = nodes
+    out["stats"] = client.stats
+    t2 = time.perf_counter()
+    client.close()
+    al.close()
+    out["close"] = time.perf_counter() - t2
+    print(json.dumps(out))
+
+
+def _timed(args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str]:
+    t = time.perf_counter()
+    r = subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+    took = time.perf_counter() - t
+    if r.returncode:
+        raise SystemExit(f"{args} failed: {r.stderr[-2000:]}")
+    return took, r.stdout
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--spines", type=int, default=8)
+    ap.add_argument("--leaves", type=int, default=40)
+    ap.add_argument("--hosts", type=int, default=24)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--windows", default="16,64,256")
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    windows = [int(w) for w in a.windows.split(",")]
+    if a.inner:
+        inner(windows, a.runs)
+        return 0
+
+    from ibal.mad.discover import parse_ibnetdiscover
+    from ibal.testing.ibsim import Fabric, fat_tree
+
+    with tempfile.TemporaryDirectory(prefix="ibal-bench-discover-") as tmp:
+        tree = fat_tree(Path(tmp) / "fat.net", spines=a.spines, leaves=a.leaves,
+                        hosts_per_leaf=a.hosts)  # fmt: skip
+        with Fabric(tree.path, Path(tmp) / "fabric", ready_within=300) as fabric:
+            node = tree.hosts[-1]
+            env = fabric.env_for(node)
+            env["PYTHONPATH"] = f"{REPO}:{os.environ.get('PYTHONPATH', '')}"
+            cwd = fabric.workdir
+            c_runs, c_text = [], ""
+            for _ in range(a.runs):
+                took, c_text = _timed(["ibnetdiscover"], env, cwd)
+                c_runs.append(took)
+            want = parse_ibnetdiscover(c_text)
+            assert len(want["nodes"]) == tree.nodes
+            py_runs = []
+            for _ in range(max(3, a.runs // 2)):
+                took, text = _timed([sys.executable, "-m", "ibal.cli", "discover"], env, cwd)
+                py_runs.append(took)
+                got = parse_ibnetdiscover(text)
+                assert got == want, "ibal discover found another topology"
+            t_pass, _ = _timed([sys.executable, "-c", "pass"], env, cwd)
+            _, raw = _timed([sys.executable, __file__, "--inner", "--runs", str(a.runs),
+                             "--windows", a.windows], env, cwd)  # fmt: skip
+            res = json.loads(raw.strip().splitlines()[-1])
+            assert res["nodes"] == tree.nodes
+    c = statistics.median(c_runs)
+    py = statistics.median(py_runs)
+    print(f"fat tree: {a.spines} spines, {a.leaves} leaves, {a.hosts} hosts per leaf "
+          f"({tree.nodes} nodes); {res['smps']} SMPs per sweep; medians of {a.runs} runs")  # fmt: skip
+    print(f"ibnetdiscover whole command      {c * 1000:8.1f} ms")
+    print(f"ibal discover whole command      {py * 1000:8.1f} ms   {py / c:5.2f}x ibnetdiscover")
+    for w, runs in res["sweeps"].items():
+        s = statistics.median(runs)
+        print(f"in-process sweep, window {int(w):4d}  {s * 1000:8.1f} ms   {s / c:5.2f}x "
+              f"ibnetdiscover   {res['smps'] / s:8.0f} SMPs/s")  # fmt: skip
+    print(f"python3 -c pass                  {t_pass * 1000:8.1f} ms")
+    print(f"in the whole command: imports {res['import'] * 1000:.0f} ms, open AL + port "
+          f"{res['open'] * 1000:.0f} ms, close {res['close'] * 1000:.0f} ms")  # fmt: skip
+    print(f"client stats: {res['stats']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
