@@ -113,7 +113,8 @@ def main() -> int:
     c = statistics.median(c_runs)
     py = statistics.median(py_runs)
     print(f"fat tree: {a.spines} spines, {a.leaves} leaves, {a.hosts} hosts per leaf "
-          f"({tree.nodes} nodes); {res['smps']} SMPs per sweep; medians of {a.runs} runs")  # fmt: skip
+          f"({tree.nodes} nodes); {res['smps']} SMPs per sweep; "
+          f"medians of {a.runs} runs")  # fmt: skip
     print(f"ibnetdiscover whole command      {c * 1000:8.1f} ms")
     print(f"ibal discover whole command      {py * 1000:8.1f} ms   {py / c:5.2f}x ibnetdiscover")
     for w, runs in res["sweeps"].items():
