@@ -370,6 +370,8 @@ _DIAG_OPTS = [
     click.option("-P", "--Port", "port_num", type=int, help="CA port [default: the first active]."),
     click.option("-t", "--timeout", "timeout_ms", type=int, default=500, show_default=True,
                  help="Response time-out per try (ms)."),
+    click.option("--via", type=click.Choice(["service", "agent"]), default="service",
+                 show_default=True, help="MADs through the MAD service or bare AL agents."),
     click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP),
     click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE."),
 ]  # fmt: skip
@@ -384,14 +386,14 @@ def _diag_options(fn: Any) -> Any:
 @contextmanager
 def _mad_client(
     providers: tuple[str, ...], options: tuple[str, ...], ca_name: str | None,
-    port_num: int | None, timeout_ms: int,
+    port_num: int | None, timeout_ms: int, via: str,
 ) -> Iterator[Any]:  # fmt: skip
     """A :class:`~ibal.mad.rpc.MadClient` on the chosen port (errors: exit status 1)."""
     from ibal.mad.rpc import MadClient, MadError, pick_port
 
     with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
         try:
-            port = pick_port(al, ca_name, port_num)
+            port = pick_port(al, ca_name, port_num, via=via)
         except MadError as exc:
             raise click.ClickException(str(exc)) from exc
         client = MadClient(port, timeout_ms=timeout_ms)
@@ -423,12 +425,13 @@ def _target(client: Any, text: str, directed: bool, by_guid: bool) -> Any:
 @_diag_options
 def smpquery(
     op: str, target: str, port: int, directed: bool, by_guid: bool, ca_name: str | None,
-    port_num: int | None, timeout_ms: int, providers: tuple[str, ...], options: tuple[str, ...],
+    port_num: int | None, timeout_ms: int, via: str, providers: tuple[str, ...],
+    options: tuple[str, ...],
 ) -> None:  # fmt: skip
     """smpquery: OP is nodeinfo, portinfo, nodedesc, switchinfo, pkeys or guids."""
     from ibal.tools.diags import smpquery as run
 
-    with _mad_client(providers, options, ca_name, port_num, timeout_ms) as client:
+    with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
         click.echo(run(client, op, _target(client, target, directed, by_guid), port), nl=False)
 
 
@@ -441,13 +444,13 @@ def smpquery(
 @_diag_options
 def perfquery(
     target: str | None, port: int | None, extended: bool, reset: bool, by_guid: bool,
-    ca_name: str | None, port_num: int | None, timeout_ms: int, providers: tuple[str, ...],
-    options: tuple[str, ...],
+    ca_name: str | None, port_num: int | None, timeout_ms: int, via: str,
+    providers: tuple[str, ...], options: tuple[str, ...],
 ) -> None:  # fmt: skip
     """perfquery: port counters of TARGET's PORT [default: this port]."""
     from ibal.tools.diags import perfquery as run
 
-    with _mad_client(providers, options, ca_name, port_num, timeout_ms) as client:
+    with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
         lid = client.port.lid
         if target is not None:
             lid = _target(client, target, False, by_guid).lid
@@ -464,12 +467,12 @@ def perfquery(
 @_diag_options
 def discover(
     window: int, progress: bool | None, ca_name: str | None, port_num: int | None,
-    timeout_ms: int, providers: tuple[str, ...], options: tuple[str, ...],
+    timeout_ms: int, via: str, providers: tuple[str, ...], options: tuple[str, ...],
 ) -> None:  # fmt: skip
     """ibnetdiscover: sweep the fabric by directed route and print its topology."""
     from ibal.tools.diags import discover as run
 
-    with _mad_client(providers, options, ca_name, port_num, timeout_ms) as client:
+    with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
         click.echo(run(client, window=window, progress=progress), nl=False)
 
 

@@ -30,13 +30,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from ibal.mad import header
 from ibal.mad.consts import DR_DIRECTION, MadStatus, Method, MgmtClass, SaAttr
 from ibal.status import IbError
 
 __all__ = [
+    "VIAS",
     "AlMadPort",
     "MadClient",
     "MadError",
@@ -44,8 +45,11 @@ __all__ = [
     "PortId",
     "Reply",
     "Request",
+    "ServiceMadPort",
     "parse_dr_path",
     "parse_portid",
+    "pick_port",
+    "smp_request",
 ]
 
 DEFAULT_TIMEOUT_MS = 500
@@ -181,6 +185,9 @@ class MadPort(Protocol):
 
     def send(self, mad: bytes, to: PortId, qp: int, timeout_ms: int) -> None: ...
 
+    def abandon(self, tid: int) -> None:
+        """The client gave up the request with TID low half ``tid`` (it may still complete)."""
+
     def close(self) -> None: ...
 
 
@@ -289,6 +296,7 @@ class MadClient:
             if out is None or out.tid != tid:
                 continue  # answered, or re-sent under a new TID
             del self._out[tid]
+            self.port.abandon(tid)
             if out.tries <= self.retries:
                 self.stats["retried"] += 1
                 try:
@@ -439,24 +447,21 @@ class AlMadPort:
         return agent
 
     def send(self, mad: bytes, to: PortId, qp: int, timeout_ms: int) -> None:
-        from ibal.types import QP1_WELL_KNOWN_QKEY, MadAddr, MadSend
+        from ibal.types import MadSend
 
         agent = self._agent(mad[1], qp)
-        if to.directed:
-            addr = MadAddr(remote_qp=0, remote_qkey=0, dlid=0xFFFF)  # permissive LID
-        elif qp == 0:
-            addr = MadAddr(remote_qp=0, remote_qkey=0, dlid=to.lid)
-        else:
-            addr = MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=to.lid)
         # timeout_ms 0 for the transport: the client times requests out itself (a
         # waiting transport would refuse a TID it still waits for, and umad2sim
         # never ends the wait); special-QP transports then drop the answer, so
         # there the transport's own wait is kept (one try; the client retries).
-        agent.send(MadSend(mad, addr, timeout_ms=timeout_ms if self._waits else 0))
+        agent.send(MadSend(mad, _addr(to, qp), timeout_ms=timeout_ms if self._waits else 0))
 
     @property
     def _waits(self) -> bool:
         return not self.ca.capabilities.mad_agents
+
+    def abandon(self, tid: int) -> None:
+        """Nothing to undo: with ``timeout_ms`` 0 the transport keeps no state for it."""
 
     def close(self) -> None:
         for agent in self._agents.values():
@@ -472,11 +477,103 @@ class AlMadPort:
             self.ca.close(wait=True)
 
 
-def pick_port(al: Any, ca_name: str | None = None, port_num: int | None = None) -> AlMadPort:
+@dataclass
+class ServiceMadPort(AlMadPort):
+    """The same port through the MAD service (:func:`ibal.mad.reg_mad_svc`), one per class.
+
+    Each request is a pool element sent with ``resp_expected`` (the service links
+    the response to it); the client's time-out cancels an element it gave up,
+    since under umad2sim the transport would wait for it for ever.
+    """
+
+    _sent: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # TID low -> (svc, elem)
+
+    def _agent(self, mgmt_class: int, qp: int) -> Any:
+        service = self._agents.get(mgmt_class)
+        if service is not None:
+            return service
+        from ibal.mad import reg_mad_svc
+        from ibal.mad.consts import CLASS_VERSION
+        from ibal.mad.svc import MadSvc
+        from ibal.types import QpType
+
+        alias = self._aliases.get(qp)
+        if alias is None:
+            kind = QpType.QP0_ALIAS if qp == 0 else QpType.QP1_ALIAS
+            alias = self._aliases[qp] = self._pd.get_spl_qp(self.port_guid, kind)
+        svc = MadSvc(mgmt_class, CLASS_VERSION.get(mgmt_class, 1), recv_cb=self._recv,
+                     send_cb=self._done)  # fmt: skip
+        service = self._agents[mgmt_class] = reg_mad_svc(alias, svc)
+        return service
+
+    def _recv(self, e: Any) -> None:
+        from ibal.mad import put_mad
+
+        on_mad = self._on_mad
+        assert on_mad is not None
+        on_mad(bytes(e.mad))
+        put_mad(e)
+
+    def _done(self, e: Any) -> None:
+        from ibal.mad import put_mad
+
+        self._sent.pop(int.from_bytes(e.mad[12:16], "big"), None)
+        put_mad(e)
+
+    def send(self, mad: bytes, to: PortId, qp: int, timeout_ms: int) -> None:
+        service = self._agent(mad[1], qp)
+        e = service.pool_key.get_mad()
+        e.mad[:] = mad
+        e.addr = _addr(to, qp)
+        e.resp_expected, e.timeout_ms, e.retry_cnt = True, timeout_ms, 0
+        tid = int.from_bytes(mad[12:16], "big")
+        self._sent[tid] = (service, e)
+        try:
+            service.send(e)
+        except BaseException:
+            self._sent.pop(tid, None)
+            raise
+
+    def abandon(self, tid: int) -> None:
+        from ibal.status import NotFound
+
+        got = self._sent.get(tid)
+        if got is not None:
+            with contextlib.suppress(NotFound):
+                got[0].cancel(got[1])
+
+    def close(self) -> None:
+        for service in self._agents.values():
+            service.deregister(wait=True)
+        self._agents.clear()
+        super().close()
+
+
+def _addr(to: PortId, qp: int) -> Any:
+    from ibal.types import QP1_WELL_KNOWN_QKEY, MadAddr
+
+    if to.directed:
+        return MadAddr(remote_qp=0, remote_qkey=0, dlid=0xFFFF)  # permissive LID
+    if qp == 0:
+        return MadAddr(remote_qp=0, remote_qkey=0, dlid=to.lid)
+    return MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=to.lid)
+
+
+VIAS: Final = ("service", "agent")
+
+
+def pick_port(
+    al: Any, ca_name: str | None = None, port_num: int | None = None, *, via: str = "service"
+) -> AlMadPort:
     """The port the tools use: ``-C``/``-P``, else the first CA with an ACTIVE port.
 
-    ``ca_name`` matches a CA's name or its GUID (hex).  ``MadError`` if none fits.
+    ``ca_name`` matches a CA's name or its GUID (hex).  ``via``: ``"service"``
+    (the MAD service, :class:`ServiceMadPort`) or ``"agent"`` (the AL's bare
+    MAD agents, :class:`AlMadPort`).  ``MadError`` if no port fits.
     """
+    if via not in VIAS:
+        raise ValueError(f"via must be one of {VIAS}")
+    kind = ServiceMadPort if via == "service" else AlMadPort
     from ibal.types import LinkState
 
     seen: list[str] = []
@@ -495,7 +592,7 @@ def pick_port(al: Any, ca_name: str | None = None, port_num: int | None = None) 
                 if port_num is None and p.link_state is not LinkState.ACTIVE:
                     continue
                 keep = True
-                return AlMadPort(ca, p.port_num, p.port_guid, p.lid, p.sm_lid)
+                return kind(ca, p.port_num, p.port_guid, p.lid, p.sm_lid)
         finally:
             if not keep:
                 ca.close(wait=True)

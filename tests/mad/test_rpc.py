@@ -33,6 +33,7 @@ class ScriptedPort:
         self.in_flight = 0
         self.max_in_flight = 0
         self.deferred: list[bytes] = []
+        self.abandoned: list[int] = []
 
     def start(self, on_mad: Callable[[bytes], None]) -> None:
         self.on_mad = on_mad
@@ -53,6 +54,9 @@ class ScriptedPort:
         for mad in reversed(self.deferred):  # answers in the reverse order
             self.on_mad(mad)
         self.deferred.clear()
+
+    def abandon(self, tid: int) -> None:
+        self.abandoned.append(tid)
 
     def close(self) -> None:
         pass
@@ -81,6 +85,7 @@ def test_lost_request_is_retried_with_a_fresh_tid_then_given_up() -> None:
     client.post(Request(MgmtClass.SUBN_LID, 1, SmpAttr.NODE_INFO, PortId(7)))
     assert client.poll(timeout=0) == []  # nothing yet; the retry went out
     assert len(port.sent) == 2 and port.sent[0][12:16] != port.sent[1][12:16]
+    assert port.abandoned == [int.from_bytes(port.sent[0][12:16], "big")]  # told to the port
     port.flush()
     (rep,) = client.poll()
     assert rep.ok and rep.tries == 2 and client.stats["retried"] == 1

@@ -3,9 +3,12 @@
 The ibal commands run in a subprocess as ``Host`` under umad2sim, on the
 rdma_core provider's MAD-only CA (``ibsim0``); ``smpquery``, ``perfquery``
 and ``ibnetdiscover`` run as the same node in the same test.  ``tools_probe.py``
-runs many ibal commands in one process (the CLI's own entry point, one AL per
-command) to keep the test short; one command also runs as ``python -m
-ibal.cli`` on its own.  Counters that the queries themselves move are masked.
+runs many ibal commands in one process (the CLI's own entry point over one
+shared AL and MAD client) to keep the test short; ``smpquery -G`` and
+``discover`` also run as ``python -m ibal.cli`` processes of their own.
+MADs go through the MAD service (the default); the fat-tree sweep also runs
+over the AL's bare agents (``--via agent``).  Counters that the queries
+themselves move are masked.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ NODE = "Host"
 def _env(fabric: Fabric, node: str) -> dict[str, str]:
     env = fabric.env_for(node)
     env["PYTHONPATH"] = f"{REPO}:{env.get('PYTHONPATH', '')}"
+    env["PYTHONFAULTHANDLER"] = "1"  # a crash under umad2sim shows its stack
     return env
 
 
@@ -140,7 +144,12 @@ def _blocks(text: str) -> set[str]:
 
 @pytest.mark.timeout(600)
 def test_discover_matches_ibnetdiscover_small(ibsim_fabric: Fabric) -> None:
-    (ours,) = _ibal(ibsim_fabric, [["discover"]])
+    # the whole command, as its own process
+    r = subprocess.run([sys.executable, "-m", "ibal.cli", "discover"],
+                       env=_env(ibsim_fabric, NODE), cwd=ibsim_fabric.workdir,
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    ours = {"stdout": r.stdout, "stderr": r.stderr}
     theirs = _tool(ibsim_fabric, ["ibnetdiscover"])
     assert parse_ibnetdiscover(ours["stdout"]) == parse_ibnetdiscover(theirs)
     # ibnetdiscover's order is deterministic here: the whole text matches but the date
@@ -154,7 +163,9 @@ def test_discover_matches_ibnetdiscover_fat_tree(ibsim_factory: Any, tmp_path: P
     tree = fat_tree(tmp_path / "fat.net", spines=4, leaves=8, hosts_per_leaf=6)
     fabric = ibsim_factory(tree.path)
     node = tree.hosts[5]
-    ours = _ibal(fabric, [["discover", "-w", "16"], ["discover", "-w", "1"]], node)
+    # the MAD service (default) and the bare AL agents, many SMPs in flight and one
+    ours = _ibal(fabric, [["discover", "-w", "16"], ["discover", "-w", "1"],
+                          ["discover", "--via", "agent", "-w", "16"]], node)  # fmt: skip
     theirs = _tool(fabric, ["ibnetdiscover"], node)
     want = parse_ibnetdiscover(theirs)
     assert len(want["nodes"]) == tree.nodes
