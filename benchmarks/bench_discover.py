@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def inner(windows: list[int], runs: int) -> None:
+def inner(windows: list[int], runs: int, via: str) -> None:
     """Under umad2sim: open the AL and the port once, then time sweeps; JSON on stdout."""
     t0 = time.perf_counter()
     import ibal
@@ -36,7 +36,7 @@ def inner(windows: list[int], runs: int) -> None:
     t_import = time.perf_counter() - t0
     t1 = time.perf_counter()
     al = ibal.open_al()
-    client = MadClient(pick_port(al))
+    client = MadClient(pick_port(al, via=via))
     t_open = time.perf_counter() - t1
     out: dict[str, object] = {"import": t_import, "open": t_open, "sweeps": {}}
     sweeps: dict[str, list[float]] = {}
@@ -75,11 +75,12 @@ def main() -> int:
     ap.add_argument("--hosts", type=int, default=24)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--windows", default="16,64,256")
+    ap.add_argument("--via", default="service,agent", help="MAD paths for the in-process sweep")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     windows = [int(w) for w in a.windows.split(",")]
     if a.inner:
-        inner(windows, a.runs)
+        inner(windows, a.runs, a.via)
         return 0
 
     from ibal.mad.discover import parse_ibnetdiscover
@@ -92,6 +93,9 @@ def main() -> int:
             node = tree.hosts[-1]
             env = fabric.env_for(node)
             env["PYTHONPATH"] = f"{REPO}:{os.environ.get('PYTHONPATH', '')}"
+            # byte-compiled modules, as an installed ibal has (cached outside the tree)
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
             cwd = fabric.workdir
             c_runs, c_text = [], ""
             for _ in range(a.runs):
@@ -99,6 +103,7 @@ def main() -> int:
                 c_runs.append(took)
             want = parse_ibnetdiscover(c_text)
             assert len(want["nodes"]) == tree.nodes
+            _timed([sys.executable, "-m", "ibal.cli", "--help"], env, cwd)  # byte-compile
             py_runs = []
             for _ in range(max(3, a.runs // 2)):
                 took, text = _timed([sys.executable, "-m", "ibal.cli", "discover"], env, cwd)
@@ -106,21 +111,25 @@ def main() -> int:
                 got = parse_ibnetdiscover(text)
                 assert got == want, "ibal discover found another topology"
             t_pass, _ = _timed([sys.executable, "-c", "pass"], env, cwd)
-            _, raw = _timed([sys.executable, __file__, "--inner", "--runs", str(a.runs),
-                             "--windows", a.windows], env, cwd)  # fmt: skip
-            res = json.loads(raw.strip().splitlines()[-1])
-            assert res["nodes"] == tree.nodes
+            inner_runs = {}
+            for via in a.via.split(","):
+                _, raw = _timed([sys.executable, __file__, "--inner", "--runs", str(a.runs),
+                                 "--windows", a.windows, "--via", via], env, cwd)  # fmt: skip
+                inner_runs[via] = json.loads(raw.strip().splitlines()[-1])
+                assert inner_runs[via]["nodes"] == tree.nodes
     c = statistics.median(c_runs)
     py = statistics.median(py_runs)
+    res = next(iter(inner_runs.values()))
     print(f"fat tree: {a.spines} spines, {a.leaves} leaves, {a.hosts} hosts per leaf "
           f"({tree.nodes} nodes); {res['smps']} SMPs per sweep; "
           f"medians of {a.runs} runs")  # fmt: skip
     print(f"ibnetdiscover whole command      {c * 1000:8.1f} ms")
     print(f"ibal discover whole command      {py * 1000:8.1f} ms   {py / c:5.2f}x ibnetdiscover")
-    for w, runs in res["sweeps"].items():
-        s = statistics.median(runs)
-        print(f"in-process sweep, window {int(w):4d}  {s * 1000:8.1f} ms   {s / c:5.2f}x "
-              f"ibnetdiscover   {res['smps'] / s:8.0f} SMPs/s")  # fmt: skip
+    for via, res in inner_runs.items():
+        for w, runs in res["sweeps"].items():
+            s = statistics.median(runs)
+            print(f"sweep via {via:7s} window {int(w):4d}  {s * 1000:8.1f} ms   {s / c:5.2f}x "
+                  f"ibnetdiscover   {res['smps'] / s:8.0f} SMPs/s")  # fmt: skip
     print(f"python3 -c pass                  {t_pass * 1000:8.1f} ms")
     print(f"in the whole command: imports {res['import'] * 1000:.0f} ms, open AL + port "
           f"{res['open'] * 1000:.0f} ms, close {res['close'] * 1000:.0f} ms")  # fmt: skip

@@ -391,12 +391,38 @@ def smp_request(attr: int, to: PortId, mod: int = 0, *, context: Any = None) -> 
     return req
 
 
+def _byte(table: Any, name: str) -> int:
+    return int(table.by_name[name].offset) // 8
+
+
+_TID = _byte(header.MAD_HEADER, "tid")
+_HOPS = _byte(header.DR_HEADER, "hop_count")
+_PATH = _byte(header.DR_SMP, "initial_path") + 1  # entry 0 of the path is unused
+_templates: dict[tuple[Any, ...], bytes] = {}
+
+
 def _build(r: Request, tid: int) -> bytearray:
+    """The request's MAD: a checked build once per kind of request, then a copy of it
+    with this TID (and DR path) patched in, which is what a sweep's many SMPs differ by."""
     to = r.to
-    return header.build(
-        r.mgmt_class, r.method, r.attr_id, tid=tid, attr_mod=r.attr_mod, data=r.data,
-        dr_path=to.dr_path, dr_slid=to.dr_slid, dr_dlid=to.dr_dlid, comp_mask=r.comp_mask,
-    )  # fmt: skip
+    key = (r.mgmt_class, r.method, r.attr_id, r.attr_mod, r.data, r.comp_mask, to.dr_slid,
+           to.dr_dlid, None if to.dr_path is None else 0)  # fmt: skip
+    tpl = _templates.get(key)
+    if tpl is None:
+        if len(_templates) > 512:
+            _templates.clear()
+        tpl = _templates[key] = bytes(header.build(
+            r.mgmt_class, r.method, r.attr_id, tid=0, attr_mod=r.attr_mod, data=r.data,
+            dr_path=() if to.dr_path is not None else None, dr_slid=to.dr_slid,
+            dr_dlid=to.dr_dlid, comp_mask=r.comp_mask,
+        ))  # fmt: skip
+    mad = bytearray(tpl)
+    mad[_TID : _TID + 8] = tid.to_bytes(8, "big")
+    if to.dr_path is not None:
+        path = to.dr_path
+        mad[_HOPS] = len(path)
+        mad[_PATH : _PATH + len(path)] = bytes(path)
+    return mad
 
 
 # ---------------------------------------------------------------- the AL's agents
