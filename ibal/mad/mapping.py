@@ -26,7 +26,6 @@ __all__ = ["IBMF_MAPPING", "LIBIBMAD_MAPPING", "Row", "resolve"]
 Row = tuple[str, str, str, str]
 
 DONE: Final = "done"
-_RPC: Final = "planned: ibal.mad.rpc"
 _ALT_QP: Final = "planned: ibal.mad.service (MAD services on a non-default UD QP)"
 _NO_GLOBALS: Final = "not applicable: no process-wide RPC state; every ibal object is thread-safe"
 
@@ -80,10 +79,10 @@ IBMF_MAPPING: Final[list[Row]] = [
 
 LIBIBMAD_MAPPING: Final[list[Row]] = [
     # RPC
-    ("madrpc_init", "ibal.mad.rpc.pick_port", _RPC,
-     "today: reg_mad_svc per class; errors raise, nothing aborts"),
+    ("madrpc_init", "ibal.mad.rpc.pick_port", DONE,
+     "then MadClient(port): a MadService per class; errors raise, nothing aborts"),
     ("madrpc", "ibal.mad.transact", DONE,
-     "on a MadService; ibal.mad.rpc.MadClient.call (planned) wraps it for tools"),
+     "on a MadService; tools: ibal.mad.rpc.MadClient.call (own time-out, window)"),
     ("madrpc_rmpp", "ibal.mad.rmpp_service.enable_rmpp", DONE,
      "then transact: the response arrives reassembled"),
     ("madrpc_portid", "", "not applicable: the umad port belongs to the rdma_core provider", ""),
@@ -102,19 +101,19 @@ LIBIBMAD_MAPPING: Final[list[Row]] = [
     ("mad_class_agent", "", "not applicable: the MadService object is the agent", ""),
     ("mad_agent_class", "ibal.mad.svc.MadSvc.mgmt_class", DONE, "service.svc.mgmt_class"),
     # client functions
-    ("ib_vendor_call", "ibal.mad.rpc.MadClient.call", _RPC, "vendor classes with an OUI"),
+    ("ib_vendor_call", "ibal.mad.rpc.MadClient.call", DONE, "a Request of any class"),
     ("mad_is_vendor_range1", "ibal.mad.consts.is_vendor_range1", DONE, ""),
     ("mad_is_vendor_range2", "ibal.mad.consts.is_vendor_range2", DONE, ""),
-    ("smp_query", "ibal.mad.rpc.MadClient.smp_get", _RPC, "tool: ibal smpquery"),
-    ("smp_set", "ibal.mad.rpc.MadClient.smp_set", _RPC, ""),
+    ("smp_query", "ibal.mad.rpc.MadClient.smp_get", DONE, "tool: ibal smpquery"),
+    ("smp_set", "ibal.mad.rpc.MadClient.smp_set", DONE, ""),
     ("safe_smp_query", "", _NO_GLOBALS, ""),
     ("safe_smp_set", "", _NO_GLOBALS, ""),
-    ("sa_call", "ibal.mad.rpc.MadClient.sa_get", _RPC,
+    ("sa_call", "ibal.mad.rpc.MadClient.sa_get", DONE,
      "records split by ibal.mad.sa.records"),
-    ("ib_path_query", "ibal.mad.rpc.MadClient.sa_get", _RPC, "PathRecord: ibal.mad.sa"),
+    ("ib_path_query", "ibal.mad.rpc.MadClient.sa_get", DONE, "PathRecord: ibal.mad.sa"),
     ("safe_sa_call", "", _NO_GLOBALS, ""),
-    ("port_performance_query", "ibal.mad.rpc.MadClient.perf_get", _RPC, "tool: ibal perfquery"),
-    ("port_performance_reset", "ibal.mad.rpc.MadClient.perf_set", _RPC, ""),
+    ("port_performance_query", "ibal.mad.rpc.MadClient.perf_get", DONE, "tool: ibal perfquery"),
+    ("port_performance_reset", "ibal.mad.rpc.MadClient.perf_set", DONE, "perfquery -r"),
     # server functions
     ("mad_send", f"{_SVC}.MadService.send", DONE, ""),
     ("mad_receive", "ibal.mad.svc.MadSvc.recv_cb", DONE, "a callback, not a blocking read"),
@@ -123,13 +122,13 @@ LIBIBMAD_MAPPING: Final[list[Row]] = [
     ("mad_free", f"{_POOL}.put_mad", DONE, ""),
     # address resolution
     ("ib_resolve_smlid", "ibal.al.ca.Ca.query_port", DONE, "PortAttr.sm_lid"),
-    ("ib_resolve_guid", "ibal.mad.rpc.MadClient.resolve_guid", _RPC, ""),
-    ("ib_resolve_portid_str", "ibal.mad.rpc.parse_portid", _RPC, ""),
+    ("ib_resolve_guid", "ibal.mad.rpc.MadClient.resolve_guid", DONE, "SA NodeRecord"),
+    ("ib_resolve_portid_str", "ibal.mad.rpc.parse_portid", DONE, "LID or DR path; -G: above"),
     ("ib_resolve_self", "ibal.al.ca.Ca.query_port", DONE, "PortAttr.lid, .gids"),
     # port-id helpers
     ("portid2str", "ibal.mad.dump.portid_str", DONE, ""),
-    ("portid2portnum", "ibal.mad.rpc.PortId", _RPC, "the last hop of its DR path"),
-    ("str2drpath", "ibal.mad.rpc.parse_dr_path", _RPC, ""),
+    ("portid2portnum", "ibal.mad.rpc.PortId", DONE, "the last hop: PortId.dr_path[-1]"),
+    ("str2drpath", "ibal.mad.rpc.parse_dr_path", DONE, ""),
     ("ib_portid_set", "ibal.types.MadAddr", DONE, "dlid, remote_qp, remote_qkey"),
     # field manipulation: one Table per attribute instead of global field ids
     ("mad_get_field", "ibal.wire.fields.Table.decode", DONE, "table.decode(buf, off)[name]"),
@@ -150,11 +149,11 @@ LIBIBMAD_MAPPING: Final[list[Row]] = [
     ("mad_dump_field", "ibal.mad.dump.field_line", DONE, ""),
     ("mad_dump_val", "ibal.mad.dump.format_value", DONE, ""),
     # types
-    ("ib_portid_t", "ibal.types.MadAddr", DONE, "tools: ibal.mad.rpc.PortId (planned)"),
+    ("ib_portid_t", "ibal.types.MadAddr", DONE, "tools: ibal.mad.rpc.PortId"),
     ("ib_dr_path_t", "ibal.mad.header.DR_SMP", DONE, "build(..., dr_path=[ports])"),
     ("ib_rpc_t", "ibal.mad.header.build", DONE, "its fields are build()'s arguments"),
     ("ib_sa_call_t", "ibal.mad.header.SA_HEADER", DONE, "sm_key, attr_offset, comp_mask"),
-    ("ib_vendor_call_t", "ibal.mad.rpc.Request", _RPC, ""),
+    ("ib_vendor_call_t", "ibal.mad.rpc.Request", DONE, ""),
     ("ib_rmpp_hdr_t", "ibal.mad.rmpp.RmppHeader", DONE, ""),
     ("ib_field_t", "ibal.wire.fields.Field", DONE, ""),
     ("ib_mad_f", "ibal.mad.smp", DONE, "one Table per attribute: smp, sa, perf, cm, dm"),
