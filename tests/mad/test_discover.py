@@ -201,3 +201,21 @@ def test_text_reads_back_as_the_same_topology() -> None:
     assert text.startswith("#\n# Topology file: generated on Mon Nov 23 00:00:00 2026\n#\n")
     with pytest.raises(ValueError):
         parse_ibnetdiscover(text + "garbage line\n")
+
+
+def test_progress_line_is_throttled_and_cleared() -> None:
+    import io
+
+    from ibal.tools.diags import Progress
+
+    out = io.StringIO()
+    show = Progress(out)
+    eng = run(fat_tree(1, 1, 2), 0x10000)
+    show(eng, 5)
+    show(eng, 4)  # within 0.1 s of the last: not shown
+    assert out.getvalue() == "\rdiscovered 4 nodes, 5 SMPs in flight "
+    show.end()
+    assert out.getvalue().endswith("\r\033[K")
+    quiet = io.StringIO()
+    Progress(quiet).end()  # nothing shown, nothing to clear
+    assert quiet.getvalue() == ""
