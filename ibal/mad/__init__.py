@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ibal.mad.rmpp_service import TransferSessions, enable_rmpp
     from ibal.mad.service import MadService, local_mad, reg_mad_svc
     from ibal.mad.svc import MadSvc, MadSvcType, RmppSessions
-    from ibal.mad.transact import transact
+    from ibal.mad.transaction import transact
 
 _SERVICE_NAMES = {
     "ElementState": "pool",
@@ -33,7 +33,7 @@ _SERVICE_NAMES = {
     "RmppSessions": "svc",
     "TransferSessions": "rmpp_service",
     "enable_rmpp": "rmpp_service",
-    "transact": "transact",
+    "transact": "transaction",
 }
 
 

@@ -165,7 +165,7 @@ def resolve(target: str) -> object:
     """The object ``target`` names, walked left to right as ``from a.b import c`` would.
 
     A name is looked up as an attribute first (so a package's exports win over
-    a submodule of the same name: ``ibal.mad.transact`` is the function), then
+    a submodule of the same name), then
     as a submodule, then as a dataclass field.  Raises ``LookupError`` naming
     the part that does not exist.
     """

@@ -51,6 +51,15 @@ def test_resolve_reports_the_missing_part() -> None:
     from ibal.mad import transact
 
     assert callable(transact)
+
+
+def test_transact_is_the_function_after_its_module_loads() -> None:
+    """Importing the submodule must not shadow the package's ``transact`` export."""
+    import ibal.mad.transaction  # noqa: F401
+    from ibal.mad import transact
+
+    assert callable(transact)
+    assert transact.__module__ == "ibal.mad.transaction"
     assert resolve("ibal.mad.pool.MadElement.mad").name == "mad"  # type: ignore[attr-defined]
     with pytest.raises(LookupError, match="'nope'"):
         resolve("ibal.mad.header.nope")
