@@ -48,6 +48,7 @@ from ibal.status import (
 )
 
 if TYPE_CHECKING:
+    from ibal.al.access_layer import AccessLayer
     from ibal.al.cica import CiCa
     from ibal.al.manager import AlManager
     from ibal.ci.interface import ChannelInterface
@@ -560,6 +561,11 @@ class CaObject(AlObject):
         super().__init__(mgr, al, parent, context)
         self._cica = cica
         self._ci: ChannelInterface = cica.ci
+
+    @property
+    def al(self) -> AccessLayer:
+        """The AL instance it was opened through (upper layers reach its timers)."""
+        return self._al  # type: ignore[return-value]
 
 
 def busy_if(users: Iterable[AlObject], what: str) -> None:
