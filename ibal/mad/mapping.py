@@ -26,11 +26,11 @@ __all__ = ["IBMF_MAPPING", "LIBIBMAD_MAPPING", "Row", "resolve"]
 Row = tuple[str, str, str, str]
 
 DONE: Final = "done"
-_ALT_QP: Final = "planned: ibal.mad.service (MAD services on a non-default UD QP)"
 _NO_GLOBALS: Final = "not applicable: no process-wide RPC state; every ibal object is thread-safe"
 
 _SVC = "ibal.mad.service"
 _POOL = "ibal.mad.pool"
+_ALT = "ibal.mad.altqp"
 
 IBMF_MAPPING: Final[list[Row]] = [
     ("ibmf_register", f"{_SVC}.reg_mad_svc", DONE,
@@ -49,14 +49,18 @@ IBMF_MAPPING: Final[list[Row]] = [
      "an element with resp_expected=False"),
     ("ibmf_alloc_msg", f"{_POOL}.PoolKey.get_mad", DONE, "from a MadPool registered with a PD"),
     ("ibmf_free_msg", f"{_POOL}.put_mad", DONE, "received elements too"),
-    ("ibmf_alloc_qp", f"{_SVC}.reg_mad_svc", _ALT_QP,
-     "today a service runs on QP0/QP1 (the class's default QP)"),
-    ("ibmf_query_qp", "ibal.al.qp.Qp.query", _ALT_QP, ""),
-    ("ibmf_modify_qp", "ibal.al.qp.Qp.modify", _ALT_QP, ""),
-    ("ibmf_free_qp", "ibal.al.qp.Qp.destroy", _ALT_QP, ""),
+    ("ibmf_alloc_qp", f"{_ALT}.alloc_qp", DONE,
+     "alloc_qp(service, pkey, qkey, AltQpFlags.MAD_NO_RMPP, recv_cb=, send_cb=): a UD QP "
+     "the MAD layer owns; MAD_RMPP and RAW_ONLY are Unsupported (IBMF_NOT_SUPPORTED)"),
+    ("ibmf_query_qp", f"{_ALT}.AltQp.query", DONE, "AltQpAttr(qp_num, pkey, qkey, port_num)"),
+    ("ibmf_modify_qp", f"{_ALT}.AltQp.modify", DONE,
+     "a new P_Key goes through RESET (ResourceBusy while sends are on the wire)"),
+    ("ibmf_free_qp", f"{_ALT}.AltQp.free", DONE, "pending sends complete CANCELED"),
+    ("ibmf_msg_transport (alternate QP)", f"{_ALT}.AltQp.send", DONE,
+     "TID matching, time-out and retries as on QP1"),
     ("ibmf_handle_t", f"{_SVC}.MadService", DONE, ""),
     ("ibmf_qp_handle_t", "ibal.al.alias.AliasQp", DONE,
-     "IBMF_QP_HANDLE_DEFAULT: the alias QP0/QP1; others as ibmf_alloc_qp"),
+     "IBMF_QP_HANDLE_DEFAULT: the alias QP0/QP1; others are ibal.mad.altqp.AltQp"),
     ("ibmf_register_info_t", "ibal.mad.svc.MadSvc", DONE,
      "CI GUID and port are the alias QP's; the class is MadSvc.mgmt_class"),
     ("ibmf_client_type_t", "ibal.mad.consts.MgmtClass", DONE,

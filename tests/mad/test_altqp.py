@@ -191,3 +191,62 @@ def test_alloc_and_send_refusals(mock_net: Net) -> None:
     svc.deregister(wait=True)
     with pytest.raises(InvalidHandle):
         alloc_qp(svc, DEFAULT_PKEY, QKEY)
+
+
+def test_modify_to_another_pkey_changes_the_partition() -> None:
+    """A new P_Key takes the QP through RESET; a peer in another partition is not heard."""
+    from ibal.providers.mock import MockFabric, MockProvider
+
+    clock = ManualClock()
+    fabric = MockFabric(seed=0)
+    for _ in range(2):
+        fabric.add_ca(pkeys=[0x8001])
+    fabric.use_clock(clock)
+    mgr = AlManager(clock=clock)
+    try:
+        mgr.add_provider(MockProvider({"fabric": fabric}))
+        net = Net("mock", mgr, clock, *_sides(mgr, roce=False), fabric)
+        a_svc, a_qp, a_in = alt(net, net.a)
+        _b_svc, b_qp, b_in = alt(net, net.b)
+        b_qp.modify(0x8001, QKEY)
+        a_qp.modify(0x0001 | 0x8000, QKEY)  # both full members of partition 1
+        assert a_qp.query().pkey == 0x8001
+        a_qp.modify(DEFAULT_PKEY, QKEY)  # back to the default partition: B not reachable
+        violations = net.b.ca.query().ports[0].pkey_violations
+        lost = request(a_svc, to(net.b, b_qp), mad(VENDOR, SEND, tid=1), timeout_ms=0)
+        lost.resp_expected = False
+        lost.addr = MadAddr(remote_qp=b_qp.query().qp_num, remote_qkey=QKEY,
+                            dlid=net.b.port.lid, pkey_index=0)
+        a_qp.send(lost)
+        assert a_in.sent() is lost
+        net.settle()
+        assert b_in.recvs.empty()
+        assert net.b.ca.query().ports[0].pkey_violations == violations + 1
+        a_qp.modify(0x8001, QKEY)
+        again = request(a_svc, to(net.b, b_qp), mad(VENDOR, SEND, tid=2), timeout_ms=0)
+        again.resp_expected = False
+        a_qp.send(again)
+        got = b_in.recv()
+        assert got.tid == 2 and got.addr is not None and got.addr.pkey_index == 1
+        put_mad([got, lost, a_in.sent()])
+    finally:
+        mgr.close(timeout=WAIT)
+        fabric.close()
+
+
+def test_pending_table_matches_by_tid_and_class() -> None:
+    from ibal.mad.tid import Pending
+
+    p: Pending[str] = Pending(VENDOR)
+    k = p.add("req", 0x42, retries=1)
+    serial = p.add("resp", None)
+    assert k == 0x42 and serial < 0 and len(p) == 2
+    with pytest.raises(InvalidParameter):
+        p.add("dup", 0x42)
+    assert p.awaits("req") and not p.awaits("resp")
+    assert p.retry(k) and not p.retry(k)  # one retry, then none
+    assert p.answer(0x42, bytes(mad(VENDOR + 1, GET_RESP, 0x42))) is None  # other class
+    assert p.answer(0x43, bytes(mad(VENDOR, GET_RESP, 0x43))) is None  # nobody waits
+    assert p.answer(0x42, bytes(mad(VENDOR, GET_RESP, 0x42))) == "req"
+    assert p.answer(0x42, bytes(mad(VENDOR, GET_RESP, 0x42))) is None  # once only
+    assert p.remove("resp") and not p.remove("resp") and len(p) == 0
