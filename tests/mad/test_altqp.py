@@ -117,6 +117,28 @@ def test_unanswered_request_times_out_after_its_retries(net: Net) -> None:
     put_mad(req)
 
 
+def test_a_retried_request_ends_at_the_first_answer_and_the_second_is_counted(net: Net) -> None:
+    a_svc, a_qp, a_in = alt(net, net.a)
+    _b_svc, b_qp, b_in = alt(net, net.b)
+    req = request(a_svc, to(net.b, b_qp), mad(VENDOR, GET), timeout_ms=100, retries=2)
+    a_qp.send(req)
+    first = b_in.recv()
+    net.step(0.1)  # no answer yet: the retry goes out
+    second = b_in.recv()
+    assert first.tid == second.tid == req.tid
+    for copy in (first, second):
+        copy.mad[3] = GET_RESP
+        b_qp.send(copy)
+    assert a_in.sent() is req and req.status is WcStatus.SUCCESS
+    resp = a_in.recv()
+    assert resp.request is req
+    wait_until(lambda: a_qp.stats["dropped_unmatched_response"] == 1, "the second answer")
+    net.step(1.0)  # no time-out after the answer
+    assert a_in.sends.empty() and a_in.recvs.empty() and a_qp.outstanding == 0
+    assert {id(b_in.sent()), id(b_in.sent())} == {id(first), id(second)}
+    put_mad([resp, req, first, second])
+
+
 def test_qkey_mismatch_is_dropped_until_modify_sets_that_qkey(net: Net) -> None:
     a_svc, a_qp, a_in = alt(net, net.a)
     _b_svc, b_qp, b_in = alt(net, net.b)
@@ -209,7 +231,7 @@ def test_modify_to_another_pkey_changes_the_partition() -> None:
         a_svc, a_qp, a_in = alt(net, net.a)
         _b_svc, b_qp, b_in = alt(net, net.b)
         b_qp.modify(0x8001, QKEY)
-        a_qp.modify(0x0001 | 0x8000, QKEY)  # both full members of partition 1
+        a_qp.modify(0x8001, QKEY)  # both full members of partition 1
         assert a_qp.query().pkey == 0x8001
         a_qp.modify(DEFAULT_PKEY, QKEY)  # back to the default partition: B not reachable
         violations = net.b.ca.query().ports[0].pkey_violations
