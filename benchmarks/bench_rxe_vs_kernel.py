@@ -8,11 +8,14 @@ Three figures, each measured with perftest's tools on kernel rxe and with
 * 8-byte send latency (``ib_send_lat -s 8``: t_typical, µs),
 
 and the ratios ibal / kernel (bandwidth and message rate: higher is better;
-latency: lower is better, target within 3x).  Today the ibal side is the
-``rdma_core`` provider over the same kernel rxe (so the ratio is the cost of
-Python + the access layer on top of kernel rxe); with ``--provider rxe`` it is
-the userspace rxe engine (which binds UDP 4791 itself, so it needs a guest
-without kernel rxe: see docs/performance.md).
+latency: lower is better, target within 3x).  With ``--provider rxe`` (the
+default) the ibal side is the userspace rxe engine: it binds UDP 4791 itself,
+so in each round kernel rxe is measured first, then removed (``rdma link
+delete rxe0; rmmod rdma_rxe``) and ibal's two ends run as two devices on
+``lo`` (server ``127.0.0.2``, client ``127.0.0.3``, GID index 0: an
+address-bound device's GID table starts with its IPv4-mapped GID); the next
+round loads kernel rxe again.  With ``--provider rdma_core`` the ibal side is
+Python + the access layer on top of the same kernel rxe.
 
 Run from the host (boots the guest itself)::
 
@@ -36,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def in_guest(device: str) -> bool:
-    return Path("/sys/class/infiniband", device).exists()
+    return Path("/sys/class/infiniband", device).exists() or "IBAL_BENCH_GUEST" in os.environ
 
 
 def run_pair(server: list[str], client: list[str], timeout: float = 300) -> tuple[str, str]:
@@ -73,11 +76,13 @@ def table_row(output: str) -> list[str]:
     raise RuntimeError(f"no result table in:\n{output}")
 
 
-def measure(kind: str, argv_for: dict[str, list[str]], test: str, size: int, iters: int) -> float:
+def measure(
+    kind: str, argv_for: dict[str, tuple[list[str], list[str]]], test: str, size: int, iters: int
+) -> float:
     """One figure: BW average (MB/s) for bw_64k, MsgRate (Mpps) for rate_8, t_typical (µs)."""
     args = ["-s", str(size), "-n", str(iters), "-F"]
-    base = argv_for[test]
-    _, out = run_pair([*base, *args], [*base, *args, "127.0.0.1"])
+    server, client = argv_for[test]
+    _, out = run_pair([*server, *args], [*client, *args, "127.0.0.1"])
     row = table_row(out)
     if kind == "bw":
         return float(row[3])
@@ -86,18 +91,44 @@ def measure(kind: str, argv_for: dict[str, list[str]], test: str, size: int, ite
     return float(row[4])  # t_typical
 
 
+def kernel_rxe(present: bool, device: str) -> None:
+    """Load (``modprobe rdma_rxe`` + ``rdma link add DEVICE type rxe netdev lo``) or
+    remove kernel rxe: it binds UDP 4791 on every address, ibal's rxe cannot share it."""
+    here = Path("/sys/class/infiniband", device).exists()
+    if present and not here:
+        subprocess.run(["modprobe", "rdma_rxe"], check=True)
+        subprocess.run(["rdma", "link", "add", device, "type", "rxe", "netdev", "lo"], check=True)
+    elif not present and here:
+        subprocess.run(["rdma", "link", "delete", device], check=True)
+        subprocess.run(["rmmod", "rdma_rxe"], check=True)
+
+
+def _env_wrap(env: dict[str, str], argv: list[str]) -> list[str]:
+    return ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
+
+
 def guest_main(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     gid = ["-d", args.device, "-x", str(args.gid_index)]
     kernel = {
-        "write_bw": ["ib_write_bw", *gid],
-        "send_lat": ["ib_send_lat", *gid],
+        "write_bw": (["ib_write_bw", *gid], ["ib_write_bw", *gid]),
+        "send_lat": (["ib_send_lat", *gid], ["ib_send_lat", *gid]),
     }
     py = [sys.executable, "-m", "ibal.cli", "perftest"]
+    userspace = args.provider == "rxe"
     prov = ["--provider", args.provider]
-    ours = {
-        "write_bw": [*py, "write_bw", *prov, *gid],
-        "send_lat": [*py, "send_lat", *prov, *gid, *args.lat_args.split()],
-    }
+    ours_gid = ["-d", args.device, "-x", "0" if userspace else str(args.gid_index)]
+
+    def side(test: str, *extra: str) -> tuple[list[str], list[str]]:
+        argv = [*py, test, *prov, *ours_gid, *extra]
+        if not userspace:
+            return argv, argv
+        # two address-bound devices on lo, one per process
+        return (
+            _env_wrap({"IBAL_RXE_DEVICES": f"{args.device}=127.0.0.2"}, argv),
+            _env_wrap({"IBAL_RXE_DEVICES": f"{args.device}=127.0.0.3"}, argv),
+        )
+
+    ours = {"write_bw": side("write_bw"), "send_lat": side("send_lat", *args.lat_args.split())}
     figures = {
         "bw_64k_MBps": ("bw", "write_bw", 65536, args.bw_iters),
         "rate_8B_Mpps": ("rate", "write_bw", 8, args.rate_iters),
@@ -107,11 +138,19 @@ def guest_main(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         figures = {k: v for k, v in figures.items() if k in args.only}
     results: dict[str, dict[str, list[float]]] = {"kernel": {}, "ibal": {}}
     for _ in range(args.rounds):
-        for name, (kind, test, size, iters) in figures.items():
-            for side, argv in (("kernel", kernel), ("ibal", ours)):
-                value = measure(kind, argv, test, size, iters)
-                results[side].setdefault(name, []).append(value)
-                print(f"# {side:6} {name:14} {value}", file=sys.stderr, flush=True)
+        # userspace rxe: every kernel figure of the round first, then every ibal one
+        order = (
+            [("kernel", kernel, n) for n in figures] + [("ibal", ours, n) for n in figures]
+            if userspace
+            else [(s, a, n) for n in figures for s, a in (("kernel", kernel), ("ibal", ours))]
+        )
+        for who, argv, name in order:
+            if userspace:
+                kernel_rxe(who == "kernel", args.device)
+            kind, test, size, iters = figures[name]
+            value = measure(kind, argv, test, size, iters)
+            results[who].setdefault(name, []).append(value)
+            print(f"# {who:6} {name:14} {value}", file=sys.stderr, flush=True)
     return {
         side: {k: statistics.median(v) for k, v in figs.items()} for side, figs in results.items()
     }
@@ -129,7 +168,7 @@ def report(res: dict[str, dict[str, float]], provider: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--provider", default="rdma_core", help="ibal provider for ibal perftest")
+    ap.add_argument("--provider", default="rxe", help="ibal provider for ibal perftest")
     ap.add_argument("--device", default="rxe0")
     ap.add_argument("--gid-index", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=1)
@@ -150,7 +189,9 @@ def main() -> None:
     from ibal.lab import Lab
 
     argv = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]]
-    env = dict(os.environ, PYTHONPATH=f"{REPO}:{os.environ.get('PYTHONPATH', '')}")
+    env = dict(
+        os.environ, PYTHONPATH=f"{REPO}:{os.environ.get('PYTHONPATH', '')}", IBAL_BENCH_GUEST="1"
+    )
     r = Lab(cpus=args.cpus).run(
         argv,
         timeout=3000,
