@@ -401,6 +401,8 @@ class RxeCa(QpVerbs, MemoryVerbs, ChannelInterface):
         cq = self._h_cq(h_cq)
         if not isinstance(max_entries, int) or max_entries < 0:
             raise InvalidParameter("max_entries < 0")
+        if not cq.entries and max_entries:
+            self.device.io.poll_rx()  # receive in this thread (see DeviceIO.poll_rx)
         return cq.poll(max_entries)
 
     @serialized

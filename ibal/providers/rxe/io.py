@@ -234,6 +234,8 @@ class DeviceIO:
         # (source, destination, port, length) -> (ICRC prefix, UDP header) to send
         self._tx_cache: dict[tuple[bytes, bytes, int, int], tuple[int, bytes]] = {}
         self._lock = threading.RLock()  # endpoints and send batches
+        # the receive ring and decoder: the receive thread's, or a busy poller's (poll_rx)
+        self._rx_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"{name}-rx", daemon=True)
@@ -435,14 +437,41 @@ class DeviceIO:
                         except OSError:
                             rebuild = True  # socket closed under us: re-read the endpoints
 
+    def poll_rx(self) -> int:
+        """Receive what is waiting, in the caller's thread; the datagrams read.
+
+        For busy-polling consumers (``poll_cq`` on an empty CQ): the thread that
+        waits for a completion makes the progress itself, instead of handing the
+        GIL to the receive thread, which a busy poller only yields every
+        ``sys.getswitchinterval()`` (5 ms).  Never blocks: 0 when the receive
+        thread is at work.  ``on_packets`` runs in the caller's thread.
+        """
+        if not self._rx_lock.acquire(blocking=False):
+            return 0
+        try:
+            got = 0
+            eps: list[_Endpoint | _Group] = [*self._endpoints.values(), *self._groups.values()]
+            for ep in eps:
+                with contextlib.suppress(OSError):  # closed under us
+                    got += self._drain_locked(ep)
+            return got
+        finally:
+            self._rx_lock.release()
+
     def _drain(self, ep: _Endpoint | _Group) -> None:
+        with self._rx_lock:
+            self._drain_locked(ep)
+
+    def _drain_locked(self, ep: _Endpoint | _Group) -> int:
         """Read batches from one socket until it is empty (bounded, to stay fair)."""
         ring = self._ring
         fd = ep.rx.fileno()
+        got = 0
         for _ in range(16):
             n = ring.recv(fd)
             if not n:
-                return
+                return got
+            got += n
             packets = self._decoder.decode_batch(n, ep.rx_raw, ep.raw_ip)
             if packets:
                 try:
@@ -450,4 +479,5 @@ class DeviceIO:
                 except Exception:  # the CA layer's bug must not kill the thread
                     self.counters.drop("handler_error", len(packets))
             if n < ring.depth:
-                return
+                return got
+        return got

@@ -5,6 +5,12 @@ buffers, addresses and control areas for up to ``depth`` datagrams and fills
 them with one ``recvmmsg``; :class:`SendBatch` gathers up to ``depth``
 datagrams (copied into its arena) and sends them with one ``sendmmsg``.
 Both keep every buffer they point to alive until the call returns.
+
+The calls that cannot block (``MSG_DONTWAIT``) go through ``ctypes.PyDLL``,
+which keeps the GIL: a ctypes call through ``CDLL`` releases it, and a thread
+that releases the GIL while another busy-polls gets it back only after the
+switch interval (5 ms), so one datagram call could cost 5 ms of latency.
+Only a call that may wait (``block=True``, a full socket buffer) releases it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import os
 import socket
 import struct
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from ibal.wire.fields import Buffer
 
@@ -36,12 +42,23 @@ _CONTROL_LEN: Final = 64
 _BUSY_RETRIES: Final = 1000
 
 
-_recvmmsg = _libc.recvmmsg
-_recvmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
-_recvmmsg.restype = ctypes.c_int
-_sendmmsg = _libc.sendmmsg
-_sendmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
-_sendmmsg.restype = ctypes.c_int
+# the same functions, called with the GIL held: only for calls that cannot block
+_libc_gil = ctypes.PyDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def _proto(lib: ctypes.CDLL, name: str, *args: type) -> Any:
+    fn = getattr(lib, name)
+    fn.argtypes = list(args)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RECV_ARGS: Final = (ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p)
+_SEND_ARGS: Final = (ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int)
+_recvmmsg = _proto(_libc, "recvmmsg", *_RECV_ARGS)
+_recvmmsg_nb = _proto(_libc_gil, "recvmmsg", *_RECV_ARGS)
+_sendmmsg = _proto(_libc, "sendmmsg", *_SEND_ARGS)
+_sendmmsg_nb = _proto(_libc_gil, "sendmmsg", *_SEND_ARGS)
 
 
 def sockaddr(ip: bytes, port: int) -> bytes:
@@ -89,8 +106,10 @@ class RecvRing:
         used = self._used * _MMSG.size
         if used:
             self.msgs[:used] = self._pristine[:used]
-        flags = MSG_WAITFORONE if block else MSG_DONTWAIT
-        n = _recvmmsg(fd, self._base, self.depth, flags, None)
+        if block:
+            n = _recvmmsg(fd, self._base, self.depth, MSG_WAITFORONE, None)
+        else:
+            n = _recvmmsg_nb(fd, self._base, self.depth, MSG_DONTWAIT, None)
         if n < 0:
             self._used = 0
             err = ctypes.get_errno()
@@ -234,12 +253,20 @@ class SendBatch:
         sent = calls = busy = 0
         start = 0
         n = self.count
+        full = False  # the socket buffer was full: wait for room (GIL released)
         while start < n:
-            r = _sendmmsg(fd, self._msgs_addr + start * _MMSG.size, n - start, 0)
+            addr = self._msgs_addr + start * _MMSG.size
+            if full:
+                r = _sendmmsg(fd, addr, n - start, 0)
+            else:
+                r = _sendmmsg_nb(fd, addr, n - start, MSG_DONTWAIT)
             calls += 1
             if r < 0:
                 err = ctypes.get_errno()
                 if err == errno.EINTR:
+                    continue
+                if err == errno.EAGAIN and not full:
+                    full = True
                     continue
                 if err in (errno.EAGAIN, errno.ENOBUFS) and busy < _BUSY_RETRIES:
                     # device queue full: let the kernel drain it, then retry the rest
