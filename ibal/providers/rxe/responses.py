@@ -17,6 +17,7 @@ from ibal.providers.rxe.qp import QpConfig
 from ibal.transport.psn import PSN_MASK
 
 _MIDDLE = P.Opcode.RC_RDMA_READ_RESPONSE_MIDDLE
+_ACKNOWLEDGE = P.Opcode.RC_ACKNOWLEDGE
 
 
 class ReadJob:
@@ -99,7 +100,23 @@ class ResponseQueue:
         return pkt
 
     def ack(self, psn: int, syndrome: int, msn: int) -> None:
-        """Queue an ACKNOWLEDGE: an ACK, a NAK or an RNR NAK by its syndrome."""
+        """Queue an ACKNOWLEDGE: an ACK, a NAK or an RNR NAK by its syndrome.
+
+        An ACK queued behind an ACK that has not left yet replaces it: ACKs are
+        cumulative (IBA 9.7.5.1.2 lets a responder coalesce them), so a batch of
+        small messages that each asked for one costs the peer one ACK, not one
+        per message.  NAKs and RNR NAKs are never merged.
+        """
+        q = self.queue
+        if q and syndrome & P.AETH_TYPE_MASK == P.AETH_TYPE_ACK:
+            last = q[-1]
+            if (
+                isinstance(last, Packet)
+                and last.opcode == _ACKNOWLEDGE
+                and last.syndrome & P.AETH_TYPE_MASK == P.AETH_TYPE_ACK
+            ):
+                last.psn, last.syndrome, last.msn = psn, syndrome, msn
+                return
         pkt = self._packet(P.Opcode.RC_ACKNOWLEDGE, psn)
         pkt.syndrome = syndrome
         pkt.msn = msn
