@@ -396,14 +396,21 @@ class RxeCa(QpVerbs, MemoryVerbs, ChannelInterface):
         cq.disarm()
         self._n["cq"] -= 1
 
-    @serialized
     def poll_cq(self, h_cq: Any, max_entries: int) -> list[Wc]:
-        cq = self._h_cq(h_cq)
-        if not isinstance(max_entries, int) or max_entries < 0:
-            raise InvalidParameter("max_entries < 0")
-        if not cq.entries and max_entries:
-            self.device.io.poll_rx()  # receive in this thread (see DeviceIO.poll_rx)
-        return cq.poll(max_entries)
+        """Any thread; never blocks for long.  On an empty CQ the caller receives
+        what waits on the device's sockets itself (``DeviceIO.poll_rx``, outside
+        the CA lock, which the receive thread takes after the receive lock)."""
+        with self._lock:
+            cq = self._h_cq(h_cq)
+            if not isinstance(max_entries, int) or max_entries < 0:
+                raise InvalidParameter("max_entries < 0")
+            if cq.entries or not max_entries:
+                return cq.poll(max_entries)
+        self.device.io.poll_rx()
+        if not cq.entries:  # (the receive thread may have delivered meanwhile)
+            return []
+        with self._lock:
+            return cq.poll(max_entries) if cq.alive else []
 
     @serialized
     def peek_cq(self, h_cq: Any) -> int:

@@ -443,20 +443,19 @@ class DeviceIO:
         For busy-polling consumers (``poll_cq`` on an empty CQ): the thread that
         waits for a completion makes the progress itself, instead of handing the
         GIL to the receive thread, which a busy poller only yields every
-        ``sys.getswitchinterval()`` (5 ms).  Never blocks: 0 when the receive
-        thread is at work.  ``on_packets`` runs in the caller's thread.
+        ``sys.getswitchinterval()`` (5 ms).  When the receive thread is at work
+        it waits for it (blocking on the lock hands the receive thread the GIL at
+        once; skipping would leave the poller spinning until the switch interval).
+        ``on_packets`` runs in the caller's thread, which must not hold a lock
+        that ``on_packets`` takes (the CA lock).
         """
-        if not self._rx_lock.acquire(blocking=False):
-            return 0
-        try:
+        with self._rx_lock:
             got = 0
             eps: list[_Endpoint | _Group] = [*self._endpoints.values(), *self._groups.values()]
             for ep in eps:
                 with contextlib.suppress(OSError):  # closed under us
                     got += self._drain_locked(ep)
             return got
-        finally:
-            self._rx_lock.release()
 
     def _drain(self, ep: _Endpoint | _Group) -> None:
         with self._rx_lock:
