@@ -60,6 +60,7 @@ class Engine:
         self.qps: dict[int, Qp] = {}
         self.mcast: dict[bytes, list[Qp]] = {}
         self._deadlines: dict[Qp, float] = {}
+        self._timer_wake = float("inf")  # when the timer thread wakes next (under the lock)
         self._local: deque[Packet] = deque()
         self._own: frozenset[bytes] = frozenset()
         self._closed = False
@@ -143,9 +144,11 @@ class Engine:
             if d is None:
                 self._deadlines.pop(qp, None)
             else:
-                old = self._deadlines.get(qp)
                 self._deadlines[qp] = d
-                if old is None or d < old:
+                if d < self._timer_wake:
+                    # only when the timer thread would sleep past it: a wake-up per
+                    # send (a new ACK deadline) costs a busy poller the CPU and the GIL
+                    self._timer_wake = d
                     self._cond.notify()
 
     def _run_local(self, now: float) -> None:
@@ -241,12 +244,14 @@ class Engine:
                             self._pump(qp, now)
                     self._run_local(now)
                     self._flush()
+                    self._timer_wake = now + TIMER_TICK
                     # one tick before the next round: timers re-armed meanwhile (an RNR
                     # wait of 10 us) wait for it, and verbs get the lock
                     self._cond.wait(TIMER_TICK)
                     continue
-                wait = min(self._deadlines.values(), default=now + 1.0) - now
-                self._cond.wait(max(wait, 0.0001))
+                wake = min(self._deadlines.values(), default=now + 1.0)
+                self._timer_wake = wake
+                self._cond.wait(max(wake - now, 0.0001))
 
     @property
     def closed(self) -> bool:

@@ -36,6 +36,7 @@ import select
 import socket
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ from ibal.wire.fields import Buffer
 from ibal.wire.pcap import PcapWriter
 
 ROCE_PORT: Final = wire.ROCE_V2_PORT
+PARK: Final = 0.002
+"""Seconds the receive thread leaves the sockets alone after a ``poll_rx``."""
 RxMode = Literal["raw", "udp"]
 
 _IP_MTU_DISCOVER: Final = 10
@@ -236,6 +239,7 @@ class DeviceIO:
         self._lock = threading.RLock()  # endpoints and send batches
         # the receive ring and decoder: the receive thread's, or a busy poller's (poll_rx)
         self._rx_lock = threading.Lock()
+        self._polled_at = 0.0  # time.monotonic() of the last poll_rx
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"{name}-rx", daemon=True)
@@ -420,10 +424,18 @@ class DeviceIO:
             poller.register(self._wake_r, select.POLLIN)
             for fd in eps:
                 poller.register(fd, select.POLLIN)
+            parked = select.poll()
+            parked.register(self._wake_r, select.POLLIN)
             rebuild = False
             while not rebuild and not self._closed:
+                idle = time.monotonic() - self._polled_at
                 try:
-                    ready = poller.poll()
+                    if idle < PARK:
+                        # a thread busy-polls the sockets: stay off the CPU (and the
+                        # GIL) rather than wake for every datagram it reads anyway
+                        ready = parked.poll(int((PARK - idle) * 1000) + 1)
+                    else:
+                        ready = poller.poll()
                 except InterruptedError:
                     continue
                 for fd, _ev in ready:
@@ -449,6 +461,7 @@ class DeviceIO:
         ``on_packets`` runs in the caller's thread, which must not hold a lock
         that ``on_packets`` takes (the CA lock).
         """
+        self._polled_at = time.monotonic()
         with self._rx_lock:
             got = 0
             eps: list[_Endpoint | _Group] = [*self._endpoints.values(), *self._groups.values()]
