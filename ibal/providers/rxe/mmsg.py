@@ -192,6 +192,8 @@ class SendBatch:
         self._msgs = bytearray(depth * _MMSG.size)
         self._msgs_addr = ctypes.addressof(ctypes.c_char.from_buffer(self._msgs))
         self._big: dict[int, object] = {}  # slot -> an oversized datagram's own buffer
+        self._slot_name: list[bytes | None] = [None] * depth  # the address each slot holds
+        self._slot_gso: list[bool] = [False] * depth  # the slot points at a control message
         for i in range(depth):
             _IOV.pack_into(self._iov, i * _IOV.size, self._arena_addr + i * slot, 0)
             _MMSG.pack_into(
@@ -207,40 +209,44 @@ class SendBatch:
         """Queue one datagram to ``name`` (a :func:`sockaddr`); its length.
 
         ``gso_size``: the datagram is a train of datagrams of that size for the
-        kernel to cut (``UDP_SEGMENT``; UDP sockets only).
+        kernel to cut (``UDP_SEGMENT``; UDP sockets only).  The per-slot fields
+        that repeat from one batch to the next (address, no control message,
+        iovec base) are rewritten only when they change.
         """
         i = self.count
         if i >= self.depth:
             raise ValueError("send batch full")
         slot = self.slot
-        off = base = i * slot
+        off = i * slot
         arena = self.arena
         total = 0
         for part in parts:
             total += len(part)
+        iov = i * _IOV.size
         if total <= slot:
             for part in parts:
                 end = off + len(part)
                 arena[off:end] = part
                 off = end
-            addr = self._arena_addr + base
-            self._big.pop(i, None)
+            _U64.pack_into(self._iov, iov + 8, total)  # the base is this slot's (send resets it)
         else:
             big = ctypes.create_string_buffer(b"".join(bytes(p) for p in parts), total)
             self._big[i] = big
-            addr = ctypes.addressof(big)
-        _IOV.pack_into(self._iov, i * _IOV.size, addr, total)
-        noff = i * _SOCKADDR_LEN
-        self._names[noff : noff + len(name)] = name
+            _IOV.pack_into(self._iov, iov, ctypes.addressof(big), total)
         moff = i * _MMSG.size
+        if self._slot_name[i] is not name:
+            noff = i * _SOCKADDR_LEN
+            self._names[noff : noff + len(name)] = name
+            _NAMELEN_CONTROL.pack_into(self._msgs, moff + 8, len(name))
+            self._slot_name[i] = name
         if gso_size:
             coff = i * 24
             _CMSG_SEGMENT.pack_into(self._controls, coff, 18, SOL_UDP, UDP_SEGMENT, gso_size)
-            _NAMELEN_CONTROL.pack_into(self._msgs, moff + 8, len(name))
             _CONTROL.pack_into(self._msgs, moff + 32, self._controls_addr + coff, 24)
-        else:
-            _NAMELEN_CONTROL.pack_into(self._msgs, moff + 8, len(name))
+            self._slot_gso[i] = True
+        elif self._slot_gso[i]:
             _CONTROL.pack_into(self._msgs, moff + 32, 0, 0)
+            self._slot_gso[i] = False
         self.count = i + 1
         return total
 
@@ -280,7 +286,10 @@ class SendBatch:
             start += r
             busy = 0
         self.count = 0
-        self._big.clear()
+        if self._big:
+            for i in self._big:  # back to the arena slot
+                _IOV.pack_into(self._iov, i * _IOV.size, self._arena_addr + i * self.slot, 0)
+            self._big.clear()
         return sent, calls
 
 
