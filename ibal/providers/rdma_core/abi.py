@@ -183,6 +183,28 @@ class IbvQp(ctypes.Structure):
     ]
 
 
+class IbvMr(ctypes.Structure):
+    _fields_ = [
+        ("context", _P),
+        ("pd", _P),
+        ("addr", _P),
+        ("length", ctypes.c_size_t),
+        ("handle", _U32),
+        ("lkey", _U32),
+        ("rkey", _U32),
+    ]
+
+
+class IbvMw(ctypes.Structure):
+    _fields_ = [
+        ("context", _P),
+        ("pd", _P),
+        ("rkey", _U32),
+        ("handle", _U32),
+        ("type", _UINT),  # enum ibv_mw_type
+    ]
+
+
 _CODES: dict[Any, str] = {
     _U8: "B", _U16: "H", _U32: "I", _U64: "Q", _INT: "i", _UINT: "I", _P: "Q",
 }  # fmt: skip

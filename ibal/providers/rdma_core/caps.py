@@ -12,7 +12,7 @@ from typing import Any
 
 from ibal.ci.interface import Capabilities
 from ibal.providers.rdma_core import consts as C
-from ibal.types import BASE_WR_TYPES, QpType, WrType
+from ibal.types import BASE_WR_TYPES, INVALIDATE_WR_TYPES, QpType, WrType
 
 SPECIAL_QPS_REASON = (
     "QP0/QP1 are owned by the kernel; MADs go through the MAD-agent verbs (libibumad)"
@@ -113,12 +113,14 @@ def build_capabilities(
     if not srq:
         reasons["srq"] = "the device reports max_srq = 0"
     mw_types: set[int] = set()
+    inv_ops: frozenset[WrType] = frozenset()
+    type2 = C.IBV_DEVICE_MEM_WINDOW_TYPE_2A | C.IBV_DEVICE_MEM_WINDOW_TYPE_2B
     if flags & C.IBV_DEVICE_MEM_WINDOW and int(dev.max_mw) > 0:
         mw_types.add(1)
-        reasons["mw_types"] = (
-            "type 1 windows (ibv_bind_mw); type 2 windows and their BIND_MW work "
-            "request are not mapped onto ibv_post_send yet"
-        )
+        if flags & type2:
+            mw_types.add(2)
+        else:
+            reasons["mw_types"] = "the device reports no IBV_DEVICE_MEM_WINDOW_TYPE_2A/2B"
     else:
         reasons["mw_types"] = "the device does not report IBV_DEVICE_MEM_WINDOW"
     multicast = multicast_reason is None and int(dev.max_mcast_grp) > 0
@@ -126,9 +128,13 @@ def build_capabilities(
         reasons["multicast"] = multicast_reason
     elif not multicast:
         reasons["multicast"] = "the device reports max_mcast_grp = 0"
-    reasons["opcodes"] = (
-        "SEND_WITH_INV, LOCAL_INV and BIND_MW are not mapped onto ibv_post_send yet"
-    )
+    if 2 in mw_types and flags & C.IBV_DEVICE_MEM_MGT_EXTENSIONS:
+        inv_ops = INVALIDATE_WR_TYPES
+    else:
+        reasons["opcodes"] = (
+            "SEND_WITH_INV, LOCAL_INV and BIND_MW need type 2 windows and "
+            "IBV_DEVICE_MEM_MGT_EXTENSIONS"
+        )
     rc_ops = (
         BASE_WR_TYPES
         if atomics
@@ -141,8 +147,9 @@ def build_capabilities(
     return Capabilities(
         qp_types=frozenset({QpType.RC, QpType.UC, QpType.UD}),
         opcodes={
-            QpType.RC: rc_ops,
-            QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE}),
+            QpType.RC: rc_ops | inv_ops,
+            QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE})
+            | (inv_ops - {WrType.SEND_WITH_INV}),
             QpType.UD: frozenset({WrType.SEND}),
         },
         special_qps=frozenset(),

@@ -161,13 +161,15 @@ class CqVerbs(CaState):
             except (OSError, self._errs.PyverbsError) as exc:
                 raise translate(exc, "ibv_poll_cq") from exc
             out = convert_wcs(
-                got, self.tokens, self._ud_qpns, cq.wc_cache, self._sq_accts, self._errored
+                got, self.tokens, self._ud_qpns, cq.wc_cache, self._sq_accts, self._errored,
+                self.quirks.wc_with_inv,
             )
             if cq.pending and len(out) < max_entries:  # after the device's: they came later
                 take = cq.pending[: max_entries - len(out)]
                 del cq.pending[: len(take)]
                 out += convert_wcs(
-                    take, self.tokens, self._ud_qpns, None, self._sq_accts, self._errored
+                    take, self.tokens, self._ud_qpns, None, self._sq_accts, self._errored,
+                    self.quirks.wc_with_inv,
                 )
             return self._headers(out) if self._ud_qpns else out
 

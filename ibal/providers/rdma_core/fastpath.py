@@ -39,6 +39,8 @@ from ibal.providers.rdma_core.errors import status_for_errno
 from ibal.providers.rdma_core.wr import (
     _TABLE_LEN,
     K_ATOMIC,
+    K_BIND,
+    K_INV,
     K_PLAIN,
     K_RDMA,
     K_UD,
@@ -92,6 +94,10 @@ _KIND_FIELDS = {
     K_ATOMIC: ("wr.atomic.remote_addr", "wr.atomic.compare_add", "wr.atomic.swap",
                "wr.atomic.rkey"),
     K_UD: ("wr.ud.ah", "wr.ud.remote_qpn", "wr.ud.remote_qkey"),
+    K_INV: (),
+    K_BIND: ("tail.bind_mw.mw", "tail.bind_mw.rkey", "tail.bind_mw.bind_info.mr",
+             "tail.bind_mw.bind_info.addr", "tail.bind_mw.bind_info.length",
+             "tail.bind_mw.bind_info.mw_access_flags"),
 }  # fmt: skip
 _S0 = {k: abi.layout([(abi.IbvSendWr, _HDR + f)]) for k, f in _KIND_FIELDS.items()}
 _S1 = {
@@ -176,8 +182,11 @@ class FastSendQueue:
         ah_ptr_of: Callable[[Any], int],
         allowed: frozenset[WrType] | None = None,
         all_signaled: bool = True,
+        bind_of: Callable[[SendWr], tuple[int, int, int]] | None = None,
     ) -> None:
         self._post_fn = ops.post_send
+        self.bind_of = bind_of
+        """A ``BIND_MW``'s ``(ibv_mw *, ibv_mr *, ibv access)``; IbError for bad handles."""
         self.acct = SqAccount(depth, all_signaled)
         self.holding = False
         self.held: list[tuple[bytes, int, Held]] = []
@@ -267,7 +276,10 @@ class FastSendQueue:
                 if ns > max_sge:
                     raise self._refuse(base, j, InvalidMaxSge, f"{ns} SGEs, QP has {max_sge}")
                 nxt = next_ptr[j] if j < last else 0
-                immv = imm_to_verbs(wr.imm) if imm else 0
+                immv = imm_to_verbs(wr.imm) if imm else wr.invalidate_rkey if kind == K_INV else 0
+                if kind == K_BIND:
+                    self._pack_bind(wr, j * slot, nxt, sge_ptr[j], code, flags, base, j)
+                    continue
                 off = j * slot
                 if ns == 1:
                     g = sgl[0]
@@ -293,7 +305,7 @@ class FastSendQueue:
                         p += SGE_SIZE
                 if kind == K_RDMA:
                     packer.pack_into(buf, off, *head, wr.remote_addr, wr.rkey, *tail)
-                elif kind == K_PLAIN:
+                elif kind in (K_PLAIN, K_INV):
                     packer.pack_into(buf, off, *head, *tail)
                 elif kind == K_UD:
                     ud = wr.ud
@@ -326,6 +338,19 @@ class FastSendQueue:
         except (struct.error, OverflowError, TypeError, ValueError, AttributeError) as exc:
             raise self._refuse(base, j, InvalidParameter, str(exc)) from exc
         self._post(base, k)
+
+    def _pack_bind(
+        self, wr: SendWr, off: int, nxt: int, sge: int, code: int, flags: int, base: int, j: int
+    ) -> None:
+        bind = wr.bind
+        if self.bind_of is None or bind is None:
+            raise self._refuse(base, j, InvalidParameter, "BIND_MW needs wr.mw and wr.bind")
+        try:
+            mw, mr, access = self.bind_of(wr)
+        except IbError as exc:
+            raise self._refuse(base, j, type(exc), exc.detail) from exc
+        _S0[K_BIND].pack_into(self.buf, off, wr.wr_id, nxt, sge, 0, code, flags, 0,
+                              mw, wr.rkey, mr, bind.addr, bind.length, access)  # fmt: skip
 
     def _post(self, base: int, count: int) -> None:
         wrs = self._wrs

@@ -197,7 +197,7 @@ class MemoryVerbs(CaState):
             raise Unsupported(self._caps.reason("mw_types"))
         with self._lock:
             try:
-                pv = self.pv.mr.MW(pd.pv, C.IBV_MW_TYPE_1)
+                pv = self.pv.mr.MW(pd.pv, C.IBV_MW_TYPE_2 if mw_type == 2 else C.IBV_MW_TYPE_1)
             except self._errs.PyverbsError as exc:
                 raise translate(exc, "ibv_alloc_mw") from exc
             pd.users += 1
@@ -211,6 +211,8 @@ class MemoryVerbs(CaState):
     def bind_mw(self, h_mw: Handle, h_qp: Handle, bind: BindWr) -> int:
         mw = self._mw(h_mw)
         qp = self._qp(h_qp)
+        if int(mw.pv.type) == C.IBV_MW_TYPE_2:
+            raise InvalidParameter("a type 2 window is bound by a BIND_MW work request")
         if qp.qp_type not in (QpType.RC, QpType.UC):
             raise InvalidServiceType("memory windows are bound on RC or UC QPs")
         if not sends_execute(qp.state):

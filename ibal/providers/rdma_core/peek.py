@@ -41,6 +41,12 @@ _CMD_FD = abi.offset(abi.IbvContext, "cmd_fd")
 _ASYNC_FD = abi.offset(abi.IbvContext, "async_fd")
 _NCV = abi.offset(abi.IbvContext, "num_comp_vectors")
 _SG_LIST = abi.offset(abi.IbvSendWr, "sg_list")
+_MR_LKEY = abi.offset(abi.IbvMr, "lkey")
+_MR_RKEY = abi.offset(abi.IbvMr, "rkey")
+_MW_RKEY = abi.offset(abi.IbvMw, "rkey")
+_MW_TYPE = abi.offset(abi.IbvMw, "type")
+_WR_OPCODE = abi.offset(abi.IbvSendWr, "opcode")
+_WR_BIND_RKEY = abi.offset(abi.IbvSendWr, "tail.bind_mw.rkey")
 
 _U64 = ctypes.c_uint64
 _I32 = ctypes.c_int32
@@ -154,6 +160,42 @@ class Layout:
         if not ptr or u64(ptr) != self.context_ptr(ctx):
             raise PeekError("ibv_cq does not match the context")
         return ptr
+
+    # ---------------------------------------------------------- ibv_mr, ibv_mw
+    def mr_ptr(self, mr: Any, ctx: Any) -> int:
+        """``ibv_mr *`` of a pyverbs ``MR`` (fields: pd, [cmid,] mr): the slot whose
+        ``ibv_mr`` has this context and the MR's keys; every slot tried holds a
+        pointer (a Python object's or the ``ibv_mr``'s), so reading through it is safe."""
+        ctxp = self.context_ptr(ctx)
+        lkey, rkey = int(mr.lkey), int(mr.rkey)
+        for k in (1, 2):
+            ptr = _slot(mr, self.cm_base + 8 * k)
+            if (ptr and u64(ptr) == ctxp
+                    and u32(ptr + _MR_LKEY) == lkey and u32(ptr + _MR_RKEY) == rkey):  # fmt: skip
+                return ptr
+        raise PeekError("ibv_mr not found in the pyverbs MR")
+
+    def mw_ptr(self, mw: Any, pd: Any, ctx: Any) -> int:
+        """``ibv_mw *`` of a pyverbs ``MW`` (fields: pd, mw)."""
+        if _slot(mw, self.cm_base) != id(pd):
+            raise PeekError("pyverbs MW layout: pd slot not found")
+        ptr = _slot(mw, self.cm_base + 8)
+        if (not ptr or u64(ptr) != self.context_ptr(ctx) or u32(ptr + _MW_RKEY) != int(mw.rkey)
+                or u32(ptr + _MW_TYPE) != int(mw.type)):  # fmt: skip
+            raise PeekError("ibv_mw does not match the MW")
+        return ptr
+
+    def set_bind_rkey(self, wr: Any, rkey: int) -> None:
+        """Store ``bind_mw.rkey`` of a pyverbs ``SendWR`` (read-only in pyverbs 44),
+        whose ``ibv_send_wr`` is its first C field; checked through its getters."""
+        base = id(wr) + self.cm_base
+        if (type(wr).__basicsize__ < self.cm_base + ctypes.sizeof(abi.IbvSendWr)
+                or u64(base) != int(wr.wr_id)
+                or u32(base + _WR_OPCODE) != int(wr.opcode)):  # fmt: skip
+            raise PeekError("pyverbs SendWR layout: ibv_send_wr not found")
+        _U32.from_address(base + _WR_BIND_RKEY).value = rkey
+        if int(wr.rkey) != rkey:
+            raise PeekError("pyverbs SendWR layout: bind_mw.rkey not where expected")
 
     # ------------------------------------------------------ ibv_async_event
     def check_async_event(self, event_cls: Any) -> None:

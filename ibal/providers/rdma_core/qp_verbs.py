@@ -153,6 +153,7 @@ class QpVerbs(CaState):
                     ah_ptr_of=self._ah_ptr_of,
                     allowed=allowed,
                     all_signaled=bool(sq_signaled),
+                    bind_of=self._bind_ptr_of,
                 )
             else:
                 qp.sq = SendQueue(
@@ -166,6 +167,7 @@ class QpVerbs(CaState):
                     ah_of=self._ah_of,
                     allowed=allowed,
                     all_signaled=bool(sq_signaled),
+                    bind_of=self._bind_pv_of,
                 )
             if s is None:
                 if self.ops is not None and qp.ptr:

@@ -34,6 +34,11 @@ class RxeQuirks:
         self._error = pyverbs_error
 
     @property
+    def wc_with_inv(self) -> int:
+        """The ``wc_flags`` bit meaning "with invalidate" (kernel rxe passes the kernel's)."""
+        return C.KERNEL_WC_WITH_INVALIDATE if self.active else C.IBV_WC_WITH_INV
+
+    @property
     def hold_sends_in_sqd(self) -> bool:
         """Hold sends posted in SQD until SQD -> RTS: rxe does not restart a drained queue."""
         return self.active

@@ -71,6 +71,7 @@ from ibal.types import (
     LinkLayer,
     PortAttr,
     PortCap,
+    SendWr,
 )
 
 _INLINE_PROBES = (1024, 512, 400, 256, 128, 64, 32)
@@ -92,6 +93,7 @@ class CaState:
             self._errs.PyverbsRDMAError,
             adopt_sge=layout.adopt_sge if layout is not None else None,
             free=peek.libc_free,
+            set_bind_rkey=layout.set_bind_rkey if layout is not None else None,
         )
         self.ctx = pv.device.Context(name=name)
         try:
@@ -266,6 +268,39 @@ class CaState:
         if type(av) is Av and av.ci is self and av.alive:
             return av.pv
         return None
+
+    def _bind_handles(self, wr: SendWr) -> tuple[Mw, Mr, int]:
+        """A BIND_MW's window, region and ``ibv_access_flags``, checked (posting thread)."""
+        mw, bind = wr.mw, wr.bind
+        if type(mw) is not Mw or mw.ci is not self or not mw.alive:
+            raise InvalidMwHandle("BIND_MW: invalid or destroyed window")
+        if bind is None:
+            raise InvalidParameter("BIND_MW needs wr.bind (a BindWr)")
+        mr = self._mr(bind.mr)
+        if mr.pd is not mw.pd:
+            raise InvalidParameter("BIND_MW: the region must be in the window's PD")
+        try:
+            access = C.access_to_ibv(bind.access)
+        except ValueError as exc:
+            raise InvalidParameter(f"BIND_MW: {exc}") from exc
+        return mw, mr, access
+
+    def _bind_pv_of(self, wr: SendWr) -> tuple[Any, Any]:
+        """A BIND_MW's pyverbs ``MW`` and ``MWBindInfo`` (the pyverbs data path)."""
+        mw, mr, access = self._bind_handles(wr)
+        assert wr.bind is not None
+        return mw.pv, self.pv.mr.MWBindInfo(mr.pv, wr.bind.addr, wr.bind.length, access)
+
+    def _bind_ptr_of(self, wr: SendWr) -> tuple[int, int, int]:
+        """A BIND_MW's ``ibv_mw *``, ``ibv_mr *`` and access (the ctypes data path)."""
+        mw, mr, access = self._bind_handles(wr)
+        if self.layout is None:  # pragma: no cover - no fast path without a layout
+            raise InvalidParameter("BIND_MW: pyverbs layout unknown")
+        try:
+            return (self.layout.mw_ptr(mw.pv, mw.pd.pv, self.ctx),
+                    self.layout.mr_ptr(mr.pv, self.ctx), access)  # fmt: skip
+        except peek.PeekError as exc:
+            raise InvalidParameter(f"BIND_MW: {exc}") from exc
 
     def _ah_ptr_of(self, av: Any) -> int:
         if type(av) is Av and av.ci is self and av.alive:

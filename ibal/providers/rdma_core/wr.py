@@ -56,6 +56,7 @@ from ibal.status import (
 )
 from ibal.types import (
     BASE_WR_TYPES,
+    INVALIDATE_WR_TYPES,
     QpType,
     RecvOpt,
     RecvWr,
@@ -75,7 +76,9 @@ log = logging.getLogger("ibal.providers.rdma_core")
 RECV_CACHE_MAX = 4096
 """Cached ``RecvWR`` objects per queue before the cache is emptied."""
 
-K_PLAIN, K_RDMA, K_ATOMIC, K_UD = range(4)
+K_PLAIN, K_RDMA, K_ATOMIC, K_UD, K_INV, K_BIND = range(6)
+"""How a work request fills ``ibv_send_wr`` past its header; ``K_INV`` puts
+``invalidate_rkey`` (host order) where the header has ``imm_data``."""
 _NOPT = 64  # SendOpt has six bits
 _TABLE_LEN = (max(WrType) + 1) * _NOPT  # indexed by value: WrType has gaps
 
@@ -132,8 +135,8 @@ def _send_entry(
 ) -> SendEntry | type[IbError]:
     if op not in allowed:
         return InvalidWrType
-    if op not in BASE_WR_TYPES:
-        return Unsupported  # invalidate and bind requests are not mapped onto verbs yet
+    if op not in BASE_WR_TYPES and op not in INVALIDATE_WR_TYPES:
+        return Unsupported
     if op.is_atomic and not atomics:
         return Unsupported
     if opt & SendOpt.LOCAL:
@@ -146,6 +149,17 @@ def _send_entry(
     elif op is WrType.RDMA_WRITE:
         code = C.IBV_WR_RDMA_WRITE_WITH_IMM if imm else C.IBV_WR_RDMA_WRITE
         kind = K_RDMA
+    elif op in INVALIDATE_WR_TYPES:
+        if imm:
+            return InvalidWrType  # its imm_data slot holds the key to invalidate
+        if inline and op is not WrType.SEND_WITH_INV:
+            return InvalidParameter
+        code = {
+            WrType.SEND_WITH_INV: C.IBV_WR_SEND_WITH_INV,
+            WrType.LOCAL_INV: C.IBV_WR_LOCAL_INV,
+            WrType.BIND_MW: C.IBV_WR_BIND_MW,
+        }[op]
+        kind = K_BIND if op is WrType.BIND_MW else K_INV
     else:
         if imm:
             return InvalidWrType
@@ -178,8 +192,13 @@ _WC_OF_WR = {
     WrType.RDMA_READ: C.IBV_WC_RDMA_READ,
     WrType.COMPARE_SWAP: C.IBV_WC_COMP_SWAP,
     WrType.FETCH_ADD: C.IBV_WC_FETCH_ADD,
+    WrType.SEND_WITH_INV: C.IBV_WC_SEND,
+    WrType.LOCAL_INV: C.IBV_WC_LOCAL_INV,
+    WrType.BIND_MW: C.IBV_WC_BIND_MW,
 }
 IBV_WC_WR_FLUSH_ERR = 5
+KEY_IN_IMM = C.IMM_OPCODES | {C.IBV_WR_SEND_WITH_INV, C.IBV_WR_LOCAL_INV}
+"""Opcodes whose ``imm_data`` slot carries data (so it cannot mark a WR's position)."""
 
 
 def _index_of(ids: Held, wr_id: object) -> int:
@@ -257,6 +276,7 @@ class PyverbsApi:
         rdma_error: type[BaseException],
         adopt_sge: Callable[[Any, Any], int | None] | None = None,
         free: Callable[[int], None] | None = None,
+        set_bind_rkey: Callable[[Any, int], None] | None = None,
     ) -> None:
         self.SendWR = send_wr
         self.SGE = sge
@@ -264,6 +284,8 @@ class PyverbsApi:
         self.rdma_error = rdma_error
         self.adopt_sge = adopt_sge
         self.free = free
+        self.set_bind_rkey = set_bind_rkey
+        """Stores ``bind_mw.rkey`` of a ``SendWR`` (pyverbs 44 only sets the next key itself)."""
 
 
 def post_fail(status_cls: type[IbError], index: int, message: str) -> PostError:
@@ -311,8 +333,11 @@ class SendQueue:
         ah_of: Callable[[Any], Any],
         allowed: frozenset[WrType] | None = None,
         all_signaled: bool = True,
+        bind_of: Callable[[SendWr], tuple[Any, Any]] | None = None,
     ) -> None:
         self.api = api
+        self.bind_of = bind_of
+        """A ``BIND_MW``'s pyverbs ``MW`` and ``MWBindInfo``; raises an IbError for bad handles."""
         self._post = post
         self.acct = SqAccount(depth, all_signaled)
         self.holding = False
@@ -428,7 +453,7 @@ class SendQueue:
                 if ns > max_sge:
                     raise self._refuse(wrs, base, j, InvalidMaxSge, f"{ns} SGEs, QP has {max_sge}")
                 w = pool_wr[first + j]
-                if ns == 1:
+                if ns == 1 and kind != K_BIND:
                     g = sgl[0]
                     s = pool_sge[first + j]
                     s.addr = g.addr
@@ -436,7 +461,7 @@ class SendQueue:
                     s.lkey = g.lkey
                     if inline and g.length > self.max_inline:
                         raise self._refuse(wrs, base, j, InvalidParameter, "inline data too long")
-                elif ns:
+                elif ns or kind == K_BIND:
                     return self._post_fresh(wrs, base, k)
                 w.num_sge = ns
                 w.wr_id = wr.wr_id
@@ -445,6 +470,8 @@ class SendQueue:
                 w.imm_data = imm_to_verbs(wr.imm) if imm else j
                 if kind == K_RDMA:
                     w.set_wr_rdma(wr.rkey, wr.remote_addr)
+                elif kind == K_INV:
+                    w.imm_data = wr.invalidate_rkey
                 elif kind == K_UD:
                     self._set_ud(w, wr, wrs, base, j)
                 elif kind == K_ATOMIC:
@@ -462,6 +489,17 @@ class SendQueue:
             raise self._posted_error(exc, base + idx) from exc
         self.acct.note(wrs, base, k)
         return None
+
+    def _set_bind(self, w: Any, wr: SendWr) -> None:
+        """Fill a ``BIND_MW``: window, region range and access, and the new R_Key."""
+        if self.bind_of is None:
+            raise Unsupported("BIND_MW is not mapped on this QP")
+        mw, info = self.bind_of(wr)
+        w.set_bind_wr(mw, info)
+        if int(w.rkey) != wr.rkey:  # pyverbs sets ibv_inc_rkey of the window's key
+            if self.api.set_bind_rkey is None:
+                raise InvalidParameter("this pyverbs binds type 2 windows to the next key only")
+            self.api.set_bind_rkey(w, wr.rkey)
 
     def _set_ud(self, w: Any, wr: SendWr, wrs: Sequence[SendWr], base: int, j: int) -> None:
         ud = wr.ud
@@ -509,7 +547,7 @@ class SendQueue:
             code, wr_id, mark = bad.opcode, bad.wr_id, bad.imm_data
         except Exception:  # pragma: no cover - pyverbs always fills these
             return 0
-        if code not in C.IMM_OPCODES and 0 <= mark < k and wrs[base + mark].wr_id == wr_id:
+        if code not in KEY_IN_IMM and 0 <= mark < k and wrs[base + mark].wr_id == wr_id:
             return int(mark)
         for j in range(k):
             wr = wrs[base + j]
@@ -600,6 +638,10 @@ class SendQueue:
             w.imm_data = imm_to_verbs(wr.imm) if imm else j
             if kind == K_RDMA:
                 w.set_wr_rdma(wr.rkey, wr.remote_addr)
+            elif kind == K_INV:
+                w.imm_data = wr.invalidate_rkey
+            elif kind == K_BIND:
+                self._set_bind(w, wr)
             elif kind == K_UD:
                 ud = wr.ud
                 if ud is None:
@@ -763,6 +805,8 @@ def _wc_builders() -> tuple[Callable[..., Wc], Callable[..., Wc]]:
         "path_bits",
         "vendor_err",
         "grh",
+        "network_header",
+        "invalidated_rkey",
     )
     fields = tuple(getattr(Wc, "__dataclass_fields__", {}))
     slots = getattr(Wc, "__slots__", ())
@@ -770,7 +814,8 @@ def _wc_builders() -> tuple[Callable[..., Wc], Callable[..., Wc]]:
 
         def full_slow(*args: Any) -> Wc:
             make: Any = Wc
-            return cast(Wc, make(*args, None))
+            *head, inv = args
+            return cast(Wc, make(*head, None, None, inv))
 
         def send_ok_slow(wr_id: int, wc_type: WcType, length: int, qp_num: int) -> Wc:
             return Wc(wr_id, wc_type, WcStatus.SUCCESS, length, None, RecvOpt.NONE, qp_num)
@@ -779,7 +824,8 @@ def _wc_builders() -> tuple[Callable[..., Wc], Callable[..., Wc]]:
 
     d = Wc.__dict__
     s = [d[n].__set__ for n in names]
-    s_wr, s_ty, s_st, s_len, s_imm, s_ro, s_qp, s_src, s_slid, s_sl, s_pk, s_pb, s_ve, s_grh = s
+    s_wr, s_ty, s_st, s_len, s_imm, s_ro, s_qp, s_src, s_slid, s_sl, s_pk, s_pb, s_ve = s[:13]
+    s_grh, s_nh, s_inv = s[13:]
     new = object.__new__
     ok = WcStatus.SUCCESS
     none_opt = RecvOpt.NONE
@@ -800,6 +846,8 @@ def _wc_builders() -> tuple[Callable[..., Wc], Callable[..., Wc]]:
         s_pb(o, 0)
         s_ve(o, 0)
         s_grh(o, None)
+        s_nh(o, None)
+        s_inv(o, None)
         return o
 
     def full(
@@ -816,6 +864,7 @@ def _wc_builders() -> tuple[Callable[..., Wc], Callable[..., Wc]]:
         pkey_index: int,
         path_bits: int,
         vendor_err: int,
+        invalidated_rkey: int | None = None,
     ) -> Wc:
         o = new(Wc)
         s_wr(o, wr_id)
@@ -832,6 +881,8 @@ def _wc_builders() -> tuple[Callable[..., Wc], Callable[..., Wc]]:
         s_pb(o, path_bits)
         s_ve(o, vendor_err)
         s_grh(o, None)
+        s_nh(o, None)
+        s_inv(o, invalidated_rkey)
         return o
 
     return send_ok, full
@@ -859,6 +910,7 @@ def convert_wcs(
     cache: dict[tuple[int, int, int, int], Wc] | None = None,
     sq_accts: dict[int, SqAccount] | None = None,
     errored: set[int] | None = None,
+    with_inv: int = C.IBV_WC_WITH_INV,
 ) -> list[Wc]:
     """``ibv_wc`` tuples -> ibal :class:`Wc`, in order.
 
@@ -880,6 +932,10 @@ def convert_wcs(
 
     ``errored``: numbers of QPs an error completion was seen for are added
     (the kernel may have moved them to ERROR behind the provider's back).
+
+    ``with_inv``: the ``wc_flags`` bit that marks a receive of a SEND with
+    invalidate (``IBV_WC_WITH_INV``; kernel rxe sets the kernel's bit 2); its
+    ``imm_data`` then holds the invalidated R_Key in host order.
     """
     out: list[Wc] = []
     append = out.append
@@ -927,9 +983,14 @@ def convert_wcs(
             imm = imm_from_verbs(immraw) if flags & C.IBV_WC_WITH_IMM else None
             if flags & C.IBV_WC_GRH and qpn not in ud_qpns:
                 flags &= ~C.IBV_WC_GRH
+            opts = _RECV_OPTS[flags & 3]
+            inv = None
+            if flags & with_inv and ent is not None:
+                opts |= RecvOpt.INVALIDATE
+                inv = immraw
             append(
-                _full_wc(wr_id, wc_type, WcStatus.SUCCESS, blen, imm, _RECV_OPTS[flags & 3],
-                         qpn, src, slid, sl, pki, pbits, 0)
+                _full_wc(wr_id, wc_type, WcStatus.SUCCESS, blen, imm, opts,
+                         qpn, src, slid, sl, pki, pbits, 0, inv)
             )  # fmt: skip
         else:
             status = _WC_STATUS.get(st, WcStatus.GENERAL_ERR)

@@ -28,6 +28,8 @@ STRUCTS: dict[type[ctypes.Structure], tuple[str, bool]] = {
     abi.IbvContext: ("ibv_context", False),
     abi.IbvCq: ("ibv_cq", False),
     abi.IbvQp: ("ibv_qp", False),
+    abi.IbvMr: ("ibv_mr", True),
+    abi.IbvMw: ("ibv_mw", True),
 }
 ANONYMOUS = {"tail"}  # ctypes names for the header's anonymous unions
 

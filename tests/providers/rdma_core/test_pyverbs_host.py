@@ -31,7 +31,12 @@ def test_constants_match_pyverbs_enums(pyverbs_or_skip: Any) -> None:
         "IBV_ACCESS_MW_BIND": C.IBV_ACCESS_MW_BIND,
         "IBV_WR_RDMA_WRITE": C.IBV_WR_RDMA_WRITE, "IBV_WR_SEND_WITH_IMM": C.IBV_WR_SEND_WITH_IMM,
         "IBV_WR_ATOMIC_FETCH_AND_ADD": C.IBV_WR_ATOMIC_FETCH_AND_ADD,
-        "IBV_WR_BIND_MW": C.IBV_WR_BIND_MW,
+        "IBV_WR_BIND_MW": C.IBV_WR_BIND_MW, "IBV_WR_LOCAL_INV": C.IBV_WR_LOCAL_INV,
+        "IBV_WR_SEND_WITH_INV": C.IBV_WR_SEND_WITH_INV, "IBV_WC_LOCAL_INV": C.IBV_WC_LOCAL_INV,
+        "IBV_WC_WITH_INV": C.IBV_WC_WITH_INV,
+        "IBV_DEVICE_MEM_MGT_EXTENSIONS": C.IBV_DEVICE_MEM_MGT_EXTENSIONS,
+        "IBV_DEVICE_MEM_WINDOW_TYPE_2B": C.IBV_DEVICE_MEM_WINDOW_TYPE_2B,
+        "IBV_MW_TYPE_2": C.IBV_MW_TYPE_2,
         "IBV_SEND_SIGNALED": C.IBV_SEND_SIGNALED, "IBV_SEND_INLINE": C.IBV_SEND_INLINE,
         "IBV_WC_RECV": C.IBV_WC_RECV, "IBV_WC_RECV_RDMA_WITH_IMM": C.IBV_WC_RECV_RDMA_WITH_IMM,
         "IBV_WC_BIND_MW": C.IBV_WC_BIND_MW, "IBV_WC_WITH_IMM": C.IBV_WC_WITH_IMM,
@@ -74,6 +79,11 @@ def test_layout_of_send_wr_and_async_event(pyverbs_or_skip: Any) -> None:
         4, "little"
     ) + (0x55).to_bytes(4, "little")
     sge.close()
+    # pyverbs 44 cannot set a bind's R_Key: the provider stores it through the layout
+    bw = pyverbs.wr.SendWR(wr_id=77, opcode=C.IBV_WR_BIND_MW, num_sge=0)
+    layout.set_bind_rkey(bw, 0x1234_5678)
+    assert bw.rkey == 0x1234_5678
+    bw.close()
 
 
 def test_capabilities_follow_the_device(pyverbs_or_skip: Any) -> None:
@@ -88,7 +98,9 @@ def test_capabilities_follow_the_device(pyverbs_or_skip: Any) -> None:
     assert not caps.atomics and "IBV_ATOMIC_NONE" in caps.reason("atomics")
     assert not caps.supports_opcode(QpType.RC, WrType.FETCH_ADD)
     assert not caps.srq and not caps.multicast
-    assert caps.mw_types == frozenset({1})
+    assert caps.mw_types == frozenset({1}) and "TYPE_2A/2B" in caps.reason("mw_types")
+    assert not caps.supports_opcode(QpType.RC, WrType.SEND_WITH_INV)
+    assert "MEM_MGT_EXTENSIONS" in caps.reason("opcodes")
     assert caps.special_qps == frozenset()
     assert caps.reason("special_qps") == SPECIAL_QPS_REASON
     for name in ("peek_cq", "rearm_n_cq", "phys_mr", "shared_mr", "local_mad",
@@ -105,6 +117,21 @@ def test_capabilities_follow_the_device(pyverbs_or_skip: Any) -> None:
     assert caps.atomics and caps.srq and caps.supports_opcode(QpType.RC, WrType.COMPARE_SWAP)
     assert caps.mw_types == frozenset() and "MEM_WINDOW" in caps.reason("mw_types")
     assert not caps.multicast and caps.reason("multicast") == "no ctypes"
+
+    # type 2 windows (2B, as kernel rxe reports) and the memory management extensions:
+    # SEND_WITH_INV on RC, LOCAL_INV and BIND_MW on RC and UC
+    Dev.device_cap_flags = (C.IBV_DEVICE_MEM_WINDOW | C.IBV_DEVICE_MEM_WINDOW_TYPE_2B
+                            | C.IBV_DEVICE_MEM_MGT_EXTENSIONS)  # fmt: skip
+    caps = build_capabilities(Dev(), {1: C.IBV_LINK_LAYER_ETHERNET}, None)
+    assert caps.mw_types == frozenset({1, 2})
+    for op in (WrType.SEND_WITH_INV, WrType.LOCAL_INV, WrType.BIND_MW):
+        assert caps.supports_opcode(QpType.RC, op)
+        assert caps.supports_opcode(QpType.UC, op) is (op is not WrType.SEND_WITH_INV)
+        assert not caps.supports_opcode(QpType.UD, op)
+    Dev.device_cap_flags = C.IBV_DEVICE_MEM_WINDOW | C.IBV_DEVICE_MEM_WINDOW_TYPE_2B
+    caps = build_capabilities(Dev(), {1: C.IBV_LINK_LAYER_ETHERNET}, None)
+    assert caps.mw_types == frozenset({1, 2})
+    assert not caps.supports_opcode(QpType.RC, WrType.LOCAL_INV)
 
 
 def test_kernel_rxe_deviations_are_declared() -> None:

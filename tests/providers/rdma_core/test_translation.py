@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from ibal.providers.rdma_core import abi
 from ibal.providers.rdma_core import consts as C
 from ibal.providers.rdma_core.fastpath import (
     WC_SIZE,
@@ -39,12 +40,18 @@ from ibal.status import (
     InsufficientResources,
     InvalidAvHandle,
     InvalidMaxSge,
+    InvalidMwHandle,
     InvalidParameter,
     InvalidWrType,
     PostError,
+    Status,
     Unsupported,
 )
 from ibal.types import (
+    BASE_WR_TYPES,
+    INVALIDATE_WR_TYPES,
+    AccessFlags,
+    BindWr,
     QpType,
     RecvOpt,
     RecvWr,
@@ -58,6 +65,7 @@ from ibal.types import (
 )
 
 SIG = SendOpt.SIGNALED
+INV_RC = BASE_WR_TYPES | INVALIDATE_WR_TYPES
 
 # ------------------------------------------------------------------ fakes
 
@@ -119,6 +127,14 @@ class FakeSendWR:
 
     def set_wr_ud(self, ah: Any, rqpn: int, rqkey: int) -> None:
         self.wr = {"kind": "ud", "ah": ah, "qpn": rqpn, "qkey": rqkey}
+
+    def set_bind_wr(self, mw: tuple[str, int], info: Any) -> None:
+        # pyverbs 44 binds to ibv_inc_rkey of the window's current key
+        self.wr = {"kind": "bind", "mw": mw[0], "info": info, "rkey": (mw[1] & ~0xFF) | 0x01}
+
+    @property
+    def rkey(self) -> int:
+        return int(self.wr["rkey"])
 
     def sges(self) -> list[tuple[int, int, int]]:
         if self.sg_ref is not None:
@@ -232,11 +248,16 @@ def test_send_table_per_qp_type() -> None:
     assert entry(QpType.UC, WrType.FETCH_ADD, SIG) is InvalidWrType
     assert entry(QpType.UD, WrType.RDMA_WRITE, SIG) is InvalidWrType
     assert entry(QpType.UD, WrType.SEND, SIG)[0] == C.IBV_WR_SEND
-    # indexed by value (WrType has gaps); invalidate/bind requests are not mapped yet
-    for op in (WrType.LOCAL_INV, WrType.BIND_MW, WrType.SEND_WITH_INV):
+    # indexed by value (WrType has gaps); invalidate/bind requests only where listed
+    codes = {WrType.LOCAL_INV: C.IBV_WR_LOCAL_INV, WrType.BIND_MW: C.IBV_WR_BIND_MW,
+             WrType.SEND_WITH_INV: C.IBV_WR_SEND_WITH_INV}  # fmt: skip
+    for op, code in codes.items():
         assert entry(QpType.RC, op, SIG) is InvalidWrType
         table = build_send_table(QpType.RC, True, frozenset({op}))
-        assert table[op * 64 + SIG] is Unsupported
+        assert table[op * 64 + SIG][:2] == (code, C.IBV_SEND_SIGNALED)
+        assert table[op * 64 + (SIG | SendOpt.IMMEDIATE)] is InvalidWrType
+        inline = table[op * 64 + (SIG | SendOpt.INLINE)]
+        assert (inline is InvalidParameter) is (op is not WrType.SEND_WITH_INV)
     assert build_send_table(QpType.RC, True)[5 * 64 + SIG] is InvalidWrType  # no opcode 5
 
 
@@ -376,6 +397,91 @@ def test_receive_errors() -> None:
 # -------------------------------------------------------------- completions
 
 
+def test_invalidate_and_bind_requests_fill_the_union_and_bind_mw() -> None:
+    """SEND_WITH_INV and LOCAL_INV carry the key (host order) in imm_data; BIND_MW goes
+    through set_bind_wr, with the consumer's R_Key stored when it is not the next one."""
+    stored: list[tuple[int, int]] = []
+
+    def set_rkey(w: FakeSendWR, rkey: int) -> None:
+        stored.append((w.wr_id, rkey))
+        w.wr["rkey"] = rkey
+
+    api = PyverbsApi(FakeSendWR, FakeSGE, FakeRecvWR, FakeRdmaError, set_bind_rkey=set_rkey)
+    qp = FakeQp()
+    sq = SendQueue(api, qp.post_send, QpType.RC, max_sge=4, max_inline=64, depth=16,
+                   atomics=True, ah_of=lambda av: None, allowed=INV_RC,
+                   bind_of=lambda wr: ((wr.mw, 0x1200), ("info", wr.bind.addr)))  # fmt: skip
+    bind = BindWr(None, 0x5000, 64, AccessFlags.RDMA_WRITE, 0x1200)
+    sq.post([
+        SendWr(1, WrType.SEND_WITH_INV, [Sge(0x10, 4, 1)], SIG, invalidate_rkey=0x12345678),
+        SendWr(2, WrType.LOCAL_INV, [], SIG, invalidate_rkey=0xAABBCC01),
+        SendWr(3, WrType.BIND_MW, [], SIG, rkey=0x1201, mw="MW", bind=bind),
+        SendWr(4, WrType.BIND_MW, [], SIG, rkey=0x1277, mw="MW", bind=bind),
+    ])  # fmt: skip
+    a, b, c, d = qp.sent
+    assert (a["opcode"], a["imm"], a["sges"]) == (C.IBV_WR_SEND_WITH_INV, 0x12345678,
+                                                  [(0x10, 4, 1)])  # fmt: skip
+    assert (b["opcode"], b["imm"], b["sges"]) == (C.IBV_WR_LOCAL_INV, 0xAABBCC01, [])
+    assert (c["opcode"], c["mw"], c["info"], c["rkey"]) == (C.IBV_WR_BIND_MW, "MW",
+                                                            ("info", 0x5000), 0x1201)  # fmt: skip
+    assert d["rkey"] == 0x1277 and stored == [(4, 0x1277)]
+
+    def refuse(wr: SendWr) -> Any:
+        raise InvalidMwHandle("BIND_MW: invalid or destroyed window")
+
+    qp2 = FakeQp()
+    sq2 = SendQueue(API, qp2.post_send, QpType.RC, max_sge=4, max_inline=64, depth=16,
+                    atomics=True, ah_of=lambda av: None, allowed=INV_RC,
+                    bind_of=refuse)  # fmt: skip
+    with pytest.raises(PostError) as ei:
+        sq2.post([write(1), SendWr(2, WrType.BIND_MW, [], SIG, rkey=1, mw="x", bind=bind)])
+    assert ei.value.failed_index == 1 and ei.value.status is Status.INVALID_MW_HANDLE
+    assert [w["wr_id"] for w in qp2.sent] == [1]
+
+
+def test_fast_path_packs_invalidate_and_bind() -> None:
+    lib = FakeLib()
+    sq = fast_queue(lib, allowed=INV_RC, bind_of=lambda wr: (0xAAAA0, 0xBBBB0, 0x8))
+    bind = BindWr(None, 0x5000, 0x40, AccessFlags.RDMA_WRITE, 0x1200)
+    sq.post([
+        SendWr(1, WrType.SEND_WITH_INV, [Sge(0x10, 4, 1)], SIG, invalidate_rkey=0x12345678),
+        SendWr(2, WrType.LOCAL_INV, [], SendOpt.NONE, invalidate_rkey=0xAABBCC01),
+        SendWr(3, WrType.BIND_MW, [], SIG, rkey=0x1277, mw="MW", bind=bind),
+    ])  # fmt: skip
+    a, b, c = lib.sent
+    assert (a["opcode"], a["imm"], a["sges"]) == (C.IBV_WR_SEND_WITH_INV, 0x12345678,
+                                                  [(0x10, 4, 1)])  # fmt: skip
+    assert (b["opcode"], b["imm"], b["sges"], b["flags"]) == (C.IBV_WR_LOCAL_INV, 0xAABBCC01,
+                                                              [], 0)  # fmt: skip
+    assert (c["opcode"], c["flags"]) == (C.IBV_WR_BIND_MW, C.IBV_SEND_SIGNALED)
+    assert c["bind"] == (0xAAAA0, 0x1277, 0xBBBB0, 0x5000, 0x40, 0x8)
+    with pytest.raises(PostError) as ei:
+        no_bind = SendWr(3, WrType.BIND_MW, [], SIG, rkey=1, mw="MW")
+        fast_queue(FakeLib(), allowed=INV_RC).post([no_bind])
+    assert ei.value.failed_index == 0 and ei.value.status is Status.INVALID_PARAMETER
+
+
+def test_invalidate_completions() -> None:
+    """IBV_WC_WITH_INV (or kernel rxe's bit 2, when the CA says so) -> RecvOpt.INVALIDATE
+    and the R_Key from the imm_data union; the bit means nothing on send completions."""
+    tokens = RecvTokens()
+    owner = Owner()
+    t1, t2, t3 = tokens.add(1, owner), tokens.add(2, owner), tokens.add(3, owner)
+    std, plain = convert_wcs(
+        [_wc(t1, 0, C.IBV_WC_RECV, imm=0x1234_5601, flags=C.IBV_WC_WITH_INV),
+         _wc(t2, 0, C.IBV_WC_RECV, imm=0x77, flags=C.KERNEL_WC_WITH_INVALIDATE)],
+        tokens,
+    )  # fmt: skip
+    assert std.recv_opt == RecvOpt.INVALIDATE and std.invalidated_rkey == 0x1234_5601
+    assert std.imm is None
+    assert plain.recv_opt == RecvOpt.NONE and plain.invalidated_rkey is None
+    (rxe,) = convert_wcs([_wc(t3, 0, C.IBV_WC_RECV, imm=0xABCD, flags=4)], tokens, with_inv=4)
+    assert rxe.recv_opt == RecvOpt.INVALIDATE and rxe.invalidated_rkey == 0xABCD
+    sends = convert_wcs([_wc(9, 0, C.IBV_WC_LOCAL_INV), _wc(10, 0, C.IBV_WC_BIND_MW)], tokens)
+    assert [(w.wc_type, w.invalidated_rkey) for w in sends] == [
+        (WcType.LOCAL_INV, None), (WcType.MW_BIND, None)]  # fmt: skip
+
+
 def _wc(wr_id: int, status: int, opcode: int, *, blen: int = 8, imm: int = 0, qpn: int = 1,
         src: int = 0, flags: int = 0, verr: int = 0) -> tuple[int, ...]:  # fmt: skip
     return (wr_id, status, opcode, verr, blen, imm, qpn, src, flags, 0, 0, 0, 0)
@@ -449,6 +555,8 @@ def _read_wr(addr: int) -> tuple[dict[str, Any], int]:
     d["rdma"] = struct.unpack_from("<QI", raw, 40)
     d["atomic"] = struct.unpack_from("<QQQI", raw, 40)
     d["ud"] = struct.unpack_from("<QII", raw, 40)
+    b = abi.offset(abi.IbvSendWr, "tail")
+    d["bind"] = struct.unpack_from("<QI4xQQQI", raw, b)
     return d, nxt
 
 
