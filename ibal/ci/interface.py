@@ -237,6 +237,14 @@ KNOWN_DEVIATIONS: Mapping[str, str] = {
         "a send error on a UC/UD QP moves it to SQE, where receives go on and "
         "modify SQE -> RTS recovers it (IBA 10.8.3, 11.2.5)"
     ),
+    "mw_bind_rkey_index": (
+        "a type 2 BIND_MW whose new R_Key changes the window's index (not only its key "
+        "byte) completes MEM_WINDOW_BIND_ERR (IBA 10.6.7.2)"
+    ),
+    "invalidate_nak": (
+        "a SEND with invalidate the responder refuses (a key it cannot invalidate) fails at "
+        "the sender too, not only the receive (IBA 9.7.5.2.3: NAK invalid request)"
+    ),
 }
 """The rules a provider may declare in :attr:`Capabilities.deviations`, and what
 each says.  Declaring one turns the check's failure into a reported xfail."""

@@ -75,6 +75,14 @@ RXE_DEVIATIONS: dict[str, str] = {
         "goes to ERROR"
     ),
     "sqe": "kernel rxe moves a UC/UD QP to ERROR on a send error: it has no SQE state",
+    "mw_bind_rkey_index": (
+        "kernel rxe (6.1) takes only the key byte of a type 2 BIND_MW's new R_Key and keeps "
+        "the window's index: a new R_Key with another index binds instead of failing"
+    ),
+    "invalidate_nak": (
+        "kernel rxe (6.1) completes the receive of a SEND with invalidate naming a key it "
+        "cannot invalidate REM_INV_REQ_ERR but acknowledges the SEND: the sender sees SUCCESS"
+    ),
 }
 
 

@@ -185,6 +185,15 @@ class Layout:
             raise PeekError("ibv_mw does not match the MW")
         return ptr
 
+    def set_mw_rkey(self, mw_ptr: int, rkey: int) -> None:
+        """Store ``ibv_mw.rkey``: the key verbs' BIND_MW names as the window's current one.
+
+        Posting a type 2 bind does not update it (only ``ibv_bind_mw`` does, for
+        type 1), and kernel rxe refuses a bind whose ``ibv_mw.rkey`` is not the
+        window's current key, so a second bind would fail without this.
+        """
+        _U32.from_address(mw_ptr + _MW_RKEY).value = rkey
+
     def set_bind_rkey(self, wr: Any, rkey: int) -> None:
         """Store ``bind_mw.rkey`` of a pyverbs ``SendWR`` (read-only in pyverbs 44),
         whose ``ibv_send_wr`` is its first C field; checked through its getters."""

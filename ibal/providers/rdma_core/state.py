@@ -10,6 +10,7 @@ The other modules use only what it names here.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -73,6 +74,8 @@ from ibal.types import (
     PortCap,
     SendWr,
 )
+
+log = logging.getLogger("ibal.providers.rdma_core")
 
 _INLINE_PROBES = (1024, 512, 400, 256, 128, 64, 32)
 
@@ -289,18 +292,33 @@ class CaState:
         """A BIND_MW's pyverbs ``MW`` and ``MWBindInfo`` (the pyverbs data path)."""
         mw, mr, access = self._bind_handles(wr)
         assert wr.bind is not None
+        if self.layout is not None and wr.bind.current_rkey:
+            try:
+                self._set_current_rkey(mw, wr.bind.current_rkey)
+            except peek.PeekError as exc:
+                log.debug("rdma_core %s: ibv_mw not found: %s", self.name, exc)
         return mw.pv, self.pv.mr.MWBindInfo(mr.pv, wr.bind.addr, wr.bind.length, access)
 
     def _bind_ptr_of(self, wr: SendWr) -> tuple[int, int, int]:
         """A BIND_MW's ``ibv_mw *``, ``ibv_mr *`` and access (the ctypes data path)."""
         mw, mr, access = self._bind_handles(wr)
+        assert wr.bind is not None
         if self.layout is None:  # pragma: no cover - no fast path without a layout
             raise InvalidParameter("BIND_MW: pyverbs layout unknown")
         try:
-            return (self.layout.mw_ptr(mw.pv, mw.pd.pv, self.ctx),
-                    self.layout.mr_ptr(mr.pv, self.ctx), access)  # fmt: skip
+            mw_ptr = self._set_current_rkey(mw, wr.bind.current_rkey)
+            return mw_ptr, self.layout.mr_ptr(mr.pv, self.ctx), access
         except peek.PeekError as exc:
             raise InvalidParameter(f"BIND_MW: {exc}") from exc
+
+    def _set_current_rkey(self, mw: Mw, current: int) -> int:
+        """The window's ``ibv_mw *``, its ``rkey`` set to the consumer's ``current_rkey``
+        (0: left alone): verbs names the window's current key there (see peek)."""
+        assert self.layout is not None
+        ptr = self.layout.mw_ptr(mw.pv, mw.pd.pv, self.ctx)
+        if current:
+            self.layout.set_mw_rkey(ptr, current & 0xFFFF_FFFF)
+        return ptr
 
     def _ah_ptr_of(self, av: Any) -> int:
         if type(av) is Av and av.ci is self and av.alive:
