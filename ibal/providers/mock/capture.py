@@ -34,6 +34,7 @@ _SEND: Final = (0x00, 0x01, 0x02, 0x03, 0x04, 0x05)  # first, middle, last, last
 _WRITE: Final = (0x06, 0x07, 0x08, 0x09, 0x0A, 0x0B)
 _READ_RESP: Final = (0x0D, 0x0E, 0x0F, 0x0F, 0x10, 0x10)
 _AETH_ACK: Final = 0x1F
+_SEND_INV: Final = (0x16, 0x17)  # RC SEND last, only with invalidate (IETH)
 
 
 def _segments(length: int, npsn: int) -> list[tuple[int, int]]:
@@ -73,12 +74,17 @@ def ib_packets(m: MockPacket) -> list[IbPacket]:
         table = _READ_RESP if op is PacketOp.READ_RESP else (
             _SEND if op in (PacketOp.SEND, PacketOp.SEND_IMM) else _WRITE)  # fmt: skip
         imm = op in (PacketOp.SEND_IMM, PacketOp.RDMA_WRITE_IMM)
+        inv = m.inv if op is PacketOp.SEND and base == 0x00 else None
         segs = _segments(len(payload), 1 if base == 0x60 else m.npsn)
         for i, (o, n) in enumerate(segs):
             first, last = i == 0, i == len(segs) - 1
             k = (4 if first else 2) if last else (0 if first else 1)
             code = (base | 0x04 | imm) if base == 0x60 else base | table[k + (imm and last)]
+            if last and inv is not None:
+                code = _SEND_INV[k == 4]
             p = new(code, m.psn + i, payload[o : o + n])
+            if last and inv is not None:
+                p.inv_rkey = inv & 0xFFFFFFFF
             if first and op in (PacketOp.RDMA_WRITE, PacketOp.RDMA_WRITE_IMM):
                 p.va, p.rkey, p.dma_len = m.remote_addr, m.rkey, len(payload)
             if last:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,22 @@ from ibal.providers.mock import MockFabric
 from ibal.providers.mock.capture import ib_frame, ib_packets
 from ibal.providers.mock.packets import Packet, PacketOp
 from ibal.providers.rxe import wire
-from ibal.types import AvAttr, Grh, QpType, RecvWr, SendOpt, SendWr, UdDest, WrType
+from ibal.types import (
+    AccessFlags,
+    AvAttr,
+    BindWr,
+    Grh,
+    QpType,
+    RecvOpt,
+    RecvWr,
+    SendOpt,
+    SendWr,
+    UdDest,
+    WcStatus,
+    WrType,
+)
 from ibal.wire.pcap import LINKTYPE_INFINIBAND, close_captures, read_pcap
-from ibal.wire.tshark import tshark_decode, tshark_path
+from ibal.wire.tshark import WIRESHARK_IB_PREF, tshark_decode, tshark_path
 
 
 def _traffic(fabric: MockFabric) -> None:
@@ -113,3 +127,55 @@ def test_nak_and_rnr_map_to_aeth_syndromes() -> None:
             assert ib_frame(m, p)[8] == 0x11
     finally:
         fabric.close()
+
+
+def test_send_with_invalidate_carries_the_ieth(tmp_path: Path) -> None:
+    """A SEND with invalidate goes out as SEND LAST/ONLY with invalidate (0x16/0x17) with the
+    R_Key in an IETH, which the RoCEv2 codec and tshark decode."""
+    path = tmp_path / "inv.pcap"
+    fabric = MockFabric(seed=0, capture=str(path))
+    fabric.add_ca()
+    fabric.add_ca()
+    fabric.manual_clock()
+    try:
+        a, b = open_node(fabric.cas[0]), open_node(fabric.cas[1])
+        qa, qb = connect(a, b)
+        mw, key = b.ca.create_mw(b.pd, 2)
+        rkeys = []
+        for i in range(2):
+            new = (key & ~0xFF) | ((key + 1 + i) & 0xFF)
+            b.ca.post_send(qb, [SendWr(10 + i, WrType.BIND_MW, rkey=new, mw=mw,
+                                       bind=BindWr(b.mr.handle, b.addr(0), 4096,
+                                                   AccessFlags.RDMA_WRITE, key))])  # fmt: skip
+            assert [(w.wr_id, w.status) for w in b.poll()] == [(10 + i, WcStatus.SUCCESS)]
+            b.ca.post_recv(qb, [RecvWr(20 + i, [b.sge(0, 4096)])])
+            size = 3000 if i == 0 else 16
+            a.ca.post_send(qa, [SendWr(i, WrType.SEND_WITH_INV, [a.sge(0, size)],
+                                       invalidate_rkey=new)])  # fmt: skip
+            assert [(w.wr_id, w.status) for w in a.poll()] == [(i, WcStatus.SUCCESS)]
+            (recv,) = b.poll()
+            assert recv.recv_opt & RecvOpt.INVALIDATE and recv.invalidated_rkey == new
+            rkeys.append(new)
+            key = new
+    finally:
+        fabric.close()
+        close_captures()
+    _, records = read_pcap(tmp_path / "inv-ib.pcap")
+    sends = [wire.decode(r.data[8:-2]) for r in records if r.data[8] != 0x11]
+    assert [p.opcode for p in sends] == [0x00, 0x01, 0x16, 0x17]
+    assert [p.inv_rkey for p in sends if p.opcode in (0x16, 0x17)] == rkeys
+    exe = tshark_path()
+    if exe is None:
+        if os.environ.get("IBAL_LAB_REQUIRED") == "1":
+            pytest.fail("tshark not installed (Debian package tshark)")
+        pytest.skip("tshark not installed (Debian package tshark)")
+    seen = tshark_decode(tmp_path / "inv-ib.pcap")
+    assert [s for s in seen if not s.clean] == []
+    out = subprocess.run([exe, "-n", "-r", str(tmp_path / "inv-ib.pcap"), "--disable-protocol",
+                          "rpcordma", "-o", WIRESHARK_IB_PREF, "-Y", "infiniband.ieth", "-T",
+                          "fields", "-e", "infiniband.bth.opcode", "-e", "infiniband.ieth"],
+                         capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    rows = [line.split("\t") for line in out.stdout.splitlines()]
+    # tshark 4.0 lists the IETH R_Key field twice per packet: one value either way
+    assert [(int(op), *{bytes.fromhex(v) for v in k.split(",")}) for op, k in rows] == [
+        (0x16, rkeys[0].to_bytes(4, "big")), (0x17, rkeys[1].to_bytes(4, "big"))]  # fmt: skip
