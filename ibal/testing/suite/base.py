@@ -13,7 +13,7 @@ import contextlib
 import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
 import pytest
 
@@ -137,6 +137,18 @@ class ConformanceBase:
       prefix, distinct LIDs).
     """
 
+    device_required = False
+    """Set by a suite whose set-up always yields a device (e.g. rxe on loopback
+    addresses): a missing device is then a failure (a port clash, a broken
+    socket layer), not a skip that would hide the whole suite."""
+
+    def no_device(self, reason: str) -> NoReturn:
+        """Skip (or fail, with :attr:`device_required`) when the provider registered no CA."""
+        msg = f"provider has no device: {reason}"
+        if self.device_required:
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+
     chapter: ClassVar[str] = ""
     provider_name: ClassVar[str | None] = None
     provider_options: ClassVar[Mapping[str, Any]] = {}
@@ -187,7 +199,7 @@ class ConformanceBase:
             provider.start(registrar)
             if not registrar.present:
                 reason = provider.unavailable_reason or "it registered no CA"
-                pytest.skip(f"provider has no device: {reason}")
+                self.no_device(reason)
             yield Fabric(manager, provider, registrar)
         finally:
             try:
@@ -289,7 +301,7 @@ class ConformanceBase:
         try:
             if not registrar.cis:
                 reason = provider.unavailable_reason or "it registered no CA"
-                pytest.skip(f"provider has no device: {reason}")
+                self.no_device(reason)
             yield list(registrar.cis.values())
         finally:
             provider.stop()
