@@ -174,43 +174,6 @@ def test_short_mad_header_is_an_error() -> None:
         header.respond(bytes(100))
 
 
-def test_tables_replace_the_mock_smas_struct_code() -> None:
-    """What ibal.providers.mock.mad packs by hand comes out of the tables the same way."""
-    from types import SimpleNamespace
-
-    from ibal.providers.mock import mad as mock_mad
-
-    port = SimpleNamespace(guid=0x22, num=1)
-    ca = SimpleNamespace(system_image_guid=0x11, guid=0x12, ports=[port], attr_device_id=0x1003,
-                         attr_revision=0xA1, attr_vendor_id=0x2C9)  # fmt: skip
-    hand = mock_mad.node_info(ca, port)  # type: ignore[arg-type]
-    ours = smp.NODE_INFO.encode(
-        base_version=1, class_version=1, node_type=smp.NodeType.CA, num_ports=1,
-        system_image_guid=0x11, node_guid=0x12, port_guid=0x22,
-        partition_cap=mock_mad.PKEY_TABLE_CAP, device_id=0x1003, revision=0xA1,
-        local_port_num=1, vendor_id=0x2C9,
-    )  # fmt: skip
-    assert hand == ours
-
-
-def test_port_info_table_reads_and_rebuilds_the_mock_smas_bytes() -> None:
-    from types import SimpleNamespace
-
-    from ibal.providers.mock import mad as mock_mad
-    from ibal.types import LinkState, Mtu
-
-    fab = SimpleNamespace(sm_lid=1, subnet_timeout=18)
-    port = SimpleNamespace(state=LinkState.ACTIVE, subnet_prefix=0xFE80 << 48, lid=7, cap=0x2010,
-                           num=1, lmc=2, max_mtu=Mtu.MTU_2048, init_type=0, pkey_violations=3,
-                           qkey_violations=4)  # fmt: skip
-    hand = mock_mad.port_info(SimpleNamespace(fabric=fab), port)  # type: ignore[arg-type]
-    d = smp.PORT_INFO.decode(hand)
-    assert (d["lid"], d["master_sm_lid"], d["capability_mask"], d["lmc"]) == (7, 1, 0x2010, 2)
-    assert (d["port_state"], d["port_phys_state"], d["neighbor_mtu"]) == (4, 5, int(Mtu.MTU_2048))
-    assert (d["p_key_violations"], d["q_key_violations"], d["subnet_timeout"]) == (3, 4, 18)
-    assert smp.PORT_INFO.encode(d) == hand
-
-
 def test_the_wire_layer_does_not_import_the_access_layer() -> None:
     import subprocess
     import sys

@@ -18,7 +18,8 @@ from ibal.ci.interface import (
     CompletionCallback,
     Handle,
 )
-from ibal.providers.mock import mad as mad_agent
+from ibal.mad.consts import MgmtClass
+from ibal.providers.mock import pma, smi
 from ibal.providers.mock.objects import (
     MockAv,
     MockCq,
@@ -37,6 +38,7 @@ from ibal.status import (
     InvalidState,
     NotFound,
     ResourceBusy,
+    Timeout,
     Unsupported,
 )
 from ibal.types import (
@@ -281,7 +283,12 @@ class MockCa(
             raise InvalidPort(f"{self.name} has no port {port_num}")
         if mad is None or len(mad) != MAD_SIZE:
             raise InvalidParameter(f"a MAD is {MAD_SIZE} bytes")
-        return mad_agent.process(self, port, bytes(mad))
+        if mad[1] == MgmtClass.PERF:
+            return bytes(pma.answer(port, bytes(mad)))
+        resp = smi.send(self.fabric, port, bytes(mad))
+        if resp is None:
+            raise Timeout(f"no response: the SMP was dropped on its path from {port.name}")
+        return resp
 
     # ========================================================== fault backdoor
     def inject_async_event(self, record: EventRecord) -> None:

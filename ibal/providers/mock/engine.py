@@ -57,6 +57,7 @@ from ibal.providers.mock.packets import (
     psn_diff,
     rnr_seconds,
 )
+from ibal.providers.mock.pma import wire_cost
 from ibal.providers.mock.topology import Link, MockPort, Route, Switch
 from ibal.transport.rules import NAK_WC_STATUS, atomic_result, effective_qkey, pkey_match
 from ibal.transport.wc import make_wc
@@ -155,6 +156,7 @@ class FabricCounters:
     qkey_violations: int = 0
     cq_overflows: int = 0
     completions: int = 0
+    smp_dropped: int = 0
 
     def snapshot(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -341,6 +343,11 @@ class Engine:
     def ready(self) -> int:
         """Packets waiting for delivery now."""
         return len(self._ready)
+
+    @property
+    def topo_gen(self) -> int:
+        """Bumped on every topology change (routes and LFTs are cached by it)."""
+        return self._topo_gen
 
     def topology_changed(self) -> None:
         """Ports, links or LIDs changed: packets in flight are routed again (lock held)."""
@@ -777,6 +784,10 @@ class Engine:
     # =============================================================== transmit
     def _transmit(self, pkt: Packet) -> None:
         self.counters.sent += 1
+        pm = pkt.src_port.pm
+        n, words = wire_cost(pkt)
+        pm[2] += n
+        pm[0] += words
         pkt.topo = self._topo_gen
         if self.capture is not None:
             self.capture(pkt)
@@ -1201,6 +1212,10 @@ class Engine:
             self._drop("dropped_link")
             return
         self.counters.delivered += 1
+        pm = pkt.dst_port.pm
+        n, words = wire_cost(pkt)
+        pm[3] += n
+        pm[1] += words
         if pkt.op >= 16:
             self._requester_rx(pkt)
             return

@@ -22,8 +22,10 @@ from ibal.providers.mock.engine import Engine, FabricCounters
 from ibal.providers.mock.faults import FaultPlan
 from ibal.providers.mock.objects import MockCq, MockQp, MockSrq
 from ibal.providers.mock.packets import Packet
+from ibal.providers.mock.sm import SubnetManager
 from ibal.providers.mock.topology import (
     DEFAULT_SUBNET_PREFIX,
+    SWITCH_PORTS,
     Endpoint,
     Link,
     MockPort,
@@ -85,10 +87,11 @@ class MockFabric:
         self.subnet_prefix = subnet_prefix
         self.subnet_timeout = subnet_timeout
         self.cas: list[MockCa] = []
-        self.switch = Switch("sw0")
-        self.switches: list[Switch] = [self.switch]
+        self.switches: list[Switch] = []
         self.links: list[Link] = []
         self.sm_lid = 0
+        self.sm = SubnetManager(self)
+        self.switch = self.add_switch("sw0")
         self._next_lid = 1
         self._ca_index = 0
         self._registrar: CaRegistrar | None = None
@@ -205,7 +208,7 @@ class MockFabric:
         return self._locked(add)
 
     def _alloc_lid(self) -> int:
-        used = {p.lid for c in self.cas for p in c.ports}
+        used = self.used_lids()
         lid = self._next_lid
         for _ in range(MAX_UNICAST_LID):
             if lid > MAX_UNICAST_LID:
@@ -297,10 +300,23 @@ class MockFabric:
         self.remove_ca(ca, force=True)
 
     # ============================================================== topology
-    def add_switch(self, name: str | None = None) -> Switch:
-        sw = Switch(name or f"sw{len(self.switches)}")
+    def add_switch(self, name: str | None = None, ports: int = SWITCH_PORTS) -> Switch:
+        """A new switch with ``ports`` external ports; the SM gives it a GUID and a LID."""
+        if not 1 <= ports <= 254:
+            raise InvalidParameter("a switch has 1..254 ports")
+        index = len(self.switches)
+        guid = (MOCK_OUI << 40) | (self.fabric_id << 24) | 0xFF0000 | ((index & 0xFF) << 8)
+        sw = Switch(name or f"sw{index}", guid, ports)
+        sw.lid = self.sm.switch_lid()
         self.switches.append(sw)
+        self.engine.topology_changed()
         return sw
+
+    def used_lids(self) -> set[int]:
+        """Every LID a CA port (with its LMC range) or a switch holds."""
+        used = {lid for p in self.ports() for lid in range(p.lid, p.lid + (1 << p.lmc))}
+        used.update(s.lid for s in self.switches)
+        return used
 
     def _cable(self, a: Endpoint, b: Endpoint) -> Link:
         for end in (a, b):
@@ -312,7 +328,10 @@ class MockFabric:
             if isinstance(end, MockPort):
                 end.link = link
             else:
-                end.links.append(link)
+                try:
+                    end.attach(link)
+                except ValueError as exc:
+                    raise ResourceBusy(str(exc)) from None
         self.engine.topology_changed()
         for end in (a, b):
             if isinstance(end, MockPort):
@@ -327,8 +346,8 @@ class MockFabric:
                 if end.link is link:
                     end.link = None
                     self._set_state(end, LinkState.DOWN)
-            elif link in end.links:
-                end.links.remove(link)
+            else:
+                end.detach(link)
         self.engine.topology_changed()
 
     def link(self, a: MockPort | Switch, b: MockPort | Switch) -> Link:
@@ -401,7 +420,9 @@ class MockFabric:
     def set_lid_locked(self, port: MockPort, lid: int) -> None:
         if not 1 <= lid <= MAX_UNICAST_LID:
             raise InvalidParameter(f"0x{lid:x} is not a unicast LID")
-        if any(p.lid == lid and p is not port for p in self.ports()):
+        if any(p.lid == lid and p is not port for p in self.ports()) or any(
+            s.lid == lid for s in self.switches
+        ):
             raise InvalidParameter(f"LID 0x{lid:x} is taken")
         if self.sm_lid == port.lid:
             self.sm_lid = lid

@@ -38,6 +38,7 @@ class MockPort:
         "num",
         "pkey_violations",
         "pkeys",
+        "pm",
         "qkey_violations",
         "removed",
         "routes",
@@ -74,6 +75,9 @@ class MockPort:
         self.removed = False
         self.routes: dict[int, Route | None] = {}
         self.routes_gen = -1
+        # PMA counters the engine feeds (xmit/rcv words, xmit/rcv packets) and the
+        # PMA's baselines: see ibal.providers.mock.pma
+        self.pm = [0] * 12
 
     @property
     def gid(self) -> Gid:
@@ -88,15 +92,52 @@ class MockPort:
         return f"<MockPort {self.name} lid=0x{self.lid:x} {self.state.name}>"
 
 
-class Switch:
-    """A subnet switch: forwards between every link attached to it."""
+SWITCH_PORTS = 36
 
-    def __init__(self, name: str) -> None:
+
+class Switch:
+    """A subnet switch: forwards between every link attached to it.
+
+    Port 0 is the management port (its SMA and LID); a cable takes the lowest
+    free external port (1..``num_ports``).  ``lft`` is the linear forwarding
+    table the subnet manager fills (LID -> out port).
+    """
+
+    def __init__(self, name: str, guid: int = 0, num_ports: int = SWITCH_PORTS) -> None:
         self.name = name
+        self.guid = guid
+        self.lid = 0
+        self.num_ports = num_ports
+        self.description = name
         self.links: list[Link] = []
+        self.port_links: list[Link | None] = [None] * (num_ports + 1)
+        self.lft: dict[int, int] = {}
+
+    def attach(self, link: Link) -> int:
+        """Cable ``link`` to the lowest free external port; its number."""
+        for num in range(1, self.num_ports + 1):
+            if self.port_links[num] is None:
+                self.port_links[num] = link
+                self.links.append(link)
+                return num
+        raise ValueError(f"{self.name}: all {self.num_ports} ports are cabled")
+
+    def detach(self, link: Link) -> None:
+        if link in self.links:
+            self.links.remove(link)
+        for num, ln in enumerate(self.port_links):
+            if ln is link:
+                self.port_links[num] = None
+
+    def port_of(self, link: Link) -> int:
+        """The external port ``link`` is cabled to (0 if it is not)."""
+        for num, ln in enumerate(self.port_links):
+            if ln is link:
+                return num
+        return 0
 
     def __repr__(self) -> str:
-        return f"<Switch {self.name} links={len(self.links)}>"
+        return f"<Switch {self.name} lid=0x{self.lid:x} links={len(self.links)}>"
 
 
 Endpoint = MockPort | Switch

@@ -310,7 +310,7 @@ def test_local_mad_port_info(a: Node) -> None:
     prefix, lid, sm_lid, cap = struct.unpack_from(">QHHI", pi, 8)
     port = a.ca.ports[0]
     assert (prefix, lid, sm_lid) == (0xFE80 << 48, port.lid, a.ca.fabric.sm_lid)
-    assert PortCap(cap) == port.cap
+    assert PortCap(cap) == port.cap | 0x2  # IsSM: the first CA port is the SM's
     assert pi[32] & 0xF == LinkState.ACTIVE and pi[28] == 1
     assert pi[36] >> 4 == 5  # neighbour MTU 4096
 
@@ -319,10 +319,10 @@ def test_local_mad_directed_route_and_errors(a: Node) -> None:
     dr = a.ca.local_mad(a.h, 1, smp(0x0011, mgmt_class=0x81))
     assert struct.unpack_from(">H", dr, 4)[0] == 0x8000  # direction bit, status OK
     for mad, status in (
-        (smp(0x9999), 0x001C),  # unsupported attribute
+        (smp(0x9999), 0x000C),  # unsupported attribute: method/attribute not supported
         (smp(0x0015, attr_mod=5), 0x001C),  # no such port
         (smp(0x0011, method=0x05), 0x0008),  # unsupported method
-        (smp(0x0011, mgmt_class=0x04), 0x0004),  # not an SMP
+        (smp(0x0011, mgmt_class=0x05), 0x0004),  # not a class the port's agents serve
         (smp(0x0011, method=2), 0x000C),  # Set(NodeInfo)
     ):
         assert struct.unpack_from(">H", a.ca.local_mad(a.h, 1, mad), 4)[0] == status
