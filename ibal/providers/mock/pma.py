@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ibal.mad import perf
-from ibal.mad.consts import PM_EXT_WIDTH_SUPPORTED, MadStatus, Method, MgmtClass, PerfAttr
+from ibal.mad.consts import PM_EXT_WIDTH_NOIETF_SUP, MadStatus, Method, MgmtClass, PerfAttr
 from ibal.mad.header import CLASS_PORT_INFO, PERF_DATA, respond
 from ibal.providers.mock.packets import Packet, PacketOp
 from ibal.types import QpType
@@ -78,7 +78,7 @@ def answer(port: MockPort, mad: bytes) -> bytearray:
         if method != Method.GET:
             return respond(mad, status=MadStatus.METHOD_ATTR_UNSUPPORTED)
         cpi = CLASS_PORT_INFO.encode(base_version=1, class_version=1,
-                                     capability_mask=PM_EXT_WIDTH_SUPPORTED,
+                                     capability_mask=PM_EXT_WIDTH_NOIETF_SUP,
                                      resp_time_value=RESP_TIME_VALUE)  # fmt: skip
         return respond(mad, data=cpi)
     if attr_id not in (PerfAttr.PORT_COUNTERS, PerfAttr.PORT_COUNTERS_EXT):

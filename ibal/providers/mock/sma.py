@@ -131,7 +131,7 @@ def switch_port_info(fabric: MockFabric, sw: Switch, num: int) -> bytes:
     if num == 0:
         return smp.PORT_INFO.encode(
             lid=sw.lid, master_sm_lid=fabric.sm_lid, local_port_num=0,
-            **_link_fields(True, Mtu.MTU_4096), guid_cap=1,
+            **_link_fields(True, Mtu.MTU_4096),
             capability_mask=smp.CapabilityMask.IS_SYSTEM_IMAGE_GUID_SUPPORTED,
             subnet_timeout=fabric.subnet_timeout & 0x1F,
         )  # fmt: skip

@@ -1,0 +1,329 @@
+"""The mock subnet: SMAs on CA ports and switches, DR/LID SMP forwarding, the SM, the PMA."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from mockenv import Node, connect, open_node
+
+from ibal.mad import dump, header, perf, smp
+from ibal.mad.consts import MadStatus, Method, MgmtClass, PerfAttr, SmpAttr
+from ibal.providers.mock import MockFabric
+from ibal.providers.mock.capture import ib_frame, ib_packets
+from ibal.providers.mock.packets import Packet
+from ibal.providers.mock.smi import send
+from ibal.providers.mock.topology import Switch
+from ibal.status import Timeout
+from ibal.types import SendWr, WrType
+
+# mock0, mock1 on sw0 ports 1, 2; sw0:3 - sw1:1; sw1:2 - sw2:1; sw2:2 - far
+TO_FAR = [1, 3, 2, 2]
+
+
+@pytest.fixture
+def fabric() -> Iterator[MockFabric]:
+    fab = MockFabric(seed=0)
+    fab.add_ca()
+    fab.add_ca()
+    sw1, sw2 = fab.add_switch("sw1"), fab.add_switch("sw2")
+    fab.link(fab.switch, sw1)
+    fab.link(sw1, sw2)
+    far = fab.add_ca("far", connect=False, description="far node")
+    fab.link(far.ports[0], sw2)
+    fab.manual_clock()
+    yield fab
+    fab.close()
+
+
+@pytest.fixture
+def a(fabric: MockFabric) -> Node:
+    return open_node(fabric.cas[0])
+
+
+def dr_get(attr: int, path: list[int], attr_mod: int = 0, data: bytes = b"") -> bytearray:
+    return header.build(MgmtClass.SUBN_DR, Method.GET, attr, tid=0x42, attr_mod=attr_mod,
+                        dr_path=path, data=data)  # fmt: skip
+
+
+def smp_data(resp: bytes) -> bytes:
+    return bytes(resp[header.SMP_DATA : header.SMP_DATA + header.SMP_DATA_SIZE])
+
+
+def ask(n: Node, attr: int, path: list[int], attr_mod: int = 0, data: bytes = b"") -> bytes:
+    """The data of ``n``'s DR SubnGet along ``path`` (checked: status 0)."""
+    resp = n.ca.local_mad(n.h, 1, bytes(dr_get(attr, path, attr_mod, data)))
+    assert header.DR_SMP.decode(resp)["status"] == 0
+    return smp_data(resp)
+
+
+def test_dr_smp_across_two_switches_reaches_the_remote_ca(fabric: MockFabric, a: Node) -> None:
+    far = fabric.ca("far")
+    resp = a.ca.local_mad(a.h, 1, bytes(dr_get(SmpAttr.NODE_INFO, TO_FAR)))
+    d = header.DR_SMP.decode(resp)
+    assert (d["method"], d["d"], d["status"], d["tid"]) == (Method.GET_RESP, 1, 0, 0x42)
+    assert (d["hop_count"], d["hop_pointer"]) == (4, 0)  # back at the requester
+    ni = smp.NODE_INFO.decode(d["data"])  # type: ignore[arg-type]
+    assert ni == {
+        "base_version": 1, "class_version": 1, "node_type": smp.NodeType.CA, "num_ports": 1,
+        "system_image_guid": far.system_image_guid, "node_guid": far.guid,
+        "port_guid": far.ports[0].guid, "partition_cap": 64,
+        "device_id": far.attr_device_id & 0xFFFF, "revision": far.attr_revision,
+        "local_port_num": 1, "vendor_id": far.attr_vendor_id,
+    }  # fmt: skip
+    # Each node wrote the port it was entered by: sw0 by 1, sw1 by 1, sw2 by 1, far by 1.
+    ret = bytes(d["return_path"])  # type: ignore[arg-type]
+    assert ret[1:5] == bytes([1, 1, 1, 1]) and ret[5:] == bytes(59)
+    assert bytes(d["initial_path"])[:5] == bytes([0, *TO_FAR])  # type: ignore[arg-type]
+
+
+def test_dr_smp_to_each_switch_says_where_it_came_in(fabric: MockFabric, a: Node) -> None:
+    sw0, sw1, sw2 = fabric.switches
+    for path, sw, in_port in (([1], sw0, 1), ([1, 3], sw1, 1), ([1, 3, 2], sw2, 1)):
+        ni = smp.NODE_INFO.decode(ask(a, SmpAttr.NODE_INFO, path))
+        assert (ni["node_type"], ni["node_guid"], ni["local_port_num"]) == (
+            smp.NodeType.SWITCH,
+            sw.guid,
+            in_port,
+        )
+        assert ni["num_ports"] == sw.num_ports
+        # port 0 is the management port: the switch's LID; external ports have none
+        pi0 = smp.PORT_INFO.decode(ask(a, SmpAttr.PORT_INFO, path, 0))
+        pi1 = smp.PORT_INFO.decode(ask(a, SmpAttr.PORT_INFO, path, 1))
+        assert (pi0["lid"], pi0["local_port_num"], pi0["master_sm_lid"]) == (
+            sw.lid,
+            0,
+            fabric.sm_lid,
+        )
+        assert (pi1["lid"], pi1["local_port_num"], pi1["port_state"]) == (
+            0,
+            1,
+            smp.PortState.ACTIVE,
+        )
+
+
+def test_lid_routed_smp_reaches_every_node(fabric: MockFabric) -> None:
+    src = fabric.cas[0].ports[0]
+    targets: list[tuple[int, int]] = [(p.lid, p.guid) for p in fabric.ports()]
+    targets += [(s.lid, s.guid) for s in fabric.switches]
+    assert len({lid for lid, _ in targets}) == 6
+    for lid, guid in targets:
+        req = header.build(MgmtClass.SUBN_LID, Method.GET, SmpAttr.NODE_INFO, tid=lid)
+        resp = send(fabric, src, bytes(req), dlid=lid)
+        assert resp is not None, hex(lid)
+        assert header.header(resp).status == 0
+        assert smp.NODE_INFO.decode(smp_data(resp))["port_guid"] == guid
+    # the LFTs the SM filled: sw1 reaches mock0 by port 1 (towards sw0), far by port 2
+    sw1 = fabric.switches[1]
+    lft = smp_data(
+        send(
+            fabric,
+            src,
+            bytes(header.build(MgmtClass.SUBN_LID, Method.GET, SmpAttr.LINEAR_FT, tid=1)),
+            dlid=sw1.lid,
+        )
+        or b""
+    )
+    assert lft[src.lid] == 1 and lft[fabric.ca("far").ports[0].lid] == 2 and lft[0] == 0xFF
+    # a LID nobody owns: no LFT entry, dropped and counted
+    before = fabric.counters.smp_dropped
+    req = header.build(MgmtClass.SUBN_LID, Method.GET, SmpAttr.NODE_INFO, tid=9)
+    assert send(fabric, src, bytes(req), dlid=0x999) is None
+    assert fabric.counters.smp_dropped == before + 1
+
+
+def test_lids_and_sm_lid_stay_what_they_were(fabric: MockFabric) -> None:
+    assert [p.lid for p in fabric.ports()] == [1, 2, 3]
+    assert fabric.sm_lid == 1
+    assert [s.lid for s in fabric.switches] == [0xBFFF, 0xBFFE, 0xBFFD]
+
+
+def test_sm_info_hides_the_sm_key_from_who_does_not_know_it(fabric: MockFabric, a: Node) -> None:
+    fabric.sm.sm_key = 0x1234_5678
+    port = a.ca.ports[0]
+    assert port.lid == fabric.sm_lid
+    out = smp.SM_INFO.decode(ask(a, SmpAttr.SM_INFO, []))
+    assert (out["guid"], out["sm_key"], out["priority"], out["sm_state"]) == (
+        port.guid,
+        0,
+        0,
+        smp.SmState.MASTER,
+    )
+    knows = smp.SM_INFO.encode(sm_key=0x1234_5678)
+    out = smp.SM_INFO.decode(ask(a, SmpAttr.SM_INFO, [], data=knows))
+    assert out["sm_key"] == 0x1234_5678
+    # the SM's port says IsSM; another port has no SMInfo
+    pi = smp.PORT_INFO.decode(ask(a, SmpAttr.PORT_INFO, []))
+    assert pi["capability_mask"] & smp.CapabilityMask.IS_SM
+    resp = a.ca.local_mad(a.h, 1, bytes(dr_get(SmpAttr.SM_INFO, TO_FAR)))
+    assert header.DR_SMP.decode(resp)["status"] == MadStatus.METHOD_ATTR_UNSUPPORTED
+
+
+def test_port_info_set_over_dr_moves_a_remote_lid(fabric: MockFabric, a: Node) -> None:
+    far = fabric.ca("far")
+    f = open_node(far)
+    pi = smp.PORT_INFO.decode(ask(a, SmpAttr.PORT_INFO, TO_FAR))
+    pi["lid"] = 0x40
+    req = header.build(MgmtClass.SUBN_DR, Method.SET, SmpAttr.PORT_INFO, tid=7, dr_path=TO_FAR,
+                       data=smp.PORT_INFO.encode(pi))  # fmt: skip
+    resp = a.ca.local_mad(a.h, 1, bytes(req))
+    assert header.DR_SMP.decode(resp)["status"] == 0
+    assert smp.PORT_INFO.decode(smp_data(resp))["lid"] == 0x40 == far.ports[0].lid
+    assert f.event_codes() == ["LID_CHANGE"]
+    # LID-routed SMPs follow the new LID (the SM refilled the LFTs)
+    got = send(
+        fabric,
+        a.ca.ports[0],
+        bytes(header.build(MgmtClass.SUBN_LID, Method.GET, SmpAttr.NODE_INFO, tid=1)),
+        dlid=0x40,
+    )
+    assert got is not None and smp.NODE_INFO.decode(smp_data(got))["node_guid"] == far.guid
+    # a LID someone holds is refused
+    pi["lid"] = a.ca.ports[0].lid
+    req[header.SMP_DATA : header.SMP_DATA + 64] = smp.PORT_INFO.encode(pi)
+    assert header.DR_SMP.decode(a.ca.local_mad(a.h, 1, bytes(req)))["status"] == (
+        MadStatus.INVALID_FIELD
+    )
+    assert far.ports[0].lid == 0x40
+
+
+@pytest.mark.parametrize(
+    ("why", "hop_cnt", "hop_ptr", "path"),
+    [
+        ("hop count over 63", 64, 0, TO_FAR),
+        ("hop pointer not 0 when sent", 4, 2, TO_FAR),
+        ("a port with no cable", 2, 0, [1, 30]),
+        ("a port the switch does not have", 2, 0, [1, 200]),
+        ("the CA's port is not the first hop", 1, 0, [2]),
+        ("a CA in the middle of the path", 3, 0, [1, 2, 1]),
+    ],
+)
+def test_malformed_dr_smps_are_dropped_and_counted(
+    fabric: MockFabric, a: Node, why: str, hop_cnt: int, hop_ptr: int, path: list[int]
+) -> None:
+    req = dr_get(SmpAttr.NODE_INFO, path)
+    req[6], req[7] = hop_ptr, hop_cnt
+    before = fabric.counters.smp_dropped
+    with pytest.raises(Timeout):
+        a.ca.local_mad(a.h, 1, bytes(req))
+    assert fabric.counters.smp_dropped == before + 1, why
+
+
+def test_dr_request_with_the_d_bit_or_a_lid_routed_part_is_dropped(
+    fabric: MockFabric, a: Node
+) -> None:
+    for patch in ((4, 0x80), (34, 0x00)):  # D bit set; DrDLID not permissive
+        req = dr_get(SmpAttr.NODE_INFO, TO_FAR)
+        req[patch[0]] = patch[1]
+        with pytest.raises(Timeout):
+            a.ca.local_mad(a.h, 1, bytes(req))
+    assert fabric.counters.smp_dropped == 2
+
+
+def test_unsupported_method_and_attribute_get_their_status(a: Node) -> None:
+    for method, attr, status in (
+        (0x05, SmpAttr.NODE_INFO, MadStatus.METHOD_UNSUPPORTED),
+        (Method.SET, SmpAttr.NODE_INFO, MadStatus.METHOD_ATTR_UNSUPPORTED),
+        (Method.GET, SmpAttr.VL_ARB_TABLE, MadStatus.METHOD_ATTR_UNSUPPORTED),
+        (Method.GET, SmpAttr.SWITCH_INFO, MadStatus.METHOD_ATTR_UNSUPPORTED),  # a CA
+    ):
+        req = header.build(MgmtClass.SUBN_DR, method, attr, tid=1, dr_path=TO_FAR)
+        assert header.DR_SMP.decode(a.ca.local_mad(a.h, 1, bytes(req)))["status"] == status
+
+
+def test_the_mock_answers_dump_like_a_real_subnet(fabric: MockFabric, a: Node) -> None:
+    sw2 = fabric.switches[2]
+    path = [1, 3, 2]
+    target = dump.portid_str(dr_path=path)
+    ni = ask(a, SmpAttr.NODE_INFO, path)
+    text = dump.smpquery_nodeinfo(ni, target)
+    assert text.splitlines()[0] == "# Node info: DR path slid 65535; dlid 65535; 0,1,3,2"
+    assert "NodeType:........................Switch" in text
+    assert f"Guid:............................0x{sw2.guid:016x}" in text
+    assert "LocalPort:.......................1" in text
+    si = ask(a, SmpAttr.SWITCH_INFO, path)
+    text = dump.smpquery_switchinfo(si, target)
+    assert f"LinearFdbTop:....................{max(sw2.lft)}" in text
+    pi = ask(a, SmpAttr.PORT_INFO, TO_FAR)
+    text = dump.smpquery_portinfo(pi, dump.portid_str(dr_path=TO_FAR), 1)
+    assert "LinkState:.......................Active" in text
+    assert "PhysLinkState:...................LinkUp" in text
+    assert f"Lid:.............................{fabric.ca('far').ports[0].lid}" in text
+    assert f"SMLid:...........................{fabric.sm_lid}" in text
+    assert "LinkWidthActive:.................4X" in text
+
+
+# ===================================================================== PMA
+def pma(node: Node, method: int, attr: int, select: int = 0, port: int = 1) -> bytes:
+    table = perf.PORT_COUNTERS_EXT if attr == PerfAttr.PORT_COUNTERS_EXT else perf.PORT_COUNTERS
+    data = table.encode(port_select=port, counter_select=select)
+    req = header.build(MgmtClass.PERF, method, attr, tid=3, data=data)
+    resp = node.ca.local_mad(node.h, 1, bytes(req))
+    assert header.header(resp).status == 0
+    return bytes(resp[header.PERF_DATA : header.PERF_DATA + table.size])
+
+
+def counters(node: Node, ext: bool = False) -> dict[str, int]:
+    attr = PerfAttr.PORT_COUNTERS_EXT if ext else PerfAttr.PORT_COUNTERS
+    table = perf.PORT_COUNTERS_EXT if ext else perf.PORT_COUNTERS
+    d = table.decode(pma(node, Method.GET, attr))
+    return {k: int(v) for k, v in d.items() if k.startswith("port_") and "cast" not in k}
+
+
+def test_port_counters_move_by_exactly_an_rdma_write(fabric: MockFabric, a: Node) -> None:
+    b = open_node(fabric.cas[1])
+    qa, _ = connect(a, b)
+    pma(a, Method.SET, PerfAttr.PORT_COUNTERS, select=0xF000)
+    pma(b, Method.SET, PerfAttr.PORT_COUNTERS, select=0xF000)
+    seen: list[Packet] = []
+    fabric.capture = lambda p: seen.append(p.clone())
+    length = 5 * 1024 + 3  # several MTU-sized packets and a padded last one
+    a.ca.post_send(qa, [SendWr(1, WrType.RDMA_WRITE, [a.sge(0, length)],
+                               remote_addr=b.addr(0), rkey=b.mr.rkey)])  # fmt: skip
+    fabric.run_until_idle()
+    assert [w.status.name for w in a.poll()] == ["SUCCESS"]
+    fabric.capture = None
+    # what the wire carried, frame by frame (LRH to VCRC), from the pcap encoder
+    out = [len(ib_frame(m, p)) for m in seen if m.src_port is a.ca.ports[0] for p in ib_packets(m)]
+    back = [len(ib_frame(m, p)) for m in seen if m.src_port is b.ca.ports[0] for p in ib_packets(m)]
+    assert len(out) > 1 and len(back) == 1  # the write's packets; one ACK
+    ca, cb = counters(a), counters(b)
+    assert (ca["port_xmit_pkts"], ca["port_xmit_data"]) == (len(out), sum(out) // 4)
+    assert (cb["port_rcv_pkts"], cb["port_rcv_data"]) == (len(out), sum(out) // 4)
+    assert (cb["port_xmit_pkts"], cb["port_xmit_data"]) == (1, sum(back) // 4)
+    assert (ca["port_rcv_pkts"], ca["port_rcv_data"]) == (1, sum(back) // 4)
+    assert counters(a, ext=True)["port_xmit_data"] >= ca["port_xmit_data"]
+    # a Set clears what CounterSelect names, nothing else
+    pma(a, Method.SET, PerfAttr.PORT_COUNTERS, select=1 << 12)  # PortXmitData
+    after = counters(a)
+    assert after["port_xmit_data"] == 0 and after["port_xmit_pkts"] == len(out)
+    assert counters(a, ext=True)["port_xmit_data"] > 0  # the extended one keeps its own
+
+
+def test_32_bit_counters_saturate_64_bit_ones_do_not(a: Node) -> None:
+    pma(a, Method.SET, PerfAttr.PORT_COUNTERS_EXT, select=0xF)
+    pma(a, Method.SET, PerfAttr.PORT_COUNTERS, select=0xF000)
+    a.ca.ports[0].pm[0] += 5 << 32  # as if 80 GiB had left the port
+    assert counters(a)["port_xmit_data"] == 0xFFFF_FFFF
+    assert counters(a, ext=True)["port_xmit_data"] == 5 << 32
+
+
+def test_pma_class_port_info_and_bad_requests(a: Node) -> None:
+    req = header.build(MgmtClass.PERF, Method.GET, PerfAttr.CLASS_PORT_INFO, tid=1)
+    resp = a.ca.local_mad(a.h, 1, bytes(req))
+    cpi = header.CLASS_PORT_INFO.decode(resp[header.PERF_DATA :])
+    assert (cpi["base_version"], cpi["class_version"], cpi["capability_mask"]) == (1, 1, 0x400)
+    for method, attr, port, status in (
+        (Method.GET, PerfAttr.PORT_SAMPLES_CONTROL, 1, MadStatus.METHOD_ATTR_UNSUPPORTED),
+        (0x05, PerfAttr.PORT_COUNTERS, 1, MadStatus.METHOD_UNSUPPORTED),
+        (Method.GET, PerfAttr.PORT_COUNTERS, 7, MadStatus.INVALID_FIELD),
+    ):
+        data = perf.PORT_COUNTERS.encode(port_select=port)
+        req = header.build(MgmtClass.PERF, method, attr, tid=1, data=data)
+        assert header.header(a.ca.local_mad(a.h, 1, bytes(req))).status == status
+
+
+def test_switches_are_numbered_and_stay_out_of_ca_routes(fabric: MockFabric) -> None:
+    sw0 = fabric.switch
+    assert isinstance(sw0, Switch) and sw0.port_links[3] is not None
+    assert [sw0.port_of(ln) for ln in sw0.links] == [1, 2, 3]
