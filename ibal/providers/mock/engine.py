@@ -31,6 +31,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from ibal.providers.mock import invalidate
+from ibal.providers.mock.agents import MadAgents, claims
 from ibal.providers.mock.faults import FaultPlan
 from ibal.providers.mock.objects import (
     MockCq,
@@ -198,6 +199,8 @@ class Engine:
         self.callback_errors: list[BaseException] = []
         # IBAL_CAPTURE / the "capture" option: called with every transmitted packet
         self.capture: Callable[[Packet], None] | None = None
+        # the SMA/PMA behind QP0/QP1 (set by the fabric): ibal.providers.mock.agents
+        self.mad_agents: MadAgents | None = None
 
     # ================================================================== clock
     @property
@@ -727,6 +730,10 @@ class Engine:
         return _OK
 
     # ================================================================ routing
+    def route_to(self, src: MockPort, dlid: int) -> Route | None:
+        """Where a packet from ``src`` to ``dlid`` goes, and the links it crosses."""
+        return self._route(src, dlid)
+
     def _route(self, src: MockPort, dlid: int) -> Route | None:
         if src.routes_gen != self._topo_gen:
             src.routes.clear()
@@ -976,6 +983,11 @@ class Engine:
         if wqe.psn is None:
             wqe.psn = qp.sq_psn
             qp.sq_psn = (qp.sq_psn + 1) & PSN_MASK
+        if qp.special and self.mad_agents is not None and claims(qp.qp_type, dqpn, data):
+            self._agent_reply(qp, port, attr.dlid, bytes(data), pkey)
+            wqe.done = True
+            self._complete_front(qp)
+            return
         grh: bytes | None = None
         if attr.grh is not None:
             gid_index = attr.grh.sgid_index
@@ -1010,6 +1022,28 @@ class Engine:
                 self._transmit(pkt)
         wqe.done = True
         self._complete_front(qp)
+
+    def _agent_reply(self, qp: MockQp, port: MockPort, dlid: int, mad: bytes, pkey: int) -> None:
+        """A request for the SMA/PMA: its reply comes back to ``qp`` (QP0 or QP1)."""
+        assert self.mad_agents is not None
+        req = Packet(PacketOp.SEND, _UD, port, port, (), qp.num, qp.num, 0, pkey, mad)
+        n, words = wire_cost(req)
+        port.pm[2] += n
+        port.pm[0] += words
+        self.counters.sent += 1
+        reply = self.mad_agents.answer(port, dlid, mad, (n, words))
+        if reply is None:
+            self._drop("dropped_no_dest")
+            return
+        responder, slid, resp = reply
+        pkt = Packet(PacketOp.SEND, _UD, responder or port, port, (), qp.num, qp.num, 0, pkey, resp)
+        pkt.slid = slid
+        pkt.qkey = QP1_WELL_KNOWN_QKEY if qp.num == 1 else 0
+        self._transmit(pkt)
+        if responder is None:  # a switch answered: the reply did not leave this port
+            n, words = wire_cost(pkt)
+            port.pm[2] -= n
+            port.pm[0] -= words
 
     def _send_mcast(
         self,

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ibal.clock import ManualClock
+from ibal.providers.mock.agents import MadAgents
 from ibal.providers.mock.ca import MOCK_OUI, CaLimits, MockCa
 from ibal.providers.mock.ca_state import CaState
 from ibal.providers.mock.capture import mock_capture
@@ -91,6 +92,7 @@ class MockFabric:
         self.links: list[Link] = []
         self.sm_lid = 0
         self.sm = SubnetManager(self)
+        self.engine.mad_agents = MadAgents(self)
         self.switch = self.add_switch("sw0")
         self._next_lid = 1
         self._ca_index = 0

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from mockenv import Node, connect, open_node
+from mockenv import Node, connect, open_node, special_ready
 
+from ibal.ci import Handle
 from ibal.mad import dump, header, perf, smp
 from ibal.mad.consts import MadStatus, Method, MgmtClass, PerfAttr, SmpAttr
 from ibal.providers.mock import MockFabric
@@ -15,7 +16,16 @@ from ibal.providers.mock.packets import Packet
 from ibal.providers.mock.smi import send
 from ibal.providers.mock.topology import Switch
 from ibal.status import Timeout
-from ibal.types import SendWr, WrType
+from ibal.types import (
+    QP1_WELL_KNOWN_QKEY,
+    AvAttr,
+    QpCaps,
+    QpType,
+    RecvWr,
+    SendWr,
+    UdDest,
+    WrType,
+)
 
 # mock0, mock1 on sw0 ports 1, 2; sw0:3 - sw1:1; sw1:2 - sw2:1; sw2:2 - far
 TO_FAR = [1, 3, 2, 2]
@@ -327,3 +337,55 @@ def test_switches_are_numbered_and_stay_out_of_ca_routes(fabric: MockFabric) -> 
     sw0 = fabric.switch
     assert isinstance(sw0, Switch) and sw0.port_links[3] is not None
     assert [sw0.port_of(ln) for ln in sw0.links] == [1, 2, 3]
+
+
+# ============================================================ QP0 and QP1
+def special(node: Node, qp_type: QpType) -> Handle:
+    qp = node.ca.create_spl_qp(node.pd, 1, qp_type, QpCaps(8, 8, 1, 1, 0), node.cq, node.cq, "m")
+    special_ready(node, qp.handle, QP1_WELL_KNOWN_QKEY if qp_type is QpType.QP1 else 0)
+    node.ca.post_recv(qp.handle, [RecvWr(7, [node.sge(4096, 40 + 256)])])
+    return qp.handle
+
+
+def over_qp(node: Node, qp: Handle, mad: bytes, dlid: int, qpn: int) -> bytes:
+    node.buf[0:256] = mad
+    av = node.ca.create_av(node.pd, AvAttr(1, dlid=dlid))
+    qkey = QP1_WELL_KNOWN_QKEY if qpn == 1 else 0
+    node.ca.post_send(qp, [SendWr(1, WrType.SEND, [node.sge(0, 256)],
+                                  ud=UdDest(av=av, remote_qp=qpn, remote_qkey=qkey))])  # fmt: skip
+    wcs = node.poll()
+    assert sorted(w.status.name for w in wcs) == ["SUCCESS", "SUCCESS"]
+    (recv,) = [w for w in wcs if w.wr_id == 7]
+    assert recv.length == 40 + 256 and recv.src_qp == qpn
+    return bytes(node.buf[4096 + 40 : 4096 + 296])
+
+
+def test_dr_smp_over_qp0_through_two_switches(fabric: MockFabric, a: Node) -> None:
+    qp0 = special(a, QpType.QP0)
+    resp = over_qp(a, qp0, bytes(dr_get(SmpAttr.NODE_INFO, TO_FAR)), 0xFFFF, 0)
+    d = header.DR_SMP.decode(resp)
+    assert (d["method"], d["d"], d["status"], d["hop_pointer"]) == (Method.GET_RESP, 1, 0, 0)
+    ni = smp.NODE_INFO.decode(d["data"])  # type: ignore[arg-type]
+    assert ni["node_guid"] == fabric.ca("far").guid
+
+
+def test_lid_routed_smp_over_qp0_to_a_switch(fabric: MockFabric, a: Node) -> None:
+    qp0 = special(a, QpType.QP0)
+    sw2 = fabric.switches[2]
+    req = header.build(MgmtClass.SUBN_LID, Method.GET, SmpAttr.NODE_INFO, tid=5)
+    resp = over_qp(a, qp0, bytes(req), sw2.lid, 0)
+    assert smp.NODE_INFO.decode(smp_data(resp))["node_guid"] == sw2.guid
+    assert a.poll() == []
+
+
+def test_perfmgt_over_qp1_reads_the_remote_ports_counters(fabric: MockFabric, a: Node) -> None:
+    qp1 = special(a, QpType.QP1)
+    far = fabric.ca("far").ports[0]
+    far.pm[2] += 12345  # packets it sent
+    data = perf.PORT_COUNTERS.encode(port_select=1)
+    req = header.build(MgmtClass.PERF, Method.GET, PerfAttr.PORT_COUNTERS, tid=9, data=data)
+    resp = over_qp(a, qp1, bytes(req), far.lid, 1)
+    assert header.header(resp).status == 0 and header.header(resp).tid == 9
+    pc = perf.PORT_COUNTERS.decode(resp[header.PERF_DATA :])
+    assert pc["port_xmit_pkts"] == 12345
+    assert pc["port_rcv_pkts"] == 1  # the request itself; its reply is counted after
