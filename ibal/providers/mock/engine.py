@@ -792,7 +792,7 @@ class Engine:
     def _transmit(self, pkt: Packet) -> None:
         self.counters.sent += 1
         pm = pkt.src_port.pm
-        n, words = wire_cost(pkt)
+        n, words = pkt.cost = wire_cost(pkt)
         pm[2] += n
         pm[0] += words
         pkt.topo = self._topo_gen
@@ -1041,7 +1041,7 @@ class Engine:
         pkt.qkey = QP1_WELL_KNOWN_QKEY if qp.num == 1 else 0
         self._transmit(pkt)
         if responder is None:  # a switch answered: the reply did not leave this port
-            n, words = wire_cost(pkt)
+            n, words = pkt.cost
             port.pm[2] -= n
             port.pm[0] -= words
 
@@ -1247,7 +1247,7 @@ class Engine:
             return
         self.counters.delivered += 1
         pm = pkt.dst_port.pm
-        n, words = wire_cost(pkt)
+        n, words = pkt.cost
         pm[3] += n
         pm[1] += words
         if pkt.op >= 16:

@@ -32,6 +32,9 @@ MCAST_QPN = 0xFFFFFF
 GRH_LEN = 40
 
 
+_NO_COST = (0, 0)
+
+
 class PacketOp(enum.IntEnum):
     """The operation a packet carries (requests below 16, responses from 16)."""
 
@@ -58,6 +61,7 @@ class Packet:
 
     __slots__ = (
         "compare",
+        "cost",
         "dlid",
         "dst_port",
         "dst_qpn",
@@ -126,6 +130,7 @@ class Packet:
         self.grh: bytes | None = None
         self.icrc: int | None = None
         self.topo = 0
+        self.cost = _NO_COST  # (IB packets, 4-byte words) for the PMA, set when transmitted
 
     def clone(self) -> Packet:
         p = Packet.__new__(Packet)

@@ -35,34 +35,46 @@ _PC_SELECT = {XMIT_DATA: 1 << 12, RCV_DATA: 1 << 13, XMIT_PKTS: 1 << 14, RCV_PKT
 _PCE_SELECT = {XMIT_DATA: 1 << 0, RCV_DATA: 1 << 1, XMIT_PKTS: 1 << 2, RCV_PKTS: 1 << 3}
 
 _LINK = 8 + 12 + 4 + 2  # LRH, BTH, ICRC, VCRC: every packet
-_UD_EXTRA = 8  # DETH
-_MULTI = frozenset({PacketOp.SEND, PacketOp.SEND_IMM, PacketOp.RDMA_WRITE,
-                    PacketOp.RDMA_WRITE_IMM, PacketOp.READ_RESP})  # fmt: skip
-# extension headers a message carries once (RETH, AtomicETH, AETH, ImmDt...)
-_ONCE = {
-    PacketOp.SEND: 0, PacketOp.SEND_IMM: 4, PacketOp.RDMA_WRITE: 16,
-    PacketOp.RDMA_WRITE_IMM: 20, PacketOp.RDMA_READ_REQ: 16, PacketOp.COMPARE_SWAP: 28,
-    PacketOp.FETCH_ADD: 28, PacketOp.ACK: 4, PacketOp.NAK: 4, PacketOp.RNR_NAK: 4,
-    PacketOp.READ_RESP: 4, PacketOp.ATOMIC_ACK: 12,
-}  # fmt: skip
+# Indexed by PacketOp: extension headers a message carries once (RETH, AtomicETH,
+# AETH, ImmDt...), and whether its npsn counts packets (data messages) or not.
+_ONCE = [0] * (max(PacketOp) + 1)
+_MULTI = [False] * (max(PacketOp) + 1)
+for _op, _octets in (
+    (PacketOp.SEND, 0), (PacketOp.SEND_IMM, 4), (PacketOp.RDMA_WRITE, 16),
+    (PacketOp.RDMA_WRITE_IMM, 20), (PacketOp.RDMA_READ_REQ, 16), (PacketOp.COMPARE_SWAP, 28),
+    (PacketOp.FETCH_ADD, 28), (PacketOp.ACK, 4), (PacketOp.NAK, 4), (PacketOp.RNR_NAK, 4),
+    (PacketOp.READ_RESP, 4), (PacketOp.ATOMIC_ACK, 12),
+):  # fmt: skip
+    _ONCE[_op] = _octets
+for _op in (PacketOp.SEND, PacketOp.SEND_IMM, PacketOp.RDMA_WRITE, PacketOp.RDMA_WRITE_IMM,
+            PacketOp.READ_RESP):  # fmt: skip
+    _MULTI[_op] = True
+_UD = QpType.UD
+_READ_RESP = PacketOp.READ_RESP
 
 
 def wire_cost(pkt: Packet) -> tuple[int, int]:
-    """(IB packets, 4-byte words from LRH to VCRC) of one mock message."""
+    """(IB packets, 4-byte words from LRH to VCRC) of one mock message.
+
+    On the engine's per-packet path: table lookups and integer arithmetic only.
+    """
     op = pkt.op
-    length = pkt.length if op is not PacketOp.RDMA_READ_REQ else 0
-    n = pkt.npsn if op in _MULTI and pkt.transport is not QpType.UD else 1
-    n = max(n, 1)
-    per = _LINK + (40 if pkt.grh is not None else 0)
-    if pkt.transport is QpType.UD:
-        per += _UD_EXTRA
-    once = _ONCE[op]
-    if op is PacketOp.READ_RESP and n > 1:
-        once += 4  # AETH in the first and the last packet
-    if pkt.inv is not None:
-        once += 4  # IETH
-    octets = n * per + once + length + (-length % 4)
-    return n, octets // 4
+    octets = _ONCE[op]
+    if _MULTI[op]:
+        length = pkt.length
+        octets += length + (-length & 3)
+        if pkt.transport is _UD:  # one packet: DETH, maybe a GRH
+            n = 1
+            octets += _LINK + 8 + (0 if pkt.grh is None else 40)
+        else:
+            n = pkt.npsn
+            octets += n * _LINK
+            if op is _READ_RESP and n > 1:
+                octets += 4  # AETH in the first and the last packet
+            elif pkt.inv is not None:
+                octets += 4  # IETH
+        return n, octets >> 2
+    return 1, (octets + _LINK) >> 2  # requests without payload, ACKs: one packet
 
 
 def answer(port: MockPort, mad: bytes) -> bytearray:

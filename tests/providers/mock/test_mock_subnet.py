@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from mockenv import Node, connect, open_node, special_ready
+from mockenv import UD_QKEY, Node, connect, open_node, special_ready, ud_ready
 
 from ibal.ci import Handle
 from ibal.mad import dump, header, perf, smp
@@ -13,6 +13,7 @@ from ibal.mad.consts import MadStatus, Method, MgmtClass, PerfAttr, SmpAttr
 from ibal.providers.mock import MockFabric
 from ibal.providers.mock.capture import ib_frame, ib_packets
 from ibal.providers.mock.packets import Packet
+from ibal.providers.mock.pma import wire_cost
 from ibal.providers.mock.smi import send
 from ibal.providers.mock.topology import Switch
 from ibal.status import Timeout
@@ -389,3 +390,37 @@ def test_perfmgt_over_qp1_reads_the_remote_ports_counters(fabric: MockFabric, a:
     pc = perf.PORT_COUNTERS.decode(resp[header.PERF_DATA :])
     assert pc["port_xmit_pkts"] == 12345
     assert pc["port_rcv_pkts"] == 1  # the request itself; its reply is counted after
+
+
+def test_wire_cost_matches_the_captured_frames_of_every_operation(
+    fabric: MockFabric, a: Node
+) -> None:
+    b = open_node(fabric.cas[1])
+    qa, _ = connect(a, b)
+    ua, ub = a.qp(QpType.UD), b.qp(QpType.UD)
+    ud_ready(a, ua)
+    ud_ready(b, ub)
+    b.ca.post_recv(ub, [RecvWr(1, [b.sge(8192, 4096)])])
+    seen: list[Packet] = []
+    fabric.capture = lambda p: seen.append(p.clone())
+    rkey, far = b.mr.rkey, b.addr(0)
+    av = a.ca.create_av(a.pd, AvAttr(1, dlid=b.lid))
+    a.ca.post_send(qa, [
+        SendWr(1, WrType.RDMA_WRITE, [a.sge(0, 3000)], remote_addr=far, rkey=rkey),
+        SendWr(2, WrType.RDMA_READ, [a.sge(4096, 9000)], remote_addr=far, rkey=rkey),
+        SendWr(3, WrType.COMPARE_SWAP, [a.sge(16000, 8)], remote_addr=far, rkey=rkey,
+               compare_add=0, swap=1),
+        SendWr(4, WrType.FETCH_ADD, [a.sge(16008, 8)], remote_addr=far + 8, rkey=rkey,
+               compare_add=1),
+    ])  # fmt: skip
+    ud = UdDest(av=av, remote_qp=ub.num, remote_qkey=UD_QKEY)
+    a.ca.post_send(ua, [SendWr(5, WrType.SEND, [a.sge(0, 777)], ud=ud)])
+    fabric.run_until_idle()
+    assert sorted(w.status.name for w in a.poll()) == ["SUCCESS"] * 5
+    fabric.capture = None
+    ops = {m.op.name for m in seen}
+    assert {"RDMA_WRITE", "RDMA_READ_REQ", "READ_RESP", "COMPARE_SWAP", "FETCH_ADD",
+            "ATOMIC_ACK", "ACK", "SEND"} <= ops  # fmt: skip
+    for m in seen:
+        frames = [len(ib_frame(m, p)) for p in ib_packets(m)]
+        assert wire_cost(m) == (len(frames), sum(frames) // 4), m
