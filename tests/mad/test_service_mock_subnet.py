@@ -10,9 +10,18 @@ from dataclasses import dataclass
 import pytest
 
 from ibal.al import AlManager, Ca
-from ibal.mad import MadElement, MadService, MadSvc, header, perf, put_mad, reg_mad_svc, smp
+from ibal.mad import (
+    MadElement,
+    MadService,
+    MadSvc,
+    header,
+    perf,
+    put_mad,
+    reg_mad_svc,
+    smp,
+    transact,
+)
 from ibal.mad.consts import Method, MgmtClass, PerfAttr, SmpAttr
-from ibal.mad.transact import transact
 from ibal.providers.mock import MockFabric, MockProvider
 from ibal.types import QP1_WELL_KNOWN_QKEY, AsyncEvent, MadAddr, QpType
 

@@ -291,7 +291,8 @@ class SpecialQpChecks(ConformanceBase):
             )
         )
         mad = bytearray(MAD_SIZE)
-        mad[0:4] = bytes([1, 0x04, 1, 0x01])  # base version, PerfMgt class, v1, Get
+        # a vendor class: a port's PMA/SMA would answer PerfMgt or SMPs instead
+        mad[0:4] = bytes([1, 0x09, 1, 0x01])  # base version, vendor class 0x09, v1, Get
         spl.buf[0:MAD_SIZE] = mad
         qp.post_recv(spl.recv_wr(7))
         qp.post_send(
