@@ -322,6 +322,9 @@ class MockFabric:
 
     def _cable(self, a: Endpoint, b: Endpoint) -> Link:
         for end in (a, b):
+            if isinstance(end, Switch) and not end.free_ports():
+                raise ResourceBusy(f"{end.name}: all {end.num_ports} ports are cabled")
+        for end in (a, b):
             if isinstance(end, MockPort) and end.link is not None:
                 self._uncable(end.link)
         link = Link(a, b, f"{_name(a)}<->{_name(b)}")
@@ -330,10 +333,7 @@ class MockFabric:
             if isinstance(end, MockPort):
                 end.link = link
             else:
-                try:
-                    end.attach(link)
-                except ValueError as exc:
-                    raise ResourceBusy(str(exc)) from None
+                end.attach(link)
         self.engine.topology_changed()
         for end in (a, b):
             if isinstance(end, MockPort):

@@ -122,6 +122,9 @@ class Switch:
                 return num
         raise ValueError(f"{self.name}: all {self.num_ports} ports are cabled")
 
+    def free_ports(self) -> int:
+        return self.port_links.count(None) - 1  # port 0 is never cabled
+
     def detach(self, link: Link) -> None:
         if link in self.links:
             self.links.remove(link)

@@ -16,7 +16,7 @@ from ibal.providers.mock.packets import Packet
 from ibal.providers.mock.pma import wire_cost
 from ibal.providers.mock.smi import send
 from ibal.providers.mock.topology import Switch
-from ibal.status import Timeout
+from ibal.status import ResourceBusy, Timeout
 from ibal.types import (
     QP1_WELL_KNOWN_QKEY,
     AvAttr,
@@ -424,3 +424,12 @@ def test_wire_cost_matches_the_captured_frames_of_every_operation(
     for m in seen:
         frames = [len(ib_frame(m, p)) for p in ib_packets(m)]
         assert wire_cost(m) == (len(frames), sum(frames) // 4), m
+
+
+def test_a_full_switch_refuses_another_cable(fabric: MockFabric) -> None:
+    small = fabric.add_switch("small", ports=1)
+    fabric.link(small, fabric.switches[2])
+    ca = fabric.add_ca("spare", connect=False)
+    with pytest.raises(ResourceBusy):
+        fabric.link(ca.ports[0], small)
+    assert ca.ports[0].link is None and small.port_links == [None, small.links[0]]
