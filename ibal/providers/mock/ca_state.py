@@ -38,7 +38,6 @@ from ibal.status import (
     InvalidState,
 )
 from ibal.types import (
-    AccessFlags,
     AvAttr,
     QpState,
     QpType,
@@ -61,19 +60,6 @@ MOCK_OUI = 0x02_1B_A1
 MOCK_DEVICE_ID = 0x1BA1
 MOCK_REVISION = 1
 FW_VERSION = "1.0.0 (ibal mock)"
-
-REMOTE = int(AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE | AccessFlags.ATOMIC)
-NEEDS_LOCAL_WRITE = int(AccessFlags.RDMA_WRITE | AccessFlags.ATOMIC)
-ANY_WRITE = int(AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.ATOMIC)
-ALL_ACCESS = int(
-    AccessFlags.RDMA_READ
-    | AccessFlags.RDMA_WRITE
-    | AccessFlags.ATOMIC
-    | AccessFlags.LOCAL_WRITE
-    | AccessFlags.MW_BIND
-)
-MW_BIND = int(AccessFlags.MW_BIND)
-LOCAL_WRITE = int(AccessFlags.LOCAL_WRITE)
 
 SIGNALED = int(SendOpt.SIGNALED)
 IMMEDIATE = int(SendOpt.IMMEDIATE)

@@ -12,12 +12,12 @@ from ibal.ci.interface import (
     CqCreated,
     Handle,
 )
+from ibal.providers import checks
 from ibal.providers.mock.objects import (
     MockCq,
 )
 from ibal.status import (
     InvalidCqHandle,
-    InvalidCqSize,
     InvalidParameter,
     Overflow,
     ResourceBusy,
@@ -41,8 +41,7 @@ class CqVerbs(CaState):
     @verb
     def create_cq(self, h_ca: Handle, size: int, cq_context: Any) -> CqCreated:
         self._h_ca(h_ca)
-        if not isinstance(size, int) or not 1 <= size <= self.limits.max_cqes:
-            raise InvalidCqSize(f"CQ size must be 1..{self.limits.max_cqes}")
+        checks.check_cq_size(size, self.limits)
         self._check_count("cq", self.limits.max_cqs)
         self._n["cq"] += 1
         cq = MockCq(self, size, cq_context)
@@ -51,8 +50,7 @@ class CqVerbs(CaState):
     @verb
     def resize_cq(self, h_cq: Handle, size: int) -> int:
         cq = self._h_cq(h_cq)
-        if not isinstance(size, int) or not 1 <= size <= self.limits.max_cqes:
-            raise InvalidCqSize(f"CQ size must be 1..{self.limits.max_cqes}")
+        checks.check_cq_size(size, self.limits)
         if size < len(cq.entries):
             raise Overflow(f"the CQ holds {len(cq.entries)} entries, more than {size}")
         cq.size = size

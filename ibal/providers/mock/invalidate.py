@@ -7,7 +7,8 @@ rxe) does not let a region registered the ordinary way be invalidated.
 
 from __future__ import annotations
 
-from ibal.providers.mock.ca_state import LOCAL_WRITE, MW_BIND, NEEDS_LOCAL_WRITE, CaState
+from ibal.providers.checks import LOCAL_WRITE, MW_BIND, NEEDS_LOCAL_WRITE
+from ibal.providers.mock.ca_state import CaState
 from ibal.providers.mock.objects import MockMr, MockMw, MockQp
 from ibal.types import AccessFlags, WcStatus
 

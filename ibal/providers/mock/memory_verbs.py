@@ -6,26 +6,20 @@ raises the :mod:`ibal.status` exceptions.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ibal.ci.interface import (
     Handle,
     MwCreated,
 )
+from ibal.providers import checks
 from ibal.providers.mock.objects import (
     MockMr,
     MockMw,
     SendWqe,
 )
 from ibal.status import (
-    InsufficientResources,
     InvalidParameter,
-    InvalidPermission,
-    InvalidQpState,
-    InvalidRkey,
-    InvalidServiceType,
-    InvalidSetting,
-    ResourceBusy,
 )
 from ibal.types import (
     AccessFlags,
@@ -42,55 +36,26 @@ if TYPE_CHECKING:
     pass
 
 from ibal.providers.mock.ca_state import (
-    ALL_ACCESS,
-    ANY_WRITE,
     FENCE,
-    LOCAL_WRITE,
-    MW_BIND,
-    NEEDS_LOCAL_WRITE,
     PAGE_SIZES,
-    REMOTE,
-    RTS,
     SIGNALED,
-    SQD,
     CaState,
     verb,
 )
 
 
+def _readonly(mr: MockMr) -> bool:
+    """Whether any of the region's pages is a read-only buffer."""
+    return (mr.mv is not None and mr.mv.readonly) or any(p.readonly for p in mr.pages)
+
+
 class MemoryVerbs(CaState):
     """Memory regions (virtual, physical, shared) and type 1 memory windows."""
-
-    @staticmethod
-    def _check_access(access: AccessFlags) -> int:
-        try:
-            acc = int(access)
-        except (TypeError, ValueError):
-            raise InvalidParameter(f"bad access flags {access!r}") from None
-        if acc & ~ALL_ACCESS or acc < 0:
-            raise InvalidParameter(f"unknown access bits in {access!r}")
-        if acc & NEEDS_LOCAL_WRITE and not acc & LOCAL_WRITE:
-            raise InvalidPermission("remote write and atomic access need local write")
-        return acc
-
-    @staticmethod
-    def _as_bytes_view(buffer: Any, acc: int) -> memoryview:
-        try:
-            mv = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
-        except TypeError:
-            raise InvalidParameter(f"{type(buffer).__name__} is not a buffer") from None
-        if not mv.contiguous:
-            raise InvalidParameter("the buffer is not contiguous")
-        if mv.format != "B" or mv.ndim != 1:
-            mv = mv.cast("B")
-        if mv.readonly and acc & ANY_WRITE:
-            raise InvalidPermission("write access requested on a read-only buffer")
-        return mv
 
     def _install_keys(self, mr: MockMr, acc: int, key: int | None = None) -> None:
         key = self._new_key() if key is None else key
         mr.lkey = key
-        mr.rkey = key if acc & REMOTE else 0
+        mr.rkey = key if acc & checks.REMOTE else 0
         mr.access = AccessFlags(acc)
         mr.acc = acc
         self.keys[key] = mr
@@ -104,19 +69,11 @@ class MemoryVerbs(CaState):
         self, h_pd: Handle, buffer: memoryview, vaddr: int, access: AccessFlags
     ) -> MrKeys:
         pd = self._h_pd(h_pd)
-        if buffer is None:
-            raise InvalidParameter("register_mr needs a buffer")
-        acc = self._check_access(access)
-        mv = self._as_bytes_view(buffer, acc)
-        length = mv.nbytes
-        if length > self.limits.max_mr_size:
-            raise InvalidParameter(f"{length} bytes is above max_mr_size")
-        if not isinstance(vaddr, int) or vaddr < 0 or vaddr + length > 1 << 64:
-            raise InvalidParameter(f"virtual address {vaddr!r} out of range")
+        acc, mv = checks.check_region(buffer, vaddr, access, self.limits)
         self._check_count("mr", self.limits.max_mrs)
         mr = MockMr(self, pd)
         mr.vaddr = vaddr
-        mr.length = length
+        mr.length = mv.nbytes
         mr.mv = mv
         self._install_keys(mr, acc)
         self._n["mr"] += 1
@@ -133,7 +90,7 @@ class MemoryVerbs(CaState):
         pd = self._h_pd(h_pd)
         if not isinstance(create, PhysCreate):
             raise InvalidParameter("register_pmr needs a PhysCreate")
-        acc = self._check_access(create.access)
+        acc = checks.check_access(create.access)
         ps = create.page_size
         if ps not in PAGE_SIZES:
             raise InvalidParameter(f"page size {ps} not supported (4 KiB .. 2 MiB, powers of 2)")
@@ -147,7 +104,7 @@ class MemoryVerbs(CaState):
             raise InvalidParameter(f"{create.length} bytes is above max_mr_size")
         pages = []
         for page in create.pages:
-            mv = self._as_bytes_view(page, acc)
+            mv = checks.byte_view(page, acc)
             if mv.nbytes < ps:
                 raise InvalidParameter(f"a page buffer is shorter than {ps} bytes")
             pages.append(mv[:ps])
@@ -173,16 +130,7 @@ class MemoryVerbs(CaState):
     @verb
     def query_mr(self, h_mr: Handle) -> MrAttr:
         mr = self._h_mr(h_mr)
-        remote = bool(mr.rkey)
-        return MrAttr(
-            local_lb=mr.vaddr,
-            local_ub=mr.vaddr + mr.length,
-            remote_lb=mr.vaddr if remote else 0,
-            remote_ub=mr.vaddr + mr.length if remote else 0,
-            access=mr.access,
-            lkey=mr.lkey,
-            rkey=mr.rkey,
-        )
+        return checks.mr_attr(mr.vaddr, mr.length, mr.acc, mr.lkey, mr.rkey)
 
     @verb
     def modify_mr(
@@ -195,33 +143,12 @@ class MemoryVerbs(CaState):
         h_pd: Handle | None,
     ) -> MrKeys:
         mr = self._h_mr(h_mr)
-        m = int(mask)
-        if not m or m & ~int(MrModMask.ADDR | MrModMask.PD | MrModMask.ACCESS):
-            raise InvalidParameter(f"bad re-registration mask {mask!r}")
-        if mr.windows:
-            raise ResourceBusy(f"{mr.windows} memory window(s) bound to the region")
-        if mr.shares:
-            raise ResourceBusy(f"{mr.shares} shared region(s) use its pages")
+        m = checks.mr_mod_mask(mask)
+        checks.check_mr_idle(mr.windows, mr.shares)
         pd = self._h_pd(h_pd) if m & int(MrModMask.PD) else mr.pd
-        if m & int(MrModMask.ACCESS):
-            if access is None:
-                raise InvalidParameter("MrModMask.ACCESS without access flags")
-            acc = self._check_access(access)
-        else:
-            acc = mr.acc
-        mv: memoryview | None = None
-        if m & int(MrModMask.ADDR):
-            if buffer is None or vaddr is None:
-                raise InvalidParameter("MrModMask.ADDR needs a buffer and an address")
-            mv = self._as_bytes_view(buffer, acc)
-            if mv.nbytes > self.limits.max_mr_size:
-                raise InvalidParameter("the new region is above max_mr_size")
-            if vaddr < 0 or vaddr + mv.nbytes > 1 << 64:
-                raise InvalidSetting(f"virtual address {vaddr!r} out of range")
-        elif acc & ANY_WRITE and (
-            (mr.mv is not None and mr.mv.readonly) or any(p.readonly for p in mr.pages)
-        ):
-            raise InvalidPermission("write access requested on a read-only buffer")
+        acc, mv = checks.check_reregistration(
+            m, buffer, vaddr, access, mr.acc, _readonly(mr), self.limits
+        )
         # apply: a deregistration and a registration, with new keys
         del self.keys[mr.lkey]
         if pd is not mr.pd:
@@ -247,23 +174,10 @@ class MemoryVerbs(CaState):
     def register_smr(self, h_mr: Handle, h_pd: Handle, access: AccessFlags, vaddr: int) -> MrKeys:
         src = self._h_mr(h_mr)
         pd = self._h_pd(h_pd)
-        acc = self._check_access(access)
-        if acc & ANY_WRITE and (
-            (src.mv is not None and src.mv.readonly) or any(p.readonly for p in src.pages)
-        ):
-            raise InvalidPermission("write access requested on read-only pages")
-        if not isinstance(vaddr, int) or vaddr < 0:
-            raise InvalidParameter(f"virtual address {vaddr!r} out of range")
+        acc = checks.check_shared(access, _readonly(src), vaddr)
         self._check_count("mr", self.limits.max_mrs)
-        page = src.page_size or 4096
-        if not vaddr:
-            assigned = src.vaddr
-        elif vaddr % page == src.vaddr % page:
-            assigned = vaddr
-        else:
-            assigned = (vaddr - vaddr % page) + src.vaddr % page
         mr = MockMr(self, pd)
-        mr.vaddr = assigned
+        mr.vaddr = checks.shared_vaddr(vaddr, src.vaddr, src.page_size or 4096)
         mr.length = src.length
         mr.mv = src.mv
         mr.pages = src.pages
@@ -280,10 +194,7 @@ class MemoryVerbs(CaState):
     @verb
     def deregister_mr(self, h_mr: Handle) -> None:
         mr = self._h_mr(h_mr)
-        if mr.windows:
-            raise ResourceBusy(f"{mr.windows} memory window(s) bound to the region")
-        if mr.shares:
-            raise ResourceBusy(f"{mr.shares} shared region(s) use its pages")
+        checks.check_mr_idle(mr.windows, mr.shares)
         mr.alive = False
         del self.keys[mr.lkey]
         if mr.parent is not None:
@@ -298,8 +209,7 @@ class MemoryVerbs(CaState):
     @verb
     def create_mw(self, h_pd: Handle, mw_type: int = 1) -> MwCreated:
         pd = self._h_pd(h_pd)
-        if mw_type not in (1, 2):
-            raise InvalidParameter(f"no memory window type {mw_type!r}")
+        checks.check_mw_type(mw_type)
         self._check_count("mw", self.limits.max_mws)
         mw = MockMw(self, pd, self._new_key(), mw_type)
         self.keys[mw.rkey] = mw
@@ -338,40 +248,14 @@ class MemoryVerbs(CaState):
     def _bind_mw(self, h_mw: Handle, h_qp: Handle, bind: BindWr) -> int:
         mw = self._h_mw(h_mw)
         qp = self._h_qp(h_qp)
-        if qp.transport is QpType.UD:
-            raise InvalidServiceType(f"{qp.qp_type.name} QPs cannot bind memory windows")
-        if not isinstance(bind, BindWr):
-            raise InvalidParameter("bind_mw needs a BindWr")
-        if mw.mw_type != 1:
-            raise InvalidParameter("a type 2 window is bound by a BIND_MW work request")
-        if bind.current_rkey != mw.rkey:
-            raise InvalidRkey(
-                f"current_rkey 0x{bind.current_rkey:x} is not the window's 0x{mw.rkey:x}"
-            )
-        if qp.state is not RTS and qp.state is not SQD:
-            raise InvalidQpState(f"bind_mw on a QP in {qp.state.name}")
-        if len(qp.sq) >= qp.caps.sq_depth:
-            raise InsufficientResources("send queue full")
+        checks.check_bind(bind, qp.qp_type, qp.transport is not QpType.UD, qp.state,
+                          len(qp.sq) >= qp.caps.sq_depth, mw.mw_type, mw.rkey)
         mr: MockMr | None = None
         acc = 0
         if bind.length:
             mr = self._h_mr(bind.mr)
-            try:
-                acc = int(bind.access) & REMOTE
-            except (TypeError, ValueError):
-                raise InvalidParameter(f"bad access {bind.access!r}") from None
-            if not mr.acc & MW_BIND:
-                raise InvalidPermission("the region was not registered with MW_BIND")
-            if acc & NEEDS_LOCAL_WRITE and not mr.acc & LOCAL_WRITE:
-                raise InvalidPermission("remote write/atomic windows need a locally writable MR")
-            if (
-                bind.length < 0
-                or bind.addr < mr.vaddr
-                or (bind.addr + bind.length > mr.vaddr + mr.length)
-            ):
-                raise InvalidParameter("the window does not lie inside the region")
-            if mr.pd is not qp.pd or mw.pd is not qp.pd:
-                raise InvalidParameter("window, region and QP must share a protection domain")
+            acc = checks.check_bind_region(bind, mr.acc, mr.vaddr, mr.length,
+                                           mr.pd is qp.pd and mw.pd is qp.pd)
         # Type 1 binds take effect when posted; the WQE gives the completion in order.
         old = mw.rkey
         new = self._rekey(old)

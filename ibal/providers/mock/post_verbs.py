@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ibal.ci.interface import (
     Handle,
 )
+from ibal.providers.checks import REMOTE
 from ibal.providers.mock.objects import (
     MockAv,
     MockMr,
@@ -43,7 +44,6 @@ from ibal.providers.mock.ca_state import (
     IMMEDIATE,
     INLINE,
     OPCODES,
-    REMOTE,
     RESET,
     RTS,
     SIGNALED,

@@ -14,20 +14,18 @@ from ibal.ci.interface import (
     Handle,
     QpCreated,
 )
+from ibal.providers import checks
 from ibal.providers.mock.objects import (
     MockQp,
-    MockSrq,
 )
 from ibal.status import (
     InvalidApmState,
-    InvalidMaxSge,
     InvalidMaxWrs,
     InvalidParameter,
     InvalidPkey,
     InvalidPort,
     InvalidServiceType,
     InvalidSetting,
-    InvalidSrqHandle,
     ResourceBusy,
     Unsupported,
 )
@@ -46,7 +44,6 @@ if TYPE_CHECKING:
     pass
 
 from ibal.providers.mock.ca_state import (
-    ALL_ACCESS,
     ERROR,
     RESET,
     RTS,
@@ -54,6 +51,8 @@ from ibal.providers.mock.ca_state import (
     CaState,
     verb,
 )
+
+_MAKES = frozenset({QpType.RC, QpType.UC, QpType.UD, QpType.MAD})
 
 
 def _resized(qp: MockQp, mod: QpMod, max_wrs: int) -> QpCaps:
@@ -77,25 +76,8 @@ def _resized(qp: MockQp, mod: QpMod, max_wrs: int) -> QpCaps:
 class QpVerbs(CaState):
     """Queue pairs: create (also the special QP0/QP1), query, modify, destroy."""
 
-    def _check_caps(self, caps: QpCaps, srq: MockSrq | None) -> None:
-        lim = self.limits
-        if not isinstance(caps, QpCaps):
-            raise InvalidParameter("QP capabilities missing")
-        if not 0 <= caps.sq_depth <= lim.max_wrs or (
-            srq is None and not 0 <= caps.rq_depth <= lim.max_wrs
-        ):
-            raise InvalidMaxWrs(f"queue depth above {lim.max_wrs} (or negative)")
-        if not 0 <= caps.sq_sge <= lim.max_sges or (
-            srq is None and not 0 <= caps.rq_sge <= lim.max_sges
-        ):
-            raise InvalidMaxSge(f"SGE count above {lim.max_sges} (or negative)")
-        if not 0 <= caps.max_inline <= lim.max_inline:
-            raise InvalidSetting(f"inline size above {lim.max_inline}")
-
     def _alloc_qpn(self) -> int:
-        qpn = self._next_qpn
-        while qpn in self.qps or qpn < 2:
-            qpn = (qpn + 1) & 0xFFFFFF
+        qpn = checks.next_qpn(self._next_qpn, self.qps)
         self._next_qpn = (qpn + 1) & 0xFFFFFF
         return qpn
 
@@ -115,13 +97,9 @@ class QpVerbs(CaState):
         scq = self._h_cq(send_cq)
         rcq = self._h_cq(recv_cq)
         s = self._h_srq(srq) if srq is not None else None
-        if s is not None and s.pd is not pd:
-            raise InvalidSrqHandle("the SRQ belongs to another protection domain")
-        if qp_type is QpType.RD:
-            raise Unsupported("reliable datagram QPs are not implemented")
-        if qp_type not in (QpType.RC, QpType.UC, QpType.UD, QpType.MAD):
-            raise InvalidServiceType(f"create_qp does not make {qp_type!r} QPs")
-        self._check_caps(caps, s)
+        checks.check_create_qp(qp_type, _MAKES, self.capabilities.reason("qp_types"),
+                               s.pd if s is not None else None, pd)
+        checks.check_qp_caps(caps, self.limits, s is not None)
         self._check_count("qp", self.limits.max_qps)
         qp = MockQp(
             self, pd, qp_type, self._alloc_qpn(), caps, scq, rcq, s, bool(sq_signaled), qp_context
@@ -162,7 +140,7 @@ class QpVerbs(CaState):
         index = 0 if qp_type is QpType.QP0 else 1
         if port.special[index] is not None:
             raise ResourceBusy(f"{qp_type.name} of {port.name} already exists")
-        self._check_caps(caps, None)
+        checks.check_qp_caps(caps, self.limits, False)
         self._check_count("qp", self.limits.max_qps)
         qp = MockQp(self, pd, qp_type, index, caps, scq, rcq, None, True, qp_context)
         qp.port = port
@@ -231,25 +209,7 @@ class QpVerbs(CaState):
             raise InvalidApmState("no alternate path is loaded: only MIGRATED is valid")
         if mod.path_mtu is not None and (port is None or mod.path_mtu > port.max_mtu):
             raise InvalidSetting(f"path MTU {mod.path_mtu!r} above the port MTU")
-        for name, top in (
-            ("dest_qp", 0xFFFFFF),
-            ("rq_psn", 0xFFFFFF),
-            ("sq_psn", 0xFFFFFF),
-            ("rnr_nak_timeout", 31),
-            ("local_ack_timeout", 31),
-            ("retry_cnt", 7),
-            ("rnr_retry_cnt", 7),
-            ("qkey", 0xFFFFFFFF),
-        ):
-            value = getattr(mod, name)
-            if value is not None and not 0 <= value <= top:
-                raise InvalidParameter(f"{name} {value} out of range 0..{top}")
-        if mod.resp_res is not None and not 0 <= mod.resp_res <= lim.max_qp_resp_res:
-            raise InvalidSetting(f"resp_res above {lim.max_qp_resp_res}")
-        if mod.init_depth is not None and not 0 <= mod.init_depth <= lim.max_qp_init_depth:
-            raise InvalidSetting(f"init_depth above {lim.max_qp_init_depth}")
-        if mod.access is not None and int(mod.access) & ~ALL_ACCESS:
-            raise InvalidParameter(f"unknown access bits in {mod.access!r}")
+        checks.check_qp_values(mod, lim)
         caps = _resized(qp, mod, lim.max_wrs)
         # ---------------------------------------------------------------- apply
         qp.caps = caps

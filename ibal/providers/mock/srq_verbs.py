@@ -13,14 +13,11 @@ from ibal.ci.interface import (
     Handle,
     SrqCreated,
 )
+from ibal.providers import checks
 from ibal.providers.mock.objects import (
     MockSrq,
 )
 from ibal.status import (
-    InvalidMaxSge,
-    InvalidMaxWrs,
-    InvalidParameter,
-    InvalidSetting,
     ResourceBusy,
     Status,
     post_error,
@@ -46,16 +43,8 @@ class SrqVerbs(CaState):
     @verb
     def create_srq(self, h_pd: Handle, attr: SrqAttr, srq_context: Any) -> SrqCreated:
         pd = self._h_pd(h_pd)
-        if not isinstance(attr, SrqAttr):
-            raise InvalidParameter("SRQ attributes missing")
-        lim = self.limits
-        if not 1 <= attr.max_wr <= lim.max_srq_wrs:
-            raise InvalidMaxWrs(f"SRQ depth must be 1..{lim.max_srq_wrs}")
-        if not 0 <= attr.max_sge <= lim.max_srq_sges:
-            raise InvalidMaxSge(f"SRQ SGE count must be 0..{lim.max_srq_sges}")
-        if not 0 <= attr.srq_limit <= attr.max_wr:
-            raise InvalidSetting("SRQ limit above its depth")
-        self._check_count("srq", lim.max_srqs)
+        checks.check_srq_attr(attr, self.limits)
+        self._check_count("srq", self.limits.max_srqs)
         srq = MockSrq(self, pd, attr.max_wr, attr.max_sge, attr.srq_limit, srq_context)
         self._n["srq"] += 1
         pd.users += 1
@@ -64,20 +53,8 @@ class SrqVerbs(CaState):
     @verb
     def modify_srq(self, h_srq: Handle, attr: SrqAttr, mask: SrqAttrMask) -> None:
         srq = self._h_srq(h_srq)
-        m = int(mask)
-        if not m or m & ~int(SrqAttrMask.MAX_WR | SrqAttrMask.LIMIT) or attr is None:
-            raise InvalidParameter(f"bad SRQ attribute mask {mask!r}")
-        max_wr = srq.max_wr
-        if m & int(SrqAttrMask.MAX_WR):
-            if not max(1, len(srq.wqes)) <= attr.max_wr <= self.limits.max_srq_wrs:
-                raise InvalidSetting(
-                    f"SRQ depth {attr.max_wr}: below the {len(srq.wqes)} posted or above the CA"
-                )
-            max_wr = attr.max_wr
-        if m & int(SrqAttrMask.LIMIT) and not 0 <= attr.srq_limit <= max_wr:
-            raise InvalidSetting(f"SRQ limit {attr.srq_limit} above its depth {max_wr}")
-        srq.max_wr = max_wr
-        if m & int(SrqAttrMask.LIMIT):
+        srq.max_wr = checks.srq_depth_after(attr, mask, srq.max_wr, len(srq.wqes), self.limits)
+        if int(mask) & int(SrqAttrMask.LIMIT):
             srq.limit = attr.srq_limit
 
     @verb

@@ -23,6 +23,7 @@ from ibal.ci import (
     CompletionCallback,
     CqCreated,
 )
+from ibal.providers import checks
 from ibal.providers.rxe.cq import Cq
 from ibal.providers.rxe.device import Device, DeviceEvent
 from ibal.providers.rxe.engine import Engine
@@ -34,7 +35,6 @@ from ibal.providers.rxe.verbs import PORT, serialized
 from ibal.status import (
     InsufficientResources,
     InvalidCaHandle,
-    InvalidCqSize,
     InvalidGid,
     InvalidParameter,
     InvalidPort,
@@ -360,14 +360,10 @@ class RxeCa(QpVerbs, MemoryVerbs, ChannelInterface):
         self._n["av"] -= 1
 
     # -------------------------------------------------------------------- CQ
-    def _check_cq_size(self, size: int) -> None:
-        if not isinstance(size, int) or not 1 <= size <= self.attr.max_cqes:
-            raise InvalidCqSize(f"CQ size must be 1..{self.attr.max_cqes}")
-
     @serialized
     def create_cq(self, h_ca: Any, size: int, cq_context: Any) -> CqCreated:
         self._h_ca(h_ca)
-        self._check_cq_size(size)
+        checks.check_cq_size(size, self.attr)
         self._count("cq", self.attr.max_cqs)
         self._n["cq"] += 1
         return CqCreated(Cq(self, size, cq_context), size)
@@ -375,7 +371,7 @@ class RxeCa(QpVerbs, MemoryVerbs, ChannelInterface):
     @serialized
     def resize_cq(self, h_cq: Any, size: int) -> int:
         cq = self._h_cq(h_cq)
-        self._check_cq_size(size)
+        checks.check_cq_size(size, self.attr)
         if size < len(cq.entries):
             raise Overflow(f"the CQ holds {len(cq.entries)} entries, more than {size}")
         cq.size = size

@@ -14,16 +14,8 @@ Threading: called under the CA lock (verbs and the engine take it).
 from __future__ import annotations
 
 import secrets
-from typing import Any
 
-from ibal.types import AccessFlags
-
-REMOTE = int(AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE | AccessFlags.ATOMIC)
-LOCAL_WRITE = int(AccessFlags.LOCAL_WRITE)
-MW_BIND = int(AccessFlags.MW_BIND)
-NEEDS_LOCAL_WRITE = int(AccessFlags.RDMA_WRITE | AccessFlags.ATOMIC)
-ANY_WRITE = int(AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.ATOMIC)
-ALL_ACCESS = REMOTE | LOCAL_WRITE | MW_BIND
+from ibal.providers.checks import LOCAL_WRITE, MW_BIND, NEEDS_LOCAL_WRITE
 
 _EMPTY = memoryview(bytearray())
 
@@ -242,33 +234,3 @@ class QpMemory:
         mw.qp = self.owner
         return True
 
-
-def check_access(access: Any) -> int:
-    """Validated access bits as an int; ``InvalidParameter``/``InvalidPermission``."""
-    from ibal.status import InvalidParameter, InvalidPermission
-
-    try:
-        acc = int(access)
-    except (TypeError, ValueError):
-        raise InvalidParameter(f"bad access flags {access!r}") from None
-    if acc < 0 or acc & ~ALL_ACCESS:
-        raise InvalidParameter(f"unknown access bits in {access!r}")
-    if acc & NEEDS_LOCAL_WRITE and not acc & LOCAL_WRITE:
-        raise InvalidPermission("remote write and atomic access need local write")
-    return acc
-
-
-def byte_view(buffer: Any, acc: int) -> memoryview:
-    """The consumer's buffer as a flat byte view; checks contiguity and writability."""
-    from ibal.status import InvalidParameter, InvalidPermission
-
-    try:
-        mv = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
-    except TypeError:
-        raise InvalidParameter(f"{type(buffer).__name__} is not a buffer") from None
-    if not mv.contiguous:
-        raise InvalidParameter("the buffer is not contiguous")
-    mv = mv.cast("B")  # always a view of our own, so deregistration may release it
-    if mv.readonly and acc & ANY_WRITE:
-        raise InvalidPermission("write access requested on a read-only buffer")
-    return mv

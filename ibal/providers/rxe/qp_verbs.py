@@ -17,9 +17,11 @@ from typing import Any
 
 from ibal import qp_fsm
 from ibal.ci import QpCreated, SrqCreated
+from ibal.providers import checks
+from ibal.providers.checks import REMOTE
 from ibal.providers.rxe import wire
 from ibal.providers.rxe.core import QpCore
-from ibal.providers.rxe.memory import ALL_ACCESS, REMOTE, Mr, Mw, QpMemory
+from ibal.providers.rxe.memory import Mr, Mw, QpMemory
 from ibal.providers.rxe.qp import QpConfig
 from ibal.providers.rxe.qps import (
     Av,
@@ -31,15 +33,12 @@ from ibal.providers.rxe.qps import (
 )
 from ibal.providers.rxe.verbs import PORT, CaState, serialized
 from ibal.status import (
-    InvalidMaxSge,
-    InvalidMaxWrs,
     InvalidParameter,
     InvalidPkey,
     InvalidPort,
     InvalidQpHandle,
     InvalidServiceType,
     InvalidSetting,
-    InvalidSrqHandle,
     ResourceBusy,
     Status,
     Unsupported,
@@ -80,9 +79,7 @@ _INLINE = int(SendOpt.INLINE)
 _IMMEDIATE = int(SendOpt.IMMEDIATE)
 _OK = WcStatus.SUCCESS
 _BAD_SGE = (Sge(0, 1, 0),)  # key 0 is never valid: the core fails the WR in order
-_RANGES = (("dest_qp", 0xFFFFFF), ("rq_psn", 0xFFFFFF), ("sq_psn", 0xFFFFFF),
-           ("rnr_nak_timeout", 31), ("local_ack_timeout", 31), ("retry_cnt", 7),
-           ("rnr_retry_cnt", 7), ("qkey", 0xFFFFFFFF))  # fmt: skip
+_MAKES = frozenset({QpType.RC, QpType.UC, QpType.UD})
 
 
 class QpVerbs(CaState):
@@ -91,25 +88,8 @@ class QpVerbs(CaState):
     _next_qpn: int
 
     # ---------------------------------------------------------------- create
-    def _check_caps(self, caps: QpCaps, srq: Srq | None) -> None:
-        lim = self.attr
-        if not isinstance(caps, QpCaps):
-            raise InvalidParameter("QP capabilities missing")
-        if not 0 <= caps.sq_depth <= lim.max_wrs or (
-            srq is None and not 0 <= caps.rq_depth <= lim.max_wrs
-        ):
-            raise InvalidMaxWrs(f"queue depth above {lim.max_wrs} (or negative)")
-        if not 0 <= caps.sq_sge <= lim.max_sges or (
-            srq is None and not 0 <= caps.rq_sge <= lim.max_sges
-        ):
-            raise InvalidMaxSge(f"SGE count above {lim.max_sges} (or negative)")
-        if not 0 <= caps.max_inline <= lim.max_inline:
-            raise InvalidSetting(f"inline size above {lim.max_inline}")
-
     def _alloc_qpn(self) -> int:
-        qpn = self._next_qpn
-        while qpn in self.engine.qps or qpn < 2:
-            qpn = (qpn + 1) & 0xFFFFFF
+        qpn = checks.next_qpn(self._next_qpn, self.engine.qps)
         self._next_qpn = (qpn + 1) & 0xFFFFFF
         return qpn
 
@@ -145,13 +125,9 @@ class QpVerbs(CaState):
         scq = self._h_cq(send_cq)
         rcq = self._h_cq(recv_cq)
         s = self._h_srq(srq) if srq is not None else None
-        if s is not None and s.pd is not pd:
-            raise InvalidSrqHandle("the SRQ belongs to another protection domain")
-        if qp_type is QpType.RD:
-            raise Unsupported(f"RD QPs: {self.capabilities.reason('qp_types')}")
-        if qp_type not in (QpType.RC, QpType.UC, QpType.UD):
-            raise InvalidServiceType(f"create_qp does not make {qp_type!r} QPs")
-        self._check_caps(caps, s)
+        checks.check_create_qp(qp_type, _MAKES, self.capabilities.reason("qp_types"),
+                               s.pd if s is not None else None, pd)
+        checks.check_qp_caps(caps, self.attr, s is not None)
         qp = self._new_qp(pd, qp_type, self._alloc_qpn(), caps, scq, rcq, s, sq_signaled,
                           qp_context)
         return QpCreated(qp, qp.attr())
@@ -170,7 +146,7 @@ class QpVerbs(CaState):
             raise InvalidServiceType(f"create_spl_qp makes QP1, not {qp_type!r}")
         if 1 in self.engine.qps:
             raise ResourceBusy(f"QP1 of {self.name} already exists")
-        self._check_caps(caps, None)
+        checks.check_qp_caps(caps, self.attr, False)
         qp = self._new_qp(pd, qp_type, 1, caps, scq, rcq, None, True, qp_context)
         return QpCreated(qp, qp.attr())
 
@@ -220,7 +196,6 @@ class QpVerbs(CaState):
         if not isinstance(mod, QpMod):
             raise InvalidParameter("modify_qp needs a QpMod")
         qp_fsm.check_modify(qp.qp_type, qp.state, mod)
-        lim = self.attr
         if mod.port_num is not None and mod.port_num != PORT:
             raise InvalidPort(f"{self.name} has no port {mod.port_num}")
         path = self._path(mod.primary_av) if mod.primary_av is not None else None
@@ -231,16 +206,7 @@ class QpVerbs(CaState):
         port_mtu = self.device.port_attr().active_mtu
         if mod.path_mtu is not None and mod.path_mtu > port_mtu:
             raise InvalidSetting(f"path MTU {mod.path_mtu!r} above the port's {port_mtu!r}")
-        for name, top in _RANGES:
-            value = getattr(mod, name)
-            if value is not None and not 0 <= value <= top:
-                raise InvalidParameter(f"{name} {value} out of range 0..{top}")
-        if mod.resp_res is not None and not 0 <= mod.resp_res <= lim.max_qp_resp_res:
-            raise InvalidSetting(f"resp_res above {lim.max_qp_resp_res}")
-        if mod.init_depth is not None and not 0 <= mod.init_depth <= lim.max_qp_init_depth:
-            raise InvalidSetting(f"init_depth above {lim.max_qp_init_depth}")
-        if mod.access is not None and int(mod.access) & ~ALL_ACCESS:
-            raise InvalidParameter(f"unknown access bits in {mod.access!r}")
+        checks.check_qp_values(mod, self.attr)
         if mod.sq_depth is not None or mod.rq_depth is not None:
             raise Unsupported(f"resize_qp: {self.capabilities.reason('resize_qp')}")
         self._apply(qp, mod, path)
@@ -308,16 +274,8 @@ class QpVerbs(CaState):
     @serialized
     def create_srq(self, h_pd: Any, attr: SrqAttr, srq_context: Any) -> SrqCreated:
         pd = self._h_pd(h_pd)
-        if not isinstance(attr, SrqAttr):
-            raise InvalidParameter("SRQ attributes missing")
-        lim = self.attr
-        if not 1 <= attr.max_wr <= lim.max_srq_wrs:
-            raise InvalidMaxWrs(f"SRQ depth must be 1..{lim.max_srq_wrs}")
-        if not 0 <= attr.max_sge <= lim.max_srq_sges:
-            raise InvalidMaxSge(f"SRQ SGE count must be 0..{lim.max_srq_sges}")
-        if not 0 <= attr.srq_limit <= attr.max_wr:
-            raise InvalidSetting("SRQ limit above its depth")
-        self._count("srq", lim.max_srqs)
+        checks.check_srq_attr(attr, self.attr)
+        self._count("srq", self.attr.max_srqs)
         srq = Srq(self, pd, attr.max_wr, attr.max_sge, attr.srq_limit, srq_context)
         self._n["srq"] += 1
         pd.users += 1
@@ -326,20 +284,8 @@ class QpVerbs(CaState):
     @serialized
     def modify_srq(self, h_srq: Any, attr: SrqAttr, mask: SrqAttrMask) -> None:
         srq = self._h_srq(h_srq)
-        m = int(mask)
-        if not m or m & ~int(SrqAttrMask.MAX_WR | SrqAttrMask.LIMIT) or attr is None:
-            raise InvalidParameter(f"bad SRQ attribute mask {mask!r}")
-        max_wr = srq.max_wr
-        if m & int(SrqAttrMask.MAX_WR):
-            if not max(1, len(srq)) <= attr.max_wr <= self.attr.max_srq_wrs:
-                raise InvalidSetting(
-                    f"SRQ depth {attr.max_wr}: below the {len(srq)} posted or above the CA"
-                )
-            max_wr = attr.max_wr
-        if m & int(SrqAttrMask.LIMIT) and not 0 <= attr.srq_limit <= max_wr:
-            raise InvalidSetting(f"SRQ limit {attr.srq_limit} above its depth {max_wr}")
-        srq.max_wr = max_wr
-        if m & int(SrqAttrMask.LIMIT):
+        srq.max_wr = checks.srq_depth_after(attr, mask, srq.max_wr, len(srq), self.attr)
+        if int(mask) & int(SrqAttrMask.LIMIT):
             srq.limit = attr.srq_limit
 
     @serialized
