@@ -23,9 +23,7 @@ with one JSON line:
 """
 
 import hashlib
-import json
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -33,16 +31,13 @@ import time
 sys.path.append("/usr/lib/python3/dist-packages")
 
 import pyverbs.enums as e
-from pyverbs.addr import GID, AHAttr, GlobalRoute
+from pyverbs.addr import GID
 from pyverbs.cq import CQ
 from pyverbs.device import Context
-from pyverbs.mr import MR
 from pyverbs.pd import PD
-from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
+from pyverbs_peer import PORT_NUM, RW, Line, connect, rc_qp, zeroed_mr
 
-PORT_NUM = 1
-GID_INDEX = 1  # the IPv4-mapped GID of rxe0 on eth0
 WINDOW = 16
 SIZE = int(sys.argv[2])
 RNR_RETRY = int(sys.argv[3])
@@ -59,45 +54,13 @@ while ctx.query_port(PORT_NUM).active_mtu < MTU_ENUM:  # rxe follows the netdev 
     time.sleep(0.05)
 pd = PD(ctx)
 cq = CQ(ctx, 1024, None, None, 0)
-cap = QPCap(max_send_wr=WINDOW, max_recv_wr=512, max_send_sge=1, max_recv_sge=1)
-qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap))
-access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
-mr = MR(pd, 2 * SIZE, access)
-mr.write(bytes(2 * SIZE), 2 * SIZE)
+qp = rc_qp(pd, cq, send_wr=WINDOW, recv_wr=512)
+mr = zeroed_mr(pd, 2 * SIZE, RW)
 
-listener = socket.create_server(("0.0.0.0", int(sys.argv[1])))
-conn, _ = listener.accept()
-rfile = conn.makefile("r")
-
-
-def say(obj: object) -> None:
-    conn.sendall((json.dumps(obj) + "\n").encode())
-
-
-gid = ctx.query_gid(PORT_NUM, GID_INDEX)
-say({"qpn": qp.qp_num, "gid": str(gid), "vaddr": mr.buf, "rkey": mr.rkey})
-peer = json.loads(rfile.readline())
-
-attr = QPAttr(qp_state=e.IBV_QPS_INIT, cur_qp_state=e.IBV_QPS_RESET)
-attr.port_num = PORT_NUM
-attr.pkey_index = 0
-attr.qp_access_flags = access
-qp.to_init(attr)
-gr = GlobalRoute(dgid=GID(peer["gid"]), sgid_index=GID_INDEX, hop_limit=64)
-attr.ah_attr = AHAttr(gr=gr, is_global=1, port_num=PORT_NUM)
-attr.path_mtu = MTU_ENUM
-attr.dest_qp_num = peer["qpn"]
-attr.rq_psn = 0
-attr.max_dest_rd_atomic = 4
-attr.min_rnr_timer = 1
-qp.to_rtr(attr)
-attr.sq_psn = 0
-attr.timeout = TIMEOUT
-attr.retry_cnt = 7
-attr.rnr_retry = RNR_RETRY
-attr.max_rd_atomic = 4
-qp.to_rts(attr)
-say({"ready": True})
+line = Line(int(sys.argv[1]))
+peer = line.exchange(ctx, mr, qpn=qp.qp_num)
+connect(qp, RW, GID(peer["gid"]), peer["qpn"], mtu=MTU_ENUM, min_rnr_timer=1,
+        timeout=TIMEOUT, rnr_retry=RNR_RETRY)
 
 
 def sha(off: int, n: int) -> str:
@@ -140,29 +103,35 @@ def post(op: str, n: int, length: int) -> dict[str, object]:
     return {"wcs": wcs, "secs": time.monotonic() - start}
 
 
-for line in rfile:
-    cmd = line.split()
-    if cmd[0] == "netem":
-        tc = ["tc", "qdisc", "replace", "dev", "eth0", "root", "netem", *cmd[1:]]
-        subprocess.run(["modprobe", "sch_netem"], check=False)
-        say({"rc": subprocess.run(tc, check=False).returncode})
-    elif cmd[0] == "fill":
-        mr.write(random.Random(int(cmd[1])).randbytes(SIZE), SIZE, 0)
-        say({"sha": sha(0, SIZE)})
-    elif cmd[0] == "hash":
-        say({"sha": sha(int(cmd[1]), int(cmd[2]))})
-    elif cmd[0] == "recv":
-        n, length = int(cmd[1]), int(cmd[2])
-        for i in range(n):
-            sge = SGE(mr.buf + SIZE + i * length, length, mr.lkey)
-            qp.post_recv(RecvWR(wr_id=i, num_sge=1, sg=[sge]))
-        say({"posted": n})
-    elif cmd[0] == "wait":
-        n = int(cmd[1])
-        wcs = poll(n, float(cmd[2]))
-        say({"wcs": wcs, "extra": len(poll(1, 1.0))})
-    elif cmd[0] == "post":
-        say(post(cmd[1], int(cmd[2]), int(cmd[3])))
-    elif cmd[0] == "quit":
-        break
-print("OK")
+def netem(*args: str) -> dict[str, object]:
+    subprocess.run(["modprobe", "sch_netem"], check=False)
+    tc = ["tc", "qdisc", "replace", "dev", "eth0", "root", "netem", *args]
+    return {"rc": subprocess.run(tc, check=False).returncode}
+
+
+def fill(seed: str) -> dict[str, object]:
+    mr.write(random.Random(int(seed)).randbytes(SIZE), SIZE, 0)
+    return {"sha": sha(0, SIZE)}
+
+
+def recv(n: str, length: str) -> dict[str, object]:
+    size = int(length)
+    for i in range(int(n)):
+        sge = SGE(mr.buf + SIZE + i * size, size, mr.lkey)
+        qp.post_recv(RecvWR(wr_id=i, num_sge=1, sg=[sge]))
+    return {"posted": int(n)}
+
+
+def wait(n: str, seconds: str) -> dict[str, object]:
+    wcs = poll(int(n), float(seconds))
+    return {"wcs": wcs, "extra": len(poll(1, 1.0))}
+
+
+line.serve({
+    "netem": netem,
+    "fill": fill,
+    "hash": lambda off, n: {"sha": sha(int(off), int(n))},
+    "recv": recv,
+    "wait": wait,
+    "post": lambda op, n, length: post(op, int(n), int(length)),
+})

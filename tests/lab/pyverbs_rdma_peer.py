@@ -16,24 +16,18 @@ Buffer layout (both sides): 4096 +9000 bytes for the other side to READ,
 49152.. local scratch for outgoing data and READ/atomic results.
 """
 
-import json
-import socket
 import sys
-import time
 
 sys.path.append("/usr/lib/python3/dist-packages")
 
 import pyverbs.enums as e
-from pyverbs.addr import GID, AHAttr, GlobalRoute
+from pyverbs.addr import GID
 from pyverbs.cq import CQ
 from pyverbs.device import Context
-from pyverbs.mr import MR
 from pyverbs.pd import PD
-from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
-from pyverbs.wr import SGE, SendWR
+from pyverbs.wr import SendWR
+from pyverbs_peer import RW, Line, connect, rc_qp, signaled, wait_wc, zeroed_mr
 
-PORT_NUM = 1
-GID_INDEX = 1  # the IPv4-mapped GID of rxe0 on eth0
 BUF = 128 * 1024
 SCRATCH = 49152
 
@@ -45,92 +39,39 @@ def pattern(n: int, seed: int) -> bytes:
 ctx = Context(name="rxe0")
 pd = PD(ctx)
 cq = CQ(ctx, 64, None, None, 0)
-cap = QPCap(max_send_wr=16, max_recv_wr=16, max_send_sge=1, max_recv_sge=1)
-qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap))
-access = (
-    e.IBV_ACCESS_LOCAL_WRITE
-    | e.IBV_ACCESS_REMOTE_WRITE
-    | e.IBV_ACCESS_REMOTE_READ
-    | e.IBV_ACCESS_REMOTE_ATOMIC
-)
-mr = MR(pd, BUF, access)
-mr.write(bytes(BUF), BUF)
+qp = rc_qp(pd, cq)
+access = RW | e.IBV_ACCESS_REMOTE_ATOMIC
+mr = zeroed_mr(pd, BUF, access)
 mr.write(pattern(9000, 5), 9000, 4096)
 mr.write((100).to_bytes(8, "little"), 8, 32768)
 
-listener = socket.create_server(("0.0.0.0", int(sys.argv[1])))
-conn, _ = listener.accept()
-rfile = conn.makefile("r")
-
-
-def say(obj: object) -> None:
-    conn.sendall((json.dumps(obj) + "\n").encode())
-
-
-gid = ctx.query_gid(PORT_NUM, GID_INDEX)
-say({"qpn": qp.qp_num, "gid": str(gid), "vaddr": mr.buf, "rkey": mr.rkey})
-peer = json.loads(rfile.readline())
-
-attr = QPAttr(qp_state=e.IBV_QPS_INIT, cur_qp_state=e.IBV_QPS_RESET)
-attr.port_num = PORT_NUM
-attr.pkey_index = 0
-attr.qp_access_flags = access
-qp.to_init(attr)
-gr = GlobalRoute(dgid=GID(peer["gid"]), sgid_index=GID_INDEX, hop_limit=64)
-attr.ah_attr = AHAttr(gr=gr, is_global=1, port_num=PORT_NUM)
-attr.path_mtu = e.IBV_MTU_1024
-attr.dest_qp_num = peer["qpn"]
-attr.rq_psn = 0
-attr.max_dest_rd_atomic = 4
-attr.min_rnr_timer = 12
-qp.to_rtr(attr)
-attr.sq_psn = 0
-attr.timeout = 14
-attr.retry_cnt = 7
-attr.rnr_retry = 7
-attr.max_rd_atomic = 4
-qp.to_rts(attr)
-say({"ready": True})
-
-
-def post(wr_id: int, opcode: int, offset: int, length: int) -> SendWR:
-    return SendWR(
-        wr_id=wr_id,
-        opcode=opcode,
-        num_sge=1,
-        sg=[SGE(mr.buf + offset, length, mr.lkey)],
-        send_flags=e.IBV_SEND_SIGNALED,
-    )
+line = Line(int(sys.argv[1]))
+peer = line.exchange(ctx, mr, qpn=qp.qp_num)
+connect(qp, access, GID(peer["gid"]), peer["qpn"])
 
 
 def run(wr: SendWR) -> int:
     qp.post_send(wr)
-    deadline = time.monotonic() + 60
-    while True:
-        n, wcs = cq.poll()
-        if n:
-            return int(wcs[0].status)
-        if time.monotonic() > deadline:
-            raise SystemExit("no completion within 60 s")
+    return int(wait_wc(cq).status)
 
 
 def ops() -> dict[str, object]:
     rva, rkey = peer["vaddr"], peer["rkey"]
     status = []
     mr.write(pattern(5000, 6), 5000, SCRATCH)
-    wr = post(1, e.IBV_WR_RDMA_WRITE, SCRATCH, 5000)
+    wr = signaled(1, e.IBV_WR_RDMA_WRITE, mr, SCRATCH, 5000)
     wr.set_wr_rdma(rkey, rva + 16384)
     status.append(run(wr))
-    wr = post(2, e.IBV_WR_RDMA_READ, SCRATCH + 8192, 9000)
+    wr = signaled(2, e.IBV_WR_RDMA_READ, mr, SCRATCH + 8192, 9000)
     wr.set_wr_rdma(rkey, rva + 4096)
     status.append(run(wr))
-    wr = post(3, e.IBV_WR_ATOMIC_CMP_AND_SWP, SCRATCH + 20480, 8)
+    wr = signaled(3, e.IBV_WR_ATOMIC_CMP_AND_SWP, mr, SCRATCH + 20480, 8)
     wr.set_wr_atomic(rkey, rva + 32768, 100, 0x1122334455667788)
     status.append(run(wr))
-    wr = post(4, e.IBV_WR_ATOMIC_CMP_AND_SWP, SCRATCH + 20488, 8)
+    wr = signaled(4, e.IBV_WR_ATOMIC_CMP_AND_SWP, mr, SCRATCH + 20488, 8)
     wr.set_wr_atomic(rkey, rva + 32768, 100, 0xDEAD)  # compare fails: no swap
     status.append(run(wr))
-    wr = post(5, e.IBV_WR_ATOMIC_FETCH_AND_ADD, SCRATCH + 20496, 8)
+    wr = signaled(5, e.IBV_WR_ATOMIC_FETCH_AND_ADD, mr, SCRATCH + 20496, 8)
     wr.set_wr_atomic(rkey, rva + 32768, 0x10, 0)
     status.append(run(wr))
 
@@ -146,12 +87,7 @@ def ops() -> dict[str, object]:
     }
 
 
-for line in rfile:
-    cmd = line.split()
-    if cmd[0] == "dump":
-        say({"data": mr.read(int(cmd[2]), int(cmd[1])).hex()})
-    elif cmd[0] == "ops":
-        say(ops())
-    elif cmd[0] == "quit":
-        break
-print("OK")
+line.serve({
+    "dump": lambda off, n: {"data": mr.read(int(n), int(off)).hex()},
+    "ops": ops,
+})

@@ -58,6 +58,7 @@ pytestmark = pytest.mark.lab
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = os.path.join(HERE, "pyverbs_bulk_peer.py")
+PEER_LIB = os.path.join(HERE, "pyverbs_peer.py")  # what the guest scripts import
 PORT = 18620
 FULL = os.environ.get("IBAL_LAB_FAULT_FULL", "") not in ("", "0")  # the 100 MiB
 SIZE = int(os.environ.get("IBAL_LAB_FAULT_MIB", "100" if FULL else "32")) << 20
@@ -128,7 +129,8 @@ def connected(
     cfg = s.net_config
     assert cfg is not None
     host_ip, guest_ip = cfg.host_ip, cfg.guest_ip
-    shutil.copy(PEER, s.host_dir)
+    for path in (PEER, PEER_LIB):
+        shutil.copy(path, s.host_dir)
     peer_path = s.guest_path(s.host_dir / os.path.basename(PEER))
     job = s.guest_start(
         ["/usr/bin/python3", peer_path, str(PORT), str(size), str(guest_rnr_retry), str(MTU),

@@ -54,6 +54,7 @@ pytestmark = pytest.mark.lab
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PEER = HERE / "pyverbs_rdma_peer.py"
+PEER_LIB = HERE / "pyverbs_peer.py"  # what the guest scripts import
 PP_PORT = 18515
 RDMA_PORT = 18600
 
@@ -242,7 +243,8 @@ def _word(data: bytes) -> int:
 def test_rdma_write_read_atomics_with_pyverbs_on_kernel_rxe(link: LabSession) -> None:
     s = link
     host_ip, guest_ip = _addrs(s)
-    shutil.copy(PEER, s.host_dir)
+    for path in (PEER, PEER_LIB):
+        shutil.copy(path, s.host_dir)
     job = s.guest_start(
         ["/usr/bin/python3", s.guest_path(s.host_dir / PEER.name), str(RDMA_PORT)], timeout=300
     )
@@ -328,7 +330,8 @@ def test_send_with_invalidate_both_ways_with_pyverbs_on_kernel_rxe(link: LabSess
     R_Key fails REM_ACCESS_ERR; ibal -> kernel rxe on one QP pair, kernel rxe -> ibal on another."""
     s = link
     host_ip, guest_ip = _addrs(s)
-    shutil.copy(INV_PEER, s.host_dir)
+    for path in (INV_PEER, PEER_LIB):
+        shutil.copy(path, s.host_dir)
     job = s.guest_start(
         ["/usr/bin/python3", s.guest_path(s.host_dir / INV_PEER.name), str(RDMA_PORT + 1)],
         timeout=300,
