@@ -23,11 +23,18 @@ from typing import Any
 import ibal
 from ibal.al import AccessLayer, ConnectOptions, Cq, Endpoint, Mr, Qp, QpCreate
 from ibal.status import IbError
-from ibal.tools.pingpong import find_ca, listen
+from ibal.tools.common import (
+    DEFAULT_PORT,
+    MTUS,
+    ToolError,
+    accept_one,
+    check_options,
+    dial,
+    find_ca,
+)
 from ibal.types import (
     AccessFlags,
     LinkLayer,
-    Mtu,
     QpType,
     RecvWr,
     SendOpt,
@@ -37,7 +44,6 @@ from ibal.types import (
     WrType,
 )
 
-DEFAULT_PORT = 18515
 RESULT_LINE = "-" * 87
 BW_HEADER = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
 LAT_HEADER = (
@@ -47,10 +53,9 @@ LAT_HEADER = (
 MB = 1 << 20
 """perftest's MB/sec is MiB per second."""
 _POLL = 16
-MTUS = {m.bytes: m for m in Mtu}
 
 
-class PerftestError(Exception):
+class PerftestError(ToolError):
     """A failure reported with a message and exit status 1."""
 
 
@@ -100,14 +105,10 @@ class PerftestOptions:
     def check(self) -> None:
         if self.test not in TESTS:
             raise PerftestError(f"unknown test {self.test!r} (one of {', '.join(TESTS)})")
-        if self.msg_size < 1 or self.iters < 1:
-            raise PerftestError("size and iterations must be positive")
-        if self.spec.latency and self.spec.opcode is WrType.RDMA_WRITE and self.msg_size < 1:
-            raise PerftestError("write_lat needs at least 1 byte")
+        check_options(PerftestError, mtu=self.mtu, port=self.port, size=self.msg_size,
+                      iters=self.iters)
         if self.tx_depth < 1 or self.rx_depth < 2 or self.cq_mod < 1:
             raise PerftestError("tx-depth and cq-mod must be positive, rx-depth at least 2")
-        if self.mtu is not None and self.mtu not in MTUS:
-            raise PerftestError(f"invalid MTU {self.mtu}")
 
 
 # -------------------------------------------------------------------- results
@@ -209,7 +210,7 @@ class _Resources:
     def __init__(self, al: AccessLayer, opts: PerftestOptions) -> None:
         self.opts = opts
         self.size = opts.msg_size
-        self.ca = find_ca(al, opts.device)
+        self.ca = find_ca(al, opts.device, PerftestError)
         try:
             self.port = self.ca.query_port(opts.ib_port)
             # [0, size): where the peer's WRITEs and SENDs land; [size, 2 size): what we send
@@ -488,22 +489,12 @@ def run(
     res = _Resources(al, opts)
     chan: _Channel | None = None
     try:
-        if client:
-            assert opts.servername is not None
-            try:
-                sock = socket.create_connection((opts.servername, opts.port))
-            except OSError as exc:
-                raise PerftestError(
-                    f"Couldn't connect to {opts.servername}:{opts.port}: {exc}"
-                ) from exc
+        if opts.servername is not None:
+            sock = dial(opts.servername, opts.port, PerftestError)
         else:
             for line in ("", "*" * 36, "* Waiting for client to connect... *", "*" * 36):
                 out(line)
-            lsock = listener if listener is not None else listen(opts.port)
-            try:
-                sock, _ = lsock.accept()
-            finally:
-                lsock.close()
+            sock = accept_one(listener, opts.port)
         chan = _Channel(sock)
         chan.send(res.info())
         peer = chan.recv()

@@ -18,14 +18,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import ibal
-from ibal.al import AccessLayer, Ca, ConnectOptions, Endpoint, QpCreate
+from ibal.al import AccessLayer, ConnectOptions, Endpoint, QpCreate
 from ibal.al.connect import preferred_gid
 from ibal.status import IbError
+from ibal.tools.common import (
+    DEFAULT_PORT,
+    MTUS,
+    ToolError,
+    accept_one,
+    check_options,
+    dial,
+    find_ca,
+    listen,
+)
 from ibal.types import (
     AccessFlags,
     Gid,
     LinkLayer,
-    Mtu,
     QpType,
     RecvWr,
     SendOpt,
@@ -34,7 +43,6 @@ from ibal.types import (
     WcStatus,
 )
 
-DEFAULT_PORT = 18515
 RECV_WRID = 1
 SEND_WRID = 2
 UD_QKEY = 0x1111_1111
@@ -43,10 +51,9 @@ GRH_BYTES = 40
 WIRE_LEN = 52
 """``sizeof "0000:000000:000000:00000000000000000000000000000000"`` (NUL included)."""
 DONE = b"done\0"
-MTUS = {m.bytes: m for m in Mtu}
 
 
-class PingpongError(Exception):
+class PingpongError(ToolError):
     """A failure the real tool reports with a message and exit status 1."""
 
 
@@ -140,18 +147,6 @@ def server_exchange(
     return remote
 
 
-def listen(port: int = DEFAULT_PORT) -> socket.socket:
-    """The server's listening socket: IPv6 and IPv4 where the host has both."""
-    if socket.has_dualstack_ipv6():
-        try:
-            return socket.create_server(
-                ("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=1
-            )
-        except OSError:
-            pass
-    return socket.create_server(("", port), backlog=1)
-
-
 # --------------------------------------------------------------------- options
 
 
@@ -179,12 +174,10 @@ class PingpongOptions:
         return 2048 if self.ud else 4096
 
     def check(self) -> None:
-        if self.mtu not in MTUS:
-            raise PingpongError(f"invalid MTU {self.mtu} (256, 512, 1024, 2048 or 4096)")
-        if self.msg_size < 1 or self.iters < 1 or self.rx_depth < 2:
-            raise PingpongError("size and iters must be positive, rx-depth at least 2")
-        if not 0 < self.port < 65536:
-            raise PingpongError(f"invalid port {self.port}")
+        check_options(PingpongError, mtu=self.mtu, port=self.port, size=self.msg_size,
+                      iters=self.iters)
+        if self.rx_depth < 2:
+            raise PingpongError("rx-depth must be at least 2")
 
 
 @dataclass(frozen=True)
@@ -217,26 +210,13 @@ def result_lines(nbytes: int, usec: float, iters: int) -> list[str]:
 # ------------------------------------------------------------------------- run
 
 
-def find_ca(al: AccessLayer, device: str | None) -> Ca:
-    """The CA named ``device`` (by name or GUID), else the first one."""
-    guids = al.get_ca_guids()
-    if not guids:
-        raise PingpongError("No IB devices found")
-    for guid in guids:
-        ca = al.open_ca(guid)
-        if device is None or device in (ca.name, f"{guid:016x}", hex(guid)):
-            return ca
-        ca.close(wait=True)
-    raise PingpongError(f"IB device {device} not found")
-
-
 class _Session:
     """The resources of one run (``struct pingpong_context``) and its loop."""
 
     def __init__(self, al: AccessLayer, opts: PingpongOptions) -> None:
         self.opts = opts
         self.size = opts.msg_size
-        self.ca = find_ca(al, opts.device)
+        self.ca = find_ca(al, opts.device, PingpongError)
         try:
             self.port = self.ca.query_port(opts.ib_port)
         except IbError as exc:
@@ -386,22 +366,11 @@ def run(
         local = sess.local_dest()
         out(local.describe("local", ud=opts.ud))
         if opts.servername:
-            try:
-                sock = socket.create_connection((opts.servername, opts.port))
-            except OSError as exc:
-                raise PingpongError(
-                    f"Couldn't connect to {opts.servername}:{opts.port}: {exc}"
-                ) from exc
-            with sock:
+            with dial(opts.servername, opts.port, PingpongError) as sock:
                 remote = client_exchange(sock, local, opts.servername)
             sess.connect(local, remote)
         else:
-            lsock = listener if listener is not None else listen(opts.port)
-            try:
-                conn, _ = lsock.accept()
-            finally:
-                lsock.close()
-            with conn:
+            with accept_one(listener, opts.port) as conn:
                 remote = server_exchange(conn, local, lambda r: sess.connect(local, r))
         out(remote.describe("remote", ud=opts.ud))
         try:

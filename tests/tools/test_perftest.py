@@ -6,14 +6,10 @@ and that the bytes moved are.
 
 from __future__ import annotations
 
-import socket
-import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 
-import ibal
-from ibal.al import AccessLayer
 from ibal.tools.perftest import (
     BW_HEADER,
     LAT_HEADER,
@@ -30,47 +26,11 @@ from ibal.tools.perftest import (
 pytest.importorskip("ibal.providers.mock", reason="the mock provider is not installed")
 
 
-@pytest.fixture
-def al() -> Iterator[AccessLayer]:
-    with ibal.open_al(providers={"mock": {"cas": 2}}) as al:
-        yield al
+Pair = Callable[..., tuple[PerftestResult, PerftestResult]]
 
 
-def _names(al: AccessLayer) -> list[str]:
-    names = []
-    for guid in al.get_ca_guids():
-        ca = al.open_ca(guid)
-        names.append(ca.name)
-        ca.close(wait=True)
-    return names
-
-
-def pair(al: AccessLayer, test: str, **kw: object) -> tuple[PerftestResult, PerftestResult]:
-    server_dev, client_dev = _names(al)[:2]
-    listener = socket.create_server(("127.0.0.1", 0), backlog=1)
-    port = listener.getsockname()[1]
-    results: dict[str, PerftestResult | BaseException] = {}
-
-    def serve() -> None:
-        try:
-            opts = PerftestOptions(test=test, device=server_dev, port=port, **kw)  # type: ignore[arg-type]
-            results["server"] = run(al, opts, listener=listener, out=lambda _: None)
-        except BaseException as exc:  # reported by the main thread
-            results["server"] = exc
-
-    t = threading.Thread(target=serve)
-    t.start()
-    try:
-        copts = PerftestOptions(
-            test=test, servername="127.0.0.1", device=client_dev, port=port, **kw  # type: ignore[arg-type]
-        )
-        client = run(al, copts, out=lambda _: None)
-    finally:
-        t.join(60)
-    server = results["server"]
-    if isinstance(server, BaseException):
-        raise server
-    return server, client
+def perftest(pair: Pair, test: str, **kw: object) -> tuple[PerftestResult, PerftestResult]:
+    return pair(run, PerftestOptions, test=test, **kw)
 
 
 def _table(res: PerftestResult, header: str) -> list[str]:
@@ -80,8 +40,8 @@ def _table(res: PerftestResult, header: str) -> list[str]:
 
 
 @pytest.mark.parametrize("test", ["write_bw", "read_bw", "send_bw"])
-def test_bw_tests_move_the_bytes_and_print_perftests_table(al: AccessLayer, test: str) -> None:
-    server, client = pair(al, test, size=4096, iters=300, tx_depth=32, cq_mod=8)
+def test_bw_tests_move_the_bytes_and_print_perftests_table(pair: Pair, test: str) -> None:
+    server, client = perftest(pair, test, size=4096, iters=300, tx_depth=32, cq_mod=8)
     assert isinstance(client.result, BwResult) and client.result.iters == 300
     for res in (server, client):
         (row,) = _table(res, BW_HEADER)
@@ -102,16 +62,16 @@ def test_bw_tests_move_the_bytes_and_print_perftests_table(al: AccessLayer, test
     assert client.lines[1].strip() == title
 
 
-def test_window_and_cq_mod_that_do_not_divide_the_iterations(al: AccessLayer) -> None:
+def test_window_and_cq_mod_that_do_not_divide_the_iterations(pair: Pair) -> None:
     # The last signaled WR covers the remainder; a miscount would hang or stop short.
-    server, client = pair(al, "send_bw", size=8, iters=77, tx_depth=10, cq_mod=4, rx_depth=6)
+    server, client = perftest(pair, "send_bw", size=8, iters=77, tx_depth=10, cq_mod=4, rx_depth=6)
     assert server.received == 77 and client.result.iters == 77
     assert server.buffer[:8] == b"\xc1" * 8
 
 
 @pytest.mark.parametrize("test", ["send_lat", "write_lat"])
-def test_latency_tests_print_perftests_table(al: AccessLayer, test: str) -> None:
-    server, client = pair(al, test, size=8, iters=40, rx_depth=4, cq_mod=5)
+def test_latency_tests_print_perftests_table(pair: Pair, test: str) -> None:
+    server, client = perftest(pair, test, size=8, iters=40, rx_depth=4, cq_mod=5)
     for res in (server, client):
         assert isinstance(res.result, LatResult)
         (row,) = _table(res, LAT_HEADER)
@@ -122,26 +82,11 @@ def test_latency_tests_print_perftests_table(al: AccessLayer, test: str) -> None
     assert len(client.result.samples) == 40  # type: ignore[union-attr]
 
 
-def test_mismatched_parameters_are_refused(al: AccessLayer) -> None:
-    server_dev, client_dev = _names(al)[:2]
-    listener = socket.create_server(("127.0.0.1", 0), backlog=1)
-    port = listener.getsockname()[1]
-    errors: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            run(al, PerftestOptions(device=server_dev, port=port, size=8, iters=5),
-                listener=listener, out=lambda _: None)  # fmt: skip
-        except BaseException as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=serve)
-    t.start()
-    with pytest.raises(PerftestError, match="must match"):
-        run(al, PerftestOptions(servername="127.0.0.1", device=client_dev, port=port, size=16,
-                                iters=5), out=lambda _: None)  # fmt: skip
-    t.join(30)
-    assert errors and isinstance(errors[0], PerftestError)
+def test_mismatched_parameters_are_refused(pair: Pair) -> None:
+    server, client = pair(run, PerftestOptions, iters=5, server={"size": 8}, client={"size": 16},
+                          raising=False)  # fmt: skip
+    for end in (server, client):
+        assert isinstance(end, PerftestError) and "must match" in str(end)
 
 
 def test_result_rows_use_perftests_formats() -> None:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 
-import ibal
 from ibal.al import AccessLayer
 from ibal.tools.pingpong import (
     PingpongError,
@@ -29,57 +28,24 @@ from ibal.tools.pingpong import (
 pytest.importorskip("ibal.providers.mock", reason="the mock provider is not installed")
 
 
-@pytest.fixture
-def al() -> Iterator[AccessLayer]:
-    with ibal.open_al(providers={"mock": {"cas": 2}}) as al:
-        yield al
+Pair = Callable[..., tuple[PingpongResult, PingpongResult]]
 
 
-def _names(al: AccessLayer) -> list[str]:
-    names = []
-    for guid in al.get_ca_guids():
-        ca = al.open_ca(guid)
-        names.append(ca.name)
-        ca.close(wait=True)
-    return names
-
-
-def pair(
-    al: AccessLayer, **kw: object
+def pingpong(
+    pair: Pair, **kw: object
 ) -> tuple[PingpongResult, PingpongResult, list[str], list[str]]:
-    """Run server (first CA) and client (second CA) in two threads; return both results."""
-    server_dev, client_dev = _names(al)[:2]
-    listener = socket.create_server(("127.0.0.1", 0), backlog=1)
-    port = listener.getsockname()[1]
+    """Server and client results, and the lines each printed."""
     s_out: list[str] = []
     c_out: list[str] = []
-    results: dict[str, PingpongResult | BaseException] = {}
-
-    def serve() -> None:
-        try:
-            opts = PingpongOptions(device=server_dev, port=port, **kw)  # type: ignore[arg-type]
-            results["server"] = run(al, opts, listener=listener, out=s_out.append)
-        except BaseException as exc:  # reported by the main thread
-            results["server"] = exc
-
-    t = threading.Thread(target=serve)
-    t.start()
-    copts = PingpongOptions(servername="127.0.0.1", device=client_dev, port=port, **kw)  # type: ignore[arg-type]
-    try:
-        client = run(al, copts, out=c_out.append)
-    finally:
-        t.join(60)
-    server = results["server"]
-    if isinstance(server, BaseException):
-        raise server
+    server, client = pair(run, PingpongOptions, s_out=s_out.append, c_out=c_out.append, **kw)
     return server, client, s_out, c_out
 
 
 @pytest.mark.parametrize("events", [False, True])
 @pytest.mark.parametrize("size", [1, 4096, 1 << 20])
-def test_rc_pingpong_moves_the_bytes_both_ways(al: AccessLayer, size: int, events: bool) -> None:
+def test_rc_pingpong_moves_the_bytes_both_ways(pair: Pair, size: int, events: bool) -> None:
     iters = 20 if size < (1 << 20) else 3
-    server, client, _, c_out = pair(al, size=size, iters=iters, rx_depth=8, use_event=events)
+    server, client, _, c_out = pingpong(pair, size=size, iters=iters, rx_depth=8, use_event=events)
     for res in (server, client):
         assert res.sent == res.received == iters
         assert res.bytes == size * iters * 2
@@ -89,13 +55,13 @@ def test_rc_pingpong_moves_the_bytes_both_ways(al: AccessLayer, size: int, event
     assert c_out[3].startswith(f"{iters} iters in ") and c_out[3].endswith(" usec/iter")
 
 
-def test_rx_depth_refill_keeps_going_past_the_depth(al: AccessLayer) -> None:
-    server, client, _, _ = pair(al, size=64, iters=50, rx_depth=3)
+def test_rx_depth_refill_keeps_going_past_the_depth(pair: Pair) -> None:
+    server, client, _, _ = pingpong(pair, size=64, iters=50, rx_depth=3)
     assert server.received == client.received == 50
 
 
-def test_ud_pingpong_moves_the_bytes(al: AccessLayer) -> None:
-    server, client, s_out, _ = pair(al, ud=True, size=256, iters=20, rx_depth=8)
+def test_ud_pingpong_moves_the_bytes(pair: Pair) -> None:
+    server, client, s_out, _ = pingpong(pair, ud=True, size=256, iters=20, rx_depth=8)
     assert server.sent == server.received == client.sent == client.received == 20
     assert server.bytes == 256 * 20 * 2
     assert ": GID " in s_out[0]  # ud_pingpong's local line has a colon before the GID

@@ -1,0 +1,74 @@
+"""What the traffic tools (``pingpong``, ``perftest``) share: the CA, the TCP set-up, options.
+
+Each tool raises its own :class:`ToolError` subclass; the helpers take it as
+``error`` so a failure here reaches the caller as that tool's error.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from ibal.al import AccessLayer, Ca
+from ibal.types import Mtu
+
+DEFAULT_PORT = 18515
+"""The TCP port of the real tools' out-of-band exchange."""
+MTUS = {m.bytes: m for m in Mtu}
+
+
+class ToolError(Exception):
+    """A failure a tool reports with a message and exit status 1."""
+
+
+def find_ca(al: AccessLayer, device: str | None, error: type[ToolError] = ToolError) -> Ca:
+    """The CA named ``device`` (by name or GUID), else the first one."""
+    guids = al.get_ca_guids()
+    if not guids:
+        raise error("No IB devices found")
+    for guid in guids:
+        ca = al.open_ca(guid)
+        if device is None or device in (ca.name, f"{guid:016x}", hex(guid)):
+            return ca
+        ca.close(wait=True)
+    raise error(f"IB device {device} not found")
+
+
+def listen(port: int = DEFAULT_PORT) -> socket.socket:
+    """The server's listening socket: IPv6 and IPv4 where the host has both."""
+    if socket.has_dualstack_ipv6():
+        try:
+            return socket.create_server(
+                ("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=1
+            )
+        except OSError:
+            pass
+    return socket.create_server(("", port), backlog=1)
+
+
+def dial(servername: str, port: int, error: type[ToolError]) -> socket.socket:
+    """The client's connection to the server's exchange port."""
+    try:
+        return socket.create_connection((servername, port))
+    except OSError as exc:
+        raise error(f"Couldn't connect to {servername}:{port}: {exc}") from exc
+
+
+def accept_one(listener: socket.socket | None, port: int) -> socket.socket:
+    """The server's one connection: on ``listener`` (tests bind port 0), else on ``port``."""
+    lsock = listener if listener is not None else listen(port)
+    try:
+        conn, _ = lsock.accept()
+    finally:
+        lsock.close()
+    return conn
+
+
+def check_options(error: type[ToolError], *, mtu: int | None, port: int, size: int,
+                  iters: int) -> None:
+    """The options every tool judges alike (``mtu`` ``None``: the port's)."""
+    if mtu is not None and mtu not in MTUS:
+        raise error(f"invalid MTU {mtu} (256, 512, 1024, 2048 or 4096)")
+    if size < 1 or iters < 1:
+        raise error("size and iterations must be positive")
+    if not 0 < port < 65536:
+        raise error(f"invalid port {port}")
