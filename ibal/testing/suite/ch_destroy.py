@@ -42,7 +42,9 @@ from ibal.types import (
 )
 
 if TYPE_CHECKING:
-    from ibal.al import AccessLayer, Ca
+    from collections.abc import Callable
+
+    from ibal.al import AccessLayer, Ca, Cq
     from ibal.ci import ChannelInterface
     from ibal.testing.backdoor import Call
 
@@ -123,6 +125,15 @@ class DestroyChecks(ConformanceBase):
         assert names.count("destroy_qp") == 2 and "deallocate_pd" in names
         assert names.count("destroy_cq") == 2
 
+    @staticmethod
+    def _one_completion(ca: Ca, port: PortAttr, comp_cb: Callable[[Any, Any], None]) -> Cq:
+        """A CQ calling ``comp_cb``, armed, with one send completion on its way to it."""
+        cq = ca.create_cq(32, comp_cb=comp_cb)
+        src = Source(ca, port, send_cq=cq)
+        cq.rearm()
+        src.fire(1)
+        return cq
+
     def test_close_al_waits_for_running_callback(
         self, al: AccessLayer, ca: Ca, port: PortAttr
     ) -> None:
@@ -138,10 +149,7 @@ class DestroyChecks(ConformanceBase):
             if closed.is_set():
                 after_close.append("late")
 
-        cq = ca.create_cq(32, comp_cb=comp_cb)
-        src = Source(ca, port, send_cq=cq)
-        cq.rearm()
-        src.fire(1)
+        self._one_completion(ca, port, comp_cb)
         assert entered.wait(self.timeout)
 
         def close() -> None:
@@ -172,10 +180,7 @@ class DestroyChecks(ConformanceBase):
                 errors.append(exc)
             log.add("done")
 
-        cq = ca.create_cq(32, comp_cb=comp_cb)
-        src = Source(ca, port, send_cq=cq)
-        cq.rearm()
-        src.fire(1)
+        self._one_completion(ca, port, comp_cb)
         log.wait(1)
         assert len(errors) == 1 and isinstance(errors[0], InvalidState)
         assert not al.closed
@@ -196,10 +201,7 @@ class DestroyChecks(ConformanceBase):
                 errors.append(exc)
                 log.add("raised")
 
-        cq = ca.create_cq(32, comp_cb=comp_cb)
-        src = Source(ca, port, send_cq=cq)
-        cq.rearm()
-        src.fire(1)
+        self._one_completion(ca, port, comp_cb)
         log.wait(1)
         assert not errors
         assert log.snapshot() == [("returned", [("victim",)])]
@@ -222,10 +224,7 @@ class DestroyChecks(ConformanceBase):
                     errors.append(exc)
             log.add("done")
 
-        cq = ca.create_cq(32, comp_cb=comp_cb)
-        src = Source(ca, port, send_cq=cq)
-        cq.rearm()
-        src.fire(1)
+        cq = self._one_completion(ca, port, comp_cb)
         log.wait(1)
         assert len(errors) == 2 and all(isinstance(e, InvalidState) for e in errors)
         cq.query()  # still valid
@@ -240,10 +239,7 @@ class DestroyChecks(ConformanceBase):
         def comp_cb(cq: Any, ctx: Any) -> None:
             victim.dealloc(destroyed)
 
-        cq = ca.create_cq(32, comp_cb=comp_cb)
-        src = Source(ca, port, send_cq=cq)
-        cq.rearm()
-        src.fire(1)
+        self._one_completion(ca, port, comp_cb)
         destroyed.wait(1)
         assert destroyed.snapshot() == [("victim",)]
 

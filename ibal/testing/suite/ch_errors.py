@@ -138,59 +138,42 @@ class ErrorCompletionChecks(ConformanceBase):
         assert wait_wc(pair.a.cq).status is WcStatus.REM_ACCESS_ERR
         assert pair.b.get(0, 10) == bytes(10)
 
-    def test_bad_lkey_is_local_protection_error(self, ca: Ca, port: PortAttr) -> None:
-        """IBA 10.6.3: an SGE with an unknown L_Key → LOCAL_PROTECTION_ERR (an xfail on a CA
-        declaring the precise_local_errors deviation)."""
-        pair = self._rc(ca, port)
-        bad = Sge(addr=pair.a.mr.vaddr, length=8, lkey=pair.a.mr.lkey ^ 0x00FF_FF00)
+    @staticmethod
+    def _write_from(ca: Ca, pair: Pair, sge: Sge, wr_id: int) -> None:
+        """An RDMA WRITE from the bad local ``sge`` completes LOCAL_PROTECTION_ERR."""
         pair.a.qp.post_send(
             SendWr(
-                wr_id=10,
+                wr_id=wr_id,
                 opcode=WrType.RDMA_WRITE,
-                sg_list=[bad],
+                sg_list=[sge],
                 remote_addr=pair.b.remote(0),
                 rkey=pair.b.mr.rkey,
             )
         )
         wc = wait_wc(pair.a.cq)
-        assert wc.wr_id == 10
+        assert wc.wr_id == wr_id
         assert_local_error(ca.capabilities, wc.status, WcStatus.LOCAL_PROTECTION_ERR)
+
+    def test_bad_lkey_is_local_protection_error(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 10.6.3: an SGE with an unknown L_Key → LOCAL_PROTECTION_ERR (an xfail on a CA
+        declaring the precise_local_errors deviation)."""
+        pair = self._rc(ca, port)
+        bad = Sge(addr=pair.a.mr.vaddr, length=8, lkey=pair.a.mr.lkey ^ 0x00FF_FF00)
+        self._write_from(ca, pair, bad, wr_id=10)
 
     def test_sge_beyond_region_is_local_protection_error(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.6.3: an SGE running past its region's end → LOCAL_PROTECTION_ERR (an xfail on
         a CA declaring the precise_local_errors deviation)."""
         pair = self._rc(ca, port)
         bad = Sge(addr=pair.a.mr.vaddr + len(pair.a.buf) - 4, length=64, lkey=pair.a.mr.lkey)
-        pair.a.qp.post_send(
-            SendWr(
-                wr_id=11,
-                opcode=WrType.RDMA_WRITE,
-                sg_list=[bad],
-                remote_addr=pair.b.remote(0),
-                rkey=pair.b.mr.rkey,
-            )
-        )
-        wc = wait_wc(pair.a.cq)
-        assert wc.wr_id == 11
-        assert_local_error(ca.capabilities, wc.status, WcStatus.LOCAL_PROTECTION_ERR)
+        self._write_from(ca, pair, bad, wr_id=11)
 
     def test_lkey_of_other_pd_is_local_protection_error(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.2.3: an MR of another PD cannot be used by the QP → LOCAL_PROTECTION_ERR (or
         an xfail on a CA declaring the precise_local_errors deviation)."""
         pair = self._rc(ca, port)
         other = ca.alloc_pd().reg_mem(bytearray(64), AccessFlags.LOCAL_WRITE)
-        pair.a.qp.post_send(
-            SendWr(
-                wr_id=12,
-                opcode=WrType.RDMA_WRITE,
-                sg_list=[Sge(other.vaddr, 8, other.lkey)],
-                remote_addr=pair.b.remote(0),
-                rkey=pair.b.mr.rkey,
-            )
-        )
-        wc = wait_wc(pair.a.cq)
-        assert wc.wr_id == 12
-        assert_local_error(ca.capabilities, wc.status, WcStatus.LOCAL_PROTECTION_ERR)
+        self._write_from(ca, pair, Sge(other.vaddr, 8, other.lkey), wr_id=12)
 
     def test_rkey_of_other_pd_is_remote_access_error(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.2.3: an R_Key whose MR is in another PD than the responder QP → REM_ACCESS_ERR."""
