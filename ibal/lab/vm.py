@@ -190,6 +190,23 @@ class GuestJob:
         self._offsets[stream] += len(data)
         return data
 
+    def connect(self, host: str, port: int, *, timeout: float = 120,
+                io_timeout: float | None = None) -> socket.socket:
+        """A TCP connection to the server this job starts, retried while it does not listen yet.
+
+        Run it where the guest's link is (inside ``session.in_netns()``).  Raises
+        ``LabError`` when the job ends first or ``timeout`` seconds pass; the
+        socket's own timeout is ``io_timeout`` (default: ``timeout``).
+        """
+        deadline = time.monotonic() + timeout
+        while True:  # the guest's interpreter takes a while to start and listen
+            try:
+                return socket.create_connection((host, port), timeout=io_timeout or timeout)
+            except ConnectionRefusedError:
+                if self.done() or time.monotonic() > deadline:
+                    raise LabError(f"job {self.id} never listened on {host}:{port}") from None
+                time.sleep(0.2)
+
     def kill(self) -> None:
         """Kill the command's process group in the guest (SIGKILL)."""
         self.session._send(f"kill {self.id} KILL")

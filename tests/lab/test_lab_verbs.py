@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
+from guest_peers import start_peer
 
 from ibal.lab import LabSession
 from ibal.lab.pytest_plugin import lab_requires
 
 pytestmark = pytest.mark.lab
 
-SCRIPT = Path(__file__).with_name("pyverbs_rdma_write.py")
-PEER_LIB = SCRIPT.with_name("pyverbs_peer.py")  # what the guest scripts import
-
 
 def test_pyverbs_rdma_write_lands(ibal_lab_session: LabSession) -> None:
     lab_requires("pyverbs")
     s = ibal_lab_session
-    # Scripts go in the shared dir: the guest's /tmp is its own tmpfs.
-    for path in (SCRIPT, PEER_LIB):
-        shutil.copy(path, s.host_dir)
-    r = s.run(["/usr/bin/python3", s.guest_path(s.host_dir / SCRIPT.name), "rxe0"], timeout=180)
+    r = start_peer(s, "pyverbs_rdma_write.py", "rxe0", timeout=180).wait()
     assert r.returncode == 0, r.stderr_text
     assert r.stdout_text.startswith("OK 4096 bytes qpn=")
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from guest_peers import start_peer
 
 from ibal.al import AlManager, QpCreate
 from ibal.lab import Lab, LabSession
@@ -56,9 +57,6 @@ from ibal.types import AvAttr, Gid, Grh, Mtu, QpState, QpType, RecvWr, SendWr, W
 
 pytestmark = pytest.mark.lab
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PEER = os.path.join(HERE, "pyverbs_bulk_peer.py")
-PEER_LIB = os.path.join(HERE, "pyverbs_peer.py")  # what the guest scripts import
 PORT = 18620
 FULL = os.environ.get("IBAL_LAB_FAULT_FULL", "") not in ("", "0")  # the 100 MiB
 SIZE = int(os.environ.get("IBAL_LAB_FAULT_MIB", "100" if FULL else "32")) << 20
@@ -129,28 +127,15 @@ def connected(
     cfg = s.net_config
     assert cfg is not None
     host_ip, guest_ip = cfg.host_ip, cfg.guest_ip
-    for path in (PEER, PEER_LIB):
-        shutil.copy(path, s.host_dir)
-    peer_path = s.guest_path(s.host_dir / os.path.basename(PEER))
-    job = s.guest_start(
-        ["/usr/bin/python3", peer_path, str(PORT), str(size), str(guest_rnr_retry), str(MTU),
-         str(guest_timeout)],
-        timeout=1800,
-    )
+    job = start_peer(s, "pyverbs_bulk_peer.py", PORT, size, guest_rnr_retry, MTU, guest_timeout,
+                     timeout=1800)
     with contextlib.ExitStack() as stack:
         stack.callback(lambda: None if job.done() else job.kill())
         with s.in_netns():  # the device's sockets and the TCP link live in the namespace
             mgr = AlManager()
             stack.callback(mgr.close)
             mgr.add_provider(RxeProvider({"devices": f"rxe0={host_ip}"}))
-            deadline = time.monotonic() + 120
-            while True:  # retried while the guest's python starts (bounded)
-                try:
-                    sock = socket.create_connection((guest_ip, PORT), timeout=300)
-                    break
-                except ConnectionRefusedError:
-                    assert not job.done() and time.monotonic() < deadline, "peer never listened"
-                    time.sleep(0.2)
+            sock = job.connect(guest_ip, PORT, io_timeout=300)
         stack.callback(sock.close)
         al = mgr.open_al()
         ca = al.open_ca(al.get_ca_guids()[0])

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from guest_peers import start_peer
 
 from ibal.al import AlManager
 from ibal.lab import Lab, LabSession
@@ -53,8 +54,6 @@ pytestmark = pytest.mark.lab
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-PEER = HERE / "pyverbs_rdma_peer.py"
-PEER_LIB = HERE / "pyverbs_peer.py"  # what the guest scripts import
 PP_PORT = 18515
 RDMA_PORT = 18600
 
@@ -219,16 +218,6 @@ class GuestPeer:
         return bytes.fromhex(self.read()["data"])
 
 
-def _connect_guest(s: LabSession, guest_ip: str, job_done: Any) -> socket.socket:
-    deadline = time.monotonic() + 120
-    while True:  # retried while the guest's python starts (bounded)
-        try:
-            return socket.create_connection((guest_ip, RDMA_PORT), timeout=120)
-        except ConnectionRefusedError:
-            assert not job_done() and time.monotonic() < deadline, "guest peer never listened"
-            time.sleep(0.2)
-
-
 def _post(side: QpSide, **wr: Any) -> None:
     side.qp.post_send(SendWr(wr_id=1, **wr))
     wc = wait_wc(side.cq, timeout=60)
@@ -243,18 +232,14 @@ def _word(data: bytes) -> int:
 def test_rdma_write_read_atomics_with_pyverbs_on_kernel_rxe(link: LabSession) -> None:
     s = link
     host_ip, guest_ip = _addrs(s)
-    for path in (PEER, PEER_LIB):
-        shutil.copy(path, s.host_dir)
-    job = s.guest_start(
-        ["/usr/bin/python3", s.guest_path(s.host_dir / PEER.name), str(RDMA_PORT)], timeout=300
-    )
+    job = start_peer(s, "pyverbs_rdma_peer.py", RDMA_PORT)
     with contextlib.ExitStack() as stack:
         stack.callback(lambda: None if job.done() else job.kill())
         with s.in_netns():  # the device's sockets and the TCP link live in the namespace
             mgr = AlManager()
             stack.callback(mgr.close)
             mgr.add_provider(RxeProvider({"devices": f"rxe0={host_ip}"}))
-            sock = _connect_guest(s, guest_ip, job.done)
+            sock = job.connect(guest_ip, RDMA_PORT)
         stack.callback(sock.close)
         al = mgr.open_al()
         ca = al.open_ca(al.get_ca_guids()[0])
@@ -311,7 +296,6 @@ def test_rdma_write_read_atomics_with_pyverbs_on_kernel_rxe(link: LabSession) ->
 
 # ------------------------------------------------- invalidate, both ways, with pyverbs
 
-INV_PEER = HERE / "pyverbs_inv_peer.py"
 IBV_WC_REM_ACCESS_ERR = 10
 IBV_WC_BIND_MW = 5
 IBV_WC_WITH_INV = 1 << 3
@@ -330,26 +314,14 @@ def test_send_with_invalidate_both_ways_with_pyverbs_on_kernel_rxe(link: LabSess
     R_Key fails REM_ACCESS_ERR; ibal -> kernel rxe on one QP pair, kernel rxe -> ibal on another."""
     s = link
     host_ip, guest_ip = _addrs(s)
-    for path in (INV_PEER, PEER_LIB):
-        shutil.copy(path, s.host_dir)
-    job = s.guest_start(
-        ["/usr/bin/python3", s.guest_path(s.host_dir / INV_PEER.name), str(RDMA_PORT + 1)],
-        timeout=300,
-    )
+    job = start_peer(s, "pyverbs_inv_peer.py", RDMA_PORT + 1)
     with contextlib.ExitStack() as stack:
         stack.callback(lambda: None if job.done() else job.kill())
         with s.in_netns():
             mgr = AlManager()
             stack.callback(mgr.close)
             mgr.add_provider(RxeProvider({"devices": f"rxe0={host_ip}"}))
-            deadline = time.monotonic() + 120
-            while True:  # retried while the guest's python starts (bounded)
-                try:
-                    sock = socket.create_connection((guest_ip, RDMA_PORT + 1), timeout=120)
-                    break
-                except ConnectionRefusedError:
-                    assert not job.done() and time.monotonic() < deadline, "peer never listened"
-                    time.sleep(0.2)
+            sock = job.connect(guest_ip, RDMA_PORT + 1)
         stack.callback(sock.close)
         al = mgr.open_al()
         ca = al.open_ca(al.get_ca_guids()[0])
