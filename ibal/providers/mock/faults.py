@@ -21,7 +21,7 @@ from ibal.types import QpType
 
 if TYPE_CHECKING:
     from ibal.providers.mock.ca_state import CaState
-    from ibal.providers.mock.engine import Engine
+    from ibal.providers.mock.engine_core import EngineCore
     from ibal.providers.mock.objects import MockQp
     from ibal.providers.mock.topology import Link, MockPort
 
@@ -193,7 +193,7 @@ class VerbFault:
 class FaultPlan:
     """The fault rules of one fabric; reach it as ``fabric.faults``."""
 
-    def __init__(self, fabric: Engine) -> None:
+    def __init__(self, fabric: EngineCore) -> None:
         self._fabric = fabric
         self.packet_rules: list[PacketRule] = []
         self.verb_faults: list[VerbFault] = []

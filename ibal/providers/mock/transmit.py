@@ -1,0 +1,260 @@
+"""The mock engine's wire: memory access for the data path, routing, transmit and drops.
+
+Called by the engine under the fabric lock.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ibal.providers.mock.engine_core import (
+    _LOCAL_WRITE,
+    _OK,
+    _RC,
+    _T_PACKET,
+    PERMISSIVE,
+    EngineCore,
+)
+from ibal.providers.mock.objects import (
+    MockMr,
+    MockMw,
+    MockPd,
+    MockQp,
+    RecvSge,
+    SendWqe,
+)
+from ibal.providers.mock.packets import (
+    Packet,
+)
+from ibal.providers.mock.pma import wire_cost
+from ibal.providers.mock.topology import Link, MockPort, Route, Switch
+from ibal.types import (
+    LinkState,
+    WcStatus,
+)
+
+if TYPE_CHECKING:
+    from ibal.providers.mock.ca_state import CaState
+
+
+class Transmit(EngineCore):
+    """The mock engine's wire: memory access for the data path, routing, transmit and drops."""
+
+    # =============================================================== memory
+    @staticmethod
+    def _local(
+        ca: CaState, pd: MockPd, addr: int, length: int, lkey: int, write: bool
+    ) -> tuple[MockMr, int] | None:
+        mr = ca.keys.get(lkey)
+        if mr is None or mr.__class__ is not MockMr or mr.lkey != lkey or mr.pd is not pd:
+            return None
+        off = addr - mr.vaddr
+        if off < 0 or off + length > mr.length:
+            return None
+        if write and not mr.acc & _LOCAL_WRITE:
+            return None
+        return mr, off
+
+    @staticmethod
+    def _remote(
+        ca: CaState, qp: MockQp, rkey: int, addr: int, length: int, need: int
+    ) -> tuple[MockMr, int] | None:
+        if not qp.acc & need:
+            return None
+        obj = ca.keys.get(rkey)
+        if obj is None:
+            return None
+        if obj.__class__ is MockMr:
+            mr: MockMr = obj
+            if mr.rkey != rkey or mr.pd is not qp.pd or not mr.acc & need:
+                return None
+            off = addr - mr.vaddr
+            if off < 0 or off + length > mr.length:
+                return None
+            return mr, off
+        mw: MockMw = obj  # type: ignore[assignment]
+        bound = mw.mr
+        if mw.rkey != rkey or bound is None or mw.pd is not qp.pd or not mw.acc & need:
+            return None
+        if mw.qp is not None and mw.qp is not qp:
+            return None  # type 2B: only through the QP it was bound on
+        if addr < mw.addr or addr + length > mw.addr + mw.length:
+            return None
+        return bound, addr - bound.vaddr
+
+    def gather(self, qp: MockQp, wqe: SendWqe) -> bytes | memoryview | None:
+        if wqe.inline is not None:
+            return wqe.inline
+        sges = wqe.sges
+        if not sges:
+            return b""
+        ca = qp.ca
+        pd = qp.pd
+        if len(sges) == 1:
+            addr, length, lkey = sges[0]
+            if not length:
+                return b""
+            got = self._local(ca, pd, addr, length, lkey, False)
+            if got is None:
+                return None
+            return got[0].read(got[1], length)
+        parts: list[bytes | memoryview] = []
+        for addr, length, lkey in sges:
+            if not length:
+                continue
+            got = self._local(ca, pd, addr, length, lkey, False)
+            if got is None:
+                return None
+            parts.append(got[0].read(got[1], length))
+        return b"".join(parts)
+
+    def _scatter(
+        self,
+        ca: CaState,
+        pd: MockPd,
+        sges: tuple[RecvSge, ...],
+        writes: tuple[tuple[int, bytes | memoryview], ...],
+    ) -> WcStatus:
+        """Write each ``(offset, data)`` into the scatter list; check every SGE first."""
+        end = 0
+        for off, data in writes:
+            end = max(end, off + len(data))
+        if len(sges) == 1:
+            addr, length, lkey = sges[0]
+            if end > length:
+                return WcStatus.LOCAL_LEN_ERR
+            if not length:
+                return _OK
+            got = self._local(ca, pd, addr, length, lkey, True)
+            if got is None:
+                return WcStatus.LOCAL_PROTECTION_ERR
+            mr, base = got
+            for off, data in writes:
+                if len(data):
+                    mr.write(base + off, data)
+            return _OK
+        if end > sum(s[1] for s in sges):
+            return WcStatus.LOCAL_LEN_ERR
+        targets: list[tuple[MockMr, int, int]] = []
+        for addr, length, lkey in sges:
+            if not length:
+                continue
+            got = self._local(ca, pd, addr, length, lkey, True)
+            if got is None:
+                return WcStatus.LOCAL_PROTECTION_ERR
+            targets.append((got[0], got[1], length))
+        for off, data in writes:
+            src = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+            pos = 0
+            n = len(src)
+            skip = off
+            for mr, base, length in targets:
+                if pos >= n:
+                    break
+                if skip >= length:
+                    skip -= length
+                    continue
+                take = min(length - skip, n - pos)
+                mr.write(base + skip, src[pos : pos + take])
+                pos += take
+                skip = 0
+        return _OK
+
+    # ================================================================ routing
+    def route_to(self, src: MockPort, dlid: int) -> Route | None:
+        """Where a packet from ``src`` to ``dlid`` goes, and the links it crosses."""
+        return self._route(src, dlid)
+
+    def _route(self, src: MockPort, dlid: int) -> Route | None:
+        if src.routes_gen != self._topo_gen:
+            src.routes.clear()
+            src.routes_gen = self._topo_gen
+        try:
+            return src.routes[dlid]
+        except KeyError:
+            route = self._compute_route(src, dlid)
+            src.routes[dlid] = route
+            return route
+
+    def _compute_route(self, src: MockPort, dlid: int) -> Route | None:
+        if src.removed or src.state is not LinkState.ACTIVE:
+            return None
+        if src.lid <= dlid < src.lid + (1 << src.lmc):
+            return (src, ())
+        link = src.link
+        if link is None or not link.up:
+            return None
+        if dlid == PERMISSIVE:
+            peer = link.other(src)
+            if isinstance(peer, MockPort) and peer.state is LinkState.ACTIVE:
+                return (peer, (link,))
+            return None
+        # Breadth-first through switches; CA ports are leaves.
+        seen: set[int] = {id(src)}
+        frontier: list[tuple[MockPort | Switch, tuple[Link, ...]]] = [(link.other(src), (link,))]
+        while frontier:
+            nxt: list[tuple[MockPort | Switch, tuple[Link, ...]]] = []
+            for node, path in frontier:
+                if id(node) in seen:
+                    continue
+                seen.add(id(node))
+                if isinstance(node, MockPort):
+                    if (
+                        not node.removed
+                        and node.state is LinkState.ACTIVE
+                        and node.lid <= dlid < node.lid + (1 << node.lmc)
+                    ):
+                        return (node, path)
+                    continue
+                for ln in node.links:
+                    if ln.up:
+                        nxt.append((ln.other(node), (*path, ln)))
+            frontier = nxt
+        return None
+
+    def _still_routable(self, pkt: Packet) -> bool:
+        dst = pkt.dst_port
+        if dst.removed or dst.state is not LinkState.ACTIVE:
+            return False
+        route = self._route(pkt.src_port, dst.lid)
+        return route is not None and route[0] is dst
+
+    # =============================================================== transmit
+    def _transmit(self, pkt: Packet) -> None:
+        self.counters.sent += 1
+        pm = pkt.src_port.pm
+        n, words = pkt.cost = wire_cost(pkt)
+        pm[2] += n
+        pm[0] += words
+        pkt.topo = self._topo_gen
+        if self.capture is not None:
+            self.capture(pkt)
+        if self.packet_faults_armed:
+            for p, delay in self.faults.on_packet(pkt, self.rng):
+                delay += self.latency
+                if delay > 0:
+                    self._hold(p, delay)
+                else:
+                    self._ready.append(p)
+            return
+        if self.latency:
+            self._hold(pkt, self.latency)
+        else:
+            self._ready.append(pkt)
+
+    def _hold(self, pkt: Packet, delay: float) -> None:
+        """Deliver ``pkt`` after ``delay``.
+
+        A UD or UC send completes when it is transmitted, and the sender may then
+        reuse its buffer: a packet that outlives the send gets its own copy.  RC
+        keeps the view (its send completes only once the responder acknowledged).
+        """
+        if pkt.transport is not _RC and not isinstance(pkt.payload, bytes):
+            pkt.payload = bytes(pkt.payload)
+        self._schedule(self.now + delay, _T_PACKET, pkt)
+
+    def _drop(self, why: str) -> None:
+        c = self.counters
+        c.dropped += 1
+        setattr(c, why, getattr(c, why) + 1)
+
