@@ -25,9 +25,11 @@ from ibal.wire.fields import Buffer, Table, Value
 
 __all__ = [
     "field_line", "fields", "format_value", "ntop", "perfquery", "perfquery_ext", "portid_str",
+    "saquery_guidinfo_record", "saquery_informinfo_record", "saquery_link_record",
     "saquery_mcmember_record", "saquery_node_record", "saquery_path_record",
-    "saquery_portinfo_record", "saquery_service_record", "smpquery_guids", "smpquery_nodedesc",
-    "smpquery_nodeinfo", "smpquery_pkeys", "smpquery_portinfo", "smpquery_switchinfo",
+    "saquery_portinfo_record", "saquery_service_record", "sminfo", "smpquery_guids",
+    "smpquery_nodedesc", "smpquery_nodeinfo", "smpquery_pkeys", "smpquery_portinfo",
+    "smpquery_switchinfo",
 ]  # fmt: skip
 
 NOT_DISPLAYED: Final = "<not displayed>"
@@ -434,9 +436,13 @@ def _split(d: Mapping[str, Value]) -> tuple[dict[str, int], dict[str, bytes]]:
     return ints, {k: bytes(v) for k, v in d.items() if not isinstance(v, int)}
 
 
+def _sa_pairs(pairs: Sequence[tuple[str, str]], width: int = 24) -> list[str]:
+    # saquery pads its labels with dots to 24 columns (27 in its newer dumps), after two tabs
+    return [f"\t\t{k}{'.' * (width - len(k))}{v}" for k, v in pairs]
+
+
 def _sa_lines(head: str, pairs: Sequence[tuple[str, str]]) -> str:
-    # saquery pads its labels with dots to 24 columns, after two tabs
-    return _text([head, *(f"\t\t{k}{'.' * (24 - len(k))}{v}" for k, v in pairs)])
+    return _text([head, *_sa_pairs(pairs)])
 
 
 _SA_NODE_TYPES: Final = {1: "Channel Adapter", 2: "Switch", 3: "Router"}
@@ -538,3 +544,65 @@ def saquery_service_record(rec: Buffer, *, show_keys: bool = False) -> str:
     pairs += [(f"ServiceData32.{n + 1}", f"0x{d[f'service_data32_{n}']:X}") for n in range(4)]
     pairs += [(f"ServiceData64.{n + 1}", f"0x{d[f'service_data64_{n}']:016x}") for n in range(2)]
     return _sa_lines("ServiceRecord dump:", pairs)
+
+
+def _sa_wide(head: str, pairs: Sequence[tuple[str, str]]) -> str:
+    return _text([head, *_sa_pairs(pairs, 27)])
+
+
+def saquery_link_record(rec: Buffer) -> str:
+    """``saquery LR``'s dump of one LinkRecord."""
+    d, _ = _split(sa.LINK_RECORD.decode(rec))
+    return _sa_wide("LinkRecord dump:", [
+        ("FromLID", f"{d['from_lid']}"),
+        ("FromPort", f"{d['from_port']}"),
+        ("ToPort", f"{d['to_port']}"),
+        ("ToLID", f"{d['to_lid']}"),
+    ])  # fmt: skip
+
+
+def saquery_guidinfo_record(rec: Buffer) -> str:
+    """``saquery GIR``'s dump of one GUIDInfoRecord (its eight GUIDs)."""
+    d, _ = _split(sa.GUID_INFO_RECORD.decode(rec))
+    pairs = [("LID", f"{d['lid']}"), ("Block", f"{d['block_num']}")]
+    pairs += [(f"GUID {n}", f"0x{d[f'guid{n}']:016x}") for n in range(8)]
+    return _sa_wide("GUIDInfo Record dump:", pairs)
+
+
+def saquery_informinfo_record(rec: Buffer, *, show_keys: bool = False) -> str:
+    """``saquery IIR``'s dump of one InformInfoRecord (the QPN hidden unless ``show_keys``);
+    a vendor subscription shows DeviceID and VendorID where a generic one has the trap
+    number and producer type."""
+    d, b = _split(sa.INFORM_INFO_RECORD.decode(rec))
+    generic = bool(d["is_generic"])
+    pairs = [
+        ("SubscriberGID", ntop(b["subscriber_gid"])),
+        ("SubscriberEnum", f"0x{d['enum']:X}"),
+    ]
+    info = [
+        ("gid", ntop(b["gid"])),
+        ("lid_range_begin", f"{d['lid_range_begin']}"),
+        ("lid_range_end", f"{d['lid_range_end']}"),
+        ("is_generic", f"0x{d['is_generic']:X}"),
+        ("subscribe", f"0x{d['subscribe']:X}"),
+        ("trap_type", f"0x{d['type']:X}"),
+        ("trap_num", f"{d['trap_number']}") if generic
+        else ("dev_id", f"0x{d['trap_number']:X}"),
+        ("qpn", f"0x{d['qpn']:06X}" if show_keys else NOT_DISPLAYED),
+        ("resp_time_val", f"0x{d['resp_time_value']:X}"),
+        ("node_type" if generic else "vendor_id", f"0x{d['producer_type']:06X}"),
+    ]  # fmt: skip
+    return _text(["InformInfoRecord dump:", "\t\tRID", *_sa_pairs(pairs),
+                  "\t\tInformInfo dump:", *_sa_pairs(info)])  # fmt: skip
+
+
+_SM_STATES: Final = ("SMINFO_NOTACT", "SMINFO_DISCOVER", "SMINFO_STANDBY", "SMINFO_MASTER")
+
+
+def sminfo(data: Buffer, lid: int) -> str:
+    """``sminfo``'s line for the SMInfo attribute read from the SM at ``lid``."""
+    d, _ = _split(smp.SM_INFO.decode(data))
+    state = d["sm_state"]
+    name = _SM_STATES[state] if state < len(_SM_STATES) else "<unknown>"
+    return (f"sminfo: sm lid {lid} sm guid 0x{d['guid']:x}, activity count {d['act_count']} "
+            f"priority {d['priority']} state {state} {name}\n")  # fmt: skip

@@ -263,3 +263,59 @@ def _host_gid(fabric: dict[str, str], lids: dict[str, int]) -> bytes:
     prefix = int(smp.PORT_INFO.decode(_ok(got["pi"]))["gid_prefix"])
     guid = int(smp.NODE_INFO.decode(_ok(got["ni"]))["port_guid"])
     return prefix.to_bytes(8, "big") + guid.to_bytes(8, "big")
+
+
+@pytest.mark.timeout(300)
+def test_link_guidinfo_informinfo_records_and_sminfo_match_the_tools(
+    fabric: dict[str, str], lids: dict[str, int]
+) -> None:
+    """LinkRecords and GUIDInfoRecords OpenSM keeps, an InformInfo subscription we make
+    (SubnAdmSet, then its InformInfoRecord), and the SM's SMInfo: as ``saquery LR``,
+    ``saquery GIR``, ``saquery IIR`` and ``sminfo`` print them."""
+    sm = lids["sm"]
+    subscription = sa.INFORM_INFO.encode(
+        lid_range_begin=0xFFFF, is_generic=1, subscribe=1, type=0xFFFF, trap_number=64,
+        qpn=1, resp_time_value=18, producer_type=0xFFFFFF,
+    )  # fmt: skip
+
+    def sa_req(name: str, method: int, attr: int, data: bytes = b"") -> dict[str, Any]:
+        return {"name": name, "class": MgmtClass.SUBN_ADM, "method": method, "attr": attr,
+                "lid": sm, "data": data.hex()}  # fmt: skip
+
+    got = _probe(fabric, [
+        sa_req("sub", 0x02, SaAttr.INFORM_INFO, subscription),
+        sa_req("lr", 0x12, SaAttr.LINK_RECORD),
+        sa_req("gir", 0x12, SaAttr.GUID_INFO_RECORD),
+        sa_req("iir", 0x12, SaAttr.INFORM_INFO_RECORD),
+        _smp("smi", SmpAttr.SM_INFO, lid=sm),
+    ])  # fmt: skip
+    sub = sa.INFORM_INFO.decode(_ok(got["sub"]))
+    assert (sub["subscribe"], sub["trap_number"]) == (1, 64)
+
+    def records(name: str, table: Any, head: str, theirs: str) -> list[bytes]:
+        mad = got[name]
+        assert header.header(mad).status == 0
+        off = int(header.SA_HEADER.decode(mad, header.SA_HEADER_OFFSET)["attr_offset"])
+        n = theirs.count(head)
+        assert n >= 1, theirs
+        return sa.records(header.payload(mad)[: off * 8 * n], off, table)
+
+    cases = [
+        ("lr", sa.LINK_RECORD, "LinkRecord dump:", "LR", dump.saquery_link_record),
+        ("gir", sa.GUID_INFO_RECORD, "GUIDInfo Record dump:", "GIR",
+         dump.saquery_guidinfo_record),
+        ("iir", sa.INFORM_INFO_RECORD, "InformInfoRecord dump:", "IIR",
+         dump.saquery_informinfo_record),
+    ]  # fmt: skip
+    for name, table, head, query, dumper in cases:
+        theirs = _tool(["saquery", query], fabric)
+        ours = "".join(dumper(r) for r in records(name, table, head, theirs))
+        assert ours.splitlines() == theirs.splitlines(), query
+    links = _tool(["saquery", "LR"], fabric)
+    assert links.count("LinkRecord dump:") == 6  # small.net: three links, both directions
+
+    count = re.compile(r"activity count \d+")
+    theirs = _tool(["sminfo"], fabric)
+    ours = dump.sminfo(_ok(got["smi"]), sm)
+    assert "SMINFO_MASTER" in ours
+    assert count.sub("activity count N", ours) == count.sub("activity count N", theirs)

@@ -77,3 +77,20 @@ def test_any_bytes_dump_without_error(raw: bytes) -> None:
     for fn in (dump.saquery_node_record, dump.saquery_path_record, dump.saquery_mcmember_record,
                dump.saquery_portinfo_record, dump.saquery_service_record):
         assert fn(raw).endswith("\n")
+
+
+def test_informinfo_record_vendor_form_and_shown_qpn() -> None:
+    """A vendor subscription names DeviceID and VendorID where a generic one has the trap
+    number and producer type (the generic form is checked against saquery on ibsim)."""
+    rec = sa.INFORM_INFO_RECORD.encode(
+        subscriber_gid=bytes(15) + b"\x01", enum=2, is_generic=0, subscribe=1, type=0x7,
+        trap_number=0x1234, qpn=0x2A, resp_time_value=3, producer_type=0x02C9,
+    )  # fmt: skip
+    lines = dump.saquery_informinfo_record(rec).splitlines()
+    assert lines[:3] == ["InformInfoRecord dump:", "\t\tRID", "\t\tSubscriberGID...........::1"]
+    assert lines[-4:] == ["\t\tdev_id..................0x1234",
+                          "\t\tqpn.....................<not displayed>",
+                          "\t\tresp_time_val...........0x3",
+                          "\t\tvendor_id...............0x0002C9"]  # fmt: skip
+    shown = dump.saquery_informinfo_record(rec, show_keys=True).splitlines()
+    assert shown[-3] == "\t\tqpn.....................0x00002A"
