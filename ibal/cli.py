@@ -460,6 +460,22 @@ def perfquery(
 
 
 @main.command()
+@click.argument("target", required=False)
+@click.option("-G", "--Guid", "by_guid", is_flag=True, help="TARGET is a port GUID (via the SA).")
+@_diag_options
+def sminfo(
+    target: str | None, by_guid: bool, ca_name: str | None, port_num: int | None,
+    timeout_ms: int, via: str, providers: tuple[str, ...], options: tuple[str, ...],
+) -> None:  # fmt: skip
+    """sminfo: the SMInfo of the subnet manager [default: the SM this port names]."""
+    from ibal.tools.diags import sminfo as run
+
+    with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+        to = None if target is None else _target(client, target, False, by_guid)
+        click.echo(run(client, to), nl=False)
+
+
+@main.command()
 @click.option("-w", "--window", type=int, default=64, show_default=True,
               help="SMPs in flight at once.")  # fmt: skip
 @click.option("--progress/--no-progress", default=None,

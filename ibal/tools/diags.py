@@ -1,4 +1,4 @@
-"""``ibal smpquery``, ``ibal perfquery`` and ``ibal discover``: infiniband-diags' output.
+"""``ibal smpquery``, ``perfquery``, ``sminfo`` and ``discover``: infiniband-diags' output.
 
 Each command is a function of a :class:`~ibal.mad.rpc.MadClient` returning
 the text the real tool prints for the same target (field names and value
@@ -17,7 +17,7 @@ from ibal.mad.consts import PerfAttr, SmpAttr
 from ibal.mad.discover import Sweep, ibnetdiscover_text, sweep
 from ibal.mad.rpc import MadClient, MadError, PortId
 
-__all__ = ["SMPQUERY_OPS", "discover", "perfquery", "smpquery"]
+__all__ = ["SMPQUERY_OPS", "discover", "perfquery", "sminfo", "smpquery"]
 
 SMPQUERY_OPS: Final = ("nodeinfo", "portinfo", "nodedesc", "switchinfo", "pkeys", "guids")
 _ALIASES: Final = {"ni": "nodeinfo", "pi": "portinfo", "nd": "nodedesc", "si": "switchinfo",
@@ -60,6 +60,15 @@ def smpquery(client: MadClient, op: str, to: PortId, port: int = 0) -> str:
     pi = smp.PORT_INFO.decode(get(SmpAttr.PORT_INFO, to, 0))
     gcap = int(pi["guid_cap"])
     return dump.smpquery_guids(_blocks(client, SmpAttr.GUID_INFO, to, (gcap + 7) // 8, 0), gcap)
+
+
+def sminfo(client: MadClient, to: PortId | None = None) -> str:
+    """What ``sminfo [TARGET]`` prints: the SMInfo of TARGET, by default of the SM the
+    local port names (its PortInfo's MasterSMLID)."""
+    if to is None:
+        pi = smp.PORT_INFO.decode(client.smp_get(SmpAttr.PORT_INFO, PortId(dr_path=())))
+        to = PortId(int(pi["master_sm_lid"]))
+    return dump.sminfo(client.smp_get(SmpAttr.SM_INFO, to), to.lid)
 
 
 def _blocks(client: MadClient, attr: int, to: PortId, n: int, mod: int) -> list[bytes]:
