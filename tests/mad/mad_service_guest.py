@@ -4,8 +4,9 @@ A server service answering a vendor class's Get and a client service on the
 same port (through the loopback IPv6 GID, kernel rxe's QP1): a request with
 its response linked, a blocking ``transact``, a cancel (libibumad cannot stop
 a send: the service reports CANCELED itself), the kernel's own answer to a
-class nobody serves, and a deregistration with a send pending.  Prints one
-JSON line; tests/mad/test_service_lab_umad.py asserts on it.
+class nobody serves, a flood of unsolicited Gets at a bounded service while it
+waits for an answer (``mad_flood.py``), and a deregistration with a send
+pending.  Prints one JSON line; tests/mad/test_service_lab_umad.py asserts on it.
 """
 
 from __future__ import annotations
@@ -105,6 +106,10 @@ def main() -> int:
         reply = recvs.get(timeout=WAIT)
         out["unserved_status"] = int.from_bytes(reply.mad[4:6], "big")
         out["unserved_send"] = sends.get(timeout=WAIT).status.name
+
+        from mad_flood import flood  # next to this file: on sys.path as the script's dir
+
+        out["flood"] = flood(alias, here, 0x0A)
 
         pending = request(SEND, 0xDEAD)
         client.send(pending)

@@ -52,3 +52,13 @@ def test_the_mad_service_runs_over_the_kernels_mad_layer(run: dict[str, Any]) ->
     assert run["unserved_status"] == 0x000C  # the kernel GSI's answer (docs/decisions.md)
     assert run["unserved_send"] == "SUCCESS"
     assert (run["dereg_status"], run["dereg_last"]) == ("CANCELED", "destroyed")
+
+
+def test_a_flood_of_unsolicited_mads_does_not_starve_a_transaction(run: dict[str, Any]) -> None:
+    """tests/mad/test_service_wire.py's flood through the kernel's MAD layer: past the bound
+    the Gets are dropped and counted; the answer sent mid-flood arrives linked."""
+    got = run["flood"]
+    assert (got["answer"], got["answer_tid_matches"], got["request_status"]) == (
+        "answer", True, "SUCCESS")
+    assert got["held_unsolicited"] == got["bound"]
+    assert got["dropped_backlog"] == got["sent"] - got["bound"]
