@@ -16,7 +16,7 @@ import queue
 import subprocess
 import sys
 
-VENDOR, GET, SEND, GET_RESP = 0x09, 0x01, 0x03, 0x81
+VENDOR, GET, SET, SEND, GET_RESP = 0x09, 0x01, 0x02, 0x03, 0x81
 WAIT = 20.0
 
 
@@ -106,6 +106,14 @@ def main() -> int:
         reply = recvs.get(timeout=WAIT)
         out["unserved_status"] = int.from_bytes(reply.mad[4:6], "big")
         out["unserved_send"] = sends.get(timeout=WAIT).status.name
+
+        # the server's class, a method it does not serve: answered by the kernel too
+        unserved_method = request(SET, 0x5E7)
+        client.send(unserved_method)
+        reply = recvs.get(timeout=WAIT)
+        out["unserved_method_status"] = int.from_bytes(reply.mad[4:6], "big")
+        out["unserved_method_linked"] = reply.request is unserved_method
+        out["unserved_method_send"] = sends.get(timeout=WAIT).status.name
 
         from mad_flood import flood  # next to this file: on sys.path as the script's dir
 

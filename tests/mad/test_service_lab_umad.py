@@ -51,6 +51,10 @@ def test_the_mad_service_runs_over_the_kernels_mad_layer(run: dict[str, Any]) ->
     assert (run["cancel_status"], run["second_cancel"]) == ("CANCELED", "NOT_FOUND")
     assert run["unserved_status"] == 0x000C  # the kernel GSI's answer (docs/decisions.md)
     assert run["unserved_send"] == "SUCCESS"
+    # a method the class's agent does not serve: the same 0x000C from the kernel (IBA asks
+    # 0x0008 there; docs/decisions.md), linked to its request like any response
+    assert (run["unserved_method_status"], run["unserved_method_linked"],
+            run["unserved_method_send"]) == (0x000C, True, "SUCCESS")  # fmt: skip
     assert (run["dereg_status"], run["dereg_last"]) == ("CANCELED", "destroyed")
 
 
