@@ -18,14 +18,15 @@ import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
-from ibal.mad import perf, sa, smp
+from ibal.mad import header, perf, sa, smp
 from ibal.mad.consts import PM_EXT_WIDTH_SUPPORTED, PM_PC_XMIT_WAIT_SUP
 from ibal.mad.smp import CapabilityMask, CapabilityMask2
 from ibal.wire.fields import Buffer, Table, Value
 
 __all__ = [
     "field_line", "fields", "format_value", "ntop", "perfquery", "perfquery_ext", "portid_str",
-    "saquery_guidinfo_record", "saquery_informinfo_record", "saquery_link_record",
+    "saquery_class_port_info", "saquery_guidinfo_record", "saquery_informinfo_record",
+    "saquery_link_record",
     "saquery_mcmember_record", "saquery_node_record", "saquery_path_record",
     "saquery_portinfo_record", "saquery_service_record", "sminfo", "smpquery_guids",
     "smpquery_nodedesc", "smpquery_nodeinfo", "smpquery_pkeys", "smpquery_portinfo",
@@ -594,6 +595,30 @@ def saquery_informinfo_record(rec: Buffer, *, show_keys: bool = False) -> str:
     ]  # fmt: skip
     return _text(["InformInfoRecord dump:", "\t\tRID", *_sa_pairs(pairs),
                   "\t\tInformInfo dump:", *_sa_pairs(info)])  # fmt: skip
+
+
+def saquery_class_port_info(data: Buffer) -> str:
+    """``saquery CPI``'s dump of the SA's ClassPortInfo (the TC/SL/FL and HL/QP words raw)."""
+    d, b = _split(header.CLASS_PORT_INFO.decode(data))
+    pairs = [
+        ("Base version", f"{d['base_version']}"),
+        ("Class version", f"{d['class_version']}"),
+        ("Capability mask", f"0x{d['capability_mask']:04X}"),
+        ("Capability mask 2", f"0x{d['capability_mask2']:08X}"),
+        ("Response time value", f"0x{d['resp_time_value']:02X}"),
+    ]
+    for end in ("redirect", "trap"):
+        pairs += [
+            (f"{end.title()} GID", ntop(b[f"{end}_gid"])),
+            (f"{end.title()} TC/SL/FL",
+             f"0x{d[f'{end}_tc'] << 24 | d[f'{end}_sl'] << 20 | d[f'{end}_fl']:08X}"),
+            (f"{end.title()} LID", f"{d[f'{end}_lid']}"),
+            (f"{end.title()} PKey", f"0x{d[f'{end}_p_key']:04X}"),
+            ("Redirect QP", f"0x{d['redirect_qp']:08X}") if end == "redirect"
+            else ("Trap HL/QP", f"0x{d['trap_hl'] << 24 | d['trap_qp']:08X}"),
+            (f"{end.title()} QKey", f"0x{d[f'{end}_q_key']:08X}"),
+        ]  # fmt: skip
+    return _text(["SA ClassPortInfo:", *_sa_pairs(pairs, 25)])
 
 
 _SM_STATES: Final = ("SMINFO_NOTACT", "SMINFO_DISCOVER", "SMINFO_STANDBY", "SMINFO_MASTER")

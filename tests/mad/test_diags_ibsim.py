@@ -266,12 +266,12 @@ def _host_gid(fabric: dict[str, str], lids: dict[str, int]) -> bytes:
 
 
 @pytest.mark.timeout(300)
-def test_link_guidinfo_informinfo_records_and_sminfo_match_the_tools(
+def test_link_guidinfo_informinfo_cpi_and_sminfo_match_the_tools(
     fabric: dict[str, str], lids: dict[str, int]
 ) -> None:
     """LinkRecords and GUIDInfoRecords OpenSM keeps, an InformInfo subscription we make
-    (SubnAdmSet, then its InformInfoRecord), and the SM's SMInfo: as ``saquery LR``,
-    ``saquery GIR``, ``saquery IIR`` and ``sminfo`` print them."""
+    (SubnAdmSet, then its InformInfoRecord), the SA's ClassPortInfo and the SM's SMInfo:
+    as ``saquery LR``, ``GIR``, ``IIR``, ``CPI`` and ``sminfo`` print them."""
     sm = lids["sm"]
     subscription = sa.INFORM_INFO.encode(
         lid_range_begin=0xFFFF, is_generic=1, subscribe=1, type=0xFFFF, trap_number=64,
@@ -288,6 +288,7 @@ def test_link_guidinfo_informinfo_records_and_sminfo_match_the_tools(
         sa_req("gir", 0x12, SaAttr.GUID_INFO_RECORD),
         sa_req("iir", 0x12, SaAttr.INFORM_INFO_RECORD),
         _smp("smi", SmpAttr.SM_INFO, lid=sm),
+        sa_req("cpi", 0x01, SaAttr.CLASS_PORT_INFO),
     ])  # fmt: skip
     sub = sa.INFORM_INFO.decode(_ok(got["sub"]))
     assert (sub["subscribe"], sub["trap_number"]) == (1, 64)
@@ -313,6 +314,9 @@ def test_link_guidinfo_informinfo_records_and_sminfo_match_the_tools(
         assert ours.splitlines() == theirs.splitlines(), query
     links = _tool(["saquery", "LR"], fabric)
     assert links.count("LinkRecord dump:") == 6  # small.net: three links, both directions
+
+    cpi = dump.saquery_class_port_info(_ok(got["cpi"]))
+    assert cpi.splitlines() == _tool(["saquery", "CPI"], fabric).splitlines()
 
     count = re.compile(r"activity count \d+")
     theirs = _tool(["sminfo"], fabric)
