@@ -3,8 +3,8 @@
 The ibal commands run in a subprocess as ``Host`` under umad2sim, on the
 rdma_core provider's MAD-only CA (``ibsim0``); ``smpquery``, ``perfquery``
 and ``ibnetdiscover`` run as the same node in the same test.  ``tools_probe.py``
-runs many ibal commands in one process (the CLI's own entry point over one
-shared AL and MAD client) to keep the test short; ``smpquery -G`` and
+runs many ibal commands in one process (the CLI's own entry point, each
+command opening and closing its own AL and CA) to keep the test short; ``smpquery -G`` and
 ``discover`` also run as ``python -m ibal.cli`` processes of their own.
 MADs go through the MAD service (the default); the fat-tree sweep also runs
 over the AL's bare agents (``--via agent``).  Counters that the queries

@@ -12,6 +12,20 @@ The ``ib_user_mad`` header layout is declared below and checked against the
 library's ``umad_size()`` once a port is open (libibumad enables the P_Key
 index field there, growing the header from 56 to 64 bytes); a mismatch
 refuses the port rather than corrupt memory.
+
+Under umad2sim (ibsim's ``LD_PRELOAD`` library) three of its behaviours shape
+this module (read in ibsim 0.10-0.12's ``umad2sim.c``): its own receive thread
+hands every MAD to the descriptor registered for the MAD's *class* and
+dereferences a NULL queue (SIGSEGV) when that class has no registration, so
+unregistering a class, or closing its port, while an answer may still come
+kills the process; unregistering one of two agents of a class drops the class
+for both; and its ``poll()`` waits on the first simulated descriptor alone,
+ignoring every other one (our wake pipe).  So under umad2sim one
+:class:`UmadAgents` per CA lives for the process: its ports stay open, a
+"closed" agent's kernel registration is parked and reused by the next agent
+of the same class, and MADs for a parked one are dropped and counted
+(``unknown_agent``); a reused one may see a late answer of its predecessor,
+which the MAD layers above drop by TID.
 """
 
 from __future__ import annotations
@@ -217,6 +231,11 @@ _lib: Lib | None = None
 _lib_lock = threading.Lock()
 
 
+def under_umad2sim() -> bool:
+    """True when ibsim's umad2sim is preloaded (its ``sim_client_init`` is visible)."""
+    return hasattr(ctypes.CDLL(None), "sim_client_init")
+
+
 def load() -> Lib:
     """libibumad, loaded once; ``UmadUnavailable`` says why not."""
     global _lib
@@ -336,11 +355,36 @@ def _method_mask(methods: frozenset[int]) -> Any:
     return mask
 
 
-class UmadAgents:
-    """The MAD agents of one CA: ports opened on first use, one receive thread."""
+_shared: dict[str, UmadAgents] = {}
+_shared_lock = threading.Lock()
 
-    def __init__(self, ca_name: str) -> None:
+
+def agents_for(ca_name: str) -> UmadAgents:
+    """The agent table for a CA being opened: a new one, or under umad2sim the process's one.
+
+    See the module docstring for why umad2sim needs one that never closes its ports.
+    """
+    if not under_umad2sim():
+        return UmadAgents(ca_name)
+    with _shared_lock:
+        agents = _shared.get(ca_name)
+        if agents is None:
+            agents = _shared[ca_name] = UmadAgents(ca_name, keep_open=True)
+        return agents
+
+
+class UmadAgents:
+    """The MAD agents of one CA: ports opened on first use, one receive thread.
+
+    ``keep_open`` (umad2sim): :meth:`close` unregisters the agents but parks
+    their kernel registrations and keeps the ports and the thread.
+    """
+
+    def __init__(self, ca_name: str, *, keep_open: bool = False) -> None:
         self.ca_name = ca_name
+        self.keep_open = keep_open
+        # (port, class, version, rmpp) -> umad agent ids registered but unused (keep_open)
+        self._parked: dict[tuple[int, int, int, int], list[int]] = {}
         self._lock = threading.RLock()  # also held while upcalls run: unregister waits
         self._ports: dict[int, _Port] = {}
         # select.poll, not epoll: umad2sim (ibsim) intercepts poll() for its fake fds.
@@ -368,6 +412,12 @@ class UmadAgents:
             self._next_tick = time.monotonic()
         os.write(self._wake_w, b"t")
 
+    def clear_tick(self, fn: Callable[[], None]) -> None:
+        """Stop calling ``fn`` (if it is the current task); a call under way finishes."""
+        with self._lock:
+            if self._tick == fn:
+                self._tick = None
+
     # ------------------------------------------------------------------ verbs
     def register(self, spec: MadAgentSpec) -> UmadAgent:
         smp = spec.mgmt_class in SMP_CLASSES
@@ -376,12 +426,17 @@ class UmadAgents:
                 f"the kernel puts class 0x{spec.mgmt_class:02x} on QP{0 if smp else 1}"
             )
         lib = load().lib
+        key = (spec.port_num, spec.mgmt_class, spec.class_version, spec.rmpp_version)
         with self._lock:
             port = self._port(spec.port_num)
-            rc = lib.umad_register(
-                port.portid, spec.mgmt_class, spec.class_version, spec.rmpp_version,
-                _method_mask(spec.methods),
-            )
+            parked = self._parked.get(key)
+            if parked:  # umad2sim: no new registration (it has 32 per device)
+                rc = parked.pop()
+            else:
+                rc = lib.umad_register(
+                    port.portid, spec.mgmt_class, spec.class_version, spec.rmpp_version,
+                    _method_mask(spec.methods),
+                )
             if rc < 0:
                 raise _errno_error(rc, f"umad_register class 0x{spec.mgmt_class:02x}")
             agent = UmadAgent(port, rc, spec)
@@ -434,7 +489,11 @@ class UmadAgents:
                 raise InvalidHandle("MAD agent is not registered")
             agent.alive = False
             agent.port.agents.pop(agent.agent_id, None)
-            rc = lib.umad_unregister(agent.port.portid, agent.agent_id)
+            rc = 0
+            if self.keep_open:
+                self._park(agent)
+            else:
+                rc = lib.umad_unregister(agent.port.portid, agent.agent_id)
             canceled, agent.pending = list(agent.pending.values()), {}
             if agent.spec.send_cb is not None:
                 for ctx in canceled:
@@ -442,8 +501,24 @@ class UmadAgents:
         if rc < 0:
             log.warning("umad_unregister of agent %d failed: %s", agent.agent_id, -rc)
 
+    def _park(self, agent: UmadAgent) -> None:
+        s = agent.spec
+        key = (s.port_num, s.mgmt_class, s.class_version, s.rmpp_version)
+        self._parked.setdefault(key, []).append(agent.agent_id)
+
     def close(self) -> None:
-        """Stop the receive thread and close every port (CA closing)."""
+        """Stop the receive thread and close every port (CA closing).
+
+        ``keep_open``: unregister (park) the agents, drop the periodic task,
+        keep ports and thread for the next open.
+        """
+        if self.keep_open:
+            with self._lock:
+                self._tick = None
+                live = [a for p in self._ports.values() for a in p.agents.values()]
+            for a in live:
+                self.unregister(a)
+            return
         with self._lock:
             self._stopping = True
             ports, self._ports = list(self._ports.values()), {}
@@ -620,8 +695,10 @@ __all__ = [
     "UmadPortInfo",
     "UmadUnavailable",
     "agent_of",
+    "agents_for",
     "availability",
     "ca_info",
     "load",
     "umad_cas",
+    "under_umad2sim",
 ]

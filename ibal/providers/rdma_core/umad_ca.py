@@ -195,7 +195,7 @@ class UmadCa(ChannelInterface):
             h = _CaHandle(self, async_event_cb, ca_context)
             self._open = h
         try:
-            agents = umad.UmadAgents(self.name)
+            agents = umad.agents_for(self.name)
         except BaseException:
             with self._lock:
                 self._open = None

@@ -139,3 +139,26 @@ def test_mad_only_ca_attributes_mads_and_port_events(ibsim_fabric: Fabric) -> No
         err = p.stderr.read() if p.stderr is not None else ""
         if p.returncode:
             print(err[-4000:])
+
+
+@pytest.mark.timeout(300)
+def test_open_close_with_mads_in_flight_many_times(ibsim_fabric: Fabric) -> None:
+    """umad2sim crashed (SIGSEGV in its receive thread) on an answer for a class whose agent
+    had gone; a process must survive opening and closing the CA with answers in flight."""
+    fabric = ibsim_fabric
+    nodeinfo = fabric.run(["smpquery", "nodeinfo", "-D", "0"], NODE).stdout
+    sm_lid = int(_field(fabric.run(["smpquery", "portinfo", "-D", "0"], NODE).stdout, "SMLid"))
+    env = fabric.env_for(NODE)
+    env["PYTHONPATH"] = f"{REPO}:{env.get('PYTHONPATH', '')}"
+    env["PYTHONFAULTHANDLER"] = "1"
+    rounds = 12  # past umad2sim's 8 descriptors and 32 agent registrations per device
+    env["ROUNDS"] = str(rounds)
+    r = subprocess.run([sys.executable, str(PROBE.with_name("umad_churn_probe.py"))], env=env,
+                       cwd=fabric.workdir, text=True, capture_output=True, timeout=240)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    recs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert recs[-1] == {"done": rounds}
+    guid = int(_field(nodeinfo, "Guid"), 16)
+    assert [(x["round"], x["node_guid"], x["sa_lid"]) for x in recs[:-1]] == [
+        (n, guid, sm_lid) for n in range(rounds)
+    ]
