@@ -76,6 +76,7 @@ SMP_CLASSES = (0x01, 0x81)
 _CA_NAME_LEN = 20  # UMAD_CA_NAME_LEN
 _MAX_CAS = 32  # UMAD_MAX_DEVICES
 _POLL_MS = 250
+_BATCH = 64  # MADs read per wake before the upcalls run
 
 
 class _MadAddr(ctypes.Structure):
@@ -337,6 +338,9 @@ class UmadAgent:
     spec: MadAgentSpec
     pending: dict[int, Any] = field(default_factory=dict)  # TID low 32 -> context
     alive: bool = True
+    # Held while an upcall of this agent runs; unregister takes it after marking the
+    # agent dead, so no upcall runs once it returns.
+    upcall: threading.RLock = field(default_factory=threading.RLock)
 
 
 @dataclass(eq=False)
@@ -345,6 +349,11 @@ class _Port:
     portid: int
     fd: int
     agents: dict[int, UmadAgent] = field(default_factory=dict)
+    ready: Any = None  # select.poll of this descriptor alone
+
+    def __post_init__(self) -> None:
+        self.ready = select.poll()
+        self.ready.register(self.fd, select.POLLIN)
 
 
 def _method_mask(methods: frozenset[int]) -> Any:
@@ -385,7 +394,9 @@ class UmadAgents:
         self.keep_open = keep_open
         # (port, class, version, rmpp) -> umad agent ids registered but unused (keep_open)
         self._parked: dict[tuple[int, int, int, int], list[int]] = {}
-        self._lock = threading.RLock()  # also held while upcalls run: unregister waits
+        # The tables (ports, agents, pending TIDs): held briefly, never across an upcall
+        # or a umad_send, so senders do not wait for the receive thread's dispatch.
+        self._lock = threading.RLock()
         self._ports: dict[int, _Port] = {}
         # select.poll, not epoll: umad2sim (ibsim) intercepts poll() for its fake fds.
         self._poll = select.poll()
@@ -411,12 +422,6 @@ class UmadAgents:
             self._tick, self._tick_every = fn, every
             self._next_tick = time.monotonic()
         os.write(self._wake_w, b"t")
-
-    def clear_tick(self, fn: Callable[[], None]) -> None:
-        """Stop calling ``fn`` (if it is the current task); a call under way finishes."""
-        with self._lock:
-            if self._tick == fn:
-                self._tick = None
 
     # ------------------------------------------------------------------ verbs
     def register(self, spec: MadAgentSpec) -> UmadAgent:
@@ -444,6 +449,7 @@ class UmadAgents:
             return agent
 
     def send(self, agent: UmadAgent, send: MadSend) -> None:
+        """Any thread; ``umad_send`` runs outside the agents' lock (the table is read under it)."""
         if not isinstance(agent, UmadAgent) or not agent.alive:
             raise InvalidHandle("MAD agent is not registered")
         buf = _Buffer()
@@ -460,16 +466,20 @@ class UmadAgents:
                 if tid_low in agent.pending:
                     raise InvalidParameter(f"a request with TID low 0x{tid_low:08x} is outstanding")
                 agent.pending[tid_low] = send.context
-            rc = lib.umad_send(
-                agent.port.portid, agent.agent_id, ctypes.byref(buf), MAD_SIZE,
-                send.timeout_ms if waits else 0, send.retries if waits else 0,
-            )
-            if rc < 0:
-                if waits:
-                    del agent.pending[tid_low]
-                raise _errno_error(rc, "umad_send")
-            if not waits and agent.spec.send_cb is not None:
-                agent.spec.send_cb(MadSendDone(send.context, WcStatus.SUCCESS))
+        rc = lib.umad_send(
+            agent.port.portid, agent.agent_id, ctypes.byref(buf), MAD_SIZE,
+            send.timeout_ms if waits else 0, send.retries if waits else 0,
+        )
+        if rc < 0:
+            if waits:
+                with self._lock:
+                    if agent.pending.get(tid_low) is send.context:
+                        del agent.pending[tid_low]
+            raise _errno_error(rc, "umad_send")
+        # On the sender's thread, without the upcall lock (two agents' upcalls sending
+        # through each other could deadlock): only a send racing unregister sees it after.
+        if not waits and agent.spec.send_cb is not None and agent.alive:
+            agent.spec.send_cb(MadSendDone(send.context, WcStatus.SUCCESS))
 
     def abandon(self, agent: UmadAgent, tid_low: int) -> None:
         """Stop waiting for the answer to a request (no completion follows).
@@ -481,10 +491,11 @@ class UmadAgents:
             agent.pending.pop(tid_low, None)
 
     def unregister(self, agent: UmadAgent) -> None:
+        """Any thread, also the agent's own upcall; no upcall of it runs once this returns."""
         if not isinstance(agent, UmadAgent):
             raise InvalidHandle("not a MAD agent of this provider")
         lib = load().lib
-        with self._lock:  # no upcall for the agent runs while this holds the lock
+        with self._lock:
             if not agent.alive:
                 raise InvalidHandle("MAD agent is not registered")
             agent.alive = False
@@ -495,6 +506,7 @@ class UmadAgents:
             else:
                 rc = lib.umad_unregister(agent.port.portid, agent.agent_id)
             canceled, agent.pending = list(agent.pending.values()), {}
+        with agent.upcall:  # waits for an upcall under way on another thread
             if agent.spec.send_cb is not None:
                 for ctx in canceled:
                     agent.spec.send_cb(MadSendDone(ctx, WcStatus.CANCELED))
@@ -592,50 +604,70 @@ class UmadAgents:
                     log.exception("umad %s: periodic task failed", self.ca_name)
 
     def _read_one(self, port: _Port) -> None:
-        """One MAD: poll() said the descriptor is readable, so the read does not block."""
+        """The MADs waiting on ``port`` (poll() said readable): read them all, then upcall.
+
+        Reading and the table look-ups run under the agents' lock, the upcalls
+        after it, each under its agent's upcall lock, in arrival order.
+        """
         lib = load().lib
         length = ctypes.c_int(MAD_SIZE)
+        batch: list[tuple[UmadAgent, MadSendDone | None, MadRecv | None]] = []
         with self._lock:
-            if self._stopping or self._ports.get(port.num) is not port:
-                return
-            rc = lib.umad_recv(port.portid, ctypes.byref(self._rx), ctypes.byref(length), 0)
-            if rc < 0:
-                if -rc not in (errno.EAGAIN, errno.EWOULDBLOCK):
-                    self._count(f"recv_error_{-rc}")
-                return
-            self._dispatch(port, rc, length.value)
+            for n in range(_BATCH):
+                if self._stopping or self._ports.get(port.num) is not port:
+                    break
+                # umad_recv with no time-out read()s at once, and a kernel umad
+                # descriptor blocks: after the first MAD, read only what poll() shows.
+                if n and not port.ready.poll(0):
+                    break
+                length.value = MAD_SIZE
+                rc = lib.umad_recv(port.portid, ctypes.byref(self._rx), ctypes.byref(length), 0)
+                if rc < 0:
+                    if -rc not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.ETIMEDOUT):
+                        self._count(f"recv_error_{-rc}")
+                    break
+                item = self._dispatch(port, rc, length.value)
+                if item is not None:
+                    batch.append(item)
+        for agent, done, recv in batch:
+            with agent.upcall:
+                if not agent.alive:
+                    continue
+                if done is not None and agent.spec.send_cb is not None:
+                    agent.spec.send_cb(done)
+                if recv is not None:
+                    agent.spec.recv_cb(recv)
 
     def _count(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
-    def _dispatch(self, port: _Port, agent_id: int, length: int) -> None:
-        """One MAD from the kernel (under the lock): a receive or a returned send."""
+    def _dispatch(
+        self, port: _Port, agent_id: int, length: int
+    ) -> tuple[UmadAgent, MadSendDone | None, MadRecv | None] | None:
+        """One MAD from the kernel (under the lock): what to hand its agent, or None."""
         agent = port.agents.get(agent_id)
         if agent is None or not agent.alive:
             self._count("unknown_agent")
-            return
+            return None
         hdr = self._rx.hdr
         if length < MAD_HEADER_SIZE:
             self._count("short")
-            return
+            return None
         # The kernel always hands over 256 bytes; umad2sim hands over what the sender
         # wrote (OpenSM writes an SA Get response without its zero tail): pad it.
         mad = bytes(self._rx.data[: min(length, MAD_SIZE)]).ljust(MAD_SIZE, b"\0")
         tid_low = int.from_bytes(mad[12:16], "big")
         if hdr.status:  # our request came back: no response in time
             ctx = agent.pending.pop(tid_low, None)
-            if agent.spec.send_cb is not None:
-                agent.spec.send_cb(MadSendDone(ctx, WcStatus.TIMEOUT_RETRY_ERR))
-            return
+            return agent, MadSendDone(ctx, WcStatus.TIMEOUT_RETRY_ERR), None
         qpn = 0 if mad[1] in SMP_CLASSES else 1
         # The kernel leaves the Q_Key out; a MAD to QP1 always carries the GSI one.
         addr = replace(_read_addr(hdr.addr), remote_qkey=QP1_WELL_KNOWN_QKEY if qpn else 0)
         recv = MadRecv(mad, addr, port.num, qpn)
+        done = None
         if mad_is_response(mad) and tid_low in agent.pending:  # the send completes first
-            ctx = agent.pending.pop(tid_low)
-            if agent.spec.send_cb is not None:
-                agent.spec.send_cb(MadSendDone(ctx, WcStatus.SUCCESS))
-        agent.spec.recv_cb(recv)
+            done = MadSendDone(agent.pending.pop(tid_low), WcStatus.SUCCESS)
+        return agent, done, recv
 
 
 def _fill_addr(a: _MadAddr, addr: MadAddr) -> None:
