@@ -27,6 +27,7 @@ from ibal.providers.rxe.counters import DeviceCounters
 from ibal.providers.rxe.io import ROCE_PORT, DeviceIO, RxMode
 from ibal.providers.rxe.netif import EventKind, Interface, IpAddress, NetEvent
 from ibal.providers.rxe.packet import Packet
+from ibal.providers.rxe.settings import ENV_DEVICES, config_path
 from ibal.types import (
     DEFAULT_PKEY,
     AsyncEvent,
@@ -40,8 +41,6 @@ from ibal.types import (
     PortCap,
 )
 
-ENV_DEVICES: Final = "IBAL_RXE_DEVICES"
-ENV_CONFIG: Final = "IBAL_RXE_CONFIG"
 DEFAULT_NETDEV: Final = "lo"
 
 
@@ -149,14 +148,6 @@ def _unique(specs: list[DeviceSpec], where: str) -> None:
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise ConfigError(f"{where}: device {sorted(dup)[0]} given twice")
-
-
-def config_path(env: Mapping[str, str] = os.environ) -> Path:
-    """``$IBAL_RXE_CONFIG``, else ``$XDG_CONFIG_HOME/ibal/rxe.toml`` (``~/.config`` by default)."""
-    if env.get(ENV_CONFIG):
-        return Path(env[ENV_CONFIG])
-    base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".config")
-    return Path(base) / "ibal" / "rxe.toml"
 
 
 _OPTIONS: Final = {"netdev", "address", "rx_mode", "capture", "port"}

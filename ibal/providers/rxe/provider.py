@@ -11,23 +11,16 @@ and withdrawn as they come and go.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ibal.ci import CaRegistrar, Provider
-from ibal.providers.rxe.ca import RxeCa
-from ibal.providers.rxe.device import (
-    ENV_DEVICES,
-    ConfigError,
-    Device,
-    DeviceSpec,
-    Registry,
-    config_path,
-    parse_devices,
-    startup_specs,
-)
+from ibal.providers.rxe.settings import ENV_DEVICES, configured
 from ibal.status import InvalidParameter, InvalidState
+
+if TYPE_CHECKING:
+    from ibal.providers.rxe.ca import RxeCa
+    from ibal.providers.rxe.device import Device, DeviceSpec, Registry
 
 OPTIONS = frozenset({"devices", "rx_mode"})
 NOT_CONFIGURED = (
@@ -37,16 +30,21 @@ NOT_CONFIGURED = (
 
 
 def _specs(options: Mapping[str, Any]) -> list[DeviceSpec] | None:
-    """The devices to create, or None when nothing is configured."""
+    """The devices to create, or None when nothing is configured.
+
+    The device modules are imported only when there are devices (see ``settings``).
+    """
     given = options.get("devices")
+    if given is None and not configured():
+        return None
+    from ibal.providers.rxe.device import ConfigError, DeviceSpec, parse_devices, startup_specs
+
     try:
         if given is not None:
             text = ",".join(given) if isinstance(given, (list, tuple)) else str(given)
             specs = parse_devices(text)
-        elif ENV_DEVICES in os.environ or config_path().exists():
-            specs = startup_specs()
         else:
-            return None
+            specs = startup_specs()
     except ConfigError as e:
         raise InvalidParameter(str(e)) from None
     mode = options.get("rx_mode")
@@ -85,6 +83,8 @@ class RxeProvider(Provider):
         if not self._specs:
             self.unavailable_reason = NOT_CONFIGURED
             return
+        from ibal.providers.rxe.device import Registry
+
         self.registry = Registry(self._added, self._removed)
         errors = []
         for spec in self._specs:
@@ -102,6 +102,8 @@ class RxeProvider(Provider):
         self._registrar = None
 
     def _added(self, dev: Device) -> None:
+        from ibal.providers.rxe.ca import RxeCa
+
         ca = RxeCa(dev)
         self._cas[dev.name] = ca
         if self._registrar is not None:
