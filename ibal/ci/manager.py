@@ -35,11 +35,16 @@ class ProviderManager:
         env = os.environ.get(DISABLED_ENV, "")
         self.blocked = {n.strip() for n in env.split(",") if n.strip()} | (blocked or set())
         self._loaded_eps: set[str] = set()
+        self._eps: dict[str, metadata.EntryPoint] | None = None
 
     def _entry_points(self) -> dict[str, metadata.EntryPoint]:
+        # Read once per manager: entry_points() scans every installed distribution's
+        # metadata (~30 ms each time here), and starting the defaults asks per provider.
         if not self._use_entry_points:
             return {}
-        return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+        if self._eps is None:
+            self._eps = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+        return self._eps
 
     def names(self) -> list[str]:
         """Every provider name known, without importing any plugin."""
