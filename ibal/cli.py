@@ -5,27 +5,32 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from ibal.al import AccessLayer, AlManager
 from ibal.al.manager import SIMULATED_SKIPPED, start_default_providers
 from ibal.status import IbError
 from ibal.types import CaAttr, PortAttr
 
+if TYPE_CHECKING:  # rich is imported by the commands that print tables (~0.1 s)
+    from rich.console import Console
+
 
 class _LazyConsole:
     """A console made at first use, so ``COLUMNS`` set by a caller (or test) is honoured."""
 
     def __getattr__(self, name: str) -> object:
+        from rich.console import Console
+
         return getattr(Console(), name)
 
 
 class _LazyErrConsole:
     def __getattr__(self, name: str) -> object:
+        from rich.console import Console
+
         return getattr(Console(stderr=True), name)
 
 
@@ -96,6 +101,8 @@ def main() -> None:
 def devices(providers: tuple[str, ...], options: tuple[str, ...]) -> None:
     """List the CAs every provider registered (like ibv_devices)."""
     with _open(providers, _parse_options(options)) as (mgr, al):
+        from rich.table import Table
+
         table = Table(title="CAs")
         for col in ("device", "provider", "node GUID", "ports"):
             table.add_column(col)
@@ -226,6 +233,8 @@ def conformance(
 @main.command()
 def demo() -> None:
     """Open the AL, build the resource tree on two mock CAs and move data with each opcode."""
+    from rich.table import Table
+
     from ibal.demo import Step, demo_fabric, run_demo
 
     table = Table(title="ibal demo: every opcode between two CAs of the embedded mock fabric")
