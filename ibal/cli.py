@@ -86,7 +86,23 @@ def _open(
         mgr.close()
 
 
-@click.group()
+class _Main(click.Group):
+    """The ``ibal`` group; ``lab`` (and rich with it) is imported when asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), "lab"})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "lab" and "lab" not in self.commands:
+            try:
+                from ibal.lab.cli import lab
+            except ImportError:  # the lab is optional at import time
+                return None
+            self.add_command(lab)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_Main)
 @click.version_option(package_name="ibal")
 def main() -> None:
     """ibal: an InfiniBand access layer for Python."""
@@ -501,15 +517,6 @@ def discover(
         click.echo(run(client, window=window, progress=progress), nl=False)
 
 
-def _mount_lab() -> None:
-    try:
-        from ibal.lab.cli import lab
-    except ImportError:  # the lab is optional at import time
-        return
-    main.add_command(lab)
-
-
-_mount_lab()
 
 if __name__ == "__main__":
     main()
