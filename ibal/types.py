@@ -12,7 +12,7 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv6Address
-from typing import Any
+from typing import Any, TypeGuard
 
 Gid = IPv6Address
 """A GID is 16 bytes in IPv6 format; ``Gid(bytes16)`` or ``Gid("fe80::1")``."""
@@ -1032,3 +1032,8 @@ class MadAgentSpec:
     send_cb: MadSendCallback | None = None
     methods: frozenset[int] = frozenset()
     rmpp_version: int = 0
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """An int or an int subclass (``IntEnum``, ``IntFlag``), but not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)

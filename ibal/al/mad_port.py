@@ -69,6 +69,7 @@ from ibal.types import (
     Wc,
     WcStatus,
     WcType,
+    is_int,
     mad_error_reply,
     mad_is_response,
 )
@@ -96,13 +97,13 @@ def check_mad_send(send: object) -> MadSend:
         raise InvalidParameter("MadSend.addr must be a MadAddr")
     fields = (addr.remote_qp, addr.remote_qkey, addr.dlid, addr.sl, addr.path_bits,
               addr.pkey_index)
-    if any(type(v) is not int or v < 0 for v in fields):
+    if any(not is_int(v) or v < 0 for v in fields):
         raise InvalidParameter("MAD addressing fields are non-negative ints")
     if addr.remote_qp > 0xFFFFFF or addr.dlid > 0xFFFF or addr.sl > 15:
         raise InvalidParameter("remote QP, DLID or SL out of range")
     if addr.grh is not None and not isinstance(addr.grh, Grh):
         raise InvalidParameter("MadAddr.grh must be a Grh")
-    if type(send.timeout_ms) is not int or type(send.retries) is not int:
+    if not is_int(send.timeout_ms) or not is_int(send.retries):
         raise InvalidParameter("timeout_ms and retries are ints")
     if send.timeout_ms < 0 or send.retries < 0:
         raise InvalidParameter("timeout_ms and retries are non-negative")
@@ -113,12 +114,12 @@ def check_agent_spec(spec: MadAgentSpec) -> None:
     """Range checks shared by both transports."""
     if spec.qp_num not in (0, 1):
         raise InvalidParameter("MAD agents live on QP0 or QP1")
-    if type(spec.mgmt_class) is not int or not 0 <= spec.mgmt_class <= 0xFF:
+    if not is_int(spec.mgmt_class) or not 0 <= spec.mgmt_class <= 0xFF:
         raise InvalidParameter(f"management class {spec.mgmt_class!r} out of range")
-    if type(spec.class_version) is not int or not 0 <= spec.class_version <= 0xFF:
+    if not is_int(spec.class_version) or not 0 <= spec.class_version <= 0xFF:
         raise InvalidParameter(f"class version {spec.class_version!r} out of range")
     for m in spec.methods:
-        if type(m) is not int or not 0 <= m < 0x80:
+        if not is_int(m) or not 0 <= m < 0x80:
             raise InvalidParameter(f"method {m!r} is not a request method (0..0x7f)")
     if not callable(spec.recv_cb) or (spec.send_cb is not None and not callable(spec.send_cb)):
         raise InvalidParameter("recv_cb and send_cb must be callable")

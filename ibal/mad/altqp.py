@@ -67,6 +67,7 @@ from ibal.types import (
     WcStatus,
     WcType,
     WrType,
+    is_int,
 )
 
 GRH_LEN = 40
@@ -440,9 +441,9 @@ def _quietly(fn: Callable[[], object]) -> None:
 
 
 def _check_keys(pkey: object, qkey: object) -> None:
-    if type(pkey) is not int or not 0 < pkey <= 0xFFFF or not pkey & _PKEY_BASE:
+    if not is_int(pkey) or not 0 < pkey <= 0xFFFF or not pkey & _PKEY_BASE:
         raise InvalidParameter(f"P_Key {pkey!r} is not a valid 16-bit P_Key")
-    if type(qkey) is not int or not 0 <= qkey <= 0xFFFFFFFF:
+    if not is_int(qkey) or not 0 <= qkey <= 0xFFFFFFFF:
         raise InvalidParameter(f"Q_Key {qkey!r} is not a 32-bit value")
 
 

@@ -28,7 +28,7 @@ from ibal.status import (
     InvalidSetting,
     ResourceBusy,
 )
-from ibal.types import MAD_SIZE, MadAddr, WcStatus
+from ibal.types import MAD_SIZE, MadAddr, WcStatus, is_int
 
 _TID = slice(8, 16)
 
@@ -108,7 +108,7 @@ class MadPool:
             raise InvalidAlHandle("an open AccessLayer is required")
         for name, v in (("min_count", min_count), ("max_count", max_count),
                         ("grow_size", grow_size)):
-            if type(v) is not int or v < 0:
+            if not is_int(v) or v < 0:
                 raise InvalidParameter(f"{name} must be a non-negative int")
         if max_count and max_count < min_count:
             raise InvalidSetting(f"max_count {max_count} < min_count {min_count}")
@@ -207,7 +207,7 @@ class PoolKey:
         ``InsufficientResources`` when the pool is at its limit, ``InvalidParameter``
         for a bad size or a deregistered key.
         """
-        if type(size) is not int or size < MAD_SIZE:
+        if not is_int(size) or size < MAD_SIZE:
             raise InvalidParameter(f"a MAD buffer is at least {MAD_SIZE} bytes")
         self.pool._take(self)
         return MadElement(bytearray(size), self)

@@ -18,7 +18,7 @@ from ibal.mad.header import header
 from ibal.mad.pool import ElementState, MadElement
 from ibal.mad.rmpp import is_rmpp
 from ibal.status import InvalidParameter, InvalidSetting
-from ibal.types import MAD_SIZE, MadAddr, WcStatus
+from ibal.types import MAD_SIZE, MadAddr, WcStatus, is_int
 
 # The common header's fields come from ibal.mad.header's table; the TID's low half (the
 # caller's) and the reserved 16 bits are slices the table has no field for.
@@ -104,7 +104,7 @@ def check_svc(svc: object, qp_num: int) -> MadSvc:
         raise InvalidParameter("subnet management classes on QP0, every other class on QP1")
     if svc.support_unsol and not (svc.mgmt_class and svc.mgmt_version and svc.methods):
         raise InvalidParameter("an unsolicited service needs a class, a version and methods")
-    if type(svc.max_unsolicited) is not int or svc.max_unsolicited < 1:
+    if not is_int(svc.max_unsolicited) or svc.max_unsolicited < 1:
         raise InvalidParameter("max_unsolicited must be a positive int")
     return svc
 
@@ -128,7 +128,7 @@ def check_element(e: object, svc: MadSvc) -> MadElement:
     if e.resp_expected and not e.is_response:
         for name in ("timeout_ms", "retry_cnt"):
             v = getattr(e, name)
-            if type(v) is not int or v < 0:
+            if not is_int(v) or v < 0:
                 raise InvalidParameter(f"{name} must be a non-negative int")
         if e.timeout_ms == 0:
             raise InvalidParameter("a request that expects a response needs timeout_ms > 0")
