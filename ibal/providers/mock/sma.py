@@ -126,11 +126,12 @@ def _link_fields(active: bool, mtu: Mtu) -> dict[str, int]:
     }
 
 
-def switch_port_info(fabric: MockFabric, sw: Switch, num: int) -> bytes:
-    """PortInfo of switch port ``num`` (0: the management port)."""
+def switch_port_info(fabric: MockFabric, sw: Switch, num: int, in_port: int = 0) -> bytes:
+    """PortInfo of switch port ``num`` (0: the management port) to an SMP that came in by
+    ``in_port``: LocalPortNum is that port whichever port is asked (IBA 14.2.5.6)."""
     if num == 0:
         return smp.PORT_INFO.encode(
-            lid=sw.lid, master_sm_lid=fabric.sm_lid, local_port_num=0,
+            lid=sw.lid, master_sm_lid=fabric.sm_lid, local_port_num=in_port,
             **_link_fields(True, Mtu.MTU_4096),
             capability_mask=smp.CapabilityMask.IS_SYSTEM_IMAGE_GUID_SUPPORTED,
             subnet_timeout=fabric.subnet_timeout & 0x1F,
@@ -138,7 +139,7 @@ def switch_port_info(fabric: MockFabric, sw: Switch, num: int) -> bytes:
     link = sw.port_links[num]
     fields = _link_fields(link is not None and link.up, Mtu.MTU_4096)
     fields["guid_cap"] = 0
-    return smp.PORT_INFO.encode(local_port_num=num, **fields)
+    return smp.PORT_INFO.encode(local_port_num=in_port, **fields)
 
 
 def sm_info(fabric: MockFabric, request: bytes) -> bytes:
@@ -262,7 +263,7 @@ def _switch_attr(
                     return _INVALID, None
                 sw.lid = lid
                 fabric.engine.topology_changed()
-        return _OK, switch_port_info(fabric, sw, attr_mod)
+        return _OK, switch_port_info(fabric, sw, attr_mod, in_port)
     if attr_id == SmpAttr.PKEY_TABLE:
         port_num, block = attr_mod >> 16, attr_mod & 0xFFFF
         if port_num > sw.num_ports or block != 0:

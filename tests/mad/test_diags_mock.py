@@ -1,0 +1,269 @@
+"""The diagnostics in one process: ``ibal discover``'s sweep, ``smpquery`` and ``perfquery``
+against the mock subnet (issue 9's "discovery runs in one process").
+
+Each fabric's truth comes from the mock's own objects (CAs, switches, links,
+LIDs, PMA counters); the tools only see what the SMA and PMA answer over the
+AL's QP0/QP1 aliases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from click.testing import CliRunner
+
+from ibal import cli
+from ibal.al import AlManager
+from ibal.mad.discover import Topology, parse_ibnetdiscover, sweep
+from ibal.mad.rpc import MadClient, PortId, pick_port
+from ibal.providers.mock import Link, MockFabric, MockPort, MockProvider, Switch
+from ibal.tools import diags
+
+Ends = frozenset[tuple[int, int]]
+
+
+@contextmanager
+def client_on(fabric: MockFabric, ca: str = "mock0", via: str = "service") -> Iterator[MadClient]:
+    mgr = AlManager()
+    mgr.add_provider(MockProvider({"fabric": fabric}))
+    al = mgr.open_al()
+    client = MadClient(pick_port(al, ca, via=via), timeout_ms=2000)
+    try:
+        yield client
+    finally:
+        client.close()
+        al.close()
+        mgr.close()
+
+
+def _end(link: Link, end: MockPort | Switch) -> tuple[int, int]:
+    if isinstance(end, Switch):
+        return (end.guid, end.port_of(link))
+    return (end.ca.guid, end.num)
+
+
+def truth_links(fabric: MockFabric) -> set[Ends]:
+    return {frozenset((_end(ln, ln.a), _end(ln, ln.b))) for ln in fabric.links if ln.up}
+
+
+def check_topology(fabric: MockFabric, topo: Topology) -> None:
+    """Exactly the fabric's nodes (reachable ones: all here), GUIDs, ports, LIDs and links."""
+    cas = {c.guid: c for c in fabric.cas}
+    sws = {s.guid: s for s in fabric.switches}
+    assert set(topo.nodes) == set(cas) | set(sws)
+    for guid, node in topo.nodes.items():
+        if guid in sws:
+            sw = sws[guid]
+            assert node.is_switch and node.num_ports == sw.num_ports
+            assert node.desc == sw.description and node.port_guid == sw.guid
+            assert node.ports[0].lid == sw.lid
+            for num in range(1, sw.num_ports + 1):
+                ln = sw.port_links[num]
+                assert (node.ports[num].state == 4) == (ln is not None and ln.up), (sw, num)
+        else:
+            ca = cas[guid]
+            assert not node.is_switch and node.num_ports == len(ca.ports)
+            cabled = {p.num: p for p in ca.ports if p.link is not None}
+            assert set(node.ports) == set(cabled)
+            for num, dp in node.ports.items():
+                assert (dp.guid, dp.lid) == (cabled[num].guid, cabled[num].lid)
+    assert topo.links() == truth_links(fabric)
+
+
+def ring_fabric() -> MockFabric:
+    """Four switches in a ring plus a chord and a doubled cable; dual-port CAs on two of them."""
+    fabric = MockFabric(seed=11)
+    fabric.add_ca()  # mock0 on sw0
+    s1, s2, s3 = (fabric.add_switch(ports=8) for _ in range(3))
+    s0 = fabric.switch
+    for a, b in ((s0, s1), (s1, s2), (s2, s3), (s3, s0), (s0, s2), (s1, s2)):
+        fabric.link(a, b)
+    dual = fabric.add_ca("dual", ports=2, connect=False)
+    fabric.link(dual.ports[0], s1)
+    fabric.link(dual.ports[1], s3)
+    same = fabric.add_ca("same", ports=2, connect=False)  # both ports on one switch
+    fabric.link(same.ports[0], s2)
+    fabric.link(same.ports[1], s2)
+    half = fabric.add_ca("half", ports=2, connect=False)  # port 2 not cabled
+    fabric.link(half.ports[0], s3)
+    return fabric
+
+
+def test_discover_ring_with_loops_and_dual_port_cas() -> None:
+    fabric = ring_fabric()
+    with client_on(fabric) as client:
+        engine = sweep(client, window=16)
+    assert engine.failed == []
+    check_topology(fabric, engine.topology)
+    assert engine.topology.root == fabric.cas[0].guid
+
+
+def test_discover_from_a_dual_port_ca_and_through_bare_agents() -> None:
+    fabric = ring_fabric()
+    with client_on(fabric, "dual", via="agent") as client:
+        engine = sweep(client, window=4)
+    check_topology(fabric, engine.topology)
+    assert engine.topology.root == fabric.ca("dual").guid
+
+
+def generated_fabric(leaves: int = 16, spines: int = 4, per_leaf: int = 12) -> MockFabric:
+    """A two-level fat tree: every leaf cabled to every spine, ``per_leaf`` CAs on each."""
+    fabric = MockFabric(seed=5)
+    fabric.add_ca()  # mock0 on sw0, which is one more spine
+    spine = [fabric.switch, *(fabric.add_switch() for _ in range(spines - 1))]
+    for _ in range(leaves):
+        leaf = fabric.add_switch()
+        for s in spine:
+            fabric.link(leaf, s)
+        for _ in range(per_leaf):
+            fabric.link(fabric.add_ca(connect=False).ports[0], leaf)
+    return fabric
+
+
+def test_discover_a_generated_fabric_of_200_nodes() -> None:
+    fabric = generated_fabric()
+    assert len(fabric.cas) + len(fabric.switches) >= 200
+    with client_on(fabric) as client:
+        text = diags.discover(client, window=64, progress=False)
+    parsed = parse_ibnetdiscover(text)
+    assert parsed["links"] == truth_links(fabric)
+    assert {g: n["lid"] for g, n in parsed["nodes"].items() if n["type"] == "Switch"} == {
+        s.guid: s.lid for s in fabric.switches
+    }
+    cas = {c.guid: c for c in fabric.cas}
+    assert {g: n["desc"] for g, n in parsed["nodes"].items() if n["type"] == "Ca"} == {
+        g: c.description for g, c in cas.items()
+    }
+    for (guid, num), port in parsed["ports"].items():
+        if guid in cas:
+            assert port["lid"] == cas[guid].ports[num - 1].lid
+    with client_on(fabric) as client:
+        engine = sweep(client, window=64)
+    check_topology(fabric, engine.topology)
+
+
+def test_discover_after_a_link_goes_down() -> None:
+    fabric = ring_fabric()
+    s1 = fabric.switches[1]
+    chord = next(ln for ln in fabric.links if s1 in (ln.a, ln.b) and ln.a is not ln.b
+                 and isinstance(ln.a, Switch) and isinstance(ln.b, Switch))  # fmt: skip
+    fabric.set_link(chord, up=False)
+    with client_on(fabric) as client:
+        engine = sweep(client)
+    check_topology(fabric, engine.topology)
+
+
+# ---------------------------------------------------------------- smpquery / perfquery
+
+
+def fields(text: str) -> dict[str, str]:
+    """``Name:....value`` lines of smpquery/perfquery output."""
+    out = {}
+    for line in text.splitlines():
+        key, dots, value = line.partition(":.")
+        if dots:
+            out[key] = value.lstrip(".")
+    return out
+
+
+def test_smpquery_prints_the_fabric_state() -> None:
+    fabric = ring_fabric()
+    dual = fabric.ca("dual")
+    s1, s2 = fabric.switches[1], fabric.switches[2]
+    with client_on(fabric) as client:
+        ni = fields(diags.smpquery(client, "nodeinfo", PortId(lid=dual.ports[1].lid)))
+        # sw0 port 2 -> sw1, sw1 port 3 -> sw2 (the doubled cable)
+        pi = fields(diags.smpquery(client, "pi", PortId(dr_path=(1, 2, 3)), 0))
+        pi5 = fields(diags.smpquery(client, "portinfo", PortId(dr_path=(1, 2, 3)), 5))
+        si = fields(diags.smpquery(client, "si", PortId(lid=s1.lid)))
+        nd = diags.smpquery(client, "nd", PortId(lid=s2.lid))
+    assert ni["NodeType"] == "Channel Adapter" and ni["NumPorts"] == "2"
+    assert int(ni["Guid"], 16) == dual.guid
+    assert int(ni["PortGuid"], 16) == dual.ports[1].guid and ni["LocalPort"] == "2"
+    assert int(pi["Lid"]) == s2.lid and int(pi["SMLid"]) == fabric.sm_lid
+    entered = s2.port_of(s1.port_links[3])  # LocalPortNum: the port the SMP came in by
+    assert pi5["LinkState"] == "Active" and int(pi5["LocalPort"]) == entered
+    assert s2.port_links[5] is fabric.ca("same").ports[0].link
+    assert int(si["LinearFdbTop"]) == max(s1.lft)
+    assert nd.strip().endswith(s2.description)
+
+
+def pm_now(port: MockPort, ext: bool = False) -> list[int]:
+    from ibal.providers.mock import pma
+
+    base = pma.PCE_BASE if ext else pma.PC_BASE
+    return [port.pm[i] - port.pm[base + i] for i in range(4)]
+
+
+PC_NAMES = ("PortXmitData", "PortRcvData", "PortXmitPkts", "PortRcvPkts")
+MAD_WORDS = (8 + 12 + 8 + 256 + 4 + 2) // 4  # a MAD's UD packet, LRH to VCRC
+
+
+@pytest.mark.parametrize("extended", [False, True])
+def test_perfquery_prints_the_counters_and_resets_them(extended: bool) -> None:
+    fabric = ring_fabric()
+    port = fabric.ca("dual").ports[1]
+    with client_on(fabric) as client:
+        for _ in range(3):  # traffic to count
+            diags.smpquery(client, "nodeinfo", PortId(lid=port.lid))
+        got = fields(diags.perfquery(client, port.lid, 2, extended=extended))
+        after = pm_now(port, extended)
+        # what the PMA saw when it answered: everything but its own response
+        assert [int(got[n]) for n in PC_NAMES] == [after[0] - MAD_WORDS, after[1],
+                                                   after[2] - 1, after[3]]  # fmt: skip
+        assert after[3] >= 5  # 3 NodeInfo + ClassPortInfo + the counters' Get
+        diags.perfquery(client, port.lid, 2, extended=extended, reset=True)
+        assert pm_now(port, extended) == [MAD_WORDS, 0, 1, 0]  # the Set's response only
+        again = fields(diags.perfquery(client, port.lid, 2, extended=extended))
+    # since the reset: the Set's and ClassPortInfo's responses out, ClassPortInfo and this in
+    assert [int(again[n]) for n in PC_NAMES] == [2 * MAD_WORDS, 2 * MAD_WORDS, 2, 2]
+
+
+# ---------------------------------------------------------------- the CLI on the mock provider
+
+
+def run_cli(*args: str) -> str:
+    result = CliRunner().invoke(cli.main, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_cli_diags_select_the_mock_provider() -> None:
+    truth = MockFabric.from_options({"cas": 3, "ports": 2})  # what -o builds, deterministically
+    opts = ("--provider", "mock", "-o", "cas=3", "-o", "ports=2")
+    target = truth.cas[2].ports[1]
+    ni = fields(run_cli("smpquery", *opts, "nodeinfo", str(target.lid)))
+    assert int(ni["PortGuid"], 16) == target.guid and ni["LocalPort"] == "2"
+    pi = fields(run_cli("smpquery", *opts, "-D", "portinfo", "0,1", str(target.num + 4)))
+    assert pi["LinkState"] == "Active"
+    text = run_cli("discover", *opts, "--no-progress")
+    assert parse_ibnetdiscover(text)["links"] == truth_links(truth)
+    pc = fields(run_cli("perfquery", *opts, "-r", str(target.lid), "2"))
+    assert int(pc["PortRcvPkts"]) == 2 and int(pc["PortXmitPkts"]) == 1  # ClassPortInfo, this
+    truth.close()
+
+
+def test_mad_layer_takes_intenum_classes_and_refuses_bools() -> None:
+    from ibal.mad.consts import MgmtClass
+    from ibal.status import InvalidParameter
+    from ibal.types import QpType
+
+    fabric = MockFabric(seed=2)
+    fabric.add_ca()
+    mgr = AlManager()
+    mgr.add_provider(MockProvider({"fabric": fabric}))
+    al = mgr.open_al()
+    try:
+        ca = al.open_ca(fabric.cas[0].guid)
+        qp1 = ca.alloc_pd().get_spl_qp(fabric.cas[0].ports[0].guid, QpType.QP1_ALIAS)
+        agent = qp1.register_agent(MgmtClass.PERF, 1, recv_cb=print, methods={1})
+        assert agent is not None
+        with pytest.raises(InvalidParameter):
+            qp1.register_agent(MgmtClass.SUBN_ADM, True, recv_cb=print)
+        with pytest.raises(InvalidParameter):
+            qp1.register_agent(0x0A, 1, recv_cb=print, methods={True})
+    finally:
+        al.close()
+        mgr.close()
