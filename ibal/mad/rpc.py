@@ -578,8 +578,9 @@ class ServiceMadPort(AlMadPort):
 def _addr(to: PortId, qp: int) -> Any:
     from ibal.types import QP1_WELL_KNOWN_QKEY, MadAddr
 
-    if to.directed:
-        return MadAddr(remote_qp=0, remote_qkey=0, dlid=0xFFFF)  # permissive LID
+    if to.directed:  # to the permissive LID, or LID-routed to where the directed part starts
+        lid = to.lid if to.dr_slid != 0xFFFF and to.lid else 0xFFFF
+        return MadAddr(remote_qp=0, remote_qkey=0, dlid=lid)
     if qp == 0:
         return MadAddr(remote_qp=0, remote_qkey=0, dlid=to.lid)
     return MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=to.lid)

@@ -267,3 +267,21 @@ def test_mad_layer_takes_intenum_classes_and_refuses_bools() -> None:
     finally:
         al.close()
         mgr.close()
+
+
+def test_smpquery_over_a_dr_path_with_lid_routed_ends() -> None:
+    """libibmad's DR portid with DrSLID/DrDLID: LID-routed to s1, directed, LID-routed on."""
+    fabric = ring_fabric()
+    s1 = fabric.switches[1]
+    half = fabric.ca("half").ports[0]
+    me = fabric.cas[0].ports[0].lid
+    out = next(n for n, ln in enumerate(s1.port_links) if ln is not None
+               and ln.other(s1) is fabric.switches[2])  # fmt: skip
+    with client_on(fabric) as client:
+        head = PortId(lid=s1.lid, dr_path=(out,), dr_slid=me)
+        ni = fields(diags.smpquery(client, "nodeinfo", head))
+        both = PortId(lid=s1.lid, dr_path=(out,), dr_slid=me, dr_dlid=half.lid)
+        ni2 = fields(diags.smpquery(client, "nodeinfo", both))
+    assert int(ni["Guid"], 16) == fabric.switches[2].guid
+    assert int(ni2["PortGuid"], 16) == half.guid
+    assert fabric.counters.smp_dropped == 0

@@ -63,8 +63,10 @@ class MadAgents:
             _count_rcv(node, cost)
             return node, node.lid, bytes(pma.answer(node, mad))
         if mad[1] == MgmtClass.SUBN_DR:
-            resp = smi.send(self.fabric, src, mad)
-            return None if resp is None else (None, PERMISSIVE_LID, resp)
+            resp = smi.send(self.fabric, src, mad, dlid)
+            # LID-routed back from the switch it was LID-routed to, if DrSLID is set
+            slid = dlid if resp is not None and resp[32:34] != b"\xff\xff" else PERMISSIVE_LID
+            return None if resp is None else (None, slid, resp)
         resp = smi.send(self.fabric, src, mad, dlid)
         if resp is None:
             return None

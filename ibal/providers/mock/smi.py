@@ -11,10 +11,15 @@ it arrives back at that port (``None``: dropped, and counted in
   the last one answers (D bit set) and the response walks the return path
   back, the hop pointer counting down to 0 at the requester.
 
-Only the fully directed form is modelled (DrSLID and DrDLID both the
-permissive LID 0xFFFF); an SMP with a LID-routed part, a hop count over 63,
-a hop pointer that is not 0 when sent, a D bit set on a request, or a path
-through a port with no live link is dropped.
+A directed-route SMP may have LID-routed ends (IBA 14.2.2): with DrSLID
+not 0xFFFF (the requester's LID) it is LID-routed to the switch owning the
+LRH DLID, where the directed part starts, and the response goes back from
+there LID-routed to DrSLID; with DrDLID not 0xFFFF the switch at the end of
+the directed part LID-routes it on to DrDLID, whose node answers back to
+that switch.  Dropped: a hop count over 63, a hop pointer that is not 0
+when sent, a D bit set on a request, a path through a port with no live
+link or through a CA, a LID-routed end that starts or ends at a CA or does
+not lead back to the requester.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ def send(fabric: MockFabric, src: MockPort, mad: bytes, dlid: int | None = None)
     if len(mad) != 256:
         return _dropped(fabric)
     if mad[1] == MgmtClass.SUBN_DR:
-        return _directed(fabric, src, bytearray(mad))
+        return _directed(fabric, src, bytearray(mad), dlid)
     if mad[1] != MgmtClass.SUBN_LID:
         return bytes(sma.answer(fabric, src, src.num, mad))
     if dlid is None or src.lid <= dlid < src.lid + (1 << src.lmc):
@@ -94,38 +99,63 @@ def _lid_walk(node: MockPort | Switch, out: int, dlid: int) -> Hop | None:
     return None  # a forwarding loop
 
 
-def _directed(fabric: MockFabric, src: MockPort, m: bytearray) -> bytes | None:
+def _directed(
+    fabric: MockFabric, src: MockPort, m: bytearray, dlid: int | None
+) -> bytes | None:
     hop_cnt, hop_ptr = m[_HOP_CNT], m[_HOP_PTR]
     dr_slid = int.from_bytes(m[32:34], "big")
     dr_dlid = int.from_bytes(m[34:36], "big")
     if hop_cnt > MAX_HOPS or hop_ptr != 0 or m[4] & 0x80:
         return _dropped(fabric)
-    if hop_cnt == 0:  # the requester's own SMA: no path, the DR LIDs do not matter
+    head, tail = dr_slid != PERMISSIVE_LID, dr_dlid != PERMISSIVE_LID
+    if not head and not tail and hop_cnt == 0:  # the requester's own SMA: no path
         m[_HOP_PTR] = 1
         resp = sma.answer(fabric, src, src.num, m)
         resp[_HOP_PTR] = 0
         return bytes(resp)
-    if dr_slid != PERMISSIVE_LID or dr_dlid != PERMISSIVE_LID:
-        return _dropped(fabric)
-    # Outgoing: the hop pointer moves to 1, a CA sends by the port it names.
-    hop: Hop | None = _out_link(src, m[_INITIAL + 1])
-    hop_ptr = 1
-    while True:
+    if head or tail:
+        fabric.sm.refresh()
+    # The directed part starts at the requester, or (a LID-routed head: DrSLID is the
+    # requester's LID) at the switch the request was LID-routed to (IBA 14.2.2.2, C14-9:1).
+    start: MockPort | Switch = src
+    if head:
+        if dlid is None or dlid == PERMISSIVE_LID or not _owns(src, dr_slid):
+            return _dropped(fabric)
+        there = _lid_walk(src, src.num, dlid)
+        if there is None or not isinstance(there[0], Switch):
+            return _dropped(fabric)
+        start, in_port = there
+    else:
+        in_port = src.num
+    end = start
+    for hop_ptr in range(1, hop_cnt + 1):
+        if hop_ptr > 1 and not isinstance(end, Switch):  # a CA does not forward
+            return _dropped(fabric)
+        hop = _out_link(end, m[_INITIAL + hop_ptr])
         if hop is None:
             return _dropped(fabric)
-        node, in_port = hop
+        end, in_port = hop
         m[_RETURN + hop_ptr] = in_port
-        if hop_ptr == hop_cnt:
-            break
-        if not isinstance(node, Switch):  # a CA does not forward
-            return _dropped(fabric)
-        hop_ptr += 1
-        hop = _out_link(node, m[_INITIAL + hop_ptr])
-    # The end of the path: delivered with the hop pointer one past the count.
+    # The end of the directed part: with a LID-routed tail, a switch sends the SMP on to
+    # DrDLID (C14-9:3) and the response comes back to it LID-routed.
     m[_HOP_PTR] = hop_cnt + 1
-    resp = sma.answer(fabric, node, in_port, m)
+    target, target_in = end, in_port
+    if tail:
+        if not isinstance(end, Switch):
+            return _dropped(fabric)
+        there = _lid_walk(end, 0, dr_dlid)
+        if there is None:
+            return _dropped(fabric)
+        target, target_in = there
+    elif head and hop_cnt == 0 and not isinstance(target, Switch):
+        return _dropped(fabric)  # C14-13:3: only a switch starts a LID-routed return
+    resp = sma.answer(fabric, target, target_in, m)
+    if tail:
+        back = _lid_walk(target, _lid_out(target), end.lid) if isinstance(end, Switch) else None
+        if back is None or back[0] is not end:
+            return _dropped(fabric)
     # Back along the return path; each node leaves by return_path[hop pointer].
-    here: MockPort | Switch = node
+    here: MockPort | Switch = end
     for ptr in range(hop_cnt, 0, -1):
         back = _out_link(here, resp[_RETURN + ptr])
         if back is None:
@@ -133,7 +163,21 @@ def _directed(fabric: MockFabric, src: MockPort, m: bytearray) -> bytes | None:
         here = back[0]
         if ptr > 1 and not isinstance(here, Switch):
             return _dropped(fabric)
-    if here is not src:
+    if here is not start:
         return _dropped(fabric)
+    if head:  # LID-routed from the start of the directed part back to DrSLID
+        assert isinstance(start, Switch)
+        back = _lid_walk(start, 0, dr_slid)
+        if back is None or back[0] is not src:
+            return _dropped(fabric)
     resp[_HOP_PTR] = 0
     return bytes(resp)
+
+
+def _owns(port: MockPort, lid: int) -> bool:
+    return port.lid <= lid < port.lid + (1 << port.lmc)
+
+
+def _lid_out(node: MockPort | Switch) -> int:
+    """The port a LID-routed packet leaves ``node`` by before any forwarding table."""
+    return 0 if isinstance(node, Switch) else node.num

@@ -98,19 +98,17 @@ def test_dr_smp_to_each_switch_says_where_it_came_in(fabric: MockFabric, a: Node
             in_port,
         )
         assert ni["num_ports"] == sw.num_ports
-        # port 0 is the management port: the switch's LID; external ports have none
+        # port 0 is the management port: the switch's LID; external ports have none.
+        # LocalPortNum is the port the SMP came in by, whichever port is asked (ibnetdiscover
+        # relies on it to tell the port it came by from the others)
         pi0 = smp.PORT_INFO.decode(ask(a, SmpAttr.PORT_INFO, path, 0))
-        pi1 = smp.PORT_INFO.decode(ask(a, SmpAttr.PORT_INFO, path, 1))
+        pi2 = smp.PORT_INFO.decode(ask(a, SmpAttr.PORT_INFO, path, 2))
         assert (pi0["lid"], pi0["local_port_num"], pi0["master_sm_lid"]) == (
-            sw.lid,
-            0,
-            fabric.sm_lid,
-        )
-        assert (pi1["lid"], pi1["local_port_num"], pi1["port_state"]) == (
-            0,
-            1,
-            smp.PortState.ACTIVE,
-        )
+            sw.lid, in_port, fabric.sm_lid,
+        )  # fmt: skip
+        assert (pi2["lid"], pi2["local_port_num"], pi2["port_state"]) == (
+            0, in_port, smp.PortState.ACTIVE,
+        )  # fmt: skip
 
 
 def test_lid_routed_smp_reaches_every_node(fabric: MockFabric) -> None:
@@ -220,10 +218,11 @@ def test_malformed_dr_smps_are_dropped_and_counted(
     assert fabric.counters.smp_dropped == before + 1, why
 
 
-def test_dr_request_with_the_d_bit_or_a_lid_routed_part_is_dropped(
+def test_dr_request_with_the_d_bit_or_a_lid_routed_tail_from_a_ca_is_dropped(
     fabric: MockFabric, a: Node
 ) -> None:
-    for patch in ((4, 0x80), (34, 0x00)):  # D bit set; DrDLID not permissive
+    # D bit set; DrDLID 0x00FF after a path ending at a CA (only a switch LID-routes on)
+    for patch in ((4, 0x80), (34, 0x00)):
         req = dr_get(SmpAttr.NODE_INFO, TO_FAR)
         req[patch[0]] = patch[1]
         with pytest.raises(Timeout):
@@ -433,3 +432,77 @@ def test_a_full_switch_refuses_another_cable(fabric: MockFabric) -> None:
     with pytest.raises(ResourceBusy):
         fabric.link(ca.ports[0], small)
     assert ca.ports[0].link is None and small.port_links == [None, small.links[0]]
+
+
+# ============================================================ DR SMPs with LID-routed parts
+def dr_lid(attr: int, path: list[int], slid: int = 0xFFFF, dlid: int = 0xFFFF) -> bytes:
+    return bytes(header.build(MgmtClass.SUBN_DR, Method.GET, attr, tid=0x43, dr_path=path,
+                              dr_slid=slid, dr_dlid=dlid))  # fmt: skip
+
+
+def test_dr_smp_with_a_lid_routed_head(fabric: MockFabric, a: Node) -> None:
+    """LID-routed to sw1, directed from there (sw1:2 -> sw2, sw2:2 -> far), back to DrSLID."""
+    qp0 = special(a, QpType.QP0)
+    sw1, sw2, far = fabric.switches[1], fabric.switches[2], fabric.ca("far")
+    me = a.ca.ports[0].lid
+    for n, (path, guid, entered) in enumerate(
+        (([], sw1.guid, 1), ([2], sw2.guid, 1), ([2, 2], far.guid, 1))
+    ):
+        if n:  # special() posted one receive
+            a.ca.post_recv(qp0, [RecvWr(7, [a.sge(4096, 40 + 256)])])
+        resp = over_qp(a, qp0, dr_lid(SmpAttr.NODE_INFO, path, slid=me), sw1.lid, 0)
+        d = header.DR_SMP.decode(resp)
+        assert (d["method"], d["d"], d["status"], d["hop_pointer"]) == (Method.GET_RESP, 1, 0, 0)
+        assert (d["dr_slid"], d["dr_dlid"], d["hop_count"]) == (me, 0xFFFF, len(path))
+        ni = smp.NODE_INFO.decode(d["data"])  # type: ignore[arg-type]
+        assert (ni["node_guid"], ni["local_port_num"]) == (guid, entered)
+        assert list(bytes(d["return_path"])[1 : len(path) + 1]) == [1] * len(path)  # type: ignore[arg-type]
+    assert fabric.counters.smp_dropped == 0
+
+
+def test_dr_smp_with_a_lid_routed_tail(fabric: MockFabric, a: Node) -> None:
+    """Directed to sw1 (a:1, sw0:3), then LID-routed to DrDLID, and back the same way."""
+    sw1, far, b = fabric.switches[1], fabric.ca("far"), fabric.cas[1]
+    for dlid, guid in ((far.ports[0].lid, far.guid), (b.ports[0].lid, b.guid),
+                       (fabric.switches[2].lid, fabric.switches[2].guid)):  # fmt: skip
+        resp = a.ca.local_mad(a.h, 1, dr_lid(SmpAttr.NODE_INFO, [1, 3], dlid=dlid))
+        d = header.DR_SMP.decode(resp)
+        assert (d["status"], d["hop_pointer"], d["dr_dlid"]) == (0, 0, dlid)
+        assert smp.NODE_INFO.decode(d["data"])["node_guid"] == guid  # type: ignore[arg-type]
+        assert list(bytes(d["return_path"])[1:3]) == [1, 1]  # type: ignore[arg-type]
+    assert sw1.lft  # the SM's tables carried the tail
+
+
+def test_dr_smp_with_both_lid_routed_ends(fabric: MockFabric, a: Node) -> None:
+    qp0 = special(a, QpType.QP0)
+    sw1, far = fabric.switches[1], fabric.ca("far")
+    me = a.ca.ports[0].lid
+    req = dr_lid(SmpAttr.NODE_DESC, [2], slid=me, dlid=far.ports[0].lid)
+    resp = over_qp(a, qp0, req, sw1.lid, 0)
+    d = header.DR_SMP.decode(resp)
+    assert (d["status"], d["dr_slid"], d["dr_dlid"]) == (0, me, far.ports[0].lid)
+    assert bytes(d["data"]).rstrip(b"\0") == b"far node"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("why", "path", "slid_of", "dlid_of"),
+    [
+        ("DrSLID is not the requester's LID", [2], "b", "sw1"),
+        ("the LID-routed head ends at a CA", [], "a", "b"),
+        ("the head's LRH DLID is the permissive LID", [2], "a", None),
+        ("the tail's DrDLID has no route", [2], "a", "nowhere"),
+    ],
+)
+def test_dr_smps_with_bad_lid_routed_parts_are_dropped(
+    fabric: MockFabric, a: Node, why: str, path: list[int], slid_of: str, dlid_of: str | None
+) -> None:
+    lids = {"a": a.ca.ports[0].lid, "b": fabric.cas[1].ports[0].lid,
+            "sw1": fabric.switches[1].lid, None: 0xFFFF, "nowhere": 0x3000}  # fmt: skip
+    tail = 0x3000 if dlid_of == "nowhere" else 0xFFFF
+    lrh = fabric.switches[1].lid if dlid_of in ("nowhere", None) else lids[dlid_of]
+    if dlid_of is None:
+        lrh = 0xFFFF
+    req = dr_lid(SmpAttr.NODE_INFO, path, slid=lids[slid_of], dlid=tail)
+    before = fabric.counters.smp_dropped
+    assert send(fabric, a.ca.ports[0], req, lrh) is None, why
+    assert fabric.counters.smp_dropped == before + 1, why
