@@ -426,11 +426,22 @@ class MockFabric:
             s.lid == lid for s in self.switches
         ):
             raise InvalidParameter(f"LID 0x{lid:x} is taken")
-        if self.sm_lid == port.lid:
-            self.sm_lid = lid
+        moves_sm = self.sm_lid == port.lid
         port.lid = lid
         self.engine.topology_changed()
         self.port_event(port, AsyncEvent.LID_CHANGE)
+        if moves_sm:
+            self.set_sm_lid_locked(lid)
+
+    def set_sm_lid_locked(self, lid: int) -> None:
+        """Make ``lid`` every port's master SM LID: ``SM_CHANGE`` on each port whose
+        SM LID changed (all of them: the mock's SM programs one SM LID everywhere)."""
+        if lid == self.sm_lid:
+            return
+        self.sm_lid = lid
+        for p in self.ports():
+            if not p.removed:
+                self.port_event(p, AsyncEvent.SM_CHANGE)
 
     # ================================================================= clock
     def manual_clock(self, inline: bool = True) -> None:

@@ -206,8 +206,7 @@ def _set_port_info(fabric: MockFabric, ca: MockCa, port: MockPort, data: bytes) 
         fabric.set_lid_locked(port, lid)
     sm_lid = int(pi["master_sm_lid"])
     if sm_lid and sm_lid != old_sm_lid:
-        fabric.sm_lid = sm_lid
-        fabric.port_event(port, AsyncEvent.SM_CHANGE)
+        fabric.set_sm_lid_locked(sm_lid)
     state = pi["port_state"]
     if state == smp.PortState.DOWN and port.state is LinkState.ACTIVE:
         fabric.set_port_link_locked(port, False)

@@ -108,7 +108,7 @@ def _directed(
     if hop_cnt > MAX_HOPS or hop_ptr != 0 or m[4] & 0x80:
         return _dropped(fabric)
     head, tail = dr_slid != PERMISSIVE_LID, dr_dlid != PERMISSIVE_LID
-    if not head and not tail and hop_cnt == 0:  # the requester's own SMA: no path
+    if hop_cnt == 0 and (not head or dlid is None):  # the requester's own SMA: no path
         m[_HOP_PTR] = 1
         resp = sma.answer(fabric, src, src.num, m)
         resp[_HOP_PTR] = 0

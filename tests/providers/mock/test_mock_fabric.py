@@ -192,7 +192,9 @@ def test_pkey_and_lid_changes_raise_events(a: Node) -> None:
     port = a.ca.ports[0]
     fabric.set_pkeys(port, [0xFFFF, 0x8002])
     fabric.set_lid(port, 0x100)
-    assert a.event_codes() == ["PKEY_CHANGE", "LID_CHANGE"]
+    # a is the SM's port: its new LID is every port's new SM LID
+    assert a.event_codes() == ["PKEY_CHANGE", "LID_CHANGE", "SM_CHANGE"]
+    assert fabric.sm_lid == 0x100
     attr = a.ca.query_ca(a.h).ports[0]
     assert attr.pkeys == (0xFFFF, 0x8002) and attr.lid == 0x100
     with pytest.raises(InvalidParameter):
@@ -345,7 +347,8 @@ def test_local_mad_set_port_info(a: Node) -> None:
     mad[64:128] = pi
     out = a.ca.local_mad(a.h, 1, bytes(mad))
     assert struct.unpack_from(">H", out, 64 + 16)[0] == 0x77 == a.ca.ports[0].lid
-    assert a.event_codes() == ["LID_CHANGE", "CLIENT_REREGISTER"]
+    # a is the SM's port: its new LID is every port's new SM LID
+    assert a.event_codes() == ["LID_CHANGE", "SM_CHANGE", "CLIENT_REREGISTER"]
 
 
 def test_link_latency_delays_every_packet() -> None:

@@ -506,3 +506,37 @@ def test_dr_smps_with_bad_lid_routed_parts_are_dropped(
     before = fabric.counters.smp_dropped
     assert send(fabric, a.ca.ports[0], req, lrh) is None, why
     assert fabric.counters.smp_dropped == before + 1, why
+
+
+# ============================================================ SM_CHANGE
+def test_a_new_sm_lid_is_an_sm_change_on_every_port(fabric: MockFabric, a: Node) -> None:
+    dual = fabric.add_ca("dual", ports=2)
+    nodes = [open_node(c) for c in fabric.cas[1:]]  # mock1, far, dual
+    b_lid = fabric.cas[1].ports[0].lid
+    pi = smp.PORT_INFO.decode(ask(a, SmpAttr.PORT_INFO, TO_FAR))
+    pi["master_sm_lid"] = b_lid  # an SM on mock1 took over
+    req = header.build(MgmtClass.SUBN_DR, Method.SET, SmpAttr.PORT_INFO, tid=8, dr_path=TO_FAR,
+                       data=smp.PORT_INFO.encode(pi))  # fmt: skip
+    assert header.DR_SMP.decode(a.ca.local_mad(a.h, 1, bytes(req)))["status"] == 0
+    fabric.drive()
+    assert fabric.sm_lid == b_lid
+    got = {n.ca.name: sorted((e.code.name, e.port_num) for e in n.events) for n in nodes}
+    assert got == {"mock1": [("SM_CHANGE", 1)], "far": [("SM_CHANGE", 1)],
+                   "dual": [("SM_CHANGE", 1), ("SM_CHANGE", 2)]}  # fmt: skip
+    assert [e.code.name for e in a.events] == ["SM_CHANGE"]
+    for n in nodes:
+        assert all(p.sm_lid == b_lid for p in n.ca.query_ca(n.h).ports)
+        n.events.clear()
+    # the SM's port moving is a LID_CHANGE there and an SM_CHANGE everywhere
+    fabric.set_lid(fabric.cas[1].ports[0], 0x77)
+    assert fabric.sm_lid == 0x77
+    assert nodes[0].event_codes() == ["LID_CHANGE", "SM_CHANGE"]
+    assert [n.event_codes() for n in nodes[1:]] == [["SM_CHANGE"], ["SM_CHANGE"] * 2]
+    assert dual.ports[1].lid != 0x77
+    # back to the old SM LID: one SM_CHANGE per port again; the same SM LID once more: none
+    for n in nodes:
+        n.events.clear()
+    for _ in range(2):
+        assert header.DR_SMP.decode(a.ca.local_mad(a.h, 1, bytes(req)))["status"] == 0
+    assert fabric.sm_lid == b_lid
+    assert [n.event_codes() for n in nodes] == [["SM_CHANGE"], ["SM_CHANGE"], ["SM_CHANGE"] * 2]
