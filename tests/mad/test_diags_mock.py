@@ -285,3 +285,24 @@ def test_smpquery_over_a_dr_path_with_lid_routed_ends() -> None:
     assert int(ni["Guid"], 16) == fabric.switches[2].guid
     assert int(ni2["PortGuid"], 16) == half.guid
     assert fabric.counters.smp_dropped == 0
+
+
+def test_perfquery_on_a_switch_port_prints_the_traffic_crossing_it() -> None:
+    from ibal.providers.mock import pma
+
+    fabric = ring_fabric()
+    s1 = fabric.switches[1]
+    dual = fabric.ca("dual").ports[0]  # on s1
+    s1_port = s1.port_of(dual.link)  # type: ignore[arg-type]
+    pm = s1.pm[s1_port]
+    pm[pma.XMIT_DATA] += 1000  # as if traffic had crossed: the switch PMA reports it
+    pm[pma.RCV_PKTS] += 7
+    with client_on(fabric) as client:
+        got = fields(diags.perfquery(client, s1.lid, s1_port))
+        text = diags.perfquery(client, s1.lid, s1_port, reset=True)
+        again = fields(diags.perfquery(client, s1.lid, s1_port))
+        cap = fields(text)
+    assert (int(got["PortXmitData"]), int(got["PortRcvPkts"])) == (1000, 7)
+    assert int(got["PortSelect"]) == s1_port and "CapMask: 0x500" in text
+    assert cap["PortXmitData"] == "1000"
+    assert (int(again["PortXmitData"]), int(again["PortRcvPkts"])) == (0, 0)

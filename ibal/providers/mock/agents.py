@@ -55,8 +55,12 @@ class MadAgents:
         if mad[1] == MgmtClass.PERF:
             fab = self.fabric
             node = fab.sm.node_by_lid(dlid)
+            if isinstance(node, Switch):
+                if not smi.reaches(fab, src, node):
+                    return None
+                return None, node.lid, bytes(pma.answer_switch(node, mad))
             if not isinstance(node, MockPort) or node.removed:
-                return None  # the mock's switches have no PMA
+                return None
             route = fab.engine.route_to(src, dlid)
             if route is None or route[0] is not node:
                 return None

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ibal.clock import ManualClock
+from ibal.providers.mock import pma
 from ibal.providers.mock.agents import MadAgents
 from ibal.providers.mock.ca import MOCK_OUI, CaLimits, MockCa
 from ibal.providers.mock.ca_state import CaState
@@ -333,7 +334,11 @@ class MockFabric:
             if isinstance(end, MockPort):
                 end.link = link
             else:
-                end.attach(link)
+                num = end.attach(link)
+                if end is a:
+                    link.pm_a = end.pm[num]
+                if end is b:
+                    link.pm_b = end.pm[num]
         self.engine.topology_changed()
         for end in (a, b):
             if isinstance(end, MockPort):
@@ -383,6 +388,9 @@ class MockFabric:
         self._locked(apply)
 
     def _set_link_state(self, link: Link, up: bool) -> None:
+        if link.up and not up:  # LinkDownedCounter of both ends
+            link.pm_a[pma.LINK_DOWNED] += 1
+            link.pm_b[pma.LINK_DOWNED] += 1
         link.up = up
         self.engine.topology_changed()
         for end in (link.a, link.b):

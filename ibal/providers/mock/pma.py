@@ -7,6 +7,10 @@ words as PortXmitData/PortRcvData are.  PortCounters shows them saturated at
 2^32 - 1 (IBA 16.1.3.5: a 32-bit counter stops at its maximum),
 PortCountersExtended in full; a Set clears the counters its CounterSelect
 names, each attribute with its own baseline (as a PMA keeps them apart).
+Switch ports count every message crossing them (:meth:`Engine._transmit`),
+and the error counters what the fabric's faults make of the traffic:
+PortRcvErrors a packet arriving with a bad ICRC, PortXmitDiscards one the
+port could not send (no live route), LinkDownedCounter a link going down.
 """
 
 from __future__ import annotations
@@ -14,25 +18,50 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ibal.mad import perf
-from ibal.mad.consts import PM_EXT_WIDTH_NOIETF_SUP, MadStatus, Method, MgmtClass, PerfAttr
+from ibal.mad.consts import (
+    PM_ALL_PORT_SELECT,
+    PM_EXT_WIDTH_NOIETF_SUP,
+    MadStatus,
+    Method,
+    MgmtClass,
+    PerfAttr,
+)
 from ibal.mad.header import CLASS_PORT_INFO, PERF_DATA, respond
 from ibal.providers.mock.packets import Packet, PacketOp
+from ibal.providers.mock.topology import PM_RAW
 from ibal.types import QpType
 
 if TYPE_CHECKING:
-    from ibal.providers.mock.topology import MockPort
+    from ibal.providers.mock.topology import MockPort, Switch
 
-# MockPort.pm: raw counters, then PortCounters' and PortCountersExtended's baselines
+# A port's counters (MockPort.pm, Switch.pm[n]): the raw counters, then PortCounters' and
+# PortCountersExtended's baselines (a Set copies the raw value into the baseline)
 XMIT_DATA, RCV_DATA, XMIT_PKTS, RCV_PKTS = 0, 1, 2, 3
-PC_BASE, PCE_BASE = 4, 8
-PM_SLOTS = 12
+RCV_ERRORS, XMIT_DISCARDS, LINK_DOWNED = 4, 5, 6
+PC_BASE, PCE_BASE = PM_RAW, 2 * PM_RAW
 MAX32 = 0xFFFF_FFFF
 ALL_PORTS = 0xFF
 RESP_TIME_VALUE = 18
+# AllPortSelect (0xFF sums every port), PortCountersExtended without the IETF counters
+CAPABILITY_MASK = PM_ALL_PORT_SELECT | PM_EXT_WIDTH_NOIETF_SUP
 
-# CounterSelect bits of the four data counters: PortCounters (16.1.3.5) and the extended one
-_PC_SELECT = {XMIT_DATA: 1 << 12, RCV_DATA: 1 << 13, XMIT_PKTS: 1 << 14, RCV_PKTS: 1 << 15}
-_PCE_SELECT = {XMIT_DATA: 1 << 0, RCV_DATA: 1 << 1, XMIT_PKTS: 1 << 2, RCV_PKTS: 1 << 3}
+# PortCounters (16.1.3.5): counter -> (its CounterSelect bit, the field, its maximum)
+_PC = {
+    XMIT_DATA: (1 << 12, "port_xmit_data", MAX32),
+    RCV_DATA: (1 << 13, "port_rcv_data", MAX32),
+    XMIT_PKTS: (1 << 14, "port_xmit_pkts", MAX32),
+    RCV_PKTS: (1 << 15, "port_rcv_pkts", MAX32),
+    RCV_ERRORS: (1 << 3, "port_rcv_errors", 0xFFFF),
+    XMIT_DISCARDS: (1 << 6, "port_xmit_discards", 0xFFFF),
+    LINK_DOWNED: (1 << 2, "link_downed_counter", 0xFF),
+}
+# PortCountersExtended (16.1.4.11): 64 bits, no saturation in practice
+_PCE = {
+    XMIT_DATA: (1 << 0, "port_xmit_data", (1 << 64) - 1),
+    RCV_DATA: (1 << 1, "port_rcv_data", (1 << 64) - 1),
+    XMIT_PKTS: (1 << 2, "port_xmit_pkts", (1 << 64) - 1),
+    RCV_PKTS: (1 << 3, "port_rcv_pkts", (1 << 64) - 1),
+}
 
 _LINK = 8 + 12 + 4 + 2  # LRH, BTH, ICRC, VCRC: every packet
 # Indexed by PacketOp: extension headers a message carries once (RETH, AtomicETH,
@@ -78,7 +107,19 @@ def wire_cost(pkt: Packet) -> tuple[int, int]:
 
 
 def answer(port: MockPort, mad: bytes) -> bytearray:
-    """The GetResp of ``port``'s PMA to ``mad``."""
+    """The GetResp of the PMA of ``port``'s CA (any of its ports, or 0xFF) to ``mad``."""
+    ports = {p.num: p.pm for p in port.ca.ports}
+    if len(ports) == 1:
+        ports[0] = port.pm  # PortSelect 0 on a one-port CA: that port
+    return _answer(ports, mad)
+
+
+def answer_switch(sw: Switch, mad: bytes) -> bytearray:
+    """The GetResp of switch ``sw``'s PMA: the counters of the traffic crossing its ports."""
+    return _answer(dict(enumerate(sw.pm)), mad)
+
+
+def _answer(ports: dict[int, list[int]], mad: bytes) -> bytearray:
     if mad[1] != MgmtClass.PERF or mad[0] != 1 or mad[2] != 1:
         return respond(mad, status=MadStatus.BAD_VERSION)
     method = mad[3]
@@ -90,7 +131,7 @@ def answer(port: MockPort, mad: bytes) -> bytearray:
         if method != Method.GET:
             return respond(mad, status=MadStatus.METHOD_ATTR_UNSUPPORTED)
         cpi = CLASS_PORT_INFO.encode(base_version=1, class_version=1,
-                                     capability_mask=PM_EXT_WIDTH_NOIETF_SUP,
+                                     capability_mask=CAPABILITY_MASK,
                                      resp_time_value=RESP_TIME_VALUE)  # fmt: skip
         return respond(mad, data=cpi)
     if attr_id not in (PerfAttr.PORT_COUNTERS, PerfAttr.PORT_COUNTERS_EXT):
@@ -99,25 +140,20 @@ def answer(port: MockPort, mad: bytes) -> bytearray:
     table = perf.PORT_COUNTERS_EXT if ext else perf.PORT_COUNTERS
     req = table.decode(data[: table.size])
     select = int(req["port_select"])
-    if select not in (port.num, ALL_PORTS, 0) or (select == 0 and len(port.ca.ports) > 1):
+    if select == ALL_PORTS:
+        pms = list({id(pm): pm for pm in ports.values()}.values())
+    elif select in ports:
+        pms = [ports[select]]
+    else:
         return respond(mad, status=MadStatus.INVALID_FIELD)
-    pm = port.pm
-    base, bits = (PCE_BASE, _PCE_SELECT) if ext else (PC_BASE, _PC_SELECT)
+    base, counters = (PCE_BASE, _PCE) if ext else (PC_BASE, _PC)
     if method == Method.SET:
         mask = int(req["counter_select"])
-        for i, bit in bits.items():
-            if mask & bit:
-                pm[base + i] = pm[i]
-    v = [pm[i] - pm[base + i] for i in range(4)]
-    if ext:
-        out = table.encode(
-            port_select=select, counter_select=req["counter_select"],
-            port_xmit_data=v[0], port_rcv_data=v[1], port_xmit_pkts=v[2], port_rcv_pkts=v[3],
-        )  # fmt: skip
-    else:
-        out = table.encode(
-            port_select=select, counter_select=req["counter_select"],
-            port_xmit_data=min(v[0], MAX32), port_rcv_data=min(v[1], MAX32),
-            port_xmit_pkts=min(v[2], MAX32), port_rcv_pkts=min(v[3], MAX32),
-        )  # fmt: skip
+        for pm in pms:
+            for i, (bit, _, _) in counters.items():
+                if mask & bit:
+                    pm[base + i] = pm[i]
+    values = {name: min(sum(pm[i] - pm[base + i] for pm in pms), top)
+              for i, (_, name, top) in counters.items()}  # fmt: skip
+    out = table.encode(port_select=select, counter_select=req["counter_select"], **values)
     return respond(mad, data=out)

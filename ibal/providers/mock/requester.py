@@ -136,8 +136,7 @@ class Requester(Transmit):
         else:
             pop = PacketOp.FETCH_ADD
         if route is None:
-            self.counters.sent += 1
-            self._drop("dropped_link")
+            self._discard(port)
         else:
             pkt = Packet(
                 pop, transport, port, route[0], route[1], qp.num, qp.dest_qp,
@@ -227,8 +226,7 @@ class Requester(Transmit):
         else:
             route = self._route(port, dlid)
             if route is None:
-                self.counters.sent += 1
-                self._drop("dropped_link")
+                self._discard(port)
             else:
                 pkt = Packet(
                     PacketOp.SEND if wqe.imm is None else PacketOp.SEND_IMM,

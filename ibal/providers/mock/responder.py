@@ -39,6 +39,7 @@ from ibal.providers.mock.packets import (
     PacketOp,
     psn_diff,
 )
+from ibal.providers.mock.pma import RCV_ERRORS
 from ibal.providers.mock.topology import MockPort
 from ibal.providers.mock.transmit import Transmit
 from ibal.transport.rules import atomic_result, pkey_match
@@ -58,6 +59,7 @@ class Responder(Transmit):
     # ================================================================ responder
     def _receive(self, pkt: Packet) -> None:
         if pkt.icrc is not None and not pkt.icrc_ok():
+            pkt.dst_port.pm[RCV_ERRORS] += 1
             self._drop("corrupted")
             return
         if pkt.topo != self._topo_gen and not self._still_routable(pkt):
@@ -140,8 +142,7 @@ class Responder(Transmit):
         port = req.dst_port
         route = self._route(port, req.slid)
         if route is None:
-            self.counters.sent += 1
-            self._drop("dropped_link")
+            self._discard(port)
             return None
         return Packet(op, _RC, port, route[0], route[1], qp.num, qp.dest_qp, psn, req.pkey)
 

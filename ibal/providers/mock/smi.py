@@ -66,6 +66,16 @@ def send(fabric: MockFabric, src: MockPort, mad: bytes, dlid: int | None = None)
     return bytes(resp)
 
 
+def reaches(fabric: MockFabric, src: MockPort, sw: Switch) -> bool:
+    """Whether a LID-routed packet from ``src`` reaches switch ``sw`` and comes back."""
+    fabric.sm.refresh()
+    there = _lid_walk(src, src.num, sw.lid)
+    if there is None or there[0] is not sw:
+        return False
+    back = _lid_walk(sw, 0, src.lid)
+    return back is not None and back[0] is src
+
+
 def _dropped(fabric: MockFabric) -> bytes | None:
     fabric.counters.smp_dropped += 1
     return None

@@ -22,6 +22,11 @@ DEFAULT_PORT_CAP = (
 
 Route = tuple["MockPort", tuple["Link", ...]]
 
+# Performance counters of a port (CA or switch), see ibal.providers.mock.pma: the raw
+# counters (data and packets, then the error counters) and each attribute's baselines
+PM_RAW = 7
+PM_SLOTS = 3 * PM_RAW
+
 
 class MockPort:
     """One port of a mock CA: identity, P_Key table, link and counters."""
@@ -77,7 +82,7 @@ class MockPort:
         self.routes_gen = -1
         # PMA counters the engine feeds (xmit/rcv words, xmit/rcv packets) and the
         # PMA's baselines: see ibal.providers.mock.pma
-        self.pm = [0] * 12
+        self.pm = [0] * PM_SLOTS
 
     @property
     def gid(self) -> Gid:
@@ -112,6 +117,8 @@ class Switch:
         self.links: list[Link] = []
         self.port_links: list[Link | None] = [None] * (num_ports + 1)
         self.lft: dict[int, int] = {}
+        # each port's counters (the PMA's, as a CA port's ``pm``), fed by the traffic crossing
+        self.pm = [[0] * PM_SLOTS for _ in range(num_ports + 1)]
 
     def attach(self, link: Link) -> int:
         """Cable ``link`` to the lowest free external port; its number."""
@@ -154,6 +161,9 @@ class Link:
         self.b = b
         self.name = name
         self.up = True
+        # the counters of the port at each end (a CA port's, or the switch port's)
+        self.pm_a: list[int] = a.pm if isinstance(a, MockPort) else []
+        self.pm_b: list[int] = b.pm if isinstance(b, MockPort) else []
 
     def other(self, end: Endpoint) -> Endpoint:
         return self.b if end is self.a else self.a

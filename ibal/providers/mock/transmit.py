@@ -26,7 +26,7 @@ from ibal.providers.mock.objects import (
 from ibal.providers.mock.packets import (
     Packet,
 )
-from ibal.providers.mock.pma import wire_cost
+from ibal.providers.mock.pma import XMIT_DISCARDS, wire_cost
 from ibal.providers.mock.topology import Link, MockPort, Route, Switch
 from ibal.types import (
     LinkState,
@@ -226,6 +226,8 @@ class Transmit(EngineCore):
         n, words = pkt.cost = wire_cost(pkt)
         pm[2] += n
         pm[0] += words
+        if len(pkt.route) > 1:
+            _cross_switches(pkt, n, words)
         pkt.topo = self._topo_gen
         if self.capture is not None:
             self.capture(pkt)
@@ -253,8 +255,31 @@ class Transmit(EngineCore):
             pkt.payload = bytes(pkt.payload)
         self._schedule(self.now + delay, _T_PACKET, pkt)
 
+    def _discard(self, port: MockPort) -> None:
+        """A packet ``port`` could not send (no live route): PortXmitDiscards."""
+        self.counters.sent += 1
+        self._drop("dropped_link")
+        port.pm[XMIT_DISCARDS] += 1
+
     def _drop(self, why: str) -> None:
         c = self.counters
         c.dropped += 1
         setattr(c, why, getattr(c, why) + 1)
 
+
+def _cross_switches(pkt: Packet, n: int, words: int) -> None:
+    """Count a message on the switch ports it crosses: each link's near end sends it,
+    its far end receives it (the CA ports at the two ends count it themselves)."""
+    here: object = pkt.src_port
+    last = len(pkt.route) - 1
+    for i, ln in enumerate(pkt.route):
+        if ln.a is here:
+            near, far, here = ln.pm_a, ln.pm_b, ln.b
+        else:
+            near, far, here = ln.pm_b, ln.pm_a, ln.a
+        if i:
+            near[2] += n
+            near[0] += words
+        if i < last:
+            far[3] += n
+            far[1] += words

@@ -12,7 +12,7 @@ from ibal.mad import dump, header, perf, smp
 from ibal.mad.consts import MadStatus, Method, MgmtClass, PerfAttr, SmpAttr
 from ibal.providers.mock import MockFabric
 from ibal.providers.mock.capture import ib_frame, ib_packets
-from ibal.providers.mock.packets import Packet
+from ibal.providers.mock.packets import Packet, PacketOp
 from ibal.providers.mock.pma import wire_cost
 from ibal.providers.mock.smi import send
 from ibal.providers.mock.topology import Switch
@@ -322,7 +322,8 @@ def test_pma_class_port_info_and_bad_requests(a: Node) -> None:
     req = header.build(MgmtClass.PERF, Method.GET, PerfAttr.CLASS_PORT_INFO, tid=1)
     resp = a.ca.local_mad(a.h, 1, bytes(req))
     cpi = header.CLASS_PORT_INFO.decode(resp[header.PERF_DATA :])
-    assert (cpi["base_version"], cpi["class_version"], cpi["capability_mask"]) == (1, 1, 0x400)
+    # AllPortSelect (0x100) and PortCountersExtended without the IETF counters (0x400)
+    assert (cpi["base_version"], cpi["class_version"], cpi["capability_mask"]) == (1, 1, 0x500)
     for method, attr, port, status in (
         (Method.GET, PerfAttr.PORT_SAMPLES_CONTROL, 1, MadStatus.METHOD_ATTR_UNSUPPORTED),
         (0x05, PerfAttr.PORT_COUNTERS, 1, MadStatus.METHOD_UNSUPPORTED),
@@ -540,3 +541,93 @@ def test_a_new_sm_lid_is_an_sm_change_on_every_port(fabric: MockFabric, a: Node)
         assert header.DR_SMP.decode(a.ca.local_mad(a.h, 1, bytes(req)))["status"] == 0
     assert fabric.sm_lid == b_lid
     assert [n.event_codes() for n in nodes] == [["SM_CHANGE"], ["SM_CHANGE"], ["SM_CHANGE"] * 2]
+
+
+# ============================================================ switch PMA, error counters
+def sw_pma(sw: Switch, method: int, port: int, select: int = 0) -> dict[str, int]:
+    from ibal.providers.mock.pma import answer_switch
+
+    data = perf.PORT_COUNTERS.encode(port_select=port, counter_select=select)
+    req = header.build(MgmtClass.PERF, method, PerfAttr.PORT_COUNTERS, tid=4, data=data)
+    resp = answer_switch(sw, bytes(req))
+    assert header.header(resp).status == 0
+    size = perf.PORT_COUNTERS.size
+    return {k: int(v) for k, v in perf.PORT_COUNTERS.decode(
+        resp[header.PERF_DATA : header.PERF_DATA + size]).items()}  # fmt: skip
+
+
+DATA = ("port_xmit_data", "port_rcv_data", "port_xmit_pkts", "port_rcv_pkts")
+
+
+def test_switch_ports_count_the_traffic_crossing_them(fabric: MockFabric, a: Node) -> None:
+    """a -> sw0:1, sw0:3 -> sw1:1, sw1:2 -> sw2:1, sw2:2 -> far: every switch port on the path
+    sends and receives exactly what the two CA ports do; the other ports see nothing."""
+    f = open_node(fabric.ca("far"))
+    qa, _ = connect(a, f)
+    sws = fabric.switches
+    for sw in sws:
+        sw_pma(sw, Method.SET, 0xFF, select=0xFFFF)
+    pma(a, Method.SET, PerfAttr.PORT_COUNTERS, select=0xF000)
+    pma(f, Method.SET, PerfAttr.PORT_COUNTERS, select=0xF000)
+    for n in range(3):
+        a.ca.post_send(qa, [SendWr(n, WrType.RDMA_WRITE, [a.sge(0, 3000 + n)],
+                                   remote_addr=f.addr(0), rkey=f.mr.rkey)])  # fmt: skip
+    fabric.run_until_idle()
+    assert [w.status.name for w in a.poll()] == ["SUCCESS"] * 3
+    ca, cf = counters(a), counters(f)
+    out = [ca["port_xmit_data"], ca["port_xmit_pkts"]]
+    back = [cf["port_xmit_data"], cf["port_xmit_pkts"]]
+    assert out[1] >= 6 and back[1] >= 1
+    for sw, (near, far) in zip(sws, ((1, 3), (1, 2), (1, 2)), strict=True):
+        toward = sw_pma(sw, Method.GET, near)  # the port facing a
+        away = sw_pma(sw, Method.GET, far)  # the port facing far
+        assert [toward["port_rcv_data"], toward["port_rcv_pkts"]] == out, sw
+        assert [away["port_xmit_data"], away["port_xmit_pkts"]] == out, sw
+        assert [away["port_rcv_data"], away["port_rcv_pkts"]] == back, sw
+        assert [toward["port_xmit_data"], toward["port_xmit_pkts"]] == back, sw
+        # AllPortSelect: the sum over the switch's ports
+        total = sw_pma(sw, Method.GET, 0xFF)
+        assert [total[k] for k in DATA] == [toward[k] + away[k] for k in DATA]
+    assert all(sw_pma(sws[0], Method.GET, 2)[k] == 0 for k in DATA)  # mock1's port
+    # a Set with PortSelect 0xFF clears every port
+    sw_pma(sws[1], Method.SET, 0xFF, select=0xF000)
+    assert [sw_pma(sws[1], Method.GET, 0xFF)[k] for k in DATA] == [0, 0, 0, 0]
+
+
+def test_error_counters_follow_the_faults(fabric: MockFabric, a: Node) -> None:
+    b = open_node(fabric.cas[1])
+    qa, _ = connect(a, b, ack_timeout=8, retry_cnt=7)
+    # a corrupted packet: the receiver's ICRC check drops it, PortRcvErrors
+    rule = fabric.faults.corrupt(op=PacketOp.RDMA_WRITE, count=2)
+    a.ca.post_send(qa, [SendWr(1, WrType.RDMA_WRITE, [a.sge(0, 64)], remote_addr=b.addr(0),
+                               rkey=b.mr.rkey)])  # fmt: skip
+    fabric.settle()
+    assert [w.status.name for w in a.poll()] == ["SUCCESS"]  # retried past the two
+    assert rule.fired == 2 and fabric.counters.corrupted == 2
+    assert counters(b)["port_rcv_errors"] == 2 and counters(a)["port_rcv_errors"] == 0
+    # the link going down: LinkDownedCounter at both ends (b's port and sw0's port 2)
+    link = b.ca.ports[0].link
+    assert link is not None
+    fabric.set_link(link, up=False)
+    fabric.set_link(link, up=True)
+    fabric.set_link(link, up=False)
+    sw_port = sw_pma(fabric.switch, Method.GET, 2)
+    assert pc_of(b)["link_downed_counter"] == 2 == sw_port["link_downed_counter"]
+    assert pc_of(a)["link_downed_counter"] == 0
+    # what a cannot send any more: PortXmitDiscards, one per attempt
+    a.ca.post_send(qa, [SendWr(2, WrType.RDMA_WRITE, [a.sge(0, 64)], remote_addr=b.addr(0),
+                               rkey=b.mr.rkey)])  # fmt: skip
+    fabric.settle()
+    assert [w.status.name for w in a.poll()] == ["TIMEOUT_RETRY_ERR"]
+    assert counters(a)["port_xmit_discards"] == fabric.counters.dropped_link == 8  # 1 + 7 retries
+    # CounterSelect bits 2, 3 and 6 clear them
+    pma(b, Method.SET, PerfAttr.PORT_COUNTERS, select=(1 << 2) | (1 << 3))
+    pma(a, Method.SET, PerfAttr.PORT_COUNTERS, select=1 << 6)
+    assert pc_of(b)["link_downed_counter"] == counters(b)["port_rcv_errors"] == 0
+    assert counters(a)["port_xmit_discards"] == 0
+
+
+def pc_of(node: Node) -> dict[str, int]:
+    return {k: int(v) for k, v in perf.PORT_COUNTERS.decode(
+        pma(node, Method.GET, PerfAttr.PORT_COUNTERS)).items()}  # fmt: skip
+
