@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from mockenv import UD_QKEY, Node, connect, open_node, ud_ready
 
+from ibal.clock import ManualClock
 from ibal.providers.mock import MockFabric, Packet, PacketOp
 from ibal.status import InsufficientResources, InvalidQpState, PostError, Status
 from ibal.types import (
@@ -33,7 +34,9 @@ def lossy_run(seed: int) -> tuple[list[tuple[int, WcStatus]], dict[str, int], fl
     fabric = MockFabric(seed=seed)
     fabric.add_ca()
     fabric.add_ca()
-    fabric.manual_clock()
+    # a clock from 0, not from real time: float sums of timer deadlines then
+    # round the same way in every run
+    fabric.use_clock(ManualClock())
     a, b = open_node(fabric.cas[0]), open_node(fabric.cas[1])
     qa, _ = connect(a, b, retry_cnt=3, ack_timeout=8, caps=None)
     fabric.faults.drop(probability=0.3)
