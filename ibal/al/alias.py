@@ -74,6 +74,14 @@ class AliasQp(CaObject):
         return self._pd
 
     @property
+    def segments_rmpp(self) -> bool:
+        """Whether agents registered with ``rmpp_version`` get RMPP from the port's
+        transport (the kernel's MAD layer on libibumad; never the AL's special QPs)."""
+        self._check()
+        assert self._transport is not None
+        return self._transport.segments_rmpp
+
+    @property
     def transport_stats(self) -> dict[str, int]:
         """MADs the port's transport dropped, by reason (shared by every alias of the port)."""
         self._check()
@@ -105,7 +113,9 @@ class AliasQp(CaObject):
             meths = frozenset(methods)
         except TypeError:
             raise InvalidParameter("methods must be an iterable of ints") from None
-        agent = MadAgent(self, recv_cb, send_cb, context)
+        if rmpp_version not in (0, 1):
+            raise InvalidParameter(f"RMPP version {rmpp_version!r} (0 or 1)")
+        agent = MadAgent(self, recv_cb, send_cb, context, rmpp_version)
         spec = MadAgentSpec(
             port_num=self._port_num,
             qp_num=self.num,
@@ -159,9 +169,12 @@ class MadAgent(CaObject):
         recv_cb: MadRecvCallback,
         send_cb: MadSendCallback | None,
         context: Any,
+        rmpp_version: int = 0,
     ) -> None:
         super().__init__(alias._mgr, alias._al, alias, alias._cica, context)
         self._alias = alias
+        self.rmpp_version = rmpp_version
+        """Non-zero: the transport runs RMPP for this agent (long messages both ways)."""
         self._recv_cb = recv_cb
         self._send_cb = send_cb
         self._key: Any = None
@@ -182,8 +195,9 @@ class MadAgent(CaObject):
 
     def send(self, send: MadSend) -> None:
         """Queue one MAD; ``send_cb`` reports it.  ``InvalidParameter`` for a MAD that is
-        not 256 bytes or bad addressing, ``InsufficientResources`` when the port's queue is full."""
-        mad_port.check_mad_send(send)
+        not 256 bytes (an RMPP agent's active RMPP message may be longer) or bad addressing,
+        ``InsufficientResources`` when the port's queue is full."""
+        mad_port.check_mad_send(send, rmpp=bool(self.rmpp_version))
         self._use()
         try:
             assert self._transport is not None

@@ -86,12 +86,20 @@ _SEND_DEPTH = 64
 _AGENT_IDS = itertools.count(1)
 
 
-def check_mad_send(send: object) -> MadSend:
-    """``send`` as a valid :class:`MadSend`, else ``InvalidParameter``."""
+def check_mad_send(send: object, rmpp: bool = False) -> MadSend:
+    """``send`` as a valid :class:`MadSend`, else ``InvalidParameter``.
+
+    ``rmpp``: the agent's transport runs RMPP, so an RMPP-active message may be
+    longer than one MAD (the transport segments it)."""
     if not isinstance(send, MadSend):
         raise InvalidParameter("a MadSend is required")
-    if not isinstance(send.mad, (bytes, bytearray, memoryview)) or len(send.mad) != MAD_SIZE:
+    if not isinstance(send.mad, (bytes, bytearray, memoryview)) or len(send.mad) < MAD_SIZE:
         raise InvalidParameter(f"a MAD is {MAD_SIZE} bytes")
+    if len(send.mad) != MAD_SIZE and not (rmpp and _rmpp_active(bytes(send.mad[:MAD_SIZE]))):
+        raise InvalidParameter(
+            f"a MAD is {MAD_SIZE} bytes (longer only as an active RMPP message of an agent "
+            "registered with rmpp_version on a transport that segments)"
+        )
     addr = send.addr
     if not isinstance(addr, MadAddr):
         raise InvalidParameter("MadSend.addr must be a MadAddr")
@@ -155,6 +163,9 @@ class MadTransport(abc.ABC):
     @abc.abstractmethod
     def unregister(self, key: Any) -> None:
         """Remove the agent; its unfinished sends complete with ``CANCELED``."""
+
+    segments_rmpp = False
+    """Whether an agent registered with ``rmpp_version`` gets RMPP from this transport."""
 
     def hi_tid(self, key: Any) -> int | None:
         """The TID high 32 bits this transport stamps on the agent's requests, if known."""
@@ -291,6 +302,11 @@ class SplQpTransport(MadTransport):
 
     # ------------------------------------------------------------------ agents
     def register(self, spec: MadAgentSpec) -> _SplAgent:
+        if spec.rmpp_version:
+            raise Unsupported(
+                "the access layer's special QPs run no RMPP (a MAD service runs its own: "
+                "ibal.mad.enable_rmpp)"
+            )
         with self._lock:
             keys = [(spec.mgmt_class, spec.class_version, m) for m in spec.methods]
             taken = [k for k in keys if k in self._methods]
@@ -605,7 +621,10 @@ def sender_grh(raw: bytes, header: NetworkHeader | None = None) -> Grh:
 
 
 class AgentTransport(MadTransport):
-    """A provider that registers MAD agents itself (the kernel owns QP0/QP1)."""
+    """A provider that registers MAD agents itself (the kernel owns QP0/QP1); it runs
+    RMPP for agents registered with ``rmpp_version`` (the kernel's MAD layer does)."""
+
+    segments_rmpp = True
 
     def open(self) -> None:
         pass

@@ -524,11 +524,21 @@ class ChannelInterface(abc.ABC):
         (the AL only queues them).  Raises ``InvalidPort``, ``InvalidParameter``
         (QP number not 0/1, class or version out of range) and ``ResourceBusy``
         (another agent holds one of the class's methods).
+
+        ``spec.rmpp_version`` 1 (an RMPP class: SA, DM, 0x10, 0x12, 0x30..0x4F)
+        asks the provider to run RMPP for the agent: a send whose RMPP header
+        is active may then be longer than 256 bytes (the provider segments it,
+        ACKs and windows), and a received transfer comes to ``recv_cb`` as one
+        long MAD (first segment's headers, then every segment's data); raise
+        ``Unsupported`` if the provider cannot.
         """
         raise Unsupported("MAD agents")
 
     def send_mad(self, h_agent: Handle, send: MadSend) -> None:
         """Queue one MAD (the AL checked its size and addressing); never blocks for the wire.
+
+        Longer than 256 bytes only for an agent registered with ``rmpp_version``
+        and an active RMPP header (see :meth:`register_mad_agent`).
 
         For a request the provider stamps the TID's high 32 bits so the
         response is routed back to this agent; with ``send.timeout_ms > 0`` the

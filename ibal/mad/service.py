@@ -28,7 +28,9 @@ from typing import Any
 from ibal.al import SYNC_DESTROY, AliasQp, Ca, MadAgent
 from ibal.mad.consts import MadStatus
 from ibal.mad.pool import ElementState, MadElement, MadPool, PoolKey
+from ibal.mad.rmpp import RMPP_VERSION, RmppFlags, RmppType
 from ibal.mad.svc import (
+    RMPP_CLASSES,
     TID_LO,
     MadSvc,
     MadSvcType,
@@ -88,6 +90,9 @@ class MadService:
         self._agent: MadAgent | None = None
         self._gone = False
         self.rmpp: RmppSessions | None = None
+        self.transport_rmpp = False
+        """The port's transport runs RMPP for this service (the kernel's MAD layer): RMPP
+        sends go out whole and transfers arrive reassembled; ``rmpp`` is not used."""
 
     def __repr__(self) -> str:
         s = self.svc
@@ -95,6 +100,7 @@ class MadService:
 
     def _attach(self, agent: MadAgent) -> None:
         self._agent = agent
+        self.transport_rmpp = bool(agent.rmpp_version)
 
     @property
     def hi_tid(self) -> int | None:
@@ -156,7 +162,7 @@ class MadService:
             low = int.from_bytes(e.mad[TID_LO], "big")
             if waits and low in self._awaiting:
                 raise InvalidParameter(f"a request with TID low 0x{low:08x} is outstanding")
-            if e.rmpp_version and self.rmpp is None:
+            if e.rmpp_version and self.rmpp is None and not self.transport_rmpp:
                 raise Unsupported(
                     "RMPP transfers need ibal.mad.rmpp sessions (service.rmpp is not set)"
                 )
@@ -167,7 +173,10 @@ class MadService:
             if waits:
                 self._awaiting[low] = e
         assert e.addr is not None
-        if e.rmpp_version and self.rmpp is not None:
+        if e.rmpp_version and self.transport_rmpp:
+            # The transport segments: version 1, DATA, Active; it fills the rest per segment.
+            e.mad[24:36] = bytes([RMPP_VERSION, RmppType.DATA, RmppFlags.ACTIVE]) + bytes(9)
+        elif e.rmpp_version and self.rmpp is not None:
             addr = e.addr
             key = (addr.dlid, addr.remote_qp, bytes(e.mad[8:16]))
             self.rmpp.start(key, e, lambda m: self._raw_send(m, addr))
@@ -272,6 +281,11 @@ class MadService:
         """Misc queue: a MAD the transport routed to this service (``whole``: a message
         the RMPP sessions reassembled)."""
         mad = recv.mad
+        if self.transport_rmpp and not whole and rmpp_active(mad, self.svc):
+            # Reassembled by the transport: the same view as a message our sessions
+            # deliver, its RMPP header area zero.
+            mad = bytes(mad[:24]) + bytes(12) + bytes(mad[36:])
+            whole = True
         reason = malformed(mad, self.svc, whole)
         if reason:
             self.stats[reason] += 1
@@ -416,12 +430,16 @@ def reg_mad_svc(alias: AliasQp, svc: MadSvc, pool_key: PoolKey | None = None) ->
     elif not isinstance(pool_key, PoolKey):
         raise InvalidParameter("pool_key must be a PoolKey")
     service = MadService(alias, svc, pool_key)
+    # Where the transport runs RMPP (the kernel's MAD layer), a service that does RMPP
+    # lets it: the kernel drops RMPP segments and ACKs of an agent registered without.
+    does_rmpp = svc.svc_type is not MadSvcType.RAW and svc.mgmt_class in RMPP_CLASSES
     agent = alias.register_agent(
         svc.mgmt_class,
         svc.mgmt_version,
         recv_cb=service._on_recv,
         send_cb=service._on_send_done,
         methods=svc.methods if svc.support_unsol else (),
+        rmpp_version=1 if does_rmpp and alias.segments_rmpp else 0,
         context=svc.context,
     )
     service._attach(agent)

@@ -116,6 +116,21 @@ class _Buffer(ctypes.Structure):
     _fields_ = [("hdr", _UserMad), ("data", ctypes.c_uint8 * MAD_SIZE)]
 
 
+def _buffer(size: int) -> Any:
+    """An ``ib_user_mad`` with ``size`` data bytes (an RMPP message is longer than a MAD)."""
+    if size <= MAD_SIZE:
+        return _Buffer()
+
+    class _Long(ctypes.Structure):
+        _fields_ = [("hdr", _UserMad), ("data", ctypes.c_uint8 * size)]
+
+    return _Long()
+
+
+MAX_RMPP_MESSAGE = 1 << 20
+"""Largest reassembled message the receive thread accepts from the kernel."""
+
+
 _MAX_PORTS = 10  # UMAD_CA_MAX_PORTS
 
 
@@ -452,8 +467,9 @@ class UmadAgents:
         """Any thread; ``umad_send`` runs outside the agents' lock (the table is read under it)."""
         if not isinstance(agent, UmadAgent) or not agent.alive:
             raise InvalidHandle("MAD agent is not registered")
-        buf = _Buffer()
-        ctypes.memmove(buf.data, send.mad, MAD_SIZE)
+        size = len(send.mad)  # > MAD_SIZE only for an RMPP agent's message (the AL checked)
+        buf = _buffer(size)
+        ctypes.memmove(buf.data, bytes(send.mad), size)
         _fill_addr(buf.hdr.addr, send.addr)
         request = not mad_is_response(send.mad)
         waits = request and send.timeout_ms > 0
@@ -467,7 +483,7 @@ class UmadAgents:
                     raise InvalidParameter(f"a request with TID low 0x{tid_low:08x} is outstanding")
                 agent.pending[tid_low] = send.context
         rc = lib.umad_send(
-            agent.port.portid, agent.agent_id, ctypes.byref(buf), MAD_SIZE,
+            agent.port.portid, agent.agent_id, ctypes.byref(buf), size,
             send.timeout_ms if waits else 0, send.retries if waits else 0,
         )
         if rc < 0:
@@ -621,12 +637,18 @@ class UmadAgents:
                 if n and not port.ready.poll(0):
                     break
                 length.value = MAD_SIZE
-                rc = lib.umad_recv(port.portid, ctypes.byref(self._rx), ctypes.byref(length), 0)
+                rx = self._rx
+                rc = lib.umad_recv(port.portid, ctypes.byref(rx), ctypes.byref(length), 0)
+                if rc == -errno.ENOSPC and MAD_SIZE < length.value <= MAX_RMPP_MESSAGE:
+                    # A message the kernel reassembled (RMPP agent): it stays queued;
+                    # read it again into a buffer of the length the kernel reported.
+                    rx = _buffer(length.value)
+                    rc = lib.umad_recv(port.portid, ctypes.byref(rx), ctypes.byref(length), 0)
                 if rc < 0:
                     if -rc not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.ETIMEDOUT):
                         self._count(f"recv_error_{-rc}")
                     break
-                item = self._dispatch(port, rc, length.value)
+                item = self._dispatch(port, rc, length.value, rx)
                 if item is not None:
                     batch.append(item)
         for agent, done, recv in batch:
@@ -642,20 +664,22 @@ class UmadAgents:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
     def _dispatch(
-        self, port: _Port, agent_id: int, length: int
+        self, port: _Port, agent_id: int, length: int, rx: Any
     ) -> tuple[UmadAgent, MadSendDone | None, MadRecv | None] | None:
         """One MAD from the kernel (under the lock): what to hand its agent, or None."""
         agent = port.agents.get(agent_id)
         if agent is None or not agent.alive:
             self._count("unknown_agent")
             return None
-        hdr = self._rx.hdr
+        hdr = rx.hdr
         if length < MAD_HEADER_SIZE:
             self._count("short")
             return None
         # The kernel always hands over 256 bytes; umad2sim hands over what the sender
         # wrote (OpenSM writes an SA Get response without its zero tail): pad it.
-        mad = bytes(self._rx.data[: min(length, MAD_SIZE)]).ljust(MAD_SIZE, b"\0")
+        # A reassembled RMPP message (an agent with rmpp_version) is longer: kept whole.
+        keep = length if length > MAD_SIZE and agent.spec.rmpp_version else MAD_SIZE
+        mad = bytes(rx.data[: min(length, keep)]).ljust(MAD_SIZE, b"\0")
         tid_low = int.from_bytes(mad[12:16], "big")
         if hdr.status:  # our request came back: no response in time
             ctx = agent.pending.pop(tid_low, None)
