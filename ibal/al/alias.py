@@ -205,6 +205,27 @@ class MadAgent(CaObject):
         finally:
             self._unuse()
 
+    def expect(self, send: MadSend) -> None:
+        """Wait for the answer to a request this agent sends as RMPP segments itself
+        (``send``: the request's first 256 bytes, address, ``timeout_ms`` > 0, context).
+
+        ``send_cb`` then reports ``send.context`` once: ``SUCCESS`` before the answer's
+        ``recv_cb`` (ACKs of the transfer do not count), or ``TIMEOUT_RETRY_ERR``.  Called
+        again with the same context it re-arms the wait.  ``Unsupported`` where the
+        transport runs RMPP itself (:attr:`AliasQp.segments_rmpp`).
+        """
+        mad_port.check_mad_send(send, rmpp=True)
+        if send.timeout_ms <= 0:
+            raise InvalidParameter("a response wait needs timeout_ms > 0")
+        self._use()
+        try:
+            assert self._transport is not None
+            done = self._transport.expect(self._key, send)
+        finally:
+            self._unuse()
+        if done is None:
+            raise Unsupported("this port's MAD transport waits for RMPP answers itself")
+
     def cancel(self, context: Any) -> None:
         """Stop the unfinished send whose ``MadSend.context`` is ``context``.
 

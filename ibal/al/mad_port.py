@@ -171,6 +171,13 @@ class MadTransport(abc.ABC):
         """The TID high 32 bits this transport stamps on the agent's requests, if known."""
         return None
 
+    def expect(self, key: Any, send: MadSend) -> bool | None:
+        """Wait for the response to a request that goes out another way (an RMPP transfer's
+        segments), as if ``send`` had been sent: its completion comes with the response or
+        after ``send.timeout_ms``.  Again for the same TID: re-arm the wait.  ``None``:
+        this transport does not (the kernel's MAD layer runs RMPP itself)."""
+        return None
+
     def cancel(self, key: Any, context: Any) -> bool | None:
         """Forget the agent's unfinished send whose context is ``context``, without a callback.
 
@@ -199,6 +206,8 @@ class _Out:
     mad: bytes
     send: MadSend
     retries: int
+    expect: bool = False
+    """Only the response wait (the request left as RMPP segments of the agent's own)."""
     on_wire: int = 0
     responded: bool = False
     timer: Timer | None = None
@@ -324,6 +333,27 @@ class SplQpTransport(MadTransport):
 
     def hi_tid(self, key: Any) -> int | None:
         return key.agent_id if isinstance(key, _SplAgent) else None
+
+    def expect(self, key: Any, send: MadSend) -> bool:
+        mad = bytearray(send.mad[:MAD_SIZE])
+        with self._lock:
+            agent = self._agents.get(key.agent_id) if isinstance(key, _SplAgent) else None
+            if agent is None or agent is not key:
+                raise InvalidHandle("MAD agent is not registered here")
+            mad[8:12] = agent.agent_id.to_bytes(4, "big")
+            out_key = int.from_bytes(mad[12:16], "big")
+            out = agent.pending.get(out_key)
+            if out is not None and not (out.expect and out.send.context is send.context):
+                raise InvalidParameter(f"a request with TID low 0x{out_key:08x} is outstanding")
+            if out is None:
+                out = _Out(agent, out_key, bytes(mad), send, 0, expect=True)
+                agent.pending[out_key] = out
+            else:
+                out.send = send
+            if out.timer is not None:
+                out.timer.cancel()
+            self._arm(out)
+        return True
 
     def cancel(self, key: Any, context: Any) -> bool:
         with self._lock:
@@ -535,6 +565,9 @@ class SplQpTransport(MadTransport):
                         return
                     # Later segments and ACKs of an RMPP transfer the agent runs itself
                     # (rmpp_version 0): the TID names the agent; no transaction ends.
+                    out = None
+                if out is not None and out.expect and _rmpp_active(mad) and mad[25] != 1:
+                    # An ACK (or STOP/ABORT) of the request's own transfer: not its answer.
                     out = None
                 if out is not None:
                     if mad[1:3] != out.mad[1:3]:

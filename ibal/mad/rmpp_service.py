@@ -82,7 +82,7 @@ class TransferSessions:
                 self.failed += 1
             return
         if isinstance(result, Complete):
-            self.service.rmpp_send_done(element, WcStatus.SUCCESS)
+            self.service.rmpp_send_done(element, WcStatus.SUCCESS, answered=result.switch)
         else:
             timed_out = result.status in (RmppStatus.TOO_MANY_RETRIES,
                                           RmppStatus.TOTAL_TIME_TOO_LONG)

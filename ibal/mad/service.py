@@ -18,6 +18,7 @@ included.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from collections import Counter
@@ -70,6 +71,9 @@ class _Sending:
 
 
 _INTERNAL = object()  # context of the service's own replies (no element, no callback)
+RMPP_TRANSFER_BOUND_MS = 30_000
+"""How long an RMPP request's answer may take while its segments still go out (the
+sender's total time-out); once every segment is ACKed the element's own time-out runs."""
 
 
 class MadService:
@@ -179,6 +183,10 @@ class MadService:
         elif e.rmpp_version and self.rmpp is not None:
             addr = e.addr
             key = (addr.dlid, addr.remote_qp, bytes(e.mad[8:16]))
+            if waits:
+                # The answer may follow the final ACK at once: the transport must already
+                # wait for it (re-armed with the element's own time-out when the transfer ends).
+                agent.expect(self._wait_for(e, token, RMPP_TRANSFER_BOUND_MS))
             self.rmpp.start(key, e, lambda m: self._raw_send(m, addr))
             return
         retries = 0 if self.svc.svc_type is MadSvcType.RAW else e.retry_cnt
@@ -192,6 +200,12 @@ class MadService:
                     del self._awaiting[low]
                 e.state = ElementState.USER
             raise
+
+    @staticmethod
+    def _wait_for(e: MadElement, token: _Sending, extra_ms: int = 0) -> MadSend:
+        assert e.addr is not None
+        wait = e.timeout_ms * (1 + e.retry_cnt) + extra_ms
+        return MadSend(bytes(e.mad[:MAD_SIZE]), e.addr, wait, 0, context=token)
 
     def _fresh_tid(self) -> int:
         while True:
@@ -229,6 +243,11 @@ class MadService:
                 raise NotFound("the MAD element is not pending on this service")
         try:
             agent.cancel(token)  # its CANCELED completion comes through _on_send_done
+        except NotFound:
+            if not (element.rmpp_version and self.rmpp is not None):
+                raise
+            # Segments of the service's own RMPP: the transfer's end will come late.
+            self._complete(element, WcStatus.CANCELED, queue=agent)
         except Unsupported:
             # The kernel owns the send: finish it here; its own completion is ignored.
             self._complete(element, WcStatus.CANCELED, queue=agent)
@@ -344,9 +363,25 @@ class MadService:
             self._unsol_held -= 1
 
     # ------------------------------------------------------------------ RMPP seam
-    def rmpp_send_done(self, element: MadElement, status: WcStatus) -> None:
-        """The RMPP sessions report a transfer's end (``send_cb`` follows, on the misc queue)."""
-        self._complete(element, status, queue=self._agent_or_raise())
+    def rmpp_send_done(self, element: MadElement, status: WcStatus, answered: bool = False
+                       ) -> None:
+        """The RMPP sessions report a transfer's end (``send_cb`` follows, on the misc queue);
+        ``answered``: the answer's own transfer has begun (double-sided RMPP)."""
+        agent = self._agent_or_raise()
+        with self._lock:
+            token = self._out.get(id(element))
+            low = int.from_bytes(element.mad[TID_LO], "big")
+            waits = token is not None and self._awaiting.get(low) is element
+        if status is WcStatus.SUCCESS and waits and not answered and token is not None:
+            try:  # the wait for the answer starts now, with the element's own time-out
+                agent.expect(self._wait_for(element, token))
+                return
+            except IbError:
+                pass  # it ended meanwhile (answered or canceled)
+        if waits and token is not None and status is not WcStatus.SUCCESS:
+            with contextlib.suppress(IbError):
+                agent.cancel(token)  # the transport's wait ends too; its CANCELED is late
+        self._complete(element, status, queue=agent)
 
     def rmpp_message_in(self, mad: bytes, addr: MadAddr) -> None:
         """The RMPP sessions deliver a reassembled message (as if one MAD had arrived)."""

@@ -90,3 +90,21 @@ def test_a_lost_segment_is_resent_when_the_clock_says(mock_net: Net) -> None:
     assert bytes(r_in.recv().mad[RMPP_DATA_OFFSET:]) == data
     assert s_in.sent() is e and e.status is WcStatus.SUCCESS
     assert tx.transfers.totals.resent >= 1
+
+
+def test_sa_style_table_and_set_both_ways(net: Net) -> None:
+    """The lab's RMPP exchange (tests/mad/rmpp_peer.py) with ibal's RMPP at both ends."""
+    import hashlib
+
+    from rmpp_peer import SET_BYTES, TABLE_BYTES, RmppPeer, pattern
+
+    a = RmppPeer(net.a.alias, seed=1, timers=net.mgr.timers)
+    b = RmppPeer(net.b.alias, seed=2, timers=net.mgr.timers)
+    for asker, other, side in ((a, b, net.b), (b, a, net.a)):
+        got = asker.ask(side.addr())
+        assert (got["table_method"], got["table_len"]) == (0x92, TABLE_BYTES)
+        assert got["table_sha"] == hashlib.sha256(pattern(TABLE_BYTES, other.seed)).hexdigest()
+        assert got["table_rmpp_area"] == "00" * 12 and got["table_tid_match"]
+        assert got["set_method"] == 0x81 and got["set_reply"] == got["set_expected"]
+        assert other.served == ["get_table:256", f"set:{SET_BYTES}"]
+        other.served.clear()
