@@ -95,7 +95,9 @@ class RmppPeer:
         out["table_len"] = len(resp.mad) - DATA
         out["table_rmpp_area"] = bytes(resp.mad[24:36]).hex()
         out["table_sha"] = hashlib.sha256(bytes(resp.mad[DATA:])).hexdigest()
-        out["table_tid_match"] = bytes(resp.mad[8:16]) == bytes(req.mad[8:16])
+        # The low half is the service's (the high half is the kernel's on umad).
+        out["table_tid_match"] = bytes(resp.mad[12:16]) == bytes(req.mad[12:16])
+        out["table_linked"] = resp.request is req
         put_mad([resp, req])
         body = pattern(SET_BYTES, self.seed + 100)
         req = self._request(SET, body, to)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import json
 import os
 import shutil
@@ -74,7 +75,8 @@ def _segments(pcap: Path) -> list[dict[str, Any]]:
         if len(mad) < 36 or mad[1] != 0x03 or not mad[26] & 1:
             continue
         out.append({
-            "from_host": str(f.src) == HOST6, "method": mad[3], "tid": mad[8:16].hex(),
+            "from_host": f.src == ipaddress.IPv6Address(HOST6).packed, "method": mad[3],
+            "tid": mad[8:16].hex(),
             "type": mad[25], "flags": mad[26] & 7, "seg": int.from_bytes(mad[28:32], "big"),
             "plen": int.from_bytes(mad[32:36], "big"),
         })  # fmt: skip
@@ -158,12 +160,14 @@ def test_rmpp_both_ways_between_ibal_and_the_kernel(
         assert "error" not in got, got
         assert (got["table_method"], got["table_len"]) == (0x92, TABLE_BYTES)
         assert got["table_sha"] == hashlib.sha256(pattern(TABLE_BYTES, seed)).hexdigest()
-        assert got["table_rmpp_area"] == "00" * 12 and got["table_tid_match"]
+        assert got["table_rmpp_area"] == "00" * 12
+        assert got["table_tid_match"] and got["table_linked"], got
         assert got["set_method"] == 0x81 and got["set_reply"] == got["set_expected"]
     assert served == ["get_table:256", f"set:{SET_BYTES}"]
     assert host.served == ["get_table:256", f"set:{SET_BYTES}"]
 
     segs = _segments(pcap)
+    assert not [x for x in segs if x["type"] in (3, 4)], segs  # no STOP, no ABORT
     data = [x for x in segs if x["type"] == 1]
     acks = [x for x in segs if x["type"] == 2]
     transfers: dict[tuple[bool, str, int], list[dict[str, Any]]] = {}
@@ -173,10 +177,17 @@ def test_rmpp_both_ways_between_ibal_and_the_kernel(
     assert kinds == [(False, 0x02), (False, 0x92), (True, 0x02), (True, 0x92)], kinds
     for (_from_host, _tid, method), segs_of in transfers.items():
         _check_data_rule(segs_of, TABLE_BYTES if method == 0x92 else SET_BYTES)
-    # The kernel's receiver: ACK of segment 1 opens its window (NewWindowLast > 1),
-    # its ACKs answer with the request's method flipped (so they route to the sender).
-    kernel_acks = [x for x in acks if not x["from_host"]]
-    assert kernel_acks and kernel_acks[0]["seg"] == 1 and kernel_acks[0]["plen"] > 1
+    # The kernel's receiver: its ACK of segment 1 opens a window of 64 (ours: 16), and
+    # its ACKs carry the DATA's method with the R bit flipped (so they reach the sender's
+    # agent), as ours do.
+    kernel_acks = [x for x in acks if not x["from_host"] and x["seg"]]
+    assert [x["plen"] for x in kernel_acks if x["seg"] == 1] == [65, 65]
     assert {x["method"] for x in kernel_acks} == {0x12, 0x82}
     ours = [x for x in acks if x["from_host"]]
+    assert [x["plen"] for x in ours if x["seg"] == 1] == [17, 17]
     assert {x["method"] for x in ours} == {0x12, 0x82}
+    # The kernel as requester of an RMPP Set answers our final ACK with the double-sided
+    # ACK (segment 0, NewWindowLast 1: the window for an RMPP answer), method the
+    # request's; our receiver, done, drops it (an ACK is not for a receiver).
+    ds = [x for x in acks if not x["from_host"] and not x["seg"]]
+    assert all((x["method"], x["plen"]) == (0x02, 1) for x in ds), ds

@@ -104,7 +104,8 @@ def test_sa_style_table_and_set_both_ways(net: Net) -> None:
         got = asker.ask(side.addr())
         assert (got["table_method"], got["table_len"]) == (0x92, TABLE_BYTES)
         assert got["table_sha"] == hashlib.sha256(pattern(TABLE_BYTES, other.seed)).hexdigest()
-        assert got["table_rmpp_area"] == "00" * 12 and got["table_tid_match"]
+        assert got["table_rmpp_area"] == "00" * 12
+        assert got["table_tid_match"] and got["table_linked"]
         assert got["set_method"] == 0x81 and got["set_reply"] == got["set_expected"]
         assert other.served == ["get_table:256", f"set:{SET_BYTES}"]
         other.served.clear()
