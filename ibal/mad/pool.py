@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ibal.al import AccessLayer, Pd
+from ibal.al import AccessLayer, Dependent, Pd
 from ibal.status import (
     InsufficientResources,
     InvalidAlHandle,
@@ -123,6 +123,7 @@ class MadPool:
         self._out = 0
         self._keys: list[PoolKey] = []
         self._destroyed = False
+        self._life = _PoolLife(al, self) if al is not None else None
 
     def __repr__(self) -> str:
         return f"<MadPool {self._out}/{self._capacity} out (max {self.max_count or 'none'})>"
@@ -137,9 +138,23 @@ class MadPool:
         """Elements the pool has grown to (``min_count`` at first)."""
         return self._capacity
 
+    @property
+    def destroyed(self) -> bool:
+        """True once destroyed (by :meth:`destroy`, or with its AL)."""
+        return self._destroyed
+
     def _check(self) -> None:
         if self._destroyed:
             raise InvalidHandle("the MAD pool is destroyed")
+
+    def _close(self) -> None:
+        """The pool ends (explicitly, or its AL closing): keys go, elements out stay usable
+        until put back (which then only counts them in)."""
+        with self._lock:
+            self._destroyed = True
+            for key in self._keys:
+                key._valid = False
+            self._keys.clear()
 
     def register(self, pd: Pd) -> PoolKey:
         """``ib_reg_mad_pool``: a key for taking elements usable on the PD's QPs."""
@@ -157,10 +172,10 @@ class MadPool:
             self._check()
             if self._out:
                 raise ResourceBusy(f"{self._out} MAD element(s) are still out of the pool")
-            self._destroyed = True
-            for key in self._keys:
-                key._valid = False
-            self._keys.clear()
+        self._close()
+        life = self._life
+        if life is not None and life.alive:
+            life.destroy()  # leaves the AL's object tree (asynchronous; nothing to wait for)
 
     def _take(self, key: PoolKey) -> None:
         with self._lock:
@@ -182,6 +197,21 @@ class MadPool:
         with self._lock:
             self._out -= 1
             key._out -= 1
+
+
+class _PoolLife(Dependent):
+    """A pool's place in its AL's object tree: closing the AL destroys the pool (as
+    ``ib_close_al`` does), whatever elements are out; an explicit :meth:`MadPool.destroy`
+    keeps its ``ResourceBusy`` rule."""
+
+    _kind = "MAD pool"
+
+    def __init__(self, al: AccessLayer, pool: MadPool) -> None:
+        self.pool = pool
+        super().__init__(al)
+
+    def on_destroying(self) -> None:
+        self.pool._close()
 
 
 class PoolKey:

@@ -132,3 +132,31 @@ def test_local_mad_answers_from_the_ca_as_a_linked_element(mock_net: Net) -> Non
     put_mad([resp, req])
     with pytest.raises(InvalidParameter):
         local_mad(net.a.ca, 1, req)  # back in its pool
+
+
+def test_closing_the_al_destroys_its_pools_even_with_elements_out(mock_net: Net) -> None:
+    al = mock_net.mgr.open_al()
+    busy, idle = MadPool(al, 0, 0, 4), MadPool(al, 0, 0, 4)
+    key = busy.register(mock_net.a.pd)
+    held = key.get_mad()
+    idle.register(mock_net.a.pd)
+    with pytest.raises(ResourceBusy):
+        busy.destroy()  # explicit destroy keeps the rule
+    al.close()
+    assert busy.destroyed and idle.destroyed
+    with pytest.raises(InvalidHandle):
+        key.get_mad()
+    with pytest.raises(InvalidHandle):
+        busy.destroy()
+    with pytest.raises(InvalidHandle):
+        busy.register(mock_net.a.pd)
+    put_mad(held)  # an element out at the close still goes back (it is only counted)
+    assert busy.outstanding == 0 and held.state is ElementState.FREE
+
+
+def test_an_explicitly_destroyed_pool_leaves_its_al(mock_net: Net) -> None:
+    al = mock_net.mgr.open_al()
+    pool = MadPool(al, 1, 1, 0)
+    pool.destroy()
+    assert pool.destroyed
+    al.close()  # nothing of the pool left for the close to wait for
