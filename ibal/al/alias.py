@@ -181,6 +181,7 @@ class MadAgent(CaObject):
         self._transport: mad_port.MadTransport | None = None
         self._flushed: list[MadSendDone] = []
         self._flushing = False
+        self._gone_hook: Callable[[], object] | None = None
 
     @property
     def alias(self) -> AliasQp:
@@ -246,6 +247,13 @@ class MadAgent(CaObject):
             raise NotFound("no such MAD send is pending")
         self._queue_send_done(MadSendDone(context, WcStatus.CANCELED))
 
+    def on_gone(self, fn: Callable[[], object]) -> None:
+        """For the layer above (the MAD service): ``fn()`` runs once on the teardown queue
+        when the agent is gone, however it went (deregistered, or its alias, PD, CA or AL
+        destroyed), after its ``CANCELED`` completions and before its destroy callback.
+        A completion still queued then is not delivered: ``fn`` accounts for it."""
+        self._gone_hook = fn
+
     def defer(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn(*args)`` on the misc queue, where this agent's callbacks run (so an
         upper layer's own completions keep their order with the agent's)."""
@@ -290,17 +298,19 @@ class MadAgent(CaObject):
 
     def _cleanup(self) -> None:
         t, self._transport = self._transport, None
-        if t is None:
-            return
-        self._flushing = True
-        try:
-            t.unregister(self._key)
-        finally:
-            self._flushing = False
+        if t is not None:
+            self._flushing = True
+            try:
+                t.unregister(self._key)
+            finally:
+                self._flushing = False
         cb = self._send_cb
         if cb is not None:
             # On the teardown queue, where ``_finish`` (or the parent's) queues the
             # destroy callback after this: so the cancellations come first.
             for done in self._flushed:
                 self._mgr._queues.teardown.post(call_user, cb, done)
+        hook, self._gone_hook = self._gone_hook, None
+        if hook is not None:
+            self._mgr._queues.teardown.post(call_user, hook)
         self._flushed.clear()

@@ -105,6 +105,28 @@ class MadService:
     def _attach(self, agent: MadAgent) -> None:
         self._agent = agent
         self.transport_rmpp = bool(agent.rmpp_version)
+        agent.on_gone(self._gone_now)
+
+    @property
+    def alive(self) -> bool:
+        """False once deregistered or destroyed with its alias, PD, CA or AL."""
+        agent = self._agent
+        return agent is not None and not self._gone and agent.alive
+
+    def _gone_now(self) -> None:
+        """Teardown queue, once the agent is gone (however): every send not yet reported
+        ends ``CANCELED`` here, one completion each (one the transport had finished but
+        whose completion was still queued when the teardown began included)."""
+        self._gone = True
+        with self._lock:
+            left = [t.element for t in self._out.values()]
+        for e in left:
+            self._complete(e, WcStatus.CANCELED)
+        with self._lock:
+            self._awaiting.clear()
+            takers, self._takers = list(self._takers.values()), {}
+        for taker in takers:  # sent, still waiting for the answer: it will not come
+            taker(WcStatus.CANCELED, None)
 
     @property
     def hi_tid(self) -> int | None:
@@ -435,14 +457,7 @@ class MadService:
         self._gone = True
 
         def finished(_ctx: Any) -> None:
-            # Teardown queue, after the agent's own CANCELED completions: whatever
-            # the transport had already finished but not yet reported ends here too.
-            with self._lock:
-                left = [t.element for t in self._out.values()]
-            for e in left:
-                self._complete(e, WcStatus.CANCELED)
-            with self._lock:
-                self._awaiting.clear()
+            # Teardown queue, after _gone_now ended whatever the transport had not reported.
             if user_cb is not None:
                 user_cb(self.svc.context)
 

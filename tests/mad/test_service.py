@@ -304,3 +304,44 @@ def test_the_pd_going_away_ends_the_service_and_cancels_its_sends(net: Net) -> N
         asker.send(req)
     with pytest.raises(InvalidHandle):
         asker.deregister()
+
+
+def test_a_completion_queued_when_the_al_goes_comes_once_and_the_service_knows(
+    mock_net: Net,
+) -> None:
+    """The AL tears the service down while its send's completion waits on the misc
+    queue: the send still ends exactly once, and the service reports itself gone."""
+    import threading
+
+    from ibal.mad import MadSvc, reg_mad_svc
+    from ibal.types import QpType
+
+    net = mock_net
+    al = net.mgr.open_al()
+    ca = al.open_ca(net.a.ca.query().ca_guid)
+    port = ca.query().ports[0]
+    alias = ca.alloc_pd().get_spl_qp(port.port_guid, QpType.QP1_ALIAS)
+    sent: list[tuple[MadElement, WcStatus]] = []
+    svc = reg_mad_svc(alias, MadSvc(VENDOR, 1, put_mad, lambda e: sent.append((e, e.status))))
+    gate, blocked = threading.Event(), threading.Event()
+
+    def hold_the_misc_queue() -> None:
+        blocked.set()
+        gate.wait(30)
+
+    net.mgr.queues.misc.post(hold_the_misc_queue)
+    assert blocked.wait(30)
+    req = svc.pool_key.get_mad()
+    req.mad[:] = mad(VENDOR, SEND)
+    req.addr = net.b.addr()
+    svc.send(req)  # its completion queues behind the held misc queue
+    closer = threading.Thread(target=al.close)
+    closer.start()
+    closer.join(30)  # the teardown does not wait for the misc queue
+    assert not closer.is_alive() and not svc.alive
+    gate.set()
+    net.settle()
+    assert [(e, s) for e, s in sent] == [(req, WcStatus.CANCELED)]
+    assert req.state is ElementState.USER and svc.outstanding == 0
+    with pytest.raises(InvalidHandle):
+        svc.send(req)
