@@ -587,26 +587,51 @@ class SplQpTransport(MadTransport):
         agent.spec.recv_cb(recv)
 
     def _unclaimed(self, recv: MadRecv) -> None:
-        """A request no agent serves: answer a Get/Set as IBA requires, drop the rest."""
+        """A request no agent serves: answer a Get/Set as IBA requires, drop the rest.
+
+        An SMP (LID-routed or directed route) goes to the CA's own SMA instead: every
+        CA port has one (IBA 14.2), so with no SMA agent registered the provider's
+        local MAD processing answers it (``ci.local_mad``), never a "class not
+        supported" status; without a local MAD path it is dropped and counted."""
         mad = recv.mad
+        if self.qp_num == 0:
+            self._to_sma(recv)
+            return
         with self._lock:
             status = unserved_status(self._methods, mad[1], mad[2])
         reply = mad_error_reply(mad, status)
         if reply is None:
             self.stats["dropped_unclaimed"] += 1
             return
+        if self._reply(reply, recv, "dropped_unclaimed"):
+            self.stats[f"answered_0x{status:04x}"] += 1
+
+    def _to_sma(self, recv: MadRecv) -> None:
+        try:
+            answer = self.cica.ci.local_mad(self.cica.h_ca, self.port_num, bytes(recv.mad))
+        except IbError as exc:  # Unsupported: the provider has no SMA to ask
+            log.debug("ibal: the SMA could not answer an SMP: %s", exc)
+            self.stats["dropped_unserved_smp"] += 1
+            return
+        if len(answer) != MAD_SIZE or not mad_is_response(answer):
+            self.stats["dropped_unserved_smp"] += 1  # the SMA answers nothing (a Trap...)
+            return
+        if self._reply(bytes(answer), recv, "dropped_unserved_smp"):
+            self.stats["answered_by_sma"] += 1
+
+    def _reply(self, reply: bytes, recv: MadRecv, failure: str) -> bool:
         with self._lock:
             if not self._open:
-                return
+                return False
             out = _Out(self._responder, next(_SERIALS), reply, MadSend(reply, recv.addr), 0)
             try:
                 self._post(out)
             except IbError as exc:
                 log.debug("ibal: answering an unserved MAD failed: %s", exc)
-                self.stats["dropped_unclaimed"] += 1
-                return
+                self.stats[failure] += 1
+                return False
             self._responder.pending[out.key] = out
-        self.stats[f"answered_0x{status:04x}"] += 1
+        return True
 
 
 def _rmpp_active(mad: bytes) -> bool:

@@ -421,3 +421,39 @@ def test_the_sender_of_a_roce_v2_ipv4_datagram_is_its_mapped_gid() -> None:
     grh = sender_grh(bytes(ib), NetworkHeader.IB_GRH)
     assert (grh.dgid, grh.flow_label, grh.traffic_class, grh.hop_limit) == (
         Gid("fe80::1"), 0xABCDE, 0x12, 9)
+
+
+def test_an_smp_no_agent_serves_is_answered_by_the_cas_sma(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """IBA 14.2: every CA port has an SMA.  An SMP (LID-routed or directed route) that
+    reaches the AL's QP0 with no agent for it goes to the provider's local MAD processing
+    and its answer goes back; never a "class not supported" status.  (The mock's engine
+    answers SMPs before they reach a QP0, so this feeds the transport as its receive
+    path would.)"""
+    from ibal.al import mad_port
+    from ibal.mad import header
+    from ibal.mad.consts import Method, MgmtClass, SmpAttr
+
+    a, b = world.a, world.b
+    a.pd.get_spl_qp(a.port.port_guid, QpType.QP0_ALIAS)
+    b_alias = b.pd.get_spl_qp(b.port.port_guid, QpType.QP0_ALIAS)
+    t = mad_port.lookup(a.ca._cica, a.port.port_num, 0)
+    assert isinstance(t, mad_port.SplQpTransport)
+    back = MadAddr(remote_qp=0, remote_qkey=0, dlid=b.port.lid)
+    lid_routed = header.build(MgmtClass.SUBN_LID, Method.GET, SmpAttr.NODE_INFO, tid=7)
+    directed = header.build(MgmtClass.SUBN_DR, Method.GET, SmpAttr.NODE_INFO, tid=8,
+                            dr_path=[])  # fmt: skip
+    for smp in (lid_routed, directed):
+        t._route(MadRecv(bytes(smp), back, a.port.port_num, 0))
+    assert t.stats == {"answered_by_sma": 2}
+    # The answers went to B's QP0 as responses nobody waits for.
+    from ibal.testing.helpers import wait_until
+
+    wait_until(lambda: b_alias.transport_stats == {"dropped_unmatched_response": 2},
+               "both answers at B")  # fmt: skip
+    # A provider without a local MAD path: dropped and counted, not answered.
+    monkeypatch.setattr(a.ca._cica.ci, "local_mad",
+                        lambda *_: (_ for _ in ()).throw(Unsupported("no SMA")))  # fmt: skip
+    t._route(MadRecv(bytes(directed), back, a.port.port_num, 0))
+    assert t.stats == {"answered_by_sma": 2, "dropped_unserved_smp": 1}
