@@ -4,6 +4,14 @@
 userspace RoCE provider, two devices on 127.0.0.x in one process, QP1 over
 real UDP.  Both run the AL's timers on a :class:`~ibal.clock.ManualClock`, so
 response time-outs move only when a test steps the clock.
+
+``umad``: only inside the lab guest, where ``IBAL_MAD_UMAD=1`` adds it
+(tests/mad/test_service_lab_umad.py runs these modules there with ``-k
+umad``): both sides are PDs of kernel rxe's ``rxe0`` whose QP1 aliases reach
+the kernel's MAD layer through libibumad, so the kernel routes between them
+(one port: both sides have the same address), writes a request's TID high
+half, retries, times out on its own clock and answers unserved requests.
+:attr:`Net.al_owns_qp1` tells tests which of those the AL does instead.
 """
 
 from __future__ import annotations
@@ -67,10 +75,13 @@ class Side:
     port: PortAttr
     alias: AliasQp
     roce: bool
+    gid_index: int = 0
 
     def addr(self) -> MadAddr:
         """Where this side's QP1 is, as a MAD element's address."""
-        grh = Grh(dgid=self.port.gid_table[0].gid) if self.roce else None
+        grh = None
+        if self.roce:
+            grh = Grh(dgid=self.port.gids[self.gid_index], sgid_index=self.gid_index)
         return MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=self.port.lid, grh=grh)
 
 
@@ -83,6 +94,21 @@ class Net:
     b: Side
     fabric: Any = None
 
+    @property
+    def al_owns_qp1(self) -> bool:
+        """Whether the AL's own QP1 transport carries the MADs (mock, rxe), so its clock
+        times requests out and its counters see what it drops and answers; on ``umad``
+        the kernel's MAD layer does all of that out of the AL's sight."""
+        return self.kind != "umad"
+
+    def same_tid(self, got: int, sent: int) -> bool:
+        """Whether ``got`` (a TID from the wire) is the TID of a request sent as ``sent``.
+        On umad the kernel writes the high half on the wire only (its agent id): the low
+        halves match and the high half is the kernel's, never 0."""
+        if self.al_owns_qp1:
+            return got == sent
+        return got & 0xFFFFFFFF == sent & 0xFFFFFFFF and got >> 32 != 0
+
     def settle(self) -> None:
         self.mgr.queues.flush(timeout=WAIT)
 
@@ -91,9 +117,13 @@ class Net:
 
     def b_stats(self, **expect: int) -> dict[str, int]:
         """B's transport counters once they reach ``expect`` (rxe delivers over UDP, so a
-        copy sent may land a little after the AL's queues drained)."""
+        copy sent may land a little after the AL's queues drained).  On umad the kernel
+        drops and answers before user space: the AL's transport counts nothing there."""
         from ibal.testing.helpers import wait_until
 
+        if not self.al_owns_qp1:
+            assert self.b.alias.transport_stats == {}
+            return {}
         wait_until(lambda: self.b.alias.transport_stats == expect, f"B's counters {expect}")
         return self.b.alias.transport_stats
 
@@ -156,9 +186,41 @@ def _rxe() -> Iterator[Net]:
         mgr.close(timeout=WAIT)
 
 
-@pytest.fixture(params=["mock", "rxe"])
+def _umad() -> Iterator[Net]:
+    import subprocess
+
+    from ibal.providers.rdma_core.provider import RdmaCoreProvider
+
+    subprocess.run(["modprobe", "ib_umad"], capture_output=True, check=False)
+    clock = ManualClock()  # the AL's timers (RMPP, transact); the kernel times MADs out
+    mgr = AlManager(clock=clock)
+    try:
+        mgr.add_provider(RdmaCoreProvider({"devices": ["rxe0"], "mad_only": False}))
+        al = mgr.open_al()
+        ca = al.open_ca(al.get_ca_guids()[0])
+        assert ca.capabilities.mad_agents, "rxe0 has no umad port (ib_umad not loaded?)"
+        port = ca.query().ports[0]
+        # rxe0 sits on lo: the ::1 GID, not the link-local one (lo has no MAC).
+        index = next(i for i, g in enumerate(port.gids)
+                     if g.ipv4_mapped is None and not g.is_link_local and int(g))
+        sides = []
+        for _ in range(2):  # two PDs with a QP1 alias each: two clients of one port
+            pd = ca.alloc_pd()
+            alias = pd.get_spl_qp(port.port_guid, QpType.QP1_ALIAS)
+            sides.append(Side(ca, pd, port, alias, roce=True, gid_index=index))
+        yield Net("umad", mgr, clock, sides[0], sides[1])
+    finally:
+        mgr.close(timeout=WAIT)
+
+
+TRANSPORTS = ["mock", "rxe"] + (["umad"] if os.environ.get("IBAL_MAD_UMAD") == "1" else [])
+"""``umad`` only where the lab guest's test run asks for it (it needs kernel rxe)."""
+
+
+@pytest.fixture(params=TRANSPORTS)
 def net(request: pytest.FixtureRequest) -> Iterator[Net]:
-    yield from (_mock() if request.param == "mock" else _rxe())
+    make = {"mock": _mock, "rxe": _rxe, "umad": _umad}[request.param]
+    yield from make()
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from mad_world import GET, GET_RESP, SET, VENDOR, Net, Side, mad
 
 from ibal.mad import MadElement, put_mad
@@ -59,6 +60,10 @@ class RawPeer:
 
 
 def test_malformed_mads_are_dropped_and_counted_and_answers_are_exact(net: Net) -> None:
+    if not net.al_owns_qp1:
+        pytest.skip("umad: the kernel's MAD layer checks and drops malformed MADs before "
+                    "user space (uncounted there) and ends a transaction on the first "
+                    "response with its TID, forged or not; these counters are the AL's QP1's")
     server, s_in = net.service(net.b, methods={GET})
     raw = RawPeer(net.a, net.b)
     bad = mad(VENDOR, GET, 1)
@@ -110,13 +115,17 @@ def test_a_flood_of_unsolicited_mads_does_not_starve_a_waiting_transaction(net: 
     """Thousands of unsolicited Gets at a service that holds every one it gets: past its
     bound they are dropped and counted; the answer to its own request still arrives."""
     bound, flood, chunk = 64, 3000, 32
+    if net.kind == "umad":  # the lab guest runs under TCG emulation: a smaller flood
+        bound, flood, chunk = 16, 400, 16
     target, t_in = net.service(net.b, methods={GET}, max_unsolicited=bound)
     responder, r_in = net.service(net.a, methods={SET})
     flooder, f_in = net.service(net.a)  # the same class, serving nothing
     # The target asks the responder something; the answer comes in the middle of the flood.
     req = target.pool_key.get_mad()
     req.mad[:] = mad(VENDOR, SET, payload=b"while flooded")
-    req.addr, req.resp_expected, req.timeout_ms = net.a.addr(), True, 1000
+    # (The AL's clock does not move here; the kernel's does, and the guest is slow.)
+    req.addr, req.resp_expected = net.a.addr(), True
+    req.timeout_ms = 1000 if net.al_owns_qp1 else 120_000
     target.send(req)
     question = r_in.recv()
 
@@ -147,7 +156,7 @@ def test_a_flood_of_unsolicited_mads_does_not_starve_a_waiting_transaction(net: 
         wait_until(lambda s=sent: accounted() >= s, f"{sent} flood MADs at the target")
     wait_until(lambda: any(e.request is req for e in held), "the answer at the target")
     answer = next(e for e in held if e.request is req)
-    assert bytes(answer.mad[24:30]) == b"answer" and answer.tid == req.tid
+    assert bytes(answer.mad[24:30]) == b"answer" and net.same_tid(answer.tid, req.tid)
     assert req.status is WcStatus.SUCCESS and t_in.sent() is req
     unsolicited = [e for e in held if e.request is None]
     assert len(unsolicited) == bound

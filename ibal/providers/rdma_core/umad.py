@@ -449,6 +449,17 @@ class UmadAgents:
         key = (spec.port_num, spec.mgmt_class, spec.class_version, spec.rmpp_version)
         with self._lock:
             port = self._port(spec.port_num)
+            # libibumad reports every refusal of the kernel as EPERM: a method another
+            # agent of this process serves is told apart here, as the contract asks.
+            for a in port.agents.values():
+                other = a.spec
+                if (other.qp_num, other.mgmt_class, other.class_version) == (
+                    spec.qp_num, spec.mgmt_class, spec.class_version
+                ) and other.methods & spec.methods:
+                    raise ResourceBusy(
+                        f"class 0x{spec.mgmt_class:02x} version {spec.class_version} methods "
+                        f"{sorted(other.methods & spec.methods)} have an agent on this port"
+                    )
             parked = self._parked.get(key)
             if parked:  # umad2sim: no new registration (it has 32 per device)
                 rc = parked.pop()
