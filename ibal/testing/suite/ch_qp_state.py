@@ -77,11 +77,13 @@ class QpStateChecks(ConformanceBase):
         assert (lambda w: (w.wr_id, w.status))(wait_wc(a.cq)) == (11, FLUSH)
 
     def test_ud_send_error_enters_sqe_and_recovers_to_rts(self, ca: Ca, port: PortAttr) -> None:
-        """IBA 10.8.3 / ibal.qp_fsm: a UD send error puts the QP in SQE (receives go on); sends
-        posted in SQE flush; ``modify(RTS, current_state=SQERR)`` brings it back."""
+        """IBA 10.8.3 / ibal.qp_fsm: a UD send error puts the QP in SQE, where a receive posted
+        before the error stays and takes a datagram; sends posted in SQE flush;
+        ``modify(RTS, current_state=SQERR)`` brings it back."""
         require_qp_type(ca.capabilities, QpType.UD)
         pair = self.loop(ca, port, QpType.UD)
         a, b = pair.a, pair.b
+        a.recv(20, 512, 512)
         bad = Sge(addr=a.mr.vaddr, length=8, lkey=a.mr.lkey ^ 0x00FF_FF00)
         a.qp.post_send(SendWr(wr_id=1, sg_list=[bad], ud=pair.ud(b)))
         wc = wait_wc(a.cq)
@@ -89,6 +91,13 @@ class QpStateChecks(ConformanceBase):
         wait_until(lambda: a.qp.query().state in (QpState.SQERR, QpState.ERROR), "QP errored")
         with deviation(ca.capabilities, "sqe"):
             assert state(a.qp) is QpState.SQERR
+            b.put(0, b"to SQE")
+            b.qp.post_send(SendWr(wr_id=21, sg_list=[b.sge(0, 6)], ud=pair.ud(a)))
+            got = {w.wr_id: w.status for w in wait_wcs(a.cq, 2 if a.cq is b.cq else 1)}
+            assert got.get(20) is WcStatus.SUCCESS, f"the receive posted before SQE: {got}"
+            assert a.get(512 + 40, 6) == b"to SQE"
+            if a.cq is not b.cq:
+                assert wait_wc(b.cq).wr_id == 21
         a.qp.post_send(SendWr(wr_id=2, sg_list=[a.sge(0, 8)], ud=pair.ud(b)))
         assert (lambda w: (w.wr_id, w.status))(wait_wc(a.cq)) == (2, FLUSH)
         a.qp.modify(QpMod(QpState.RTS, current_state=QpState.SQERR))

@@ -26,8 +26,8 @@ from ibal_sample_provider.ca import SampleCa
 from ibal_sample_provider.memory import KeyTable
 from ibal_sample_provider.queues import Cq, Qp
 
-from ibal.status import InvalidMaxSge, InvalidMaxWrs
-from ibal.types import QpAttr, QpState, QpType, RecvOpt, WcStatus, WcType
+from ibal.status import InvalidMaxSge, InvalidMaxWrs, InvalidState
+from ibal.types import QpAttr, QpState, QpType, RecvOpt, Wc, WcStatus, WcType
 
 Apply = Callable[[pytest.MonkeyPatch], None]
 
@@ -512,6 +512,89 @@ def wr_id_truncated(mp: pytest.MonkeyPatch) -> None:
     _filter_completions(
         mp, lambda ca, cq, wc: dataclasses.replace(wc, wr_id=wc.wr_id & 0xFFFF_FFFF)
     )
+
+
+# ------------------------------------------------------------------ QP state
+
+
+@mutant("QP state", "a UD send error takes the QP to SQE, not ERROR")
+def ud_send_error_enters_error(mp: pytest.MonkeyPatch) -> None:
+    prop: Any = Qp.state
+
+    def set_state(self: Qp, state: QpState) -> None:
+        if state is QpState.SQERR:
+            state = QpState.ERROR
+        prop.fset(self, state)
+
+    mp.setattr(Qp, "state", property(prop.fget, set_state))
+
+
+@mutant("QP state", "SQE stops the send queue only: posted receives stay and complete")
+def sqe_flushes_receives(mp: pytest.MonkeyPatch) -> None:
+    def make(orig: Any) -> Any:
+        def flush(ca: SampleCa, qp: Qp) -> None:
+            orig(ca, qp)
+            if qp.state is QpState.SQERR:
+                while qp.rq:
+                    recv = qp.rq.popleft()
+                    wc = Wc(recv.wr_id, WcType.RECV, WcStatus.WR_FLUSHED_ERR, qp_num=qp.qp_num)
+                    ca.complete(qp.recv_cq, wc)
+
+        return flush
+
+    _wrap(mp, loopback, "_flush", make)
+
+
+@mutant("QP state", "a QP in ERROR completes the sends posted to it (WR_FLUSHED_ERR)")
+def error_drops_posted_sends(mp: pytest.MonkeyPatch) -> None:
+    def make(orig: Any) -> Any:
+        def flush(ca: SampleCa, qp: Qp) -> None:
+            if qp.state is QpState.ERROR:
+                qp.sq.clear()  # gone without a completion
+            orig(ca, qp)
+
+        return flush
+
+    _wrap(mp, loopback, "_flush", make)
+
+
+@mutant("QP state", "flushed WRs complete in the order they were posted")
+def flush_newest_first(mp: pytest.MonkeyPatch) -> None:
+    def make(orig: Any) -> Any:
+        def flush(ca: SampleCa, qp: Qp) -> None:
+            qp.sq.reverse()
+            orig(ca, qp)
+
+        return flush
+
+    _wrap(mp, loopback, "_flush", make)
+
+
+@mutant("QP state", "query_qp reports the ERROR an error completion caused")
+def query_hides_error(mp: pytest.MonkeyPatch) -> None:
+    def make(orig: Any) -> Any:
+        def query_qp(self: SampleCa, h_qp: Any) -> Any:
+            attr = orig(self, h_qp)
+            if attr.state in (QpState.ERROR, QpState.SQERR):
+                return dataclasses.replace(attr, state=QpState.RTS)
+            return attr
+
+        return query_qp
+
+    _wrap(mp, SampleCa, "query_qp", make)
+
+
+@mutant("QP state", "SQE recovers to RTS: modify(RTS, current_state=SQERR)")
+def sqe_recovery_refused(mp: pytest.MonkeyPatch) -> None:
+    def make(orig: Any) -> Any:
+        def modify_qp(self: SampleCa, h_qp: Any, mod: Any) -> Any:
+            if mod.state is QpState.RTS and self._qp(h_qp).state is QpState.SQERR:
+                raise InvalidState("no way back from SQE")
+            return orig(self, h_qp, mod)
+
+        return modify_qp
+
+    _wrap(mp, SampleCa, "modify_qp", make)
 
 
 # ------------------------------------------------------------- CA, AV, PnP
