@@ -57,14 +57,29 @@ def _self_addr(port: PortAttr) -> MadAddr:
 
 
 class Inbox:
+    """An agent's callbacks, queued; ``order`` records which kind came when."""
+
     def __init__(self) -> None:
         self.recvs: queue.Queue[MadRecv] = queue.Queue()
         self.dones: queue.Queue[MadSendDone] = queue.Queue()
+        self.order: list[str] = []
+
+    def _recv(self, recv: MadRecv) -> None:
+        self.order.append("recv")
+        self.recvs.put(recv)
+
+    def _done(self, done: MadSendDone) -> None:
+        self.order.append("done")
+        self.dones.put(done)
 
     def agent(self, alias: AliasQp, mgmt_class: int, methods: Any = ()) -> MadAgent:
         return alias.register_agent(
-            mgmt_class, 1, methods=methods, recv_cb=self.recvs.put, send_cb=self.dones.put
+            mgmt_class, 1, methods=methods, recv_cb=self._recv, send_cb=self._done
         )
+
+
+def _tid_low(mad: bytes) -> int:
+    return int.from_bytes(mad[12:16], "big")
 
 
 class MadChecks(ConformanceBase):
@@ -99,6 +114,7 @@ class MadChecks(ConformanceBase):
         assert client_in.dones.get(timeout=WAIT) == MadSendDone("q", WcStatus.SUCCESS)
         answer = client_in.recvs.get(timeout=WAIT)
         assert answer.mad == bytes(resp)
+        assert client_in.order == ["done", "recv"], "the response overtook the send completion"
 
     def test_requests_reach_the_agent_of_their_class(
         self, alias: AliasQp, ca: Ca, port: PortAttr
@@ -113,8 +129,19 @@ class MadChecks(ConformanceBase):
         here = _self_addr(port)
         sender.send(MadSend(_mad(VENDOR2, GET, 2), here))
         sender.send(MadSend(_mad(VENDOR, GET, 1), here))
-        assert int.from_bytes(b_in.recvs.get(timeout=WAIT).mad[12:16], "big") == 2
-        assert int.from_bytes(a_in.recvs.get(timeout=WAIT).mad[12:16], "big") == 1
+        assert _tid_low(b_in.recvs.get(timeout=WAIT).mad) == 2
+        assert _tid_low(a_in.recvs.get(timeout=WAIT).mad) == 1
+
+    def test_qp1_drops_a_mad_with_the_wrong_qkey(self, alias: AliasQp, port: PortAttr) -> None:
+        """IBA 9.6.1.1 / 13.5.3: QP1 takes only datagrams carrying Q_Key 0x80010000; one with
+        another Q_Key is dropped, and the next, right one is the first to arrive."""
+        server_in, s_in = Inbox(), Inbox()
+        server_in.agent(alias, VENDOR, {GET})
+        sender = s_in.agent(alias, VENDOR)
+        here = _self_addr(port)
+        sender.send(MadSend(_mad(VENDOR, GET, 7), replace(here, remote_qkey=0x1234)))
+        sender.send(MadSend(_mad(VENDOR, GET, 8), here))
+        assert _tid_low(server_in.recvs.get(timeout=WAIT).mad) == 8, "QP1 took a bad Q_Key"
 
     def test_second_agent_for_a_method_raises_resource_busy(self, alias: AliasQp) -> None:
         """access-layer rule 75 / decisions: a (class, version, method) already served on

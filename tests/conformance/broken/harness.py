@@ -1,4 +1,4 @@
-"""Run the suite against one mutant of the sample provider, in this process."""
+"""Run the suite against one mutant of the sample (or of the mock), in this process."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from ibal.testing.runner import RunResult, run_pytest
 
 HERE = Path(__file__).resolve().parent
 SUITE = HERE / "suite_broken.py"
+MOCK_SUITE = HERE / "suite_broken_mock.py"
 
 
 class MutantPlugin:
@@ -24,11 +25,18 @@ class MutantPlugin:
         return self.name
 
 
-def run_mutant(name: str, *, first_failure: bool = True, extra: tuple[str, ...] = ()) -> RunResult:
-    """The suite against mutant ``name`` (``""``: the sample as shipped)."""
+def run_mutant(
+    name: str, *, first_failure: bool = True, extra: tuple[str, ...] = (), mock: bool = False
+) -> RunResult:
+    """The suite against mutant ``name`` (``""``: the sample as shipped).
+
+    ``mock``: ``name`` is one of ``broken_mock.MOCK_MUTANTS`` (``""``: the mock as
+    shipped), run against the Invalidate and MAD chapters only.
+    """
     if str(HERE) not in sys.path:
         sys.path.insert(0, str(HERE))
-    args = [str(SUITE), "-q", "-p", "no:cacheprovider", "--no-header", "-p", "no:randomly"]
+    suite = MOCK_SUITE if mock else SUITE
+    args = [str(suite), "-q", "-p", "no:cacheprovider", "--no-header", "-p", "no:randomly"]
     if first_failure:
         args.append("-x")
     return run_pytest([*args, *extra], plugins=[MutantPlugin(name)])
