@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ibal.status import InvalidParameter, ResourceBusy
-from ibal.testing.helpers import is_roce
-from ibal.testing.suite.base import ConformanceBase
+from ibal.testing.helpers import is_roce, wait_wc
+from ibal.testing.suite.base import ConformanceBase, require_qp_type
 from ibal.types import (
     MAD_SIZE,
     QP1_WELL_KNOWN_QKEY,
@@ -21,6 +21,8 @@ from ibal.types import (
     MadSendDone,
     PortAttr,
     QpType,
+    SendWr,
+    UdDest,
     WcStatus,
 )
 
@@ -132,15 +134,22 @@ class MadChecks(ConformanceBase):
         assert _tid_low(b_in.recvs.get(timeout=WAIT).mad) == 2
         assert _tid_low(a_in.recvs.get(timeout=WAIT).mad) == 1
 
-    def test_qp1_drops_a_mad_with_the_wrong_qkey(self, alias: AliasQp, port: PortAttr) -> None:
-        """IBA 9.6.1.1 / 13.5.3: QP1 takes only datagrams carrying Q_Key 0x80010000; one with
-        another Q_Key is dropped, and the next, right one is the first to arrive."""
+    def test_qp1_drops_a_mad_with_the_wrong_qkey(
+        self, alias: AliasQp, ca: Ca, port: PortAttr
+    ) -> None:
+        """IBA 9.6.1.1 / 13.5.3: QP1 takes only datagrams carrying Q_Key 0x80010000.  A MAD an
+        ordinary UD QP sends it under another Q_Key is dropped: the next MAD (sent from QP1,
+        which always uses the right Q_Key) is the first to reach the agent."""
+        require_qp_type(ca.capabilities, QpType.UD)
         server_in, s_in = Inbox(), Inbox()
         server_in.agent(alias, VENDOR, {GET})
         sender = s_in.agent(alias, VENDOR)
-        here = _self_addr(port)
-        sender.send(MadSend(_mad(VENDOR, GET, 7), replace(here, remote_qkey=0x1234)))
-        sender.send(MadSend(_mad(VENDOR, GET, 8), here))
+        a = self.loop(ca, port, QpType.UD).a
+        assert a.av is not None
+        a.put(0, _mad(VENDOR, GET, 7))
+        a.qp.post_send(SendWr(wr_id=7, sg_list=[a.sge(0, MAD_SIZE)], ud=UdDest(a.av, 1, 0x1234)))
+        assert (lambda w: (w.wr_id, w.status))(wait_wc(a.cq)) == (7, WcStatus.SUCCESS)
+        sender.send(MadSend(_mad(VENDOR, GET, 8), _self_addr(port)))
         assert _tid_low(server_in.recvs.get(timeout=WAIT).mad) == 8, "QP1 took a bad Q_Key"
 
     def test_second_agent_for_a_method_raises_resource_busy(self, alias: AliasQp) -> None:
