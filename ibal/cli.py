@@ -500,6 +500,36 @@ def sminfo(
         click.echo(run(client, to), nl=False)
 
 
+def _lid_arg(text: str | None) -> int:
+    try:
+        return 0 if text is None else int(text, 0)  # strtoul(..., 0): 10, 0x10, 020
+    except ValueError as exc:
+        raise click.ClickException(f"bad LID {text}") from exc
+
+
+@main.command()
+@click.argument("target")
+@click.argument("start", required=False)
+@click.argument("end", required=False)
+@click.option("-a", "--all", "all_lids", is_flag=True, help="Show invalid out ports too.")
+@click.option("-n", "--no_dests", is_flag=True, help="Do not resolve destinations.")
+@click.option("-D", "--Direct", "directed", is_flag=True, help="TARGET is a DR path (0,1,3).")
+@click.option("-G", "--Guid", "by_guid", is_flag=True, help="TARGET is a port GUID (via the SA).")
+@_diag_options
+def ibroute(
+    target: str, start: str | None, end: str | None, all_lids: bool, no_dests: bool,
+    directed: bool, by_guid: bool, ca_name: str | None, port_num: int | None, timeout_ms: int,
+    via: str, providers: tuple[str, ...], options: tuple[str, ...],
+) -> None:  # fmt: skip
+    """ibroute: the unicast forwarding table of switch TARGET [from LID START to END]."""
+    from ibal.tools.diags import ibroute as run
+
+    first, last = _lid_arg(start), _lid_arg(end)
+    with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+        to = _target(client, target, directed, by_guid)
+        click.echo(run(client, to, first, last, all_lids=all_lids, no_dests=no_dests), nl=False)
+
+
 @main.command()
 @click.option("-w", "--window", type=int, default=64, show_default=True,
               help="SMPs in flight at once.")  # fmt: skip

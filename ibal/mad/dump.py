@@ -24,7 +24,9 @@ from ibal.mad.smp import CapabilityMask, CapabilityMask2
 from ibal.wire.fields import Buffer, Table, Value
 
 __all__ = [
-    "field_line", "fields", "format_value", "ntop", "perfquery", "perfquery_ext", "portid_str",
+    "IBROUTE_MAX_LID", "LidInfo", "field_line", "fields", "format_value", "ibroute",
+    "ibroute_blocks", "ibroute_entries", "ibroute_span", "ntop", "perfquery", "perfquery_ext",
+    "portid_str",
     "saquery_class_port_info", "saquery_guidinfo_record", "saquery_informinfo_record",
     "saquery_link_record",
     "saquery_mcmember_record", "saquery_node_record", "saquery_path_record",
@@ -631,3 +633,109 @@ def sminfo(data: Buffer, lid: int) -> str:
     name = _SM_STATES[state] if state < len(_SM_STATES) else "<unknown>"
     return (f"sminfo: sm lid {lid} sm guid 0x{d['guid']:x}, activity count {d['act_count']} "
             f"priority {d['priority']} state {state} {name}\n")  # fmt: skip
+
+
+# ------------------------------------------------------------- ibroute
+
+IBROUTE_MAX_LID: Final = 0xBFFF  # the last unicast LID ibroute dumps
+_LFT_BLOCK: Final = 64  # LIDs per LinearForwardingTable block
+
+LidInfo = tuple[Buffer, Buffer, Buffer]
+"""A destination LID's NodeInfo, PortInfo (port 0: the LID's own port) and NodeDescription."""
+
+
+def ibroute_span(switch_info: Buffer, start: int = 0, end: int = 0) -> tuple[int, int]:
+    """The LIDs ``ibroute SWITCH [START [END]]`` dumps: END (0: none) is capped at the
+    switch's LinearFDBTop, then at the last unicast LID."""
+    top = int(smp.SWITCH_INFO.decode(switch_info)["linear_fdb_top"])
+    if not end or end > top:
+        end = top
+    return start, min(end, IBROUTE_MAX_LID)
+
+
+def ibroute_blocks(span: tuple[int, int]) -> range:
+    """The LFT blocks ibroute reads for ``span``: up to END rounded up to a block, exclusive,
+    so an END on a block boundary (64, 128...) is never read, as ibroute does."""
+    start, end = span
+    return range(start // _LFT_BLOCK, -(-end // _LFT_BLOCK))
+
+
+def ibroute_entries(blocks: Mapping[int, Buffer], span: tuple[int, int]) -> list[tuple[int, int]]:
+    """``(lid, out port)`` for every LID of ``span`` in the blocks read."""
+    start, end = span
+    out = []
+    for b in ibroute_blocks(span):
+        ports = smp.LINEAR_FORWARDING_TABLE.unpack(blocks[b])
+        first = b * _LFT_BLOCK
+        for lid in range(max(first, start), min(first + _LFT_BLOCK, end + 1)):
+            out.append((lid, int(ports[lid - first])))
+    return out
+
+
+def _node_name(desc: Buffer) -> str:
+    """libibmad's clean_nodedesc: up to the NUL (63 bytes at most), unprintables as spaces."""
+    raw = bytes(desc[: smp.NODE_DESCRIPTION.size - 1]).split(b"\0", 1)[0]
+    return "".join(chr(b) if 0x20 <= b < 0x7F else " " for b in raw)
+
+
+class _Dest:
+    """ibroute's destination column, which remembers the last LMC range it described."""
+
+    def __init__(self, dests: Mapping[int, LidInfo | None]) -> None:
+        self.dests = dests
+        self.base = self.last = 0  # the LMC range of the last port described (LMC > 0)
+        self.port_guid = 0
+
+    def __call__(self, lid: int, valid: bool) -> str:
+        if lid <= self.last:
+            n, of = lid - self.base, self.last - self.base + 1
+            if not valid:
+                return f": (path #{n} - illegal port)"
+            if not self.port_guid:
+                return f": (path #{n + 1} out of {of})"
+            return f": (path #{n + 1} out of {of}: portguid 0x{self.port_guid:016x})"
+        if not valid:
+            return ": (illegal port)"
+        self.port_guid = 0
+        info = self.dests.get(lid)
+        if info is None:
+            return ": (unknown node and type)"
+        ni, pi, nd = smp.NODE_INFO.decode(info[0]), smp.PORT_INFO.decode(info[1]), info[2]
+        self.port_guid = int(ni["port_guid"])
+        lmc = int(pi["lmc"])
+        if lmc > 0:
+            self.base = int(pi["lid"])
+            self.last = self.base + (1 << lmc) - 1
+        kind = _node_type(int(ni["node_type"]))
+        return f": ({kind} portguid 0x{self.port_guid:016x}: '{_node_name(nd)}')"
+
+
+def ibroute(
+    node_info: Buffer, node_desc: Buffer, target: str, span: tuple[int, int],
+    blocks: Mapping[int, Buffer], dests: Mapping[int, LidInfo | None] | None, *,
+    all_lids: bool = False,
+) -> str:  # fmt: skip
+    """What ``ibroute [-a] [-n] SWITCH`` prints: the switch's LFT over ``span``
+    (:func:`ibroute_span`), with ``blocks`` by block number (:func:`ibroute_blocks`).
+
+    ``dests`` maps each destination LID to its :data:`LidInfo` (``None``: it did not
+    answer); ``dests=None`` is ``-n`` (no destination column).  Out ports past the
+    switch's last port are invalid: skipped unless ``all_lids`` (``-a``).
+    """
+    ni = smp.NODE_INFO.decode(node_info)
+    nports = int(ni["num_ports"])
+    start, end = span
+    lines = [f"Unicast lids [0x{start:x}-0x{end:x}] of switch {target} "
+             f"guid 0x{int(ni['node_guid']):016x} ({_node_name(node_desc)}):",
+             "  Lid  Out   Destination", "       Port     Info "]  # fmt: skip
+    dest = _Dest(dests or {})
+    n = 0
+    for lid, port in ibroute_entries(blocks, span):
+        valid = port <= nports
+        if not valid and not all_lids:
+            continue
+        info = "" if dests is None else dest(lid, valid)
+        lines.append(f"0x{lid:04x} {port:03d} {info}")
+        n += 1
+    lines.append(f"{n} {'' if all_lids else 'valid '}lids dumped ")
+    return _text(lines)

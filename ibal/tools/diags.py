@@ -1,4 +1,4 @@
-"""``ibal smpquery``, ``perfquery``, ``sminfo`` and ``discover``: infiniband-diags' output.
+"""``ibal smpquery``, ``perfquery``, ``sminfo``, ``ibroute``, ``discover``: infiniband-diags.
 
 Each command is a function of a :class:`~ibal.mad.rpc.MadClient` returning
 the text the real tool prints for the same target (field names and value
@@ -15,9 +15,9 @@ from typing import IO, Final
 from ibal.mad import dump, perf, smp
 from ibal.mad.consts import PerfAttr, SmpAttr
 from ibal.mad.discover import Sweep, ibnetdiscover_text, sweep
-from ibal.mad.rpc import MadClient, MadError, PortId
+from ibal.mad.rpc import MadClient, MadError, PortId, smp_request
 
-__all__ = ["SMPQUERY_OPS", "discover", "perfquery", "sminfo", "smpquery"]
+__all__ = ["SMPQUERY_OPS", "discover", "ibroute", "perfquery", "sminfo", "smpquery"]
 
 SMPQUERY_OPS: Final = ("nodeinfo", "portinfo", "nodedesc", "switchinfo", "pkeys", "guids")
 _ALIASES: Final = {"ni": "nodeinfo", "pi": "portinfo", "nd": "nodedesc", "si": "switchinfo",
@@ -71,10 +71,60 @@ def sminfo(client: MadClient, to: PortId | None = None) -> str:
     return dump.sminfo(client.smp_get(SmpAttr.SM_INFO, to), to.lid)
 
 
-def _blocks(client: MadClient, attr: int, to: PortId, n: int, mod: int) -> list[bytes]:
-    from ibal.mad.rpc import smp_request
+def _check_switch(client: MadClient, to: PortId) -> tuple[bytes, bytes, bytes]:
+    """ibroute's checks, in its order and with its words: NodeInfo, NodeDescription, a
+    switch, SwitchInfo."""
 
-    replies = client.call_many([smp_request(attr, to, i | mod) for i in range(n)], window=8)
+    def get(attr: int, why: str) -> bytes:
+        try:
+            return client.smp_get(attr, to)
+        except MadError as exc:
+            raise MadError(f"dump tables: {why} ({exc})") from exc
+
+    ni = get(SmpAttr.NODE_INFO, "node info failed: valid addr?")
+    nd = get(SmpAttr.NODE_DESC, "node desc failed")
+    if smp.NODE_INFO.decode(ni)["node_type"] != smp.NodeType.SWITCH:
+        raise MadError("dump tables: not a switch")
+    return ni, nd, get(SmpAttr.SWITCH_INFO, "switch info failed: is a switch node?")
+
+
+_DEST_ATTRS: Final = (SmpAttr.NODE_INFO, SmpAttr.PORT_INFO, SmpAttr.NODE_DESC)
+
+
+def ibroute(
+    client: MadClient, to: PortId, start: int = 0, end: int = 0, *, all_lids: bool = False,
+    no_dests: bool = False, window: int = 32,
+) -> str:  # fmt: skip
+    """What ``ibroute [-a] [-n] SWITCH [START [END]]`` prints: the switch's unicast
+    LinearForwardingTable, each destination named by its NodeInfo/PortInfo/NodeDescription.
+
+    ibroute asks each destination LID in turn; here every valid LID is asked at once
+    (``window`` SMPs in flight), which reads the same answers sooner.
+    """
+    ni, nd, si = _check_switch(client, to)
+    span = dump.ibroute_span(si, start, end)
+    nums = dump.ibroute_blocks(span)
+    blocks = dict(zip(nums, _blocks(client, SmpAttr.LINEAR_FT, to, len(nums), nums.start),
+                      strict=True))  # fmt: skip
+    dests: dict[int, dump.LidInfo | None] | None = None
+    if not no_dests:
+        nports = int(smp.NODE_INFO.decode(ni)["num_ports"])
+        lids = [lid for lid, port in dump.ibroute_entries(blocks, span) if port <= nports]
+        # LID 0 is the local port to libibmad (a LID-routed SMP to LID 0 goes directed)
+        reqs = [smp_request(a, PortId(lid) if lid else PortId(dr_path=()))
+                for lid in lids for a in _DEST_ATTRS]  # fmt: skip
+        replies = client.call_many(reqs, window=window)
+        dests = {}
+        for i, lid in enumerate(lids):
+            got = replies[3 * i : 3 * i + 3]
+            dests[lid] = None
+            if all(r.ok for r in got):
+                dests[lid] = (bytes(got[0].data), bytes(got[1].data), bytes(got[2].data))
+    return dump.ibroute(ni, nd, str(to), span, blocks, dests, all_lids=all_lids)
+
+
+def _blocks(client: MadClient, attr: int, to: PortId, n: int, mod: int) -> list[bytes]:
+    replies = client.call_many([smp_request(attr, to, i + mod) for i in range(n)], window=8)
     return [bytes(r.data) for r in replies]
 
 

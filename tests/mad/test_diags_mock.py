@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from ibal import cli
 from ibal.al import AlManager
 from ibal.mad.discover import Topology, parse_ibnetdiscover, sweep
-from ibal.mad.rpc import MadClient, PortId, pick_port
+from ibal.mad.rpc import MadClient, MadError, PortId, pick_port
 from ibal.providers.mock import Link, MockFabric, MockPort, MockProvider, Switch
 from ibal.tools import diags
 
@@ -306,3 +306,51 @@ def test_perfquery_on_a_switch_port_prints_the_traffic_crossing_it() -> None:
     assert int(got["PortSelect"]) == s1_port and "CapMask: 0x500" in text
     assert cap["PortXmitData"] == "1000"
     assert (int(again["PortXmitData"]), int(again["PortRcvPkts"])) == (0, 0)
+
+
+def test_ibroute_prints_each_switch_lft_with_its_destinations() -> None:
+    """``ibal ibroute`` of every switch of the ring: the LFT the mock's SM filled, each LID
+    named by the node that owns it (from the mock's objects, not from the SMA's answers);
+    a port with LMC 1 owns two LIDs, the second printed as ibroute's "path #2 out of 2"."""
+    fabric = ring_fabric()
+    half = fabric.ca("half").ports[0]
+    half.lid, half.lmc = 0x10, 1  # its LIDs: 0x10 and 0x11 (no other port's)
+    assert all(p.lid < 0x10 for ca in fabric.cas for p in ca.ports if p is not half)
+    with client_on(fabric) as client:
+        texts = [diags.ibroute(client, PortId(sw.lid)) for sw in fabric.switches]
+        brief = diags.ibroute(client, PortId(dr_path=(1,)), 2, 0x20, no_dests=True)
+    owners = {sw.lid: ("Switch", sw.guid, sw.description) for sw in fabric.switches}
+    owners |= {p.lid: ("Channel Adapter", p.guid, ca.description)
+               for ca in fabric.cas for p in ca.ports if p.link is not None}  # fmt: skip
+    for sw, text in zip(fabric.switches, texts, strict=True):
+        assert set(sw.lft) == set(owners) | {half.lid + 1}  # every LID routed
+        top = max(sw.lft)  # the mock's switch LIDs are the top ones: 0xBFFF down
+        want = [f"Unicast lids [0x0-0x{top:x}] of switch Lid {sw.lid} guid 0x{sw.guid:016x} "
+                f"({sw.description}):", "  Lid  Out   Destination", "       Port     Info "]
+        for lid in sorted(sw.lft):
+            row = f"0x{lid:04x} {sw.lft[lid]:03d} : "
+            if lid == half.lid + 1:
+                want.append(row + f"(path #2 out of 2: portguid 0x{half.guid:016x})")
+                continue
+            kind, guid, desc = owners[lid]
+            want.append(row + f"({kind} portguid 0x{guid:016x}: '{desc}')")
+        want.append(f"{len(sw.lft)} valid lids dumped ")
+        assert text.splitlines() == want
+    s0 = fabric.switches[0]
+    rows = [f"0x{lid:04x} {s0.lft[lid]:03d} " for lid in sorted(s0.lft) if 2 <= lid <= 0x20]
+    assert brief.splitlines()[0].startswith("Unicast lids [0x2-0x20] of switch DR path")
+    assert brief.splitlines()[3:] == [*rows, f"{len(rows)} valid lids dumped "]
+
+
+def test_ibroute_refuses_a_ca_and_the_cli_prints_the_table() -> None:
+    fabric = ring_fabric()
+    with client_on(fabric) as client, pytest.raises(MadError, match="dump tables: not a switch"):
+        diags.ibroute(client, PortId(fabric.cas[0].ports[0].lid))
+    truth = MockFabric.from_options({"cas": 3})  # what -o builds, deterministically
+    truth.sm.refresh()  # its SM fills the LFTs when the first SMP needs them
+    sw, far = truth.switch, truth.cas[2].ports[0]
+    text = run_cli("ibroute", "--provider", "mock", "-o", "cas=3", "-D", "0,1")
+    head = f"Unicast lids [0x0-0x{max(sw.lft):x}] of switch DR path slid 65535; dlid 65535; 0,1"
+    assert text.startswith(head) and text.endswith(f"{len(sw.lft)} valid lids dumped \n")
+    assert f"0x{far.lid:04x} {sw.lft[far.lid]:03d} : (Channel Adapter portguid " in text
+    truth.close()

@@ -187,3 +187,36 @@ def test_sminfo_matches(ibsim_fabric: Fabric) -> None:
         theirs = _tool(ibsim_fabric, ["sminfo", *args])
         assert f"sm lid {sm} " in theirs and "SMINFO_MASTER" in theirs, theirs
         assert _ACTIVITY.sub("N", res["stdout"]) == _ACTIVITY.sub("N", theirs), args
+
+
+def _switch_lids(fabric: Fabric, node: str = NODE) -> list[int]:
+    nodes = parse_ibnetdiscover(_tool(fabric, ["ibnetdiscover"], node))["nodes"]
+    return sorted(n["lid"] for n in nodes.values() if n["type"] == "Switch")
+
+
+def _check_ibroute(fabric: Fabric, node: str, extra: list[list[str]]) -> None:
+    """``ibal ibroute`` of every switch (and the ``extra`` forms) is ibroute's text."""
+    cases = [[str(lid)] for lid in _switch_lids(fabric, node)] + extra
+    ours = _ibal(fabric, [["ibroute", *a] for a in cases], node)
+    for args, res in zip(cases, ours, strict=True):
+        theirs = _tool(fabric, ["ibroute", *args], node)
+        assert "lids dumped" in theirs and ("portguid" in theirs or "-n" in args), theirs
+        assert res["stdout"] == theirs, args
+
+
+@pytest.mark.timeout(600)
+def test_ibroute_matches(ibsim_fabric: Fabric) -> None:
+    """Every switch of the small fabric; by DR path, -n (no destinations), -a (invalid out
+    ports too) and a LID range."""
+    sw = str(_switch_lids(ibsim_fabric)[0])
+    extra = [["-D", "0,1"], ["-n", sw], ["-a", sw], [sw, "2", "0x3"]]
+    _check_ibroute(ibsim_fabric, NODE, extra)
+    bad = _ibal_fail(ibsim_fabric, ["ibroute", "-D", "0"])  # the local port is a CA
+    assert bad["code"] == 1 and "not a switch" in bad["stderr"]
+
+
+@pytest.mark.timeout(900)
+def test_ibroute_matches_fat_tree(ibsim_factory: Any, tmp_path: Path) -> None:
+    tree = fat_tree(tmp_path / "fat.net", spines=2, leaves=4, hosts_per_leaf=3)
+    fabric = ibsim_factory(tree.path)
+    _check_ibroute(fabric, tree.hosts[0], [])
