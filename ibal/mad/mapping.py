@@ -108,7 +108,7 @@ LIBIBMAD_MAPPING: Final[list[Row]] = [
     ("ib_vendor_call", "ibal.mad.rpc.MadClient.call", DONE, "a Request of any class"),
     ("mad_is_vendor_range1", "ibal.mad.consts.is_vendor_range1", DONE, ""),
     ("mad_is_vendor_range2", "ibal.mad.consts.is_vendor_range2", DONE, ""),
-    ("smp_query", "ibal.mad.rpc.MadClient.smp_get", DONE, "tool: ibal smpquery"),
+    ("smp_query", "ibal.mad.rpc.MadClient.smp_get", DONE, "tools: ibal smpquery, ibal ibroute"),
     ("smp_set", "ibal.mad.rpc.MadClient.smp_set", DONE, ""),
     ("safe_smp_query", "", _NO_GLOBALS, ""),
     ("safe_smp_set", "", _NO_GLOBALS, ""),
