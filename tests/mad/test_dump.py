@@ -94,3 +94,34 @@ def test_informinfo_record_vendor_form_and_shown_qpn() -> None:
                           "\t\tvendor_id...............0x0002C9"]  # fmt: skip
     shown = dump.saquery_informinfo_record(rec, show_keys=True).splitlines()
     assert shown[-3] == "\t\tqpn.....................0x00002A"
+
+
+def _ibroute_switch(top: int, ports: int = 8) -> tuple[bytes, bytes, bytes]:
+    ni = smp.NODE_INFO.encode(node_type=2, num_ports=ports, node_guid=0x20, port_guid=0x20)
+    return ni, b"sw\x01one\xff\0junk", smp.SWITCH_INFO.encode(linear_fdb_top=top)
+
+
+def test_ibroute_quirks() -> None:
+    """ibroute's own edges: END on a block boundary is not read, unprintable description
+    bytes are spaces, a destination that did not answer, an out port past the last port."""
+    ni, nd, si = _ibroute_switch(top=64)
+    span = dump.ibroute_span(si)
+    assert span == (0, 64) and dump.ibroute_blocks(span) == range(0, 1)
+    assert dump.ibroute_blocks(dump.ibroute_span(si, 70, 0)) == range(1, 1)
+    assert dump.ibroute_span(_ibroute_switch(top=0xC005)[2], 3) == (3, 0xBFFF)
+    lft = bytes([0xFF, 1, 0, 9] + [0xFF] * 60)
+    dest = smp.NODE_INFO.encode(node_type=1, port_guid=0x11)
+    dests: dict[int, dump.LidInfo | None] = {1: (dest, smp.PORT_INFO.encode(lid=1), b"h\tx\0y"),
+                                              2: None}  # fmt: skip
+    text = dump.ibroute(ni, nd, "Lid 2", (0, 3), {0: lft}, dests, all_lids=True)
+    assert text.splitlines() == [
+        "Unicast lids [0x0-0x3] of switch Lid 2 guid 0x0000000000000020 (sw one ):",
+        "  Lid  Out   Destination", "       Port     Info ",
+        "0x0000 255 : (path #0 - illegal port)",  # LID 0 is in the "last" range (0-0)
+        "0x0001 001 : (Channel Adapter portguid 0x0000000000000011: 'h x')",
+        "0x0002 000 : (unknown node and type)",
+        "0x0003 009 : (illegal port)",
+        "4 lids dumped ",
+    ]  # fmt: skip
+    brief = dump.ibroute(ni, nd, "Lid 2", (1, 2), {0: lft}, None)
+    assert brief.splitlines()[3:] == ["0x0001 001 ", "0x0002 000 ", "2 valid lids dumped "]
