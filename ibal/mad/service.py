@@ -192,6 +192,12 @@ class MadService:
                 raise Unsupported(
                     "RMPP transfers need ibal.mad.rmpp sessions (service.rmpp is not set)"
                 )
+            if (e.rmpp_version and not self.transport_rmpp and self.alias.segments_rmpp
+                    and self.svc.mgmt_class not in RMPP_CLASSES):
+                # The kernel's MAD layer drops a response no send of ours waits for unless
+                # its class is an RMPP one: our own sessions' ACKs would never arrive.
+                raise Unsupported(f"the kernel's MAD layer runs RMPP for the RMPP classes "
+                                  f"only, not 0x{self.svc.mgmt_class:02x}")
             e.state = ElementState.SENDING
             e.status = WcStatus.SUCCESS
             token = _Sending(e)
