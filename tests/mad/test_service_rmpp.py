@@ -20,6 +20,10 @@ from ibal.testing.helpers import wait_until
 from ibal.types import WcStatus
 
 RMPP_CLASS = 0x30  # vendor range 2: RMPP classes a DEFAULT service would treat as such
+# A vendor range 2 MAD's class header: reserved, OUI.  The kernel routes those classes by
+# the OUI, and libibumad's umad_register registers them under OpenIB's (00:14:05): a MAD
+# with another OUI reaches no agent there (a Get is answered 0x000C by the kernel).
+VENDOR2_HEADER = bytes([0, 0x00, 0x14, 0x05])
 
 
 def payload(n: int) -> bytes:
@@ -35,7 +39,7 @@ def test_a_request_carried_in_segments(net: Net) -> None:
     enable_rmpp(sender, net.mgr.timers)
     enable_rmpp(receiver, net.mgr.timers)
     assert [sender.transport_rmpp, receiver.transport_rmpp] == [not net.al_owns_qp1] * 2
-    data = payload(2000)  # 10 segments of 220 bytes
+    data = VENDOR2_HEADER + payload(1996)  # 10 segments of 220 bytes (216 after the OUI)
     e = sender.pool_key.get_mad(RMPP_DATA_OFFSET + len(data))
     e.mad[:24] = mad(cls, SET)[:24]
     e.mad[RMPP_DATA_OFFSET:] = data
@@ -61,7 +65,7 @@ def test_a_request_carried_in_segments(net: Net) -> None:
 
 
 def test_a_response_carried_in_segments_is_linked_to_its_request(net: Net) -> None:
-    data = payload(3000)
+    data = VENDOR2_HEADER + payload(2996)
 
     def answer(req: object) -> None:
         from ibal.mad import MadElement
@@ -84,6 +88,7 @@ def test_a_response_carried_in_segments_is_linked_to_its_request(net: Net) -> No
     enable_rmpp(asker, net.mgr.timers)
     req = asker.pool_key.get_mad()
     req.mad[:] = mad(RMPP_CLASS, GET)
+    req.mad[RMPP_DATA_OFFSET : RMPP_DATA_OFFSET + 4] = VENDOR2_HEADER
     req.addr, req.resp_expected, req.timeout_ms = net.b.addr(), True, 1000
     asker.send(req)
     assert [server.transport_rmpp, asker.transport_rmpp] == [not net.al_owns_qp1] * 2
