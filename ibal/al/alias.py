@@ -98,6 +98,7 @@ class AliasQp(CaObject):
         methods: Iterable[int] = (),
         rmpp_version: int = 0,
         context: Any = None,
+        inline: bool = False,
     ) -> MadAgent:
         """A MAD client of this alias's QP on its port.
 
@@ -107,6 +108,16 @@ class AliasQp(CaObject):
         Both run on the misc queue (``CANCELED`` ones on the teardown queue,
         right before the agent's destroy callback).  ``ResourceBusy`` if another agent of the
         port already serves one of the methods.
+
+        ``inline=True`` runs both on the thread that reports the MAD to the AL
+        instead (the provider's own thread where it runs MAD agents, the
+        completion queue on the AL's special-QP transport; IBAL's MAD callbacks
+        run in a DPC the same way): one thread
+        crossing less per MAD, for clients whose callbacks only hand the MAD
+        on (queue it, set a flag).  Such callbacks must not block, must not
+        wait for this AL's objects, and may run concurrently with the caller's
+        :meth:`MadAgent.send`; :meth:`MadAgent.cancel`'s ``CANCELED`` and
+        :meth:`MadAgent.defer` still go through the misc queue.
         """
         self._check()
         try:
@@ -121,8 +132,8 @@ class AliasQp(CaObject):
             qp_num=self.num,
             mgmt_class=mgmt_class,
             class_version=class_version,
-            recv_cb=agent._queue_recv,
-            send_cb=agent._queue_send_done,
+            recv_cb=agent._inline_recv if inline else agent._queue_recv,
+            send_cb=agent._inline_send_done if inline else agent._queue_send_done,
             methods=meths,
             rmpp_version=rmpp_version,
         )
@@ -279,6 +290,27 @@ class MadAgent(CaObject):
             self._flushed.append(done)
             return
         self._mgr._queues.misc.post(self._run_send_done, done)
+
+    # Inline delivery: on the provider's thread, so a destroy the callback's reference
+    # held up finishes on the teardown queue (not inside the provider's upcall).
+    def _inline_recv(self, recv: MadRecv) -> None:
+        if not self._enter():
+            return
+        try:
+            call_user(self._recv_cb, recv)
+        finally:
+            self._leave_inline()
+
+    def _inline_send_done(self, done: MadSendDone) -> None:
+        if self._flushing:  # the cleanup's own unregister: it posts these itself
+            self._flushed.append(done)
+            return
+        if self._send_cb is None or not self._enter():
+            return
+        try:
+            call_user(self._send_cb, done)
+        finally:
+            self._leave_inline()
 
     def _run_recv(self, recv: MadRecv) -> None:
         if not self._enter():

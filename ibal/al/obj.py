@@ -227,7 +227,7 @@ class AlObject:
         if self._state is not READY:  # a destroy may be waiting for this verb
             self._settle()
 
-    def _settle(self) -> None:
+    def _settle(self, here: bool = True) -> None:
         """Run the cleanup if a destroying object has nothing left on it."""
         with self._lock:
             if self._sync_waiting:
@@ -240,7 +240,10 @@ class AlObject:
             ):
                 return
             self._finishing = True
-        self._finish()
+        if here:
+            self._finish()
+        else:
+            self._mgr._queues.teardown.post(self._finish)
 
     def _enter(self) -> bool:
         """Pin the object for a callback; False if it is destroying (drop the callback).
@@ -260,8 +263,14 @@ class AlObject:
         """The callback ``_enter()`` pinned the object for returned (= ``_release("callback")``)."""
         self._release("callback")
 
-    def _release(self, origin: str) -> None:
-        """Drop a reference; the last one of a destroying object runs its cleanup here."""
+    def _leave_inline(self) -> None:
+        """``_leave()`` for a callback run on a provider's thread (inline delivery): a
+        cleanup the release starts runs on the teardown queue, not inside the upcall."""
+        self._release("callback", here=False)
+
+    def _release(self, origin: str, *, here: bool = True) -> None:
+        """Drop a reference; the last one of a destroying object runs its cleanup here
+        (``here=False``: on the teardown queue, which never waits for a destroy)."""
         if origin == "callback":
             objs = held()
             if objs and objs[-1] is self:
@@ -270,7 +279,7 @@ class AlObject:
             self._refs -= 1
             if self._origins is not None:
                 self._origins[origin] -= 1
-        self._settle()
+        self._settle(here)
 
     # ------------------------------------------------------------------ creation
     def _attach(self, pins: Iterable[AlObject] = ()) -> None:

@@ -457,3 +457,59 @@ def test_an_smp_no_agent_serves_is_answered_by_the_cas_sma(
                         lambda *_: (_ for _ in ()).throw(Unsupported("no SMA")))  # fmt: skip
     t._route(MadRecv(bytes(directed), back, a.port.port_num, 0))
     assert t.stats == {"answered_by_sma": 2, "dropped_unserved_smp": 1}
+
+
+def test_inline_callbacks_run_on_the_providers_thread_default_ones_on_the_misc_queue(
+    world: World,
+) -> None:
+    from ibal.al.dispatcher import current_queue
+
+    heard: queue.Queue[tuple[str, object, bytes]] = queue.Queue()
+    a_alias = world.a.pd.get_spl_qp(world.a.port.port_guid, QpType.QP1_ALIAS)
+    b_alias = world.b.pd.get_spl_qp(world.b.port.port_guid, QpType.QP1_ALIAS)
+    fast = a_alias.register_agent(
+        VENDOR, 1, inline=True,
+        recv_cb=lambda r: heard.put(("recv", current_queue(), r.mad)),
+        send_cb=lambda d: heard.put(("done", current_queue(), d.context)),
+    )  # fmt: skip
+    queued = b_alias.register_agent(
+        VENDOR, 1, methods={GET}, recv_cb=lambda r: heard.put(("served", current_queue(), r.mad))
+    )
+    assert fast.hi_tid is not None
+    req = mad(VENDOR, GET, (fast.hi_tid << 32) | 7, b"inline")
+    fast.send(MadSend(req, to(world.b), timeout_ms=60_000, context="q"))
+    kind, where, got = heard.get(timeout=WAIT)
+    assert (kind, where, got) == ("served", world.mgr.queues.misc, req)
+    queued.send(MadSend(bytes([*req[:3], GET_RESP, *req[4:]]), to(world.a)))
+    # the AL's own QP1 transport hears its CQ on the completion queue: inline is there
+    inline_at = world.mgr.queues.completion
+    assert heard.get(timeout=WAIT) == ("done", inline_at, "q")
+    kind, where, got = heard.get(timeout=WAIT)
+    assert (kind, where, got[3], got[24:30]) == ("recv", inline_at, GET_RESP, b"inline")
+
+
+def test_an_inline_callback_may_deregister_its_agent_the_cleanup_runs_on_teardown(
+    world: World,
+) -> None:
+    from ibal.al.dispatcher import current_queue
+
+    gone = threading.Event()
+    where: list[object] = []
+    alias = world.b.pd.get_spl_qp(world.b.port.port_guid, QpType.QP1_ALIAS)
+    box: list[MadAgent] = []
+
+    def recv(r: MadRecv) -> None:
+        box[0].deregister(lambda _ctx: (where.append(current_queue()), gone.set()))
+        where.append(r.mad[12:16])
+
+    box.append(alias.register_agent(VENDOR, 1, methods={GET}, inline=True, recv_cb=recv))
+    sender, _ = world.agent(world.a, VENDOR)
+    sender.send(MadSend(mad(VENDOR, GET, 5), to(world.b)))
+    assert gone.wait(WAIT)
+    assert where == [(5).to_bytes(4, "big"), world.mgr.queues.teardown]
+    with pytest.raises(InvalidHandle):
+        box[0].send(MadSend(mad(VENDOR, GET, 6), to(world.a)))
+    # the class is free again
+    _again, again_in = world.agent(world.b, VENDOR, methods={GET})
+    sender.send(MadSend(mad(VENDOR, GET, 7), to(world.b)))
+    assert int.from_bytes(again_in.recv().mad[12:16], "big") == 7
