@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable
 from ipaddress import AddressValueError
@@ -101,6 +100,8 @@ class AccessLayer(AlObject):
 
     async def destroy_async(self) -> None:
         """``await`` the close (run in a worker thread: ``close`` blocks)."""
+        import asyncio
+
         await asyncio.to_thread(self.close)
 
     def _unlink(self) -> None:
