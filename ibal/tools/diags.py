@@ -12,7 +12,7 @@ import sys
 import time
 from typing import IO, Final
 
-from ibal.mad import dump, perf, smp
+from ibal.mad import smp
 from ibal.mad.consts import PerfAttr, SmpAttr
 from ibal.mad.discover import Sweep, ibnetdiscover_text, sweep
 from ibal.mad.rpc import MadClient, MadError, PortId, smp_request
@@ -35,6 +35,8 @@ def op_name(op: str) -> str:
 
 def smpquery(client: MadClient, op: str, to: PortId, port: int = 0) -> str:
     """What ``smpquery OP TARGET [PORT]`` prints."""
+    from ibal.mad import dump  # not at import: discover needs none of it (~50 ms)
+
     name = op_name(op)
     get = client.smp_get
     if name == "nodeinfo":
@@ -65,6 +67,8 @@ def smpquery(client: MadClient, op: str, to: PortId, port: int = 0) -> str:
 def sminfo(client: MadClient, to: PortId | None = None) -> str:
     """What ``sminfo [TARGET]`` prints: the SMInfo of TARGET, by default of the SM the
     local port names (its PortInfo's MasterSMLID)."""
+    from ibal.mad import dump
+
     if to is None:
         pi = smp.PORT_INFO.decode(client.smp_get(SmpAttr.PORT_INFO, PortId(dr_path=())))
         to = PortId(int(pi["master_sm_lid"]))
@@ -137,6 +141,8 @@ def perfquery(
     client: MadClient, lid: int, port: int, *, extended: bool = False, reset: bool = False
 ) -> str:
     """What ``perfquery [-x] [-r] LID PORT`` prints (``-r``: reset after reading)."""
+    from ibal.mad import dump, perf
+
     cpi = perf.CLASS_PORT_INFO.decode(client.perf_get(PerfAttr.CLASS_PORT_INFO, lid))
     cap, cap2 = int(cpi["capability_mask"]), int(cpi["capability_mask2"])
     to = str(PortId(lid))
