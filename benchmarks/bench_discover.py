@@ -6,7 +6,9 @@ hosts per leaf: 1,008 nodes), then, all as the same host under umad2sim,
 whole command, and the in-process sweep (the time from the first SMP to the
 topology, interpreter start, imports and opening the AL excluded) at a few
 window sizes.  Every result is checked to have found every node.  Figures are
-medians; compare ratios only (the machine is shared).
+medians; compare ratios only (the machine is shared).  Each figure also has its
+CPU time (user + system, all threads of the process): on a loaded machine the
+wall time mostly measures the scheduler, the CPU time what the code costs.
 
     python benchmarks/bench_discover.py [--spines 8 --leaves 40 --hosts 24] [--runs 5]
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -40,16 +43,19 @@ def inner(windows: list[int], runs: int, via: str) -> None:
     t_open = time.perf_counter() - t1
     out: dict[str, object] = {"import": t_import, "open": t_open, "sweeps": {}}
     sweeps: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
     nodes = 0
     for w in windows:
         for _ in range(runs):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             eng = sweep(client, window=w)
             sweeps.setdefault(str(w), []).append(time.perf_counter() - t)
+            cpu.setdefault(str(w), []).append(time.process_time() - c)
             nodes = len(eng.topology.nodes)
             assert not eng.failed, eng.failed[:3]
             out["smps"] = eng.asked
     out["sweeps"] = sweeps
+    out["cpu"] = cpu
     out["nodes"] = nodes
     out["stats"] = client.stats
     t2 = time.perf_counter()
@@ -59,10 +65,20 @@ def inner(windows: list[int], runs: int, via: str) -> None:
     print(json.dumps(out))
 
 
+CPU: list[float] = []  # CPU time of each _timed command, in order
+
+
+def _cpu_children() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def _timed(args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str]:
+    c = _cpu_children()
     t = time.perf_counter()
     r = subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
     took = time.perf_counter() - t
+    CPU.append(_cpu_children() - c)
     if r.returncode:
         raise SystemExit(f"{args} failed: {r.stderr[-2000:]}")
     return took, r.stdout
@@ -97,17 +113,19 @@ def main() -> int:
             env.pop("PYTHONDONTWRITEBYTECODE", None)
             env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
             cwd = fabric.workdir
-            c_runs, c_text = [], ""
+            c_runs, c_text, c_cpu = [], "", []
             for _ in range(a.runs):
                 took, c_text = _timed(["ibnetdiscover"], env, cwd)
                 c_runs.append(took)
+                c_cpu.append(CPU[-1])
             want = parse_ibnetdiscover(c_text)
             assert len(want["nodes"]) == tree.nodes
             _timed([sys.executable, "-m", "ibal.cli", "--help"], env, cwd)  # byte-compile
-            py_runs = []
+            py_runs, py_cpu = [], []
             for _ in range(max(3, a.runs // 2)):
                 took, text = _timed([sys.executable, "-m", "ibal.cli", "discover"], env, cwd)
                 py_runs.append(took)
+                py_cpu.append(CPU[-1])
                 got = parse_ibnetdiscover(text)
                 assert got == want, "ibal discover found another topology"
             t_pass, _ = _timed([sys.executable, "-c", "pass"], env, cwd)
@@ -123,13 +141,17 @@ def main() -> int:
     print(f"fat tree: {a.spines} spines, {a.leaves} leaves, {a.hosts} hosts per leaf "
           f"({tree.nodes} nodes); {res['smps']} SMPs per sweep; "
           f"medians of {a.runs} runs")  # fmt: skip
-    print(f"ibnetdiscover whole command      {c * 1000:8.1f} ms")
-    print(f"ibal discover whole command      {py * 1000:8.1f} ms   {py / c:5.2f}x ibnetdiscover")
+    cc, pc = statistics.median(c_cpu), statistics.median(py_cpu)
+    print(f"ibnetdiscover whole command      {c * 1000:8.1f} ms   cpu {cc * 1000:7.1f} ms")
+    print(f"ibal discover whole command      {py * 1000:8.1f} ms   {py / c:5.2f}x ibnetdiscover"
+          f"   cpu {pc * 1000:7.1f} ms {pc / cc:5.2f}x")  # fmt: skip
     for via, res in inner_runs.items():
         for w, runs in res["sweeps"].items():
             s = statistics.median(runs)
+            sc = statistics.median(res["cpu"][w])
             print(f"sweep via {via:7s} window {int(w):4d}  {s * 1000:8.1f} ms   {s / c:5.2f}x "
-                  f"ibnetdiscover   {res['smps'] / s:8.0f} SMPs/s")  # fmt: skip
+                  f"ibnetdiscover   {res['smps'] / s:8.0f} SMPs/s   cpu {sc * 1000:7.1f} ms "
+                  f"{sc / cc:5.2f}x")  # fmt: skip
     print(f"python3 -c pass                  {t_pass * 1000:8.1f} ms")
     print(f"in the whole command: imports {res['import'] * 1000:.0f} ms, open AL + port "
           f"{res['open'] * 1000:.0f} ms, close {res['close'] * 1000:.0f} ms")  # fmt: skip
