@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -402,9 +403,12 @@ _DIAG_OPTS = [
 ]  # fmt: skip
 
 
-def _diag_options(fn: Any) -> Any:
+def _diag_options(fn: Any, via: str = "service") -> Any:
     for opt in reversed(_DIAG_OPTS):
         fn = opt(fn)
+    if via != "service":  # the --via default of this command
+        param = next(p for p in fn.__click_params__ if p.name == "via")
+        param.default = via
     return fn
 
 
@@ -535,7 +539,9 @@ def ibroute(
               help="SMPs in flight at once.")  # fmt: skip
 @click.option("--progress/--no-progress", default=None,
               help="Progress on stderr [default: when stderr is a terminal].")  # fmt: skip
-@_diag_options
+# bare agents by default: the client matches answers and retries itself, so the
+# service's pool elements and response linking are only cost (~30% of the CPU)
+@functools.partial(_diag_options, via="agent")
 def discover(
     window: int, progress: bool | None, ca_name: str | None, port_num: int | None,
     timeout_ms: int, via: str, providers: tuple[str, ...], options: tuple[str, ...],

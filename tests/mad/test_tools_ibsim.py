@@ -163,9 +163,9 @@ def test_discover_matches_ibnetdiscover_fat_tree(ibsim_factory: Any, tmp_path: P
     tree = fat_tree(tmp_path / "fat.net", spines=4, leaves=8, hosts_per_leaf=6)
     fabric = ibsim_factory(tree.path)
     node = tree.hosts[5]
-    # the MAD service (default) and the bare AL agents, many SMPs in flight and one
+    # the bare AL agents (discover's default) and the MAD service, many SMPs in flight and one
     ours = _ibal(fabric, [["discover", "-w", "16"], ["discover", "-w", "1"],
-                          ["discover", "--via", "agent", "-w", "16"]], node)  # fmt: skip
+                          ["discover", "--via", "service", "-w", "16"]], node)  # fmt: skip
     theirs = _tool(fabric, ["ibnetdiscover"], node)
     want = parse_ibnetdiscover(theirs)
     assert len(want["nodes"]) == tree.nodes
