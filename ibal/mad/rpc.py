@@ -23,6 +23,7 @@ only queue what arrives.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import queue
@@ -580,14 +581,19 @@ class ServiceMadPort(AlMadPort):
 
 
 def _addr(to: PortId, qp: int) -> Any:
+    if to.directed:  # to the permissive LID, or LID-routed to where the directed part starts
+        return _lid_addr(to.lid if to.dr_slid != 0xFFFF and to.lid else 0xFFFF, 0)
+    return _lid_addr(to.lid, qp)
+
+
+@functools.lru_cache(maxsize=4096)
+def _lid_addr(lid: int, qp: int) -> Any:
+    """One (frozen) address per LID and QP: a sweep sends thousands of SMPs to one."""
     from ibal.types import QP1_WELL_KNOWN_QKEY, MadAddr
 
-    if to.directed:  # to the permissive LID, or LID-routed to where the directed part starts
-        lid = to.lid if to.dr_slid != 0xFFFF and to.lid else 0xFFFF
-        return MadAddr(remote_qp=0, remote_qkey=0, dlid=lid)
     if qp == 0:
-        return MadAddr(remote_qp=0, remote_qkey=0, dlid=to.lid)
-    return MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=to.lid)
+        return MadAddr(remote_qp=0, remote_qkey=0, dlid=lid)
+    return MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=lid)
 
 
 VIAS: Final = ("service", "agent")
