@@ -105,6 +105,8 @@ def ibroute(
     ibroute asks each destination LID in turn; here every valid LID is asked at once
     (``window`` SMPs in flight), which reads the same answers sooner.
     """
+    from ibal.mad import dump
+
     ni, nd, si = _check_switch(client, to)
     span = dump.ibroute_span(si, start, end)
     nums = dump.ibroute_blocks(span)
