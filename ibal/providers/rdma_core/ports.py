@@ -33,6 +33,7 @@ class PortQueries:
     _ports: dict[int, PortInfo]
     _gid_total: int
     _max_inline: int | None
+
     def _port_link_layers(self) -> dict[int, int]:
         out = {}
         self._gid_total = 0
