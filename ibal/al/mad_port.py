@@ -516,17 +516,10 @@ class SplQpTransport(MadTransport):
         slot = wc.wr_id
         off = slot * _SLOT
         try:
-            if wc.status is not WcStatus.SUCCESS:
-                self.stats["dropped_recv_error"] += 1
+            got = read_mad_slot(self._buf, off, wc, self.stats)
+            if got is None:
                 return
-            if wc.length - GRH_LEN < MAD_SIZE:
-                self.stats["dropped_short"] += 1
-                return
-            mad = bytes(self._buf[off + GRH_LEN : off + _SLOT])
-            grh = None
-            if wc.recv_opt & RecvOpt.GRH_VALID:
-                raw = wc.grh if wc.grh is not None else bytes(self._buf[off : off + GRH_LEN])
-                grh = sender_grh(raw, wc.network_header)
+            mad, grh = got
             addr = MadAddr(
                 remote_qp=wc.src_qp,
                 remote_qkey=QP1_WELL_KNOWN_QKEY if self.qp_num == 1 else 0,
@@ -651,6 +644,26 @@ def unserved_status(
     if any(c == mgmt_class and v == class_version for c, v, _m in served):
         return MAD_STATUS_UNSUPPORTED_METHOD
     return MAD_STATUS_BAD_VERSION
+
+
+def read_mad_slot(
+    buf: bytearray, off: int, wc: Wc, stats: Counter[str]
+) -> tuple[bytes, Grh | None] | None:
+    """The MAD and the sender's GRH from a receive slot (GRH area, then the MAD) at
+    ``off`` of ``buf``; ``None`` (counted in ``stats``) for an error or short receive.
+    Shared by every UD QP that carries MADs (the port's QP0/QP1, IBMF alternate QPs)."""
+    if wc.status is not WcStatus.SUCCESS:
+        stats["dropped_recv_error"] += 1
+        return None
+    if wc.length - GRH_LEN < MAD_SIZE:
+        stats["dropped_short"] += 1
+        return None
+    mad = bytes(buf[off + GRH_LEN : off + GRH_LEN + MAD_SIZE])
+    grh = None
+    if wc.recv_opt & RecvOpt.GRH_VALID:
+        raw = wc.grh if wc.grh is not None else bytes(buf[off : off + GRH_LEN])
+        grh = sender_grh(raw, wc.network_header)
+    return mad, grh
 
 
 def sender_grh(raw: bytes, header: NetworkHeader | None = None) -> Grh:

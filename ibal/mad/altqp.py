@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ibal.al import Av, Cq, Mr, Qp, QpCreate
-from ibal.al.mad_port import sender_grh
+from ibal.al.mad_port import read_mad_slot
 from ibal.mad.pool import ElementState, MadElement
 from ibal.mad.service import MadService
 from ibal.mad.tid import Pending
@@ -59,7 +59,6 @@ from ibal.types import (
     QpMod,
     QpState,
     QpType,
-    RecvOpt,
     RecvWr,
     SendWr,
     UdDest,
@@ -344,24 +343,15 @@ class AltQp:
         slot = wc.wr_id
         off = slot * _SLOT
         try:
-            if wc.status is not WcStatus.SUCCESS:
-                self.stats["dropped_recv_error"] += 1
-                return
-            if wc.length - GRH_LEN < MAD_SIZE:
-                self.stats["dropped_short"] += 1
-                return
-            mad = bytes(self._buf[off + GRH_LEN : off + _SLOT])
-            grh = None
-            if wc.recv_opt & RecvOpt.GRH_VALID:
-                raw = wc.grh if wc.grh is not None else bytes(self._buf[off : off + GRH_LEN])
-                grh = sender_grh(raw, wc.network_header)
-            self._deliver(mad, wc, grh)
+            got = read_mad_slot(self._buf, off, wc, self.stats)
+            if got is not None:
+                self._deliver(*got, wc)
         finally:
             if not self._freed:
                 with contextlib.suppress(IbError):  # freed meanwhile
                     self._qp.post_recv([self._recv_wr(slot)])
 
-    def _deliver(self, mad: bytes, wc: Wc, grh: Grh | None) -> None:
+    def _deliver(self, mad: bytes, grh: Grh | None, wc: Wc) -> None:
         if mad[0] != 1:
             self.stats["dropped_bad_version"] += 1
             return
