@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from ibal.providers.rxe import packet as P
 from ibal.providers.rxe.completer import Completer
-from ibal.providers.rxe.packet import Packet
+from ibal.providers.rxe.packet import Packet, Train
 from ibal.providers.rxe.qp import Counters, MemoryAccess, Output, QpConfig, RecvSource
 from ibal.providers.rxe.requester import Requester
 from ibal.providers.rxe.responder import Responder
@@ -159,14 +159,27 @@ class QpCore:
 
     def poll(self, now: float, budget: int = DEFAULT_BUDGET) -> list[Packet]:
         """The packets to send now, at most ``budget``: responses, then requests."""
-        out: list[Packet] = []
+        out: list[Packet | Train] = []
+        self._poll(now, budget, out, False)
+        return out  # type: ignore[return-value]  # no Train without ``trains``
+
+    def poll_trains(
+        self, now: float, budget: int = DEFAULT_BUDGET
+    ) -> tuple[list[Packet | Train], int]:
+        """:meth:`poll`, with runs of MIDDLE request packets as one :class:`Train`
+        each; (what to send, how many packets that is)."""
+        out: list[Packet | Train] = []
+        return out, self._poll(now, budget, out, True)
+
+    def _poll(self, now: float, budget: int, out: list[Packet | Train], trains: bool) -> int:
         resp = self.resp
         if isinstance(resp, Responder) and len(resp.responses):
             resp.responses.poll(budget, out)
-        if len(out) < budget and self.cfg.state is not _ERROR:
-            self.req.poll(now, budget - len(out), out)
-        self.counters.sent_pkts += len(out)
-        return out
+        got = len(out)
+        if got < budget and self.cfg.state is not _ERROR:
+            got += self.req.poll(now, budget - got, out, trains)
+        self.counters.sent_pkts += got
+        return got
 
     # ----------------------------------------------------------------- timers
     def next_deadline(self) -> float | None:

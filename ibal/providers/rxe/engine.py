@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ibal.providers.rxe.cq import Cq
-from ibal.providers.rxe.packet import Packet
+from ibal.providers.rxe.packet import Packet, Train
 from ibal.providers.rxe.qps import Qp, Srq, is_multicast_ip
 from ibal.types import AsyncEvent, EventRecord, QpState, Wc
 
@@ -119,9 +119,28 @@ class Engine:
         io = self.io
         own = self._own
         local = self._local
+        send_train = getattr(io, "send_train", None)
         while True:
-            pkts = core.poll(now)
+            if send_train is not None:
+                pkts, count = core.poll_trains(now)
+            else:
+                pkts = core.poll(now)  # type: ignore[assignment]
+                count = len(pkts)
             for p in pkts:
+                if isinstance(p, Train):
+                    dst = bytes(p.head.dst_ip)
+                    if dst in own or send_train is None:
+                        # loopback delivery takes separate packets
+                        for q in p.packets():
+                            if not q.src_ip:
+                                q.src_ip = dst
+                            local.append(q)
+                        continue
+                    try:
+                        send_train(p, dst, p.head.src_port)
+                    except (KeyError, OSError, ValueError):
+                        self.counters.drop("no_route")
+                    continue
                 dst = bytes(p.dst_ip)
                 if dst in own:
                     # to this device: straight to the receiving core, as kernel rxe's
@@ -136,7 +155,7 @@ class Engine:
                     io.send(p, dst, p.src_port)
                 except (KeyError, OSError, ValueError):
                     self.counters.drop("no_route")
-            if len(pkts) < 64:
+            if count < 64:
                 break
         self.deliver(qp)
         if qp.alive:

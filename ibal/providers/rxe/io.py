@@ -45,7 +45,7 @@ from typing import Final, Literal, NamedTuple
 from ibal.providers.rxe import mmsg, wire
 from ibal.providers.rxe.counters import DeviceCounters
 from ibal.providers.rxe.netif import IpAddress
-from ibal.providers.rxe.packet import Packet
+from ibal.providers.rxe.packet import Packet, Train
 from ibal.providers.rxe.rx import RxDecoder
 from ibal.wire.fields import Buffer
 from ibal.wire.pcap import PcapWriter
@@ -61,6 +61,8 @@ _IPV6_CHECKSUM: Final = 7
 _RCVBUF: Final = 8 << 20
 _SNDBUF: Final = 4 << 20
 _UDP_HDR: Final = struct.Struct(">HHHH")
+_BTH_WORD2: Final = struct.Struct(">I")  # AckReq, reserved, PSN
+_ICRC: Final = struct.Struct("<I")
 
 # classic BPF (linux/filter.h): code, jt, jf, k
 _BPF_INSN: Final = struct.Struct("=HBBI")
@@ -341,17 +343,7 @@ class DeviceIO:
             ep = self._endpoint_for(src, dst)
             hdr = wire.encode_headers(pkt)
             plen = len(hdr) + len(pkt.payload) + pkt.pad + wire.ICRC_LEN
-            key = (ep.raw_ip, dst, sport, plen)
-            hit = self._tx_cache.get(key)
-            if hit is None:
-                if len(self._tx_cache) > 4096:
-                    self._tx_cache.clear()
-                if len(dst) == 4:
-                    prefix = wire.icrc_prefix_ipv4(ep.raw_ip, dst, plen, sport)
-                else:
-                    prefix = wire.icrc_prefix_ipv6(ep.raw_ip, dst, plen, sport)
-                hit = self._tx_cache[key] = (prefix, _UDP_HDR.pack(sport, self.port, 8 + plen, 0))
-            prefix, udp = hit
+            prefix, udp = self._tx_headers(ep, dst, sport, plen)
             b4 = hdr[4]
             hdr[4] = 0xFF  # BTH byte 4 counts as ones in the ICRC
             crc = zlib.crc32(hdr, prefix)
@@ -365,6 +357,94 @@ class DeviceIO:
             trailer += crc.to_bytes(4, "little")
             self._queue(ep, dst, (udp, hdr, payload, trailer), plen)
 
+    def _tx_headers(self, ep: _Endpoint, dst: bytes, sport: int, plen: int) -> tuple[int, bytes]:
+        """(ICRC register after the masked IP/UDP headers, UDP header), cached."""
+        key = (ep.raw_ip, dst, sport, plen)
+        hit = self._tx_cache.get(key)
+        if hit is None:
+            if len(self._tx_cache) > 4096:
+                self._tx_cache.clear()
+            if len(dst) == 4:
+                prefix = wire.icrc_prefix_ipv4(ep.raw_ip, dst, plen, sport)
+            else:
+                prefix = wire.icrc_prefix_ipv6(ep.raw_ip, dst, plen, sport)
+            hit = self._tx_cache[key] = (prefix, _UDP_HDR.pack(sport, self.port, 8 + plen, 0))
+        return hit
+
+    def send_train(self, train: Train, dst: bytes, sport: int,
+                   src: IpAddress | None = None) -> None:
+        """Queue the ``train.n`` packets of ``train`` to ``dst``, as :meth:`send` would
+        each: one header template, PSN and AckReq patched per packet, the payload
+        copied from the train's buffer straight into the send batch's slots."""
+        with self._lock:
+            ep = self._endpoint_for(src, dst)
+            head = train.head
+            hdr = wire.encode_headers(head)
+            hlen = len(hdr)
+            mtu = train.mtu
+            plen = hlen + mtu + head.pad + wire.ICRC_LEN
+            prefix, udp = self._tx_headers(ep, dst, sport, plen)
+            b4 = hdr[4]
+            hdr[4] = 0xFF  # the ICRC's view of the BTH; the slot gets the real byte back
+            pad = bytes(head.pad)
+            name = self._name(dst)
+            batch = ep.batch
+            arena = batch.arena
+            slot = batch.slot
+            data = train.data
+            off = train.off
+            psn0 = head.psn
+            since = train.since + 1
+            per = train.per_ack
+            ackreq = 0x80000000 if train.reliable else 0
+            pack_word = _BTH_WORD2.pack_into
+            pack_crc = _ICRC.pack_into
+            crc32 = zlib.crc32
+            body = 8 + hlen
+            end = body + mtu
+            cap = self.capture
+            n = train.n
+            j = 0
+            while j < n:
+                m = min(batch.depth - batch.count, n - j)
+                if m <= 0:
+                    self._send(ep)
+                    continue
+                o = batch.reserve(name, m, 8 + plen) * slot
+                o0 = o
+                for k in range(j, j + m):
+                    word = (psn0 + k) & 0xFFFFFF
+                    if (since + k) % per == 0:
+                        word |= ackreq
+                    pack_word(hdr, 8, word)
+                    seg = data[off + k * mtu : off + (k + 1) * mtu]
+                    crc = crc32(seg, crc32(hdr, prefix))
+                    arena[o : o + 8] = udp
+                    arena[o + 8 : o + body] = hdr
+                    arena[o + 12] = b4
+                    arena[o + body : o + end] = seg
+                    if pad:
+                        crc = crc32(pad, crc)
+                        arena[o + end : o + end + len(pad)] = pad
+                    pack_crc(arena, o + end + len(pad), crc)
+                    o += slot
+                j += m
+                self.counters.tx_bytes += plen * m
+                if cap is not None:
+                    for c in range(o0, o, slot):
+                        cap.write(wire.capture_frame(bytes(arena[c + 8 : c + 8 + plen]),
+                                                     ep.raw_ip, dst, sport))
+                if batch.full:
+                    self._send(ep)
+
+    def _name(self, dst: bytes) -> bytes:
+        name = self._names.get(dst)
+        if name is None:
+            if len(self._names) > 4096:
+                self._names.clear()
+            name = self._names[dst] = mmsg.sockaddr(dst, 0)
+        return name
+
     def send_datagram(
         self, udp_payload: Buffer, dst: bytes, sport: int, src: IpAddress | None = None
     ) -> None:
@@ -376,12 +456,7 @@ class DeviceIO:
 
     def _queue(self, ep: _Endpoint, dst: bytes, parts: tuple[Buffer, ...], plen: int) -> None:
         b = ep.batch
-        name = self._names.get(dst)
-        if name is None:
-            if len(self._names) > 4096:
-                self._names.clear()
-            name = self._names[dst] = mmsg.sockaddr(dst, 0)
-        b.add(name, parts)
+        b.add(self._name(dst), parts)
         c = self.counters
         c.tx_bytes += plen
         cap = self.capture

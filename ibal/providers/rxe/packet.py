@@ -335,3 +335,41 @@ class Packet:
             f"<Packet {name} qpn 0x{self.dest_qpn:06x} psn {self.psn}"
             f"{' A' if self.ack_req else ''} len {len(self.payload)}>"
         )
+
+
+class Train:
+    """``n`` MIDDLE packets of one SEND/WRITE that differ only in PSN and AckReq.
+
+    The requester hands one of these to the socket layer instead of ``n``
+    :class:`Packet` objects; the socket layer patches a header template per
+    packet.  ``head`` is the first packet (its payload the first segment);
+    segment ``j`` is ``data[off + j*mtu : off + (j+1)*mtu]`` at PSN
+    ``head.psn + j``; AckReq is set where ``(since + j + 1) % per_ack == 0``
+    (and only when ``reliable``), the requester's ACK-request cadence.
+    """
+
+    __slots__ = ("data", "head", "mtu", "n", "off", "per_ack", "reliable", "since")
+
+    def __init__(self, head: Packet, data: bytes | memoryview, off: int, mtu: int, n: int,
+                 since: int, per_ack: int, reliable: bool) -> None:
+        self.head = head
+        self.data = data
+        self.off = off
+        self.mtu = mtu
+        self.n = n
+        self.since = since
+        self.per_ack = per_ack
+        self.reliable = reliable
+
+    def packets(self) -> list[Packet]:
+        """The train as separate packets (loopback delivery, tests)."""
+        h = self.head
+        out = []
+        for j in range(self.n):
+            p = h.copy()
+            p.psn = (h.psn + j) & 0xFFFFFF
+            off = self.off + j * self.mtu
+            p.payload = self.data[off : off + self.mtu]
+            p.ack_req = self.reliable and (self.since + j + 1) % self.per_ack == 0
+            out.append(p)
+        return out

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ibal.providers.rxe import packet as P
-from ibal.providers.rxe.packet import Packet
+from ibal.providers.rxe.packet import Packet, Train
 from ibal.providers.rxe.qp import (
     MAX_MSG,
     RXE_MAX_PKT_PER_ACK,
@@ -118,16 +118,21 @@ class Requester:
         return self.next_psn != self.comp_psn
 
     # ---------------------------------------------------------------- transmit
-    def poll(self, now: float, budget: int, out: list[Packet]) -> None:
-        """Append up to ``budget`` request packets the send queue may send now."""
+    def poll(self, now: float, budget: int, out: list[Packet | Train],
+             trains: bool = False) -> int:
+        """Append up to ``budget`` request packets the send queue may send now; how many.
+
+        ``trains``: runs of MIDDLE packets go out as one :class:`Train` each
+        (counted as the packets it stands for).
+        """
         cfg = self.cfg
         state = cfg.state
         if (state is not _RTS and state is not _SQD) or self.rnr_deadline is not None:
-            return
+            return 0
         sq = self.sq
-        start = len(out)
+        got = 0
         ran_local = False
-        while len(out) - start < budget and self.cur < len(sq):
+        while got < budget and self.cur < len(sq):
             w = sq[self.cur]
             if w.done:
                 self.cur += 1
@@ -157,7 +162,9 @@ class Requester:
                 if not self._prepare(w):
                     break
                 if not self.connected:
+                    n0 = len(out)
                     self._send_ud(w, out)
+                    got += len(out) - n0
                     continue
                 w.first_psn = self.next_psn
                 self.next_psn = (self.next_psn + w.npkts) & PSN_MASK
@@ -165,17 +172,21 @@ class Requester:
                     self.rd_atomic_out += 1
             if w.rd_atomic:
                 out.append(self._rd_atomic_packet(w))
+                got += 1
                 self.cur += 1
                 self.cur_pkt = 0
                 continue
-            if not self._segments(w, budget - (len(out) - start), out):
+            sent, closed = self._segments(w, budget - got, out, trains)
+            got += sent
+            if closed:
                 break
-        if self.reliable and len(out) > start and self.ack_deadline is None:
+        if self.reliable and got and self.ack_deadline is None:
             t = ack_timeout_seconds(cfg.local_ack_timeout)
             if t:
                 self.ack_deadline = now + t
         if not self.reliable or ran_local:
             self.retire()
+        return got
 
     def _prepare(self, w: SendWqe) -> bool:
         """Resolve the WQE's local buffers (first transmission only)."""
@@ -231,8 +242,9 @@ class Requester:
             parts.append(v)
         return b"".join(parts)
 
-    def _segments(self, w: SendWqe, budget: int, out: list[Packet]) -> bool:
-        """Append packets of a SEND/WRITE from ``cur_pkt``; False when the window closed."""
+    def _segments(self, w: SendWqe, budget: int, out: list[Packet | Train],
+                  trains: bool) -> tuple[int, bool]:
+        """Append packets of a SEND/WRITE from ``cur_pkt``; (packets, the window closed)."""
         cfg = self.cfg
         mtu = cfg.mtu
         data = w.data
@@ -247,11 +259,29 @@ class Requester:
         sent = 0
         while k < npkts and sent < budget:
             psn = (w.first_psn + k) & PSN_MASK
-            if reliable and psn_diff(psn, self.comp_psn) >= RXE_MAX_UNACKED_PSNS:
+            room = RXE_MAX_UNACKED_PSNS - psn_diff(psn, self.comp_psn) if reliable else npkts
+            if room <= 0:
                 self.cur_pkt = k
-                return False
+                if not is_send:
+                    self.counters.rdma_sends += sent
+                return sent, True
             first = k == 0
             last = k == npkts - 1
+            if trains and not first and not last:
+                m = min(npkts - 1 - k, budget - sent, room)
+                if m >= 2:
+                    # the MIDDLE packets up to the last (or the window, or the budget)
+                    head = Packet(base + table[(False, False)], cfg.dest_qpn, psn,
+                                  data[k * mtu : (k + 1) * mtu], pkey=cfg.pkey)
+                    head.src_ip = cfg.src_ip
+                    head.dst_ip = cfg.dst_ip
+                    head.src_port = cfg.src_port
+                    out.append(Train(head, data, k * mtu, mtu, m, self.since_ack_req,
+                                     RXE_MAX_PKT_PER_ACK, reliable))
+                    self.since_ack_req = (self.since_ack_req + m) % RXE_MAX_PKT_PER_ACK
+                    sent += m
+                    k += m
+                    continue
             op = base + table[(first, last)]
             off = k * mtu
             pkt = Packet(op, cfg.dest_qpn, psn, data[off : off + mtu], pkey=cfg.pkey)
@@ -287,9 +317,9 @@ class Requester:
             self.cur_pkt = 0
             if not reliable:
                 w.done = True
-            return True
+            return sent, False
         self.cur_pkt = k
-        return True
+        return sent, False
 
     def _rd_atomic_packet(self, w: SendWqe) -> Packet:
         cfg = self.cfg
@@ -320,7 +350,7 @@ class Requester:
         pkt.src_port = cfg.src_port
         return pkt
 
-    def _send_ud(self, w: SendWqe, out: list[Packet]) -> None:
+    def _send_ud(self, w: SendWqe, out: list[Packet | Train]) -> None:
         cfg = self.cfg
         wr = w.wr
         ud = wr.ud

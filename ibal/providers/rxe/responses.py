@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 
 from ibal.providers.rxe import packet as P
-from ibal.providers.rxe.packet import Packet
+from ibal.providers.rxe.packet import Packet, Train
 from ibal.providers.rxe.qp import QpConfig
 from ibal.transport.psn import PSN_MASK
 
@@ -54,7 +54,7 @@ class ResponseQueue:
         self.queue.clear()
         self.reads_pending = 0
 
-    def poll(self, budget: int, out: list[Packet]) -> None:
+    def poll(self, budget: int, out: list[Packet | Train]) -> None:
         """Append up to ``budget`` response packets, in PSN order."""
         q = self.queue
         start = len(out)

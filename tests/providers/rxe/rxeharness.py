@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ibal.providers.rxe import wire
 from ibal.providers.rxe.core import QpCore
-from ibal.providers.rxe.packet import Packet
+from ibal.providers.rxe.packet import Packet, Train
 from ibal.providers.rxe.qp import Counters, QpConfig
 from ibal.types import (
     AccessFlags,
@@ -160,13 +160,19 @@ Fault = Callable[[Packet, str], list[Packet]]
 """Given a packet and the sender's name, what the wire delivers (``[]`` drops it)."""
 
 
+TRAINS = False
+"""Whether a :class:`Wire` polls with trains by default (test_rxe_train reruns the core tests)."""
+
+
 class Wire:
     """Two nodes, a manual clock and the packets in flight."""
 
     def __init__(self, a: Node, b: Node, fault: Fault | None = None,
                  rng: random.Random | None = None, reorder: float = 0.0,
-                 codec: bool = False) -> None:
+                 codec: bool = False, trains: bool | None = None) -> None:
         self.codec = codec
+        # poll_trains, each train expanded into the packets the socket layer sends
+        self.trains = TRAINS if trains is None else trains
         self.a = a
         self.b = b
         self.now = 0.0
@@ -183,7 +189,7 @@ class Wire:
         """Send what both nodes have, deliver it; True if anything moved."""
         moved = False
         for n in (self.a, self.b):
-            for pkt in n.core.poll(self.now):
+            for pkt in self._poll(n):
                 if self.codec:  # through the real encoder and decoder
                     q = wire.decode(wire.encode_bytes(pkt, 0))
                     q.src_ip, q.dst_ip, q.src_port = pkt.src_ip, pkt.dst_ip, pkt.src_port
@@ -205,6 +211,16 @@ class Wire:
         self.a.collect()
         self.b.collect()
         return moved
+
+    def _poll(self, n: Node) -> list[Packet]:
+        if not self.trains:
+            return n.core.poll(self.now)
+        items, count = n.core.poll_trains(self.now)
+        pkts: list[Packet] = []
+        for it in items:
+            pkts.extend(it.packets() if isinstance(it, Train) else [it])
+        assert len(pkts) == count
+        return pkts
 
     def run(self, max_time: float = 60.0, max_steps: int = 200_000) -> None:
         """Step until idle; then jump the clock to the next timer, until none is left."""
