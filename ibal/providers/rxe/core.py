@@ -173,9 +173,9 @@ class QpCore:
 
     def _poll(self, now: float, budget: int, out: list[Packet | Train], trains: bool) -> int:
         resp = self.resp
+        got = 0
         if isinstance(resp, Responder) and len(resp.responses):
-            resp.responses.poll(budget, out)
-        got = len(out)
+            got = resp.responses.poll(budget, out, trains)
         if got < budget and self.cfg.state is not _ERROR:
             got += self.req.poll(now, budget - got, out, trains)
         self.counters.sent_pkts += got

@@ -54,22 +54,40 @@ class ResponseQueue:
         self.queue.clear()
         self.reads_pending = 0
 
-    def poll(self, budget: int, out: list[Packet | Train]) -> None:
-        """Append up to ``budget`` response packets, in PSN order."""
+    def poll(self, budget: int, out: list[Packet | Train], trains: bool = False) -> int:
+        """Append up to ``budget`` response packets, in PSN order; how many.
+
+        ``trains``: a READ's MIDDLE responses go out as one :class:`Train` per run.
+        """
         q = self.queue
-        start = len(out)
-        while q and len(out) - start < budget:
+        got = 0
+        while q and got < budget:
             item = q[0]
             if item.__class__ is Packet:
                 out.append(q.popleft())  # type: ignore[arg-type]
+                got += 1
                 continue
             job: ReadJob = item  # type: ignore[assignment]
-            while job.next < job.npkts and len(out) - start < budget:
+            while job.next < job.npkts and got < budget:
+                k = job.next
+                if trains and k:
+                    m = min(job.npkts - 1 - k, budget - got)
+                    if m >= 2:
+                        mtu = self.cfg.mtu
+                        off = k * mtu
+                        head = self._packet(_MIDDLE, (job.psn + k) & PSN_MASK,
+                                            job.view[off : off + mtu])
+                        out.append(Train(head, job.view, off, mtu, m, 0, 1, False))
+                        job.next = k + m
+                        got += m
+                        continue
                 out.append(self._read_packet(job))
+                got += 1
             if job.next >= job.npkts:
                 q.popleft()
                 if job.resource:
                     self.reads_pending -= 1
+        return got
 
     def _read_packet(self, job: ReadJob) -> Packet:
         mtu = self.cfg.mtu

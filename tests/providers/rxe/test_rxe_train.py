@@ -124,3 +124,38 @@ def _pcap_frames(raw: bytes) -> list[bytes]:
         out.append(raw[off + 16 : off + 16 + n])
         off += 16 + n
     return out
+
+
+def _read_log(trains: bool, drop: tuple[int, ...]) -> list[tuple[str, dict[str, object]]]:
+    a, b = connect(mtu=256)
+    fault = test_rxe_core.drop_nth(*drop, sender="b") if drop else None
+    w = Wire(a, b, fault=fault, trains=trains)
+    remote = b.mem.register(256 * 150 + 17)
+    remote.buf[:] = test_rxe_core.pattern(len(remote.buf), 5)
+    local = a.mem.register(len(remote.buf), fill=0)
+    a.core.post_send(send_wr(WrType.RDMA_READ, local, remote=remote, wr_id=1))
+    w.run()
+    assert [c.status for c in a.send_wcs] == [WcStatus.SUCCESS]
+    assert bytes(local.buf) == bytes(remote.buf)
+    return [(who, p.fields()) for who, p in w.log]
+
+
+@pytest.mark.parametrize("drop", [(), (70,)])
+def test_read_response_trains_send_the_same_packets(drop: tuple[int, ...]) -> None:
+    assert _read_log(True, drop) == _read_log(False, drop)
+
+
+def test_read_responses_leave_as_a_train() -> None:
+    a, b = connect(mtu=256)
+    remote = b.mem.register(256 * 10)
+    local = a.mem.register(len(remote.buf))
+    a.core.post_send(send_wr(WrType.RDMA_READ, local, remote=remote, wr_id=1))
+    (req,) = a.core.poll(0.0)
+    b.core.receive(req, 0.0)
+    items, count = b.core.poll_trains(0.0)
+    assert count == 10
+    assert [type(i) for i in items] == [Packet, Train, Packet]
+    train = items[1]
+    assert isinstance(train, Train) and train.n == 8 and not train.reliable
+    assert train.head.opcode == Opcode.RC_RDMA_READ_RESPONSE_MIDDLE
+    assert [p.psn for p in train.packets()] == [0x101 + j for j in range(8)]
