@@ -348,7 +348,7 @@ class Fabric:
         want = len(self.nodes)
         last = ""
         while True:
-            self._check_alive()
+            self.check_alive()
             left = max(deadline - time.monotonic(), 1.0)
             try:
                 r = self.run(["sminfo"], timeout=left)
@@ -370,7 +370,8 @@ class Fabric:
             # A poll interval, not synchronisation: each probe answered "not yet".
             time.sleep(min(POLL_INTERVAL, max(deadline - time.monotonic(), 0)))
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
+        """``FabricError`` (with the logs) if ibsim or OpenSM has exited."""
         for name, p in (("ibsim", self._ibsim), ("opensm", self._opensm)):
             if p is not None and p.poll() is not None:
                 raise FabricError(f"{name} exited with status {p.returncode}\n{self.logs()}")

@@ -9,10 +9,12 @@ mock`` works from anywhere.
 Every check is marked ``ibal_chapter(NAME)``.
 
 It also provides the ibsim fixtures (:mod:`ibal.testing.ibsim`, imported when
-used): ``ibsim_fabric`` (the small net file of ``tests/data/ibsim``, OpenSM up)
-and ``ibsim_factory`` (``ibsim_factory(netfile, **Fabric options)``).  Both
-skip naming the missing Debian packages, and fail instead with
-``IBAL_LAB_REQUIRED=1``.
+used): ``ibsim_fabric`` (the small net file of ``tests/data/ibsim``, OpenSM up,
+one per test), ``ibsim_module_fabric`` (the same, one per test module: for
+tests that only query it and leave links, counters they compare and SM state
+as they found them) and ``ibsim_factory`` (``ibsim_factory(netfile, **Fabric
+options)``).  All skip naming the missing Debian packages, and fail instead
+with ``IBAL_LAB_REQUIRED=1``.
 """
 
 from __future__ import annotations
@@ -178,3 +180,36 @@ def ibsim_fabric(ibsim_factory: Callable[..., Fabric]) -> Fabric:
     from ibal.testing.ibsim import DATA_DIR
 
     return ibsim_factory(DATA_DIR / "small.net")
+
+
+@pytest.fixture(scope="module")
+def _ibsim_module_fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fabric]:
+    from ibal.testing.ibsim import DATA_DIR, Fabric
+
+    ibsim_required()
+    fabric = Fabric(DATA_DIR / "small.net", tmp_path_factory.mktemp("ibsim-module"))
+    fabric.start()
+    try:
+        yield fabric
+    finally:
+        fabric.stop()
+
+
+@pytest.fixture
+def ibsim_module_fabric(
+    request: pytest.FixtureRequest, _ibsim_module_fabric: Fabric
+) -> Iterator[Fabric]:
+    """``ibsim_fabric`` shared by the tests of one module (ibsim + OpenSM start once).
+
+    For tests that do not change the fabric (no unlink, no SM restart, no
+    counter another test compares); a test that does takes ``ibsim_fabric``.
+    Each test first checks that ibsim and OpenSM still run, and gets their
+    logs attached to its report.
+    """
+    fabric = _ibsim_module_fabric
+    fabric.check_alive()
+    try:
+        yield fabric
+    finally:
+        request.node.add_report_section("teardown", f"ibsim {fabric.netfile.name}",
+                                        fabric.logs())  # fmt: skip

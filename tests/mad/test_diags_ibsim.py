@@ -11,7 +11,7 @@ lines included.  Counters are read by the probe and the tool at different
 moments, so the packet/data counters (which the queries themselves move) are
 compared after masking those values only.
 
-Runs on the shared ibsim/OpenSM harness (the ``ibsim_fabric`` fixture of
+Runs on the shared ibsim/OpenSM harness (the ``ibsim_module_fabric`` fixture of
 :mod:`ibal.testing.ibsim`: skips naming the missing Debian packages, fails
 instead when ``IBAL_LAB_REQUIRED=1``).
 """
@@ -36,10 +36,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def fabric(ibsim_fabric: Fabric) -> dict[str, str]:
+def fabric(ibsim_module_fabric: Fabric) -> dict[str, str]:
     """A client on ``Host`` of the shared small fabric (Switch1 port 2)."""
-    env = ibsim_fabric.env_for("Host")
-    env["IBAL_TEST_CWD"] = str(ibsim_fabric.workdir)
+    env = ibsim_module_fabric.env_for("Host")
+    env["IBAL_TEST_CWD"] = str(ibsim_module_fabric.workdir)
     return env
 
 

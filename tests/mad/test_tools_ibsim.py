@@ -67,8 +67,9 @@ def _lids(fabric: Fabric) -> dict[str, int]:
 
 
 @pytest.mark.timeout(600)
-def test_smpquery_matches(ibsim_fabric: Fabric) -> None:
-    lids = _lids(ibsim_fabric)
+def test_smpquery_matches(ibsim_module_fabric: Fabric) -> None:
+    fabric = ibsim_module_fabric
+    lids = _lids(ibsim_module_fabric)
     sw, sm = str(lids["switch"]), str(lids["sm"])
     cases = [  # (ibal smpquery args, smpquery args)
         (["nodeinfo", sw], ["nodeinfo", sw]),
@@ -87,20 +88,20 @@ def test_smpquery_matches(ibsim_fabric: Fabric) -> None:
         (["guids", "-D", "0"], ["-D", "guidinfo", "0"]),
         (["guids", sw], ["guidinfo", sw]),
     ]
-    ours = _ibal(ibsim_fabric, [["smpquery", *a] for a, _ in cases])
+    ours = _ibal(ibsim_module_fabric, [["smpquery", *a] for a, _ in cases])
     for (a, b), res in zip(cases, ours, strict=True):
-        theirs = _tool(ibsim_fabric, ["smpquery", *b])
+        theirs = _tool(ibsim_module_fabric, ["smpquery", *b])
         assert res["stdout"].splitlines() == theirs.splitlines(), a
     # The CLI as its own process, and -G (the port GUID through OpenSM's SA).
     guid = re.search(r"^PortGuid:\.+(0x[0-9a-f]+)$", ours[0]["stdout"], re.M)
     assert guid
     r = subprocess.run([sys.executable, "-m", "ibal.cli", "smpquery", "-G", "nodeinfo",
-                        guid.group(1)], env=_env(ibsim_fabric, NODE), cwd=ibsim_fabric.workdir,
+                        guid.group(1)], env=_env(fabric, NODE), cwd=fabric.workdir,
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == _tool(ibsim_fabric, ["smpquery", "nodeinfo", sw]).splitlines()
+    assert r.stdout.splitlines() == _tool(fabric, ["smpquery", "nodeinfo", sw]).splitlines()
     # A target that does not answer: a clear error, exit status 1.
-    bad = _ibal_fail(ibsim_fabric, ["smpquery", "nodeinfo", "-D", "0,1,7"])
+    bad = _ibal_fail(ibsim_module_fabric, ["smpquery", "nodeinfo", "-D", "0,1,7"])
     assert bad["code"] == 1 and "no response" in bad["stderr"]
 
 
@@ -120,17 +121,17 @@ def _masked(text: str) -> list[str]:
 
 
 @pytest.mark.timeout(600)
-def test_perfquery_matches(ibsim_fabric: Fabric) -> None:
-    lids = _lids(ibsim_fabric)
+def test_perfquery_matches(ibsim_module_fabric: Fabric) -> None:
+    lids = _lids(ibsim_module_fabric)
     sw, host = str(lids["switch"]), str(lids["host"])
     cases = [[], [host, "1"], [sw, "2"], ["-x", sw, "3"], ["-x"], [sw]]
-    ours = _ibal(ibsim_fabric, [["perfquery", *a] for a in cases])
+    ours = _ibal(ibsim_module_fabric, [["perfquery", *a] for a in cases])
     for a, res in zip(cases, ours, strict=True):
-        theirs = _tool(ibsim_fabric, ["perfquery", *a])
+        theirs = _tool(ibsim_module_fabric, ["perfquery", *a])
         assert _masked(res["stdout"]) == _masked(theirs), a
     # -r: read, then reset; the next read (by perfquery) starts again from zero
-    _ibal(ibsim_fabric, [["perfquery", "-r", sw, "1"]])
-    after = _tool(ibsim_fabric, ["perfquery", sw, "1"])
+    _ibal(ibsim_module_fabric, [["perfquery", "-r", sw, "1"]])
+    after = _tool(ibsim_module_fabric, ["perfquery", sw, "1"])
     pkts = int(re.search(r"^PortXmitPkts:\.+(\d+)$", after, re.M).group(1))  # type: ignore[union-attr]
     before = int(re.search(r"^PortXmitPkts:\.+(\d+)$", ours[2]["stdout"], re.M).group(1))  # type: ignore[union-attr]
     assert pkts < max(before, 1) + 5  # only what the few MADs since the reset moved
@@ -143,14 +144,14 @@ def _blocks(text: str) -> set[str]:
 
 
 @pytest.mark.timeout(600)
-def test_discover_matches_ibnetdiscover_small(ibsim_fabric: Fabric) -> None:
+def test_discover_matches_ibnetdiscover_small(ibsim_module_fabric: Fabric) -> None:
     # the whole command, as its own process
     r = subprocess.run([sys.executable, "-m", "ibal.cli", "discover"],
-                       env=_env(ibsim_fabric, NODE), cwd=ibsim_fabric.workdir,
+                       env=_env(ibsim_module_fabric, NODE), cwd=ibsim_module_fabric.workdir,
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
     ours = {"stdout": r.stdout, "stderr": r.stderr}
-    theirs = _tool(ibsim_fabric, ["ibnetdiscover"])
+    theirs = _tool(ibsim_module_fabric, ["ibnetdiscover"])
     assert parse_ibnetdiscover(ours["stdout"]) == parse_ibnetdiscover(theirs)
     # ibnetdiscover's order is deterministic here: the whole text matches but the date
     date = re.compile(r"^# Topology file: generated on .*$", re.M)
@@ -178,13 +179,13 @@ _ACTIVITY = re.compile(r"activity count \d+")
 
 
 @pytest.mark.timeout(300)
-def test_sminfo_matches(ibsim_fabric: Fabric) -> None:
+def test_sminfo_matches(ibsim_module_fabric: Fabric) -> None:
     """``ibal sminfo`` (the SM the port names, and the SM's LID given) is sminfo's line; the
     activity count, which OpenSM moves every sweep, is masked."""
-    sm = str(_lids(ibsim_fabric)["sm"])
-    ours = _ibal(ibsim_fabric, [["sminfo"], ["sminfo", sm]])
+    sm = str(_lids(ibsim_module_fabric)["sm"])
+    ours = _ibal(ibsim_module_fabric, [["sminfo"], ["sminfo", sm]])
     for res, args in zip(ours, ([], [sm]), strict=True):
-        theirs = _tool(ibsim_fabric, ["sminfo", *args])
+        theirs = _tool(ibsim_module_fabric, ["sminfo", *args])
         assert f"sm lid {sm} " in theirs and "SMINFO_MASTER" in theirs, theirs
         assert _ACTIVITY.sub("N", res["stdout"]) == _ACTIVITY.sub("N", theirs), args
 
