@@ -206,13 +206,13 @@ def _check_ibroute(fabric: Fabric, node: str, extra: list[list[str]]) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_ibroute_matches(ibsim_fabric: Fabric) -> None:
+def test_ibroute_matches(ibsim_module_fabric: Fabric) -> None:
     """Every switch of the small fabric; by DR path, -n (no destinations), -a (invalid out
     ports too) and a LID range."""
-    sw = str(_switch_lids(ibsim_fabric)[0])
+    sw = str(_switch_lids(ibsim_module_fabric)[0])
     extra = [["-D", "0,1"], ["-n", sw], ["-a", sw], [sw, "2", "0x3"]]
-    _check_ibroute(ibsim_fabric, NODE, extra)
-    bad = _ibal_fail(ibsim_fabric, ["ibroute", "-D", "0"])  # the local port is a CA
+    _check_ibroute(ibsim_module_fabric, NODE, extra)
+    bad = _ibal_fail(ibsim_module_fabric, ["ibroute", "-D", "0"])  # the local port is a CA
     assert bad["code"] == 1 and "not a switch" in bad["stderr"]
 
 
