@@ -47,13 +47,14 @@ def _mad(mgmt_class: int, method: int, tid_low: int, payload: bytes = b"") -> by
 
 def _self_addr(port: PortAttr) -> MadAddr:
     """The port's own QP1: by LID on InfiniBand; on RoCE by an IPv6 GID where there is
-    one (the Linux MAD layer matches responses over IPv4 GIDs badly; docs/decisions.md)."""
+    one (the Linux MAD layer matches responses over IPv4 GIDs badly; docs/decisions.md),
+    a routable one first: rxe on ``lo`` lists a link-local default GID that no address of
+    ``lo`` carries, and the kernel refuses a MAD sent to it (umad_send: EIO)."""
     grh = None
     if is_roce(port):
         gids = list(port.gids)
-        index = next(
-            (i for i, g in enumerate(gids) if g.ipv4_mapped is None and int(g)), 0
-        )
+        ipv6 = [i for i, g in enumerate(gids) if g.ipv4_mapped is None and int(g)]
+        index = next((i for i in ipv6 if not gids[i].is_link_local), ipv6[0] if ipv6 else 0)
         grh = Grh(dgid=gids[index], sgid_index=index)
     return MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=port.lid, grh=grh)
 
