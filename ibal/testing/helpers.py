@@ -94,6 +94,17 @@ def wait_wc(cq: Cq, timeout: float = DEFAULT_TIMEOUT) -> Wc:
     return wait_wcs(cq, 1, timeout)[0]
 
 
+def settle(ca: Ca, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """Let every access-layer callback queued so far run (completion, event, destroy...).
+
+    A completion callback is queued on the manager's completion queue when the
+    provider upcalls; flushing the queues is what proves one did not fire (a
+    waited destroy only covers the teardown queue).
+    """
+    if not ca.al.manager.queues.flush(timeout):
+        raise Timeout(f"waited {timeout} s for the access layer's callback queues to drain")
+
+
 def drain(cq: Cq) -> list[Wc]:
     """Every completion queued on ``cq`` now."""
     out: list[Wc] = []

@@ -15,7 +15,7 @@ from ibal.status import (
     ResourceBusy,
     Unsupported,
 )
-from ibal.testing.helpers import CallbackLog, Source, drain, wait_until, wait_wcs
+from ibal.testing.helpers import CallbackLog, Source, drain, settle, wait_until, wait_wcs
 from ibal.testing.suite.base import ConformanceBase, require
 from ibal.types import PortAttr, SendOpt, WcType
 
@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 
 
 def barrier(ca: Ca) -> None:
-    """Let every callback queued so far run: a waited destroy's callback comes after them."""
-    ca.alloc_pd().dealloc(wait=True)
+    """Let every callback queued so far run, so a callback that should not fire has fired if
+    it was going to (a waited destroy is no barrier: its callback runs on another queue)."""
+    settle(ca)
 
 
 def finish(src: Source, *cqs: Cq) -> None:
