@@ -1021,7 +1021,11 @@ class MadAgentSpec:
     in ``methods`` reach ``recv_cb``; so do responses to the requests this
     agent sent (matched by the TID's high 32 bits).  ``methods`` may be empty
     (an agent that only sends requests).  ``rmpp_version`` 0 means the caller
-    does RMPP itself (segments pass through unchanged).
+    does RMPP itself (segments pass through unchanged).  ``oui``: for a vendor
+    range 2 class (0x30..0x4F) only the requests whose class header carries
+    this OUI (bytes 37..39) reach the agent, 0 meaning OpenIB's
+    (:data:`OPENIB_OUI`, what libibumad's ``umad_register`` uses); it must be 0
+    for every other class.
     """
 
     port_num: int
@@ -1032,6 +1036,29 @@ class MadAgentSpec:
     send_cb: MadSendCallback | None = None
     methods: frozenset[int] = frozenset()
     rmpp_version: int = 0
+    oui: int = 0
+
+    @property
+    def vendor_oui(self) -> int:
+        """The OUI requests must carry to reach the agent (0: the class has none)."""
+        if not VENDOR_RANGE2_FIRST <= self.mgmt_class <= VENDOR_RANGE2_LAST:
+            return 0
+        return self.oui or OPENIB_OUI
+
+
+VENDOR_RANGE2_FIRST, VENDOR_RANGE2_LAST = 0x30, 0x4F
+"""Vendor management classes whose MADs carry an OUI (IBA 13.4.4)."""
+OPENIB_OUI = 0x001405
+"""OpenIB's OUI: libibumad registers vendor range 2 classes under it by default."""
+VENDOR_OUI = slice(37, 40)
+"""Where a vendor range 2 MAD carries its OUI (after the RMPP header and a reserved byte)."""
+
+
+def mad_vendor_oui(mad: bytes | bytearray) -> int:
+    """The OUI a MAD is routed by: bytes 37..39 for vendor range 2 classes, else 0."""
+    if not VENDOR_RANGE2_FIRST <= mad[1] <= VENDOR_RANGE2_LAST:
+        return 0
+    return int.from_bytes(mad[VENDOR_OUI], "big")
 
 
 def is_int(value: object) -> TypeGuard[int]:

@@ -99,6 +99,7 @@ class AliasQp(CaObject):
         rmpp_version: int = 0,
         context: Any = None,
         inline: bool = False,
+        oui: int = 0,
     ) -> MadAgent:
         """A MAD client of this alias's QP on its port.
 
@@ -107,7 +108,9 @@ class AliasQp(CaObject):
         ``send_cb(MadSendDone)`` one completion per :meth:`MadAgent.send`.
         Both run on the misc queue (``CANCELED`` ones on the teardown queue,
         right before the agent's destroy callback).  ``ResourceBusy`` if another agent of the
-        port already serves one of the methods.
+        port already serves one of the methods.  ``oui``: the vendor whose
+        requests of a vendor range 2 class (0x30..0x4F) reach the agent (the
+        class header's OUI; 0 for OpenIB's 00:14:05, libibumad's default).
 
         ``inline=True`` runs both on the thread that reports the MAD to the AL
         instead (the provider's own thread where it runs MAD agents, the
@@ -136,6 +139,7 @@ class AliasQp(CaObject):
             send_cb=agent._inline_send_done if inline else agent._queue_send_done,
             methods=meths,
             rmpp_version=rmpp_version,
+            oui=oui,
         )
         mad_port.check_agent_spec(spec)
         if not callable(recv_cb) or (send_cb is not None and not callable(send_cb)):

@@ -72,6 +72,7 @@ from ibal.types import (
     is_int,
     mad_error_reply,
     mad_is_response,
+    mad_vendor_oui,
 )
 
 if TYPE_CHECKING:
@@ -126,6 +127,12 @@ def check_agent_spec(spec: MadAgentSpec) -> None:
         raise InvalidParameter(f"management class {spec.mgmt_class!r} out of range")
     if not is_int(spec.class_version) or not 0 <= spec.class_version <= 0xFF:
         raise InvalidParameter(f"class version {spec.class_version!r} out of range")
+    if not is_int(spec.oui) or not 0 <= spec.oui <= 0xFFFFFF:
+        raise InvalidParameter(f"OUI {spec.oui!r} out of range (24 bits)")
+    if spec.oui and not spec.vendor_oui:
+        raise InvalidParameter(
+            f"class 0x{spec.mgmt_class:02x} has no OUI (vendor range 2 only: 0x30..0x4f)"
+        )
     for m in spec.methods:
         if not is_int(m) or not 0 <= m < 0x80:
             raise InvalidParameter(f"method {m!r} is not a request method (0..0x7f)")
@@ -227,7 +234,8 @@ class SplQpTransport(MadTransport):
         super().__init__(cica, port_num, qp_num)
         self._lock = threading.Lock()
         self._agents: dict[int, _SplAgent] = {}
-        self._methods: dict[tuple[int, int, int], _SplAgent] = {}
+        # (class, version, method, OUI): the OUI is 0 outside vendor range 2
+        self._methods: dict[tuple[int, int, int, int], _SplAgent] = {}
         self._free_slots: list[int] = []
         self._slot_owner: dict[int, tuple[_Out | None, Any]] = {}  # slot -> send, AV
         self._open = False
@@ -317,12 +325,14 @@ class SplQpTransport(MadTransport):
                 "ibal.mad.enable_rmpp)"
             )
         with self._lock:
-            keys = [(spec.mgmt_class, spec.class_version, m) for m in spec.methods]
+            oui = spec.vendor_oui
+            keys = [(spec.mgmt_class, spec.class_version, m, oui) for m in spec.methods]
             taken = [k for k in keys if k in self._methods]
             if taken:
-                c, v, m = taken[0]
+                c, v, m, _o = taken[0]
+                of = f" OUI {oui:06x}" if oui else ""
                 raise ResourceBusy(
-                    f"class 0x{c:02x} version {v} method 0x{m:02x} has an agent on "
+                    f"class 0x{c:02x}{of} version {v} method 0x{m:02x} has an agent on "
                     f"port {self.port_num} QP{self.qp_num}"
                 )
             agent = _SplAgent(spec, next(_AGENT_IDS) & 0xFFFFFFFF)
@@ -571,7 +581,7 @@ class SplQpTransport(MadTransport):
                     if out.timer is not None:
                         out.timer.cancel()
             else:
-                agent = self._methods.get((mad[1], mad[2], mad[3]))
+                agent = self._methods.get((mad[1], mad[2], mad[3], mad_vendor_oui(mad)))
         if agent is None:
             self._unclaimed(recv)
             return
@@ -591,7 +601,7 @@ class SplQpTransport(MadTransport):
             self._to_sma(recv)
             return
         with self._lock:
-            status = unserved_status(self._methods, mad[1], mad[2])
+            status = unserved_status(self._methods, mad[1], mad[2], mad_vendor_oui(mad))
         reply = mad_error_reply(mad, status)
         if reply is None:
             self.stats["dropped_unclaimed"] += 1
@@ -634,14 +644,16 @@ def _rmpp_active(mad: bytes) -> bool:
 
 
 def unserved_status(
-    served: Iterable[tuple[int, int, int]], mgmt_class: int, class_version: int
+    served: Iterable[tuple[int, int, int, int]], mgmt_class: int, class_version: int,
+    oui: int = 0,
 ) -> int:
     """The status owed to a request nobody serves (IBA 13.4.7): bad version when the
     class at that version has no agent on the port, unsupported method otherwise.
+    A vendor range 2 class is one class per OUI: another vendor's is not served.
 
-    ``served``: the (class, version, method) triples the port serves.
+    ``served``: the (class, version, method, OUI) keys the port serves.
     """
-    if any(c == mgmt_class and v == class_version for c, v, _m in served):
+    if any(c == mgmt_class and v == class_version and o == oui for c, v, _m, o in served):
         return MAD_STATUS_UNSUPPORTED_METHOD
     return MAD_STATUS_BAD_VERSION
 

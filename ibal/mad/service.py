@@ -497,6 +497,7 @@ def reg_mad_svc(alias: AliasQp, svc: MadSvc, pool_key: PoolKey | None = None) ->
         methods=svc.methods if svc.support_unsol else (),
         rmpp_version=1 if does_rmpp and alias.segments_rmpp else 0,
         context=svc.context,
+        oui=svc.oui,
     )
     service._attach(agent)
     return service

@@ -56,7 +56,10 @@ class MadSvc:
     attribute IDs: a Get/Set for another attribute is answered "unsupported
     method/attribute" (0x000C) by the service.  ``max_unsolicited`` bounds the
     unsolicited elements the user holds; past it they are dropped and counted
-    (responses to this service's requests never are).
+    (responses to this service's requests never are).  ``oui`` is an ibal
+    addition (IBAL's MAD layer took every OUI): for a vendor range 2 class
+    (0x30..0x4F) the vendor whose requests reach the service, as the class
+    header carries it; 0 means OpenIB's 00:14:05, libibumad's default.
     """
 
     mgmt_class: int
@@ -69,6 +72,7 @@ class MadSvc:
     attributes: Mapping[int, frozenset[int]] | None = None
     max_unsolicited: int = 256
     context: Any = None
+    oui: int = 0
 
 
 class RmppSessions(Protocol):
@@ -104,6 +108,10 @@ def check_svc(svc: object, qp_num: int) -> MadSvc:
         raise InvalidParameter("subnet management classes on QP0, every other class on QP1")
     if svc.support_unsol and not (svc.mgmt_class and svc.mgmt_version and svc.methods):
         raise InvalidParameter("an unsolicited service needs a class, a version and methods")
+    if not is_int(svc.oui) or not 0 <= svc.oui <= 0xFFFFFF:
+        raise InvalidParameter("oui must be a 24-bit int")
+    if svc.oui and not 0x30 <= svc.mgmt_class <= 0x4F:
+        raise InvalidParameter("only vendor range 2 classes (0x30..0x4f) have an OUI")
     if not is_int(svc.max_unsolicited) or svc.max_unsolicited < 1:
         raise InvalidParameter("max_unsolicited must be a positive int")
     return svc

@@ -201,6 +201,44 @@ def test_unserved_requests_get_the_status_iba_requires(
         net.b_stats()
 
 
+VENDOR_R2 = 0x31  # a vendor range 2 class: its requests are routed by the OUI too
+OPENIB, OTHER_OUI, NOBODY_OUI = b"\x00\x14\x05", b"\x00\x02\xc9", b"\x12\x34\x56"
+
+
+def test_vendor_range2_requests_route_by_the_oui(net: Net) -> None:
+    from ibal.mad import MadSvc, reg_mad_svc
+
+    for cls, oui in ((VENDOR, 0x0002C9), (VENDOR_R2, 1 << 24), (VENDOR_R2, -1)):
+        with pytest.raises(InvalidParameter):  # an OUI only for 0x30..0x4f, 24 bits
+            reg_mad_svc(net.b.alias, MadSvc(cls, 1, lambda _e: None, oui=oui))
+    _openib, o_in = net.service(net.b, VENDOR_R2, methods={GET})  # OUI 0: OpenIB's
+    _other, x_in = net.service(net.b, VENDOR_R2, methods={GET}, oui=0x0002C9)
+    with pytest.raises(ResourceBusy):  # one service per (class, version, method, OUI)
+        net.service(net.b, VENDOR_R2, methods={GET}, oui=0x0002C9)
+    asker, a_in = net.service(net.a, VENDOR_R2)
+    for oui, low in ((OTHER_OUI, 7), (OPENIB, 8)):
+        e = request(asker, net, mad(VENDOR_R2, GET, tid=low, payload=bytes(13) + oui),
+                    resp=False)
+        e.addr = net.b.addr()
+        asker.send(e)
+    got_x, got_o = x_in.recv(), o_in.recv()
+    assert (got_x.tid & 0xFFFFFFFF, bytes(got_x.mad[37:40])) == (7, OTHER_OUI)
+    assert (got_o.tid & 0xFFFFFFFF, bytes(got_o.mad[37:40])) == (8, OPENIB)
+    stray = request(asker, net, mad(VENDOR_R2, GET, tid=9, payload=bytes(13) + NOBODY_OUI))
+    stray.addr = net.b.addr()
+    asker.send(stray)
+    resp = a_in.recv()
+    assert resp.request is stray
+    # Another vendor's class is not served at all (IBA 13.4.7: 0x0004); the kernel
+    # answers every unserved Get 0x000C (docs/decisions.md).
+    status = b"\x00\x04" if net.al_owns_qp1 else b"\x00\x0c"
+    assert resp.mad[3] == GET_RESP and resp.mad[4:6] == status
+    assert bytes(resp.mad[37:40]) == NOBODY_OUI
+    assert o_in.recvs.empty() and x_in.recvs.empty()
+    if net.al_owns_qp1:
+        net.b_stats(answered_0x0004=1)
+
+
 def test_unserved_attribute_is_answered_0x000c_by_the_service(net: Net) -> None:
     server, s_in = net.service(net.b, methods={GET}, attributes={GET: frozenset({0x10})})
     asker, a_in = net.service(net.a)

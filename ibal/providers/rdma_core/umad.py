@@ -56,6 +56,7 @@ from ibal.status import (
 from ibal.types import (
     MAD_HEADER_SIZE,
     MAD_SIZE,
+    OPENIB_OUI,
     QP1_WELL_KNOWN_QKEY,
     Gid,
     Grh,
@@ -229,6 +230,10 @@ class Lib:
             "umad_close_port": (i, [i]),
             "umad_get_fd": (i, [i]),
             "umad_register": (i, [i, i, i, ctypes.c_uint8, ctypes.POINTER(ctypes.c_long)]),
+            "umad_register_oui": (
+                i, [i, i, ctypes.c_uint8, ctypes.POINTER(ctypes.c_uint8),
+                    ctypes.POINTER(ctypes.c_long)],
+            ),
             "umad_unregister": (i, [i, i]),
             "umad_send": (i, [i, i, p, i, i, i]),
             "umad_recv": (i, [i, p, ctypes.POINTER(i), i]),
@@ -407,8 +412,8 @@ class UmadAgents:
     def __init__(self, ca_name: str, *, keep_open: bool = False) -> None:
         self.ca_name = ca_name
         self.keep_open = keep_open
-        # (port, class, version, rmpp) -> umad agent ids registered but unused (keep_open)
-        self._parked: dict[tuple[int, int, int, int], list[int]] = {}
+        # (port, class, version, rmpp, OUI) -> umad agent ids registered but unused (keep_open)
+        self._parked: dict[tuple[int, int, int, int, int], list[int]] = {}
         # The tables (ports, agents, pending TIDs): held briefly, never across an upcall
         # or a umad_send, so senders do not wait for the receive thread's dispatch.
         self._lock = threading.RLock()
@@ -446,15 +451,22 @@ class UmadAgents:
                 f"the kernel puts class 0x{spec.mgmt_class:02x} on QP{0 if smp else 1}"
             )
         lib = load().lib
-        key = (spec.port_num, spec.mgmt_class, spec.class_version, spec.rmpp_version)
+        oui = spec.vendor_oui
+        if oui not in (0, OPENIB_OUI) and spec.class_version != 1:
+            # umad_register_oui has no version: libibumad registers version 1
+            raise Unsupported(
+                f"libibumad registers another vendor's class 0x{spec.mgmt_class:02x} "
+                "at class version 1 only"
+            )
+        key = (spec.port_num, spec.mgmt_class, spec.class_version, spec.rmpp_version, oui)
         with self._lock:
             port = self._port(spec.port_num)
             # libibumad reports every refusal of the kernel as EPERM: a method another
             # agent of this process serves is told apart here, as the contract asks.
             for a in port.agents.values():
                 other = a.spec
-                if (other.qp_num, other.mgmt_class, other.class_version) == (
-                    spec.qp_num, spec.mgmt_class, spec.class_version
+                if (other.qp_num, other.mgmt_class, other.class_version, other.vendor_oui) == (
+                    spec.qp_num, spec.mgmt_class, spec.class_version, oui
                 ) and other.methods & spec.methods:
                     raise ResourceBusy(
                         f"class 0x{spec.mgmt_class:02x} version {spec.class_version} methods "
@@ -463,6 +475,11 @@ class UmadAgents:
             parked = self._parked.get(key)
             if parked:  # umad2sim: no new registration (it has 32 per device)
                 rc = parked.pop()
+            elif oui not in (0, OPENIB_OUI):  # umad_register uses OpenIB's OUI
+                rc = lib.umad_register_oui(
+                    port.portid, spec.mgmt_class, spec.rmpp_version,
+                    (ctypes.c_uint8 * 3)(*oui.to_bytes(3, "big")), _method_mask(spec.methods),
+                )
             else:
                 rc = lib.umad_register(
                     port.portid, spec.mgmt_class, spec.class_version, spec.rmpp_version,
@@ -542,7 +559,7 @@ class UmadAgents:
 
     def _park(self, agent: UmadAgent) -> None:
         s = agent.spec
-        key = (s.port_num, s.mgmt_class, s.class_version, s.rmpp_version)
+        key = (s.port_num, s.mgmt_class, s.class_version, s.rmpp_version, s.vendor_oui)
         self._parked.setdefault(key, []).append(agent.agent_id)
 
     def close(self) -> None:
