@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from ibal.mad.consts import MAD_SIZE, RESPONSE_BIT
+from ibal.mad.consts import MAD_SIZE, RESPONSE_BIT, is_vendor_range2
 from ibal.mad.header import MAD_HEADER
 from ibal.wire.fields import Buffer, F, FieldError, Table
 
@@ -33,6 +33,7 @@ COMMON_HEADER_SIZE = MAD_HEADER.size  # 24
 RMPP_OFFSET = COMMON_HEADER_SIZE
 RMPP_HEADER_SIZE = 12
 RMPP_DATA = RMPP_OFFSET + RMPP_HEADER_SIZE  # 36: class header, then the segment's data
+VENDOR_HEADER_SIZE = 4  # vendor range 2's class header: a reserved byte, the OUI
 SEGMENT_AREA = MAD_SIZE - RMPP_DATA  # 220
 RMPP_VERSION = 1
 NO_RESP_TIME = 0x1F
@@ -241,9 +242,16 @@ class _Machine:
 
 
 def _reply_header(mad: Buffer) -> bytearray:
-    """A MAD answering ``mad`` in the other direction (response bit flipped, body zero)."""
+    """A MAD answering ``mad`` in the other direction (response bit flipped, body zero).
+
+    A vendor range 2 class keeps its class header (reserved byte, OUI) after the
+    RMPP header: MAD layers route those classes by the OUI (the kernel's ACKs
+    carry it too), so an ACK without it would reach no agent."""
     out = bytearray(MAD_SIZE)
     out[:COMMON_HEADER_SIZE] = mad[:COMMON_HEADER_SIZE]
+    if is_vendor_range2(mad[1]):
+        vendor = slice(RMPP_DATA, RMPP_DATA + VENDOR_HEADER_SIZE)
+        out[vendor] = mad[vendor]
     out[_METHOD_BYTE] ^= RESPONSE_BIT
     return out
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ibal.mad.consts import Method, MgmtClass
+from ibal.mad.consts import Method, MgmtClass, is_vendor_range2
 from ibal.mad.header import header
 from ibal.mad.pool import ElementState, MadElement
 from ibal.mad.rmpp import is_rmpp
@@ -110,7 +110,7 @@ def check_svc(svc: object, qp_num: int) -> MadSvc:
         raise InvalidParameter("an unsolicited service needs a class, a version and methods")
     if not is_int(svc.oui) or not 0 <= svc.oui <= 0xFFFFFF:
         raise InvalidParameter("oui must be a 24-bit int")
-    if svc.oui and not 0x30 <= svc.mgmt_class <= 0x4F:
+    if svc.oui and not is_vendor_range2(svc.mgmt_class):
         raise InvalidParameter("only vendor range 2 classes (0x30..0x4f) have an OUI")
     if not is_int(svc.max_unsolicited) or svc.max_unsolicited < 1:
         raise InvalidParameter("max_unsolicited must be a positive int")

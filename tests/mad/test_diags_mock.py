@@ -25,11 +25,12 @@ Ends = frozenset[tuple[int, int]]
 
 
 @contextmanager
-def client_on(fabric: MockFabric, ca: str = "mock0", via: str = "service") -> Iterator[MadClient]:
+def client_on(fabric: MockFabric, ca: str = "mock0", via: str = "service",
+              timeout_ms: int = 2000) -> Iterator[MadClient]:
     mgr = AlManager()
     mgr.add_provider(MockProvider({"fabric": fabric}))
     al = mgr.open_al()
-    client = MadClient(pick_port(al, ca, via=via), timeout_ms=2000)
+    client = MadClient(pick_port(al, ca, via=via), timeout_ms=timeout_ms)
     try:
         yield client
     finally:
@@ -219,6 +220,34 @@ def test_perfquery_prints_the_counters_and_resets_them(extended: bool) -> None:
         again = fields(diags.perfquery(client, port.lid, 2, extended=extended))
     # since the reset: the Set's and ClassPortInfo's responses out, ClassPortInfo and this in
     assert [int(again[n]) for n in PC_NAMES] == [2 * MAD_WORDS, 2 * MAD_WORDS, 2, 2]
+
+
+def test_perfquery_counts_the_smps_and_mads_a_port_dropped() -> None:
+    from ibal.mad.consts import Method, MgmtClass, SmpAttr
+    from ibal.mad.rpc import Request
+
+    fabric = ring_fabric()
+    s0, s1 = fabric.switch, fabric.switches[1]
+    dual = fabric.ca("dual").ports[0]  # no AL opened its CA: no QP0/QP1 there
+    to_s1 = next(n for n, ln in enumerate(s0.port_links) if ln is not None and s1 in (ln.a, ln.b))
+    to_dual = s1.port_of(dual.link)
+    # A directed route on through dual's port: a CA does not forward, its port drops it.
+    through = PortId(dr_path=(1, to_s1, to_dual, 1))
+    # A MAD for QP1 of a port where nobody opened QP1 (the PMA only takes PerfMgt).
+    vendor = Request(0x09, Method.GET, 0x10, PortId(lid=dual.lid))
+    with client_on(fabric, timeout_ms=50) as client:
+        client.retries = 0
+        before = fields(diags.perfquery(client, dual.lid, dual.num))
+        assert (before["VL15Dropped"], before["QP1Dropped"]) == ("0", "0")
+        for req in (Request(MgmtClass.SUBN_DR, Method.GET, SmpAttr.NODE_INFO, through),
+                    vendor, vendor):  # fmt: skip
+            assert client.call(req).mad is None  # dropped: no answer
+        got = fields(diags.perfquery(client, dual.lid, dual.num))
+        assert (got["VL15Dropped"], got["QP1Dropped"]) == ("1", "2")
+        diags.perfquery(client, dual.lid, dual.num, reset=True)  # CounterSelect(2) all set
+        again = fields(diags.perfquery(client, dual.lid, dual.num))
+    assert (again["VL15Dropped"], again["QP1Dropped"]) == ("0", "0")
+    fabric.close()
 
 
 # ---------------------------------------------------------------- the CLI on the mock provider

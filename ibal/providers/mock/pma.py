@@ -11,6 +11,15 @@ Switch ports count every message crossing them (:meth:`Engine._transmit`),
 and the error counters what the fabric's faults make of the traffic:
 PortRcvErrors a packet arriving with a bad ICRC, PortXmitDiscards one the
 port could not send (no live route), LinkDownedCounter a link going down.
+QP1Dropped counts the MADs a CA port dropped at QP1 (no QP1 open, QP1 not
+ready, no receive posted), VL15Dropped the SMPs a port dropped: one the
+port's SMI discarded (malformed, a hop count past 63, a directed route
+through a dead port or a CA, a LID-routed leg that does not lead on), at the
+node where it stopped (the sender's port for one it could not send), and an
+SMP response arriving at a QP0 that cannot take it.  MADs the access layer
+drops above the CA (no agent of the class, a bad header) are not the
+port's: they are in ``AliasQp.transport_stats``, as the kernel's MAD-layer
+drops are not in a real HCA's PMA.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ if TYPE_CHECKING:
 # A port's counters (MockPort.pm, Switch.pm[n]): the raw counters, then PortCounters' and
 # PortCountersExtended's baselines (a Set copies the raw value into the baseline)
 XMIT_DATA, RCV_DATA, XMIT_PKTS, RCV_PKTS = 0, 1, 2, 3
-RCV_ERRORS, XMIT_DISCARDS, LINK_DOWNED = 4, 5, 6
+RCV_ERRORS, XMIT_DISCARDS, LINK_DOWNED, QP1_DROPPED, VL15_DROPPED = 4, 5, 6, 7, 8
 PC_BASE, PCE_BASE = PM_RAW, 2 * PM_RAW
 MAX32 = 0xFFFF_FFFF
 ALL_PORTS = 0xFF
@@ -54,6 +63,9 @@ _PC = {
     RCV_ERRORS: (1 << 3, "port_rcv_errors", 0xFFFF),
     XMIT_DISCARDS: (1 << 6, "port_xmit_discards", 0xFFFF),
     LINK_DOWNED: (1 << 2, "link_downed_counter", 0xFF),
+    VL15_DROPPED: (1 << 11, "vl15_dropped", 0xFFFF),
+    # QP1Dropped is selected by CounterSelect2 (bit 0 here; perfquery -R sets all 8)
+    QP1_DROPPED: (1 << 16, "qp1_dropped", 0xFFFF),
 }
 # PortCountersExtended (16.1.4.11): 64 bits, no saturation in practice
 _PCE = {
@@ -149,11 +161,15 @@ def _answer(ports: dict[int, list[int]], mad: bytes) -> bytearray:
     base, counters = (PCE_BASE, _PCE) if ext else (PC_BASE, _PC)
     if method == Method.SET:
         mask = int(req["counter_select"])
+        if not ext and int(req["counter_select2"]) & 1:
+            mask |= 1 << 16
         for pm in pms:
             for i, (bit, _, _) in counters.items():
                 if mask & bit:
                     pm[base + i] = pm[i]
     values = {name: min(sum(pm[i] - pm[base + i] for pm in pms), top)
               for i, (_, name, top) in counters.items()}  # fmt: skip
+    if not ext:
+        values["counter_select2"] = int(req["counter_select2"])
     out = table.encode(port_select=select, counter_select=req["counter_select"], **values)
     return respond(mad, data=out)

@@ -39,7 +39,7 @@ from ibal.providers.mock.packets import (
     PacketOp,
     psn_diff,
 )
-from ibal.providers.mock.pma import RCV_ERRORS
+from ibal.providers.mock.pma import QP1_DROPPED, RCV_ERRORS, VL15_DROPPED
 from ibal.providers.mock.topology import MockPort
 from ibal.providers.mock.transmit import Transmit
 from ibal.transport.rules import atomic_result, pkey_match
@@ -82,6 +82,8 @@ class Responder(Transmit):
             qp = port.special[qpn] if qpn <= 1 else port.ca.qps.get(qpn)
             if qp is None or qp.transport is not _UD or qp.port is not port:
                 self._drop("dropped_no_dest")
+                if qpn <= 1:
+                    port.pm[QP1_DROPPED if qpn else VL15_DROPPED] += 1
                 return
             self._ud_rx(qp, pkt)
             return
@@ -361,6 +363,14 @@ class Responder(Transmit):
         elif got is not None:
             got[0].write(got[1], pkt.payload)
 
+    @staticmethod
+    def _special_drop(qp: MockQp, port: MockPort) -> None:
+        """A MAD QP0/QP1 could not take: the port's VL15Dropped/QP1Dropped counts it."""
+        if qp.qp_type is QpType.QP1:
+            port.pm[QP1_DROPPED] += 1
+        elif qp.qp_type is QpType.QP0:
+            port.pm[VL15_DROPPED] += 1
+
     def _mcast_rx(self, pkt: Packet) -> None:
         port = pkt.dst_port
         src_ca = pkt.src_port.ca
@@ -382,6 +392,7 @@ class Responder(Transmit):
         state = qp.state
         if state is not _RTS and state is not _RTR and state is not _SQD and state is not _SQERR:
             self._drop("dropped_state")
+            self._special_drop(qp, pkt.dst_port)
             return
         port = pkt.dst_port
         qp_type = qp.qp_type
@@ -415,6 +426,7 @@ class Responder(Transmit):
         taken = self._take_recv(qp)
         if taken is None:
             self._drop("dropped_no_recv")
+            self._special_drop(qp, port)
             return
         (wr_id, sges), rpd = taken
         grh = pkt.grh

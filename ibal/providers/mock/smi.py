@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from ibal.mad.consts import MgmtClass
 from ibal.providers.mock import sma
+from ibal.providers.mock.pma import VL15_DROPPED
 from ibal.providers.mock.sm import link_peer
 from ibal.providers.mock.topology import MockPort, Switch
 
@@ -47,7 +48,7 @@ Hop = tuple[MockPort | Switch, int]  # a node and the port an SMP entered it by
 def send(fabric: MockFabric, src: MockPort, mad: bytes, dlid: int | None = None) -> bytes | None:
     """The response to SMP ``mad`` sent from ``src`` (LID-routed ones to ``dlid``)."""
     if len(mad) != 256:
-        return _dropped(fabric)
+        return _dropped(fabric, src, src.num)
     if mad[1] == MgmtClass.SUBN_DR:
         return _directed(fabric, src, bytearray(mad), dlid)
     if mad[1] != MgmtClass.SUBN_LID:
@@ -57,12 +58,12 @@ def send(fabric: MockFabric, src: MockPort, mad: bytes, dlid: int | None = None)
     fabric.sm.refresh()
     there = _lid_walk(src, src.num, dlid)
     if there is None:
-        return _dropped(fabric)
+        return _dropped(fabric, src, src.num)
     node, in_port = there
     resp = sma.answer(fabric, node, in_port, mad)
     back = _lid_walk(node, 0 if isinstance(node, Switch) else node.num, src.lid)
     if back is None or back[0] is not src:
-        return _dropped(fabric)
+        return _dropped(fabric, node, in_port)
     return bytes(resp)
 
 
@@ -76,8 +77,11 @@ def reaches(fabric: MockFabric, src: MockPort, sw: Switch) -> bool:
     return back is not None and back[0] is src
 
 
-def _dropped(fabric: MockFabric) -> bytes | None:
+def _dropped(fabric: MockFabric, at: MockPort | Switch, port: int) -> bytes | None:
+    """Drop an SMP where it stopped: ``at``'s port ``port`` counts it (VL15Dropped)."""
     fabric.counters.smp_dropped += 1
+    pm = at.pm if isinstance(at, MockPort) else at.pm[port if 0 <= port < len(at.pm) else 0]
+    pm[VL15_DROPPED] += 1
     return None
 
 
@@ -116,7 +120,7 @@ def _directed(
     dr_slid = int.from_bytes(m[32:34], "big")
     dr_dlid = int.from_bytes(m[34:36], "big")
     if hop_cnt > MAX_HOPS or hop_ptr != 0 or m[4] & 0x80:
-        return _dropped(fabric)
+        return _dropped(fabric, src, src.num)
     head, tail = dr_slid != PERMISSIVE_LID, dr_dlid != PERMISSIVE_LID
     if hop_cnt == 0 and (not head or dlid is None):  # the requester's own SMA: no path
         m[_HOP_PTR] = 1
@@ -130,20 +134,20 @@ def _directed(
     start: MockPort | Switch = src
     if head:
         if dlid is None or dlid == PERMISSIVE_LID or not _owns(src, dr_slid):
-            return _dropped(fabric)
+            return _dropped(fabric, src, src.num)
         there = _lid_walk(src, src.num, dlid)
         if there is None or not isinstance(there[0], Switch):
-            return _dropped(fabric)
+            return _dropped(fabric, src, src.num)
         start, in_port = there
     else:
         in_port = src.num
     end = start
     for hop_ptr in range(1, hop_cnt + 1):
         if hop_ptr > 1 and not isinstance(end, Switch):  # a CA does not forward
-            return _dropped(fabric)
+            return _dropped(fabric, end, in_port)
         hop = _out_link(end, m[_INITIAL + hop_ptr])
         if hop is None:
-            return _dropped(fabric)
+            return _dropped(fabric, end, in_port)
         end, in_port = hop
         m[_RETURN + hop_ptr] = in_port
     # The end of the directed part: with a LID-routed tail, a switch sends the SMP on to
@@ -152,34 +156,35 @@ def _directed(
     target, target_in = end, in_port
     if tail:
         if not isinstance(end, Switch):
-            return _dropped(fabric)
+            return _dropped(fabric, end, in_port)
         there = _lid_walk(end, 0, dr_dlid)
         if there is None:
-            return _dropped(fabric)
+            return _dropped(fabric, end, in_port)
         target, target_in = there
     elif head and hop_cnt == 0 and not isinstance(target, Switch):
-        return _dropped(fabric)  # C14-13:3: only a switch starts a LID-routed return
+        # C14-13:3: only a switch starts a LID-routed return
+        return _dropped(fabric, target, target_in)
     resp = sma.answer(fabric, target, target_in, m)
     if tail:
         back = _lid_walk(target, _lid_out(target), end.lid) if isinstance(end, Switch) else None
         if back is None or back[0] is not end:
-            return _dropped(fabric)
+            return _dropped(fabric, target, target_in)
     # Back along the return path; each node leaves by return_path[hop pointer].
     here: MockPort | Switch = end
     for ptr in range(hop_cnt, 0, -1):
         back = _out_link(here, resp[_RETURN + ptr])
         if back is None:
-            return _dropped(fabric)
-        here = back[0]
+            return _dropped(fabric, here, resp[_RETURN + ptr])
+        here, entered = back
         if ptr > 1 and not isinstance(here, Switch):
-            return _dropped(fabric)
+            return _dropped(fabric, here, entered)
     if here is not start:
-        return _dropped(fabric)
+        return _dropped(fabric, here, 0)
     if head:  # LID-routed from the start of the directed part back to DrSLID
         assert isinstance(start, Switch)
         back = _lid_walk(start, 0, dr_slid)
         if back is None or back[0] is not src:
-            return _dropped(fabric)
+            return _dropped(fabric, start, 0)
     resp[_HOP_PTR] = 0
     return bytes(resp)
 

@@ -24,7 +24,7 @@ Route = tuple["MockPort", tuple["Link", ...]]
 
 # Performance counters of a port (CA or switch), see ibal.providers.mock.pma: the raw
 # counters (data and packets, then the error counters) and each attribute's baselines
-PM_RAW = 7
+PM_RAW = 9
 PM_SLOTS = 3 * PM_RAW
 
 
