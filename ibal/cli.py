@@ -517,21 +517,26 @@ def _lid_arg(text: str | None) -> int:
 @click.argument("end", required=False)
 @click.option("-a", "--all", "all_lids", is_flag=True, help="Show invalid out ports too.")
 @click.option("-n", "--no_dests", is_flag=True, help="Do not resolve destinations.")
+@click.option("-M", "--Multicast", "multicast", is_flag=True,
+              help="The multicast forwarding table (MLIDs).")  # fmt: skip
 @click.option("-D", "--Direct", "directed", is_flag=True, help="TARGET is a DR path (0,1,3).")
 @click.option("-G", "--Guid", "by_guid", is_flag=True, help="TARGET is a port GUID (via the SA).")
 @_diag_options
 def ibroute(
     target: str, start: str | None, end: str | None, all_lids: bool, no_dests: bool,
-    directed: bool, by_guid: bool, ca_name: str | None, port_num: int | None, timeout_ms: int,
-    via: str, providers: tuple[str, ...], options: tuple[str, ...],
+    multicast: bool, directed: bool, by_guid: bool, ca_name: str | None,
+    port_num: int | None, timeout_ms: int, via: str, providers: tuple[str, ...],
+    options: tuple[str, ...],
 ) -> None:  # fmt: skip
-    """ibroute: the unicast forwarding table of switch TARGET [from LID START to END]."""
+    """ibroute: the unicast (-M: multicast) forwarding table of switch TARGET [from START
+    to END]."""
     from ibal.tools.diags import ibroute as run
 
     first, last = _lid_arg(start), _lid_arg(end)
     with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
         to = _target(client, target, directed, by_guid)
-        click.echo(run(client, to, first, last, all_lids=all_lids, no_dests=no_dests), nl=False)
+        click.echo(run(client, to, first, last, all_lids=all_lids, no_dests=no_dests,
+                       multicast=multicast), nl=False)  # fmt: skip
 
 
 @main.command()

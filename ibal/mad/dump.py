@@ -739,3 +739,81 @@ def ibroute(
         n += 1
     lines.append(f"{n} {'' if all_lids else 'valid '}lids dumped ")
     return _text(lines)
+
+
+# ---------------------------------------------------------------- ibroute -M
+
+MCAST_MIN_LID: Final = 0xC000
+MCAST_MAX_LID: Final = 0xFFFE  # ibroute's last MLID (0xFFFF is the permissive LID)
+_MFT_BLOCK: Final = 32  # MLIDs per MulticastForwardingTable block
+_MFT_PORTS: Final = 16  # ports per PortMask (one position)
+
+
+def ibroute_mcast_span(
+    switch_info: Buffer, start: int = 0, end: int = 0, *, all_mlids: bool = False
+) -> tuple[int, int]:
+    """The MLIDs ``ibroute -M SWITCH [START [END]]`` dumps: END (0: none) capped at the
+    switch's MulticastFDBCap, then (without ``-a``) at a valid MulticastFDBTop; START
+    raised to 0xC000."""
+    si = smp.SWITCH_INFO.decode(switch_info)
+    cap, top = int(si["multicast_fdb_cap"]), int(si["multicast_fdb_top"])
+    if not end or end > MCAST_MIN_LID + cap - 1:
+        end = MCAST_MIN_LID + cap - 1
+    if not all_mlids and top and top < end and top >= MCAST_MIN_LID - 1:
+        end = top
+    start = max(start, MCAST_MIN_LID)
+    return start, min(end, MCAST_MAX_LID)
+
+
+def ibroute_mcast_mods(span: tuple[int, int], num_ports: int) -> list[int]:
+    """The MulticastForwardingTable attribute modifiers ibroute reads for ``span``: every
+    block from START's to END's, each at every position a port of the switch is in."""
+    start, end = span
+    positions = -(-(num_ports + 1) // _MFT_PORTS)
+    first = MCAST_MIN_LID // _MFT_BLOCK
+    return [(block - first) | (pos << 28)
+            for block in range(start // _MFT_BLOCK, end // _MFT_BLOCK + 1)
+            for pos in range(positions)]  # fmt: skip
+
+
+def ibroute_mcast(
+    node_info: Buffer, node_desc: Buffer, target: str, span: tuple[int, int],
+    blocks: Mapping[int, Buffer], *, brief: bool = False, all_mlids: bool = False,
+) -> str:  # fmt: skip
+    """What ``ibroute -M [-n] [-a] SWITCH`` prints: each MLID of ``span`` whose PortMask
+    has a port (every one with ``all_mlids``), as a row of ``x`` under the port numbers
+    or (``brief``, ``-n``) as the 16-bit masks.  ``blocks`` maps each modifier of
+    :func:`ibroute_mcast_mods` to its MulticastForwardingTable data."""
+    ni = smp.NODE_INFO.decode(node_info)
+    nports = int(ni["num_ports"])
+    start, end = span
+    lines = [f"Multicast mlids [0x{start:x}-0x{end:x}] of switch {target} "
+             f"guid 0x{int(ni['node_guid']):016x} ({_node_name(node_desc)}):"]  # fmt: skip
+    if brief:
+        lines.append(" MLid       Port Mask")
+    else:
+        ports = range(nports + 1)
+        if nports > 9:
+            # ibroute writes '0' + i / 10: past port 99 that is ':', ';'...
+            tens = "".join((" " if i % 10 else chr(0x30 + i // 10)) + " " for i in ports)
+            lines.append("            " + tens)
+        lines.append("     Ports: " + "".join(f"{i % 10} " for i in ports))
+        lines.append(" MLid")
+    positions = -(-(nports + 1) // _MFT_PORTS)
+    first = MCAST_MIN_LID // _MFT_BLOCK
+    n = 0
+    for mlid in range(start, end + 1):
+        block, index = divmod(mlid, _MFT_BLOCK)
+        masks = [int(smp.MULTICAST_FORWARDING_TABLE.unpack(
+            blocks[(block - first) | (pos << 28)])[index]) for pos in range(positions)]
+        if not any(masks) and not all_mlids:
+            continue
+        if brief:
+            row = "".join(f"{m:04x}" for m in masks)
+        else:
+            row = "".join("x " if masks[i // _MFT_PORTS] >> (i % _MFT_PORTS) & 1 else "  "
+                          for i in range(nports + 1))  # fmt: skip
+        lines.append(f"0x{mlid:04x}      {row}")
+        n += 1
+    lines.append(f"{n} {'' if all_mlids else 'valid '}mlids dumped ")
+    return _text(lines)

@@ -189,6 +189,12 @@ LINEAR_FORWARDING_TABLE: Final = Table(
     "LinearForwardingTable", [F(f"port{i}", 8) for i in range(64)]
 )
 
+MULTICAST_FORWARDING_TABLE: Final = Table(
+    "MulticastForwardingTable", [F(f"port_mask{i}", 16, hex=True) for i in range(32)]
+)
+"""32 MLIDs' PortMasks: AttributeModifier bits 0-8 the block (MLID - 0xC000) / 32,
+bits 28-31 the position (ports 16 * position .. + 15, bit n = port n of those)."""
+
 SM_INFO: Final = Table("SMInfo", [
     F("guid", 64, hex=True),
     F("sm_key", 64, hex=True),

@@ -97,10 +97,11 @@ _DEST_ATTRS: Final = (SmpAttr.NODE_INFO, SmpAttr.PORT_INFO, SmpAttr.NODE_DESC)
 
 def ibroute(
     client: MadClient, to: PortId, start: int = 0, end: int = 0, *, all_lids: bool = False,
-    no_dests: bool = False, window: int = 32,
+    no_dests: bool = False, window: int = 32, multicast: bool = False,
 ) -> str:  # fmt: skip
-    """What ``ibroute [-a] [-n] SWITCH [START [END]]`` prints: the switch's unicast
-    LinearForwardingTable, each destination named by its NodeInfo/PortInfo/NodeDescription.
+    """What ``ibroute [-a] [-n] [-M] SWITCH [START [END]]`` prints: the switch's unicast
+    LinearForwardingTable, each destination named by its NodeInfo/PortInfo/NodeDescription,
+    or (``multicast``, ``-M``) its MulticastForwardingTable (``-n``: the masks in hex).
 
     ibroute asks each destination LID in turn; here every valid LID is asked at once
     (``window`` SMPs in flight), which reads the same answers sooner.
@@ -108,6 +109,18 @@ def ibroute(
     from ibal.mad import dump
 
     ni, nd, si = _check_switch(client, to)
+    if multicast:
+        span = dump.ibroute_mcast_span(si, start, end, all_mlids=all_lids)
+        mods = dump.ibroute_mcast_mods(span, int(smp.NODE_INFO.decode(ni)["num_ports"]))
+        replies = client.call_many([smp_request(SmpAttr.MCAST_FT, to, m) for m in mods],
+                                   window=8)  # fmt: skip
+        bad = next((r for r in replies if not r.ok), None)
+        if bad is not None:  # ibroute's words, then it stops
+            raise MadError(f"SubnGet() failed; MAD status 0x{bad.status:x} "
+                           f"AM 0x{bad.request.attr_mod:x}")  # fmt: skip
+        blocks = {m: bytes(r.data) for m, r in zip(mods, replies, strict=True)}
+        return dump.ibroute_mcast(ni, nd, str(to), span, blocks, brief=no_dests,
+                                  all_mlids=all_lids)  # fmt: skip
     span = dump.ibroute_span(si, start, end)
     nums = dump.ibroute_blocks(span)
     blocks = dict(zip(nums, _blocks(client, SmpAttr.LINEAR_FT, to, len(nums), nums.start),

@@ -221,3 +221,60 @@ def test_ibroute_matches_fat_tree(ibsim_factory: Any, tmp_path: Path) -> None:
     tree = fat_tree(tmp_path / "fat.net", spines=2, leaves=4, hosts_per_leaf=3)
     fabric = ibsim_factory(tree.path)
     _check_ibroute(fabric, tree.hosts[0], [])
+
+
+QUERY_PROBE = Path(__file__).with_name("umad_query_probe.py")
+IPOIB_BROADCAST = bytes.fromhex("ff12401bffff000000000000ffffffff")  # OpenSM's default group
+
+
+def _join(fabric: Fabric, node: str, sm_lid: int) -> None:
+    """``node``'s port joins the IPoIB broadcast group as a full member (SubnAdmSet of an
+    MCMemberRecord to OpenSM's SA)."""
+    from ibal.mad import header, sa, smp
+    from ibal.mad.consts import MgmtClass, SaAttr, SmpAttr
+
+    def probe(reqs: list[dict[str, Any]]) -> dict[str, bytes]:
+        r = subprocess.run([sys.executable, str(QUERY_PROBE)], input=json.dumps(reqs),
+                           env=_env(fabric, node), cwd=fabric.workdir, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        return {k: bytes.fromhex(v) for k, v in got.items()}
+
+    dr = {"class": MgmtClass.SUBN_DR, "dr_path": [], "mod": 0}
+    got = probe([{"name": "pi", "attr": SmpAttr.PORT_INFO, **dr},
+                 {"name": "ni", "attr": SmpAttr.NODE_INFO, **dr}])  # fmt: skip
+    prefix = int(smp.PORT_INFO.decode(header.payload(got["pi"]))["gid_prefix"])
+    guid = int(smp.NODE_INFO.decode(header.payload(got["ni"]))["port_guid"])
+    gid = prefix.to_bytes(8, "big") + guid.to_bytes(8, "big")
+    rec = sa.MCMEMBER_RECORD.encode(mgid=IPOIB_BROADCAST, port_gid=gid, join_state=1)
+    mask = sa.component_mask(sa.MCMEMBER_RECORD, ["mgid", "port_gid", "join_state"])
+    got = probe([{"name": "join", "class": MgmtClass.SUBN_ADM, "method": 0x02,
+                  "attr": SaAttr.MCMEMBER_RECORD, "lid": sm_lid, "comp_mask": mask,
+                  "data": rec.hex()}])  # fmt: skip
+    assert header.header(got["join"]).status == 0, got["join"].hex()
+
+
+@pytest.mark.timeout(600)
+def test_ibroute_multicast_matches(ibsim_fabric: Fabric) -> None:
+    """``ibroute -M`` once two hosts joined the IPoIB broadcast group and OpenSM programmed
+    the switch's MulticastForwardingTable: the table, -n (masks), -a over a range, by DR
+    path."""
+    from ibal.testing.helpers import wait_until
+
+    lids = _lids(ibsim_fabric)
+    sw = str(lids["switch"])
+    empty = _tool(ibsim_fabric, ["ibroute", "-M", sw])
+    assert empty.endswith("\n0 valid mlids dumped \n")  # OpenSM's group has no member yet
+    assert _ibal(ibsim_fabric, [["ibroute", "-M", sw]])[0]["stdout"] == empty
+    for node in ("Host", "Peer"):
+        _join(ibsim_fabric, node, lids["sm"])
+    wait_until(lambda: "\n1 valid mlids dumped" in _tool(ibsim_fabric, ["ibroute", "-M", sw]),
+               "OpenSM programmed the group's MFT", timeout=60)  # fmt: skip
+    cases = [["-M", sw], ["-M", "-n", sw], ["-M", "-a", sw, "0xc000", "0xc021"],
+             ["-M", "-D", "0,1"], ["-M", sw, "0xc001"]]  # fmt: skip
+    ours = _ibal(ibsim_fabric, [["ibroute", *a] for a in cases])
+    for args, res in zip(cases, ours, strict=True):
+        assert res["stdout"] == _tool(ibsim_fabric, ["ibroute", *args]), args
+    rows = [ln for ln in ours[0]["stdout"].splitlines() if ln.startswith("0xc000")]
+    assert len(rows) == 1 and rows[0][6:].count("x") == 2  # the ports to Host and Peer
