@@ -546,16 +546,32 @@ def ibroute(
               help="Progress on stderr [default: when stderr is a terminal].")  # fmt: skip
 # bare agents by default: the client matches answers and retries itself, so the
 # service's pool elements and response linking are only cost (~30% of the CPU)
+@click.option("-s", "--show", is_flag=True, help="Show each node as it was found first.")
+@click.option("-g", "--grouping", "group", is_flag=True, help="Show grouping.")
+@click.option("-l", "--list", "list_all", is_flag=True, help="List the connected nodes.")
+@click.option("-H", "--Hca_list", "list_cas", is_flag=True, help="List the connected CAs.")
+@click.option("-S", "--Switch_list", "list_switches", is_flag=True,
+              help="List the connected switches.")  # fmt: skip
+@click.option("-R", "--Router_list", "list_routers", is_flag=True,
+              help="List the connected routers.")  # fmt: skip
+@click.option("-p", "--ports", is_flag=True, help="A ports report.")
 @functools.partial(_diag_options, via="agent")
 def discover(
-    window: int, progress: bool | None, ca_name: str | None, port_num: int | None,
-    timeout_ms: int, via: str, providers: tuple[str, ...], options: tuple[str, ...],
+    window: int, progress: bool | None, show: bool, group: bool, list_all: bool,
+    list_cas: bool, list_switches: bool, list_routers: bool, ports: bool,
+    ca_name: str | None, port_num: int | None, timeout_ms: int, via: str,
+    providers: tuple[str, ...], options: tuple[str, ...],
 ) -> None:  # fmt: skip
     """ibnetdiscover: sweep the fabric by directed route and print its topology."""
     from ibal.tools.diags import discover as run
 
+    # as ibnetdiscover: the last of -l/-H/-S/-R given wins; click gives no order, so
+    # -l (all three) takes precedence over a single type
+    types = ((1, 2, 3) if list_all else (1,) if list_cas else (2,) if list_switches
+             else (3,) if list_routers else ())  # fmt: skip
     with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
-        click.echo(run(client, window=window, progress=progress), nl=False)
+        click.echo(run(client, window=window, progress=progress, show=show, group=group,
+                       list_types=types, ports=ports), nl=False)  # fmt: skip
 
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -355,13 +355,98 @@ def _lines(topo: Topology) -> Iterator[str]:
                    f"{_rate(p, p.capmask)}")  # fmt: skip
 
 
-def ibnetdiscover_text(topo: Topology, generated: str) -> str:
-    """``topo`` as ``ibnetdiscover`` prints it; ``generated`` is the ctime() date it shows."""
+def ibnetdiscover_text(topo: Topology, generated: str, *, group: bool = False) -> str:
+    """``topo`` as ``ibnetdiscover`` prints it; ``generated`` is the ctime() date it shows.
+
+    ``group`` (``-g``): the grouped layout.  Chassis are not recognised (ibnetdiscover
+    knows some vendors' chassis by their GUIDs), so every node is a non-chassis one.
+    """
     root = topo.nodes[topo.root] if topo.root is not None else None
     head = ["#", f"# Topology file: generated on {generated}", "#"]
     if root is not None:
         head.append(f"# Initiated from node {root.guid:016x} port {root.port_guid:016x}")
-    return "".join(line + "\n" for line in (*head, *_lines(topo)))
+    body: Iterable[str] = _lines(topo)
+    if group:
+        # no chassis type or slot to name after a switch's GUIDs: the comment stays empty
+        head += ["", "Non-Chassis Nodes"]
+        body = (ln + "\t# " if ln.startswith("switchguid=") else ln for ln in body)
+    return "".join(line + "\n" for line in (*head, *body))
+
+
+_KIND = {1: ("Ca", "CA", "Channel Adapter"), 2: ("Switch", "SW", "Switch"),
+         3: ("Router", "RT", "Router")}  # fmt: skip
+
+
+def _by_type(topo: Topology, node_type: int) -> list[DiscNode]:
+    """ibnetdiscover's list of one node type: newest first."""
+    return [n for n in reversed(topo.nodes.values()) if n.node_type == node_type]
+
+
+def ibnetdiscover_list(topo: Topology, node_types: Iterable[int]) -> str:
+    """``ibnetdiscover -l`` (CAs, switches, routers), ``-H``, ``-S`` or ``-R``: one line
+    per node of ``node_types`` (``smp.NodeType`` values), in that type order."""
+    lines = []
+    for t in node_types:
+        for n in _by_type(topo, t):
+            ids = f"devid 0x{n.device_id:x} vendid 0x{n.vendor_id:x}"
+            lines.append(f"{_KIND[t][0]}\t : 0x{n.guid:016x} ports {n.num_ports} {ids} "
+                         f"\"{_clean(n.desc)}\"")  # fmt: skip
+    return "".join(line + "\n" for line in lines)
+
+
+def _port_rate(node: DiscNode, port: DiscPort) -> str:
+    """``-p``'s width and speed: a switch port's speed needs its port 0's CapabilityMask."""
+    info = node.ports.get(0) if node.is_switch else port
+    if info is None:
+        return f"{_WIDTH.get(0, '??')} {_SPEED.get(0, '???')}"
+    espeed = port.ext_speed if info.capmask & CAP_EXT_SPEEDS else 0
+    if port.speed != 4 and not espeed:
+        speed = _SPEED.get(port.speed, "???")
+    elif espeed == 0:
+        speed = _SPEED.get(port.speed, "???")  # FDR10 needs Mellanox's ExtPortInfo: not read
+    else:
+        speed = _EXT.get(espeed, "???")
+    return f"{_WIDTH.get(port.width, '??')} {speed}"
+
+
+def ibnetdiscover_ports(topo: Topology) -> str:
+    """``ibnetdiscover -p``: every port the sweep read, node by node (newest first), each
+    node's ports from the last to 1, with the port at the far end of its link."""
+    nodes = topo.nodes
+    out = []
+    for n in reversed(nodes.values()):
+        for num in range(n.num_ports, 0, -1):
+            p = n.ports.get(num)
+            if p is None:
+                continue
+            lid = n.lid if n.is_switch else p.lid
+            line = (f"{_KIND.get(n.node_type, ('', '??'))[1]:>2} {lid:5d} {num:2d} "
+                    f"0x{p.guid:016x} {_port_rate(n, p)}")  # fmt: skip
+            if p.remote is None:
+                out.append(f"{line}{'':36s}'{_clean(n.desc)}'")
+                continue
+            far = nodes[p.remote[0]]
+            fp = far.ports.get(p.remote[1])
+            flid = far.lid if far.is_switch else (fp.lid if fp else 0)
+            out.append(f"{line} - {_KIND.get(far.node_type, ('', '??'))[1]:>2} {flid:5d} "
+                       f"{p.remote[1]:2d} 0x{fp.guid if fp else 0:016x} "
+                       f"( '{_clean(n.desc)}' - '{_clean(far.desc)}' )")  # fmt: skip
+    return "".join(line + "\n" for line in out)
+
+
+def ibnetdiscover_show(topo: Topology) -> str:
+    """``ibnetdiscover -s``'s lines: each node as its first NodeInfo answer found it
+    (directed route, type, GUID, the port it was entered by; LIDs and description not
+    read yet).  ibnetdiscover also prints a "known" line for every further answer of a
+    node already found; those depend on the order answers arrive and are left out."""
+    out = []
+    for n in topo.nodes.values():
+        path = ",".join(["0", *map(str, n.path)])
+        kind = _KIND[n.node_type][2] if n.node_type in _KIND else f"?({n.node_type})"
+        port = 0 if n.is_switch else next(iter(n.ports), 0)
+        out.append(f'DR path slid 0; dlid 0; {path} -> new {kind} {{{n.guid:016x}}} '
+                   f'portnum {port} lid 0-0 ""')  # fmt: skip
+    return "".join(line + "\n" for line in out)
 
 
 # ---------------------------------------------------------------- reading it back

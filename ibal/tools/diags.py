@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from typing import IO, Final
 
 from ibal.mad import smp
 from ibal.mad.consts import PerfAttr, SmpAttr
-from ibal.mad.discover import Sweep, ibnetdiscover_text, sweep
+from ibal.mad.discover import (
+    Sweep,
+    ibnetdiscover_list,
+    ibnetdiscover_ports,
+    ibnetdiscover_show,
+    ibnetdiscover_text,
+    sweep,
+)
 from ibal.mad.rpc import MadClient, MadError, PortId, smp_request
 
 __all__ = ["SMPQUERY_OPS", "discover", "ibroute", "perfquery", "sminfo", "smpquery"]
@@ -203,19 +211,31 @@ class Progress:
             self.stream.flush()
 
 
-def discover(client: MadClient, *, window: int = 64, progress: bool | None = None) -> str:
+def discover(
+    client: MadClient, *, window: int = 64, progress: bool | None = None, show: bool = False,
+    group: bool = False, list_types: Sequence[int] = (), ports: bool = False,
+) -> str:  # fmt: skip
     """What ``ibnetdiscover`` prints for the fabric ``client``'s port is on.
 
     ``progress``: a line on stderr while sweeping (default: when stderr is a terminal).
+    As ibnetdiscover's options: ``show`` (``-s``) the nodes as found first, then
+    ``ports`` (``-p``) the ports report, else ``list_types`` (``-l``/``-H``/``-S``/``-R``:
+    ``smp.NodeType`` values) the node list, else the topology (``group``: ``-g``).
     """
     if progress is None:
         progress = sys.stderr.isatty()
-    show = Progress(sys.stderr) if progress else None
+    meter = Progress(sys.stderr) if progress else None
     try:
-        engine = sweep(client, window=window, progress=show)
+        engine = sweep(client, window=window, progress=meter)
     finally:
-        if show is not None:
-            show.end()
+        if meter is not None:
+            meter.end()
     if engine.topology.root is None:
         raise MadError("discover failed: the local port did not answer NodeInfo")
-    return ibnetdiscover_text(engine.topology, time.ctime())
+    topo = engine.topology
+    head = ibnetdiscover_show(topo) if show else ""
+    if ports:
+        return head + ibnetdiscover_ports(topo)
+    if list_types:
+        return head + ibnetdiscover_list(topo, list_types)
+    return head + ibnetdiscover_text(topo, time.ctime(), group=group)

@@ -175,6 +175,42 @@ def test_discover_matches_ibnetdiscover_fat_tree(ibsim_factory: Any, tmp_path: P
         assert _blocks(res["stdout"]) == _blocks(theirs)
 
 
+_DATE = re.compile(r"^# Topology file: generated on .*$", re.M)
+_DISCOVER_OPTS = [["-l"], ["-H"], ["-S"], ["-R"], ["-p"], ["-g"], ["-s"], ["-s", "-p"]]
+
+
+@pytest.mark.timeout(600)
+def test_discover_options_match_ibnetdiscover(ibsim_module_fabric: Fabric) -> None:
+    """-l/-H/-S/-R (node lists), -p (ports report), -g (grouping: no chassis here), -s
+    (each node as found first): the same text as ibnetdiscover's, the date aside."""
+    ours = _ibal(ibsim_module_fabric, [["discover", *a] for a in _DISCOVER_OPTS])
+    for args, res in zip(_DISCOVER_OPTS, ours, strict=True):
+        theirs = _tool(ibsim_module_fabric, ["ibnetdiscover", *args])
+        assert _DATE.sub("", res["stdout"]) == _DATE.sub("", theirs), args
+    assert "Non-Chassis Nodes" in ours[5]["stdout"] and ours[6]["stdout"].count("-> new") == 4
+
+
+@pytest.mark.timeout(900)
+def test_discover_options_match_ibnetdiscover_fat_tree(ibsim_factory: Any,
+                                                       tmp_path: Path) -> None:  # fmt: skip
+    """The same on a fat tree, where the order of the lines depends on the order the
+    answers came in: the same lines; -s prints the "new" lines only (docs/tools.md)."""
+    tree = fat_tree(tmp_path / "fat.net", spines=2, leaves=4, hosts_per_leaf=3)
+    fabric = ibsim_factory(tree.path)
+    node = tree.hosts[1]
+    ours = _ibal(fabric, [["discover", *a] for a in _DISCOVER_OPTS], node)
+    for args, res in zip(_DISCOVER_OPTS, ours, strict=True):
+        theirs = _tool(fabric, ["ibnetdiscover", *args], node)
+        if args == ["-g"]:
+            assert _blocks(res["stdout"]) == _blocks(theirs)
+            continue
+        want = sorted(theirs.splitlines())
+        if "-s" in args:
+            want = sorted(ln for ln in want if " -> known " not in ln)
+        assert sorted(res["stdout"].splitlines()) == want, args
+    assert len(ours[0]["stdout"].splitlines()) == tree.nodes
+
+
 _ACTIVITY = re.compile(r"activity count \d+")
 
 
