@@ -109,6 +109,40 @@ def test_discover_from_a_dual_port_ca_and_through_bare_agents() -> None:
     assert engine.topology.root == fabric.ca("dual").guid
 
 
+def test_discover_lists_ports_and_show_follow_the_fabric() -> None:
+    """-l/-p/-s of the ring: every node listed once with its port count, one -p line per
+    port the sweep read (a linked one naming the far end's GUID and port), one -s line
+    per node with the path it was found by."""
+    import re
+
+    from ibal.mad.discover import ibnetdiscover_list, ibnetdiscover_ports, ibnetdiscover_show
+
+    fabric = ring_fabric()
+    with client_on(fabric) as client:
+        topo = sweep(client, window=16).topology
+    truth = {c.guid: len(c.ports) for c in fabric.cas}
+    truth.update({s.guid: s.num_ports for s in fabric.switches})
+    listed = re.findall(r"^(Ca|Switch)\t : 0x([0-9a-f]{16}) ports (\d+) ",
+                        ibnetdiscover_list(topo, (1, 2, 3)), re.M)  # fmt: skip
+    assert sorted((int(g, 16), int(n)) for _k, g, n in listed) == sorted(truth.items())
+    assert [k for k, _g, _n in listed] == ["Ca"] * len(fabric.cas) + ["Switch"] * 4
+    ports = ibnetdiscover_ports(topo).splitlines()
+    assert len(ports) == sum(1 for n in topo.nodes.values() for p in n.ports if p)
+    linked = [ln for ln in ports if " - " in ln]
+    assert len(linked) == 2 * len(truth_links(fabric))
+    by_port_guid = {p.guid: n for n in topo.nodes.values() for p in n.ports.values()}
+    for ln in linked:
+        m = re.match(r"^(CA|SW) +\d+ +(\d+) 0x(\w+) 4x \w+ - (CA|SW) +\d+ +(\d+) 0x(\w+) ", ln)
+        assert m, ln
+        near, far = by_port_guid[int(m.group(3), 16)], by_port_guid[int(m.group(6), 16)]
+        assert near.ports[int(m.group(2))].remote == (far.guid, int(m.group(5)))
+    show = ibnetdiscover_show(topo).splitlines()
+    assert len(show) == len(topo.nodes) and show[0].startswith("DR path slid 0; dlid 0; 0 ->")
+    for ln, n in zip(show, topo.nodes.values(), strict=True):
+        assert f"{{{n.guid:016x}}}" in ln and ln.startswith(
+            "DR path slid 0; dlid 0; " + ",".join(["0", *map(str, n.path)]) + " -> new ")
+
+
 def generated_fabric(leaves: int = 16, spines: int = 4, per_leaf: int = 12) -> MockFabric:
     """A two-level fat tree: every leaf cabled to every spine, ``per_leaf`` CAs on each."""
     fabric = MockFabric(seed=5)
