@@ -37,6 +37,7 @@ from ibal.al import Av, Cq, Mr, Qp, QpCreate
 from ibal.al.mad_port import read_mad_slot
 from ibal.mad.pool import ElementState, MadElement
 from ibal.mad.service import MadService
+from ibal.mad.svc import svc_oui
 from ibal.mad.tid import Pending
 from ibal.status import (
     IbError,
@@ -67,6 +68,7 @@ from ibal.types import (
     WcType,
     WrType,
     is_int,
+    mad_vendor_oui,
 )
 
 GRH_LEN = 40
@@ -368,6 +370,9 @@ class AltQp:
                 return
         elif self._recv_cb is None:
             self.stats["dropped_unsolicited"] += 1
+            return
+        elif mad_vendor_oui(mad) != svc_oui(svc):  # another vendor's class: not ours
+            self.stats["dropped_wrong_oui"] += 1
             return
         try:
             e = self.service.pool_key.get_mad(MAD_SIZE)

@@ -18,7 +18,7 @@ from ibal.mad.header import header
 from ibal.mad.pool import ElementState, MadElement
 from ibal.mad.rmpp import is_rmpp
 from ibal.status import InvalidParameter, InvalidSetting
-from ibal.types import MAD_SIZE, MadAddr, WcStatus, is_int
+from ibal.types import MAD_SIZE, OPENIB_OUI, MadAddr, WcStatus, is_int
 
 # The common header's fields come from ibal.mad.header's table; the TID's low half (the
 # caller's) and the reserved 16 bits are slices the table has no field for.
@@ -115,6 +115,13 @@ def check_svc(svc: object, qp_num: int) -> MadSvc:
     if not is_int(svc.max_unsolicited) or svc.max_unsolicited < 1:
         raise InvalidParameter("max_unsolicited must be a positive int")
     return svc
+
+
+def svc_oui(svc: MadSvc) -> int:
+    """The OUI a vendor range 2 service's requests carry (0: OpenIB's), 0 for other classes."""
+    if not is_vendor_range2(svc.mgmt_class):
+        return 0
+    return svc.oui or OPENIB_OUI
 
 
 def check_element(e: object, svc: MadSvc) -> MadElement:

@@ -102,6 +102,23 @@ def test_request_and_response_on_alternate_qps(net: Net) -> None:
     assert net.b.alias.transport_stats == {}
 
 
+def test_a_vendor_range2_service_takes_only_requests_with_its_oui(net: Net) -> None:
+    cls = 0x31  # vendor range 2: the class header's OUI names the vendor
+    a_svc, _ = net.service(net.a, cls)
+    b_svc, _ = net.service(net.b, cls, oui=0x0002C9)
+    a_in, b_in = Inbox(), Inbox()
+    a_qp = alloc_qp(a_svc, DEFAULT_PKEY, QKEY, recv_cb=a_in.on_recv, send_cb=a_in.on_send)
+    b_qp = alloc_qp(b_svc, DEFAULT_PKEY, QKEY, recv_cb=b_in.on_recv, send_cb=b_in.on_send)
+    for low, oui in ((1, b"\x00\x14\x05"), (2, b"\x00\x02\xc9")):  # OpenIB's, then b's
+        e = request(a_svc, to(net.b, b_qp), mad(cls, SEND, tid=low, payload=bytes(13) + oui))
+        e.resp_expected = False
+        a_qp.send(e)
+        assert a_in.sent() is e and e.status is WcStatus.SUCCESS
+    got = b_in.recv()
+    assert got.tid & 0xFFFFFFFF == 2 and bytes(got.mad[37:40]) == b"\x00\x02\xc9"
+    assert b_qp.stats["dropped_wrong_oui"] == 1 and b_in.recvs.empty()
+
+
 def test_unanswered_request_times_out_after_its_retries(net: Net) -> None:
     a_svc, a_qp, a_in = alt(net, net.a)
     _b_svc, b_qp, _b_in = alt(net, net.b, serve=False)  # no recv_cb: requests dropped
