@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -103,3 +105,60 @@ def test_conformance_of_an_unknown_provider_fails_on_stderr(runner: CliRunner) -
     result = runner.invoke(main, ["conformance", "nosuch"])
     assert result.exit_code == 2
     assert "no provider called 'nosuch'" in result.stderr and result.stdout == ""
+
+
+# ---------------------------------------------------------------- the process's exit
+
+def _py(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+
+
+def test_the_ibal_process_prints_everything_and_exits_with_the_commands_status() -> None:
+    # stdout is a pipe (block-buffered): the fast exit must flush what the command wrote
+    r = subprocess.run([sys.executable, "-m", "ibal.cli", "info", "-p", "mock", "-o", "cas=2"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("CA '") == 2 and r.stdout.rstrip().endswith(")"), r.stdout[-300:]
+    bad = subprocess.run([sys.executable, "-m", "ibal.cli", "info", "nosuch", "-p", "mock"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 1 and "no CA nosuch" in bad.stderr
+
+
+def test_exit_now_flushes_runs_atexit_and_keeps_the_status() -> None:
+    r = _py("import atexit, sys\n"
+            "from ibal.cli import _exit_now\n"
+            "atexit.register(lambda: print('atexit ran', file=sys.stderr))\n"
+            "sys.stdout.write('partial line, no newline')\n"
+            "_exit_now(3)\n"
+            "print('not reached')\n")  # fmt: skip
+    assert r.returncode == 3, r.stderr
+    assert r.stdout == "partial line, no newline"
+    assert "atexit ran" in r.stderr
+    msg = _py("from ibal.cli import _exit_now\n_exit_now('a message')\nprint('not reached')")
+    assert (msg.returncode, msg.stdout, msg.stderr.strip()) == (1, "", "a message")
+
+
+def test_exit_now_leaves_a_running_non_daemon_thread_to_the_interpreter() -> None:
+    r = _py("import threading, time\n"
+            "from ibal.cli import _exit_now\n"
+            "t = threading.Thread(target=lambda: (time.sleep(0.2), print('thread done')))\n"
+            "t.start()\n"
+            "_exit_now(0)\n"
+            "print('returned')\n")  # fmt: skip
+    assert r.returncode == 0
+    assert r.stdout.split() == ["returned", "thread", "done"]
+
+
+def test_the_mock_plugin_imports_none_of_the_mock() -> None:
+    # the default providers import it to learn the mock is simulated, then leave it out
+    r = _py("import sys\n"
+            "import ibal.providers.mock.plugin\n"
+            "print(sorted(m for m in sys.modules if m.startswith('ibal.providers.mock.')))\n"
+            "from ibal.providers.mock import MockFabric, MockProvider\n"
+            "print(MockFabric.__module__, MockProvider.__module__)\n")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "['ibal.providers.mock.plugin']",
+        "ibal.providers.mock.fabric ibal.providers.mock.provider",
+    ]

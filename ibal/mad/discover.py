@@ -279,6 +279,8 @@ def _name(n: DiscNode) -> str:
 
 
 def _clean(desc: str) -> str:
+    if desc.isprintable():  # nearly always: no per-character pass
+        return desc
     return "".join(c if c.isprintable() else " " for c in desc)
 
 

@@ -19,14 +19,15 @@ import importlib
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ibal.ci.provider import CaRegistrar, Provider
-from ibal.providers.rdma_core import loader, peek, umad
-from ibal.providers.rdma_core.ca import RdmaCoreCa
-from ibal.providers.rdma_core.fastpath import OpsUnavailable
+from ibal.providers.rdma_core import loader, umad
 from ibal.providers.rdma_core.umad_ca import WATCH_INTERVAL, UmadCa
 from ibal.status import IbError, NotFound
+
+if TYPE_CHECKING:  # the verbs CA is imported where sysfs shows a verbs device (~6 ms)
+    from ibal.providers.rdma_core.ca import RdmaCoreCa
 
 log = logging.getLogger("ibal.providers.rdma_core")
 
@@ -92,6 +93,10 @@ class RdmaCoreProvider(Provider):
             root = loader.load()
         except ImportError as exc:
             return set(), f"pyverbs not importable: {exc}"
+        from ibal.providers.rdma_core import peek
+        from ibal.providers.rdma_core.ca import RdmaCoreCa
+        from ibal.providers.rdma_core.fastpath import OpsUnavailable
+
         pv = _Pyverbs(root)
         errs = pv.pyverbs_error
         try:
