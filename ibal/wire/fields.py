@@ -127,7 +127,18 @@ class Table:
         if size * 8 < pos:
             raise ValueError(f"{name}: fields end past the table size {size}")
         self.size = size
-        self._build(placed)
+        # Compiled on first use (see __getattr__): a module of tables costs ~0.5 ms per
+        # table at import, and a command uses few of them.
+        self._placed: list[tuple[Field, int]] | None = placed
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes not set yet: the codec _build makes.
+        placed = self.__dict__.get("_placed")
+        if placed is None or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self._build(placed)  # two threads may both build: same result, either wins
+        self._placed = None
+        return getattr(self, name)
 
     def _build(self, placed: list[tuple[Field, int]]) -> None:
         c = compile_layout(self.name, placed, self.size)

@@ -204,3 +204,28 @@ def test_compiled_codec_matches_bitwise_reference(
     table.pack_into(buf, 3, *table.unpack(raw))
     assert bytes(buf[3:]) == raw
     assert table.decode(memoryview(bytes(buf)), 3) == {**ref}
+
+
+def test_a_table_compiled_on_first_use_from_many_threads_decodes_alike() -> None:
+    # tables compile their codec lazily; threads racing to the first use all get it right
+    import threading
+
+    raw = bytes([0x5A, 0xBC, 0x12, 0x34, 0, 0xAB, 0xCD, 0xEF])
+    want = {"a": 5, "b": 0xABC, "c": 0x1234, "d": 0xABCDEF}
+    t2 = Table("Lazy", [F("a", 4), F("b", 12), F("c", 16, hex=True), R(8), F("d", 24)])
+    start = threading.Barrier(8)
+    got: list[object] = []
+
+    def use() -> None:
+        start.wait()
+        vals = {k: v for k, v in t2.decode(raw).items() if not k.startswith("resv")}
+        got.append((vals, t2.encode(**want)))
+
+    threads = [threading.Thread(target=use) for _ in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert got == [(want, raw)] * 8
+    with pytest.raises(AttributeError):
+        t2.no_such_attribute  # noqa: B018
