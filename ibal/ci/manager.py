@@ -8,11 +8,11 @@ A provider module is imported only when it is asked for, so a missing
 from __future__ import annotations
 
 import os
-from importlib import metadata
 from typing import Any
 
 import pluggy
 
+from ibal.ci import entrypoints
 from ibal.ci.hookspecs import ENTRY_POINT_GROUP, PROJECT, ProviderHookSpecs
 from ibal.ci.provider import Provider, ProviderRegistry, ProviderSpec
 from ibal.status import NotFound, Unsupported
@@ -35,15 +35,15 @@ class ProviderManager:
         env = os.environ.get(DISABLED_ENV, "")
         self.blocked = {n.strip() for n in env.split(",") if n.strip()} | (blocked or set())
         self._loaded_eps: set[str] = set()
-        self._eps: dict[str, metadata.EntryPoint] | None = None
+        self._eps: dict[str, entrypoints.EntryPoint] | None = None
 
-    def _entry_points(self) -> dict[str, metadata.EntryPoint]:
+    def _entry_points(self) -> dict[str, entrypoints.EntryPoint]:
         # Read once per manager: entry_points() scans every installed distribution's
         # metadata (~30 ms each time here), and starting the defaults asks per provider.
         if not self._use_entry_points:
             return {}
         if self._eps is None:
-            self._eps = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+            self._eps = {ep.name: ep for ep in entrypoints.group(ENTRY_POINT_GROUP)}
         return self._eps
 
     def names(self) -> list[str]:
