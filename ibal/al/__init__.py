@@ -6,11 +6,12 @@ join the object tree with :class:`Dependent`; ``ibal.al.compat`` has the C
 spellings.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ibal.al.access_layer import AccessLayer
 from ibal.al.alias import AliasQp, MadAgent
 from ibal.al.av import Av
 from ibal.al.ca import Ca
-from ibal.al.connect import ConnectOptions, Endpoint, RemoteEndpoint, connect_qp, endpoint
 from ibal.al.cq import Cq
 from ibal.al.dependent import Dependent
 from ibal.al.dispatcher import CallbackQueue, CallbackQueues, Dispatcher, in_callback
@@ -30,6 +31,22 @@ from ibal.al.qp import McastAttachment, Qp, QpCreate
 from ibal.al.srq import Srq
 from ibal.al.stash import Stash, StashKey
 from ibal.al.timer import Timer, TimerScope, TimerService
+
+if TYPE_CHECKING:
+    from ibal.al.connect import ConnectOptions, Endpoint, RemoteEndpoint, connect_qp, endpoint
+
+_CONNECT = frozenset({"ConnectOptions", "Endpoint", "RemoteEndpoint", "connect_qp", "endpoint"})
+
+
+def __getattr__(name: str) -> Any:
+    # The connection helpers load on first use (~2 ms): the MAD tools never connect a QP.
+    if name in _CONNECT:
+        from ibal.al import connect
+
+        value = getattr(connect, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "PROVIDERS_ENV",

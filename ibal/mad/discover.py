@@ -316,6 +316,9 @@ def _remote_lid(topo: Topology, guid: int, port: int) -> int:
 
 def _lines(topo: Topology) -> Iterator[str]:
     nodes = topo.nodes
+    # each node is named and described once per link end: format those once
+    name = {g: _name(n) for g, n in nodes.items()}
+    desc = {g: _clean(n.desc) for g, n in nodes.items()}
     switches = [n for n in nodes.values() if n.is_switch]
     cas = [n for n in nodes.values() if n.node_type == smp.NodeType.CA]
     routers = [n for n in nodes.values() if n.node_type == smp.NodeType.ROUTER]
@@ -326,7 +329,7 @@ def _lines(topo: Topology) -> Iterator[str]:
         yield f"switchguid=0x{n.guid:x}({n.port_guid:x})"
         kind = "enhanced" if n.enhanced_port0 else "base"
         lid, lmc = (port0.lid, port0.lmc) if port0 else (0, 0)
-        yield (f"Switch\t{n.num_ports} {_name(n)}\t\t# \"{_clean(n.desc)}\" {kind} port 0 "
+        yield (f"Switch\t{n.num_ports} {name[n.guid]}\t\t# \"{desc[n.guid]}\" {kind} port 0 "
                f"lid {lid} lmc {lmc}")  # fmt: skip
         capmask = port0.capmask if port0 else 0
         for pn in range(1, n.num_ports + 1):
@@ -334,26 +337,26 @@ def _lines(topo: Topology) -> Iterator[str]:
             if p is None or p.remote is None:
                 continue
             far = nodes[p.remote[0]]
-            line = f"[{pn}]\t{_name(far)}[{p.remote[1]}]"
+            line = f"[{pn}]\t{name[far.guid]}[{p.remote[1]}]"
             if not far.is_switch:
                 line += f"({far.ports[p.remote[1]].guid:x}) "
             rlid = _remote_lid(topo, *p.remote)
-            yield line + f"\t\t# \"{_clean(far.desc)}\" lid {rlid} {_rate(p, capmask)}"
+            yield line + f"\t\t# \"{desc[far.guid]}\" lid {rlid} {_rate(p, capmask)}"
     for n in (*reversed(cas), *reversed(routers)):
         yield from _ids(n)
         yield f"{'ca' if n.node_type == smp.NodeType.CA else 'rt'}guid=0x{n.guid:x}"
         kind = "Ca" if n.node_type == smp.NodeType.CA else "Rt"
-        yield f"{kind}\t{n.num_ports} {_name(n)}\t\t# \"{_clean(n.desc)}\""
+        yield f"{kind}\t{n.num_ports} {name[n.guid]}\t\t# \"{desc[n.guid]}\""
         for pn in range(1, n.num_ports + 1):
             p = n.ports.get(pn)
             if p is None or p.remote is None:
                 continue
             far = nodes[p.remote[0]]
-            line = f"[{pn}]({p.guid:x}) \t{_name(far)}[{p.remote[1]}]"
+            line = f"[{pn}]({p.guid:x}) \t{name[far.guid]}[{p.remote[1]}]"
             if not far.is_switch:
                 line += f" ({far.ports[p.remote[1]].guid:x}) "
             rlid = _remote_lid(topo, *p.remote)
-            yield (line + f"\t\t# lid {p.lid} lmc {p.lmc} \"{_clean(far.desc)}\" lid {rlid} "
+            yield (line + f"\t\t# lid {p.lid} lmc {p.lmc} \"{desc[far.guid]}\" lid {rlid} "
                    f"{_rate(p, p.capmask)}")  # fmt: skip
 
 
