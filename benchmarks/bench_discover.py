@@ -11,6 +11,12 @@ CPU time (user + system, all threads of the process): on a loaded machine the
 wall time mostly measures the scheduler, the CPU time what the code costs.
 
     python benchmarks/bench_discover.py [--spines 8 --leaves 40 --hosts 24] [--runs 5]
+        [--baseline DIR]
+
+``--baseline DIR`` (another checkout, e.g. ``git worktree add /tmp/base main``)
+times that tree's whole command too, in the same rounds: each round runs
+``ibnetdiscover``, this tree's ``ibal discover``, then the baseline's, so a
+before/after pair sees the same load.
 """
 
 from __future__ import annotations
@@ -92,6 +98,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--windows", default="16,64,256")
     ap.add_argument("--via", default="service,agent", help="MAD paths for the in-process sweep")
+    ap.add_argument("--baseline", type=Path, help="another checkout whose whole command to time "
+                    "alternately with this one's")  # fmt: skip
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     windows = [int(w) for w in a.windows.split(",")]
@@ -113,21 +121,32 @@ def main() -> int:
             env.pop("PYTHONDONTWRITEBYTECODE", None)
             env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
             cwd = fabric.workdir
+            trees = {"ibal": env}
+            if a.baseline is not None:
+                base = dict(env)
+                base["PYTHONPATH"] = f"{a.baseline.resolve()}:{os.environ.get('PYTHONPATH', '')}"
+                base["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache-baseline")
+                trees["baseline"] = base
+            for tree_env in trees.values():  # byte-compile
+                _timed([sys.executable, "-m", "ibal.cli", "--help"], tree_env, cwd)
             c_runs, c_text, c_cpu = [], "", []
-            for _ in range(a.runs):
+            whole: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in trees}
+            want: dict[str, object] | None = None
+            for _ in range(a.runs):  # one round: ibnetdiscover, then each tree's command
                 took, c_text = _timed(["ibnetdiscover"], env, cwd)
                 c_runs.append(took)
                 c_cpu.append(CPU[-1])
-            want = parse_ibnetdiscover(c_text)
-            assert len(want["nodes"]) == tree.nodes
-            _timed([sys.executable, "-m", "ibal.cli", "--help"], env, cwd)  # byte-compile
-            py_runs, py_cpu = [], []
-            for _ in range(max(3, a.runs // 2)):
-                took, text = _timed([sys.executable, "-m", "ibal.cli", "discover"], env, cwd)
-                py_runs.append(took)
-                py_cpu.append(CPU[-1])
-                got = parse_ibnetdiscover(text)
-                assert got == want, "ibal discover found another topology"
+                if want is None:
+                    want = parse_ibnetdiscover(c_text)
+                    assert len(want["nodes"]) == tree.nodes  # type: ignore[arg-type]
+                for name, tree_env in trees.items():
+                    took, text = _timed([sys.executable, "-m", "ibal.cli", "discover"],
+                                        tree_env, cwd)  # fmt: skip
+                    whole[name][0].append(took)
+                    whole[name][1].append(CPU[-1])
+                    got = parse_ibnetdiscover(text)
+                    assert got == want, f"{name}: ibal discover found another topology"
+            py_runs, py_cpu = whole["ibal"]
             t_pass, _ = _timed([sys.executable, "-c", "pass"], env, cwd)
             inner_runs = {}
             for via in a.via.split(","):
@@ -145,6 +164,10 @@ def main() -> int:
     print(f"ibnetdiscover whole command      {c * 1000:8.1f} ms   cpu {cc * 1000:7.1f} ms")
     print(f"ibal discover whole command      {py * 1000:8.1f} ms   {py / c:5.2f}x ibnetdiscover"
           f"   cpu {pc * 1000:7.1f} ms {pc / cc:5.2f}x")  # fmt: skip
+    if "baseline" in whole:
+        bw, bc = (statistics.median(v) for v in whole["baseline"])
+        print(f"  baseline whole command         {bw * 1000:8.1f} ms   {bw / c:5.2f}x ibnetdiscover"
+              f"   cpu {bc * 1000:7.1f} ms {bc / cc:5.2f}x")  # fmt: skip
     for via, res in inner_runs.items():
         for w, runs in res["sweeps"].items():
             s = statistics.median(runs)

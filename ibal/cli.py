@@ -41,9 +41,11 @@ err_console: Console = _LazyErrConsole()  # type: ignore[assignment]
 
 
 def _parse_options(pairs: tuple[str, ...]) -> dict[str, object]:
-    import json
-
     options: dict[str, object] = {}
+    if not pairs:
+        return options
+    import json  # ~2 ms: only when there are options
+
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
@@ -610,13 +612,17 @@ def _exit_now(code: object) -> None:
     flushed and its ``atexit`` functions run first; libc's ``exit`` then runs
     the C libraries' destructors (``os._exit`` would skip them: umad2sim's
     tells ibsim the client is gone, without it ibsim runs out of client
-    slots).  Returns (the caller exits normally) while a non-daemon thread runs.
+    slots).  Returns (the caller exits normally) while a non-daemon thread runs
+    or under a tracer or profiler (coverage, cProfile write their data after
+    the program returns).
     """
     import atexit
     import ctypes
     import os
     import threading
 
+    if sys.gettrace() is not None or sys.getprofile() is not None:
+        return
     if any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         return
     if code is None:

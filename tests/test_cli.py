@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -162,3 +163,15 @@ def test_the_mock_plugin_imports_none_of_the_mock() -> None:
         "['ibal.providers.mock.plugin']",
         "ibal.providers.mock.fabric ibal.providers.mock.provider",
     ]
+
+
+def test_exit_now_leaves_a_profiled_process_to_the_interpreter(tmp_path: Path) -> None:
+    # cProfile (and coverage) write their data after the program returns
+    out = tmp_path / "prof.out"
+    script = tmp_path / "ends.py"
+    script.write_text("from ibal.cli import _exit_now\n_exit_now(0)\nprint('returned')\n")
+    r = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(out), str(script)],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "returned"
+    assert out.stat().st_size > 0

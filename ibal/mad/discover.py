@@ -456,9 +456,10 @@ def ibnetdiscover_show(topo: Topology) -> str:
 
 # ---------------------------------------------------------------- reading it back
 
-_NODE_LINE = re.compile(r'^(Switch|Ca|Rt)\t(\d+) "([SHR])-([0-9a-f]+)"\t\t# "(.*?)"(.*)$')
-_SW_TAIL = re.compile(r" (base|enhanced) port 0 lid (\d+) lmc (\d+)$")
-_PORT_LINE = re.compile(
+# Patterns, compiled (and cached by re) when a topology is read back, not at import.
+_NODE_LINE = r'^(Switch|Ca|Rt)\t(\d+) "([SHR])-([0-9a-f]+)"\t\t# "(.*?)"(.*)$'
+_SW_TAIL = r" (base|enhanced) port 0 lid (\d+) lmc (\d+)$"
+_PORT_LINE = (
     r'^\[(\d+)\](?:\(([0-9a-f]+)\) )?\t"([SHR])-([0-9a-f]+)"\[(\d+)\](?: ?\(([0-9a-f]+)\) )?'
     r'\t\t# (?:lid (\d+) lmc (\d+) )?"(.*?)" lid (\d+) (\S+)$'
 )
@@ -476,6 +477,8 @@ def parse_ibnetdiscover(text: str) -> dict[str, Any]:
     ports: dict[tuple[int, int], dict[str, Any]] = {}
     ids: dict[str, int] = {}
     cur: int | None = None
+    node_line, sw_tail = re.compile(_NODE_LINE), re.compile(_SW_TAIL)
+    port_line = re.compile(_PORT_LINE)
     for line in text.splitlines():
         if line.startswith("#") or not line.strip():
             continue
@@ -485,10 +488,10 @@ def parse_ibnetdiscover(text: str) -> dict[str, Any]:
             continue
         if eq and key.endswith("guid"):
             continue
-        m = _NODE_LINE.match(line)
+        m = node_line.match(line)
         if m:
             cur = int(m.group(4), 16)
-            sw = _SW_TAIL.search(m.group(6))
+            sw = sw_tail.search(m.group(6))
             nodes[cur] = {
                 "type": m.group(1), "ports": int(m.group(2)), "desc": m.group(5),
                 "sysimgguid": ids.get("sysimgguid", 0), "vendid": ids.get("vendid"),
@@ -496,7 +499,7 @@ def parse_ibnetdiscover(text: str) -> dict[str, Any]:
             }  # fmt: skip
             ids = {}
             continue
-        m = _PORT_LINE.match(line)
+        m = port_line.match(line)
         if m and cur is not None:
             num, far = int(m.group(1)), (int(m.group(4), 16), int(m.group(5)))
             ports[(cur, num)] = {
