@@ -607,8 +607,9 @@ def run() -> None:
 def _exit_now(code: object) -> None:
     """End the process as ``exit(3)`` does, skipping the interpreter's teardown.
 
-    Freeing every module and object costs 30-60 ms after ``discover`` (a
-    1,000-node topology); the process ends anyway.  Python's streams are
+    Freeing every module and object costs ~35 ms of CPU after ``discover``
+    (a 1,000-node topology), more wall time under load; the process ends
+    anyway.  Python's streams are
     flushed and its ``atexit`` functions run first; libc's ``exit`` then runs
     the C libraries' destructors (``os._exit`` would skip them: umad2sim's
     tells ibsim the client is gone, without it ibsim runs out of client
