@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ibal.al.dispatcher import log
 from ibal.al.mr import pin_buffer
 from ibal.al.timer import Timer
+from ibal.mad.tid import Pending
 from ibal.status import (
     IbError,
     InsufficientResources,
@@ -201,7 +202,11 @@ class MadTransport(abc.ABC):
 class _SplAgent:
     spec: MadAgentSpec
     agent_id: int
-    pending: dict[int, _Out] = field(default_factory=dict)  # TID low 32 bits (or a serial)
+    pending: Pending[_Out] = field(init=False)
+    """Its sends by TID low 32 bits (the high half routed the answer here), or a serial."""
+
+    def __post_init__(self) -> None:
+        self.pending = Pending(self.spec.mgmt_class, tid_bits=32)
 
 
 @dataclass(eq=False)
@@ -209,18 +214,14 @@ class _Out:
     """One send until its ``MadSendDone``: on the wire, then maybe awaiting its response."""
 
     agent: _SplAgent
-    key: int
     mad: bytes
     send: MadSend
-    retries: int
+    key: int = 0
+    """Its key in ``agent.pending``; the entry is gone once the send has ended."""
     expect: bool = False
     """Only the response wait (the request left as RMPP segments of the agent's own)."""
     on_wire: int = 0
-    responded: bool = False
     timer: Timer | None = None
-
-
-_SERIALS = itertools.count(1 << 32)  # keys of sends that await no response
 
 
 class SplQpTransport(MadTransport):
@@ -300,7 +301,7 @@ class SplQpTransport(MadTransport):
             avs = [av for _out, av in self._slot_owner.values() if av is not None]
             self._slot_owner.clear()
             for agent in self._agents.values():  # normally none: agents go before the QP
-                for out in agent.pending.values():
+                for _key, out in agent.pending.items():
                     if out.timer is not None:
                         out.timer.cancel()
         # The QP first: after destroy_qp no WR completes, so the AVs and buffer are free.
@@ -353,11 +354,9 @@ class SplQpTransport(MadTransport):
             mad[8:12] = agent.agent_id.to_bytes(4, "big")
             out_key = int.from_bytes(mad[12:16], "big")
             out = agent.pending.get(out_key)
-            if out is not None and not (out.expect and out.send.context is send.context):
-                raise InvalidParameter(f"a request with TID low 0x{out_key:08x} is outstanding")
-            if out is None:
-                out = _Out(agent, out_key, bytes(mad), send, 0, expect=True)
-                agent.pending[out_key] = out
+            if out is None or not (out.expect and out.send.context is send.context):
+                out = _Out(agent, bytes(mad), send, expect=True)
+                out.key = agent.pending.add(out, out_key)  # InvalidParameter: TID outstanding
             else:
                 out.send = send
             if out.timer is not None:
@@ -373,7 +372,7 @@ class SplQpTransport(MadTransport):
             for out_key, out in agent.pending.items():
                 if out.send.context is context:
                     # A copy still on the wire completes into nothing (_finish finds no entry).
-                    del agent.pending[out_key]
+                    agent.pending.end(out_key)
                     if out.timer is not None:
                         out.timer.cancel()
                     return True
@@ -386,8 +385,7 @@ class SplQpTransport(MadTransport):
                 raise InvalidHandle("MAD agent is not registered here")
             for k in [k for k, a in self._methods.items() if a is agent]:
                 del self._methods[k]
-            canceled = list(agent.pending.values())
-            agent.pending.clear()
+            canceled = [out for _key, out in agent.pending.drain()]
             for slot, (out, av) in list(self._slot_owner.items()):
                 if out is not None and out.agent is agent:  # still completes; nobody hears
                     self._slot_owner[slot] = (None, av)
@@ -411,12 +409,14 @@ class SplQpTransport(MadTransport):
             if request:
                 mad[8:12] = agent.agent_id.to_bytes(4, "big")
             waits = request and send.timeout_ms > 0
-            out_key = int.from_bytes(mad[12:16], "big") if waits else next(_SERIALS)
-            if out_key in agent.pending:
-                raise InvalidParameter(f"a request with TID low 0x{out_key:08x} is outstanding")
-            out = _Out(agent, out_key, bytes(mad), send, send.retries if waits else 0)
-            self._post(out)
-            agent.pending[out_key] = out
+            out = _Out(agent, bytes(mad), send)
+            tid = int.from_bytes(mad[12:16], "big") if waits else None
+            out.key = agent.pending.add(out, tid, send.retries)  # InvalidParameter: outstanding
+            try:
+                self._post(out)
+            except BaseException:
+                agent.pending.end(out.key)
+                raise
             if waits:
                 self._arm(out)
 
@@ -460,10 +460,9 @@ class SplQpTransport(MadTransport):
     def _expired(self, out: _Out) -> None:
         """Misc queue, when a response time-out expires: re-send or give up."""
         with self._lock:
-            if out.agent.pending.get(out.key) is not out or out.responded or not self._open:
+            if out.agent.pending.waiting(out.key) is not out or not self._open:
                 return
-            if out.retries > 0:
-                out.retries -= 1
+            if out.agent.pending.retry(out.key):
                 try:
                     self._post(out)
                     self._arm(out)
@@ -473,13 +472,16 @@ class SplQpTransport(MadTransport):
         self._finish(out, WcStatus.TIMEOUT_RETRY_ERR)
 
     def _finish(self, out: _Out, status: WcStatus) -> None:
-        """Report the send's end, once (not under the lock)."""
+        """End the send and report it, once (not under the lock): nothing if it ended."""
         with self._lock:
-            if out.agent.pending.get(out.key) is not out:
+            if out.agent.pending.end(out.key, out) is None:
                 return
-            del out.agent.pending[out.key]
             if out.timer is not None:
                 out.timer.cancel()
+        self._report(out, status)
+
+    def _report(self, out: _Out, status: WcStatus) -> None:
+        """``send_cb`` of a send that has ended (not under the lock)."""
         cb = out.agent.spec.send_cb
         if cb is not None:
             cb(MadSendDone(out.send.context, status))
@@ -560,8 +562,8 @@ class SplQpTransport(MadTransport):
         with self._lock:
             if mad_is_response(mad):
                 agent = self._agents.get(int.from_bytes(mad[8:12], "big"))
-                out = agent.pending.get(int.from_bytes(mad[12:16], "big")) if agent else None
-                if out is None or out.send.timeout_ms == 0 or out.responded:
+                out = agent.pending.waiting(int.from_bytes(mad[12:16], "big")) if agent else None
+                if out is None:
                     if agent is None or agent.spec.rmpp_version != 0 or not _rmpp_active(mad):
                         # The kernel's MAD layer drops these too: nobody waits for them.
                         self.stats["dropped_unmatched_response"] += 1
@@ -577,7 +579,7 @@ class SplQpTransport(MadTransport):
                         # A forged or broken answer must not end the transaction it names.
                         self.stats["dropped_mismatched_response"] += 1
                         return
-                    out.responded = True
+                    out.agent.pending.end(out.key)  # answered: no time-out, no late error
                     if out.timer is not None:
                         out.timer.cancel()
             else:
@@ -586,7 +588,7 @@ class SplQpTransport(MadTransport):
             self._unclaimed(recv)
             return
         if out is not None:  # the answer proves the send: its completion goes first
-            self._finish(out, WcStatus.SUCCESS)
+            self._report(out, WcStatus.SUCCESS)
         agent.spec.recv_cb(recv)
 
     def _unclaimed(self, recv: MadRecv) -> None:
@@ -626,14 +628,14 @@ class SplQpTransport(MadTransport):
         with self._lock:
             if not self._open:
                 return False
-            out = _Out(self._responder, next(_SERIALS), reply, MadSend(reply, recv.addr), 0)
+            out = _Out(self._responder, reply, MadSend(reply, recv.addr))
             try:
                 self._post(out)
             except IbError as exc:
                 log.debug("ibal: answering an unserved MAD failed: %s", exc)
                 self.stats[failure] += 1
                 return False
-            self._responder.pending[out.key] = out
+            out.key = self._responder.pending.add(out, None)
         return True
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -153,7 +152,6 @@ class AltQp:
         self._send_cb = send_cb
         self._lock = threading.Lock()
         self._pending: Pending[_Send] = Pending(service.svc.mgmt_class)
-        self._serials = itertools.count(1)
         self._slots: dict[int, tuple[_Send | None, Av]] = {}  # send slot -> send, its AV
         self._free_slots = list(range(RECV_DEPTH, RECV_DEPTH + SEND_DEPTH))
         self._freed = False
@@ -241,13 +239,13 @@ class AltQp:
             if self._freed:
                 raise InvalidQpHandle("the alternate QP is freed")
             if request and e.tid == 0:
-                e.tid = next(self._serials)
+                e.tid = self._pending.fresh_tid()
             s = _Send(e)
             key = self._pending.add(s, e.tid if request else None, e.retry_cnt)
             try:
                 self._post(s)
             except BaseException:
-                self._pending.pop(key)
+                self._pending.end(key)
                 raise
             e.state = ElementState.SENDING
             if request:
@@ -295,7 +293,7 @@ class AltQp:
                     return
                 except IbError:
                     pass
-            self._pending.pop(key)
+            self._pending.end(key)
         self._complete(s, WcStatus.TIMEOUT_RETRY_ERR)
 
     def _complete(self, s: _Send, status: WcStatus) -> None:

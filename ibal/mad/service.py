@@ -19,7 +19,6 @@ included.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -44,6 +43,7 @@ from ibal.mad.svc import (
     rmpp_active,
     unserved_attr,
 )
+from ibal.mad.tid import Pending
 from ibal.status import (
     IbError,
     InvalidHandle,
@@ -87,8 +87,7 @@ class MadService:
         """Received MADs this service dropped or answered itself, by reason."""
         self._lock = threading.Lock()
         self._out: dict[int, _Sending] = {}  # id(element) -> its send in progress
-        self._awaiting: dict[int, MadElement] = {}  # TID low 32 bits -> request
-        self._tids = itertools.count(1)
+        self._awaiting: Pending[MadElement] = Pending(svc.mgmt_class, tid_bits=32)
         self._unsol_held = 0
         self._takers: dict[int, Taker] = {}  # id(request) -> who gets its outcome instead
         self._agent: MadAgent | None = None
@@ -123,7 +122,7 @@ class MadService:
         for e in left:
             self._complete(e, WcStatus.CANCELED)
         with self._lock:
-            self._awaiting.clear()
+            self._awaiting.drain()
             takers, self._takers = list(self._takers.values()), {}
         for taker in takers:  # sent, still waiting for the answer: it will not come
             taker(WcStatus.CANCELED, None)
@@ -184,10 +183,8 @@ class MadService:
                 if hi is not None:
                     e.mad[8:12] = hi.to_bytes(4, "big")
                 if int.from_bytes(e.mad[TID_LO], "big") == 0:
-                    e.mad[TID_LO] = self._fresh_tid().to_bytes(4, "big")
+                    e.mad[TID_LO] = self._awaiting.fresh_tid().to_bytes(4, "big")
             low = int.from_bytes(e.mad[TID_LO], "big")
-            if waits and low in self._awaiting:
-                raise InvalidParameter(f"a request with TID low 0x{low:08x} is outstanding")
             if e.rmpp_version and self.rmpp is None and not self.transport_rmpp:
                 raise Unsupported(
                     "RMPP transfers need ibal.mad.rmpp sessions (service.rmpp is not set)"
@@ -198,12 +195,12 @@ class MadService:
                 # its class is an RMPP one: our own sessions' ACKs would never arrive.
                 raise Unsupported(f"the kernel's MAD layer runs RMPP for the RMPP classes "
                                   f"only, not 0x{self.svc.mgmt_class:02x}")
+            if waits:
+                self._awaiting.add(e, low)  # InvalidParameter: that TID is outstanding
             e.state = ElementState.SENDING
             e.status = WcStatus.SUCCESS
             token = _Sending(e)
             self._out[id(e)] = token
-            if waits:
-                self._awaiting[low] = e
         assert e.addr is not None
         if e.rmpp_version and self.transport_rmpp:
             # The transport segments: version 1, DATA, Active; it fills the rest per segment.
@@ -224,8 +221,8 @@ class MadService:
         except BaseException:
             with self._lock:
                 self._out.pop(id(e), None)
-                if waits and self._awaiting.get(low) is e:
-                    del self._awaiting[low]
+                if waits:
+                    self._awaiting.end(low, e)
                 e.state = ElementState.USER
             raise
 
@@ -234,12 +231,6 @@ class MadService:
         assert e.addr is not None
         wait = e.timeout_ms * (1 + e.retry_cnt) + extra_ms
         return MadSend(bytes(e.mad[:MAD_SIZE]), e.addr, wait, 0, context=token)
-
-    def _fresh_tid(self) -> int:
-        while True:
-            low = next(self._tids) & 0xFFFFFFFF
-            if low and low not in self._awaiting:
-                return low
 
     def send_taken(self, element: MadElement, taker: Taker) -> None:
         """Send a request whose outcome goes to ``taker(status, response)`` (once, on the
@@ -303,8 +294,8 @@ class MadService:
                 return
             del self._out[id(e)]
             low = int.from_bytes(e.mad[TID_LO], "big")
-            if status is not WcStatus.SUCCESS and self._awaiting.get(low) is e:
-                del self._awaiting[low]
+            if status is not WcStatus.SUCCESS:
+                self._awaiting.end(low, e)
             e.status = status
             e.state = ElementState.USER
             taker = self._takers.get(id(e))
@@ -347,7 +338,7 @@ class MadService:
         request: MadElement | None = None
         with self._lock:
             if response:
-                request = self._awaiting.pop(int.from_bytes(mad[TID_LO], "big"), None)
+                request = self._awaiting.answer(int.from_bytes(mad[TID_LO], "big"), mad)
                 if request is None:
                     self.stats["dropped_unmatched_response"] += 1
                     return

@@ -239,23 +239,28 @@ def tid_high_half_not_stamped(mp: pytest.MonkeyPatch) -> None:
 @mutant("MADs", "the asker's send completes before the response reaches it")
 def response_before_send_done(mp: pytest.MonkeyPatch) -> None:
     held: list[tuple[Any, WcStatus]] = []
-    finish = mad_port.SplQpTransport._finish
+    routing: list[bool] = []
+    report = mad_port.SplQpTransport._report
 
-    def late_finish(self: Any, out: Any, status: WcStatus) -> None:
-        if out.responded and status is WcStatus.SUCCESS:
+    def late_report(self: Any, out: Any, status: WcStatus) -> None:
+        if routing and status is WcStatus.SUCCESS:
             held.append((out, status))  # ended by the answer: report it after the answer
             return
-        finish(self, out, status)
+        report(self, out, status)
 
     def make(orig: Any) -> Any:
         def route(self: Any, recv: Any) -> None:
-            orig(self, recv)
+            routing.append(True)
+            try:
+                orig(self, recv)
+            finally:
+                routing.pop()
             while held:
-                finish(self, *held.pop())
+                report(self, *held.pop())
 
         return route
 
-    mp.setattr(mad_port.SplQpTransport, "_finish", late_finish)
+    mp.setattr(mad_port.SplQpTransport, "_report", late_report)
     _wrap(mp, mad_port.SplQpTransport, "_route", make)
 
 
