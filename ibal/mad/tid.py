@@ -32,15 +32,16 @@ class Pending(Generic[T]):
     """Sends of one client, each until its end (see the module docstring).
 
     ``tid_bits``: 64 where the key is the whole TID, 32 where the transport
-    routes by the high half and the key is the low half.
+    routes by the high half and the key is the low half.  :meth:`fresh_tid`
+    counts from ``first_tid``.
     """
 
-    def __init__(self, mgmt_class: int, tid_bits: int = 64) -> None:
+    def __init__(self, mgmt_class: int, tid_bits: int = 64, first_tid: int = 1) -> None:
         self.mgmt_class = mgmt_class
         self._mask = (1 << tid_bits) - 1
         self._entries: dict[int, _Entry[T]] = {}
         self._serials = itertools.count(-1, -1)  # below every TID: never clash
-        self._tids = itertools.count(1)
+        self._tids = itertools.count(first_tid)
 
     def __len__(self) -> int:
         return len(self._entries)
