@@ -49,6 +49,7 @@ from ibal.providers.rdma_core.wr import (
     RecvTokens,
     SqAccount,
     build_send_table,
+    check_send_wr,
     imm_to_verbs,
     post_chunked,
     post_fail,
@@ -56,10 +57,8 @@ from ibal.providers.rdma_core.wr import (
 from ibal.status import (
     IbError,
     InsufficientResources,
-    InvalidAvHandle,
     InvalidMaxSge,
     InvalidParameter,
-    InvalidWrType,
     PostError,
 )
 from ibal.types import QpType, RecvWr, SendWr, WrType
@@ -265,16 +264,14 @@ class FastSendQueue:
                 wr = wrs[base + j]
                 opt = wr.send_opt
                 idx = wr.opcode * 64 + opt
-                if opt >> 6 or not 0 <= idx < _TABLE_LEN:
-                    raise self._refuse(base, j, InvalidWrType, "unknown opcode or send options")
-                ent = table[idx]
+                ent = table[idx] if not opt >> 6 and 0 <= idx < _TABLE_LEN else None
                 if not isinstance(ent, tuple):
-                    raise self._refuse(base, j, ent, "opcode/options not valid on this QP")
+                    raise self._judged(base, j)
                 code, flags, kind, imm, inline = ent
                 sgl = wr.sg_list
                 ns = len(sgl)
                 if ns > max_sge:
-                    raise self._refuse(base, j, InvalidMaxSge, f"{ns} SGEs, QP has {max_sge}")
+                    raise self._judged(base, j)
                 nxt = next_ptr[j] if j < last else 0
                 immv = imm_to_verbs(wr.imm) if imm else wr.invalidate_rkey if kind == K_INV else 0
                 if kind == K_BIND:
@@ -285,7 +282,7 @@ class FastSendQueue:
                     g = sgl[0]
                     glen = g.length
                     if inline and glen > self.max_inline:
-                        raise self._refuse(base, j, InvalidParameter, "inline data too long")
+                        raise self._judged(base, j)
                     if kind == K_RDMA:
                         _S1_RDMA(buf, off, wr.wr_id, nxt, sge_ptr[j], 1, code, flags, immv,
                                  wr.remote_addr, wr.rkey, g.addr, glen, g.lkey)  # fmt: skip
@@ -295,7 +292,7 @@ class FastSendQueue:
                     packer = _S1[kind]
                 else:
                     if inline and sum(g.length for g in sgl) > self.max_inline:
-                        raise self._refuse(base, j, InvalidParameter, "inline data too long")
+                        raise self._judged(base, j)
                     head = (wr.wr_id, nxt, sge_ptr[j], ns, code, flags, immv)
                     tail = ()
                     packer = _S0[kind]
@@ -309,28 +306,12 @@ class FastSendQueue:
                     packer.pack_into(buf, off, *head, *tail)
                 elif kind == K_UD:
                     ud = wr.ud
-                    if ud is None:
-                        raise self._refuse(
-                            base, j, InvalidParameter, "UD send without a destination"
-                        )
-                    ah = self.ah_ptr_of(ud.av)
-                    if not ah:
-                        raise self._refuse(
-                            base,
-                            j,
-                            InvalidAvHandle,
-                            "invalid or destroyed AV (or a RoCE AV without a GRH)",
-                        )
+                    if ud is None or not (ah := self.ah_ptr_of(ud.av)):
+                        raise self._judged(base, j)
                     packer.pack_into(buf, off, *head, ah, ud.remote_qp, ud.remote_qkey, *tail)
                 else:
-                    if wr.remote_addr & 7:
-                        raise self._refuse(
-                            base, j, InvalidParameter, "atomic remote_addr not 8-byte aligned"
-                        )
-                    if sum(g.length for g in sgl) != 8:
-                        raise self._refuse(
-                            base, j, InvalidParameter, "atomic needs exactly 8 bytes of SGE"
-                        )
+                    if wr.remote_addr & 7 or sum(g.length for g in sgl) != 8:
+                        raise self._judged(base, j)
                     packer.pack_into(buf, off, *head, wr.remote_addr, wr.compare_add, wr.swap,
                                      wr.rkey, *tail)  # fmt: skip
         except PostError:
@@ -369,6 +350,16 @@ class FastSendQueue:
             cls = status_for_errno(rc, {errno.ENOMEM: InsufficientResources})
             raise post_fail(cls, base + idx, f"ibv_post_send: {errno.errorcode.get(rc, rc)}")
         self.acct.note(wrs, base, count)
+
+    def _judged(self, base: int, j: int) -> PostError:
+        """The refusal of WR ``base + j``, stopped by a guard of :meth:`_chunk`: the shared
+        checks (:func:`~ibal.providers.rdma_core.wr.check_send_wr`) say what is wrong."""
+        try:
+            check_send_wr(self.table, self._wrs[base + j], self.max_sge, self.max_inline,
+                          self.ah_ptr_of)  # fmt: skip
+        except IbError as exc:
+            return self._refuse(base, j, type(exc), exc.detail)
+        raise AssertionError("a guard of the fast path refused a WR the shared checks pass")
 
     def _refuse(self, base: int, j: int, cls: type[IbError], why: str) -> PostError:
         """Post the ``j`` good requests before ``base + j``, then describe it."""

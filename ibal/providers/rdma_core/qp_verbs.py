@@ -135,35 +135,7 @@ class QpVerbs(QpAttrs):
                     qp.ptr = self.layout.qp_ptr(pv, pd.pv, self.ctx)
                 except peek.PeekError as exc:
                     log.debug("rdma_core %s: QP pointer not found: %s", self.name, exc)
-            allowed = self._caps.opcodes.get(qp_type, frozenset())
-            if self.ops is not None and qp.ptr:
-                qp.sq = FastSendQueue(
-                    self.ops,
-                    qp.ptr,
-                    qp_type,
-                    max_sge=granted.sq_sge,
-                    max_inline=granted.max_inline,
-                    depth=granted.sq_depth,
-                    atomics=self._caps.atomics,
-                    ah_ptr_of=self._ah_ptr_of,
-                    allowed=allowed,
-                    all_signaled=bool(sq_signaled),
-                    bind_of=self._bind_ptr_of,
-                )
-            else:
-                qp.sq = SendQueue(
-                    self.api,
-                    pv.post_send,
-                    qp_type,
-                    max_sge=granted.sq_sge,
-                    max_inline=granted.max_inline,
-                    depth=granted.sq_depth,
-                    atomics=self._caps.atomics,
-                    ah_of=self._ah_of,
-                    allowed=allowed,
-                    all_signaled=bool(sq_signaled),
-                    bind_of=self._bind_pv_of,
-                )
+            qp.sq = self._send_queue(qp, qp_type, granted)
             if s is None:
                 if self.ops is not None and qp.ptr:
                     qp.rq = FastRecvQueue(self.ops.post_recv, qp.ptr, max_sge=granted.rq_sge,
@@ -185,6 +157,21 @@ class QpVerbs(QpAttrs):
                 if s is None:
                     self._areas.add_qp(qp.num)
             return QpCreated(qp, self._qp_attr_basic(qp))
+
+    def _send_queue(self, qp: Qp, qp_type: QpType, granted: QpCaps) -> SendQueue | FastSendQueue:
+        """The QP's send queue: the ctypes fast path where its ``ibv_qp *`` is known, else
+        pyverbs; either takes the same granted shape."""
+        shape: dict[str, Any] = {
+            "max_sge": granted.sq_sge, "max_inline": granted.max_inline,
+            "depth": granted.sq_depth, "atomics": self._caps.atomics,
+            "allowed": self._caps.opcodes.get(qp_type, frozenset()),
+            "all_signaled": qp.sq_signaled,
+        }  # fmt: skip
+        if self.ops is not None and qp.ptr:
+            return FastSendQueue(self.ops, qp.ptr, qp_type, ah_ptr_of=self._ah_ptr_of,
+                                 bind_of=self._bind_ptr_of, **shape)  # fmt: skip
+        return SendQueue(self.api, qp.pv.post_send, qp_type, ah_of=self._ah_of,
+                         bind_of=self._bind_pv_of, **shape)  # fmt: skip
 
     def modify_qp(self, h_qp: Handle, mod: QpMod) -> QpAttr:
         qp = self._qp(h_qp)

@@ -183,6 +183,60 @@ def _send_entry(
     return (code, flags, kind, imm, inline)
 
 
+# The per-WR checks of every send path (the pyverbs pool, its slow path, the ctypes fast
+# path), in the order they are made; each raises the IbError for the WR, which the path
+# turns into its PostError (``send WR <index>: <detail>``).  The hot paths guard inline
+# and call these for the verdict only when a guard fires (a call per WR costs them ~5%).
+def send_entry(table: Sequence[SendEntry | type[IbError]], wr: SendWr, max_sge: int,
+               max_inline: int) -> SendEntry:
+    """``wr``'s row of ``table`` (:func:`build_send_table`): opcode and options valid on
+    the QP, no more SGEs than ``max_sge``, inline data within ``max_inline``."""
+    opt = wr.send_opt
+    idx = wr.opcode * _NOPT + opt
+    if opt >> 6 or not 0 <= idx < _TABLE_LEN:
+        raise InvalidWrType("unknown opcode or send options")
+    ent = table[idx]
+    if not isinstance(ent, tuple):
+        raise ent("opcode/options not valid on this QP")
+    sgl = wr.sg_list
+    if len(sgl) > max_sge:
+        raise InvalidMaxSge(f"{len(sgl)} SGEs, QP has {max_sge}")
+    if ent[4] and sum(g.length for g in sgl) > max_inline:
+        raise InvalidParameter("inline data too long")
+    return ent
+
+
+def ud_target(wr: SendWr, ah_of: Callable[[Any], Any]) -> tuple[Any, int, int]:
+    """A UD send's address handle (a pyverbs AH or an ``ibv_ah *``, as ``ah_of`` gives it:
+    ``None`` or NULL for a bad AV), remote QP and Q_Key."""
+    ud = wr.ud
+    if ud is None:
+        raise InvalidParameter("UD send without a destination")
+    ah = ah_of(ud.av)
+    if ah is None or (isinstance(ah, int) and not ah):
+        raise InvalidAvHandle("invalid or destroyed AV (or a RoCE AV without a GRH)")
+    return ah, ud.remote_qp, ud.remote_qkey
+
+
+def check_atomic(wr: SendWr) -> None:
+    """An atomic's target is 8-byte aligned and its SGEs hold exactly 8 bytes."""
+    if wr.remote_addr & 7:
+        raise InvalidParameter("atomic remote_addr not 8-byte aligned")
+    if sum(g.length for g in wr.sg_list) != 8:
+        raise InvalidParameter("atomic needs exactly 8 bytes of SGE")
+
+
+def check_send_wr(table: Sequence[SendEntry | type[IbError]], wr: SendWr, max_sge: int,
+                  max_inline: int, ah_of: Callable[[Any], Any]) -> SendEntry:
+    """Every check above that applies to ``wr`` (its kind's too); its table row."""
+    ent = send_entry(table, wr, max_sge, max_inline)
+    if ent[2] == K_UD:
+        ud_target(wr, ah_of)
+    elif ent[2] == K_ATOMIC:
+        check_atomic(wr)
+    return ent
+
+
 Held = list[tuple[int, WrType]]
 """``(wr_id, opcode)`` of send work requests held back in SQD."""
 
@@ -434,24 +488,14 @@ class SendQueue:
         pool_sge = self.pool_sge
         table = self.table
         max_sge = self.max_sge
+        max_inline = self.max_inline
         j = 0
         try:
             for j in range(k):
                 wr = wrs[base + j]
-                opt = wr.send_opt
-                idx = wr.opcode * _NOPT + opt
-                if opt >> 6 or not 0 <= idx < _TABLE_LEN:
-                    raise self._refuse(
-                        wrs, base, j, InvalidWrType, "unknown opcode or send options"
-                    )
-                ent = table[idx]
-                if not isinstance(ent, tuple):
-                    raise self._refuse(wrs, base, j, ent, "opcode/options not valid on this QP")
-                code, flags, kind, imm, inline = ent
+                code, flags, kind, imm, _inline = send_entry(table, wr, max_sge, max_inline)
                 sgl = wr.sg_list
                 ns = len(sgl)
-                if ns > max_sge:
-                    raise self._refuse(wrs, base, j, InvalidMaxSge, f"{ns} SGEs, QP has {max_sge}")
                 w = pool_wr[first + j]
                 if ns == 1 and kind != K_BIND:
                     g = sgl[0]
@@ -459,8 +503,6 @@ class SendQueue:
                     s.addr = g.addr
                     s.length = g.length
                     s.lkey = g.lkey
-                    if inline and g.length > self.max_inline:
-                        raise self._refuse(wrs, base, j, InvalidParameter, "inline data too long")
                 elif ns or kind == K_BIND:
                     return self._post_fresh(wrs, base, k)
                 w.num_sge = ns
@@ -473,12 +515,14 @@ class SendQueue:
                 elif kind == K_INV:
                     w.imm_data = wr.invalidate_rkey
                 elif kind == K_UD:
-                    self._set_ud(w, wr, wrs, base, j)
+                    w.set_wr_ud(*ud_target(wr, self.ah_of))
                 elif kind == K_ATOMIC:
-                    self._check_atomic(wr, sgl, wrs, base, j)
+                    check_atomic(wr)
                     w.set_wr_atomic(wr.rkey, wr.remote_addr, wr.compare_add, wr.swap)
         except PostError:
             raise
+        except IbError as exc:
+            raise self._refuse(wrs, base, j, type(exc), exc.detail) from None
         except (OverflowError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise self._refuse(wrs, base, j, InvalidParameter, str(exc)) from exc
         try:
@@ -500,33 +544,6 @@ class SendQueue:
             if self.api.set_bind_rkey is None:
                 raise InvalidParameter("this pyverbs binds type 2 windows to the next key only")
             self.api.set_bind_rkey(w, wr.rkey)
-
-    def _set_ud(self, w: Any, wr: SendWr, wrs: Sequence[SendWr], base: int, j: int) -> None:
-        ud = wr.ud
-        if ud is None:
-            raise self._refuse(wrs, base, j, InvalidParameter, "UD send without a destination")
-        ah = self.ah_of(ud.av)
-        if ah is None:
-            raise self._refuse(
-                wrs,
-                base,
-                j,
-                InvalidAvHandle,
-                "invalid or destroyed AV (or a RoCE AV without a GRH)",
-            )
-        w.set_wr_ud(ah, ud.remote_qp, ud.remote_qkey)
-
-    def _check_atomic(
-        self, wr: SendWr, sgl: Sequence[Any], wrs: Sequence[SendWr], base: int, j: int
-    ) -> None:
-        if wr.remote_addr & 7:
-            raise self._refuse(
-                wrs, base, j, InvalidParameter, "atomic remote_addr not 8-byte aligned"
-            )
-        if sum(g.length for g in sgl) != 8:
-            raise self._refuse(
-                wrs, base, j, InvalidParameter, "atomic needs exactly 8 bytes of SGE"
-            )
 
     def _refuse(
         self, wrs: Sequence[SendWr], base: int, j: int, cls: type[IbError], why: str
@@ -609,19 +626,9 @@ class SendQueue:
 
     def _build_one(self, wr: SendWr, j: int, sges: list[Any]) -> Any:
         api = self.api
-        opt = wr.send_opt
-        idx = wr.opcode * _NOPT + opt
-        if opt >> 6 or not 0 <= idx < _TABLE_LEN:
-            raise InvalidWrType("unknown opcode or send options")
-        ent = self.table[idx]
-        if not isinstance(ent, tuple):
-            raise ent("opcode/options not valid on this QP")
-        code, flags, kind, imm, inline = ent
+        code, flags, kind, imm, _inline = send_entry(self.table, wr, self.max_sge,
+                                                     self.max_inline)  # fmt: skip
         sgl = wr.sg_list
-        if len(sgl) > self.max_sge:
-            raise InvalidMaxSge(f"{len(sgl)} SGEs, QP has {self.max_sge}")
-        if inline and sum(g.length for g in sgl) > self.max_inline:
-            raise InvalidParameter("inline data too long")
         mine = [api.SGE(g.addr, g.length, g.lkey) for g in sgl]
         sges.extend(mine)
         if mine:
@@ -643,18 +650,9 @@ class SendQueue:
             elif kind == K_BIND:
                 self._set_bind(w, wr)
             elif kind == K_UD:
-                ud = wr.ud
-                if ud is None:
-                    raise InvalidParameter("UD send without a destination")
-                ah = self.ah_of(ud.av)
-                if ah is None:
-                    raise InvalidAvHandle("invalid or destroyed AV (or a RoCE AV without a GRH)")
-                w.set_wr_ud(ah, ud.remote_qp, ud.remote_qkey)
+                w.set_wr_ud(*ud_target(wr, self.ah_of))
             elif kind == K_ATOMIC:
-                if wr.remote_addr & 7:
-                    raise InvalidParameter("atomic remote_addr not 8-byte aligned")
-                if sum(g.length for g in sgl) != 8:
-                    raise InvalidParameter("atomic needs exactly 8 bytes of SGE")
+                check_atomic(wr)
                 w.set_wr_atomic(wr.rkey, wr.remote_addr, wr.compare_add, wr.swap)
         except BaseException:
             w.close()

@@ -340,6 +340,51 @@ def test_bad_request_posts_the_ones_before_it(bad: SendWr, cls: type) -> None:
     assert [s["wr_id"] for s in qp.sent] == [0, 1]
 
 
+@pytest.mark.parametrize(
+    ("qp_type", "bad", "cls"),
+    [
+        (QpType.RC, SendWr(9, WrType.RDMA_READ, [Sge(1, 8, 1)], SIG | SendOpt.IMMEDIATE),
+         InvalidWrType),
+        (QpType.RC, write(9, send_opt=SendOpt(1 << 6)), InvalidWrType),
+        (QpType.RC, write(9, sg_list=[Sge(1, 1, 1)] * 5), InvalidMaxSge),
+        (QpType.RC, write(9, send_opt=SIG | SendOpt.INLINE, sg_list=[Sge(1, 65, 1)]),
+         InvalidParameter),
+        (QpType.RC, write(9, send_opt=SIG | SendOpt.INLINE, sg_list=[Sge(1, 33, 1)] * 2),
+         InvalidParameter),
+        (QpType.RC, SendWr(9, WrType.FETCH_ADD, [Sge(1, 8, 1)], SIG, remote_addr=0x1004),
+         InvalidParameter),
+        (QpType.RC, SendWr(9, WrType.FETCH_ADD, [Sge(1, 4, 1)], SIG, remote_addr=0x1000),
+         InvalidParameter),
+        (QpType.UD, SendWr(9, WrType.SEND, [Sge(1, 2, 3)], SIG), InvalidParameter),
+        (QpType.UD, SendWr(9, WrType.SEND, [Sge(1, 2, 3)], SIG, ud=UdDest(object(), 1, 1)),
+         InvalidAvHandle),
+    ],
+)  # fmt: skip
+def test_every_send_path_refuses_a_bad_request_alike(qp_type: QpType, bad: SendWr,
+                                                     cls: type) -> None:
+    """The pooled pyverbs path, its fresh-object path (a chunk with a 2-SGE request) and
+    the ctypes fast path: same status, index and message, the requests before it posted."""
+    ud = UdDest("AV", 1, 1) if qp_type is QpType.UD else None
+    ok = [SendWr(i, WrType.SEND, [Sge(1, 2, 3)], SIG, ud=ud) for i in range(2)]
+    two = [SendWr(0, WrType.SEND, [Sge(1, 2, 3)] * 2, SIG, ud=ud), ok[1]]
+    details = set()
+    for path in ("pooled", "fresh", "fast"):
+        good = two if path == "fresh" else ok
+        if path == "fast":
+            lib = FakeLib()
+            fq = fast_queue(lib, qp_type, ah_ptr_of=lambda av: 0x77 if av == "AV" else 0)
+            post, sent = fq.post, lib.sent
+        else:
+            qp = FakeQp()
+            post, sent = send_queue(qp, qp_type).post, qp.sent
+        with pytest.raises(cls) as info:
+            post([*good, bad, write(3) if qp_type is QpType.RC else ok[0]])
+        assert isinstance(info.value, PostError) and info.value.failed_index == 2, path
+        assert [s["wr_id"] for s in sent] == [0, 1], path
+        details.add(info.value.detail)
+    assert len(details) == 1 and details.pop().startswith("send WR 2: "), details
+
+
 def test_ud_without_a_usable_av() -> None:
     qp = FakeQp()
     sq = send_queue(qp, QpType.UD)
