@@ -49,10 +49,10 @@ from ibal.providers.rdma_core.wr import (
     RecvTokens,
     SqAccount,
     build_send_table,
-    check_send_wr,
     imm_to_verbs,
     post_chunked,
     post_fail,
+    refusal,
 )
 from ibal.status import (
     IbError,
@@ -353,13 +353,10 @@ class FastSendQueue:
 
     def _judged(self, base: int, j: int) -> PostError:
         """The refusal of WR ``base + j``, stopped by a guard of :meth:`_chunk`: the shared
-        checks (:func:`~ibal.providers.rdma_core.wr.check_send_wr`) say what is wrong."""
-        try:
-            check_send_wr(self.table, self._wrs[base + j], self.max_sge, self.max_inline,
-                          self.ah_ptr_of)  # fmt: skip
-        except IbError as exc:
-            return self._refuse(base, j, type(exc), exc.detail)
-        raise AssertionError("a guard of the fast path refused a WR the shared checks pass")
+        checks say what is wrong (:func:`~ibal.providers.rdma_core.wr.refusal`)."""
+        exc = refusal(self.table, self._wrs[base + j], self.max_sge, self.max_inline,
+                      self.ah_ptr_of)  # fmt: skip
+        return self._refuse(base, j, type(exc), exc.detail)
 
     def _refuse(self, base: int, j: int, cls: type[IbError], why: str) -> PostError:
         """Post the ``j`` good requests before ``base + j``, then describe it."""

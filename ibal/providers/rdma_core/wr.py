@@ -183,10 +183,11 @@ def _send_entry(
     return (code, flags, kind, imm, inline)
 
 
-# The per-WR checks of every send path (the pyverbs pool, its slow path, the ctypes fast
-# path), in the order they are made; each raises the IbError for the WR, which the path
-# turns into its PostError (``send WR <index>: <detail>``).  The hot paths guard inline
-# and call these for the verdict only when a guard fires (a call per WR costs them ~5%).
+# The per-WR checks of every send path (the pyverbs pool, its fresh-object path, the ctypes
+# fast path), in the order they are made; each raises the IbError for the WR, which the
+# path turns into its PostError (``send WR <index>: <detail>``).  The two hot paths guard
+# inline and ask :func:`refusal` for the verdict only when a guard fires: a call per WR
+# costs them 10-30 %.
 def send_entry(table: Sequence[SendEntry | type[IbError]], wr: SendWr, max_sge: int,
                max_inline: int) -> SendEntry:
     """``wr``'s row of ``table`` (:func:`build_send_table`): opcode and options valid on
@@ -235,6 +236,17 @@ def check_send_wr(table: Sequence[SendEntry | type[IbError]], wr: SendWr, max_sg
     elif ent[2] == K_ATOMIC:
         check_atomic(wr)
     return ent
+
+
+def refusal(table: Sequence[SendEntry | type[IbError]], wr: SendWr, max_sge: int,
+            max_inline: int, ah_of: Callable[[Any], Any]) -> IbError:
+    """The IbError :func:`check_send_wr` raises for ``wr``, which an inline guard of a hot
+    path stopped (the guards mirror those checks: one they pass is a bug, said so)."""
+    try:
+        check_send_wr(table, wr, max_sge, max_inline, ah_of)
+    except IbError as exc:
+        return exc
+    raise AssertionError(f"an inline guard refused send WR {wr.wr_id!r}; the checks pass it")
 
 
 Held = list[tuple[int, WrType]]
@@ -488,14 +500,20 @@ class SendQueue:
         pool_sge = self.pool_sge
         table = self.table
         max_sge = self.max_sge
-        max_inline = self.max_inline
         j = 0
         try:
             for j in range(k):
                 wr = wrs[base + j]
-                code, flags, kind, imm, _inline = send_entry(table, wr, max_sge, max_inline)
+                opt = wr.send_opt
+                idx = wr.opcode * _NOPT + opt
+                ent = table[idx] if not opt >> 6 and 0 <= idx < _TABLE_LEN else None
+                if not isinstance(ent, tuple):
+                    raise self._refusal(wr)
+                code, flags, kind, imm, inline = ent
                 sgl = wr.sg_list
                 ns = len(sgl)
+                if ns > max_sge:
+                    raise self._refusal(wr)
                 w = pool_wr[first + j]
                 if ns == 1 and kind != K_BIND:
                     g = sgl[0]
@@ -503,22 +521,12 @@ class SendQueue:
                     s.addr = g.addr
                     s.length = g.length
                     s.lkey = g.lkey
+                    if inline and g.length > self.max_inline:
+                        raise self._refusal(wr)
                 elif ns or kind == K_BIND:
                     return self._post_fresh(wrs, base, k)
                 w.num_sge = ns
-                w.wr_id = wr.wr_id
-                w.opcode = code
-                w.send_flags = flags
-                w.imm_data = imm_to_verbs(wr.imm) if imm else j
-                if kind == K_RDMA:
-                    w.set_wr_rdma(wr.rkey, wr.remote_addr)
-                elif kind == K_INV:
-                    w.imm_data = wr.invalidate_rkey
-                elif kind == K_UD:
-                    w.set_wr_ud(*ud_target(wr, self.ah_of))
-                elif kind == K_ATOMIC:
-                    check_atomic(wr)
-                    w.set_wr_atomic(wr.rkey, wr.remote_addr, wr.compare_add, wr.swap)
+                self._fill(w, wr, code, flags, kind, imm, j)
         except PostError:
             raise
         except IbError as exc:
@@ -638,26 +646,39 @@ class SendQueue:
         else:
             w = api.SendWR(opcode=C.IBV_WR_BIND_MW, num_sge=0)
         try:
-            if not mine:
-                w.wr_id = wr.wr_id
-                w.opcode = code
-                w.send_flags = flags
-            w.imm_data = imm_to_verbs(wr.imm) if imm else j
-            if kind == K_RDMA:
-                w.set_wr_rdma(wr.rkey, wr.remote_addr)
-            elif kind == K_INV:
-                w.imm_data = wr.invalidate_rkey
-            elif kind == K_BIND:
-                self._set_bind(w, wr)
-            elif kind == K_UD:
-                w.set_wr_ud(*ud_target(wr, self.ah_of))
-            elif kind == K_ATOMIC:
-                check_atomic(wr)
-                w.set_wr_atomic(wr.rkey, wr.remote_addr, wr.compare_add, wr.swap)
+            self._fill(w, wr, code, flags, kind, imm, j)
         except BaseException:
             w.close()
             raise
         return w
+
+    def _fill(self, w: Any, wr: SendWr, code: int, flags: int, kind: int, imm: bool,
+              j: int) -> None:
+        """Write ``wr`` (its row ``code, flags, kind, imm`` of the table, ``j``-th of its
+        chain) into the pyverbs ``SendWR`` ``w``, whose scatter list is set: both the
+        pooled and the freshly built requests."""
+        w.wr_id = wr.wr_id
+        w.opcode = code
+        w.send_flags = flags
+        w.imm_data = imm_to_verbs(wr.imm) if imm else j
+        if kind == K_RDMA:
+            w.set_wr_rdma(wr.rkey, wr.remote_addr)
+        elif kind == K_INV:
+            w.imm_data = wr.invalidate_rkey
+        elif kind == K_BIND:
+            self._set_bind(w, wr)
+        elif kind == K_UD:
+            ud = wr.ud
+            if ud is None or (ah := self.ah_of(ud.av)) is None:
+                raise self._refusal(wr)
+            w.set_wr_ud(ah, ud.remote_qp, ud.remote_qkey)
+        elif kind == K_ATOMIC:
+            if wr.remote_addr & 7 or sum(g.length for g in wr.sg_list) != 8:
+                raise self._refusal(wr)
+            w.set_wr_atomic(wr.rkey, wr.remote_addr, wr.compare_add, wr.swap)
+
+    def _refusal(self, wr: SendWr) -> IbError:
+        return refusal(self.table, wr, self.max_sge, self.max_inline, self.ah_of)
 
 
 # --------------------------------------------------------------------- receives
