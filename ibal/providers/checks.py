@@ -27,6 +27,7 @@ from ibal.status import (
     InvalidServiceType,
     InvalidSetting,
     InvalidSrqHandle,
+    Overflow,
     ResourceBusy,
     Unsupported,
 )
@@ -95,6 +96,14 @@ def check_cq_size(size: int, lim: Limits) -> None:
     """``InvalidCqSize`` unless ``size`` is 1..``max_cqes``."""
     if not isinstance(size, int) or not 1 <= size <= lim.max_cqes:
         raise InvalidCqSize(f"CQ size must be 1..{lim.max_cqes}")
+
+
+def check_cq_resize(size: int, held: int, lim: Limits) -> None:
+    """``resize_cq`` to ``size`` with ``held`` completions queued: ``check_cq_size``, and
+    ``Overflow`` when they would not fit."""
+    check_cq_size(size, lim)
+    if size < held:
+        raise Overflow(f"the CQ holds {held} entries, more than {size}")
 
 
 # ------------------------------------------------------------------------ QP

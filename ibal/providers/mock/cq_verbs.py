@@ -19,7 +19,6 @@ from ibal.providers.mock.objects import (
 from ibal.status import (
     InvalidCqHandle,
     InvalidParameter,
-    Overflow,
     ResourceBusy,
 )
 from ibal.types import (
@@ -50,9 +49,7 @@ class CqVerbs(CaState):
     @verb
     def resize_cq(self, h_cq: Handle, size: int) -> int:
         cq = self._h_cq(h_cq)
-        checks.check_cq_size(size, self.limits)
-        if size < len(cq.entries):
-            raise Overflow(f"the CQ holds {len(cq.entries)} entries, more than {size}")
+        checks.check_cq_resize(size, len(cq.entries), self.limits)
         cq.size = size
         if cq.notify_n > size:
             cq.notify_n = size

@@ -42,7 +42,6 @@ from ibal.status import (
     InvalidState,
     MaxMcastQpsReached,
     NotFound,
-    Overflow,
     ResourceBusy,
 )
 from ibal.types import (
@@ -371,9 +370,7 @@ class RxeCa(QpVerbs, MemoryVerbs, ChannelInterface):
     @serialized
     def resize_cq(self, h_cq: Any, size: int) -> int:
         cq = self._h_cq(h_cq)
-        checks.check_cq_size(size, self.attr)
-        if size < len(cq.entries):
-            raise Overflow(f"the CQ holds {len(cq.entries)} entries, more than {size}")
+        checks.check_cq_resize(size, len(cq.entries), self.attr)
         cq.size = size
         if cq.notify_n > size:
             cq.notify_n = size
