@@ -46,13 +46,16 @@ def paths(spines: int, leaves: int, hosts: int) -> list[tuple[tuple[int, ...], i
         if j != leaves - 1:
             out.append(((1, hosts + 1, j + 1), hosts + spines))
         down = (1,) if j == leaves - 1 else (1, hosts + 1, j + 1)
-        out += [(down + (k,), 1) for k in range(1, hosts + 1) if (j, k) != (leaves - 1, hosts)]
+        out += [((*down, k), 1) for k in range(1, hosts + 1) if (j, k) != (leaves - 1, hosts)]
     return out
 
 
-def requests(spines: int, leaves: int, hosts: int, n: int) -> list[tuple[tuple[int, ...], int, int]]:
+Request = tuple[tuple[int, ...], int, int]
+
+
+def requests(spines: int, leaves: int, hosts: int, n: int) -> list[Request]:
     """``n`` (path, attribute, modifier) in a sweep's mix, repeated NodeInfo to fill up to ``n``."""
-    reqs: list[tuple[tuple[int, ...], int, int]] = []
+    reqs: list[Request] = []
     for path, ports in paths(spines, leaves, hosts):
         reqs += [(path, NODE_INFO, 0), (path, NODE_DESC, 0)]
         if ports > 1:
