@@ -244,6 +244,14 @@ class Lib:
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         self.lib = lib
+        # umad_send and umad_recv (after poll() said readable) never wait: called with
+        # the GIL held, so a sender and the receive thread do not hand the GIL to each
+        # other around every MAD (each hand-back can cost a thread switch).
+        fast = ctypes.PyDLL(LIBRARY)
+        self.send = fast.umad_send
+        self.send.restype, self.send.argtypes = sig["umad_send"]
+        self.recv = fast.umad_recv
+        self.recv.restype, self.recv.argtypes = sig["umad_recv"]
         if lib.umad_init() < 0:
             raise UmadUnavailable("umad_init failed (no ib_umad kernel module?)")
 
@@ -260,6 +268,8 @@ def under_umad2sim() -> bool:
 def load() -> Lib:
     """libibumad, loaded once; ``UmadUnavailable`` says why not."""
     global _lib
+    if _lib is not None:
+        return _lib
     with _lib_lock:
         if _lib is None:
             _lib = Lib()
@@ -495,25 +505,24 @@ class UmadAgents:
         """Any thread; ``umad_send`` runs outside the agents' lock (the table is read under it)."""
         if not isinstance(agent, UmadAgent) or not agent.alive:
             raise InvalidHandle("MAD agent is not registered")
-        size = len(send.mad)  # > MAD_SIZE only for an RMPP agent's message (the AL checked)
-        buf = _buffer(size)
-        ctypes.memmove(buf.data, bytes(send.mad), size)
-        _fill_addr(buf.hdr.addr, send.addr)
-        request = not mad_is_response(send.mad)
-        waits = request and send.timeout_ms > 0
-        tid_low = int.from_bytes(send.mad[12:16], "big")
-        lib = load().lib
-        with self._lock:
-            if not agent.alive:
-                raise InvalidHandle("MAD agent is not registered")
-            if waits:
+        mad = send.mad
+        size = len(mad)  # > MAD_SIZE only for an RMPP agent's message (the AL checked)
+        # umad_send writes agent, time-out, retries and length into the header itself:
+        # the rest is the address, built once per address.
+        buf = ctypes.create_string_buffer(_header(send.addr) + bytes(mad))
+        waits = send.timeout_ms > 0 and not mad_is_response(mad)
+        if waits:
+            tid_low = int.from_bytes(mad[12:16], "big")
+            with self._lock:
+                if not agent.alive:
+                    raise InvalidHandle("MAD agent is not registered")
                 if tid_low in agent.pending:
                     raise InvalidParameter(f"a request with TID low 0x{tid_low:08x} is outstanding")
                 agent.pending[tid_low] = send.context
-        rc = lib.umad_send(
-            agent.port.portid, agent.agent_id, ctypes.byref(buf), size,
-            send.timeout_ms if waits else 0, send.retries if waits else 0,
-        )
+            rc = load().send(agent.port.portid, agent.agent_id, buf, size, send.timeout_ms,
+                             send.retries)  # fmt: skip
+        else:
+            rc = load().send(agent.port.portid, agent.agent_id, buf, size, 0, 0)
         if rc < 0:
             if waits:
                 with self._lock:
@@ -653,7 +662,7 @@ class UmadAgents:
         Reading and the table look-ups run under the agents' lock, the upcalls
         after it, each under its agent's upcall lock, in arrival order.
         """
-        lib = load().lib
+        lib = load()
         length = ctypes.c_int(MAD_SIZE)
         batch: list[tuple[UmadAgent, MadSendDone | None, MadRecv | None]] = []
         with self._lock:
@@ -666,12 +675,12 @@ class UmadAgents:
                     break
                 length.value = MAD_SIZE
                 rx = self._rx
-                rc = lib.umad_recv(port.portid, ctypes.byref(rx), ctypes.byref(length), 0)
+                rc = lib.recv(port.portid, ctypes.byref(rx), ctypes.byref(length), 0)
                 if rc == -errno.ENOSPC and MAD_SIZE < length.value <= MAX_RMPP_MESSAGE:
                     # A message the kernel reassembled (RMPP agent): it stays queued;
                     # read it again into a buffer of the length the kernel reported.
                     rx = _buffer(length.value)
-                    rc = lib.umad_recv(port.portid, ctypes.byref(rx), ctypes.byref(length), 0)
+                    rc = lib.recv(port.portid, ctypes.byref(rx), ctypes.byref(length), 0)
                 if rc < 0:
                     if -rc not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.ETIMEDOUT):
                         self._count(f"recv_error_{-rc}")
@@ -707,19 +716,64 @@ class UmadAgents:
         # wrote (OpenSM writes an SA Get response without its zero tail): pad it.
         # A reassembled RMPP message (an agent with rmpp_version) is longer: kept whole.
         keep = length if length > MAD_SIZE and agent.spec.rmpp_version else MAD_SIZE
-        mad = bytes(rx.data[: min(length, keep)]).ljust(MAD_SIZE, b"\0")
+        raw = ctypes.string_at(ctypes.addressof(rx), _HDR_SIZE + min(length, keep))
+        mad = raw[_HDR_SIZE:]
+        if len(mad) < MAD_SIZE:
+            mad = mad.ljust(MAD_SIZE, b"\0")
         tid_low = int.from_bytes(mad[12:16], "big")
         if hdr.status:  # our request came back: no response in time
             ctx = agent.pending.pop(tid_low, None)
             return agent, MadSendDone(ctx, WcStatus.TIMEOUT_RETRY_ERR), None
         qpn = 0 if mad[1] in SMP_CLASSES else 1
         # The kernel leaves the Q_Key out; a MAD to QP1 always carries the GSI one.
-        addr = replace(_read_addr(hdr.addr), remote_qkey=QP1_WELL_KNOWN_QKEY if qpn else 0)
-        recv = MadRecv(mad, addr, port.num, qpn)
+        recv = MadRecv(mad, _recv_addr(raw[_ADDR_OFF:_ADDR_END], qpn), port.num, qpn)
         done = None
-        if mad_is_response(mad) and tid_low in agent.pending:  # the send completes first
+        # an answer to a waiting request: the send completes first
+        if agent.pending and mad_is_response(mad) and tid_low in agent.pending:
             done = MadSendDone(agent.pending.pop(tid_low), WcStatus.SUCCESS)
         return agent, done, recv
+
+
+_headers: dict[MadAddr, bytes] = {}
+_HDR_SIZE = ctypes.sizeof(_UserMad)
+_ADDR_OFF = _UserMad.addr.offset
+_ADDR_END = _ADDR_OFF + ctypes.sizeof(_MadAddr)
+
+
+def _header(addr: MadAddr) -> bytes:
+    """An ``ib_user_mad`` header addressed to ``addr`` (cached: a sweep sends thousands
+    of MADs to a few addresses)."""
+    try:
+        return _headers[addr]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable field (the AL checks types, not hashability)
+        hdr = _UserMad()
+        _fill_addr(hdr.addr, addr)
+        return bytes(hdr)
+    hdr = _UserMad()
+    _fill_addr(hdr.addr, addr)
+    if len(_headers) >= 4096:
+        _headers.clear()
+    raw = _headers[addr] = bytes(hdr)
+    return raw
+
+
+_addrs: dict[bytes, MadAddr] = {}
+
+
+def _recv_addr(raw: bytes, qpn: int) -> MadAddr:
+    """The sender's address from a received header's ``ib_mad_addr`` bytes (cached);
+    ``qpn`` says which Q_Key it carries (the kernel leaves it out)."""
+    key = raw + bytes((qpn,))
+    addr = _addrs.get(key)
+    if addr is None:
+        a = _MadAddr.from_buffer_copy(raw)
+        addr = replace(_read_addr(a), remote_qkey=QP1_WELL_KNOWN_QKEY if qpn else 0)
+        if len(_addrs) >= 4096:
+            _addrs.clear()
+        _addrs[key] = addr
+    return addr
 
 
 def _fill_addr(a: _MadAddr, addr: MadAddr) -> None:
