@@ -136,7 +136,10 @@ class AliasQp(CaObject):
             mgmt_class=mgmt_class,
             class_version=class_version,
             recv_cb=agent._inline_recv if inline else agent._queue_recv,
-            send_cb=agent._inline_send_done if inline else agent._queue_send_done,
+            # inline with no send_cb: none at all, so the provider skips the upcall per send
+            send_cb=(agent._inline_send_done if send_cb is not None else None)
+            if inline
+            else agent._queue_send_done,
             methods=meths,
             rmpp_version=rmpp_version,
             oui=oui,

@@ -103,6 +103,21 @@ def check_mad_send(send: object, rmpp: bool = False) -> MadSend:
             "registered with rmpp_version on a transport that segments)"
         )
     addr = send.addr
+    if _checked.get(id(addr)) is not addr:
+        _check_addr(addr)
+    if not is_int(send.timeout_ms) or not is_int(send.retries):
+        raise InvalidParameter("timeout_ms and retries are ints")
+    if send.timeout_ms < 0 or send.retries < 0:
+        raise InvalidParameter("timeout_ms and retries are non-negative")
+    return send
+
+
+# Addresses that passed the check, by identity (MadAddr is frozen; the entry holds it,
+# so its id is not reused): a sweep sends thousands of MADs to one address object.
+_checked: dict[int, MadAddr] = {}
+
+
+def _check_addr(addr: object) -> None:
     if not isinstance(addr, MadAddr):
         raise InvalidParameter("MadSend.addr must be a MadAddr")
     fields = (addr.remote_qp, addr.remote_qkey, addr.dlid, addr.sl, addr.path_bits,
@@ -113,11 +128,9 @@ def check_mad_send(send: object, rmpp: bool = False) -> MadSend:
         raise InvalidParameter("remote QP, DLID or SL out of range")
     if addr.grh is not None and not isinstance(addr.grh, Grh):
         raise InvalidParameter("MadAddr.grh must be a Grh")
-    if not is_int(send.timeout_ms) or not is_int(send.retries):
-        raise InvalidParameter("timeout_ms and retries are ints")
-    if send.timeout_ms < 0 or send.retries < 0:
-        raise InvalidParameter("timeout_ms and retries are non-negative")
-    return send
+    if len(_checked) >= 1024:
+        _checked.clear()
+    _checked[id(addr)] = addr
 
 
 def check_agent_spec(spec: MadAgentSpec) -> None:

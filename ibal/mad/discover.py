@@ -257,10 +257,14 @@ def sweep(
     engine = Sweep(max_hops=max_hops)
     backlog: deque[Query] = deque(engine.start())
     post = client.post
+    ports: dict[tuple[int, ...], PortId] = {}  # a node's queries share its path
     while backlog or client.outstanding:
         while backlog and client.outstanding < window:
             q = backlog.popleft()
-            post(smp_request(q.attr, PortId(dr_path=q.path), q.mod, context=q))
+            to = ports.get(q.path)
+            if to is None:
+                to = ports[q.path] = PortId(dr_path=q.path)
+            post(smp_request(q.attr, to, q.mod, context=q))
         for rep in client.poll():
             ok = rep.mad is not None and rep.status == 0
             backlog.extend(engine.answer(rep.request.context, rep.data if ok else None))

@@ -447,10 +447,12 @@ class AlMadPort:
     _aliases: dict[int, Any] = field(default_factory=dict)
     _agents: dict[int, Any] = field(default_factory=dict)
     _on_mad: Callable[[bytes], None] | None = None
+    _transport_waits: bool = False
 
     def start(self, on_mad: Callable[[bytes], None]) -> None:
         self._on_mad = on_mad
         self._pd = self.ca.alloc_pd()
+        self._transport_waits = not self.ca.capabilities.mad_agents
 
     def _agent(self, mgmt_class: int, qp: int) -> Any:
         agent = self._agents.get(mgmt_class)
@@ -485,11 +487,7 @@ class AlMadPort:
         # waiting transport would refuse a TID it still waits for, and umad2sim
         # never ends the wait); special-QP transports then drop the answer, so
         # there the transport's own wait is kept (one try; the client retries).
-        agent.send(MadSend(mad, _addr(to, qp), timeout_ms=timeout_ms if self._waits else 0))
-
-    @property
-    def _waits(self) -> bool:
-        return not self.ca.capabilities.mad_agents
+        agent.send(MadSend(mad, _addr(to, qp), timeout_ms if self._transport_waits else 0))
 
     def abandon(self, tid: int) -> None:
         """Nothing to undo: with ``timeout_ms`` 0 the transport keeps no state for it."""

@@ -734,7 +734,8 @@ class UmadAgents:
         return agent, done, recv
 
 
-_headers: dict[MadAddr, bytes] = {}
+# by identity (the entry holds the frozen MadAddr, so its id is not reused)
+_headers: dict[int, tuple[MadAddr, bytes]] = {}
 _HDR_SIZE = ctypes.sizeof(_UserMad)
 _ADDR_OFF = _UserMad.addr.offset
 _ADDR_END = _ADDR_OFF + ctypes.sizeof(_MadAddr)
@@ -742,20 +743,16 @@ _ADDR_END = _ADDR_OFF + ctypes.sizeof(_MadAddr)
 
 def _header(addr: MadAddr) -> bytes:
     """An ``ib_user_mad`` header addressed to ``addr`` (cached: a sweep sends thousands
-    of MADs to a few addresses)."""
-    try:
-        return _headers[addr]
-    except KeyError:
-        pass
-    except TypeError:  # an unhashable field (the AL checks types, not hashability)
-        hdr = _UserMad()
-        _fill_addr(hdr.addr, addr)
-        return bytes(hdr)
+    of MADs to one address object)."""
+    got = _headers.get(id(addr))
+    if got is not None and got[0] is addr:
+        return got[1]
     hdr = _UserMad()
     _fill_addr(hdr.addr, addr)
-    if len(_headers) >= 4096:
+    if len(_headers) >= 1024:
         _headers.clear()
-    raw = _headers[addr] = bytes(hdr)
+    raw = bytes(hdr)
+    _headers[id(addr)] = (addr, raw)
     return raw
 
 
