@@ -13,7 +13,7 @@ callback.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ibal.al import mad_port
@@ -221,6 +221,24 @@ class MadAgent(CaObject):
         try:
             assert self._transport is not None
             self._transport.send(self._key, send)
+        finally:
+            self._unuse()
+
+    def send_many(self, sends: Sequence[MadSend]) -> int:
+        """Queue several MADs in order, each as :meth:`send` would; one call into the
+        provider for all where it offers that.  Every one is checked first
+        (``InvalidParameter``: none sent).  Returns how many were queued: fewer than
+        ``len(sends)`` when the port could not take more (call again with the rest);
+        raises :meth:`send`'s errors only when the first could not be queued."""
+        rmpp = bool(self.rmpp_version)
+        for send in sends:
+            mad_port.check_mad_send(send, rmpp=rmpp)
+        if not sends:
+            return 0
+        self._use()
+        try:
+            assert self._transport is not None
+            return self._transport.send_many(self._key, sends)
         finally:
             self._unuse()
 

@@ -25,13 +25,14 @@ import abc
 import itertools
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ibal.al.dispatcher import log
 from ibal.al.mr import pin_buffer
 from ibal.al.timer import Timer
+from ibal.ci.interface import ChannelInterface
 from ibal.mad.tid import Pending
 from ibal.status import (
     IbError,
@@ -180,6 +181,18 @@ class MadTransport(abc.ABC):
     @abc.abstractmethod
     def send(self, key: Any, send: MadSend) -> None:
         """Send one (checked) MAD for the agent ``key``."""
+
+    def send_many(self, key: Any, sends: Sequence[MadSend]) -> int:
+        """Queue ``sends`` in order: how many were queued (stops at the first that could
+        not be; raises only when that is the first)."""
+        for n, send in enumerate(sends):
+            try:
+                self.send(key, send)
+            except IbError:
+                if n == 0:
+                    raise
+                return n
+        return len(sends)
 
     @abc.abstractmethod
     def unregister(self, key: Any) -> None:
@@ -735,6 +748,16 @@ class AgentTransport(MadTransport):
 
     def send(self, key: Any, send: MadSend) -> None:
         self.cica.ci.send_mad(key, send)
+
+    def send_many(self, key: Any, sends: Sequence[MadSend]) -> int:
+        ci = self.cica.ci
+        if type(ci).send_mad_many is ChannelInterface.send_mad_many:  # not offered
+            return super().send_many(key, sends)
+        n = ci.send_mad_many(key, sends)
+        if n <= 0 and sends:  # the contract says raise: take the first alone, for its error
+            self.send(key, sends[0])
+            return 1
+        return min(n, len(sends))
 
     def unregister(self, key: Any) -> None:
         self.cica.ci.unregister_mad_agent(key)

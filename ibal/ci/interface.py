@@ -548,6 +548,19 @@ class ChannelInterface(abc.ABC):
         """
         raise Unsupported("MAD agents")
 
+    def send_mad_many(self, h_agent: Handle, sends: Sequence[MadSend]) -> int:
+        """Queue several MADs of one agent in order, each as :meth:`send_mad` would
+        (optional: the AL loops over ``send_mad`` where this raises ``Unsupported``).
+
+        Called as ``send_mad`` is; never blocks for the wire.  Returns how many
+        were queued, from the first: fewer than ``len(sends)`` when one could not
+        be (the rest are not sent; the AL reports that one's error by sending it
+        alone).  Raises ``send_mad``'s errors only when the first could not be queued.
+        One call for a window of MADs spares a provider's per-MAD round trips
+        (a foreign call, the GIL).
+        """
+        raise Unsupported("send_mad_many")
+
     def unregister_mad_agent(self, h_agent: Handle) -> None:
         """End the agent: sends still waiting complete ``CANCELED`` (``send_cb``, before
         it returns); after it returns no upcall for the agent is made."""

@@ -256,15 +256,19 @@ def sweep(
         raise ValueError("window must be at least 1")
     engine = Sweep(max_hops=max_hops)
     backlog: deque[Query] = deque(engine.start())
-    post = client.post
+    post_many = client.post_many
     ports: dict[tuple[int, ...], PortId] = {}  # a node's queries share its path
     while backlog or client.outstanding:
-        while backlog and client.outstanding < window:
-            q = backlog.popleft()
-            to = ports.get(q.path)
-            if to is None:
-                to = ports[q.path] = PortId(dr_path=q.path)
-            post(smp_request(q.attr, to, q.mod, context=q))
+        room = min(window - client.outstanding, len(backlog))
+        if room > 0:  # the window's free places in one batch (one call into the provider)
+            batch = []
+            for _ in range(room):
+                q = backlog.popleft()
+                to = ports.get(q.path)
+                if to is None:
+                    to = ports[q.path] = PortId(dr_path=q.path)
+                batch.append(smp_request(q.attr, to, q.mod, context=q))
+            post_many(batch)
         for rep in client.poll():
             ok = rep.mad is not None and rep.status == 0
             backlog.extend(engine.answer(rep.request.context, rep.data if ok else None))

@@ -239,18 +239,43 @@ class MadClient:
         """Send ``req`` (does not wait); its :class:`Reply` comes from :meth:`poll`."""
         self._send(_Out(req, 0.0, 0))
 
-    def _send(self, out: _Out) -> None:
+    def post_many(self, reqs: Sequence[Request]) -> None:
+        """:meth:`post` each; one call into the port for them all where it takes a batch
+        (:meth:`AlMadPort.send_many`: one provider call, one foreign call, for a window)."""
+        send_many = getattr(self.port, "send_many", None)
+        if send_many is None or len(reqs) < 2:
+            for r in reqs:
+                self.post(r)
+            return
+        outs = [_Out(r, 0.0, 0) for r in reqs]
+        items = [self._prepare(out) for out in outs]
+        n = 0
+        try:
+            while n < len(items):
+                n += send_many(items[n:] if n else items)
+        finally:
+            for out, item in zip(outs[:n], items, strict=False):
+                self._sent(out, item[4])
+
+    def _prepare(self, out: _Out) -> tuple[bytes, PortId, int, int, int]:
+        """The MAD of ``out``'s next try under a fresh TID: (mad, to, qp, timeout_ms, tid)."""
         tid = next(self._tids) & _TID_LOW or next(self._tids) & _TID_LOW
         r = out.request
-        mad = _build(r, tid)
         qp = 0 if r.mgmt_class in (MgmtClass.SUBN_LID, MgmtClass.SUBN_DR) else 1
         out.deadline = self._clock() + self.timeout_ms / 1000
-        self.port.send(bytes(mad), r.to, qp, self.timeout_ms)
+        return bytes(_build(r, tid)), r.to, qp, self.timeout_ms, tid
+
+    def _sent(self, out: _Out, tid: int) -> None:
         out.tid = tid
         out.tries += 1
         self._out[tid] = out
         self._order.append((out.deadline, tid))
         self.stats["sent"] += 1
+
+    def _send(self, out: _Out) -> None:
+        mad, to, qp, timeout_ms, tid = self._prepare(out)
+        self.port.send(mad, to, qp, timeout_ms)
+        self._sent(out, tid)
 
     def poll(self, timeout: float | None = None) -> list[Reply]:
         """Replies that ended since the last call; waits up to ``timeout`` s for the first."""
@@ -489,6 +514,23 @@ class AlMadPort:
         # there the transport's own wait is kept (one try; the client retries).
         agent.send(MadSend(mad, _addr(to, qp), timeout_ms if self._transport_waits else 0))
 
+    def send_many(self, items: Sequence[tuple[bytes, PortId, int, int, int]]) -> int:
+        """Send ``(mad, to, qp, timeout_ms, ...)`` items in order through one
+        :meth:`~ibal.al.MadAgent.send_many` (those of the first item's class): how many
+        were sent; raises as :meth:`send` only when the first could not be."""
+        from ibal.types import MadSend
+
+        first = items[0][0]
+        cls, qp0 = first[1], items[0][2]
+        agent = self._agent(cls, qp0)
+        waits = self._transport_waits
+        sends = []
+        for mad, to, qp, timeout_ms, *_ in items:
+            if mad[1] != cls:
+                break
+            sends.append(MadSend(mad, _addr(to, qp), timeout_ms if waits else 0))
+        return int(agent.send_many(sends))
+
     def abandon(self, tid: int) -> None:
         """Nothing to undo: with ``timeout_ms`` 0 the transport keeps no state for it."""
 
@@ -562,6 +604,17 @@ class ServiceMadPort(AlMadPort):
         except BaseException:
             self._sent.pop(tid, None)
             raise
+
+    def send_many(self, items: Sequence[tuple[bytes, PortId, int, int, int]]) -> int:
+        """One pool element per MAD, as :meth:`send` (the service sends one at a time)."""
+        for n, (mad, to, qp, timeout_ms, *_) in enumerate(items):
+            try:
+                self.send(mad, to, qp, timeout_ms)
+            except IbError:
+                if n == 0:
+                    raise
+                return n
+        return len(items)
 
     def abandon(self, tid: int) -> None:
         from ibal.status import NotFound

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 from ipaddress import IPv6Address
 from typing import Any
 
@@ -187,6 +188,10 @@ class RdmaCoreCa(QpVerbs, SrqVerbs, CqVerbs, MemoryVerbs, CaState, ChannelInterf
     def send_mad(self, h_agent: Handle, send: MadSend) -> None:
         agents, agent = umad.agent_of(self._umad, h_agent)
         agents.send(agent, send)
+
+    def send_mad_many(self, h_agent: Handle, sends: Sequence[MadSend]) -> int:
+        agents, agent = umad.agent_of(self._umad, h_agent)
+        return agents.send_many(agent, sends)
 
     def unregister_mad_agent(self, h_agent: Handle) -> None:
         agents, agent = umad.agent_of(self._umad, h_agent)

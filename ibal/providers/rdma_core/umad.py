@@ -39,7 +39,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -533,6 +533,32 @@ class UmadAgents:
         # through each other could deadlock): only a send racing unregister sees it after.
         if not waits and agent.spec.send_cb is not None and agent.alive:
             agent.spec.send_cb(MadSendDone(send.context, WcStatus.SUCCESS))
+
+    def send_many(self, agent: UmadAgent, sends: Sequence[MadSend]) -> int:
+        """:meth:`send` for each in order: how many were sent (stops at the first failure,
+        which raises only when it is the first)."""
+        if not isinstance(agent, UmadAgent) or not agent.alive:
+            raise InvalidHandle("MAD agent is not registered")
+        umad_send = load().send
+        portid, agent_id = agent.port.portid, agent.agent_id
+        send_cb = agent.spec.send_cb
+        for n, send in enumerate(sends):
+            mad = send.mad
+            if send_cb is not None or (send.timeout_ms > 0 and not mad_is_response(mad)):
+                try:  # a completion or a wait to record: the one-MAD path
+                    self.send(agent, send)
+                except IbError:
+                    if n == 0:
+                        raise
+                    return n
+                continue
+            buf = ctypes.create_string_buffer(_header(send.addr) + bytes(mad))
+            rc = umad_send(portid, agent_id, buf, len(mad), 0, 0)
+            if rc < 0:
+                if n == 0:
+                    raise _errno_error(rc, "umad_send")
+                return n
+        return len(sends)
 
     def abandon(self, agent: UmadAgent, tid_low: int) -> None:
         """Stop waiting for the answer to a request (no completion follows).

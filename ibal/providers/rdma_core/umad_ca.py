@@ -405,6 +405,10 @@ class UmadCa(ChannelInterface):
         agents, agent = umad.agent_of(self._agents, h_agent)
         agents.send(agent, send)
 
+    def send_mad_many(self, h_agent: Handle, sends: Sequence[MadSend]) -> int:
+        agents, agent = umad.agent_of(self._agents, h_agent)
+        return agents.send_many(agent, sends)
+
     def unregister_mad_agent(self, h_agent: Handle) -> None:
         agents, agent = umad.agent_of(self._agents, h_agent)
         agents.unregister(agent)
