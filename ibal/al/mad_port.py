@@ -96,21 +96,30 @@ def check_mad_send(send: object, rmpp: bool = False) -> MadSend:
     longer than one MAD (the transport segments it)."""
     if not isinstance(send, MadSend):
         raise InvalidParameter("a MadSend is required")
-    if not isinstance(send.mad, (bytes, bytearray, memoryview)) or len(send.mad) < MAD_SIZE:
+    mad = send.mad
+    if type(mad) is not bytes or len(mad) != MAD_SIZE:  # the common case costs one test
+        _check_mad(mad, rmpp)
+    addr = send.addr
+    if _checked.get(id(addr)) is not addr:
+        _check_addr(addr)
+    timeout, retries = send.timeout_ms, send.retries
+    if (type(timeout) is not int or type(retries) is not int) and not (
+        is_int(timeout) and is_int(retries)
+    ):
+        raise InvalidParameter("timeout_ms and retries are ints")
+    if timeout < 0 or retries < 0:
+        raise InvalidParameter("timeout_ms and retries are non-negative")
+    return send
+
+
+def _check_mad(mad: object, rmpp: bool) -> None:
+    if not isinstance(mad, (bytes, bytearray, memoryview)) or len(mad) < MAD_SIZE:
         raise InvalidParameter(f"a MAD is {MAD_SIZE} bytes")
-    if len(send.mad) != MAD_SIZE and not (rmpp and _rmpp_active(bytes(send.mad[:MAD_SIZE]))):
+    if len(mad) != MAD_SIZE and not (rmpp and _rmpp_active(bytes(mad[:MAD_SIZE]))):
         raise InvalidParameter(
             f"a MAD is {MAD_SIZE} bytes (longer only as an active RMPP message of an agent "
             "registered with rmpp_version on a transport that segments)"
         )
-    addr = send.addr
-    if _checked.get(id(addr)) is not addr:
-        _check_addr(addr)
-    if not is_int(send.timeout_ms) or not is_int(send.retries):
-        raise InvalidParameter("timeout_ms and retries are ints")
-    if send.timeout_ms < 0 or send.retries < 0:
-        raise InvalidParameter("timeout_ms and retries are non-negative")
-    return send
 
 
 # Addresses that passed the check, by identity (MadAddr is frozen; the entry holds it,

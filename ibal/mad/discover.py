@@ -24,6 +24,7 @@ as ``ibnetdiscover`` does; :func:`parse_ibnetdiscover` reads that text back
 
 from __future__ import annotations
 
+import operator
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ibal.mad import smp
-from ibal.mad.consts import SmpAttr
+from ibal.mad.consts import DR_DIRECTION, SmpAttr
 
 __all__ = [
     "DiscNode",
@@ -52,11 +53,16 @@ def _index(table: Any, *names: str) -> tuple[int, ...]:
     return tuple(table.names.index(n) for n in names)
 
 
-_NI = _index(smp.NODE_INFO, "node_type", "num_ports", "system_image_guid", "node_guid",
-             "port_guid", "device_id", "revision", "local_port_num", "vendor_id")  # fmt: skip
-_PI = _index(smp.PORT_INFO, "lid", "lmc", "capability_mask", "link_width_active",
-             "link_speed_active", "link_speed_ext_active", "port_state",
-             "port_phys_state")  # fmt: skip
+def _getter(table: Any, *names: str) -> Callable[[Any], tuple[Any, ...]]:
+    """The named fields of ``table``'s unpacked tuple, picked in one C call."""
+    return operator.itemgetter(*_index(table, *names))
+
+
+_NI = _getter(smp.NODE_INFO, "node_type", "num_ports", "system_image_guid", "node_guid",
+              "port_guid", "device_id", "revision", "local_port_num", "vendor_id")  # fmt: skip
+_PI = _getter(smp.PORT_INFO, "lid", "lmc", "capability_mask", "link_width_active",
+              "link_speed_active", "link_speed_ext_active", "port_state",
+              "port_phys_state")  # fmt: skip
 _SI_ENH0 = _index(smp.SWITCH_INFO, "enhanced_port0")[0]
 _unpack_ni = smp.NODE_INFO.unpack
 _unpack_pi = smp.PORT_INFO.unpack
@@ -186,8 +192,7 @@ class Sweep:
         return []
 
     def _node_info(self, q: Query, data: _Data) -> list[Query]:
-        v = _unpack_ni(data)
-        ntype, nports, sysguid, guid, pguid, dev, rev, lport, vendor = (v[i] for i in _NI)
+        ntype, nports, sysguid, guid, pguid, dev, rev, lport, vendor = _NI(_unpack_ni(data))
         nodes = self.topology.nodes
         node = nodes.get(guid)
         out: list[Query] = []
@@ -215,12 +220,11 @@ class Sweep:
         return out
 
     def _port_info(self, q: Query, node: DiscNode, data: _Data) -> list[Query]:
-        v = _unpack_pi(data)
         port = node.ports.get(q.mod)
         if port is None:
             return []
         (port.lid, port.lmc, port.capmask, port.width, port.speed, port.ext_speed, port.state,
-         port.phys_state) = (v[i] for i in _PI)  # fmt: skip
+         port.phys_state) = _PI(_unpack_pi(data))  # fmt: skip
         if port.remote is not None or port.state <= smp.PortState.DOWN or q.mod == 0:
             return []
         if node.is_switch:
@@ -250,13 +254,16 @@ def sweep(
     called after each batch of answers.  Returns the engine (its
     ``topology`` and ``failed`` queries).
     """
-    from ibal.mad.rpc import PortId, smp_request
+    from ibal.mad.consts import Method, MgmtClass
+    from ibal.mad.rpc import PortId, Request
 
     if window < 1:
         raise ValueError("window must be at least 1")
     engine = Sweep(max_hops=max_hops)
     backlog: deque[Query] = deque(engine.start())
     post_many = client.post_many
+    answer = engine.answer
+    dr, get = int(MgmtClass.SUBN_DR), int(Method.GET)
     ports: dict[tuple[int, ...], PortId] = {}  # a node's queries share its path
     while backlog or client.outstanding:
         room = min(window - client.outstanding, len(backlog))
@@ -267,11 +274,14 @@ def sweep(
                 to = ports.get(q.path)
                 if to is None:
                     to = ports[q.path] = PortId(dr_path=q.path)
-                batch.append(smp_request(q.attr, to, q.mod, context=q))
+                batch.append(Request(dr, get, q.attr, to, q.mod, b"", 0, q))
             post_many(batch)
         for rep in client.poll():
-            ok = rep.mad is not None and rep.status == 0
-            backlog.extend(engine.answer(rep.request.context, rep.data if ok else None))
+            mad = rep.mad
+            # a DR SMP's status without its D bit; its data is bytes 64..127
+            ok = mad is not None and not int.from_bytes(mad[4:6], "big") & ~DR_DIRECTION
+            data = memoryview(mad)[64:128] if ok else None
+            backlog.extend(answer(rep.request.context, data))
         if progress is not None:
             progress(engine, client.outstanding)
     return engine

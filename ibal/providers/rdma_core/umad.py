@@ -542,6 +542,7 @@ class UmadAgents:
         umad_send = load().send
         portid, agent_id = agent.port.portid, agent.agent_id
         send_cb = agent.spec.send_cb
+        buf = ctypes.create_string_buffer(_HDR_SIZE + MAD_SIZE)  # umad_send copies it
         for n, send in enumerate(sends):
             mad = send.mad
             if send_cb is not None or (send.timeout_ms > 0 and not mad_is_response(mad)):
@@ -552,8 +553,11 @@ class UmadAgents:
                         raise
                     return n
                 continue
-            buf = ctypes.create_string_buffer(_header(send.addr) + bytes(mad))
-            rc = umad_send(portid, agent_id, buf, len(mad), 0, 0)
+            size = len(mad)
+            if size > MAD_SIZE:  # an RMPP agent's message: a buffer of its own
+                buf = ctypes.create_string_buffer(_HDR_SIZE + size)
+            buf.raw = _header(send.addr) + bytes(mad)
+            rc = umad_send(portid, agent_id, buf, size, 0, 0)
             if rc < 0:
                 if n == 0:
                     raise _errno_error(rc, "umad_send")

@@ -172,3 +172,24 @@ class MadChecks(ConformanceBase):
                     replace(good, addr=replace(good.addr, sl=16))):
             with pytest.raises(InvalidParameter):
                 agent.send(bad)
+
+    def test_send_many_sends_each_once(self, alias: AliasQp, port: PortAttr) -> None:
+        """access-layer rule 78 for a batch (``MadAgent.send_many``: the provider's
+        ``send_mad_many``, or the AL's loop over ``send_mad``): every MAD reaches the
+        agent serving its method, each send completes once; a batch holding a malformed
+        MAD → IB_INVALID_PARAMETER and sends none of it."""
+        server_in, s_in = Inbox(), Inbox()
+        server_in.agent(alias, VENDOR, {GET})
+        sender = s_in.agent(alias, VENDOR)
+        here = _self_addr(port)
+        refused = [MadSend(_mad(VENDOR, GET, 0x200 + i), here) for i in range(3)]
+        refused[2] = replace(refused[2], mad=refused[2].mad[:64])
+        with pytest.raises(InvalidParameter):
+            sender.send_many(refused)
+        batch = [MadSend(_mad(VENDOR, GET, 0x100 + i), here, context=i) for i in range(8)]
+        assert sender.send_many(batch) == len(batch)
+        got = sorted(_tid_low(server_in.recvs.get(timeout=WAIT).mad) for _ in batch)
+        assert got == [0x100 + i for i in range(8)], "a MAD of the refused batch was sent"
+        dones = sorted((d.context, d.status) for d in (s_in.dones.get(timeout=WAIT) for _ in batch))
+        assert dones == [(i, WcStatus.SUCCESS) for i in range(8)]
+        assert sender.send_many([]) == 0
