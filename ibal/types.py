@@ -1026,6 +1026,9 @@ class MadAgentSpec:
     this OUI (bytes 37..39) reach the agent, 0 meaning OpenIB's
     (:data:`OPENIB_OUI`, what libibumad's ``umad_register`` uses); it must be 0
     for every other class.
+    ``recv_batch_cb`` (optional): the provider may hand several received MADs
+    of the agent over in one call, in arrival order, instead of one
+    ``recv_cb`` each.
     """
 
     port_num: int
@@ -1037,6 +1040,7 @@ class MadAgentSpec:
     methods: frozenset[int] = frozenset()
     rmpp_version: int = 0
     oui: int = 0
+    recv_batch_cb: Callable[[Sequence[MadRecv]], object] | None = None
 
     @property
     def vendor_oui(self) -> int:

@@ -100,6 +100,7 @@ class AliasQp(CaObject):
         context: Any = None,
         inline: bool = False,
         oui: int = 0,
+        recv_batch_cb: Callable[[Sequence[MadRecv]], object] | None = None,
     ) -> MadAgent:
         """A MAD client of this alias's QP on its port.
 
@@ -121,6 +122,11 @@ class AliasQp(CaObject):
         wait for this AL's objects, and may run concurrently with the caller's
         :meth:`MadAgent.send`; :meth:`MadAgent.cancel`'s ``CANCELED`` and
         :meth:`MadAgent.defer` still go through the misc queue.
+
+        ``recv_batch_cb`` (with ``inline`` only) takes ``recv_cb``'s place: it gets
+        the received MADs as a sequence, several at once where the provider reads
+        them together (in arrival order), so a client can act once per batch
+        (send the next window of requests, say).
         """
         self._check()
         try:
@@ -129,7 +135,10 @@ class AliasQp(CaObject):
             raise InvalidParameter("methods must be an iterable of ints") from None
         if rmpp_version not in (0, 1):
             raise InvalidParameter(f"RMPP version {rmpp_version!r} (0 or 1)")
+        if recv_batch_cb is not None and (not inline or not callable(recv_batch_cb)):
+            raise InvalidParameter("recv_batch_cb is a callable, for inline agents only")
         agent = MadAgent(self, recv_cb, send_cb, context, rmpp_version)
+        agent._recv_batch_cb = recv_batch_cb
         spec = MadAgentSpec(
             port_num=self._port_num,
             qp_num=self.num,
@@ -143,6 +152,7 @@ class AliasQp(CaObject):
             methods=meths,
             rmpp_version=rmpp_version,
             oui=oui,
+            recv_batch_cb=agent._inline_recv_batch if recv_batch_cb is not None else None,
         )
         mad_port.check_agent_spec(spec)
         if not callable(recv_cb) or (send_cb is not None and not callable(send_cb)):
@@ -197,6 +207,7 @@ class MadAgent(CaObject):
         self._send_cb = send_cb
         self._key: Any = None
         self._transport: mad_port.MadTransport | None = None
+        self._recv_batch_cb: Callable[[Sequence[MadRecv]], object] | None = None
         self._flushed: list[MadSendDone] = []
         self._flushing = False
         self._gone_hook: Callable[[], object] | None = None
@@ -322,7 +333,19 @@ class MadAgent(CaObject):
         if not self._enter():
             return
         try:
-            call_user(self._recv_cb, recv)
+            if self._recv_batch_cb is not None:
+                call_user(self._recv_batch_cb, (recv,))
+            else:
+                call_user(self._recv_cb, recv)
+        finally:
+            self._leave_inline()
+
+    def _inline_recv_batch(self, recvs: Sequence[MadRecv]) -> None:
+        cb = self._recv_batch_cb
+        if cb is None or not self._enter():
+            return
+        try:
+            call_user(cb, recvs)
         finally:
             self._leave_inline()
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import operator
 import re
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -250,40 +249,42 @@ def sweep(
 ) -> Sweep:
     """Discover the fabric through ``client`` (a :class:`~ibal.mad.rpc.MadClient`).
 
-    At most ``window`` SMPs are in flight.  ``progress(engine, in_flight)`` is
-    called after each batch of answers.  Returns the engine (its
-    ``topology`` and ``failed`` queries).
+    At most ``window`` SMPs are in flight; the engine runs where the answers
+    arrive (:meth:`~ibal.mad.rpc.MadClient.drive`).  ``progress(engine,
+    in_flight)`` is called on the caller's thread about every 0.1 s and at the
+    end.  Returns the engine (its ``topology`` and ``failed`` queries).
     """
     from ibal.mad.consts import Method, MgmtClass
-    from ibal.mad.rpc import PortId, Request
+    from ibal.mad.rpc import PortId, Reply, Request
 
     if window < 1:
         raise ValueError("window must be at least 1")
     engine = Sweep(max_hops=max_hops)
-    backlog: deque[Query] = deque(engine.start())
-    post_many = client.post_many
     answer = engine.answer
     dr, get = int(MgmtClass.SUBN_DR), int(Method.GET)
     ports: dict[tuple[int, ...], PortId] = {}  # a node's queries share its path
-    while backlog or client.outstanding:
-        room = min(window - client.outstanding, len(backlog))
-        if room > 0:  # the window's free places in one batch (one call into the provider)
-            batch = []
-            for _ in range(room):
-                q = backlog.popleft()
-                to = ports.get(q.path)
-                if to is None:
-                    to = ports[q.path] = PortId(dr_path=q.path)
-                batch.append(Request(dr, get, q.attr, to, q.mod, b"", 0, q))
-            post_many(batch)
-        for rep in client.poll():
-            mad = rep.mad
-            # a DR SMP's status without its D bit; its data is bytes 64..127
-            ok = mad is not None and not int.from_bytes(mad[4:6], "big") & ~DR_DIRECTION
-            data = memoryview(mad)[64:128] if ok else None
-            backlog.extend(answer(rep.request.context, data))
-        if progress is not None:
-            progress(engine, client.outstanding)
+
+    def requests(qs: list[Query]) -> list[Request]:
+        out = []
+        for q in qs:
+            to = ports.get(q.path)
+            if to is None:
+                to = ports[q.path] = PortId(dr_path=q.path)
+            out.append(Request(dr, get, q.attr, to, q.mod, b"", 0, q))
+        return out
+
+    def on_reply(rep: Reply) -> list[Request]:
+        mad = rep.mad
+        data = None
+        # a DR SMP's status without its D bit; its data is bytes 64..127
+        if mad is not None and not int.from_bytes(mad[4:6], "big") & ~DR_DIRECTION:
+            data = memoryview(mad)[64:128]
+        return requests(answer(rep.request.context, data))
+
+    tick = None if progress is None else lambda: progress(engine, client.outstanding)
+    client.drive(requests(engine.start()), on_reply, window=window, tick=tick)
+    if progress is not None:
+        progress(engine, client.outstanding)
     return engine
 
 

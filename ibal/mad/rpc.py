@@ -27,6 +27,7 @@ import functools
 import itertools
 import os
 import queue
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -227,7 +228,119 @@ class MadClient:
         self._tids = itertools.count(int.from_bytes(os.urandom(2), "big") << 8 | 1)
         self._done: list[Reply] = []
         self.stats = {"sent": 0, "retried": 0, "timed_out": 0, "stale": 0}
-        port.start(self._rx.put)
+        # drive(): answers are handled on the thread that delivers them, under the lock
+        self._lock = threading.RLock()
+        self._pump: Callable[[list[Reply]], None] | None = None
+        self._pumping = False
+        port.start(self._deliver)
+        start_batches = getattr(port, "start_batches", None)
+        if start_batches is not None:
+            start_batches(self._deliver_many)
+
+    def _deliver(self, mad: bytes) -> None:
+        """The port's callback (any thread): queue ``mad``, or during :meth:`drive` handle it."""
+        if self._pump is None:
+            self._rx.put(mad)
+        else:
+            self._deliver_many((mad,))
+
+    def _deliver_many(self, mads: Sequence[bytes]) -> None:
+        """MADs the port delivers together (any thread): one pass of the pump for them all."""
+        if self._pump is None:
+            for mad in mads:
+                self._rx.put(mad)
+            return
+        with self._lock:
+            pump = self._pump
+            if self._pumping or pump is None:  # delivered from inside a send, or the run ended
+                for mad in mads:
+                    self._rx.put(mad)
+                return
+            self._pumping = True
+            try:
+                replies: list[Reply] = []
+                for mad in mads:
+                    self._take(mad, replies)
+                pump(replies)
+            finally:
+                self._pumping = False
+
+    def drive(
+        self,
+        first: Iterable[Request],
+        on_reply: Callable[[Reply], Iterable[Request]],
+        *,
+        window: int = 32,
+        tick: Callable[[], None] | None = None,
+        tick_every: float = 0.1,
+    ) -> None:
+        """Run requests to the end, each reply handled on the thread that delivers it.
+
+        Posts ``first`` (at most ``window`` in flight); each :class:`Reply` goes to
+        ``on_reply``, which returns the requests that follow from it, until none is
+        left.  ``on_reply`` runs where the answer arrives (the provider's receive
+        thread for an :class:`AlMadPort`'s inline agents: no thread hand-off per
+        answer; the caller's thread for time-outs), one call at a time under the
+        client's lock, so it must not block.  The caller's thread waits, expires
+        requests and calls ``tick`` (under the lock) about every ``tick_every`` s.
+        An exception of ``on_reply`` or a send ends the run and is raised here.
+        """
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        backlog: deque[Request] = deque(first)
+        finished = threading.Event()
+        errors: list[BaseException] = []
+
+        def pump(replies: list[Reply]) -> None:  # under the lock
+            try:
+                while True:
+                    for rep in replies:
+                        backlog.extend(on_reply(rep))
+                    room = min(window - len(self._out), len(backlog))
+                    if room > 0:  # the window's free places in one batch
+                        self.post_many([backlog.popleft() for _ in range(room)])
+                    replies = []
+                    self._drain(replies)  # answered from inside a send (a synchronous port)
+                    if not replies:
+                        break
+                if not backlog and not self._out:
+                    finished.set()
+            except BaseException as exc:
+                errors.append(exc)
+                finished.set()
+
+        with self._lock:
+            if self._out or self._pump is not None:
+                raise RuntimeError("drive() needs a client with nothing in flight")
+            self._pump = pump
+            self._pumping = True
+            try:
+                pump([])
+            finally:
+                self._pumping = False
+        try:
+            while not finished.is_set():
+                with self._lock:
+                    now = self._clock()
+                    wait = self._order[0][0] - now if self._order else self.timeout_ms / 1000
+                if finished.wait(max(min(wait, tick_every), 0.001)):
+                    break
+                with self._lock:
+                    self._pumping = True
+                    try:
+                        replies: list[Reply] = []
+                        self._drain(replies)
+                        self._expire(replies)
+                        pump(replies)
+                    finally:
+                        self._pumping = False
+                    if tick is not None:
+                        tick()
+        finally:
+            with self._lock:
+                self._pump = None
+        if errors:
+            raise errors[0]
 
     # ------------------------------------------------------------ many in flight
     @property
@@ -473,11 +586,17 @@ class AlMadPort:
     _agents: dict[int, Any] = field(default_factory=dict)
     _on_mad: Callable[[bytes], None] | None = None
     _transport_waits: bool = False
+    _on_mads: Callable[[Sequence[bytes]], None] | None = None
 
     def start(self, on_mad: Callable[[bytes], None]) -> None:
         self._on_mad = on_mad
         self._pd = self.ca.alloc_pd()
         self._transport_waits = not self.ca.capabilities.mad_agents
+
+    def start_batches(self, on_mads: Callable[[Sequence[bytes]], None]) -> None:
+        """Optional for a :class:`MadPort`: MADs the provider reads together come to
+        ``on_mads`` in one call (instead of ``on_mad`` each); call before the first send."""
+        self._on_mads = on_mads
 
     def _agent(self, mgmt_class: int, qp: int) -> Any:
         agent = self._agents.get(mgmt_class)
@@ -496,11 +615,14 @@ class AlMadPort:
         def recv(r: Any) -> None:
             on_mad(r.mad)
 
-        # inline: ``recv`` only queues, so it runs on the provider's thread (one thread
-        # crossing less per MAD than the misc queue)
+        on_mads = self._on_mads
+        batch = None if on_mads is None else lambda rs: on_mads([r.mad for r in rs])
+        # inline: ``recv`` only queues (or the client's drive() handles the answers, without
+        # blocking), so it runs on the provider's thread: no thread crossing per MAD
         agent = alias.register_agent(
-            mgmt_class, CLASS_VERSION.get(mgmt_class, 1), recv_cb=recv, inline=True
-        )
+            mgmt_class, CLASS_VERSION.get(mgmt_class, 1), recv_cb=recv, inline=True,
+            recv_batch_cb=batch,
+        )  # fmt: skip
         self._agents[mgmt_class] = agent
         return agent
 

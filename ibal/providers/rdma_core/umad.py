@@ -718,7 +718,17 @@ class UmadAgents:
                 item = self._dispatch(port, rc, length.value, rx)
                 if item is not None:
                     batch.append(item)
-        for agent, done, recv in batch:
+        run: list[MadRecv] = []  # consecutive MADs of one batch-taking agent
+        for i, (agent, done, recv) in enumerate(batch):
+            if done is None and recv is not None and agent.spec.recv_batch_cb is not None:
+                run.append(recv)
+                if i + 1 < len(batch) and batch[i + 1][0] is agent and batch[i + 1][1] is None:
+                    continue
+                with agent.upcall:
+                    if agent.alive:
+                        agent.spec.recv_batch_cb(run)
+                run = []
+                continue
             with agent.upcall:
                 if not agent.alive:
                     continue
