@@ -17,6 +17,10 @@ wall time mostly measures the scheduler, the CPU time what the code costs.
 times that tree's whole command too, in the same rounds: each round runs
 ``ibnetdiscover``, this tree's ``ibal discover``, then the baseline's, so a
 before/after pair sees the same load.
+
+Last, the floor: ``bench_umad_floor.py``'s bare ctypes libibumad loop (the same
+SMP count, no AL, no threads) on the same fabric, what no Python MAD stack on
+this backend can beat (``--no-floor`` skips it).
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ def main() -> int:
     ap.add_argument("--via", default="service,agent", help="MAD paths for the in-process sweep")
     ap.add_argument("--baseline", type=Path, help="another checkout whose whole command to time "
                     "alternately with this one's")  # fmt: skip
+    ap.add_argument("--no-floor", action="store_true", help="skip bench_umad_floor's loop")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     windows = [int(w) for w in a.windows.split(",")]
@@ -154,6 +159,15 @@ def main() -> int:
                                  "--windows", a.windows, "--via", via], env, cwd)  # fmt: skip
                 inner_runs[via] = json.loads(raw.strip().splitlines()[-1])
                 assert inner_runs[via]["nodes"] == tree.nodes
+            floor = None
+            if not a.no_floor:  # the same SMP count as the sweep, bare ctypes, one thread
+                smps = next(iter(inner_runs.values()))["smps"]
+                _, raw = _timed([sys.executable, str(REPO / "benchmarks" / "bench_umad_floor.py"),
+                                 "--inner", "--smps", str(smps), "--runs", str(a.runs),
+                                 "--windows", a.windows, "--spines", str(a.spines),
+                                 "--leaves", str(a.leaves), "--hosts", str(a.hosts)],
+                                env, cwd)  # fmt: skip
+                floor = json.loads(raw.strip().splitlines()[-1])
     c = statistics.median(c_runs)
     py = statistics.median(py_runs)
     res = next(iter(inner_runs.values()))
@@ -174,6 +188,13 @@ def main() -> int:
             sc = statistics.median(res["cpu"][w])
             print(f"sweep via {via:7s} window {int(w):4d}  {s * 1000:8.1f} ms   {s / c:5.2f}x "
                   f"ibnetdiscover   {res['smps'] / s:8.0f} SMPs/s   cpu {sc * 1000:7.1f} ms "
+                  f"{sc / cc:5.2f}x")  # fmt: skip
+    if floor is not None:
+        for w in windows:
+            s = statistics.median(floor["wall"][str(w)])
+            sc = statistics.median(floor["cpu"][str(w)])
+            print(f"floor: bare umad loop, window {w:4d} {s * 1000:8.1f} ms   {s / c:5.2f}x "
+                  f"ibnetdiscover   {floor['smps'] / s:8.0f} SMPs/s   cpu {sc * 1000:7.1f} ms "
                   f"{sc / cc:5.2f}x")  # fmt: skip
     print(f"python3 -c pass                  {t_pass * 1000:8.1f} ms")
     print(f"in the whole command: imports {res['import'] * 1000:.0f} ms, open AL + port "

@@ -57,6 +57,7 @@ __all__ = [
 DEFAULT_TIMEOUT_MS = 500
 DEFAULT_RETRIES = 2
 _TID_LOW = 0xFFFFFFFF
+_SMP_CLASSES = frozenset((MgmtClass.SUBN_LID, MgmtClass.SUBN_DR))  # on QP0
 
 
 class MadError(RuntimeError):
@@ -360,7 +361,8 @@ class MadClient:
             for r in reqs:
                 self.post(r)
             return
-        outs = [_Out(r, 0.0, 0) for r in reqs]
+        deadline = self._clock() + self.timeout_ms / 1000
+        outs = [_Out(r, deadline, 0) for r in reqs]
         items = [self._prepare(out) for out in outs]
         n = 0
         try:
@@ -371,11 +373,11 @@ class MadClient:
                 self._sent(out, item[4])
 
     def _prepare(self, out: _Out) -> tuple[bytes, PortId, int, int, int]:
-        """The MAD of ``out``'s next try under a fresh TID: (mad, to, qp, timeout_ms, tid)."""
+        """The MAD of ``out``'s next try under a fresh TID: (mad, to, qp, timeout_ms, tid).
+        ``out.deadline`` must be set."""
         tid = next(self._tids) & _TID_LOW or next(self._tids) & _TID_LOW
         r = out.request
-        qp = 0 if r.mgmt_class in (MgmtClass.SUBN_LID, MgmtClass.SUBN_DR) else 1
-        out.deadline = self._clock() + self.timeout_ms / 1000
+        qp = 0 if r.mgmt_class in _SMP_CLASSES else 1
         return bytes(_build(r, tid)), r.to, qp, self.timeout_ms, tid
 
     def _sent(self, out: _Out, tid: int) -> None:
@@ -386,6 +388,7 @@ class MadClient:
         self.stats["sent"] += 1
 
     def _send(self, out: _Out) -> None:
+        out.deadline = self._clock() + self.timeout_ms / 1000
         mad, to, qp, timeout_ms, tid = self._prepare(out)
         self.port.send(mad, to, qp, timeout_ms)
         self._sent(out, tid)

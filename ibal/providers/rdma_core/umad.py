@@ -543,6 +543,7 @@ class UmadAgents:
         portid, agent_id = agent.port.portid, agent.agent_id
         send_cb = agent.spec.send_cb
         buf = ctypes.create_string_buffer(_HDR_SIZE + MAD_SIZE)  # umad_send copies it
+        last_addr, hdr = None, b""  # a window's MADs mostly share an address
         for n, send in enumerate(sends):
             mad = send.mad
             if send_cb is not None or (send.timeout_ms > 0 and not mad_is_response(mad)):
@@ -556,7 +557,10 @@ class UmadAgents:
             size = len(mad)
             if size > MAD_SIZE:  # an RMPP agent's message: a buffer of its own
                 buf = ctypes.create_string_buffer(_HDR_SIZE + size)
-            buf.raw = _header(send.addr) + bytes(mad)
+            addr = send.addr
+            if addr is not last_addr:
+                hdr, last_addr = _header(addr), addr
+            buf.raw = hdr + bytes(mad)
             rc = umad_send(portid, agent_id, buf, size, 0, 0)
             if rc < 0:
                 if n == 0:
@@ -748,7 +752,6 @@ class UmadAgents:
         if agent is None or not agent.alive:
             self._count("unknown_agent")
             return None
-        hdr = rx.hdr
         if length < MAD_HEADER_SIZE:
             self._count("short")
             return None
@@ -760,17 +763,18 @@ class UmadAgents:
         mad = raw[_HDR_SIZE:]
         if len(mad) < MAD_SIZE:
             mad = mad.ljust(MAD_SIZE, b"\0")
-        tid_low = int.from_bytes(mad[12:16], "big")
-        if hdr.status:  # our request came back: no response in time
-            ctx = agent.pending.pop(tid_low, None)
+        if raw[_STATUS_OFF:_STATUS_END] != _NO_STATUS:  # our request came back unanswered
+            ctx = agent.pending.pop(int.from_bytes(mad[12:16], "big"), None)
             return agent, MadSendDone(ctx, WcStatus.TIMEOUT_RETRY_ERR), None
         qpn = 0 if mad[1] in SMP_CLASSES else 1
         # The kernel leaves the Q_Key out; a MAD to QP1 always carries the GSI one.
         recv = MadRecv(mad, _recv_addr(raw[_ADDR_OFF:_ADDR_END], qpn), port.num, qpn)
         done = None
-        # an answer to a waiting request: the send completes first
-        if agent.pending and mad_is_response(mad) and tid_low in agent.pending:
-            done = MadSendDone(agent.pending.pop(tid_low), WcStatus.SUCCESS)
+        pending = agent.pending
+        if pending and mad_is_response(mad):  # an answer to a waiting request: send first
+            tid_low = int.from_bytes(mad[12:16], "big")
+            if tid_low in pending:
+                done = MadSendDone(pending.pop(tid_low), WcStatus.SUCCESS)
         return agent, done, recv
 
 
@@ -779,6 +783,9 @@ _headers: dict[int, tuple[MadAddr, bytes]] = {}
 _HDR_SIZE = ctypes.sizeof(_UserMad)
 _ADDR_OFF = _UserMad.addr.offset
 _ADDR_END = _ADDR_OFF + ctypes.sizeof(_MadAddr)
+_STATUS_OFF = _UserMad.status.offset
+_STATUS_END = _STATUS_OFF + 4
+_NO_STATUS = bytes(4)
 
 
 def _header(addr: MadAddr) -> bytes:
