@@ -760,7 +760,8 @@ class AgentTransport(MadTransport):
 
     def send_many(self, key: Any, sends: Sequence[MadSend]) -> int:
         ci = self.cica.ci
-        if type(ci).send_mad_many is ChannelInterface.send_mad_many:  # not offered
+        impl = getattr(type(ci), "send_mad_many", None)
+        if impl is None or impl is ChannelInterface.send_mad_many:  # not offered
             return super().send_many(key, sends)
         n = ci.send_mad_many(key, sends)
         if n <= 0 and sends:  # the contract says raise: take the first alone, for its error

@@ -513,3 +513,81 @@ def test_an_inline_callback_may_deregister_its_agent_the_cleanup_runs_on_teardow
     _again, again_in = world.agent(world.b, VENDOR, methods={GET})
     sender.send(MadSend(mad(VENDOR, GET, 7), to(world.b)))
     assert int.from_bytes(again_in.recv().mad[12:16], "big") == 7
+
+
+def test_send_many_queues_each_and_batches_reach_recv_batch_cb(world: World) -> None:
+    """``MadAgent.send_many`` (the AL's loop over the special QP here): each MAD lands once,
+    each send completes once; a batch with a malformed MAD sends none; an inline agent's
+    ``recv_batch_cb`` gets sequences of MADs in place of ``recv_cb``."""
+    batches: queue.Queue[list[bytes]] = queue.Queue()
+    alias = world.b.pd.get_spl_qp(world.b.port.port_guid, QpType.QP1_ALIAS)
+    with pytest.raises(InvalidParameter):  # batches only for inline agents
+        alias.register_agent(VENDOR, 1, methods={GET}, recv_cb=print, recv_batch_cb=print)
+    alias.register_agent(
+        VENDOR, 1, methods={GET}, inline=True, recv_cb=print,
+        recv_batch_cb=lambda rs: batches.put([bytes(r.mad) for r in rs]),
+    )  # fmt: skip
+    sender, inbox = world.agent(world.a, VENDOR)
+    refused = [MadSend(mad(VENDOR, GET, 0x200 + i), to(world.b)) for i in range(3)]
+    refused[1] = replace(refused[1], addr=replace(refused[1].addr, sl=16))
+    with pytest.raises(InvalidParameter):
+        sender.send_many(refused)
+    sends = [MadSend(mad(VENDOR, GET, 0x100 + i), to(world.b), context=i) for i in range(5)]
+    assert sender.send_many(sends) == 5
+    assert sender.send_many([]) == 0
+    got: list[bytes] = []
+    while len(got) < 5:
+        batch = batches.get(timeout=WAIT)
+        assert batch, "an empty batch"
+        got += batch
+    assert sorted(int.from_bytes(m[12:16], "big") for m in got) == list(range(0x100, 0x105))
+    assert sorted(inbox.done().context for _ in sends) == list(range(5))
+    assert batches.empty() and inbox.dones.empty()
+
+
+class _StubCi:
+    """Just the MAD-agent send verbs, recording what they were given."""
+
+    def __init__(self, many: int | Exception | None) -> None:
+        self.many = many
+        self.calls: list[tuple[str, int]] = []
+
+    def send_mad(self, key: Any, send: MadSend) -> None:
+        self.calls.append(("one", int.from_bytes(send.mad[12:16], "big")))
+        if len(self.calls) == 2 and isinstance(self.many, Exception):
+            raise self.many
+
+
+class _StubManyCi(_StubCi):
+    def send_mad_many(self, key: Any, sends: list[MadSend]) -> int:
+        self.calls.append(("many", len(sends)))
+        if isinstance(self.many, Exception):
+            raise self.many
+        assert self.many is not None
+        return self.many
+
+
+def test_agent_transport_takes_send_mad_many_where_offered_else_loops() -> None:
+    """The provider's ``send_mad_many`` is called once per batch and its count passed on;
+    without it the AL loops over ``send_mad``, stopping at the first failure, which
+    raises only when nothing was sent."""
+    from ibal.al.mad_port import AgentTransport
+    from ibal.status import InsufficientResources
+
+    sends = [MadSend(mad(VENDOR, GET, i), MadAddr(dlid=1)) for i in range(3)]
+
+    def transport(ci: object) -> AgentTransport:
+        return AgentTransport(type("Cica", (), {"ci": ci})(), 1, 1)
+
+    ci = _StubManyCi(3)
+    assert transport(ci).send_many("k", sends) == 3 and ci.calls == [("many", 3)]
+    ci = _StubManyCi(2)  # the port took two: the caller sends the rest again
+    assert transport(ci).send_many("k", sends) == 2
+    ci = _StubManyCi(InsufficientResources("full"))
+    with pytest.raises(InsufficientResources):
+        transport(ci).send_many("k", sends)
+    loop = _StubCi(None)
+    assert transport(loop).send_many("k", sends) == 3
+    assert loop.calls == [("one", 0), ("one", 1), ("one", 2)]
+    loop = _StubCi(InsufficientResources("full"))  # the second send fails
+    assert transport(loop).send_many("k", sends) == 1

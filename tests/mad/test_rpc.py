@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -149,3 +151,58 @@ def test_patched_template_equals_a_checked_build() -> None:
             assert _build(r, 0xABCD0001) == want
     r = Request(MgmtClass.PERF, 2, 0x12, PortId(4), 0, b"\x00\x01\xff\xff")
     assert _build(r, 7) == header.build(MgmtClass.PERF, 2, 0x12, tid=7, data=b"\x00\x01\xff\xff")
+
+
+class AnsweringPort(ScriptedPort):
+    """Answers inside ``send`` (a synchronous port), or from a thread of its own in batches."""
+
+    def __init__(self, clock: Clock, threaded: bool) -> None:
+        super().__init__(clock)
+        self.threaded = threaded
+        self.on_mads: Callable[[list[bytes]], None] | None = None
+        self.threads: set[str] = set()
+
+    def start_batches(self, on_mads: Callable[[list[bytes]], None]) -> None:
+        self.on_mads = on_mads
+
+    def send(self, mad: bytes, to: PortId, qp: int, timeout_ms: int) -> None:
+        super().send(mad, to, qp, timeout_ms)
+        answers, self.deferred = self.deferred, []
+        if not answers:
+            return
+        if not self.threaded:
+            assert self.on_mad is not None
+            self.on_mad(answers[0])
+            return
+        assert self.on_mads is not None
+        t = threading.Thread(target=self.on_mads, args=(answers,))
+        t.start()
+        self.threads.add(t.name)
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_drive_runs_a_chain_of_requests_where_the_answers_arrive(threaded: bool) -> None:
+    """Each reply leads to the next hop until 6 hops; a lost request is retried by the
+    caller's thread; the replies run where the port delivers them."""
+    clock = Clock()
+    port = AnsweringPort(clock, threaded)
+    client = MadClient(port, timeout_ms=100, retries=2, clock=clock)
+    port.drop = 1  # the first try of the first request is lost
+    seen: list[tuple[int, str]] = []
+
+    def on_reply(rep: Any) -> list[Request]:
+        hops = smp.NODE_INFO.decode(rep.data)["node_guid"]
+        seen.append((hops, threading.current_thread().name))
+        if hops >= 6:
+            return []
+        nxt = PortId(dr_path=(1,) * (hops + 1))
+        return [Request(MgmtClass.SUBN_DR, 1, SmpAttr.NODE_INFO, nxt)] * (2 if hops == 3 else 1)
+
+    first = Request(MgmtClass.SUBN_DR, 1, SmpAttr.NODE_INFO, PortId(dr_path=(1,)))
+    client.drive([first], on_reply, window=2)
+    assert sorted(h for h, _ in seen) == [1, 2, 3, 4, 4, 5, 5, 6, 6]
+    assert client.stats["retried"] == 1 and client.outstanding == 0
+    if threaded:  # answers ran on the port's threads, the retried one's too
+        assert {name for _, name in seen} <= port.threads
+    with pytest.raises(ValueError):
+        client.drive([first], on_reply, window=0)
