@@ -378,7 +378,7 @@ class MadClient:
         tid = next(self._tids) & _TID_LOW or next(self._tids) & _TID_LOW
         r = out.request
         qp = 0 if r.mgmt_class in _SMP_CLASSES else 1
-        return bytes(_build(r, tid)), r.to, qp, self.timeout_ms, tid
+        return _build(r, tid), r.to, qp, self.timeout_ms, tid
 
     def _sent(self, out: _Out, tid: int) -> None:
         out.tid = tid
@@ -540,10 +540,11 @@ def _byte(table: Any, name: str) -> int:
 _TID = _byte(header.MAD_HEADER, "tid")
 _HOPS = _byte(header.DR_HEADER, "hop_count")
 _PATH = _byte(header.DR_SMP, "initial_path") + 1  # entry 0 of the path is unused
+assert _HOPS + 1 == _TID < _TID + 8 <= _PATH  # the order _build patches them in
 _templates: dict[tuple[Any, ...], bytes] = {}
 
 
-def _build(r: Request, tid: int) -> bytearray:
+def _build(r: Request, tid: int) -> bytes:
     """The request's MAD: a checked build once per kind of request, then a copy of it
     with this TID (and DR path) patched in, which is what a sweep's many SMPs differ by."""
     to = r.to
@@ -558,13 +559,13 @@ def _build(r: Request, tid: int) -> bytearray:
             dr_path=() if to.dr_path is not None else None, dr_slid=to.dr_slid,
             dr_dlid=to.dr_dlid, comp_mask=r.comp_mask,
         ))  # fmt: skip
-    mad = bytearray(tpl)
-    mad[_TID : _TID + 8] = tid.to_bytes(8, "big")
-    if to.dr_path is not None:
-        path = to.dr_path
-        mad[_HOPS] = len(path)
-        mad[_PATH : _PATH + len(path)] = bytes(path)
-    return mad
+    path = to.dr_path
+    if path is None:
+        return tpl[:_TID] + tid.to_bytes(8, "big") + tpl[_TID + 8 :]
+    n = len(path)
+    # hop count (byte 7), TID (8..15) and initial path (129..) patched into the template
+    return b"".join((tpl[:_HOPS], bytes((n,)), tid.to_bytes(8, "big"), tpl[_TID + 8 : _PATH],
+                     bytes(path), tpl[_PATH + n :]))  # fmt: skip
 
 
 # ---------------------------------------------------------------- the AL's agents
@@ -650,7 +651,7 @@ class AlMadPort:
         agent = self._agent(cls, qp0)
         waits = self._transport_waits
         sends = []
-        for mad, to, qp, timeout_ms, *_ in items:
+        for mad, to, qp, timeout_ms, _tid in items:
             if mad[1] != cls:
                 break
             sends.append(MadSend(mad, _addr(to, qp), timeout_ms if waits else 0))

@@ -437,6 +437,7 @@ class UmadAgents:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._rx = _Buffer()
+        self._rx_at = ctypes.addressof(self._rx)
         self.dropped: dict[str, int] = {}
         self._tick: Callable[[], None] | None = None
         self._tick_every = 0.0
@@ -696,8 +697,9 @@ class UmadAgents:
         Reading and the table look-ups run under the agents' lock, the upcalls
         after it, each under its agent's upcall lock, in arrival order.
         """
-        lib = load()
+        recv_mad = load().recv
         length = ctypes.c_int(MAD_SIZE)
+        rx0, rx0_ref, length_ref = self._rx, ctypes.byref(self._rx), ctypes.byref(length)
         batch: list[tuple[UmadAgent, MadSendDone | None, MadRecv | None]] = []
         with self._lock:
             for n in range(_BATCH):
@@ -708,13 +710,13 @@ class UmadAgents:
                 if n and not port.ready.poll(0):
                     break
                 length.value = MAD_SIZE
-                rx = self._rx
-                rc = lib.recv(port.portid, ctypes.byref(rx), ctypes.byref(length), 0)
+                rx = rx0
+                rc = recv_mad(port.portid, rx0_ref, length_ref, 0)
                 if rc == -errno.ENOSPC and MAD_SIZE < length.value <= MAX_RMPP_MESSAGE:
                     # A message the kernel reassembled (RMPP agent): it stays queued;
                     # read it again into a buffer of the length the kernel reported.
                     rx = _buffer(length.value)
-                    rc = lib.recv(port.portid, ctypes.byref(rx), ctypes.byref(length), 0)
+                    rc = recv_mad(port.portid, ctypes.byref(rx), length_ref, 0)
                 if rc < 0:
                     if -rc not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.ETIMEDOUT):
                         self._count(f"recv_error_{-rc}")
@@ -759,7 +761,9 @@ class UmadAgents:
         # wrote (OpenSM writes an SA Get response without its zero tail): pad it.
         # A reassembled RMPP message (an agent with rmpp_version) is longer: kept whole.
         keep = length if length > MAD_SIZE and agent.spec.rmpp_version else MAD_SIZE
-        raw = ctypes.string_at(ctypes.addressof(rx), _HDR_SIZE + min(length, keep))
+        raw = ctypes.string_at(
+            self._rx_at if rx is self._rx else ctypes.addressof(rx), _HDR_SIZE + min(length, keep)
+        )
         mad = raw[_HDR_SIZE:]
         if len(mad) < MAD_SIZE:
             mad = mad.ljust(MAD_SIZE, b"\0")
@@ -803,20 +807,20 @@ def _header(addr: MadAddr) -> bytes:
     return raw
 
 
-_addrs: dict[bytes, MadAddr] = {}
+_addrs: tuple[dict[bytes, MadAddr], dict[bytes, MadAddr]] = ({}, {})  # by QP
 
 
 def _recv_addr(raw: bytes, qpn: int) -> MadAddr:
     """The sender's address from a received header's ``ib_mad_addr`` bytes (cached);
     ``qpn`` says which Q_Key it carries (the kernel leaves it out)."""
-    key = raw + bytes((qpn,))
-    addr = _addrs.get(key)
+    cache = _addrs[qpn]
+    addr = cache.get(raw)
     if addr is None:
         a = _MadAddr.from_buffer_copy(raw)
         addr = replace(_read_addr(a), remote_qkey=QP1_WELL_KNOWN_QKEY if qpn else 0)
-        if len(_addrs) >= 4096:
-            _addrs.clear()
-        _addrs[key] = addr
+        if len(cache) >= 4096:
+            cache.clear()
+        cache[raw] = addr
     return addr
 
 
