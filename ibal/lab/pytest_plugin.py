@@ -11,9 +11,14 @@ conftest). Fixtures:
 * `ibal_lab_net` (function): a booted guest whose rxe0 sits on eth0, linked to
   a tap in a fresh network namespace; host-side peers run there through
   `.host_popen()`, `.host_run()` or `with .in_netns():`.
+* `ibal_lab_module_session`, `ibal_lab_module_net`: the same two guests, but
+  one boot shared by the tests of a module (a boot costs 10-30 s under TCG).
+  Only for tests that leave the guest as they found it (no module loaded,
+  no qdisc, MTU or address changed, no job left running); each test first
+  checks the guest is still up, so a crash fails the next test by name.
 
-Every guest is powered off and every namespace deleted when its test ends,
-so tests never share guest state. `lab_requires("pyverbs")` skips a test
+A function-scoped guest is powered off and its namespace deleted when its
+test ends, so those tests never share guest state. `lab_requires("pyverbs")` skips a test
 that needs an optional piece. With IBAL_LAB_REQUIRED=1 (set it in CI) a
 missing piece fails the test instead of skipping it; IBAL_LAB=0 skips all.
 """
@@ -88,3 +93,42 @@ def ibal_lab_net(ibal_lab: Lab) -> Iterator[LabSession]:
     lab_requires(PURPOSE_NET)
     with ibal_lab.session(net=True) as session:
         yield session
+
+
+def _alive(session: LabSession, fixture: str) -> LabSession:
+    """`session`, after checking an earlier test of the module did not end it."""
+    if not session.alive:
+        pytest.fail(
+            f"{fixture}: the module's shared guest is gone (an earlier test ended it)\n"
+            f"{session.console_tail()}",
+            pytrace=False,
+        )
+    return session
+
+
+@pytest.fixture(scope="module")
+def ibal_lab_module_guest(ibal_lab: Lab) -> Iterator[LabSession]:
+    """The guest behind `ibal_lab_module_session` (use that: it checks the guest is up)."""
+    with ibal_lab.session() as session:
+        yield session
+
+
+@pytest.fixture(scope="module")
+def ibal_lab_module_net_guest(ibal_lab: Lab) -> Iterator[LabSession]:
+    """The guest behind `ibal_lab_module_net` (use that: it checks the guest is up)."""
+    lab_requires(PURPOSE_NET)
+    with ibal_lab.session(net=True) as session:
+        yield session
+
+
+@pytest.fixture
+def ibal_lab_module_session(ibal_lab_module_guest: LabSession) -> LabSession:
+    """A guest (rxe0 on lo) booted once for the module's tests, checked alive for each."""
+    return _alive(ibal_lab_module_guest, "ibal_lab_module_session")
+
+
+@pytest.fixture
+def ibal_lab_module_net(ibal_lab_module_net_guest: LabSession) -> LabSession:
+    """A guest with rxe0 on eth0 and its namespace, booted once for the module's tests."""
+    return _alive(ibal_lab_module_net_guest, "ibal_lab_module_net")
+

@@ -331,6 +331,15 @@ class LabSession:
         """Name of this session's network namespace (None without net)."""
         return self.netns.name if self.netns else None
 
+    @property
+    def alive(self) -> bool:
+        """Booted, not closed, and neither qemu nor the guest's agent has gone away."""
+        q = self._qemu
+        return (
+            self._ready.is_set() and self._setup_failed is None and self._dead is None
+            and not self._closing and q is not None and q.poll() is None
+        )  # fmt: skip
+
     # -- lifecycle ---------------------------------------------------------------------
 
     def __enter__(self) -> LabSession:

@@ -12,6 +12,10 @@ from ibal.lab import LabSession
 from ibal.lab.netns import lab_namespaces
 from ibal.lab.pytest_plugin import (  # noqa: F401  (fixtures and the marker hook)
     ibal_lab,
+    ibal_lab_module_guest,
+    ibal_lab_module_net,
+    ibal_lab_module_net_guest,
+    ibal_lab_module_session,
     ibal_lab_net,
     ibal_lab_session,
     pytest_configure,

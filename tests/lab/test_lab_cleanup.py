@@ -41,6 +41,8 @@ def test_timeout_with_net_leaves_nothing(
         r = s.run(["sleep", "600"], timeout=1)
         assert r.timed_out and r.returncode == TIMEOUT_RETURNCODE
         assert s.netns_name is not None
+        assert s.alive  # a timed-out command leaves the guest up
+    assert not s.alive
     assert helper.poll() is not None  # host-side helpers are killed with the session
     assert_cleaned(s)
     # Lab.run: the same through the one-shot API.
@@ -58,6 +60,7 @@ def test_hung_guest_is_killed_at_the_deadline(ibal_lab: Lab, assert_cleaned: Cle
         assert r.timed_out and r.returncode == TIMEOUT_RETURNCODE
         with pytest.raises(LabVMError):
             s.run(["true"])
+        assert not s.alive
     assert_cleaned(s)
 
 
@@ -80,8 +83,10 @@ def test_keyboard_interrupt_mid_command_cleans_up(ibal_lab: Lab, assert_cleaned:
 
 
 def test_guest_kernel_crash_is_an_error_not_a_result(ibal_lab_session: LabSession) -> None:
+    assert ibal_lab_session.alive
     with pytest.raises(LabVMError, match="Kernel panic"):
         ibal_lab_session.run("echo c > /proc/sysrq-trigger", timeout=60)
+    assert not ibal_lab_session.alive  # what the module-shared guests check before each test
 
 
 def test_failed_guest_setup_is_reported(

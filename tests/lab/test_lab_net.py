@@ -1,4 +1,8 @@
-"""--net: the guest's eth0/rxe0 and host-side peers in the session's namespace."""
+"""--net: the guest's eth0/rxe0 and host-side peers in the session's namespace.
+
+One guest boot for the module (`ibal_lab_module_net`): every test closes its
+sockets and ends its guest and host processes.
+"""
 
 from __future__ import annotations
 
@@ -49,8 +53,8 @@ print("tcp from", peer[0])
 """
 
 
-def test_udp_and_tcp_between_namespace_and_guest(ibal_lab_net: LabSession) -> None:
-    s = ibal_lab_net
+def test_udp_and_tcp_between_namespace_and_guest(ibal_lab_module_net: LabSession) -> None:
+    s = ibal_lab_module_net
     cfg = s.net_config
     assert cfg is not None
     with s.in_netns():
@@ -129,10 +133,10 @@ def start_pingpong_against_fake_peer(s: LabSession) -> PingpongClient:
     return PingpongClient(job, peer[0], lid, int(qpn, 16), int(psn, 16), gid)
 
 
-def test_host_socket_in_namespace_receives_guest_roce(ibal_lab_net: LabSession) -> None:
+def test_host_socket_in_namespace_receives_guest_roce(ibal_lab_module_net: LabSession) -> None:
     """What a userspace RoCE engine on the host side does: a UDP 4791 socket opened in the
     namespace receives the kernel rxe's packets; their BTH addresses the announced QP."""
-    s = ibal_lab_net
+    s = ibal_lab_module_net
     cfg = s.net_config
     assert cfg is not None
     with s.in_netns():
@@ -156,10 +160,10 @@ def test_host_socket_in_namespace_receives_guest_roce(ibal_lab_net: LabSession) 
     assert bths == [(op, 0xFFFF, FAKE_QPN, p) for op, p in zip(SEND_OPCODES, psns, strict=True)]
 
 
-def test_guest_rxe_sends_rocev2_to_the_namespace(ibal_lab_net: LabSession) -> None:
+def test_guest_rxe_sends_rocev2_to_the_namespace(ibal_lab_module_net: LabSession) -> None:
     """The guest's ibv_rc_pingpong talks to a fake peer; tshark on the tap decodes its RoCEv2."""
     lab_requires("capture")
-    s = ibal_lab_net
+    s = ibal_lab_module_net
     cfg = s.net_config
     assert cfg is not None
     fields = ["ip.src", "ip.dst", "udp.dstport", "infiniband.bth.opcode",

@@ -1,4 +1,8 @@
-"""Guest command semantics: exit status, exact and separate output, env, cwd, stdin, sharing."""
+"""Guest command semantics: exit status, exact and separate output, env, cwd, stdin, sharing.
+
+The session tests share one guest boot (`ibal_lab_module_session`): each leaves
+the guest as it found it; `Lab.run`'s own boot is the first test's subject.
+"""
 
 from __future__ import annotations
 
@@ -23,9 +27,9 @@ def test_run_reports_rxe0_active_and_boot_time(ibal_lab: Lab) -> None:
     assert not result.timed_out
 
 
-def test_rxe_netdev_is_ready_for_multicast(ibal_lab_session: LabSession) -> None:
+def test_rxe_netdev_is_ready_for_multicast(ibal_lab_module_session: LabSession) -> None:
     """The lab sets up what RoCE multicast needs on rxe0's netdev (lo here)."""
-    s = ibal_lab_session
+    s = ibal_lab_module_session
     cmds = ["rdma link show rxe0/1", "ip -o link show lo", "ip route get 224.0.0.251",
             "ip -6 route show table local ff00::/8"]  # fmt: skip
     r = s.run(" && echo @@ && ".join(cmds))
@@ -37,8 +41,8 @@ def test_rxe_netdev_is_ready_for_multicast(ibal_lab_session: LabSession) -> None
     assert v6.startswith("multicast ff00::/8 dev lo")
 
 
-def test_exit_status_and_streams_are_exact(ibal_lab_session: LabSession) -> None:
-    s = ibal_lab_session
+def test_exit_status_and_streams_are_exact(ibal_lab_module_session: LabSession) -> None:
+    s = ibal_lab_module_session
     assert s.run(["sh", "-c", "exit 7"]).returncode == 7
     assert s.run("exit 0").returncode == 0
     # kill -9 of the command itself: the shell's 128+signal convention.
@@ -64,8 +68,8 @@ _WRITE_BYTES = (
 )
 
 
-def test_argv_env_cwd_and_stdin(ibal_lab_session: LabSession) -> None:
-    s = ibal_lab_session
+def test_argv_env_cwd_and_stdin(ibal_lab_module_session: LabSession) -> None:
+    s = ibal_lab_module_session
     tricky = ["a b", "it's", '"q"', "$HOME", "`id`", "*", "", "new\nline", "-n"]
     r = s.run(["printf", "[%s]", *tricky])
     assert r.stdout_text == "".join(f"[{a}]" for a in tricky)
@@ -93,8 +97,10 @@ def test_argv_env_cwd_and_stdin(ibal_lab_session: LabSession) -> None:
     assert missing.returncode == 127
 
 
-def test_shared_dir_tmp_and_root_overlay(ibal_lab_session: LabSession, tmp_path: Path) -> None:
-    s = ibal_lab_session
+def test_shared_dir_tmp_and_root_overlay(
+    ibal_lab_module_session: LabSession, tmp_path: Path
+) -> None:
+    s = ibal_lab_module_session
     (s.host_dir / "from-host.txt").write_bytes(b"hello guest")
     r = s.run(["cat", f"{s.guest_dir}/from-host.txt"])
     assert r.stdout == b"hello guest"
@@ -116,8 +122,8 @@ def test_shared_dir_tmp_and_root_overlay(ibal_lab_session: LabSession, tmp_path:
     assert not probe.exists()
 
 
-def test_concurrent_jobs_in_one_guest(ibal_lab_session: LabSession) -> None:
-    s = ibal_lab_session
+def test_concurrent_jobs_in_one_guest(ibal_lab_module_session: LabSession) -> None:
+    s = ibal_lab_module_session
     fifo = "/tmp/fifo"  # the overlay's tmpfs upper layer (9p shares cannot hold fifos)
     s.run(["mkfifo", fifo]).check_returncode()
     # The reader blocks until the second job writes: both must run at once.
@@ -128,10 +134,10 @@ def test_concurrent_jobs_in_one_guest(ibal_lab_session: LabSession) -> None:
     assert (r.returncode, r.stdout) == (0, b"through-the-fifo\n")
 
 
-def test_output_is_streamed(ibal_lab_session: LabSession) -> None:
+def test_output_is_streamed(ibal_lab_module_session: LabSession) -> None:
     chunks: list[bytes] = []
     errs: list[bytes] = []
-    r = ibal_lab_session.run(
+    r = ibal_lab_module_session.run(
         "for i in 1 2 3; do echo $i; echo e$i >&2; done",
         on_stdout=chunks.append,
         on_stderr=errs.append,

@@ -1,4 +1,7 @@
-"""Real verbs traffic on the guest's kernel rxe0: pyverbs and the standard tools."""
+"""Real verbs traffic on the guest's kernel rxe0: pyverbs and the standard tools.
+
+One guest boot for the module (`ibal_lab_module_session`).
+"""
 
 from __future__ import annotations
 
@@ -11,16 +14,16 @@ from ibal.lab.pytest_plugin import lab_requires
 pytestmark = pytest.mark.lab
 
 
-def test_pyverbs_rdma_write_lands(ibal_lab_session: LabSession) -> None:
+def test_pyverbs_rdma_write_lands(ibal_lab_module_session: LabSession) -> None:
     lab_requires("pyverbs")
-    s = ibal_lab_session
+    s = ibal_lab_module_session
     r = start_peer(s, "pyverbs_rdma_write.py", "rxe0", timeout=180).wait()
     assert r.returncode == 0, r.stderr_text
     assert r.stdout_text.startswith("OK 4096 bytes qpn=")
 
 
-def test_rc_pingpong_between_two_guest_processes(ibal_lab_session: LabSession) -> None:
-    s = ibal_lab_session
+def test_rc_pingpong_between_two_guest_processes(ibal_lab_module_session: LabSession) -> None:
+    s = ibal_lab_module_session
     server = s.guest_start(["ibv_rc_pingpong", "-d", "rxe0", "-g", "1", "-n", "20"], timeout=120)
     # The client retries until the server listens (bounded: 200 tries).
     client = s.run(
