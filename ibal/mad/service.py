@@ -28,7 +28,7 @@ from typing import Any
 from ibal.al import SYNC_DESTROY, AliasQp, Ca, MadAgent
 from ibal.mad.consts import MadStatus
 from ibal.mad.pool import ElementState, MadElement, MadPool, PoolKey
-from ibal.mad.rmpp import RMPP_VERSION, RmppFlags, RmppType
+from ibal.mad.rmpp import RMPP_DATA, RMPP_VERSION, RmppFlags, RmppHeader, RmppType
 from ibal.mad.svc import (
     RMPP_CLASSES,
     TID_LO,
@@ -320,9 +320,13 @@ class MadService:
         the RMPP sessions reassembled)."""
         mad = recv.mad
         if self.transport_rmpp and not whole and rmpp_active(mad, self.svc):
-            # Reassembled by the transport: the same view as a message our sessions
-            # deliver, its RMPP header area zero.
-            mad = bytes(mad[:24]) + bytes(12) + bytes(mad[36:])
+            reassembled = transport_message(mad)
+            if reassembled is None:
+                # Cut short (umad2sim carries the first segment only): delivered as it
+                # came, RMPP header and all, so the client sees the transfer is incomplete.
+                self.stats["rmpp_cut"] += 1
+            else:
+                mad = reassembled
             whole = True
         reason = malformed(mad, self.svc, whole)
         if reason:
@@ -351,14 +355,14 @@ class MadService:
             else:
                 self._unsol_held += 1
         try:
-            e = self.pool_key.get_mad(len(mad))
+            e = self.pool_key.get_mad(max(len(mad), MAD_SIZE))
         except IbError:
             self.stats["dropped_no_element"] += 1
             if not response:
                 with self._lock:
                     self._unsol_held -= 1
             return
-        e.mad[:] = mad
+        e.mad[:] = mad  # a reassembled message keeps its exact length, even under 256 bytes
         e.addr = recv.addr
         e.port_num, e.qp_num = recv.port_num, recv.qp_num
         if request is not None:
@@ -459,6 +463,25 @@ class MadService:
                 user_cb(self.svc.context)
 
         agent.deregister(finished, wait=sync, timeout=timeout)
+
+
+def transport_message(mad: bytes) -> bytes | None:
+    """A message the transport reassembled, as the service's own sessions deliver one
+    (exact length, RMPP header area zero); ``None`` when it is only a first segment.
+
+    The transport hands over the first segment's header.  A message of one segment
+    has the Last flag and its PayloadLength gives the exact length (a provider pads
+    a short one to 256 bytes); a longer one arrives longer than a MAD.  Anything
+    else is the first segment of a transfer the transport did not carry (umad2sim).
+    """
+    h = RmppHeader.of(mad)
+    if h.flags & RmppFlags.LAST:
+        end = RMPP_DATA + h.payload_length if h.payload_length else len(mad)
+    elif len(mad) > MAD_SIZE:
+        end = len(mad)
+    else:
+        return None
+    return bytes(mad[:24]) + bytes(12) + bytes(mad[RMPP_DATA : min(end, len(mad))])
 
 
 def reg_mad_svc(alias: AliasQp, svc: MadSvc, pool_key: PoolKey | None = None) -> MadService:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from ibal.mad.consts import Method, MgmtClass, is_vendor_range2
 from ibal.mad.header import header
 from ibal.mad.pool import ElementState, MadElement
-from ibal.mad.rmpp import is_rmpp
+from ibal.mad.rmpp import RMPP_DATA, is_rmpp
 from ibal.status import InvalidParameter, InvalidSetting
 from ibal.types import MAD_SIZE, OPENIB_OUI, MadAddr, WcStatus, is_int
 
@@ -152,7 +152,8 @@ def check_element(e: object, svc: MadSvc) -> MadElement:
 
 def malformed(mad: bytes, svc: MadSvc, whole: bool = False) -> str | None:
     """Why a received MAD is dropped, or ``None`` (checks beyond the transport's)."""
-    if len(mad) < MAD_SIZE or (len(mad) != MAD_SIZE and not whole):
+    # A reassembled message (``whole``) has its exact length: a short one is under 256.
+    if len(mad) < (RMPP_DATA if whole else MAD_SIZE) or (len(mad) != MAD_SIZE and not whole):
         return "dropped_bad_length"
     h = header(mad)
     if h.base_version != 1:

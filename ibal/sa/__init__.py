@@ -1,0 +1,12 @@
+"""Subnet administration clients (docs/sa.md): queries, services, multicast, subscriptions.
+
+Built on the access layer's and ``ibal.mad``'s public API only.  The shared
+core: :class:`~ibal.sa.port.SaPort` (the SA seen from one local port, one per
+AL instance and port) runs :class:`~ibal.sa.txn.SaTxn` transactions and hands
+back :class:`~ibal.sa.txn.SaAnswer` s.
+"""
+
+from ibal.sa.port import SaPort, SaRequest
+from ibal.sa.txn import SaAnswer, decode_answer
+
+__all__ = ["SaAnswer", "SaPort", "SaRequest", "decode_answer"]

@@ -1,0 +1,494 @@
+"""The SA as seen from one local port: :class:`SaPort`, the I/O layer of ``ibal.sa``.
+
+One :class:`SaPort` per (AL instance, port), shared: :meth:`SaPort.open`
+gives the existing one (and counts the holder), :meth:`SaPort.close` drops a
+hold; it lives until the last holder closes it or its AL closes.  It owns a
+CA handle, a PD, the port's QP1 alias and one MAD service of class SUBN_ADM
+version 2 on it (with RMPP sessions on the AL's timers where the port's
+transport does not run RMPP itself), registered for unsolicited Reports.
+
+:meth:`SaPort.request` runs an :class:`~ibal.sa.txn.SaTxn` to the port's SM
+LID (QP1, Q_Key 0x80010000), read afresh for each try, so an SM that moved
+or came back is found without restarting anything; with no SM LID a try goes
+nowhere and the request times out.  The tries are timed on the AL's timers
+(a ``ManualClock`` steps them in tests).
+
+Threads: the callbacks (``callback(answer)``, the report listeners) run on the
+AL's misc queue, one at a time, and must not block; the ``CANCELED`` answers
+of a closing AL (or ``close``/port loss) run on the thread that closes it.
+:meth:`SaRequest.wait` blocks (never on an AL thread); ``await request``
+works on any event loop.
+
+RoCE: an Ethernet port has no SA.  A PathRecord Get/GetTable there goes to
+``ibal.sa.roce.answer(sa_port, method, attr_id, data, comp_mask) ->
+SaAnswer`` (the hook :meth:`SaPort._roce_answer`; path resolution from the
+GIDs and the IP stack); any other request on such a port raises
+``Unsupported`` at call time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any
+
+from ibal.al import AccessLayer, Dependent, StashKey, in_callback
+from ibal.al.dispatcher import call_user
+from ibal.mad import MadElement, MadService, MadSvc, enable_rmpp, put_mad, reg_mad_svc
+from ibal.mad import header as mad_header
+from ibal.mad.consts import Method, MgmtClass, SaAttr
+from ibal.mad.sa import NOTICE
+from ibal.sa.txn import (
+    SA_DATA,
+    SA_HEADER_SIZE,
+    Abandon,
+    Action,
+    ArmTimer,
+    Finish,
+    SaAnswer,
+    SaTxn,
+    SendTry,
+)
+from ibal.status import (
+    IbError,
+    InvalidGuid,
+    InvalidParameter,
+    InvalidState,
+    NoMatch,
+    ResourceBusy,
+    Status,
+    Timeout,
+    Unsupported,
+)
+from ibal.types import QP1_WELL_KNOWN_QKEY, LinkLayer, LinkState, MadAddr, QpType, WcStatus, is_int
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from ibal.al import Ca, Timer
+
+__all__ = ["ReportListener", "SaPort", "SaRequest"]
+
+log = logging.getLogger("ibal.sa")
+
+SA_CLASS_VERSION = 2
+ReportListener = Callable[[bytes, MadAddr], object]
+AnswerCallback = Callable[[SaAnswer], object]
+_PORTS: StashKey[dict[int, SaPort]] = StashKey()
+_PORTS_LOCK = threading.Lock()
+_ROCE_METHODS = frozenset({Method.GET, Method.GET_TABLE})
+
+
+class SaRequest:
+    """One SA request in flight (made by :meth:`SaPort.request`)."""
+
+    def __init__(self, port: SaPort, txn: SaTxn, callback: AnswerCallback | None) -> None:
+        self.port = port
+        self.txn = txn
+        self._callback = callback
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._answer: SaAnswer | None = None
+        self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[SaAnswer]]] = []
+        self._timer: Timer | None = None
+        self._tries: dict[int, MadElement] = {}  # TID -> the element of that try
+
+    def __repr__(self) -> str:
+        a = self._answer
+        state = a.status.name if a is not None else "pending"
+        return f"<SaRequest method 0x{self.txn.method:02x} attr 0x{self.txn.attr_id:04x} {state}>"
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def answer(self) -> SaAnswer | None:
+        """The answer once done, else ``None``."""
+        return self._answer
+
+    def cancel(self) -> None:
+        """Stop it: the callback still runs once, with ``CANCELED`` (nothing if it ended)."""
+        self.port._run(self, lambda: self.txn.cancel())
+
+    def wait(self, timeout: float | None = None) -> SaAnswer:
+        """Block until the answer (``Timeout`` after ``timeout`` seconds of waiting, the
+        request still going); ``InvalidState`` on an AL callback thread."""
+        if not self._done.is_set() and in_callback():
+            raise InvalidState("SaRequest.wait blocks: call it off the AL's callback threads")
+        if not self._done.wait(timeout):
+            raise Timeout(f"no answer within {timeout} s of waiting")
+        assert self._answer is not None
+        return self._answer
+
+    def __await__(self) -> Generator[Any, None, SaAnswer]:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[SaAnswer] = loop.create_future()
+        with self._lock:
+            if self._answer is None:
+                self._futures.append((loop, fut))
+            else:
+                fut.set_result(self._answer)
+        return fut.__await__()
+
+    def _deliver(self, answer: SaAnswer) -> None:
+        with self._lock:
+            if self._answer is not None:
+                return
+            self._answer = answer
+            futures, self._futures = self._futures, []
+        self._done.set()
+        for loop, fut in futures:
+            with contextlib.suppress(RuntimeError):  # its loop closed: nobody awaits
+                loop.call_soon_threadsafe(_set_result, fut, answer)
+        if self._callback is not None:
+            call_user(self._callback, answer)
+
+
+def _set_result(fut: asyncio.Future[SaAnswer], answer: SaAnswer) -> None:
+    if not fut.done():
+        fut.set_result(answer)
+
+
+def _find_port(al: AccessLayer, port_guid: int | None) -> tuple[int, int]:
+    """(CA GUID, port number) of ``port_guid`` (``None``: the first ACTIVE port)."""
+    if port_guid is not None and not is_int(port_guid):
+        raise InvalidParameter(f"a port GUID is an int, not {type(port_guid).__name__}")
+    for ca_guid in al.get_ca_guids():
+        try:
+            attr = al.query_ca_by_guid(ca_guid)
+        except InvalidGuid:
+            continue  # withdrawn meanwhile
+        for p in attr.ports:
+            if port_guid is None and p.link_state is LinkState.ACTIVE:
+                return ca_guid, p.port_num
+            if port_guid is not None and p.port_guid == port_guid:
+                return ca_guid, p.port_num
+    if port_guid is None:
+        raise NoMatch("no local port is ACTIVE")
+    raise InvalidGuid(f"no local port has GUID 0x{port_guid:016x}")
+
+
+class SaPort(Dependent):
+    """The SA reached from one local port (see the module docstring)."""
+
+    _kind = "SA port"
+
+    @classmethod
+    def open(cls, al: AccessLayer, port_guid: int | None = None) -> SaPort:
+        """The AL's :class:`SaPort` for ``port_guid`` (``None``: the first ACTIVE port),
+        made on first use; each call is a hold that :meth:`close` drops.
+
+        ``InvalidGuid`` for a GUID no local port has, ``NoMatch`` when no port is
+        active, ``InvalidAlHandle`` for a closed AL.
+        """
+        if not isinstance(al, AccessLayer):
+            raise InvalidParameter("SaPort.open takes an AccessLayer")
+        ca_guid, port_num = _find_port(al, port_guid)
+        guid = al.query_ca_by_guid(ca_guid).port(port_num).port_guid
+        with _PORTS_LOCK:
+            ports = al.stash.setdefault(_PORTS, {})
+            sa = ports.get(guid)
+            if sa is not None and sa.alive and sa._svc_alive():
+                sa._holds += 1
+                return sa
+            sa = cls(al, ca_guid, port_num, guid)
+            ports[guid] = sa
+            return sa
+
+    def __init__(self, al: AccessLayer, ca_guid: int, port_num: int, port_guid: int) -> None:
+        self.port_guid = port_guid
+        self._sa_port_num = port_num
+        self._holds = 1
+        self._sa_lock = threading.RLock()
+        self._requests: dict[int, SaRequest] = {}  # id -> pending request
+        self._listeners: dict[int, ReportListener] = {}
+        self._ids = itertools.count(1)
+        self._tids = itertools.count(1)
+        self.stats: dict[str, int] = {"reports": 0, "stale_answers": 0}
+        self.ca: Ca = al.open_ca(ca_guid)
+        self.service: MadService | None = None
+        try:
+            attr = self.ca.query_port(port_num)
+            self.link_layer: LinkLayer = attr.link_layer
+            if self.link_layer is LinkLayer.INFINIBAND:
+                self.service = self._register()
+            super().__init__(al)
+        except BaseException:
+            with contextlib.suppress(IbError):
+                self.ca.close()
+            raise
+
+    def __repr__(self) -> str:
+        return f"<SaPort {self.ca.name} port {self.port_num} 0x{self.port_guid:016x}>"
+
+    @property
+    def port_num(self) -> int:
+        """The local port's number on :attr:`ca`."""
+        return self._sa_port_num
+
+    # ------------------------------------------------------------------ set-up
+    def _register(self) -> MadService:
+        alias = self.ca.alloc_pd().get_spl_qp(self.port_guid, QpType.QP1_ALIAS)
+        svc = MadSvc(MgmtClass.SUBN_ADM, SA_CLASS_VERSION, self._on_recv, self._on_sent,
+                     methods=frozenset({Method.REPORT}), support_unsol=True)  # fmt: skip
+        try:
+            service = reg_mad_svc(alias, svc)
+        except ResourceBusy:
+            # Another client of the port (another AL of this process, or another process
+            # through the kernel) serves SA Reports: queries work, Reports go there.
+            log.info("%r: SA Reports are served by another client of the port", self)
+            service = reg_mad_svc(alias, MadSvc(MgmtClass.SUBN_ADM, SA_CLASS_VERSION,
+                                                self._on_recv, self._on_sent))  # fmt: skip
+            self.stats["reports_elsewhere"] = 1
+        if not service.transport_rmpp:
+            enable_rmpp(service, self.ca.al.timers, class_header_size=SA_HEADER_SIZE)
+        return service
+
+    def _svc_alive(self) -> bool:
+        return self.service is None or self.service.alive
+
+    def close(self) -> None:
+        """Drop one hold (from :meth:`open`); the last one destroys it: its pending
+        requests end ``CANCELED``."""
+        with _PORTS_LOCK:
+            self._holds -= 1
+            last = self._holds <= 0
+            if last:
+                ports = self.al.stash.get(_PORTS, {})
+                if ports.get(self.port_guid) is self:
+                    del ports[self.port_guid]
+        if last:
+            with contextlib.suppress(IbError):
+                self.destroy()
+
+    # ------------------------------------------------------------------ requests
+    def request(
+        self,
+        method: int,
+        attr_id: int,
+        data: bytes = b"",
+        comp_mask: int = 0,
+        *,
+        attr_mod: int = 0,
+        timeout_ms: int = 1000,
+        retry_cnt: int = 3,
+        callback: AnswerCallback | None = None,
+    ) -> SaRequest:
+        """Ask the SA; ``callback(answer)`` (misc queue) gets the :class:`SaAnswer` once.
+
+        ``InvalidParameter`` for a field that does not fit or a bad time-out,
+        ``Unsupported`` for a request other than a PathRecord Get/GetTable on a
+        RoCE port, ``InvalidHandle`` once the port (or its AL) is gone.
+        """
+        self.check()
+        if callback is not None and not callable(callback):
+            raise InvalidParameter("callback must be callable")
+        try:
+            txn = SaTxn(method, attr_id, bytes(data), comp_mask, attr_mod, timeout_ms,
+                        retry_cnt, self._new_tid)  # fmt: skip
+        except (ValueError, TypeError) as exc:  # FieldError is a ValueError
+            raise InvalidParameter(str(exc)) from None
+        req = SaRequest(self, txn, callback)
+        if self.link_layer is not LinkLayer.INFINIBAND:
+            if method not in _ROCE_METHODS or attr_id != SaAttr.PATH_RECORD:
+                raise Unsupported(f"{self.ca.name} port {self.port_num} is {self.link_layer.value}"
+                                  f": no SA, only PathRecord Get/GetTable are resolved")
+            answer = self._roce_answer(method, attr_id, bytes(data), comp_mask)
+            if not self.post_callback(self._run, req, lambda: txn.resolve(answer)):
+                req._deliver(answer)
+            return req
+        with self._sa_lock:
+            self._requests[id(req)] = req
+        self._run(req, lambda: txn.start(self._now()))
+        return req
+
+    def _roce_answer(self, method: int, attr_id: int, data: bytes, comp_mask: int) -> SaAnswer:
+        """The RoCE hook: ``ibal.sa.roce`` resolves the path from GIDs and the IP stack."""
+        try:
+            roce: Any = importlib.import_module("ibal.sa.roce")
+        except ImportError:
+            return SaAnswer(Status.UNSUPPORTED, method=method, attr_id=attr_id,
+                            detail="RoCE path resolution (ibal.sa.roce) is not available")
+        answer: SaAnswer = roce.answer(self, method, attr_id, data, comp_mask)
+        return answer
+
+    def _new_tid(self) -> int:
+        while True:
+            low = next(self._tids) & 0xFFFFFFFF
+            if low:
+                return low
+
+    def _now(self) -> float:
+        return self.al.timers.clock.now()
+
+    def _run(self, req: SaRequest, event: Callable[[], list[Action]]) -> None:
+        """Feed one event to the request's machine and carry out its actions."""
+        with self._sa_lock:
+            actions = event()
+            finish: SaAnswer | None = None
+            for a in actions:
+                if isinstance(a, SendTry):
+                    self._send_try(req, a)
+                elif isinstance(a, Abandon):
+                    self._abandon(req, a.tid)
+                elif isinstance(a, ArmTimer):
+                    self._arm(req, a.at)
+                elif isinstance(a, Finish):
+                    finish = a.answer
+                    self._requests.pop(id(req), None)
+            # A send failing at once ends the request: its Finish comes from the machine.
+        if finish is not None:
+            req._deliver(finish)
+
+    def _send_try(self, req: SaRequest, a: SendTry) -> None:
+        service = self.service
+        assert service is not None
+        try:
+            attr = self.ca.query_port(self.port_num)
+        except IbError as exc:
+            self._later_fail(req, a.tid, f"the port is gone ({exc})")
+            return
+        if not attr.sm_lid or attr.link_state is not LinkState.ACTIVE:
+            return  # no SM to ask: the try's time-out runs out
+        e = service.pool_key.get_mad()
+        e.mad[:] = a.mad
+        e.addr = MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=attr.sm_lid,
+                         sl=attr.sm_sl)  # fmt: skip
+        e.resp_expected, e.timeout_ms, e.retry_cnt = True, req.txn.timeout_ms, 0
+        e.context1 = req
+        try:
+            service.send(e)
+        except IbError as exc:
+            put_mad(e)
+            self._later_fail(req, a.tid, str(exc))
+            return
+        req._tries[a.tid] = e
+
+    def _later_fail(self, req: SaRequest, tid: int, detail: str) -> None:
+        # Called under the machine's event: the failure is its own event, run next.
+        if not self.post_callback(self._run, req, lambda: req.txn.on_send_failed(tid, detail)):
+            req._deliver(SaAnswer(Status.CANCELED, detail="the SA port is closing"))
+
+    def _abandon(self, req: SaRequest, tid: int) -> None:
+        e = req._tries.pop(tid, None)
+        if e is None or self.service is None:
+            return
+        with contextlib.suppress(IbError):  # NotFound: its completion is on the way
+            self.service.cancel(e)
+
+    def _arm(self, req: SaRequest, at: float | None) -> None:
+        t = req._timer
+        if at is None:
+            if t is not None:
+                t.cancel()
+                req._timer = None
+            return
+        delay = max(at - self._now(), 0.0)
+        if t is None:
+            with contextlib.suppress(IbError):  # the AL's timers closed: it is going away
+                req._timer = self.call_later(delay, self._on_timer, req)
+        else:
+            t.reschedule(delay)
+
+    def _on_timer(self, req: SaRequest) -> None:
+        self._run(req, lambda: req.txn.on_timer(self._now()))
+
+    # ------------------------------------------------------------------ MADs in
+    def _on_sent(self, e: MadElement) -> None:
+        """Misc queue: a send ended (a try, or a ReportResp of ours)."""
+        req = e.context1
+        if isinstance(req, SaRequest) and e.status is WcStatus.SUCCESS and e.resp_expected:
+            return  # its response comes next and gives the element back
+        if isinstance(req, SaRequest):
+            with self._sa_lock:
+                for tid, el in list(req._tries.items()):
+                    if el is e:
+                        del req._tries[tid]  # timed out or failed: the timer decides
+        put_mad(e)
+
+    def _on_recv(self, e: MadElement) -> None:
+        """Misc queue: a response to a try, or an unsolicited Report."""
+        request = e.request
+        if request is not None:
+            req = request.context1
+            mad = bytes(e.mad)
+            put_mad([e, request])
+            if isinstance(req, SaRequest):
+                with self._sa_lock:
+                    for tid, el in list(req._tries.items()):
+                        if el is request:
+                            del req._tries[tid]
+                before = req.txn.stale
+                self._run(req, lambda: req.txn.on_response(mad))
+                self.stats["stale_answers"] += req.txn.stale - before
+            return
+        if e.mad[3] == Method.REPORT:
+            self._report(e)
+            return
+        put_mad(e)
+
+    def _report(self, e: MadElement) -> None:
+        self.stats["reports"] += 1
+        notice = bytes(e.mad[SA_DATA : SA_DATA + NOTICE.size])
+        sender = e.addr
+        assert sender is not None
+        with self._sa_lock:
+            listeners = list(self._listeners.values())
+        for fn in listeners:
+            call_user(fn, notice, sender)
+        # ReportResp: the Report back with the response method, to its sender.
+        e.mad[:] = mad_header.respond(bytes(e.mad[: len(e.mad)]))
+        e.resp_expected = False
+        e.context1 = None
+        try:
+            assert self.service is not None
+            self.service.send(e)
+        except IbError as exc:
+            log.warning("%r: ReportResp not sent: %s", self, exc)
+            put_mad(e)
+
+    def add_report_listener(self, fn: ReportListener) -> Callable[[], None]:
+        """``fn(notice_bytes, sender)`` for each SA Report (misc queue; the port answers the
+        ReportResp after the listeners ran); returns the function that removes ``fn``."""
+        if not callable(fn):
+            raise InvalidParameter("a report listener must be callable")
+        self.check()
+        key = next(self._ids)
+        with self._sa_lock:
+            self._listeners[key] = fn
+
+        def remove() -> None:
+            with self._sa_lock:
+                self._listeners.pop(key, None)
+
+        return remove
+
+    # ------------------------------------------------------------------ teardown
+    @property
+    def pending(self) -> int:
+        """Requests not yet answered."""
+        return len(self._requests)
+
+    def on_destroying(self) -> None:
+        with self._sa_lock:
+            reqs = list(self._requests.values())
+        for req in reqs:
+            self._cancel_closing(req)
+
+    def _cancel_closing(self, req: SaRequest) -> None:
+        self._run(req, lambda: req.txn.cancel("the SA port is closing"))
+
+    def cleanup(self) -> None:
+        with _PORTS_LOCK:
+            ports = self.al.stash.get(_PORTS, {})
+            if ports.get(self.port_guid) is self:
+                del ports[self.port_guid]
+        with contextlib.suppress(IbError):
+            self.ca.close()
