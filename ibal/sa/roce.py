@@ -132,7 +132,10 @@ class PathQuery:
             )
         ints = {n: v for n, v in rec.items() if n in chosen and isinstance(v, int)}
         sgid = _gid(rec["sgid"]) if "sgid" in chosen else None
-        return cls(_gid(rec["dgid"]), sgid, ints, ints.get("service_id", 0))
+        dgid = _gid(rec["dgid"])
+        if dgid.is_multicast:
+            raise _no_records("multicast DGIDs have no unicast path (join the group instead)")
+        return cls(dgid, sgid, ints, ints.get("service_id", 0))
 
 
 # ----------------------------------------------------------------- the result
@@ -213,7 +216,9 @@ def source_entry(port: PortAttr, sgid: Gid) -> GidEntry:
     for e in port.gid_table:
         if e.gid == sgid and e.gid_type is not GidType.IB:
             return e
-    raise PathError(MadStatus.SA_INVALID_GID, f"{sgid} is not a GID of port {port.port_num}")
+    raise PathError(
+        MadStatus.SA_INVALID_GID, f"{show_gid(sgid)} is not a GID of port {port.port_num}"
+    )
 
 
 def needs_neighbour(route: Route, out: Link) -> bool:
@@ -240,12 +245,10 @@ def resolve(
     """
     if port.link_layer is not LinkLayer.ETHERNET:
         raise PathError(MadStatus.SA_REQ_INVALID, f"port {port.port_num} is not Ethernet")
-    if query.dgid.is_multicast:
-        raise _no_records("multicast DGIDs have no unicast path (join the group instead)")
     if not (route.local or out.loopback) and out.index != dev.index:
         raise _no_records(
             f"{route.dst} is reached through {out.name}, not through {dev.name}, "
-            f"the netdev of GID {entry.index}"
+            f"the netdev of GID {entry.index} ({show_gid(entry.gid)})"
         )
     if route.local or out.loopback:
         dmac = dev.mac  # loopback: the frame comes back to the source's own MAC
@@ -529,6 +532,12 @@ class RoceResolver:
                 if not g.gid.is_link_local:
                     return g
         raise _no_records(f"port {port.port_num} has no GID for source {route.src} (to {dst})")
+
+
+def show_gid(gid: Gid) -> str:
+    """A GID as text, an IPv4-mapped one with its dotted address (``::ffff:10.0.0.1``)."""
+    v4 = gid.ipv4_mapped
+    return f"::ffff:{v4}" if v4 is not None else str(gid)
 
 
 def _gid_ip(gid: Gid) -> IpAddress:
