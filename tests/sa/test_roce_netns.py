@@ -1,0 +1,228 @@
+"""RoCE path resolution against the real IP stack: rxe devices over loopback and over a
+veth pair between two network namespaces (root and iproute2; the namespaces are
+this test's own and are deleted afterwards).
+
+The resolver runs as in an access layer: on the AL's timers, its port
+attributes from the rxe CA's ``query``, its IP stack made inside the device's
+namespace.  What it resolves is compared with what the kernel's own tables say
+(``ip neigh``, ``ip link``) for the same destination.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import secrets
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from ibal.al import AlManager, Ca
+from ibal.mad import sa
+from ibal.mad.consts import MadStatus, Method
+from ibal.providers.rxe.provider import RxeProvider
+from ibal.sa.roce import RoceAnswer, RoceResolver
+from ibal.sa.roce_net import NetlinkIpStack
+from ibal.status import Status
+from ibal.testing.helpers import active_port
+from ibal.types import Gid, Mtu, PortAttr
+
+_CLONE_NEWNET = 0x40000000
+WAIT = 20.0
+
+
+def _need() -> None:
+    missing = None
+    if shutil.which("ip") is None:
+        missing = "needs the `ip` command (Debian package iproute2)"
+    elif os.geteuid() != 0:
+        missing = "needs root (network namespaces, rxe's raw sockets)"
+    if missing is None:
+        return
+    if os.environ.get("IBAL_LAB_REQUIRED", "") not in ("", "0"):
+        pytest.fail(f"{missing} (IBAL_LAB_REQUIRED is set)", pytrace=False)
+    pytest.skip(missing)
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+class Ns:
+    """A throw-away network namespace."""
+
+    def __init__(self, tag: str) -> None:
+        self.name = f"ibal-roce-{tag}-{os.getpid()}-{secrets.token_hex(3)}"
+        subprocess.run(["ip", "netns", "add", self.name], check=True, timeout=30)
+        self.ip("link", "set", "lo", "up")
+
+    def ip(self, *args: str) -> str:
+        done = subprocess.run(
+            ["ip", "-n", self.name, *args], check=True, timeout=30, capture_output=True, text=True
+        )
+        return done.stdout
+
+    def json(self, *args: str) -> list[dict[str, object]]:
+        out = json.loads(self.ip("-j", *args) or "[]")
+        assert isinstance(out, list)
+        return out
+
+    def sysctl(self, setting: str) -> None:
+        subprocess.run(
+            ["ip", "netns", "exec", self.name, "sysctl", "-qw", setting], check=True, timeout=30
+        )
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        with (
+            open("/proc/thread-self/ns/net", "rb") as orig,
+            open(f"/run/netns/{self.name}", "rb") as target,
+        ):
+            _setns(target.fileno())
+            try:
+                yield
+            finally:
+                _setns(orig.fileno())
+
+    def delete(self) -> None:
+        subprocess.run(["ip", "netns", "delete", self.name], check=False, timeout=30)
+
+
+@dataclass
+class Side:
+    """An rxe device in namespace A (on ``va`` and on lo) with a resolver, and B's MAC."""
+
+    a: Ns
+    b: Ns
+    ca: Ca
+    lo_ca: Ca
+    resolver: RoceResolver
+    lo_resolver: RoceResolver
+    peer_mac: bytes
+    port: PortAttr
+
+    def ask(
+        self, dgid: str, sgid: str, *, lo: bool = False, method: int = Method.GET, **kw: int
+    ) -> RoceAnswer:
+        data = sa.PATH_RECORD.encode(dgid=Gid(dgid).packed, sgid=Gid(sgid).packed)
+        mask = sa.component_mask(sa.PATH_RECORD, ["dgid", "sgid"])
+        r = self.lo_resolver if lo else self.resolver
+        req = r.request(method, data, mask, callback=lambda a: None, **kw)
+        return req.wait(WAIT)
+
+
+@pytest.fixture(scope="module")
+def side() -> Iterator[Side]:
+    _need()
+    a, b = Ns("a"), Ns("b")
+    mgr = None
+    try:
+        a.ip("link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", b.name)
+        for ns, dev, v4, v6 in ((a, "va", "10.77.0.1/24", "fd77::1/64"),
+                                (b, "vb", "10.77.0.2/24", "fd77::2/64")):  # fmt: skip
+            ns.sysctl(f"net.ipv6.conf.{dev}.accept_dad=0")
+            ns.ip("link", "set", dev, "mtu", "2200")
+            ns.ip("addr", "add", v4, "dev", dev)
+            ns.ip("addr", "add", v6, "dev", dev, "nodad")
+            ns.ip("link", "set", dev, "up")
+        # a gatewayed net with route metrics, and a net on another interface
+        a.ip("route", "add", "10.78.0.0/24", "via", "10.77.0.2", "hoplimit", "7", "mtu", "1100")
+        a.ip("link", "add", "other", "type", "veth", "peer", "name", "otherp")
+        a.ip("addr", "add", "10.80.0.1/24", "dev", "other")
+        a.ip("link", "set", "otherp", "up")
+        a.ip("link", "set", "other", "up")
+        peer_mac = bytes.fromhex(str(b.json("link", "show", "vb")[0]["address"]).replace(":", ""))
+        with a.entered():
+            mgr = AlManager()
+            mgr.add_provider(RxeProvider({"devices": "rxe_ra=va,rxe_rlo=127.0.0.2"}))
+            al = mgr.open_al()
+            net = NetlinkIpStack()
+        cas = {c.name: c for c in (al.open_ca(g) for g in al.get_ca_guids())}
+        ca, lo_ca = cas["rxe_ra"], cas["rxe_rlo"]
+
+        def port_of(c: Ca) -> PortAttr:
+            p = active_port(c.query().ports)
+            assert p is not None
+            return p
+
+        def later(delay: float, fn: object) -> object:
+            return al.timers.call_later(delay, fn)  # type: ignore[arg-type]
+
+        res = RoceResolver(lambda: port_of(ca), net, later)  # type: ignore[arg-type]
+        lo_res = RoceResolver(lambda: port_of(lo_ca), net, later)  # type: ignore[arg-type]
+        yield Side(a, b, ca, lo_ca, res, lo_res, peer_mac, port_of(ca))
+        net.close()
+    finally:
+        if mgr is not None:
+            mgr.close()
+        a.delete()
+        b.delete()
+
+
+def _neigh_mac(ns: Ns, addr: str, dev: str) -> bytes | None:
+    for n in ns.json("neigh", "show", addr, "dev", dev):
+        if "lladdr" in n:
+            return bytes.fromhex(str(n["lladdr"]).replace(":", ""))
+    return None
+
+
+def test_veth_peer_mac_is_resolved_by_arp(side: Side) -> None:
+    assert _neigh_mac(side.a, "10.77.0.2", "va") is None  # nothing known before
+    a = side.ask("::ffff:10.77.0.2", "::ffff:10.77.0.1")
+    assert a.status is Status.SUCCESS, a.reason
+    assert a.path is not None and a.path.dmac == side.peer_mac
+    assert _neigh_mac(side.a, "10.77.0.2", "va") == side.peer_mac  # what the kernel learnt
+    (rec,) = [sa.PATH_RECORD.decode(r) for r in a.records]
+    # veth MTU 2200: 2200 - 96 carries 2048, and so does the rxe port (2200 - 80)
+    assert side.port.active_mtu is Mtu.MTU_2048
+    assert (rec["mtu"], rec["hop_limit"], rec["rate"]) == (4, 64, 2)
+    assert rec["sgid"] == Gid("::ffff:10.77.0.1").packed
+    assert a.path.netdev == "va" and a.path.sgid_index == side.port.gid_table[1].index
+
+
+def test_ipv6_peer_mac_is_resolved_by_neighbour_discovery(side: Side) -> None:
+    a = side.ask("fd77::2", "fd77::1")
+    assert a.status is Status.SUCCESS, a.reason
+    assert a.path is not None and a.path.dmac == side.peer_mac
+    assert _neigh_mac(side.a, "fd77::2", "va") == side.peer_mac
+
+
+def test_gateway_route_metrics(side: Side) -> None:
+    a = side.ask("::ffff:10.78.0.9", "::ffff:10.77.0.1")
+    assert a.status is Status.SUCCESS, a.reason
+    assert a.path is not None and a.path.dmac == side.peer_mac  # the gateway's MAC
+    assert str(a.path.route.gateway) == "10.77.0.2"
+    (rec,) = [sa.PATH_RECORD.decode(r) for r in a.records]
+    assert (rec["mtu"], rec["hop_limit"]) == (2, 7)  # route mtu 1100 -> 512, hoplimit 7
+
+
+def test_silent_neighbour_times_out(side: Side) -> None:
+    a = side.ask("::ffff:10.77.0.99", "::ffff:10.77.0.1", timeout_ms=150, retry_cnt=1)
+    assert a.status is Status.TIMEOUT and "10.77.0.99" in a.reason
+
+
+def test_route_through_another_interface_is_no_record(side: Side) -> None:
+    a = side.ask("::ffff:10.80.0.5", "::ffff:10.77.0.1")
+    assert (a.status, a.mad_status) == (Status.REMOTE_ERROR, MadStatus.SA_NO_RECORDS)
+    assert "other" in a.reason
+    t = side.ask("::ffff:10.80.0.5", "::ffff:10.77.0.1", method=Method.GET_TABLE)
+    assert (t.status, t.records) == (Status.SUCCESS, ())
+
+
+def test_loopback_device_path(side: Side) -> None:
+    """An rxe device on lo (127.0.0.2) to a local address: the kernel's loopback rule
+    (the source's own MAC, no ARP) and lo's MTU."""
+    a = side.ask("::ffff:127.0.0.3", "::ffff:127.0.0.2", lo=True)
+    assert a.status is Status.SUCCESS, a.reason
+    assert a.path is not None and a.path.dmac == bytes(6) and a.path.netdev == "lo"
+    assert a.path.route.local
+    (rec,) = [sa.PATH_RECORD.decode(r) for r in a.records]
+    assert rec["mtu"] == 5
