@@ -17,8 +17,8 @@ answered here, as Linux's ``ib_addr``/``rdma_cm`` build a RoCE path
   interface's IPv6 hop limit (``ip4_dst_hoplimit``/``ip6_dst_hoplimit``, 64 by
   default, even on the local subnet); traffic class and SL 0 unless asked
   (non-VLAN devices map every ToS to SL 0); rate from the port's active
-  speed and width; packet lifetime 16 (``CMA_IBOE_PACKET_LIFETIME`` since
-  Linux 6.2, 18 before); P_Key 0xFFFF, reversible, DLID/SLID 0 (the CM
+  speed and width; packet lifetime 16 (``CMA_IBOE_PACKET_LIFETIME``, 18 up
+  to Linux 6.1); P_Key 0xFFFF, reversible, DLID/SLID 0 (the CM
   writes the permissive LID for RoCE paths); selectors "exactly".
 
 :func:`resolve` is the pure part (a query, the port, and what the IP stack
@@ -54,7 +54,7 @@ __all__ = [
 
 #: GRH 40 + UDP 8 + BTH 12 + XRC ETH 4 + AtomicETH 28 + ICRC 4 (``iboe_get_mtu``).
 ROCE_HEADER_BYTES: Final = 96
-#: ``CMA_IBOE_PACKET_LIFETIME`` (Linux 6.2 on; 6.1 and older use 18).
+#: ``CMA_IBOE_PACKET_LIFETIME`` (about 268 ms; Linux 6.1 and older use 18).
 PACKET_LIFE_TIME: Final = 16
 #: The selector value "exactly" (IBA 15.2.5.16), which RoCE records carry.
 EXACTLY: Final = 2

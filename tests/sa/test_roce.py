@@ -412,3 +412,15 @@ def test_route_change_between_polls_is_seen() -> None:
     d.run(0.1)
     (a,) = d.answers
     assert a.path is not None and a.path.dmac == MAC_GW and a.path.route.gateway == GW
+
+
+def test_docs_example_runs() -> None:
+    """The example of docs/sa.md's "RoCE paths" runs as written (lo, no privileges)."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "sa.md").read_text()
+    section = doc[doc.index("### Example: a path over loopback") :]
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block is not None
+    exec(compile(block.group(1), "docs/sa.md: RoCE paths", "exec"), {})
