@@ -114,7 +114,7 @@ def kernel_path(src: str, dst: str) -> dict[str, object]:
     rec = head.path_rec[0]
     out: dict[str, object] = {
         name: (bytes(getattr(rec, name)).hex() if name in ("dgid", "sgid") else getattr(rec, name))
-        for name, _ in PathRec._fields_
+        for name, *_ in PathRec._fields_
     }
     for name in ("dlid", "slid", "pkey"):
         out[name] = socket.ntohs(int(out[name]))  # type: ignore[call-overload]

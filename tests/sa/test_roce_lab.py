@@ -32,6 +32,7 @@ def test_path_matches_rdma_cm(ibal_lab_net: LabSession) -> None:
     lab_requires("pyverbs")
     s = ibal_lab_net
     cfg = s.net_config
+    assert cfg is not None
     tap = json.loads(s.host_run(["ip", "-j", "link", "show", cfg.tap]).stdout)[0]
     r = s.run([sys.executable, str(GUEST), cfg.guest_ip, cfg.host_ip], timeout=240)
     assert r.returncode == 0, r.stderr_text
