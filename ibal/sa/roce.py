@@ -34,14 +34,23 @@ address vector carries it: providers resolve L2 themselves (kernel verbs in
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from ibal.mad import sa
 from ibal.mad.consts import MadStatus, Method, MgmtClass, SaAttr
 from ibal.mad.header import SA_HEADER, SA_HEADER_OFFSET, build
-from ibal.sa.roce_net import IpAddress, IpStack, Link, Neighbour, Route, RouteError
+from ibal.sa.roce_net import (
+    IpAddress,
+    IpStack,
+    Link,
+    Neighbour,
+    NetlinkIpStack,
+    Route,
+    RouteError,
+)
 from ibal.status import Status
 from ibal.types import DEFAULT_PKEY, Gid, GidEntry, GidType, LinkLayer, PortAttr
 from ibal.wire.fields import FieldError, Value
@@ -49,7 +58,7 @@ from ibal.wire.fields import FieldError, Value
 __all__ = [
     "PACKET_LIFE_TIME", "ROCE_HEADER_BYTES", "NeedNeighbour", "PathError", "PathQuery",
     "RoceAnswer", "RocePath", "RoceRequest", "RoceResolver", "iboe_mtu", "port_rate",
-    "rate_code", "resolve",
+    "rate_code", "resolve", "resolver_for", "start",
 ]  # fmt: skip
 
 #: GRH 40 + UDP 8 + BTH 12 + XRC ETH 4 + AtomicETH 28 + ICRC 4 (``iboe_get_mtu``).
@@ -308,8 +317,8 @@ def resolve(
 
 @dataclass(frozen=True)
 class RoceAnswer:
-    """The answer in the shape an SA transaction gives (``ibal.sa.txn.SaAnswer``'s fields),
-    plus the resolved path and, on failure, why."""
+    """The answer in the shape an SA transaction gives (``ibal.sa.txn.SaAnswer``'s
+    fields, ``detail`` saying why for a status other than SUCCESS), plus the path."""
 
     status: Status
     mad_status: int = 0
@@ -318,7 +327,7 @@ class RoceAnswer:
     records: tuple[bytes, ...] = ()
     mad: bytes = b""
     path: RocePath | None = None
-    reason: str = ""
+    detail: str = ""
 
 
 class Cancellable(Protocol):
@@ -398,7 +407,7 @@ class RoceRequest:
                 return
             if self._timer is not None:
                 self._timer.cancel()
-        self._finish(RoceAnswer(Status.CANCELED, reason="canceled"))
+        self._finish(RoceAnswer(Status.CANCELED, detail="canceled"))
 
     def _finish(self, answer: RoceAnswer) -> None:
         with self._lock:
@@ -416,16 +425,19 @@ class RoceRequest:
             return
         try:
             outcome = self._r.attempt(self._data, self._comp_mask)
+        except OSError as e:  # the IP stack failed us (a netlink socket closed under us)
+            self._finish(RoceAnswer(Status.ERROR, detail=f"IP stack: {e}"))
+            return
         except PathError as e:
             records: tuple[bytes, ...] = ()
             if self._method == Method.GET_TABLE and e.mad_status == MadStatus.SA_NO_RECORDS:
                 # a GetTable with nothing to list succeeds with no records, as an SA answers
                 mad = _response_mad(self._method, records, 0, self._comp_mask)
-                self._finish(RoceAnswer(Status.SUCCESS, 0, mad[3], mad=mad, reason=e.reason))
+                self._finish(RoceAnswer(Status.SUCCESS, 0, mad[3], mad=mad, detail=e.reason))
                 return
             mad = _response_mad(self._method, records, e.mad_status, self._comp_mask)
             self._finish(RoceAnswer(Status.REMOTE_ERROR, e.mad_status, mad[3], mad=mad,
-                                    reason=e.reason))  # fmt: skip
+                                    detail=e.reason))  # fmt: skip
             return
         if isinstance(outcome, RocePath):
             recs = (outcome.encode(),)
@@ -442,7 +454,7 @@ class RoceRequest:
         if self._try_left_s <= 0:
             if self._tries_left <= 0:
                 why = f"no MAC for {need.ip} (ARP/ND unanswered)"
-                self._finish(RoceAnswer(Status.TIMEOUT, reason=why))
+                self._finish(RoceAnswer(Status.TIMEOUT, detail=why))
                 return
             self._tries_left -= 1
             self._try_left_s = self._try_s
@@ -452,8 +464,15 @@ class RoceRequest:
         self._try_left_s -= delay
         self._poll = min(self._poll * 2, _MAX_POLL)
         with self._lock:
-            if self._answer is None:
+            if self._answer is not None:
+                return
+            try:
                 self._timer = self._r.call_later(delay, self._step)
+            except Exception as e:  # the AL's timers closed: its port is going away
+                failed = RoceAnswer(Status.CANCELED, detail=f"no timer: {e}")
+            else:
+                return
+        self._finish(failed)
 
 
 class RoceResolver:
@@ -532,6 +551,74 @@ class RoceResolver:
                 if not g.gid.is_link_local:
                     return g
         raise _no_records(f"port {port.port_num} has no GID for source {route.src} (to {dst})")
+
+
+# ----------------------------------------------------------------- the SaPort hook
+
+
+class _CaLike(Protocol):
+    def query_port(self, port_num: int) -> PortAttr: ...
+
+
+class PortLike(Protocol):
+    """What :func:`start` uses of an ``ibal.sa.port.SaPort`` (or a test's stand-in)."""
+
+    @property
+    def ca(self) -> _CaLike: ...
+
+    @property
+    def port_num(self) -> int: ...
+
+    def call_later(self, delay: float, fn: Callable[..., object], *args: Any) -> Cancellable: ...
+
+
+_RESOLVERS: weakref.WeakKeyDictionary[Any, RoceResolver] = weakref.WeakKeyDictionary()
+_RESOLVERS_LOCK = threading.Lock()
+
+
+def resolver_for(port: PortLike) -> RoceResolver:
+    """The port's resolver, made on first use with an IP stack of the calling thread's
+    network namespace (the port's, when the AL was opened there); its sockets close
+    when the port object goes."""
+    with _RESOLVERS_LOCK:
+        r = _RESOLVERS.get(port)
+        if r is not None:
+            return r
+        ref = weakref.ref(port)  # the resolver must not keep the port alive
+
+        def attrs() -> PortAttr:
+            p = ref()
+            if p is None:
+                raise PathError(MadStatus.SA_NO_RESOURCES, "the port is gone")
+            return p.ca.query_port(p.port_num)
+
+        def later(delay: float, fn: Callable[[], None]) -> Cancellable:
+            p = ref()
+            if p is None:
+                raise PathError(MadStatus.SA_NO_RESOURCES, "the port is gone")
+            return p.call_later(delay, fn)
+
+        net = NetlinkIpStack()
+        r = RoceResolver(attrs, net, later)
+        _RESOLVERS[port] = r
+        weakref.finalize(port, net.close)
+        return r
+
+
+def start(
+    port: PortLike,
+    method: int,
+    data: bytes,
+    comp_mask: int,
+    *,
+    timeout_ms: int,
+    retry_cnt: int,
+    callback: Callable[[RoceAnswer], None],
+) -> RoceRequest:
+    """Answer a PathRecord GET/GET_TABLE on an Ethernet port: ``callback(answer)`` once,
+    from the port's timers (the AL's misc queue).  ``cancel()`` the result to stop."""
+    return resolver_for(port).request(method, data, comp_mask, timeout_ms=timeout_ms,
+                                      retry_cnt=retry_cnt, callback=callback)  # fmt: skip
 
 
 def show_gid(gid: Gid) -> str:

@@ -143,7 +143,7 @@ def ibal_path(src: str, dst: str) -> dict[str, object]:
         mask = sa.component_mask(sa.PATH_RECORD, ["dgid", "sgid"])
         answer = resolver.request(Method.GET, data, mask, callback=lambda a: None).wait(30)
         if answer.path is None:
-            return {"status": answer.status.name, "reason": answer.reason}
+            return {"status": answer.status.name, "reason": answer.detail}
         fields = {k: v.hex() if isinstance(v, bytes) else v for k, v in answer.path.record.items()}
         return {**fields, "dmac": answer.path.dmac.hex(), "netdev": answer.path.netdev,
                 "port_active_mtu": int(port().active_mtu),

@@ -25,8 +25,16 @@ from ibal.sa.roce import (
     port_rate,
     rate_code,
 )
-from ibal.sa.roce_net import RTN_LOCAL, IpAddress, Link, Neighbour, Route, RouteError
-from ibal.status import Status
+from ibal.sa.roce_net import (
+    RTN_LOCAL,
+    IpAddress,
+    Link,
+    Neighbour,
+    NetlinkIpStack,
+    Route,
+    RouteError,
+)
+from ibal.status import InvalidState, Status
 from ibal.types import Gid, GidEntry, GidType, LinkLayer, LinkState, Mtu, PortAttr
 
 ip = ipaddress.ip_address
@@ -348,7 +356,7 @@ def test_get_table_with_no_path_is_an_empty_table_and_get_an_sa_error() -> None:
     assert (get.status, get.mad_status, get.method) == (
         Status.REMOTE_ERROR, MadStatus.SA_NO_RECORDS, Method.GET_RESP)  # fmt: skip
     assert header(get.mad).status == MadStatus.SA_NO_RECORDS
-    assert "no route" in get.reason
+    assert "no route" in get.detail
 
 
 def test_missing_neighbour_is_probed_and_polled_until_it_answers() -> None:
@@ -377,7 +385,7 @@ def test_unanswered_neighbour_times_out_after_every_try() -> None:
     assert len(n.probes) == 3  # one per try
     d.run(0.002)
     (a,) = d.answers
-    assert a.status is Status.TIMEOUT and "10.0.0.2" in a.reason
+    assert a.status is Status.TIMEOUT and "10.0.0.2" in a.detail
     assert (a.records, a.mad) == ((), b"")
 
 
@@ -424,3 +432,75 @@ def test_docs_example_runs() -> None:
     block = re.search(r"```python\n(.*?)```", section, re.S)
     assert block is not None
     exec(compile(block.group(1), "docs/sa.md: RoCE paths", "exec"), {})
+
+
+class _FakeCa:
+    def __init__(self, p: PortAttr) -> None:
+        self.p = p
+
+    def query_port(self, port_num: int) -> PortAttr:
+        assert port_num == self.p.port_num
+        return self.p
+
+
+class _FakeSaPort:
+    """The part of an ibal.sa.port.SaPort that roce.start uses."""
+
+    def __init__(self, p: PortAttr, timers: TimerService) -> None:
+        self.ca = _FakeCa(p)
+        self.port_num = p.port_num
+        self.timers = timers
+
+    def call_later(
+        self, delay: float, fn: Callable[..., object], *args: object
+    ) -> roce.Cancellable:
+        return self.timers.call_later(delay, fn, *args)
+
+
+LO_PORT = port((v4gid("127.0.0.1"), "lo"))
+
+
+def test_start_answers_for_a_port_and_keeps_one_resolver_per_port() -> None:
+    """The SaPort hook, on this host's real lo (no privileges): a local path."""
+    import gc
+
+    clock = ManualClock()
+    timers = TimerService(lambda fn, *a: fn(*a), clock)
+    sa_port = _FakeSaPort(LO_PORT, timers)
+    answers: list[RoceAnswer] = []
+    data = query(v4gid("127.0.0.1"), v4gid("127.0.0.1"))
+    req = roce.start(sa_port, Method.GET_TABLE, data, BOTH, timeout_ms=100, retry_cnt=0,
+                     callback=answers.append)  # fmt: skip
+    assert roce.resolver_for(sa_port) is roce.resolver_for(sa_port)
+    clock.advance(0)
+    (a,) = answers
+    assert req.done and a.status is Status.SUCCESS and a.method == Method.GET_TABLE_RESP
+    assert a.path is not None and a.path.netdev == "lo" and a.path.route.local
+    net = roce.resolver_for(sa_port).net
+    assert isinstance(net, NetlinkIpStack)
+    del sa_port, req
+    gc.collect()
+    with pytest.raises(OSError):  # the port went: its IP stack's sockets are closed
+        net.route(ip("127.0.0.1"), None)
+
+
+def test_a_refused_timer_ends_the_request_canceled() -> None:
+    """A step that cannot arm its next poll (the AL's timers closed meanwhile) answers
+    CANCELED instead of leaving the request unanswered."""
+
+    class Armed:
+        def cancel(self) -> bool:
+            return True
+
+    def later(delay: float, fn: Callable[[], None]) -> roce.Cancellable:
+        if delay == 0:
+            fn()  # the first step at once
+            return Armed()
+        raise InvalidState("the timer scope is closed")
+
+    answers: list[RoceAnswer] = []
+    n = net()
+    RoceResolver(lambda: P, n, later).request(Method.GET, TO_DST, BOTH, callback=answers.append)
+    (a,) = answers
+    assert a.status is Status.CANCELED and "closed" in a.detail
+    assert n.probes == [(DST, SRC, 2)]

@@ -177,7 +177,7 @@ def _neigh_mac(ns: Ns, addr: str, dev: str) -> bytes | None:
 def test_veth_peer_mac_is_resolved_by_arp(side: Side) -> None:
     assert _neigh_mac(side.a, "10.77.0.2", "va") is None  # nothing known before
     a = side.ask("::ffff:10.77.0.2", "::ffff:10.77.0.1")
-    assert a.status is Status.SUCCESS, a.reason
+    assert a.status is Status.SUCCESS, a.detail
     assert a.path is not None and a.path.dmac == side.peer_mac
     assert _neigh_mac(side.a, "10.77.0.2", "va") == side.peer_mac  # what the kernel learnt
     (rec,) = [sa.PATH_RECORD.decode(r) for r in a.records]
@@ -190,14 +190,14 @@ def test_veth_peer_mac_is_resolved_by_arp(side: Side) -> None:
 
 def test_ipv6_peer_mac_is_resolved_by_neighbour_discovery(side: Side) -> None:
     a = side.ask("fd77::2", "fd77::1")
-    assert a.status is Status.SUCCESS, a.reason
+    assert a.status is Status.SUCCESS, a.detail
     assert a.path is not None and a.path.dmac == side.peer_mac
     assert _neigh_mac(side.a, "fd77::2", "va") == side.peer_mac
 
 
 def test_gateway_route_metrics(side: Side) -> None:
     a = side.ask("::ffff:10.78.0.9", "::ffff:10.77.0.1")
-    assert a.status is Status.SUCCESS, a.reason
+    assert a.status is Status.SUCCESS, a.detail
     assert a.path is not None and a.path.dmac == side.peer_mac  # the gateway's MAC
     assert str(a.path.route.gateway) == "10.77.0.2"
     (rec,) = [sa.PATH_RECORD.decode(r) for r in a.records]
@@ -206,13 +206,13 @@ def test_gateway_route_metrics(side: Side) -> None:
 
 def test_silent_neighbour_times_out(side: Side) -> None:
     a = side.ask("::ffff:10.77.0.99", "::ffff:10.77.0.1", timeout_ms=150, retry_cnt=1)
-    assert a.status is Status.TIMEOUT and "10.77.0.99" in a.reason
+    assert a.status is Status.TIMEOUT and "10.77.0.99" in a.detail
 
 
 def test_route_through_another_interface_is_no_record(side: Side) -> None:
     a = side.ask("::ffff:10.80.0.5", "::ffff:10.77.0.1")
     assert (a.status, a.mad_status) == (Status.REMOTE_ERROR, MadStatus.SA_NO_RECORDS)
-    assert "other" in a.reason
+    assert "other" in a.detail
     t = side.ask("::ffff:10.80.0.5", "::ffff:10.77.0.1", method=Method.GET_TABLE)
     assert (t.status, t.records) == (Status.SUCCESS, ())
 
@@ -221,7 +221,7 @@ def test_loopback_device_path(side: Side) -> None:
     """An rxe device on lo (127.0.0.2) to a local address: the kernel's loopback rule
     (the source's own MAC, no ARP) and lo's MTU."""
     a = side.ask("::ffff:127.0.0.3", "::ffff:127.0.0.2", lo=True)
-    assert a.status is Status.SUCCESS, a.reason
+    assert a.status is Status.SUCCESS, a.detail
     assert a.path is not None and a.path.dmac == bytes(6) and a.path.netdev == "lo"
     assert a.path.route.local
     (rec,) = [sa.PATH_RECORD.decode(r) for r in a.records]
