@@ -57,6 +57,7 @@ from ibal.wire.fields import FieldError, Value
 
 __all__ = [
     "PACKET_LIFE_TIME", "ROCE_HEADER_BYTES", "NeedNeighbour", "PathError", "PathQuery",
+    "ProbeSchedule",
     "RoceAnswer", "RocePath", "RoceRequest", "RoceResolver", "iboe_mtu", "port_rate",
     "rate_code", "resolve", "resolver_for", "start",
 ]  # fmt: skip
@@ -353,13 +354,44 @@ def _response_mad(
     return bytes(mad)
 
 
+class ProbeSchedule:
+    """Sans-IO: when to probe and look again while the next hop's MAC is missing.
+
+    A try lasts ``timeout_ms``: it probes once, then looks again after 1 ms,
+    doubling to 64 ms, until its time is spent; ``retry_cnt`` more tries do
+    the same; then it is over.  Time is the sum of the delays it handed out
+    (the timers that run them are the clock).
+    """
+
+    def __init__(self, timeout_ms: int, retry_cnt: int) -> None:
+        self._try_s = max(timeout_ms, 1) / 1000
+        self._tries_left = retry_cnt
+        self._left_s = self._try_s
+        self._poll = _FIRST_POLL
+        self._probed = False
+
+    def next(self) -> tuple[bool, float | None]:
+        """``(probe now, seconds until the next look)``; ``None`` seconds: time out."""
+        probe = not self._probed
+        self._probed = True
+        if self._left_s <= 0:
+            if self._tries_left <= 0:
+                return False, None
+            self._tries_left -= 1
+            self._left_s, self._poll, probe = self._try_s, _FIRST_POLL, True
+        delay = min(self._poll, self._left_s)
+        self._left_s -= delay
+        self._poll = min(self._poll * 2, _MAX_POLL)
+        return probe, delay
+
+
 class RoceRequest:
     """One PathRecord query on an Ethernet port, from start to its single callback.
 
-    Each try reads the route and the neighbour table; while the next hop's
-    MAC is unknown it probes and polls (1 ms, doubling to 64 ms) until the try
-    ends after ``timeout_ms``; ``retry_cnt`` more tries probe again, then the
-    answer is ``TIMEOUT``.  Steps run on the ``call_later`` thread.
+    Each step reads the route and the neighbour table afresh; while the next
+    hop's MAC is unknown a :class:`ProbeSchedule` says when to probe and look
+    again, and its end is the ``TIMEOUT`` answer.  Steps run on the
+    ``call_later`` thread.
     """
 
     def __init__(
@@ -377,16 +409,12 @@ class RoceRequest:
         self._method = method
         self._data = data
         self._comp_mask = comp_mask
-        self._try_s = max(timeout_ms, 1) / 1000
-        self._tries_left = retry_cnt
+        self._schedule = ProbeSchedule(timeout_ms, retry_cnt)
         self._callback = callback
         self._lock = threading.Lock()
         self._timer: Cancellable | None = None
         self._answer: RoceAnswer | None = None
         self._done = threading.Event()
-        self._poll = _FIRST_POLL
-        self._try_left_s = self._try_s
-        self._probed = False
         self._timer = resolver.call_later(0, self._step)
 
     @property
@@ -448,21 +476,13 @@ class RoceRequest:
         self._wait_neighbour(outcome)
 
     def _wait_neighbour(self, need: NeedNeighbour) -> None:
-        if not self._probed:
+        probe, delay = self._schedule.next()
+        if probe:
             self._r.net.probe(need.ip, need.src, need.ifindex)
-            self._probed = True
-        if self._try_left_s <= 0:
-            if self._tries_left <= 0:
-                why = f"no MAC for {need.ip} (ARP/ND unanswered)"
-                self._finish(RoceAnswer(Status.TIMEOUT, detail=why))
-                return
-            self._tries_left -= 1
-            self._try_left_s = self._try_s
-            self._poll = _FIRST_POLL
-            self._r.net.probe(need.ip, need.src, need.ifindex)
-        delay = min(self._poll, self._try_left_s)
-        self._try_left_s -= delay
-        self._poll = min(self._poll * 2, _MAX_POLL)
+        if delay is None:
+            why = f"no MAC for {need.ip} (ARP/ND unanswered)"
+            self._finish(RoceAnswer(Status.TIMEOUT, detail=why))
+            return
         with self._lock:
             if self._answer is not None:
                 return

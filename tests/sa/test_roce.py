@@ -504,3 +504,19 @@ def test_a_refused_timer_ends_the_request_canceled() -> None:
     (a,) = answers
     assert a.status is Status.CANCELED and "closed" in a.detail
     assert n.probes == [(DST, SRC, 2)]
+
+
+def test_probe_schedule() -> None:
+    s = roce.ProbeSchedule(timeout_ms=10, retry_cnt=1)
+    steps = []
+    while True:
+        probe, delay = s.next()
+        steps.append((probe, delay))
+        if delay is None:
+            break
+    first = [(True, 0.001), (False, 0.002), (False, 0.004), (False, pytest.approx(0.003))]
+    assert steps == [*first, *first, (False, None)]  # two tries, each probing once
+    assert sum(d for _, d in steps if d is not None) == pytest.approx(0.020)
+    late = roce.ProbeSchedule(timeout_ms=1000, retry_cnt=0)
+    delays = [late.next()[1] for _ in range(10)]
+    assert delays[6:] == [0.064] * 4  # doubling stops at 64 ms
