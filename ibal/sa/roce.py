@@ -538,9 +538,13 @@ class RoceResolver:
         if src.version != dst.version:
             raise _no_records(f"source {src} and destination {dst} are of different families")
         try:
-            route = self.net.route(dst, src)
+            dev = self.net.link(entry.netdev) if entry.netdev else None
+            # a link-local destination exists only on a link: the GID's (the kernel
+            # routes out of the GID's netdev, bound_dev_if, in every case)
+            oif = dev.index if dev is not None and dst.version == 6 and dst.is_link_local else 0
+            route = self.net.route(dst, src, oif)
             out = self.net.link(route.ifindex)
-            dev = self.net.link(entry.netdev) if entry.netdev else out
+            dev = dev or out
         except RouteError as e:
             raise _no_records(f"no route from {src} to {dst}: {e.strerror}") from None
         except KeyError as e:

@@ -137,8 +137,9 @@ class IpStack(Protocol):
     (one netlink round trip) and never wait for the network.
     """
 
-    def route(self, dst: IpAddress, src: IpAddress | None) -> Route:
-        """The route from ``src`` to ``dst``; raises :class:`RouteError`."""
+    def route(self, dst: IpAddress, src: IpAddress | None, oif: int = 0) -> Route:
+        """The route from ``src`` to ``dst`` (out of interface ``oif`` when not 0);
+        raises :class:`RouteError`."""
         ...
 
     def link(self, key: int | str) -> Link:
@@ -306,7 +307,7 @@ class NetlinkIpStack:
                 if not flags & _NLM_F_DUMP and out:
                     return out
 
-    def route(self, dst: IpAddress, src: IpAddress | None) -> Route:
+    def route(self, dst: IpAddress, src: IpAddress | None, oif: int = 0) -> Route:
         fam = socket.AF_INET if dst.version == 4 else socket.AF_INET6
         bits = 32 if dst.version == 4 else 128
         attrs = _attr(_RTA_DST, dst.packed)
@@ -314,6 +315,8 @@ class NetlinkIpStack:
             if src.version != dst.version:
                 raise RouteError(errno.EINVAL, "source and destination of different families")
             attrs += _attr(_RTA_SRC, src.packed)
+        if oif:
+            attrs += _attr(_RTA_OIF, struct.pack("=i", oif))
         body = _RTMSG.pack(fam, bits, bits if src is not None else 0, 0, 0, 0, 0, 0, 0) + attrs
         for t, buf, off, end in self._request(_RTM_GETROUTE, _NLM_F_REQUEST, body):
             if t == _RTM_NEWROUTE and (r := parse_route(buf, off, end)) is not None:

@@ -68,8 +68,10 @@ class FakeNet:
     hop_limit: int = 64
     probes: list[tuple[IpAddress, IpAddress | None, int]] = field(default_factory=list)
     on_probe: Callable[[FakeNet], None] | None = None
+    oifs: list[int] = field(default_factory=list)
 
-    def route(self, dst: IpAddress, src: IpAddress | None) -> Route:
+    def route(self, dst: IpAddress, src: IpAddress | None, oif: int = 0) -> Route:
+        self.oifs.append(oif)
         r = self.routes.get((dst, src)) or self.routes.get((dst, None))
         if r is None:
             raise RouteError(101, "Network is unreachable")
@@ -520,3 +522,15 @@ def test_probe_schedule() -> None:
     late = roce.ProbeSchedule(timeout_ms=1000, retry_cnt=0)
     delays = [late.next()[1] for _ in range(10)]
     assert delays[6:] == [0.064] * 4  # doubling stops at 64 ms
+
+
+def test_link_local_destination_is_looked_up_on_the_gids_netdev() -> None:
+    peer, mine = ip("fe80::bb"), ip("fe80::aa:ff:fe00:1")
+    n = net(neighbours={(peer, 2): Neighbour(peer, 2, NUD_REACHABLE, MAC_B)})
+    n.routes[(peer, mine)] = Route(peer, 2, src=mine)
+    path = look(n, query(Gid("fe80::bb"), Gid("fe80::aa:ff:fe00:1")))
+    assert isinstance(path, RocePath) and path.dmac == MAC_B
+    assert n.oifs == [2]  # eth0, the netdev of GID 1
+    n2 = net()
+    look(n2)
+    assert n2.oifs == [0]  # a routable destination: whatever interface the route says

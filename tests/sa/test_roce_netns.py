@@ -195,6 +195,21 @@ def test_ipv6_peer_mac_is_resolved_by_neighbour_discovery(side: Side) -> None:
     assert _neigh_mac(side.a, "fd77::2", "va") == side.peer_mac
 
 
+def test_link_local_gids_route_out_of_the_gids_netdev(side: Side) -> None:
+    """fe80:: destinations exist only per link: the lookup is scoped to the GID's netdev
+    (index 0, the default GID from va's MAC), and neighbour discovery runs there."""
+    peer = "fe80::" + _eui64_tail(side.peer_mac)
+    a = side.ask(peer, str(side.port.gid_table[0].gid))
+    assert a.status is Status.SUCCESS, a.detail
+    assert a.path is not None and a.path.dmac == side.peer_mac and a.path.netdev == "va"
+    assert _neigh_mac(side.a, peer, "va") == side.peer_mac
+
+
+def _eui64_tail(mac: bytes) -> str:
+    m = bytes((mac[0] ^ 2, *mac[1:3], 0xFF, 0xFE, *mac[3:]))
+    return ":".join(m[i : i + 2].hex() for i in range(0, 8, 2))
+
+
 def test_gateway_route_metrics(side: Side) -> None:
     a = side.ask("::ffff:10.78.0.9", "::ffff:10.77.0.1")
     assert a.status is Status.SUCCESS, a.detail
