@@ -20,16 +20,15 @@ of a closing AL (or ``close``/port loss) run on the thread that closes it.
 works on any event loop.
 
 RoCE: an Ethernet port has no SA.  A PathRecord Get/GetTable there goes to
-``ibal.sa.roce.answer(sa_port, method, attr_id, data, comp_mask) ->
-SaAnswer`` (the hook :meth:`SaPort._roce_answer`; path resolution from the
-GIDs and the IP stack); any other request on such a port raises
+``ibal.sa.roce.start`` (path resolution from the GIDs and the IP stack, on
+the port's timers, docs/sa.md "RoCE paths"), whose answer ends the request's
+transaction like an SA's; any other request on such a port raises
 ``Unsupported`` at call time.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import itertools
 import logging
 import threading
@@ -70,6 +69,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from ibal.al import Ca, Timer
+    from ibal.sa.roce import RoceAnswer, RoceRequest
 
 __all__ = ["ReportListener", "SaPort", "SaRequest"]
 
@@ -96,6 +96,8 @@ class SaRequest:
         self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[SaAnswer]]] = []
         self._timer: Timer | None = None
         self._tries: dict[int, MadElement] = {}  # TID -> the element of that try
+        self.roce: RoceRequest | None = None
+        """On an Ethernet port: the path resolution (its ``answer.path`` has the MAC)."""
 
     def __repr__(self) -> str:
         a = self._answer
@@ -114,6 +116,8 @@ class SaRequest:
     def cancel(self) -> None:
         """Stop it: the callback still runs once, with ``CANCELED`` (nothing if it ended)."""
         self.port._run(self, lambda: self.txn.cancel())
+        if self.roce is not None:
+            self.roce.cancel()
 
     def wait(self, timeout: float | None = None) -> SaAnswer:
         """Block until the answer (``Timeout`` after ``timeout`` seconds of waiting, the
@@ -300,24 +304,28 @@ class SaPort(Dependent):
             if method not in _ROCE_METHODS or attr_id != SaAttr.PATH_RECORD:
                 raise Unsupported(f"{self.ca.name} port {self.port_num} is {self.link_layer.value}"
                                   f": no SA, only PathRecord Get/GetTable are resolved")
-            answer = self._roce_answer(method, attr_id, bytes(data), comp_mask)
-            if not self.post_callback(self._run, req, lambda: txn.resolve(answer)):
-                req._deliver(answer)
+            with self._sa_lock:
+                self._requests[id(req)] = req
+            self._roce_start(req)
             return req
         with self._sa_lock:
             self._requests[id(req)] = req
         self._run(req, lambda: txn.start(self._now()))
         return req
 
-    def _roce_answer(self, method: int, attr_id: int, data: bytes, comp_mask: int) -> SaAnswer:
-        """The RoCE hook: ``ibal.sa.roce`` resolves the path from GIDs and the IP stack."""
-        try:
-            roce: Any = importlib.import_module("ibal.sa.roce")
-        except ImportError:
-            return SaAnswer(Status.UNSUPPORTED, method=method, attr_id=attr_id,
-                            detail="RoCE path resolution (ibal.sa.roce) is not available")
-        answer: SaAnswer = roce.answer(self, method, attr_id, data, comp_mask)
-        return answer
+    def _roce_start(self, req: SaRequest) -> None:
+        """The RoCE hook: ``ibal.sa.roce`` resolves the path (misc queue, the port's
+        timers); its answer resolves the transaction, once."""
+        from ibal.sa import roce  # only Ethernet ports load it
+
+        txn = req.txn
+
+        def done(answer: RoceAnswer) -> None:
+            self._run(req, lambda: txn.resolve(answer.sa_answer()))
+
+        req.roce = roce.start(self, txn.method, txn.data, txn.comp_mask,
+                              timeout_ms=txn.timeout_ms, retry_cnt=txn.retry_cnt,
+                              callback=done)  # fmt: skip
 
     def _new_tid(self) -> int:
         while True:

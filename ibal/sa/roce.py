@@ -45,12 +45,13 @@ from ibal.mad.header import SA_HEADER, SA_HEADER_OFFSET, build
 from ibal.sa.roce_net import (
     IpAddress,
     IpStack,
+    LazyIpStack,
     Link,
     Neighbour,
-    NetlinkIpStack,
     Route,
     RouteError,
 )
+from ibal.sa.txn import SaAnswer
 from ibal.status import Status
 from ibal.types import DEFAULT_PKEY, Gid, GidEntry, GidType, LinkLayer, PortAttr
 from ibal.wire.fields import FieldError, Value
@@ -330,6 +331,11 @@ class RoceAnswer:
     path: RocePath | None = None
     detail: str = ""
 
+    def sa_answer(self) -> SaAnswer:
+        """The :class:`~ibal.sa.txn.SaAnswer` an SA request on the port ends with."""
+        return SaAnswer(self.status, self.mad_status, self.method, self.attr_id, self.records,
+                        self.mad, self.detail)  # fmt: skip
+
 
 class Cancellable(Protocol):
     def cancel(self) -> bool: ...
@@ -420,6 +426,11 @@ class RoceRequest:
     @property
     def done(self) -> bool:
         return self._done.is_set()
+
+    @property
+    def answer(self) -> RoceAnswer | None:
+        """The answer once made (its ``path`` has the MAC), else ``None``."""
+        return self._answer
 
     def wait(self, timeout: float | None = None) -> RoceAnswer:
         """The answer, once the callback has been made (not on the callback thread)."""
@@ -601,9 +612,9 @@ _RESOLVERS_LOCK = threading.Lock()
 
 
 def resolver_for(port: PortLike) -> RoceResolver:
-    """The port's resolver, made on first use with an IP stack of the calling thread's
-    network namespace (the port's, when the AL was opened there); its sockets close
-    when the port object goes."""
+    """The port's resolver, made on first use; its IP stack opens on the AL's callback
+    thread, so it reads the network namespace the AL runs in, and closes when the
+    port object goes."""
     with _RESOLVERS_LOCK:
         r = _RESOLVERS.get(port)
         if r is not None:
@@ -622,7 +633,7 @@ def resolver_for(port: PortLike) -> RoceResolver:
                 raise PathError(MadStatus.SA_NO_RESOURCES, "the port is gone")
             return p.call_later(delay, fn)
 
-        net = NetlinkIpStack()
+        net = LazyIpStack()
         r = RoceResolver(attrs, net, later)
         _RESOLVERS[port] = r
         weakref.finalize(port, net.close)

@@ -373,3 +373,47 @@ def _read_int(path: str, default: int) -> int:
             return int(f.read().strip())
     except (OSError, ValueError):
         return default
+
+
+class LazyIpStack:
+    """A :class:`NetlinkIpStack` made by the first call, in that thread's namespace.
+
+    The SA port's resolver uses one: its first question is asked on the AL's
+    callback thread, which runs in the network namespace the AL's manager was
+    made in (where the providers found their devices), whatever thread made
+    the request.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stack: NetlinkIpStack | None = None
+        self._closed = False
+
+    def _get(self) -> NetlinkIpStack:
+        with self._lock:
+            if self._closed:
+                raise RouteError(errno.EBADF, "the IP stack is closed")
+            if self._stack is None:
+                self._stack = NetlinkIpStack()
+            return self._stack
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._stack is not None:
+                self._stack.close()
+
+    def route(self, dst: IpAddress, src: IpAddress | None, oif: int = 0) -> Route:
+        return self._get().route(dst, src, oif)
+
+    def link(self, key: int | str) -> Link:
+        return self._get().link(key)
+
+    def neighbour(self, ip: IpAddress, ifindex: int) -> Neighbour | None:
+        return self._get().neighbour(ip, ifindex)
+
+    def probe(self, ip: IpAddress, src: IpAddress | None, ifindex: int) -> None:
+        self._get().probe(ip, src, ifindex)
+
+    def default_hop_limit(self, version: int, ifname: str) -> int:
+        return self._get().default_hop_limit(version, ifname)

@@ -22,13 +22,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from ibal.al import AlManager, Ca
+from ibal.al import AccessLayer, AlManager, Ca
 from ibal.mad import sa
-from ibal.mad.consts import MadStatus, Method
+from ibal.mad.consts import MadStatus, Method, SaAttr
 from ibal.providers.rxe.provider import RxeProvider
+from ibal.sa import SaPort
 from ibal.sa.roce import RoceAnswer, RoceResolver
 from ibal.sa.roce_net import NetlinkIpStack
-from ibal.status import Status
+from ibal.status import Status, Unsupported
 from ibal.testing.helpers import active_port
 from ibal.types import Gid, Mtu, PortAttr
 
@@ -102,6 +103,7 @@ class Side:
 
     a: Ns
     b: Ns
+    al: AccessLayer
     ca: Ca
     lo_ca: Ca
     resolver: RoceResolver
@@ -158,7 +160,7 @@ def side() -> Iterator[Side]:
 
         res = RoceResolver(lambda: port_of(ca), net, later)  # type: ignore[arg-type]
         lo_res = RoceResolver(lambda: port_of(lo_ca), net, later)  # type: ignore[arg-type]
-        yield Side(a, b, ca, lo_ca, res, lo_res, peer_mac, port_of(ca))
+        yield Side(a, b, al, ca, lo_ca, res, lo_res, peer_mac, port_of(ca))
         net.close()
     finally:
         if mgr is not None:
@@ -241,3 +243,36 @@ def test_loopback_device_path(side: Side) -> None:
     assert a.path.route.local
     (rec,) = [sa.PATH_RECORD.decode(r) for r in a.records]
     assert rec["mtu"] == 5
+
+
+def test_sa_port_answers_path_records_on_the_rxe_port(side: Side) -> None:
+    """The one path API: SaPort.request of PathRecords on the Ethernet port is answered
+    by ibal.sa.roce, with the SaAnswer an SA sends; requests made on this thread (not in
+    the namespace) are resolved in the AL's namespace."""
+    sa_port = SaPort.open(side.al, side.port.port_guid)
+    try:
+        data = sa.PATH_RECORD.encode(dgid=Gid("::ffff:10.77.0.2").packed,
+                                     sgid=Gid("::ffff:10.77.0.1").packed)  # fmt: skip
+        mask = sa.component_mask(sa.PATH_RECORD, ["dgid", "sgid"])
+        got: list[object] = []
+        req = sa_port.request(Method.GET_TABLE, SaAttr.PATH_RECORD, data, mask,
+                              callback=got.append)  # fmt: skip
+        a = req.wait(WAIT)
+        assert a.status is Status.SUCCESS, a.detail
+        assert (a.method, a.attr_id) == (Method.GET_TABLE_RESP, SaAttr.PATH_RECORD)
+        (rec,) = [sa.PATH_RECORD.decode(r) for r in a.records]
+        assert rec["dgid"] == Gid("::ffff:10.77.0.2").packed and rec["mtu"] == 4
+        assert got == [a]
+        assert req.roce is not None and req.roce.answer is not None
+        assert req.roce.answer.path is not None
+        assert req.roce.answer.path.dmac == side.peer_mac
+        with pytest.raises(Unsupported):
+            sa_port.request(Method.GET, SaAttr.NODE_RECORD)
+        silent = sa.PATH_RECORD.encode(dgid=Gid("::ffff:10.77.0.98").packed,
+                                       sgid=Gid("::ffff:10.77.0.1").packed)  # fmt: skip
+        req = sa_port.request(Method.GET, SaAttr.PATH_RECORD, silent, mask, timeout_ms=10_000)
+        req.cancel()
+        assert req.wait(WAIT).status is Status.CANCELED
+        assert req.roce is not None and req.roce.wait(WAIT).status is Status.CANCELED
+    finally:
+        sa_port.close()
