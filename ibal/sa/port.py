@@ -492,6 +492,8 @@ class SaPort(Dependent):
 
     def _cancel_closing(self, req: SaRequest) -> None:
         self._run(req, lambda: req.txn.cancel("the SA port is closing"))
+        if req.roce is not None:  # its timers die with the port: end it too
+            req.roce.cancel()
 
     def cleanup(self) -> None:
         with _PORTS_LOCK:

@@ -274,5 +274,9 @@ def test_sa_port_answers_path_records_on_the_rxe_port(side: Side) -> None:
         req.cancel()
         assert req.wait(WAIT).status is Status.CANCELED
         assert req.roce is not None and req.roce.wait(WAIT).status is Status.CANCELED
+        req = sa_port.request(Method.GET, SaAttr.PATH_RECORD, silent, mask, timeout_ms=10_000)
     finally:
         sa_port.close()
+    # closing the port ends what is pending: the SA request and its resolution
+    assert req.wait(WAIT).status is Status.CANCELED
+    assert req.roce is not None and req.roce.wait(WAIT).status is Status.CANCELED
