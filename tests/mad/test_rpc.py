@@ -141,16 +141,16 @@ def test_addresses_as_the_tools_take_them() -> None:
 
 
 def test_patched_template_equals_a_checked_build() -> None:
-    from ibal.mad.rpc import _build
+    from ibal.mad.rpc.request import build_mad
 
     for to in (PortId(dr_path=(1, 3, 5)), PortId(dr_path=()), PortId(9), PortId(dr_path=(2,))):
         for attr, mod in ((SmpAttr.PORT_INFO, 3), (SmpAttr.NODE_INFO, 0)):
             cls = MgmtClass.SUBN_DR if to.directed else MgmtClass.SUBN_LID
             r = Request(cls, 1, attr, to, mod)
             want = header.build(cls, 1, attr, tid=0xABCD0001, attr_mod=mod, dr_path=to.dr_path)
-            assert _build(r, 0xABCD0001) == want
+            assert build_mad(r, 0xABCD0001) == want
     r = Request(MgmtClass.PERF, 2, 0x12, PortId(4), 0, b"\x00\x01\xff\xff")
-    assert _build(r, 7) == header.build(MgmtClass.PERF, 2, 0x12, tid=7, data=b"\x00\x01\xff\xff")
+    assert build_mad(r, 7) == header.build(MgmtClass.PERF, 2, 0x12, tid=7, data=b"\x00\x01\xff\xff")
 
 
 class AnsweringPort(ScriptedPort):
