@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from ipaddress import IPv6Address
 from typing import Any, TypeGuard
+
+from ibal.records import record
 
 Gid = IPv6Address
 """A GID is 16 bytes in IPv6 format; ``Gid(bytes16)`` or ``Gid("fe80::1")``."""
@@ -458,7 +460,7 @@ class NetworkHeader(enum.Enum):
         return 20 if self is NetworkHeader.IPV4 else 0
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class GidEntry:
     """One GID table entry: the GID, its type and (RoCE) the network device it lives on."""
 
@@ -486,7 +488,7 @@ ZERO_GID = Gid(0)
 # ------------------------------------------------------------------- CA attributes
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class PortAttr:
     """`ib_port_attr_t`: one port as ``query_ca`` reports it."""
 
@@ -539,7 +541,7 @@ class PortAttr:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class CaAttr:
     """`ib_ca_attr_t`: identity and limits of a CA."""
 
@@ -586,7 +588,7 @@ class CaAttr:
         raise KeyError(port_num)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class PortAttrMod:
     """`ib_port_attr_mod_t`: new values for the bits ``CaMod`` selects."""
 
@@ -598,7 +600,7 @@ class PortAttrMod:
 # ---------------------------------------------------------------- address vectors
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Grh:
     """Global route: required for RoCE and off-subnet destinations."""
 
@@ -609,7 +611,7 @@ class Grh:
     traffic_class: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class AvAttr:
     """`ib_av_attr_t`: where a datagram goes (or a connected QP's path)."""
 
@@ -624,7 +626,7 @@ class AvAttr:
 # ------------------------------------------------------------------------- QPs
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class QpCaps:
     """Queue depths and SGE counts asked for at create and granted by the provider."""
 
@@ -635,7 +637,7 @@ class QpCaps:
     max_inline: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class QpMod:
     """`ib_qp_mod_t` flattened: the target state and the attributes to set.
 
@@ -678,7 +680,7 @@ QPMOD_ATTRS: tuple[str, ...] = tuple(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class QpAttr:
     """`ib_qp_attr_t`: what ``query_qp`` reports.
 
@@ -715,7 +717,7 @@ class QpAttr:
     srq: Any = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class SrqAttr:
     """`ib_srq_attr_t`."""
 
@@ -724,7 +726,7 @@ class SrqAttr:
     srq_limit: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class DgrmInfo:
     """`ib_dgrm_info_t`: what ``init_dgrm_svc`` binds a datagram QP to."""
 
@@ -736,7 +738,7 @@ class DgrmInfo:
 # ---------------------------------------------------------------- work requests
 
 
-@dataclass(slots=True)
+@record
 class Sge:
     """`ib_local_ds_t`: one scatter/gather element in registered memory."""
 
@@ -745,7 +747,7 @@ class Sge:
     lkey: int
 
 
-@dataclass(slots=True)
+@record
 class UdDest:
     """The datagram part of a send work request.
 
@@ -759,7 +761,7 @@ class UdDest:
     pkey_index: int = 0
 
 
-@dataclass(slots=True)
+@record
 class SendWr:
     """`ib_send_wr_t`; a list of these is what ``post_send`` takes."""
 
@@ -781,7 +783,7 @@ class SendWr:
     """``BIND_MW``: region, range and access (``mr``, ``addr``, ``length``, ``access``)."""
 
 
-@dataclass(slots=True)
+@record
 class RecvWr:
     """`ib_recv_wr_t`."""
 
@@ -789,7 +791,7 @@ class RecvWr:
     sg_list: Sequence[Sge] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Wc:
     """`ib_wc_t`: one work completion."""
 
@@ -813,7 +815,7 @@ class Wc:
     """Receives with ``RecvOpt.INVALIDATE``: the R_Key the sender's SEND_WITH_INV invalidated."""
 
 
-@dataclass(slots=True)
+@record
 class BindWr:
     """`ib_bind_wr_t`: bind a memory window to ``[addr, addr+length)`` of ``mr``.
 
@@ -833,7 +835,7 @@ class BindWr:
 # ------------------------------------------------------------------------- memory
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class MrAttr:
     """`ib_mr_attr_t`; ``pd`` is filled by the access layer."""
 
@@ -847,7 +849,7 @@ class MrAttr:
     pd: Any = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class MrKeys:
     """What a registration returns: keys and the I/O virtual address assigned."""
 
@@ -858,7 +860,7 @@ class MrKeys:
     length: int
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class PhysCreate:
     """`ib_phys_create_t`: pages that are to look contiguous to the HCA.
 
@@ -876,7 +878,7 @@ class PhysCreate:
 # -------------------------------------------------------------------- events
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class EventRecord:
     """`ib_event_rec_t`: what a provider reports through the async-event upcall.
 
@@ -890,7 +892,7 @@ class EventRecord:
     port_num: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class AsyncEventRec:
     """`ib_async_event_rec_t`: what the AL hands consumers' event callbacks."""
 
@@ -901,7 +903,7 @@ class AsyncEventRec:
     port_num: int = 0
 
 
-@dataclass(slots=True)
+@record
 class CiOp:
     """`ib_ci_op_t`: a vendor command and its data, with the vendor's status."""
 
@@ -948,7 +950,7 @@ def mad_error_reply(mad: bytes | bytearray | memoryview, status: int) -> bytes |
     return bytes(reply)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class MadAddr:
     """Where a MAD goes (send) or came from (receive): ``ib_mad_addr`` as a record.
 
@@ -965,7 +967,7 @@ class MadAddr:
     grh: Grh | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class MadSend:
     """One MAD to send through a MAD agent.
 
@@ -985,7 +987,7 @@ class MadSend:
     context: Any = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class MadSendDone:
     """How a send ended, once per send.
 
@@ -999,7 +1001,7 @@ class MadSendDone:
     status: WcStatus = WcStatus.SUCCESS
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class MadRecv:
     """A MAD that reached an agent: the bytes, who sent it, on which port and QP."""
 
@@ -1013,7 +1015,7 @@ MadRecvCallback = Callable[[MadRecv], object]
 MadSendCallback = Callable[[MadSendDone], object]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class MadAgentSpec:
     """What ``register_mad_agent`` takes: one MAD client of a port's QP0 or QP1.
 

@@ -32,6 +32,7 @@ from typing import Any, Final
 
 from ibal.mad import smp
 from ibal.mad.consts import DR_DIRECTION, SmpAttr
+from ibal.records import record
 
 __all__ = [
     "DiscNode",
@@ -69,7 +70,7 @@ _unpack_si = smp.SWITCH_INFO.unpack
 _Data = bytes | bytearray | memoryview
 
 
-@dataclass(slots=True)
+@record
 class DiscPort:
     """One port as discovered: its PortInfo highlights and the far end of its link."""
 
@@ -86,7 +87,7 @@ class DiscPort:
     remote: tuple[int, int] | None = None  # (node GUID, port number)
 
 
-@dataclass(slots=True)
+@record
 class DiscNode:
     """One node: its NodeInfo, description, the DR path it was first reached by, its ports."""
 
@@ -131,7 +132,7 @@ class Topology:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Query:
     """One SMP the engine wants: SubnGet(attr, mod) along ``path``.
 

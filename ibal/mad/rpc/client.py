@@ -16,12 +16,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from ibal.mad.consts import Method, MgmtClass, SaAttr
 from ibal.mad.rpc.portid import PortId
 from ibal.mad.rpc.request import MadError, Reply, Request, build_mad, smp
+from ibal.records import record
 from ibal.status import IbError
 
 __all__ = ["DEFAULT_RETRIES", "DEFAULT_TIMEOUT_MS", "MadClient", "MadPort"]
@@ -52,7 +52,7 @@ class MadPort(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass(slots=True)
+@record
 class _Out:
     request: Request
     deadline: float

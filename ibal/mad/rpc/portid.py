@@ -4,13 +4,14 @@ syntax, and the AL address a request to a port id takes."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
+
+from ibal.records import record
 
 __all__ = ["PortId", "mad_addr", "parse_dr_path", "parse_portid"]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class PortId:
     """A destination like libibmad's ``ib_portid_t``: a LID, or a directed-route path.
 

@@ -4,12 +4,12 @@ per kind of request, then only the TID and DR path patched in)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from ibal.mad import header
 from ibal.mad.consts import DR_DIRECTION, MadStatus, Method, MgmtClass
 from ibal.mad.rpc.portid import PortId
+from ibal.records import record
 
 __all__ = ["MadError", "Reply", "Request", "build_mad", "smp", "smp_request"]
 
@@ -18,7 +18,7 @@ class MadError(RuntimeError):
     """A query failed: no answer after the retries, or an error status in the answer."""
 
 
-@dataclass(slots=True)
+@record
 class Request:
     """One query: class, method, attribute and modifier, data, and where it goes."""
 
@@ -32,7 +32,7 @@ class Request:
     context: Any = None
 
 
-@dataclass(slots=True)
+@record
 class Reply:
     """How a :class:`Request` ended: the response MAD, or ``None`` after the retries."""
 
