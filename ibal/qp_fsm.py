@@ -8,15 +8,14 @@ attribute is rejected without changing state; providers may use it too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ibal.records import record
 from ibal.status import InvalidParameter, InvalidQpState, InvalidSetting
 from ibal.types import QpMod, QpState, QpType
 
 S = QpState
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Rule:
     required: frozenset[str]
     optional: frozenset[str]

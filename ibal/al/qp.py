@@ -7,7 +7,6 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ibal import qp_fsm
@@ -17,6 +16,7 @@ from ibal.al.cq import Cq
 from ibal.al.dispatcher import log
 from ibal.al.obj import READY, CaObject, DestroyCallback, _SyncDestroy
 from ibal.al.srq import Srq
+from ibal.records import record
 from ibal.status import (
     IbError,
     InvalidApmState,
@@ -94,7 +94,7 @@ DRAIN_RECV_WR_ID = 0xFFFF_FFFF_D4A1_0002
 """``wr_id`` of :meth:`Qp.drain`'s marker receive."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class QpCreate:
     """``ib_qp_create_t``: what ``create_qp`` / ``get_spl_qp`` take."""
 

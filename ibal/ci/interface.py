@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from typing import Any, NamedTuple
 
+from ibal.records import record
 from ibal.status import Unsupported
 from ibal.types import (
     BASE_WR_TYPES,
@@ -93,7 +94,7 @@ class MwCreated(NamedTuple):
     rkey: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Capabilities:
     """What a CA can do, so "not supported" can be told from "broken".
 

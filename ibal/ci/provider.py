@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ibal.ci.interface import ChannelInterface
+from ibal.records import record
 
 
 class CaRegistrar(Protocol):
@@ -58,7 +58,7 @@ ProviderFactory = Callable[[Mapping[str, Any]], Provider]
 """Makes a provider from options (e.g. a mock topology); ``{}`` means defaults."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ProviderSpec:
     """A provider as its plugin announces it.
 

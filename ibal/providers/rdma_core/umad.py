@@ -36,13 +36,13 @@ import errno
 import logging
 import os
 import select
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ibal.records import record
 from ibal.status import (
     IbError,
     InsufficientResources,
@@ -173,7 +173,7 @@ class _UmadCa(ctypes.Structure):
     ]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class UmadPortInfo:
     """One port as libibumad reports it (sysfs; under umad2sim a snapshot taken at start)."""
 
@@ -193,7 +193,7 @@ class UmadPortInfo:
     link_layer: str
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class UmadCaInfo:
     """A CA as ``umad_get_ca`` reports it."""
 
@@ -307,7 +307,7 @@ def ca_info(ca_name: str) -> UmadCaInfo:
                 port_num=p.portnum, port_guid=_be64(p.port_guid),
                 gid_prefix=_be64(p.gid_prefix), lid=p.base_lid, lmc=p.lmc, sm_lid=p.sm_lid,
                 sm_sl=p.sm_sl, state=p.state, phys_state=p.phys_state, rate=p.rate,
-                capmask=socket.ntohl(p.capmask), pkeys=pkeys, link_layer=_text(p.link_layer),
+                capmask=_be32(p.capmask), pkeys=pkeys, link_layer=_text(p.link_layer),
             ))  # fmt: skip
         return UmadCaInfo(
             name=_text(ca.ca_name), node_type=ca.node_type, node_guid=_be64(ca.node_guid),
@@ -320,6 +320,15 @@ def ca_info(ca_name: str) -> UmadCaInfo:
 
 def _be64(v: int) -> int:
     return int.from_bytes(v.to_bytes(8, "little"), "big")
+
+
+def _be32(v: int) -> int:
+    """``htonl``/``ntohl`` on this (little-endian) host, without importing ``socket``."""
+    return int.from_bytes(v.to_bytes(4, "little"), "big")
+
+
+def _be16(v: int) -> int:
+    return int.from_bytes(v.to_bytes(2, "little"), "big")
 
 
 def availability(ca_name: str, port_num: int = 1) -> str | None:
@@ -825,9 +834,9 @@ def _recv_addr(raw: bytes, qpn: int) -> MadAddr:
 
 
 def _fill_addr(a: _MadAddr, addr: MadAddr) -> None:
-    a.qpn = socket.htonl(addr.remote_qp)
-    a.qkey = socket.htonl(addr.remote_qkey)
-    a.lid = socket.htons(addr.dlid)
+    a.qpn = _be32(addr.remote_qp)
+    a.qkey = _be32(addr.remote_qkey)
+    a.lid = _be16(addr.dlid)
     a.sl = addr.sl
     a.path_bits = addr.path_bits
     a.pkey_index = addr.pkey_index
@@ -837,7 +846,7 @@ def _fill_addr(a: _MadAddr, addr: MadAddr) -> None:
         a.gid_index = grh.sgid_index
         a.hop_limit = grh.hop_limit
         a.traffic_class = grh.traffic_class
-        a.flow_label = socket.htonl(grh.flow_label)
+        a.flow_label = _be32(grh.flow_label)
         ctypes.memmove(a.gid, grh.dgid.packed, 16)
 
 
@@ -847,14 +856,14 @@ def _read_addr(a: _MadAddr) -> MadAddr:
         grh = Grh(
             dgid=Gid(bytes(a.gid)),
             sgid_index=a.gid_index,
-            flow_label=socket.ntohl(a.flow_label) & 0xFFFFF,
+            flow_label=_be32(a.flow_label) & 0xFFFFF,
             hop_limit=a.hop_limit,
             traffic_class=a.traffic_class,
         )
     return MadAddr(
-        remote_qp=socket.ntohl(a.qpn) & 0xFFFFFF,
-        remote_qkey=socket.ntohl(a.qkey),
-        dlid=socket.ntohs(a.lid),
+        remote_qp=_be32(a.qpn) & 0xFFFFFF,
+        remote_qkey=_be32(a.qkey),
+        dlid=_be16(a.lid),
         sl=a.sl,
         path_bits=a.path_bits,
         pkey_index=a.pkey_index,
