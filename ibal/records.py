@@ -33,7 +33,7 @@ def _eq(self: Any, other: Any) -> Any:
 
 
 def _hash(self: Any) -> int:
-    return hash(self.__record_key__(self))
+    return hash(self.__record_hash__(self))
 
 
 def _key(names: tuple[str, ...]) -> Callable[[Any], Any]:
@@ -60,8 +60,10 @@ def record(
 ) -> _T | Callable[[_T], _T]:
     """``@dataclass(slots=True, frozen=..., kw_only=...)`` with shared repr/eq/hash methods.
 
-    Frozen records hash by their compared fields, as a frozen dataclass does; the
-    others are unhashable, as a dataclass with ``eq`` is.
+    Frozen records hash as a frozen dataclass does (the compared fields, or those
+    with ``field(hash=True)``); the others are unhashable, as a dataclass with ``eq``
+    is.  Unlike the generated ``__repr__``, the shared one has no guard against a
+    record that contains itself.
     """
 
     def wrap(c: _T) -> _T:
@@ -71,6 +73,8 @@ def record(
         fields = dataclasses.fields(made)
         made.__record_repr__ = tuple(f.name for f in fields if f.repr)
         made.__record_key__ = staticmethod(_key(tuple(f.name for f in fields if f.compare)))
+        hashed = (f.name for f in fields if (f.compare if f.hash is None else f.hash))
+        made.__record_hash__ = staticmethod(_key(tuple(hashed)))
         made.__repr__ = _repr
         made.__eq__ = _eq
         made.__hash__ = _hash if frozen else None

@@ -50,6 +50,17 @@ def test_record_matches_the_generated_methods(frozen: bool) -> None:
         assert r == rec(5)
 
 
+def test_hash_follows_field_hash_as_in_a_dataclass() -> None:
+    def body(name: str) -> type:
+        return type(name, (), {"__annotations__": {"a": "int", "b": "int"},
+                               "b": dataclasses.field(default=0, hash=False)})  # fmt: skip
+
+    dc = dataclasses.dataclass(body("H"), frozen=True, slots=True)
+    rec = record(body("H"), frozen=True)
+    assert hash(rec(1, 2)) == hash(dc(1, 2)) == hash(rec(1, 3)) == hash((1,))
+    assert rec(1, 2) != rec(1, 3)
+
+
 def test_records_of_one_and_no_compared_field() -> None:
     one = record(type("One", (), {"__annotations__": {"x": "int"}}), frozen=True)
     none = record(type("Nil", (), {}), frozen=True)
