@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ibal.al import AccessLayer, Dependent, PnpClass, PnpEvent, PnpRec, in_callback
 from ibal.al.dispatcher import call_user
-from ibal.mad.consts import SaAttr
+from ibal.mad.consts import Method, SaAttr
 from ibal.mad.sa import SERVICE_RECORD, component_mask
 from ibal.sa.service_fsm import (
     INFINITE_LEASE,
@@ -263,6 +263,7 @@ class ServiceRegistration(Dependent):
         context: Any = None,
         timeout_ms: int = 1000,
         retry_cnt: int = 3,
+        renew: bool = True,
         destroy_cb: DestroyCallback | None = None,
     ) -> None:
         try:
@@ -273,7 +274,7 @@ class ServiceRegistration(Dependent):
                 raise InvalidParameter("timeout_ms > 0 and retry_cnt >= 0 are ints")
             if not is_int(comp_mask) or not 0 <= comp_mask < 1 << 64:
                 raise InvalidParameter("the component mask is a 64-bit int")
-            self._machine = ServiceLease(record.encode(), comp_mask)
+            self._machine = ServiceLease(record.encode(), comp_mask, renew=bool(renew))
         except BaseException:
             sa.close()
             raise
@@ -293,6 +294,8 @@ class ServiceRegistration(Dependent):
         self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[RegSvcRec]]] = []
         self._pinned = False
         self._pin: contextlib.AbstractContextManager[None] | None = None
+        self.stats = {"set": 0, "delete": 0}
+        """Requests sent: Sets (register, renew, re-register) and Deletes."""
         self.deleted: Status | None = None
         """The status of the Delete sent on deregistration (``None``: none, or not yet)."""
         self.record = record
@@ -412,6 +415,7 @@ class ServiceRegistration(Dependent):
 
     def _send(self, a: Send) -> None:
         token = a.token
+        self.stats["set" if a.method == Method.SET else "delete"] += 1
 
         def answered(ans: SaAnswer) -> None:
             self._requests.pop(token, None)
@@ -553,6 +557,7 @@ def register_service(
     context: Any = None,
     timeout_ms: int = 1000,
     retry_cnt: int = 3,
+    renew: bool = True,
     destroy_cb: DestroyCallback | None = None,
 ) -> ServiceRegistration:
     """Register service ``name``/``service_id`` at the SA; returns at once.
@@ -561,7 +566,7 @@ def register_service(
     first active port); the registration goes through the port that has it
     (``NotFound`` if no local port does, ``InvalidGid`` if ``port_guid``'s
     port does not).  ``lease``: seconds (``None``: infinite), renewed at half
-    of it.  ``data``: ServiceData elements by name, ``{"data8_0": 7,
+    of it unless ``renew=False``.  ``data``: ServiceData elements by name, ``{"data8_0": 7,
     "data64_1": ...}``; only those given (and the name, ID, GID, P_Key,
     lease, and ``key`` if given) are in the component mask.  ``wait()`` /
     ``await`` give the outcome; ``callback(RegSvcRec)`` gets it and later
@@ -599,7 +604,7 @@ def register_service(
     # The registration owns the port's hold from here (closed with it, or on failure).
     return ServiceRegistration(
         al, sa, record, mask, callback=callback, context=context, timeout_ms=timeout_ms,
-        retry_cnt=retry_cnt, destroy_cb=destroy_cb,
+        retry_cnt=retry_cnt, renew=renew, destroy_cb=destroy_cb,
     )  # fmt: skip
 
 

@@ -111,13 +111,15 @@ class ServiceLease:
     ``record`` is the encoded ServiceRecord registered (and renewed and
     deleted: the SA keys records by ServiceID, GID and P_Key) with
     ``comp_mask``; without the ServiceLease bit the SA grants an infinite lease.
+    ``renew=False`` leaves a finite lease to run out (IBAL's behaviour).
     """
 
-    def __init__(self, record: bytes, comp_mask: int) -> None:
+    def __init__(self, record: bytes, comp_mask: int, *, renew: bool = True) -> None:
         if len(record) != SERVICE_RECORD.size:
             raise ValueError(f"a ServiceRecord is {SERVICE_RECORD.size} bytes")
         self.record = bytes(record)
         self.comp_mask = comp_mask
+        self.renew = renew
         self.phase = Phase.NEW
         self.answered: bytes = self.record
         """The record as the SA last answered it (ServiceKey zeroed by OpenSM)."""
@@ -139,10 +141,6 @@ class ServiceLease:
         if not self.comp_mask & _LEASE_BIT:
             return INFINITE_LEASE
         return lease_of(self.record)
-
-    @property
-    def renews(self) -> bool:
-        return 0 < self.lease < INFINITE_LEASE
 
     def _send(self, method: Method, now: float, out: list[Action]) -> None:
         self._token += 1
@@ -195,7 +193,8 @@ class ServiceLease:
             lease = granted if 0 < granted < INFINITE_LEASE else self.lease
             if 0 < lease < INFINITE_LEASE:
                 self.expires = self._sent_at + lease
-                self._arm(self._sent_at + lease * RENEW_AT, out)
+                if self.renew:
+                    self._arm(self._sent_at + lease * RENEW_AT, out)
             else:
                 self.expires = None
             if attempt is Attempt.REGISTER or self._failing:

@@ -68,6 +68,14 @@ def test_infinite_lease_or_no_lease_bit_never_renews() -> None:
         assert m.expires is None and m.timer(1e9) == []
 
 
+def test_renew_false_lets_the_lease_run_out() -> None:
+    m = ServiceLease(rec(60), MASK, renew=False)
+    (s,) = sends(m.start(0.0))
+    out = m.answer(s.token, Status.SUCCESS, 0, rec(60), 0.1)
+    assert not [a for a in out if isinstance(a, Arm) and a.at is not None]
+    assert m.expires == 60.0 and m.timer(30.0) == []
+
+
 def test_first_set_failing_reports_and_finishes_without_a_delete() -> None:
     m = ServiceLease(rec(60), MASK)
     (s,) = sends(m.start(0.0))
