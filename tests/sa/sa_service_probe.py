@@ -1,0 +1,84 @@
+"""Run under umad2sim (ibsim) as one node: service registrations and ServiceRecord queries.
+
+Reads JSON commands, one per line, on stdin and answers each with one JSON
+line on stdout (``test_sa_service_ibsim.py`` drives one of these per node):
+
+* ``{"op": "register", "key", "name", "service_id", "lease", "renew", "data"}``
+  -> the first outcome (status, SA MAD status, the record the SA answered, hex)
+* ``{"op": "query", "by": "name" | "id" | "all", "name", "service_id"}`` -> the
+  SA's status and the ServiceRecords found (hex), asked through ``SaPort``
+* ``{"op": "stats", "key"}`` -> the registration's request counts
+* ``{"op": "dereg", "key"}`` -> the Delete's status once the SA answered it
+* ``{"op": "quit"}``
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+WAIT = 30.0
+
+
+def main() -> int:
+    import ibal
+    from ibal.mad.consts import Method, SaAttr
+    from ibal.mad.sa import SERVICE_RECORD, component_mask
+    from ibal.sa.port import SaPort
+    from ibal.sa.service import ServiceRecord, ServiceRegistration, register_service
+
+    al = ibal.open_al()
+    regs: dict[str, ServiceRegistration] = {}
+    sa = SaPort.open(al)
+
+    def reply(obj: dict[str, Any]) -> None:
+        print(json.dumps(obj), flush=True)
+
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op = cmd["op"]
+        if op == "quit":
+            break
+        if op == "register":
+            reg = register_service(
+                al, name=cmd["name"], service_id=int(cmd["service_id"]),
+                lease=cmd.get("lease"), renew=bool(cmd.get("renew", True)),
+                data={k: int(v) for k, v in cmd.get("data", {}).items()},
+            )  # fmt: skip
+            regs[cmd["key"]] = reg
+            try:
+                rec = reg.wait(WAIT)
+            except ibal.status.IbError as exc:
+                reply({"status": exc.status.name, "detail": str(exc)})
+                continue
+            reply({"status": rec.req_status.name, "resp_status": rec.resp_status,
+                   "record": rec.svc_rec.encode().hex(), "gid": str(rec.svc_rec.service_gid),
+                   "port_guid": reg.port_guid})  # fmt: skip
+        elif op == "query":
+            by = cmd["by"]
+            if by == "all":
+                method, data, mask = Method.GET_TABLE, b"", 0
+            else:
+                want = ServiceRecord(service_id=int(cmd.get("service_id", 0)),
+                                     service_name=cmd.get("name", "").encode())  # fmt: skip
+                field = "service_name" if by == "name" else "service_id"
+                method, data = Method.GET, want.encode()
+                mask = component_mask(SERVICE_RECORD, [field])
+            ans = sa.request(method, SaAttr.SERVICE_RECORD, data, mask).wait(WAIT)
+            reply({"status": ans.status.name, "mad_status": ans.mad_status,
+                   "records": [bytes(r[: SERVICE_RECORD.size]).hex() for r in ans.records]})
+        elif op == "stats":
+            reg = regs[cmd["key"]]
+            reply({"stats": reg.stats, "alive": reg.alive})
+        elif op == "dereg":
+            reg = regs.pop(cmd["key"])
+            reg.dereg(wait=True, timeout=WAIT)
+            reply({"deleted": None if reg.deleted is None else reg.deleted.name})
+    sa.close()
+    al.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
