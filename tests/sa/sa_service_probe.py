@@ -5,7 +5,7 @@ line on stdout (``test_sa_service_ibsim.py`` drives one of these per node):
 
 * ``{"op": "register", "key", "name", "service_id", "lease", "renew", "data"}``
   -> the first outcome (status, SA MAD status, the record the SA answered, hex)
-* ``{"op": "query", "by": "name" | "id" | "all", "name", "service_id"}`` -> the
+* ``{"op": "query", "by": "name" | "id" | "all" | "table", "name", "service_id"}`` -> the
   SA's status and the ServiceRecords found (hex), asked through ``SaPort``
 * ``{"op": "stats", "key"}`` -> the registration's request counts
 * ``{"op": "dereg", "key"}`` -> the Delete's status once the SA answered it
@@ -57,7 +57,9 @@ def main() -> int:
                    "port_guid": reg.port_guid})  # fmt: skip
         elif op == "query":
             by = cmd["by"]
-            if by == "all":
+            if by == "all":  # no component: every record (one MAD holds one)
+                method, data, mask = Method.GET, b"", 0
+            elif by == "table":  # every record, as a GetTable (ibsim cuts its RMPP answer)
                 method, data, mask = Method.GET_TABLE, b"", 0
             else:
                 want = ServiceRecord(service_id=int(cmd.get("service_id", 0)),
@@ -66,7 +68,7 @@ def main() -> int:
                 method, data = Method.GET, want.encode()
                 mask = component_mask(SERVICE_RECORD, [field])
             ans = sa.request(method, SaAttr.SERVICE_RECORD, data, mask).wait(WAIT)
-            reply({"status": ans.status.name, "mad_status": ans.mad_status,
+            reply({"status": ans.status.name, "mad_status": ans.mad_status, "detail": ans.detail,
                    "records": [bytes(r[: SERVICE_RECORD.size]).hex() for r in ans.records]})
         elif op == "stats":
             reg = regs[cmd["key"]]
