@@ -138,6 +138,24 @@ def ib_local_mad(h_ca: Ca, port_num: int, mad_in: bytes) -> bytes:
     return _h(h_ca, Ca).local_mad(port_num, mad_in)
 
 
+# ---------------------------------------------------------------------- SA service registration
+# ibal.sa is imported where called: the access layer does not depend on the SA layer.
+def ib_reg_svc(h_al: AccessLayer, p_reg_svc_req: Any) -> Any:
+    """``ibal.sa.reg_svc``: returns the ``ServiceRegistration`` (``h_reg_svc``)."""
+    from ibal.sa.service import reg_svc
+
+    return reg_svc(_h(h_al, AccessLayer), p_reg_svc_req)
+
+
+def ib_dereg_svc(h_reg_svc: Any, pfn_destroy_cb: DestroyArg = None) -> None:
+    from ibal.sa.service import dereg_svc
+
+    if isinstance(pfn_destroy_cb, _SyncDestroy):
+        dereg_svc(h_reg_svc, wait=True)
+    else:
+        dereg_svc(h_reg_svc, pfn_destroy_cb)
+
+
 # ---------------------------------------------------------------------- MAD pools and services
 def _pool(h_pool: object) -> MadPool:
     if not isinstance(h_pool, MadPool):
@@ -422,6 +440,12 @@ _DONE: dict[str, str] = {
     "ib_get_ca_guids": "al.get_ca_guids() (no count probe: Python returns lists)",
     "ib_get_ca_by_gid": "al.get_ca_by_gid(gid)",
     "ib_get_port_by_gid": "al.get_port_by_gid(gid)",
+    "ib_reg_svc": "ibal.sa.register_service(al, name=, service_id=, lease=, ...) -> "
+    "ServiceRegistration (.wait(), await); ibal.sa.reg_svc(al, RegSvcReq)",
+    "ib_dereg_svc": "registration.dereg(destroy_cb, wait=) (ibal.sa.dereg_svc)",
+    "ib_reg_svc_req_t": "ibal.sa.RegSvcReq (svc_rec: ibal.sa.ServiceRecord; flags SYNC)",
+    "_ib_reg_svc_rec_t": "ibal.sa.RegSvcRec (reg = h_reg_svc; attempt: register/renew/reregister)",
+    "ib_pfn_reg_svc_cb_t": "callback(RegSvcRec) on the AL's misc queue, also for failed renewals",
     "ib_get_guid": "al.get_guid(index, device_type, attr_mask)",
     "ib_device_attr_mask_t": "ibal.al.DeviceAttrMask",
     "ib_ci_call": "ca.ci_call(op, handles)",
@@ -625,6 +649,7 @@ __all__ = [
     "ib_dereg_mad_pool",
     "ib_dereg_mr",
     "ib_dereg_pnp",
+    "ib_dereg_svc",
     "ib_destroy_av",
     "ib_destroy_cq",
     "ib_destroy_mad_pool",
@@ -669,6 +694,7 @@ __all__ = [
     "ib_reg_phys",
     "ib_reg_pnp",
     "ib_reg_shared",
+    "ib_reg_svc",
     "ib_rereg_mem",
     "ib_send_mad",
     "ib_sync_destroy",

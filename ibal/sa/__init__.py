@@ -7,6 +7,29 @@ back :class:`~ibal.sa.txn.SaAnswer` s.
 """
 
 from ibal.sa.port import SaPort, SaRequest
+from ibal.sa.service import (
+    RegSvcFlags,
+    RegSvcRec,
+    RegSvcReq,
+    ServiceRecord,
+    ServiceRegistration,
+    dereg_svc,
+    reg_svc,
+    register_service,
+)
 from ibal.sa.txn import SaAnswer, decode_answer
 
-__all__ = ["SaAnswer", "SaPort", "SaRequest", "decode_answer"]
+__all__ = [
+    "RegSvcFlags",
+    "RegSvcRec",
+    "RegSvcReq",
+    "SaAnswer",
+    "SaPort",
+    "SaRequest",
+    "ServiceRecord",
+    "ServiceRegistration",
+    "decode_answer",
+    "dereg_svc",
+    "reg_svc",
+    "register_service",
+]

@@ -335,3 +335,57 @@ def test_service_record_round_trips() -> None:
                       data64=(1 << 63, 5))  # fmt: skip
     raw = r.encode()
     assert ServiceRecord.decode(raw) == r and raw[48:112].rstrip(b"\0") == b"name"
+
+
+def test_gids_and_ports_that_are_not_here_raise(al: AccessLayer, port_guid: int) -> None:
+    from ibal.al import compat
+    from ibal.sa import RegSvcReq, reg_svc, register_service
+    from ibal.status import InvalidAlHandle, InvalidGid, InvalidGuid, NotFound
+
+    with pytest.raises(NotFound):  # no local CA has the GID
+        register_service(al, name="x", service_id=1, gid="fe80::dead:beef")
+    with pytest.raises(InvalidGid):  # the port named does not have it
+        register_service(al, name="x", service_id=1, gid="fe80::dead:beef", port_guid=port_guid)
+    with pytest.raises(InvalidGuid):
+        register_service(al, name="x", service_id=1, port_guid=0x1234)
+    with pytest.raises(InvalidParameter):
+        register_service(al, name="x", service_id=1, data={"data8_16": 1})
+    with pytest.raises(InvalidParameter):
+        register_service(al, name="x", service_id=1, lease=0)
+    with pytest.raises(NotFound):
+        reg_svc(al, RegSvcReq(ServiceRecord(service_gid=GID)))
+    with pytest.raises(InvalidAlHandle):
+        compat.ib_reg_svc(object(), RegSvcReq(ServiceRecord()))  # type: ignore[arg-type]
+    with pytest.raises(InvalidHandle):
+        compat.ib_dereg_svc(object())
+
+
+def test_register_service_sets_the_ports_gid_and_a_mask_of_what_was_given(
+    al: AccessLayer, port_guid: int
+) -> None:
+    from ibal.mad.sa import component_mask
+    from ibal.sa import SaPort, register_service
+
+    sa = SaPort.open(al, port_guid)
+    sent: list[tuple[int, bytes, int]] = []
+    real = sa.request
+
+    def spy(method: int, attr_id: int, data: bytes = b"", comp_mask: int = 0,
+            **kw: Any) -> Any:  # fmt: skip
+        sent.append((method, bytes(data), comp_mask))
+        return real(method, attr_id, data, comp_mask, **kw)
+
+    sa.request = spy  # type: ignore[method-assign]
+    reg = register_service(al, name="svc", service_id=0x42, lease=30, key=b"k" * 16,
+                           data={"data16_7": 9})  # fmt: skip
+    gid = al.query_ca_by_guid(al.get_ca_guids()[0]).ports[0].gids[0]
+    ((method, data, mask),) = sent
+    r = ServiceRecord.decode(data)
+    assert (method, r.service_gid, r.service_lease, r.service_key, r.data16[7]) == (
+        Method.SET, gid, 30, b"k" * 16, 9)  # fmt: skip
+    assert mask == component_mask(SERVICE_RECORD, [
+        "service_id", "service_gid", "service_p_key", "service_name", "service_lease",
+        "service_key", "service_data16_7"])  # fmt: skip
+    assert reg.port_guid == port_guid
+    reg.dereg()
+    sa.close()
