@@ -298,6 +298,8 @@ class ServiceRegistration(Dependent):
         """Requests sent: Sets (register, renew, re-register) and Deletes."""
         self.deleted: Status | None = None
         """The status of the Delete sent on deregistration (``None``: none, or not yet)."""
+        self.deleted_mad_status = 0
+        """The SA's MAD status for that Delete (with ``REMOTE_ERROR``)."""
         self.record = record
         """The record as the SA last answered it (its ServiceKey zeroed by OpenSM)."""
         try:
@@ -478,7 +480,7 @@ class ServiceRegistration(Dependent):
                 loop.call_soon_threadsafe(_settle_future, fut, rec)
 
     def _finished(self, a: Finished) -> None:
-        self.deleted = a.deleted
+        self.deleted, self.deleted_mad_status = a.deleted, a.mad_status
         self._arm(None)
         if self.alive:  # the first Set failed: the registration ends by itself
             with contextlib.suppress(IbError):

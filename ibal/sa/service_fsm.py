@@ -95,6 +95,8 @@ class Finished:
     deleted: Status | None
     registered: bool
     """False when the first Set failed (the registration never existed)."""
+    mad_status: int = 0
+    """The SA's MAD status for the Delete (with ``REMOTE_ERROR``)."""
 
 
 Action = Send | Cancel | Arm | Report | Finished
@@ -178,7 +180,7 @@ class ServiceLease:
         out: list[Action] = []
         if self.phase is Phase.DELETING:
             self.phase = Phase.DONE
-            out.append(Finished(status, self._registered))
+            out.append(Finished(status, self._registered, mad_status))
             return out
         if self.phase is not Phase.SETTING:  # pragma: no cover  (in flight means one of two)
             return out

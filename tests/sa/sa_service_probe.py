@@ -26,7 +26,7 @@ def main() -> int:
     from ibal.mad.consts import Method, SaAttr
     from ibal.mad.sa import SERVICE_RECORD, component_mask
     from ibal.sa.port import SaPort
-    from ibal.sa.service import ServiceRecord, ServiceRegistration, register_service
+    from ibal.sa.service import RegSvcRec, ServiceRecord, ServiceRegistration, register_service
 
     al = ibal.open_al()
     regs: dict[str, ServiceRegistration] = {}
@@ -41,16 +41,19 @@ def main() -> int:
         if op == "quit":
             break
         if op == "register":
+            outcomes: list[RegSvcRec] = []
             reg = register_service(
                 al, name=cmd["name"], service_id=int(cmd["service_id"]),
                 lease=cmd.get("lease"), renew=bool(cmd.get("renew", True)),
+                p_key=int(cmd.get("p_key", 0xFFFF)), callback=outcomes.append,
                 data={k: int(v) for k, v in cmd.get("data", {}).items()},
             )  # fmt: skip
             regs[cmd["key"]] = reg
             try:
                 rec = reg.wait(WAIT)
             except ibal.status.IbError as exc:
-                reply({"status": exc.status.name, "detail": str(exc)})
+                reply({"status": exc.status.name, "detail": str(exc),
+                       "resp_status": outcomes[0].resp_status})
                 continue
             reply({"status": rec.req_status.name, "resp_status": rec.resp_status,
                    "record": rec.svc_rec.encode().hex(), "gid": str(rec.svc_rec.service_gid),
@@ -76,7 +79,8 @@ def main() -> int:
         elif op == "dereg":
             reg = regs.pop(cmd["key"])
             reg.dereg(wait=True, timeout=WAIT)
-            reply({"deleted": None if reg.deleted is None else reg.deleted.name})
+            reply({"deleted": None if reg.deleted is None else reg.deleted.name,
+                   "mad_status": reg.deleted_mad_status})
     sa.close()
     al.close()
     return 0

@@ -29,7 +29,7 @@ from ibal.types import AsyncEvent, Gid
 pytest.importorskip("ibal.providers.mock", reason="the mock provider is not installed")
 
 GID = Gid("fe80::2:c903:0:1")
-SA_REQ_INVALID = 0x0500
+SA_REQ_INVALID = 0x0200
 
 
 @dataclass
@@ -224,6 +224,7 @@ def test_dereg_deletes_and_the_destroy_callback_waits_for_the_answer(
     d.ok()
     flush(al)
     assert destroyed == ["ctx"] and sa.closed == 1 and reg.deleted is Status.SUCCESS
+    assert reg.deleted_mad_status == 0
     assert len(log.recs) == 1
 
 
@@ -243,6 +244,7 @@ def test_dereg_while_registering_reports_canceled_before_the_destroy_callback(
     d.answer(SaAnswer(Status.REMOTE_ERROR, mad_status=0x0300))  # NO_RECORDS: never stored
     flush(al)
     assert order == ["CANCELED", "destroyed"] and reg.deleted is Status.REMOTE_ERROR
+    assert reg.deleted_mad_status == 0x0300
     with pytest.raises(ibal.status.Canceled):
         reg.wait(0)
 
@@ -256,7 +258,7 @@ def test_a_failed_first_set_ends_the_registration(al: AccessLayer, port_guid: in
     (rec,) = log.recs
     assert (rec.req_status, rec.resp_status, rec.reg) == (Status.REMOTE_ERROR, SA_REQ_INVALID,
                                                           None)  # fmt: skip
-    with pytest.raises(RemoteError, match="0x0500"):
+    with pytest.raises(RemoteError, match="0x0200"):
         reg.wait(0)
     assert not reg.alive and destroyed == ["ctx"] and len(sa.sent) == 1 and sa.closed == 1
 

@@ -79,10 +79,10 @@ def test_renew_false_lets_the_lease_run_out() -> None:
 def test_first_set_failing_reports_and_finishes_without_a_delete() -> None:
     m = ServiceLease(rec(60), MASK)
     (s,) = sends(m.start(0.0))
-    out = m.answer(s.token, Status.REMOTE_ERROR, 0x0500, None, 0.2)
+    out = m.answer(s.token, Status.REMOTE_ERROR, 0x0200, None, 0.2)
     r = only(out, Report)
     assert isinstance(r, Report)
-    assert (r.status, r.mad_status, r.attempt) == (Status.REMOTE_ERROR, 0x0500, Attempt.REGISTER)
+    assert (r.status, r.mad_status, r.attempt) == (Status.REMOTE_ERROR, 0x0200, Attempt.REGISTER)
     assert only(out, Finished) == Finished(None, False)
     assert not sends(out) and m.phase is Phase.DONE
     assert m.stop(1.0) == []
@@ -136,7 +136,7 @@ def test_stop_while_registering_cancels_reports_canceled_and_deletes() -> None:
     assert (d.method, d.record, d.comp_mask) == (Method.DELETE, rec(60), MASK)
     assert m.answer(s.token, Status.CANCELED, 0, None, 0.6) == []  # the cancelled Set: stale
     out = m.answer(d.token, Status.REMOTE_ERROR, SA_NO_RECORDS, None, 0.7)
-    assert out == [Finished(Status.REMOTE_ERROR, False)]
+    assert out == [Finished(Status.REMOTE_ERROR, False, SA_NO_RECORDS)]
 
 
 def test_stop_when_active_disarms_and_deletes_once() -> None:

@@ -34,6 +34,7 @@ from ibal.types import Gid
 PROBE = Path(__file__).with_name("sa_service_probe.py")
 REPO = Path(__file__).resolve().parents[2]
 SA_NO_RECORDS = 0x0300  # SA MAD status 3 (ERR_NO_RECORDS) in the class-specific bits
+SA_REQ_INVALID = 0x0200  # status 2 (ERR_REQ_INVALID)
 LEASE = 4  # seconds: renewals every 2 s leave margin on a loaded machine
 
 
@@ -139,11 +140,14 @@ def test_registered_service_is_found_from_another_port_and_by_saquery(
         ours = dump.saquery_service_record(bytes.fromhex(raw))
         assert ours.splitlines() == _saquery_sr(fabric).splitlines()
 
-        assert host(op="dereg", key="s") == {"deleted": "SUCCESS"}
+        assert host(op="dereg", key="s") == {"deleted": "SUCCESS", "mad_status": 0}
         gone = peer(op="query", by="name", name="ibal-svc")
         assert (gone["status"], gone["mad_status"] & 0x7F00) == ("REMOTE_ERROR", SA_NO_RECORDS)
         assert peer(op="query", by="all")["records"] == []
         assert "ServiceRecord dump" not in _saquery_sr(fabric)
+        # A P_Key the port does not have: OpenSM refuses the Set (ERR_REQ_INVALID).
+        bad = host(op="register", key="p", name="ibal-pkey", service_id=0xC, p_key=0x1234)
+        assert (bad["status"], bad["resp_status"]) == ("REMOTE_ERROR", SA_REQ_INVALID), bad
     finally:
         host.close()
         peer.close()
@@ -181,6 +185,10 @@ def test_short_lease_runs_out_without_renewal_and_holds_with_it(ibsim_fabric: Fa
         assert host(op="stats", key="a")["stats"]["set"] == 1
         listed = _saquery_sr(fabric)
         assert "ibal-kept" in listed and "ibal-once" not in listed
+        # Deleting what the SA already dropped: ERR_NO_RECORDS, and the handle goes.
+        assert host(op="dereg", key="a") == {"deleted": "REMOTE_ERROR",
+                                             "mad_status": SA_NO_RECORDS}  # fmt: skip
+        assert host(op="dereg", key="b") == {"deleted": "SUCCESS", "mad_status": 0}
     finally:
         host.close()
         peer.close()
