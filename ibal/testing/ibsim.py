@@ -391,6 +391,25 @@ class Fabric:
         if console is not None:
             console.close()
 
+    def stop_sm(self) -> None:
+        """End OpenSM (ibsim keeps running): SA requests go unanswered until :meth:`start_sm`."""
+        osm, self._opensm = self._opensm, None
+        if osm is not None:
+            _end(osm)
+
+    def start_sm(self, node: str | None = None) -> None:
+        """Start OpenSM again, on ``node`` (default: where it ran last), and wait until ready.
+
+        On another node the ports see a new SM LID (SM_CHANGE); the new OpenSM
+        starts with no multicast groups but its own.
+        """
+        self.stop_sm()
+        if node is not None:
+            self.env_for(node)  # checks the name
+            self.sm_node = node
+        self._start_opensm()
+        self.wait_ready()
+
     # ------------------------------------------------------------ console
     def console(self, line: str, timeout: float = 30.0) -> str:
         """One ibsim console command (``help`` lists them); its output."""

@@ -192,3 +192,29 @@ def test_short_lease_runs_out_without_renewal_and_holds_with_it(ibsim_fabric: Fa
     finally:
         host.close()
         peer.close()
+
+
+@pytest.mark.timeout(600)
+def test_a_new_sm_gets_the_record_again(ibsim_fabric: Fabric) -> None:
+    """OpenSM keeps ServiceRecords in memory: a new SM (on another node) starts without
+    them, and the registration Sets its record again on SM_CHANGE / CLIENT_REREGISTER."""
+    fabric = ibsim_fabric
+    host = Probe(fabric, "Host")
+    peer: Probe | None = None
+    try:
+        got = host(op="register", key="s", name="ibal-again", service_id=0xD)
+        assert got["status"] == "SUCCESS", got
+        fabric.start_sm("Peer")  # the old OpenSM ends; the new one is on Peer, a new SM LID
+        peer = Probe(fabric, "Peer")
+
+        def found() -> bool:
+            ans = peer(op="query", by="name", name="ibal-again")
+            return bool(ans["status"] == "SUCCESS")
+
+        _until("the new SM has the record", found, 60)
+        assert host(op="stats", key="s")["stats"]["set"] >= 2
+        assert "ibal-again" in _saquery_sr(fabric)
+    finally:
+        host.close()
+        if peer is not None:
+            peer.close()
