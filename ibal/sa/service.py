@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ibal.al import AccessLayer, Dependent, PnpClass, PnpEvent, PnpRec, in_callback
-from ibal.al.dispatcher import call_user
+from ibal.al.dispatcher import call_user, log
 from ibal.mad.consts import Method, SaAttr
 from ibal.mad.sa import SERVICE_RECORD, component_mask
 from ibal.sa.service_fsm import (
@@ -396,8 +396,6 @@ class ServiceRegistration(Dependent):
                 for action in ev(self._now()):
                     self._do(action)
             except Exception:  # keep feeding: a broken action must not wedge the machine
-                from ibal.al.dispatcher import log
-
                 log.exception("ibal: service registration %r", self)
 
     def _do(self, a: Action) -> None:
@@ -433,8 +431,9 @@ class ServiceRegistration(Dependent):
             status = exc.status if isinstance(exc.status, Status) else Status.ERROR
             self._feed(lambda now: self._machine.answer(token, status, 0, None, now))
             return
-        if not getattr(req, "done", False):
-            self._requests[token] = req
+        self._requests[token] = req
+        if getattr(req, "done", False):  # answered already (on another thread)
+            self._requests.pop(token, None)
 
     def _arm(self, at: float | None) -> None:
         t, self._timer = self._timer, None
