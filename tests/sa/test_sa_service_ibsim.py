@@ -148,6 +148,13 @@ def test_registered_service_is_found_from_another_port_and_by_saquery(
         # A P_Key the port does not have: OpenSM refuses the Set (ERR_REQ_INVALID).
         bad = host(op="register", key="p", name="ibal-pkey", service_id=0xC, p_key=0x1234)
         assert (bad["status"], bad["resp_status"]) == ("REMOTE_ERROR", SA_REQ_INVALID), bad
+        # Closing the AL (the host process ends) deregisters what is still registered.
+        assert host(op="register", key="c", name="ibal-closed", service_id=0xE)["status"] == (
+            "SUCCESS")  # fmt: skip
+        assert peer(op="query", by="name", name="ibal-closed")["status"] == "SUCCESS"
+        host.close()
+        assert host.proc.returncode == 0
+        assert peer(op="query", by="name", name="ibal-closed")["status"] == "REMOTE_ERROR"
     finally:
         host.close()
         peer.close()
