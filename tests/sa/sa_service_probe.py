@@ -7,7 +7,8 @@ line on stdout (``test_sa_service_ibsim.py`` drives one of these per node):
   -> the first outcome (status, SA MAD status, the record the SA answered, hex)
 * ``{"op": "query", "by": "name" | "id" | "all" | "table", "name", "service_id"}`` -> the
   SA's status and the ServiceRecords found (hex), asked through ``SaPort``
-* ``{"op": "stats", "key"}`` -> the registration's request counts
+* ``{"op": "stats", "key"}`` -> the registration's request counts and the outcomes
+  its callback got (attempt, status)
 * ``{"op": "dereg", "key"}`` -> the Delete's status once the SA answered it
 * ``{"op": "quit"}``
 """
@@ -30,6 +31,7 @@ def main() -> int:
 
     al = ibal.open_al()
     regs: dict[str, ServiceRegistration] = {}
+    seen: dict[str, list[RegSvcRec]] = {}
     sa = SaPort.open(al)
 
     def reply(obj: dict[str, Any]) -> None:
@@ -41,10 +43,11 @@ def main() -> int:
         if op == "quit":
             break
         if op == "register":
-            outcomes: list[RegSvcRec] = []
+            outcomes = seen.setdefault(cmd["key"], [])
             reg = register_service(
                 al, name=cmd["name"], service_id=int(cmd["service_id"]),
                 lease=cmd.get("lease"), renew=bool(cmd.get("renew", True)),
+                timeout_ms=int(cmd.get("timeout_ms", 1000)), retry_cnt=int(cmd.get("retry_cnt", 3)),
                 p_key=int(cmd.get("p_key", 0xFFFF)), callback=outcomes.append,
                 data={k: int(v) for k, v in cmd.get("data", {}).items()},
             )  # fmt: skip
@@ -75,7 +78,8 @@ def main() -> int:
                    "records": [bytes(r[: SERVICE_RECORD.size]).hex() for r in ans.records]})
         elif op == "stats":
             reg = regs[cmd["key"]]
-            reply({"stats": reg.stats, "alive": reg.alive})
+            reply({"stats": reg.stats, "alive": reg.alive,
+                   "outcomes": [[o.attempt.value, o.req_status.name] for o in seen[cmd["key"]]]})
         elif op == "dereg":
             reg = regs.pop(cmd["key"])
             reg.dereg(wait=True, timeout=WAIT)

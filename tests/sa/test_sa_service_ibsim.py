@@ -225,3 +225,39 @@ def test_a_new_sm_gets_the_record_again(ibsim_fabric: Fabric) -> None:
         host.close()
         if peer is not None:
             peer.close()
+
+
+@pytest.mark.timeout(600)
+def test_renewals_failing_while_the_sm_is_down_are_reported_and_recover(
+    ibsim_fabric: Fabric,
+) -> None:
+    """OpenSM stopped: the renewal times out and the callback says so (RENEW, TIMEOUT);
+    OpenSM back: a later Set succeeds, the callback says so, and the record is there."""
+    fabric = ibsim_fabric
+    host = Probe(fabric, "Host")
+    peer: Probe | None = None
+    try:
+        got = host(op="register", key="r", name="ibal-renewed", service_id=0xF, lease=LEASE,
+                   timeout_ms=500, retry_cnt=1)  # fmt: skip
+        assert got["status"] == "SUCCESS", got
+        fabric.stop_sm()
+
+        def outcomes() -> list[list[str]]:
+            return list(host(op="stats", key="r")["outcomes"])
+
+        def after_the_first() -> list[list[str]]:
+            got = outcomes()
+            return got if len(got) > 1 else []
+
+        failed = _until("a renewal failed", after_the_first, 10 * LEASE)
+        assert failed[:2] == [["register", "SUCCESS"], ["renew", "TIMEOUT"]], failed
+        fabric.start_sm()
+        back = _until("a Set succeeded again",
+                      lambda: [o for o in outcomes()[2:] if o[1] == "SUCCESS"], 20 * LEASE)
+        assert back[0][0] in ("renew", "reregister"), back
+        peer = Probe(fabric, "Peer")
+        assert peer(op="query", by="name", name="ibal-renewed")["status"] == "SUCCESS"
+    finally:
+        host.close()
+        if peer is not None:
+            peer.close()
