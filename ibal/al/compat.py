@@ -446,6 +446,8 @@ _DONE: dict[str, str] = {
     "ib_reg_svc_req_t": "ibal.sa.RegSvcReq (svc_rec: ibal.sa.ServiceRecord; flags SYNC)",
     "_ib_reg_svc_rec_t": "ibal.sa.RegSvcRec (reg = h_reg_svc; attempt: register/renew/reregister)",
     "ib_pfn_reg_svc_cb_t": "callback(RegSvcRec) on the AL's misc queue, also for failed renewals",
+    "DAPL Address Translation Service": "ibal.sa.ats: ATS_SERVICE_ID, ATS_NAME, "
+    "ATS_IPV4_OFFSET; register_address(al, ip), lookup_address(al, ip) -> [Gid]",
     "ib_get_guid": "al.get_guid(index, device_type, attr_mask)",
     "ib_device_attr_mask_t": "ibal.al.DeviceAttrMask",
     "ib_ci_call": "ca.ci_call(op, handles)",

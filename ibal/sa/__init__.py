@@ -6,6 +6,7 @@ AL instance and port) runs :class:`~ibal.sa.txn.SaTxn` transactions and hands
 back :class:`~ibal.sa.txn.SaAnswer` s.
 """
 
+from ibal.sa.ats import lookup_address, register_address
 from ibal.sa.port import SaPort, SaRequest
 from ibal.sa.service import (
     RegSvcFlags,
@@ -30,6 +31,8 @@ __all__ = [
     "ServiceRegistration",
     "decode_answer",
     "dereg_svc",
+    "lookup_address",
     "reg_svc",
+    "register_address",
     "register_service",
 ]

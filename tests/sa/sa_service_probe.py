@@ -7,6 +7,7 @@ line on stdout (``test_sa_service_ibsim.py`` drives one of these per node):
   -> the first outcome (status, SA MAD status, the record the SA answered, hex)
 * ``{"op": "query", "by": "name" | "id" | "all" | "table", "name", "service_id"}`` -> the
   SA's status and the ServiceRecords found (hex), asked through ``SaPort``
+* ``{"op": "register_address" | "lookup_address", "key", "address"}`` -> ATS
 * ``{"op": "stats", "key"}`` -> the registration's request counts and the outcomes
   its callback got (attempt, status)
 * ``{"op": "dereg", "key"}`` -> the Delete's status once the SA answered it
@@ -26,6 +27,7 @@ def main() -> int:
     import ibal
     from ibal.mad.consts import Method, SaAttr
     from ibal.mad.sa import SERVICE_RECORD, component_mask
+    from ibal.sa.ats import ats_address, lookup_address, register_address
     from ibal.sa.port import SaPort
     from ibal.sa.service import RegSvcRec, ServiceRecord, ServiceRegistration, register_service
 
@@ -76,6 +78,14 @@ def main() -> int:
             ans = sa.request(method, SaAttr.SERVICE_RECORD, data, mask).wait(WAIT)
             reply({"status": ans.status.name, "mad_status": ans.mad_status, "detail": ans.detail,
                    "records": [bytes(r[: SERVICE_RECORD.size]).hex() for r in ans.records]})
+        elif op == "register_address":
+            reg = register_address(al, cmd["address"])
+            regs[cmd["key"]] = reg
+            rec = reg.wait(WAIT)
+            reply({"status": rec.req_status.name, "gid": str(rec.svc_rec.service_gid),
+                   "address": str(ats_address(rec.svc_rec))})
+        elif op == "lookup_address":
+            reply({"gids": [str(g) for g in lookup_address(al, cmd["address"])]})
         elif op == "stats":
             reg = regs[cmd["key"]]
             reply({"stats": reg.stats, "alive": reg.alive,

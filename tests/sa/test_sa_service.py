@@ -391,3 +391,18 @@ def test_register_service_sets_the_ports_gid_and_a_mask_of_what_was_given(
     assert reg.port_guid == port_guid
     reg.dereg()
     sa.close()
+
+
+def test_ats_records_carry_the_address_at_servicedata8_12() -> None:
+    from ibal.mad.sa import component_mask
+    from ibal.sa.ats import ATS_NAME, ATS_SERVICE_ID, ats_address, ats_query
+
+    data, mask = ats_query("192.168.7.9")
+    r = ServiceRecord.decode(data)
+    assert (r.service_id, r.name, r.data8[12:16]) == (ATS_SERVICE_ID, ATS_NAME, (192, 168, 7, 9))
+    assert str(ats_address(r)) == "192.168.7.9"
+    assert mask == component_mask(SERVICE_RECORD, [
+        "service_id", "service_name", *(f"service_data8_{i}" for i in range(16))])  # fmt: skip
+    assert mask == 0x7FFFC1  # the ATS "get GID for an IP" mask of the OpenIB stack
+    with pytest.raises(InvalidParameter):
+        ats_query("fe80::1")

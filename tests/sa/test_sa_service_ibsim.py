@@ -261,3 +261,23 @@ def test_renewals_failing_while_the_sm_is_down_are_reported_and_recover(
         host.close()
         if peer is not None:
             peer.close()
+
+
+@pytest.mark.timeout(600)
+def test_ats_address_published_by_one_host_resolves_on_another(ibsim_fabric: Fabric) -> None:
+    fabric = ibsim_fabric
+    host, peer = Probe(fabric, "Host"), Probe(fabric, "Peer")
+    try:
+        assert peer(op="lookup_address", address="10.1.2.3") == {"gids": []}
+        got = host(op="register_address", key="ip", address="10.1.2.3")
+        assert (got["status"], got["address"]) == ("SUCCESS", "10.1.2.3"), got
+        assert peer(op="lookup_address", address="10.1.2.3") == {"gids": [got["gid"]]}
+        assert peer(op="lookup_address", address="10.1.2.4") == {"gids": []}
+        listed = _saquery_sr(fabric)
+        assert "DAPL Address Translation Service" in listed
+        assert "ServiceData8.13.........0xA\n" in listed  # 10 at ServiceData8[12]
+        assert host(op="dereg", key="ip")["deleted"] == "SUCCESS"
+        assert peer(op="lookup_address", address="10.1.2.3") == {"gids": []}
+    finally:
+        host.close()
+        peer.close()
