@@ -406,3 +406,30 @@ def test_ats_records_carry_the_address_at_servicedata8_12() -> None:
     assert mask == 0x7FFFC1  # the ATS "get GID for an IP" mask of the OpenIB stack
     with pytest.raises(InvalidParameter):
         ats_query("fe80::1")
+
+
+class InlineSa(FakeSa):
+    """Answers inside ``request`` on the caller's thread (as SaPort does for a port that
+    is closing): the registration must queue the answer behind the event that sent it."""
+
+    def request(self, method: int, attr_id: int, data: bytes = b"", comp_mask: int = 0, *,
+                attr_mod: int = 0, timeout_ms: int = 1000, retry_cnt: int = 3,
+                callback: Callable[[SaAnswer], None] | None = None) -> Req:  # fmt: skip
+        r = super().request(method, attr_id, data, comp_mask, timeout_ms=timeout_ms,
+                            retry_cnt=retry_cnt, callback=callback)  # fmt: skip
+        r.ok()
+        return r
+
+
+def test_answers_delivered_inside_request_are_handled_in_order(
+    al: AccessLayer, clock: ManualClock, port_guid: int
+) -> None:
+    sa = InlineSa(port_guid)
+    destroyed: list[object] = []
+    reg, log = make(al, sa, lease=10, destroy_cb=destroyed.append)
+    assert reg.wait(5).ok and reg.renew_at == 5.0
+    step(clock, al, 5.0)
+    assert [r.method for r in sa.sent] == [Method.SET, Method.SET] and reg.renew_at == 10.0
+    reg.dereg(wait=True, timeout=10)
+    assert [r.method for r in sa.sent][-1] == Method.DELETE and destroyed == ["ctx"]
+    assert reg.deleted is Status.SUCCESS and len(log.recs) == 1

@@ -166,3 +166,16 @@ def test_stop_before_start_finishes_at_once() -> None:
     m = ServiceLease(rec(60), MASK)
     assert m.stop(0.0) == [Finished(None, False)]
     assert m.start(0.0) == []
+
+
+def test_reregister_during_the_first_set_sets_again_after_it() -> None:
+    m = ServiceLease(rec(60), MASK)
+    (s,) = sends(m.start(0.0))
+    assert m.reregister(0.1) == []  # the answer may come from the SM that forgets
+    out = m.answer(s.token, Status.SUCCESS, 0, rec(60), 0.2)
+    r = only(out, Report)
+    assert isinstance(r, Report) and r.attempt is Attempt.REGISTER
+    (s2,) = sends(out)
+    assert s2.method is Method.SET
+    out = m.answer(s2.token, Status.SUCCESS, 0, rec(60), 0.3)
+    assert not [a for a in out if isinstance(a, Report)] and only(out, Arm) == Arm(30.2)
