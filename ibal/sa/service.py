@@ -292,7 +292,6 @@ class ServiceRegistration(Dependent):
         self._first: RegSvcRec | None = None
         self._first_done = threading.Event()
         self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[RegSvcRec]]] = []
-        self._pinned = False
         self._pin: contextlib.AbstractContextManager[None] | None = None
         self.stats = {"set": 0, "delete": 0}
         """Requests sent: Sets (register, renew, re-register) and Deletes."""
@@ -311,7 +310,6 @@ class ServiceRegistration(Dependent):
         # (destroy callback, al.close() returning) only once the SA answered it.
         self._pin = self.use()
         self._pin.__enter__()
-        self._pinned = True
         try:
             self._pnp = al.reg_pnp(PnpClass.PORT, self._on_pnp)
         except IbError:
