@@ -539,16 +539,6 @@ _SA = {
     "ib_sub_req_t", "ib_sub_rec_t", "ib_pfn_sub_cb_t", "ib_report_rec_t", "ib_pfn_report_cb_t",
     "ib_unsubscribe", "DAPL Address Translation Service",
 }
-_SA_NOTES = {
-    # ATS maps IPv4 addresses to GIDs through ServiceRecords (service ID
-    # 0x10000CE100415453, the address at ServiceData8[12..15]): an SA service on
-    # InfiniBand.  RoCE needs none (its GIDs are the IP addresses), so it is not
-    # part of ibal.sa.roce.
-    "DAPL Address Translation Service": (
-        "planned: ibal.sa.service (ServiceRecords in the ATS format; RoCE GIDs are IP "
-        "addresses already, so ibal.sa.roce has nothing to translate)"
-    ),
-}
 _DM = {
     "ib_create_ioc", "ib_destroy_ioc", "ib_reg_ioc", "ib_add_svc_entry", "ib_remove_svc_entry",
     "ib_reject_ioc", "ib_pnp_iou_rec_t", "ib_pnp_ioc_rec_t", "ib_pnp_ioc_path_rec_t",
@@ -616,8 +606,6 @@ def _status(name: str) -> tuple[str, str]:
         return "", _LATER_AL[name]
     if name.startswith(("ib_cm_", "ib_pfn_cm_")) or name in _CM_TYPES:
         return "", "planned: ibal.cm"
-    if name in _SA_NOTES:
-        return "", _SA_NOTES[name]
     if name in _SA:
         return "", "planned: ibal.sa"
     if name in _DM:
