@@ -35,7 +35,7 @@ PROBE = Path(__file__).with_name("sa_service_probe.py")
 REPO = Path(__file__).resolve().parents[2]
 SA_NO_RECORDS = 0x0300  # SA MAD status 3 (ERR_NO_RECORDS) in the class-specific bits
 SA_REQ_INVALID = 0x0200  # status 2 (ERR_REQ_INVALID)
-LEASE = 4  # seconds: renewals every 2 s leave margin on a loaded machine
+LEASE = 6  # seconds: renewals every 3 s leave margin on a loaded machine
 
 
 class Probe:
