@@ -228,6 +228,8 @@ class RegSvcReq:
     svc_context: Any = None
     svc_data_mask: int = field(default_factory=service_mask)
     pfn_reg_svc_cb: RegSvcCallback | None = None
+    renew: bool = True
+    """ibal's addition: renew a finite lease (IBAL lets it run out: ``False``)."""
 
 
 class _Requester(Protocol):
@@ -624,6 +626,7 @@ def reg_svc(al: AccessLayer, req: RegSvcReq) -> ServiceRegistration:
     reg = ServiceRegistration(
         al, sa, record, req.svc_data_mask, callback=req.pfn_reg_svc_cb,
         context=req.svc_context, timeout_ms=req.timeout_ms, retry_cnt=req.retry_cnt,
+        renew=req.renew,
     )  # fmt: skip
     if req.flags & RegSvcFlags.SYNC:
         reg._first_done.wait()

@@ -433,3 +433,25 @@ def test_answers_delivered_inside_request_are_handled_in_order(
     reg.dereg(wait=True, timeout=10)
     assert [r.method for r in sa.sent][-1] == Method.DELETE and destroyed == ["ctx"]
     assert reg.deleted is Status.SUCCESS and len(log.recs) == 1
+
+
+def test_blocking_waits_refuse_the_al_threads(al: AccessLayer, port_guid: int) -> None:
+    from ibal.status import InvalidState
+
+    sa = FakeSa(port_guid)
+    reg, _ = make(al, sa)
+    errors: list[type[BaseException]] = []
+
+    def on_misc() -> None:
+        for call in (lambda: reg.wait(1), lambda: reg.dereg(wait=True)):
+            try:
+                call()
+            except Exception as exc:
+                errors.append(type(exc))
+
+    al.manager.queues.misc.post(on_misc)
+    flush(al)
+    assert errors == [InvalidState, InvalidState] and reg.alive
+    sa.sent[0].ok()
+    assert reg.wait(5).ok
+    reg.dereg()
