@@ -471,13 +471,16 @@ def transport_message(mad: bytes) -> bytes | None:
 
     The transport hands over the first segment's header.  A message of one segment
     has the Last flag and its PayloadLength gives the exact length (a provider pads
-    a short one to 256 bytes); a longer one arrives longer than a MAD.  Anything
-    else is the first segment of a transfer the transport did not carry (umad2sim).
+    a short one to 256 bytes); a longer one arrives longer than a MAD.  A shorter
+    one without the Last flag is a sender's whole message in one MAD that no RMPP
+    layer touched (umad2sim passes OpenSM's one-MAD answers at their length).
+    Anything else (256 bytes, no Last flag) is the first segment of a transfer the
+    transport did not carry (umad2sim).
     """
     h = RmppHeader.of(mad)
     if h.flags & RmppFlags.LAST:
         end = RMPP_DATA + h.payload_length if h.payload_length else len(mad)
-    elif len(mad) > MAD_SIZE:
+    elif len(mad) != MAD_SIZE:
         end = len(mad)
     else:
         return None

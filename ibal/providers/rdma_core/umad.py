@@ -774,8 +774,10 @@ class UmadAgents:
             self._rx_at if rx is self._rx else ctypes.addressof(rx), _HDR_SIZE + min(length, keep)
         )
         mad = raw[_HDR_SIZE:]
-        if len(mad) < MAD_SIZE:
+        if len(mad) < MAD_SIZE and not (agent.spec.rmpp_version and _rmpp_active(mad)):
             mad = mad.ljust(MAD_SIZE, b"\0")
+        # else: a whole RMPP transfer in one short MAD (umad2sim: OpenSM leaves the RMPP
+        # header to the kernel, so its length is the only sign the transfer is complete)
         if raw[_STATUS_OFF:_STATUS_END] != _NO_STATUS:  # our request came back unanswered
             ctx = agent.pending.pop(int.from_bytes(mad[12:16], "big"), None)
             return agent, MadSendDone(ctx, WcStatus.TIMEOUT_RETRY_ERR), None
@@ -789,6 +791,11 @@ class UmadAgents:
             if tid_low in pending:
                 done = MadSendDone(pending.pop(tid_low), WcStatus.SUCCESS)
         return agent, done, recv
+
+
+def _rmpp_active(mad: bytes) -> bool:
+    """The RMPP Active flag (byte 26 bit 0) of a MAD long enough to have the header."""
+    return len(mad) > 36 and bool(mad[26] & 1)
 
 
 # by identity (the entry holds the frozen MadAddr, so its id is not reused)
