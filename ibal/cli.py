@@ -587,10 +587,122 @@ def discover(
 
 
 
+def _num(text: str | None, default: int) -> int:
+    from ibal.tools.saquery import strtoul
+
+    return default if text is None else strtoul(text)
+
+
+_SAQ_NUMS = ("slid", "dlid", "mlid", "reversible", "numb_path", "pkey", "qos_class", "sl", "mtu",
+             "rate", "pkt_life", "qkey", "tclass", "flow_label", "hop_limit", "scope",
+             "join_state", "proxy_join", "service_id")  # fmt: skip
+
+
+def _saquery_options(fn: Any) -> Any:
+    """saquery's selectors (numbers as C's strtoul reads them: 0x.., 0.., decimal)."""
+    flags = [("-p", "pr", "get PathRecord info"), ("-N", "nr", "get NodeRecord info"),
+             ("-L", "lids", "the LIDs of the name given"),
+             ("-l", "unique_lid", "the unique LID of the name given"),
+             ("-G", "guids", "the GUIDs of the name given"),
+             ("-O", "name_of_lid", "the name of the LID given"),
+             ("-U", "name_of_guid", "the name of the GUID given"),
+             ("-s", "issm", "PortInfoRecords with IsSM or IsSMdisabled"),
+             ("-g", "mcgroups", "multicast groups"), ("-m", "mcmembers", "multicast members"),
+             ("-x", "lr", "get LinkRecord info"), ("-c", "cpi", "the SA's ClassPortInfo"),
+             ("-S", "sr", "get ServiceRecord info"),
+             ("-I", "iir", "get InformInfoRecord info")]  # fmt: skip
+    values = [("--slid",), ("--dlid",), ("--mlid",), ("-r", "--reversible"),
+              ("-n", "--numb_path"), ("--pkey",), ("-Q", "--qos_class"), ("--sl",),
+              ("-M", "--mtu"), ("-R", "--rate"), ("--pkt_lifetime", "pkt_life"),
+              ("-q", "--qkey"), ("-T", "--tclass"), ("-F", "--flow_label"),
+              ("-H", "--hop_limit"), ("--scope",), ("-J", "--join_state"),
+              ("-X", "--proxy_join"), ("--service_id",)]  # fmt: skip
+    for decls in reversed(values):
+        fn = click.option(*decls)(fn)
+    for gid in ("sgid", "dgid", "gid", "mgid"):
+        fn = click.option(f"--{gid}", help=f"{gid.upper()} (IPv6 notation).")(fn)
+    fn = click.option("--src-to-dst", "src_to_dst", metavar="SRC:DST",
+                      help="A PathRecord from SRC to DST (LIDs or node names).")(fn)
+    fn = click.option("--sgid-to-dgid", "sgid_to_dgid", metavar="SGID-DGID",
+                      help="A PathRecord between two GIDs (IPv6 notation).")(fn)
+    fn = click.option("-D", "--list", "desc", is_flag=True, help="The node descriptions of "
+                      "the CAs.")(fn)  # fmt: skip
+    fn = click.option("-K", "--show_keys", is_flag=True, help="Show keys (ServiceKey, QPN).")(fn)
+    for short, name, text in reversed(flags):
+        fn = click.option(short, name, is_flag=True, help=f"{text[0].upper()}{text[1:]}.")(fn)
+    return fn
+
+
+@main.command(context_settings={"ignore_unknown_options": False})
+@click.argument("args", nargs=-1)
+@_saquery_options
+@click.option("-C", "--Ca", "ca_name", help="CA name or GUID [default: the first with an "
+              "active port].")  # fmt: skip
+@click.option("-P", "--Port", "port_num", type=int, help="CA port [default: the first active].")
+@click.option("-t", "--timeout", "timeout_ms", type=int, default=1000, show_default=True,
+              help="Response time-out per try (ms).")  # fmt: skip
+@click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
+@click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
+def saquery(
+    args: tuple[str, ...], ca_name: str | None, port_num: int | None, timeout_ms: int,
+    providers: tuple[str, ...], options: tuple[str, ...], **kw: Any,
+) -> None:  # fmt: skip
+    """saquery: [QUERY] [ARG]: NR [lid], PIR [[lid]/[port]/[options]], SR, PR, MCMR,
+    LR [[from_lid]/[port]] [[to_lid]/[port]], GIR [[lid]/[block]], IIR [gid], CPI
+    (NodeRecords by default)."""
+    from ibal.mad.consts import SaAttr
+    from ibal.tools import saquery as saq
+
+    p = saq.Params()
+    for name in _SAQ_NUMS:
+        setattr(p, name, _num(kw[name], getattr(p, name)))
+    try:
+        for gid in ("sgid", "dgid", "gid", "mgid"):
+            if kw[gid] is not None:
+                setattr(p, gid, saq.parse_gid(kw[gid]))
+        opts = saq.Options(args=args, show_keys=kw["show_keys"], params=p)
+        for flag, attr in (("pr", SaAttr.PATH_RECORD), ("sr", SaAttr.SERVICE_RECORD),
+                           ("iir", SaAttr.INFORM_INFO_RECORD), ("lr", SaAttr.LINK_RECORD)):
+            if kw[flag]:
+                opts.query_type = attr
+        if kw["src_to_dst"] is not None:
+            if ":" not in kw["src_to_dst"]:
+                raise saq.SaqueryError("--src-to-dst takes SRC:DST")
+            opts.src_to_dst, p.numb_path = kw["src_to_dst"], 0x7F
+            opts.query_type = SaAttr.PATH_RECORD
+        if kw["sgid_to_dgid"] is not None:
+            sgid, sep, dgid = kw["sgid_to_dgid"].partition("-")
+            if not sep:
+                raise saq.SaqueryError("--sgid-to-dgid takes SGID-DGID")
+            p.sgid, p.dgid, p.numb_path = saq.parse_gid(sgid), saq.parse_gid(dgid), 0x7F
+            opts.query_type = SaAttr.PATH_RECORD
+        for flag, how in (("desc", saq.NodePrint.ALL_DESC), ("lids", saq.NodePrint.LID_ONLY),
+                          ("unique_lid", saq.NodePrint.UNIQUE_LID_ONLY),
+                          ("guids", saq.NodePrint.GUID_ONLY),
+                          ("name_of_lid", saq.NodePrint.NAME_OF_LID),
+                          ("name_of_guid", saq.NodePrint.NAME_OF_GUID)):  # fmt: skip
+            if kw[flag]:
+                opts.node_print, opts.command = how, saq.Command.NODE_RECORD
+        for flag, cmd in (("nr", saq.Command.NODE_RECORD), ("cpi", saq.Command.CLASS_PORT_INFO),
+                          ("issm", saq.Command.ISSM), ("mcgroups", saq.Command.MCGROUPS),
+                          ("mcmembers", saq.Command.MCMEMBERS)):  # fmt: skip
+            if kw[flag]:
+                opts.command = cmd
+        with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+            port = saq.open_port(al, ca_name, port_num)
+            try:
+                text = saq.saquery(saq.port_asker(port, timeout_ms), opts)
+            finally:
+                port.close()
+    except saq.SaqueryError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(text, nl=False)
+
+
 # Commands whose resources are all closed by their ``with`` blocks and whose output
 # goes through click/rich (flushed): nothing is left for the interpreter's teardown.
 _FAST_EXIT = frozenset({"devices", "info", "smpquery", "perfquery", "sminfo", "ibroute",
-                        "discover"})  # fmt: skip
+                        "discover", "saquery"})  # fmt: skip
 
 
 def run() -> None:

@@ -29,7 +29,8 @@ __all__ = [
     "portid_str",
     "saquery_class_port_info", "saquery_guidinfo_record", "saquery_informinfo_record",
     "saquery_link_record",
-    "saquery_mcmember_record", "saquery_node_record", "saquery_path_record",
+    "saquery_mcmember_group", "saquery_mcmember_member", "saquery_mcmember_record",
+    "saquery_node_record", "saquery_path_record", "saquery_portinfo_brief",
     "saquery_portinfo_record", "saquery_service_record", "sminfo", "smpquery_guids",
     "smpquery_nodedesc", "smpquery_nodeinfo", "smpquery_pkeys", "smpquery_portinfo",
     "smpquery_switchinfo",
@@ -527,6 +528,49 @@ def saquery_mcmember_record(rec: Buffer) -> str:
         ("Scope", f"0x{i['scope']:x}"),
         ("JoinState", f"0x{i['join_state']:x}"),
         ("ProxyJoin", f"0x{i['proxy_join'] << 7:x}"),
+    ])  # fmt: skip
+
+
+def saquery_mcmember_group(rec: Buffer) -> str:
+    """``saquery -g``'s dump of one MCMemberRecord (the group's fields)."""
+    i, b = _split(sa.MCMEMBER_RECORD.decode(rec))
+    return _sa_lines("MCMemberRecord group dump:", [
+        ("MGID", ntop(b["mgid"])),
+        ("Mlid", f"0x{i['mlid']:X}"),
+        ("Mtu", f"0x{i['mtu_selector'] << 6 | i['mtu']:X}"),
+        ("pkey", f"0x{i['p_key']:X}"),
+        ("Rate", f"0x{i['rate_selector'] << 6 | i['rate']:X}"),
+        ("SL", f"0x{i['sl']:X}"),
+    ])  # fmt: skip
+
+
+def saquery_mcmember_member(rec: Buffer, names: Mapping[int, str], mlid: int | None = None) -> str:
+    """``saquery -m [MLID]``'s dump of one MCMemberRecord: ``names`` maps port GUIDs to
+    node descriptions; with ``mlid``, only the PortGid line of that group's members."""
+    i, b = _split(sa.MCMEMBER_RECORD.decode(rec))
+    name = names.get(int.from_bytes(b["port_gid"][8:16], "big"), "<unknown>")
+    if mlid is not None:
+        return f"\t\tPortGid.................{ntop(b['port_gid'])} ({name})\n" \
+            if mlid == i["mlid"] else ""
+    return _sa_lines("MCMemberRecord member dump:", [
+        ("MGID", ntop(b["mgid"])),
+        ("Mlid", f"0x{i['mlid']:X}"),
+        ("PortGid", ntop(b["port_gid"])),
+        ("ScopeState", f"0x{i['scope'] << 4 | i['join_state']:X}"),
+        ("ProxyJoin", f"0x{i['proxy_join'] << 7:X}"),
+        ("NodeDescription", name),
+    ])  # fmt: skip
+
+
+def saquery_portinfo_brief(rec: Buffer) -> str:
+    """``saquery -s``'s short dump of one PortInfoRecord (the IsSM / IsSMdisabled lists)."""
+    d, _ = _split(sa.PORT_INFO_RECORD.decode(rec))
+    return _sa_lines("PortInfoRecord dump:", [
+        ("EndPortLid", f"{d['endport_lid']}"),
+        ("PortNum", f"{d['port_num']}"),
+        ("base_lid", f"{d['lid']}"),
+        ("master_sm_base_lid", f"{d['master_sm_lid']}"),
+        ("capability_mask", f"0x{d['capability_mask']:X}"),
     ])  # fmt: skip
 
 
