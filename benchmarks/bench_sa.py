@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -45,7 +46,7 @@ def inner(src: int, dst: int, queries: int, windows: list[int]) -> None:
     import ibal
     from ibal.mad import sa
     from ibal.mad.consts import Method, SaAttr
-    from ibal.sa import SaAnswer, SaPort
+    from ibal.sa import SaPort
 
     t_import = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -61,51 +62,59 @@ def inner(src: int, dst: int, queries: int, windows: list[int]) -> None:
     first = port.request(Method.GET_TABLE, SaAttr.PATH_RECORD, data, mask).wait(30)
     assert first.ok and len(first.records) == 1, first
     for w in windows:
-        lock = threading.Lock()
-        done = threading.Event()
-        state = {"sent": 0, "got": 0, "bad": 0, "retried": 0}
-        bad: list[str] = []
-
-        def send() -> None:
-            port.request(Method.GET_TABLE, SaAttr.PATH_RECORD, data, mask,
-                         timeout_ms=2000, retry_cnt=3, callback=on_answer)  # fmt: skip
-
-        def on_answer(a: SaAnswer) -> None:
-            with lock:
-                state["got"] += 1
-                ok = a.ok and len(a.records) == 1
-                if ok:
-                    rec = sa.PATH_RECORD.decode(a.records[0])
-                    ok = (rec["slid"], rec["dlid"]) == (src, dst)
-                if not ok:
-                    state["bad"] += 1
-                    bad.append(f"{a.status.name} {a.detail}")
-                again = state["sent"] < queries
-                if again:
-                    state["sent"] += 1
-                if state["got"] == queries:
-                    done.set()
-            if again:
-                send()
-
-        c0, w0 = time.process_time(), time.perf_counter()
-        with lock:
-            n = min(w, queries)
-            state["sent"] = n
-        for _ in range(n):
-            send()
-        if not done.wait(600):
-            raise SystemExit(f"window {w}: {state['got']} of {queries} answers in 600 s")
-        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-        if state["bad"]:
-            raise SystemExit(f"window {w}: {state['bad']} bad answers, e.g. {bad[:3]}")
-        runs[str(w)] = {"wall": wall, "cpu": cpu, "queries": queries}
-        print(json.dumps({"window": w, "wall": wall}), file=sys.stderr, flush=True)
+        runs[str(w)] = _window(port, w, queries, data, mask, (src, dst))
+        print(json.dumps({"window": w, **runs[str(w)]}), file=sys.stderr, flush=True)
     out["runs"] = runs
     out["stale"] = port.stats.get("stale_answers", 0)
     port.close()
     al.close()
     print(json.dumps(out))
+
+
+def _window(port: Any, w: int, queries: int, data: bytes, mask: int,
+            want: tuple[int, int]) -> dict[str, float]:  # fmt: skip
+    """``queries`` PathRecord requests, ``w`` in flight (each answer sends the next)."""
+    from ibal.mad import sa
+    from ibal.mad.consts import Method, SaAttr
+
+    lock = threading.Lock()
+    done = threading.Event()
+    state = {"sent": 0, "got": 0}
+    bad: list[str] = []
+
+    def send() -> None:
+        port.request(Method.GET_TABLE, SaAttr.PATH_RECORD, data, mask, timeout_ms=2000,
+                     retry_cnt=3, callback=on_answer)  # fmt: skip
+
+    def on_answer(a: Any) -> None:
+        ok = a.ok and len(a.records) == 1
+        if ok:
+            rec = sa.PATH_RECORD.decode(a.records[0])
+            ok = (rec["slid"], rec["dlid"]) == want
+        with lock:
+            state["got"] += 1
+            if not ok:
+                bad.append(f"{a.status.name} {a.detail}")
+            again = state["sent"] < queries
+            if again:
+                state["sent"] += 1
+            if state["got"] == queries:
+                done.set()
+        if again:
+            send()
+
+    c0, w0 = time.process_time(), time.perf_counter()
+    n = min(w, queries)
+    with lock:
+        state["sent"] = n
+    for _ in range(n):
+        send()
+    if not done.wait(600):
+        raise SystemExit(f"window {w}: {state['got']} of {queries} answers in 600 s")
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    if bad:
+        raise SystemExit(f"window {w}: {len(bad)} bad answers, e.g. {bad[:3]}")
+    return {"wall": wall, "cpu": cpu, "queries": queries}
 
 
 def _cpu_children() -> float:
@@ -168,7 +177,12 @@ def main() -> int:
             Fabric(netfile, Path(tmp) / "fabric") as fabric:  # fmt: skip
         env = fabric.env_for(a.node)
         env["PYTHONPATH"] = f"{REPO}:{env.get('PYTHONPATH', '')}"
+        # byte-compiled modules, as an installed ibal has (cached outside the tree)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
         cwd = fabric.workdir
+        subprocess.run([sys.executable, "-m", "ibal.cli", "--help"], env=env, cwd=cwd,
+                       capture_output=True, check=True)  # byte-compile  # fmt: skip
         pids = _fabric_pids(cwd)
         assert set(pids) == {"ibsim", "opensm"}, pids
         me = subprocess.run(["smpquery", "-D", "portinfo", "0"], env=env, cwd=cwd,
