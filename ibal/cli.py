@@ -633,7 +633,7 @@ def _saquery_options(fn: Any) -> Any:
     return fn
 
 
-@main.command(context_settings={"ignore_unknown_options": False})
+@main.command()
 @click.argument("args", nargs=-1)
 @_saquery_options
 @click.option("-C", "--Ca", "ca_name", help="CA name or GUID [default: the first with an "
