@@ -524,10 +524,9 @@ def open_port(al: AccessLayer, ca_name: str | None, port_num: int | None) -> SaP
             if guid is not None:
                 break
         if guid is None:
-            want = f"CA {ca_name}" if ca_name else "a CA"
-            if port_num is not None:
-                want += f" port {port_num}"
-            raise SaqueryError(f"no {want} with an active port (seen: "
+            which = "" if port_num is None else f" {port_num}"
+            where = f"CA {ca_name}" if ca_name else "any CA"
+            raise SaqueryError(f"no active port{which} on {where} (seen: "
                                f"{', '.join(seen) or 'no CA'})")  # fmt: skip
     try:
         return SaPort.open(al, guid)

@@ -200,3 +200,21 @@ def test_cli_parses_saquery_options(monkeypatch: pytest.MonkeyPatch) -> None:
     assert asked[-1].node_print is saq.NodePrint.ALL_DESC and tuple(asked[-1].args) == ("NR", "5")
     r = runner.invoke(cli.main, ["saquery", "--provider", "mock", "--src-to-dst", "3"])
     assert r.exit_code == 1 and "SRC:DST" in r.output
+
+
+def test_open_port_picks_the_ca_and_port(al: Any) -> None:
+    """``-C``/``-P`` on the two-CA mock: the named CA's port, errors naming what exists."""
+    names = []
+    for guid in al.get_ca_guids():
+        ca = al.open_ca(guid)
+        names.append(ca.name)
+        ca.close(wait=True)
+    port = saq.open_port(al, names[1], 1)
+    try:
+        assert port.ca.name == names[1] and port.port_num == 1
+    finally:
+        port.close()
+    with pytest.raises(saq.SaqueryError, match=r"no active port on CA nosuch \(seen: "):
+        saq.open_port(al, "nosuch", None)
+    with pytest.raises(saq.SaqueryError, match=rf"no active port 9 on any CA \(seen: {names[0]}/1"):
+        saq.open_port(al, None, 9)
