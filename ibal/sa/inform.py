@@ -1,0 +1,534 @@
+"""``ib_subscribe`` / ``ib_unsubscribe``: InformInfo subscriptions and SA Reports.
+
+:func:`subscribe` sends SubnAdmSet(InformInfo, Subscribe 1) to the port's SA
+and returns a :class:`Subscription` at once (a :class:`~ibal.al.Dependent` of
+the AL).  The outcome comes once as a :class:`SubRec` to ``callback`` (on the
+AL's misc queue), to :meth:`Subscription.wait` and to ``await sub``; then every
+SA Report whose Notice matches the subscription comes as a :class:`ReportRec`
+to ``report_cb`` (misc queue; without one, to :meth:`Subscription.get_report`).
+The port (:class:`ibal.sa.port.SaPort`) answers each Report with ReportResp.
+:meth:`Subscription.unsubscribe` stops the reports at once, sends Subscribe 0
+and runs ``destroy_cb(context)`` after its answer; no report callback follows
+it.  When the SM asks its clients to re-register, or the SM, the port's LID
+or state changes (PnP), the Set is sent again (the SA forgets subscriptions
+then); a renewal the SA refuses is retried with back-off.  The protocol is
+:class:`ibal.sa.inform_fsm.InformMachine`; this module carries out its actions.
+
+Reports are routed by the subscription's own filter (:meth:`InformInfo.matches`,
+the SA's rules), so several subscriptions of a port each get theirs.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import importlib
+import logging
+import threading
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ibal.al import Dependent, PnpClass, PnpEvent, PnpRec
+from ibal.al.obj import DestroyCallback
+from ibal.al.stash import StashKey
+from ibal.mad.consts import Method, SaAttr
+from ibal.sa import inform_fsm as fsm
+from ibal.sa.inform_fsm import ALL_TRAPS, InformInfo, Notice, SubPhase
+from ibal.status import IbError, InvalidParameter, Status, Timeout
+from ibal.types import MadAddr
+from ibal.wire.fields import FieldError
+
+if TYPE_CHECKING:
+    from ibal.al import AccessLayer
+
+__all__ = [
+    "RENEW_EVENTS",
+    "ReportRec",
+    "SubRec",
+    "SubReq",
+    "Subscription",
+    "ib_subscribe",
+    "ib_unsubscribe",
+    "subscribe",
+]
+
+log = logging.getLogger("ibal.sa")
+
+REPORT_BACKLOG = 1024
+"""Reports :meth:`Subscription.get_report` keeps (no ``report_cb``); older ones are dropped."""
+FLAGS_SYNC = 0x00000001
+"""``IB_FLAGS_SYNC`` for :class:`SubReq`: ``ib_subscribe`` returns after the sub callback."""
+RENEW_EVENTS = frozenset({
+    PnpEvent.CLIENT_REREGISTER, PnpEvent.SM_CHANGE, PnpEvent.LID_CHANGE, PnpEvent.PORT_ACTIVE,
+})  # fmt: skip
+"""Port events after which the SA may have forgotten the port's subscriptions."""
+
+
+class SaAnswerLike(Protocol):
+    """What a subscription reads of an SA answer (``ibal.sa.txn.SaAnswer``)."""
+
+    @property
+    def status(self) -> Status: ...
+    @property
+    def mad_status(self) -> int: ...
+    @property
+    def records(self) -> tuple[bytes, ...]: ...
+
+
+class SaRequestLike(Protocol):
+    def cancel(self) -> None: ...
+
+
+class SaRequester(Protocol):
+    """The SA as seen from one port (``ibal.sa.port.SaPort``)."""
+
+    @property
+    def port_guid(self) -> int: ...
+
+    def request(
+        self,
+        method: int,
+        attr_id: int,
+        data: bytes = ...,
+        comp_mask: int = ...,
+        *,
+        attr_mod: int = ...,
+        timeout_ms: int = ...,
+        retry_cnt: int = ...,
+        callback: Callable[[Any], object] | None = ...,
+    ) -> SaRequestLike: ...
+
+    def add_report_listener(
+        self, fn: Callable[[bytes, MadAddr], object]
+    ) -> Callable[[], None]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SubRec:
+    """``ib_sub_rec_t``: a subscription's outcome.  ``error_status`` (the SA's MAD status)
+    is valid with ``REMOTE_ERROR``; ``CANCELED`` (waiters only, no callback) when it was
+    unsubscribed before the SA answered."""
+
+    context: Any
+    status: Status
+    subscription: Subscription | None
+    error_status: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReportRec:
+    """``ib_report_rec_t``: one SA Report for a subscription (``p_notice`` decoded)."""
+
+    context: Any
+    notice: Notice
+
+
+SubCallback = Callable[[SubRec], object]
+ReportCallback = Callable[[ReportRec], object]
+
+
+@dataclass
+class SubReq:
+    """``ib_sub_req_t``.  ``class_mgr_name`` is accepted and ignored (the SA is the port's
+    SM's); ``flags`` :data:`FLAGS_SYNC` makes :func:`ib_subscribe` wait for the outcome."""
+
+    inform_info: InformInfo
+    pfn_report_cb: ReportCallback
+    port_guid: int | None = None
+    timeout_ms: int = 1000
+    retry_cnt: int = 3
+    flags: int = 0
+    sub_context: Any = None
+    pfn_sub_cb: SubCallback | None = None
+    report_context: Any = None
+    class_mgr_name: str | None = None
+
+
+class Subscription(Dependent):
+    """``ib_sub_handle_t``: one InformInfo subscription of one port (module docstring)."""
+
+    _kind = "subscription"
+
+    def __init__(
+        self,
+        al: AccessLayer,
+        sa: SaRequester,
+        info: InformInfo,
+        *,
+        callback: SubCallback | None,
+        context: Any,
+        report_cb: ReportCallback | None,
+        report_context: Any,
+        destroy_cb: DestroyCallback | None,
+        timeout_ms: int,
+        retry_cnt: int,
+    ) -> None:
+        self._sa = sa
+        self._machine = fsm.InformMachine(info)
+        self._callback = callback
+        self._report_cb = report_cb
+        self._report_context = report_context
+        self._timeout_ms = timeout_ms
+        self._retry_cnt = retry_cnt
+        self._mlock = threading.RLock()  # one input (and its actions) at a time
+        self._busy: int | None = None  # the thread inside _input
+        self._later: list[Callable[[], list[fsm.Action]]] = []
+        self._requests: dict[int, SaRequestLike] = {}
+        self._first: SubRec | None = None
+        self._first_done = threading.Event()
+        self._waiters: list[Callable[[SubRec], None]] = []
+        self._reports: collections.deque[ReportRec] = collections.deque(maxlen=REPORT_BACKLOG)
+        self._report_ready = threading.Condition()
+        self._leave_pin: contextlib.AbstractContextManager[None] | None = None
+        self._remove_listener: Callable[[], None] | None = None
+        self.stats: dict[str, int] = {"reports": 0, "malformed_notices": 0}
+        self.unsubscribe_status: Status | None = None
+        """The Subscribe 0 Set's outcome once the unsubscribe is over (``None`` before)."""
+        super().__init__(al, context=context, destroy_cb=destroy_cb)
+
+    # ------------------------------------------------------------------ public
+    @property
+    def info(self) -> InformInfo:
+        return self._machine.info
+
+    @property
+    def port_guid(self) -> int:
+        return self._sa.port_guid
+
+    @property
+    def phase(self) -> SubPhase:
+        return self._machine.phase
+
+    @property
+    def renewals(self) -> int:
+        """Renewals the SA accepted (after client reregister, SM, LID or state changes)."""
+        return self._machine.renewals
+
+    def wait(self, timeout: float | None = None) -> SubRec:
+        """The outcome (``Timeout`` if it does not come in time); not on AL threads."""
+        if not self._first_done.wait(timeout):
+            raise Timeout(f"no subscription outcome within {timeout} s")
+        assert self._first is not None
+        return self._first
+
+    def __await__(self) -> Generator[Any, None, SubRec]:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[SubRec] = loop.create_future()
+
+        def settle(rec: SubRec) -> None:
+            if not fut.done():
+                fut.set_result(rec)
+
+        def done(rec: SubRec) -> None:
+            loop.call_soon_threadsafe(settle, rec)
+
+        with self._mlock:
+            if self._first is None:
+                self._waiters.append(done)
+            else:
+                fut.set_result(self._first)
+        return (yield from fut.__await__())
+
+    def get_report(self, timeout: float | None = None) -> ReportRec:
+        """The oldest report not yet taken (only without ``report_cb``); ``Timeout``."""
+        with self._report_ready:
+            if not self._report_ready.wait_for(lambda: bool(self._reports), timeout):
+                raise Timeout(f"no report within {timeout} s")
+            return self._reports.popleft()
+
+    def unsubscribe(
+        self,
+        destroy_cb: DestroyCallback | None = None,
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """``ib_unsubscribe``: no report from now on; Subscribe 0; then ``destroy_cb(context)``.
+
+        The handle is invalid from the call on (a second call raises
+        ``InvalidHandle``); the destroy callback runs once the SA answered the
+        Set or the request gave up (:attr:`unsubscribe_status` says which).
+        """
+        pin = self.use()  # raises InvalidHandle when already going
+        pin.__enter__()  # cleanup and destroy_cb wait for the Set's answer
+        with self._mlock:
+            self._leave_pin = pin
+        try:
+            self.destroy(destroy_cb, wait=wait, timeout=timeout)
+        except BaseException:
+            self._unpin()
+            raise
+
+    # ------------------------------------------------------------------ life cycle
+    def _start(self) -> None:
+        self._remove_listener = self._sa.add_report_listener(self._on_report)
+        _watch(self.al).add(self.port_guid, self)
+        self._input(self._machine.subscribe)
+
+    def on_destroying(self) -> None:
+        # Also the AL's cascade: Subscribe 0 goes out without anyone waiting for it.
+        _watch(self.al).remove(self.port_guid, self)
+        self._input(self._machine.unsubscribe)
+
+    def cleanup(self) -> None:
+        remove, self._remove_listener = self._remove_listener, None
+        if remove is not None:
+            remove()
+        with self._mlock:
+            reqs, self._requests = list(self._requests.values()), {}
+        for r in reqs:
+            with contextlib.suppress(IbError):
+                r.cancel()
+        with contextlib.suppress(IbError):
+            self._sa.close()
+        if self._first is None:
+            self._outcome(SubRec(self.context, Status.CANCELED, self))
+
+    def _renew(self) -> None:
+        """Port watch (PnP queue): the SA may have forgotten us."""
+        if self.alive:
+            self._input(self._machine.reregister)
+
+    # ------------------------------------------------------------------ the machine
+    def _input(self, step: Callable[[], list[fsm.Action]]) -> None:
+        with self._mlock:
+            outer = self._busy
+            self._busy = threading.get_ident()
+            try:
+                steps = [step]
+                while steps:
+                    for act in steps.pop(0)():
+                        self._do(act)
+                    steps += self._later
+                    self._later.clear()
+            finally:
+                self._busy = outer
+
+    def _do(self, act: fsm.Action) -> None:
+        if isinstance(act, fsm.SendSet):
+            self._send(act)
+        elif isinstance(act, fsm.Cancel):
+            req = self._requests.pop(act.tag, None)
+            if req is not None:
+                with contextlib.suppress(IbError):
+                    req.cancel()
+        elif isinstance(act, fsm.SubDone):
+            rec = SubRec(self.context, act.status, self, act.mad_status)
+            self._outcome(rec)
+            if self._callback is not None:
+                self.post_callback(self._callback, rec)
+        elif isinstance(act, fsm.Deliver):
+            self._deliver(act.notice)
+        elif isinstance(act, fsm.ArmRetry):
+            with contextlib.suppress(IbError):
+                self.call_later(act.delay, self._input, self._machine.retry_due)
+        elif isinstance(act, fsm.Finished):
+            self.unsubscribe_status = act.status
+            self._unpin()
+
+    def _send(self, act: fsm.SendSet) -> None:
+        tag = act.tag
+
+        def answered(ans: SaAnswerLike) -> None:
+            def step() -> list[fsm.Action]:
+                self._requests.pop(tag, None)
+                return self._machine.answer(tag, ans.status, ans.mad_status, ans.records)
+
+            if self._busy == threading.get_ident():  # answered inside request(): after it
+                self._later.append(step)
+                return
+            self._input(step)
+
+        try:
+            req = self._sa.request(
+                Method.SET, SaAttr.INFORM_INFO, act.record, 0, timeout_ms=self._timeout_ms,
+                retry_cnt=self._retry_cnt, callback=answered,
+            )  # fmt: skip
+        except IbError as exc:  # the SA port is gone (its AL closing), or none (RoCE)
+            status = exc.status
+            self._later.append(lambda: self._machine.answer(tag, status))
+            return
+        self._requests[tag] = req
+
+    def _outcome(self, rec: SubRec) -> None:
+        with self._mlock:
+            if self._first is not None:
+                return
+            self._first = rec
+            waiters, self._waiters = self._waiters, []
+        self._first_done.set()
+        for w in waiters:
+            w(rec)
+
+    def _deliver(self, notice: Notice) -> None:
+        self.stats["reports"] += 1
+        rec = ReportRec(self._report_context, notice)
+        if self._report_cb is not None:
+            self.post_callback(self._report_cb, rec)
+            return
+        with self._report_ready:
+            self._reports.append(rec)
+            self._report_ready.notify_all()
+
+    def _on_report(self, data: bytes, sender: MadAddr) -> None:
+        """SaPort's report listener (misc queue): every Report of the port."""
+        if not self.alive:
+            return
+        try:
+            notice = Notice.decode(data)
+        except FieldError:
+            self.stats["malformed_notices"] += 1
+            return
+        self._input(lambda: self._machine.report(notice))
+
+    def _unpin(self) -> None:
+        with self._mlock:
+            pin, self._leave_pin = self._leave_pin, None
+        if pin is not None:
+            pin.__exit__(None, None, None)
+
+
+# ---------------------------------------------------------------------- renewals
+
+
+class _PortWatch:
+    """One PnP registration per AL: port events after which subscriptions are renewed."""
+
+    def __init__(self, al: AccessLayer) -> None:
+        self._lock = threading.Lock()
+        self._subs: dict[int, dict[Subscription, None]] = {}
+        self._live = False  # the replay before REG_COMPLETE is not news
+        self.registration = al.reg_pnp(PnpClass.PORT, self._event)
+
+    def add(self, port_guid: int, s: Subscription) -> None:
+        with self._lock:
+            self._subs.setdefault(port_guid, {})[s] = None
+
+    def remove(self, port_guid: int, s: Subscription) -> None:
+        with self._lock:
+            self._subs.get(port_guid, {}).pop(s, None)
+
+    def _event(self, rec: PnpRec) -> None:
+        if rec.event is PnpEvent.REG_COMPLETE:
+            self._live = True
+            return
+        if not self._live or rec.event not in RENEW_EVENTS or rec.port_attr is None:
+            return
+        with self._lock:
+            subs = list(self._subs.get(rec.port_attr.port_guid, {}))
+        for s in subs:
+            s._renew()
+
+
+_WATCH = StashKey[_PortWatch]()
+_WATCH_LOCK = threading.Lock()
+
+
+def _watch(al: AccessLayer) -> _PortWatch:
+    with _WATCH_LOCK:
+        w = al.stash.get(_WATCH, None)
+        if w is None:
+            w = al.stash[_WATCH] = _PortWatch(al)
+        return w
+
+
+# ---------------------------------------------------------------------- entry points
+
+
+def _open_sa(al: AccessLayer, port_guid: int | None) -> SaRequester:
+    port: Any = importlib.import_module("ibal.sa.port")
+    sa: SaRequester = port.SaPort.open(al, port_guid)
+    return sa
+
+
+def subscribe(
+    al: AccessLayer,
+    trap: int | None = None,
+    port_guid: int | None = None,
+    *,
+    info: InformInfo | None = None,
+    callback: SubCallback | None = None,
+    report_cb: ReportCallback | None = None,
+    context: Any = None,
+    report_context: Any = None,
+    destroy_cb: DestroyCallback | None = None,
+    timeout_ms: int = 1000,
+    retry_cnt: int = 3,
+    sa: SaRequester | None = None,
+) -> Subscription:
+    """Subscribe ``port_guid`` (``None``: the first active port) to SA Reports of generic
+    trap ``trap`` (``None``: every trap), or to what ``info`` selects; see the module
+    docstring.  ``InvalidParameter`` for bad arguments, what ``SaPort.open`` raises
+    (``InvalidGuid``, ``NoMatch``, ``InvalidAlHandle``).  ``sa``: another SA requester
+    (tests)."""
+    if info is not None and trap is not None:
+        raise InvalidParameter("give trap or info, not both")
+    for name, fn in (("callback", callback), ("report_cb", report_cb), ("destroy_cb", destroy_cb)):
+        if fn is not None and not callable(fn):
+            raise InvalidParameter(f"{name} must be callable")
+    if type(timeout_ms) is not int or timeout_ms <= 0 or type(retry_cnt) is not int \
+            or retry_cnt < 0:  # fmt: skip
+        raise InvalidParameter("timeout_ms must be > 0 and retry_cnt >= 0")
+    if info is None:
+        try:
+            info = InformInfo(trap_number=ALL_TRAPS if trap is None else trap)
+        except (FieldError, TypeError) as exc:
+            raise InvalidParameter(f"bad trap number {trap!r}: {exc}") from None
+    elif not isinstance(info, InformInfo):
+        raise InvalidParameter("info must be an InformInfo")
+    requester = sa if sa is not None else _open_sa(al, port_guid)
+    try:
+        sub = Subscription(
+            al, requester, info, callback=callback, context=context, report_cb=report_cb,
+            report_context=report_context, destroy_cb=destroy_cb, timeout_ms=timeout_ms,
+            retry_cnt=retry_cnt,
+        )  # fmt: skip
+    except BaseException:
+        with contextlib.suppress(IbError):
+            requester.close()
+        raise
+    sub._start()
+    return sub
+
+
+def ib_subscribe(al: AccessLayer, req: SubReq) -> Subscription:
+    """``ib_subscribe(h_al, p_sub_req, ph_sub)``: the handle is returned; with
+    :data:`FLAGS_SYNC` after the sub callback ran."""
+    if not isinstance(req, SubReq):
+        raise InvalidParameter("ib_subscribe takes a SubReq")
+    if not callable(req.pfn_report_cb):
+        raise InvalidParameter("pfn_report_cb is required")
+    if req.pfn_sub_cb is not None and not callable(req.pfn_sub_cb):
+        raise InvalidParameter("pfn_sub_cb must be callable")
+    ran = threading.Event()
+    user_cb = req.pfn_sub_cb
+
+    def sub_cb(rec: SubRec) -> None:
+        try:
+            if user_cb is not None:
+                user_cb(rec)
+        finally:
+            ran.set()
+
+    sub = subscribe(
+        al, port_guid=req.port_guid, info=req.inform_info, callback=sub_cb,
+        report_cb=req.pfn_report_cb, context=req.sub_context, report_context=req.report_context,
+        timeout_ms=req.timeout_ms, retry_cnt=req.retry_cnt,
+    )  # fmt: skip
+    if req.flags & FLAGS_SYNC and sub.wait().status is not Status.CANCELED:
+        # the callback runs on the misc queue, after the outcome is known
+        while not ran.wait(0.1) and sub.alive:
+            pass
+    return sub
+
+
+def ib_unsubscribe(sub: Subscription, destroy_cb: DestroyCallback | None = None) -> None:
+    """``ib_unsubscribe(h_sub, pfn_destroy_cb)``."""
+    if not isinstance(sub, Subscription):
+        raise InvalidParameter("ib_unsubscribe takes a Subscription")
+    sub.unsubscribe(destroy_cb)
