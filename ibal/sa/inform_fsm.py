@@ -365,11 +365,14 @@ class InformMachine:
         return SendSet(self._tag, subscribe, self.info.encode(subscribe))
 
     def _confirmed(self, records: tuple[bytes, ...]) -> bool:
-        """The SA echoes the InformInfo it took: same trap and filter (no record: trust it)."""
+        """The SA echoes the InformInfo it took: same trap and filter (no record: trust it).
+
+        OpenSM's AttributeOffset for InformInfo is 4 (32 bytes, its size rounded
+        down), so the echo may lack the last 4 bytes (ProducerType): padded."""
         if not records:
             return True
         try:
-            got = InformInfo.decode(records[0][: INFORM_INFO.size])
+            got = InformInfo.decode(records[0][: INFORM_INFO.size].ljust(INFORM_INFO.size, b"\0"))
         except FieldError:
             return False
         mine = self.info

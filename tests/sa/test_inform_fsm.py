@@ -95,6 +95,11 @@ def test_stale_answers_are_ignored() -> None:
     assert m.phase is SubPhase.SUBSCRIBING
 
 
+def test_an_echo_cut_to_opensms_attribute_offset_is_ours() -> None:
+    m, s = started()  # OpenSM's AttributeOffset 4: 32 of the 36 bytes
+    assert m.answer(s.tag, Status.SUCCESS, 0, (s.record[:32],)) == [SubDone(Status.SUCCESS)]
+
+
 def test_an_echo_that_is_not_our_record_fails_the_subscribe() -> None:
     m, s = started()
     other = InformInfo(trap_number=65).encode(True)
