@@ -6,10 +6,11 @@ JSON line on stdout:
 - start: holds ibsim's SM flag for the port (``hold_sm_flag``: else ibsim
   hands the SA's Reports to no one here), subscribes to trap 64, prints
   ``{"event": "ready", "subs": {"64": status}, "gid": port GID}``;
-- ``more``: subscribes to traps 65 and 128 as well, prints the same with all three;
+- ``add N``: subscribes to trap N as well, prints the same with all subscriptions;
 - meanwhile each report: ``{"event": "report", "trap", "issuer_lid", "gid", "lid"}``;
 - ``unsubscribe``: unsubscribes all, waits for their destroy callbacks, prints
   ``{"event": "unsubscribed", "status": {...}, "late_reports": n}``;
+- ``status``: ``{"event": "status", "renewals": {...}, "phase": {...}}``;
 - ``quit`` (or EOF): closes the AL and releases the flag, prints ``{"event": "bye", ...}``.
 """
 
@@ -62,9 +63,8 @@ def main() -> int:
     ready()
     for line in sys.stdin:
         cmd = line.strip()
-        if cmd == "more":
-            add(65)
-            add(128)
+        if cmd.startswith("add "):
+            add(int(cmd.split()[1]))
             ready()
         elif cmd == "unsubscribe":
             done = {t: threading.Event() for t in subs}
@@ -75,6 +75,9 @@ def main() -> int:
             status = {str(t): None if s.unsubscribe_status is None else s.unsubscribe_status.name
                       for t, s in subs.items()}  # fmt: skip
             say(event="unsubscribed", destroyed=ok, late_reports=late[0], status=status)
+        elif cmd == "status":
+            say(event="status", renewals={str(t): s.renewals for t, s in subs.items()},
+                phase={str(t): s.phase.value for t, s in subs.items()})  # fmt: skip
         elif cmd == "quit":
             break
     flag.release()  # before the AL: OpenSM must not poll an unanswered SMInfo

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,9 +97,10 @@ class Probe:
         return self.p.wait()
 
 
-def _iir(fabric: Fabric, gid: str) -> list[str]:
-    """``saquery IIR <gid>``: the trap numbers of that subscriber's InformInfoRecords."""
-    r = fabric.run(["saquery", "IIR", gid], "Peer")
+def _iir(fabric: Fabric, gid: str, via: str = "Peer") -> list[str]:
+    """``saquery IIR <gid>`` (run on ``via``): the trap numbers of that subscriber's
+    InformInfoRecords."""
+    r = fabric.run(["saquery", "IIR", gid], via)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("SubscriberGID") == len(re.findall(rf"SubscriberGID\.+{gid}\b",
                                                               r.stdout))  # fmt: skip
@@ -121,7 +123,9 @@ def test_link_down_up_delivers_trap_reports_and_unsubscribe_removes_the_records(
         gid = str(ipaddress.IPv6Address(bytes.fromhex(ready["gid"])))
         assert _iir(fabric, gid) == ["64"]  # OpenSM holds it, as saquery shows
 
-        probe.send("more")
+        probe.send("add 65")
+        probe.next("ready")
+        probe.send("add 128")
         ready = probe.next("ready")
         assert ready["subs"] == {"64": "SUCCESS", "65": "SUCCESS", "128": "SUCCESS"}
 
@@ -166,3 +170,48 @@ def _wait_report(probe: Probe, reports: list[dict[str, Any]], trap: int) -> dict
         reports.append(ev)
         if ev["trap"] == trap:
             return ev
+
+
+def _until(what: str, fn: Callable[[], bool]) -> None:
+    """Poll ``fn`` with a deadline (each look asks OpenSM afresh: not a sleep as a wait)."""
+    deadline = time.monotonic() + WAIT
+    while not fn():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {WAIT} s: {what}")
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+def test_a_new_sm_gets_the_subscription_again(ibsim_fabric: Fabric) -> None:
+    """OpenSM restarted on another node knows no subscription; the ports see a new SM
+    LID (PnP SM_CHANGE) and the subscriber sends its InformInfo again: saquery IIR
+    shows it, and a link change brings the report.  (ibsim's ports do not support
+    ClientReregister, so a new OpenSM on the same node would not ask for it: the
+    CLIENT_REREGISTER path is tested on the mock, test_inform_mock.py.)"""
+    fabric = ibsim_fabric
+    sm_guid = int(_field(fabric.run(["smpquery", "nodeinfo", "-D", "0"], "SmHca").stdout,
+                         "PortGuid"), 16)  # fmt: skip
+    sm_gid = (0xFE80 << 112 | sm_guid).to_bytes(16, "big").hex()
+    probe = Probe(fabric, "Host")
+    try:
+        probe.next("ready")
+        probe.send("add 65")
+        ready = probe.next("ready")
+        assert ready["subs"] == {"64": "SUCCESS", "65": "SUCCESS"}
+        gid = str(ipaddress.IPv6Address(bytes.fromhex(ready["gid"])))
+        assert sorted(_iir(fabric, gid, via="SmHca")) == ["64", "65"]
+        fabric.start_sm("Peer")  # SmHca becomes a plain host
+        _until("the subscriptions are back in OpenSM",
+               lambda: sorted(_iir(fabric, gid, via="SmHca")) == ["64", "65"])  # fmt: skip
+        probe.send("status")
+        assert probe.next("status")["renewals"] == {"64": 1, "65": 1}
+        reports: list[dict[str, Any]] = []
+        fabric.unlink("SmHca", 1)
+        assert _wait_report(probe, reports, 65)["gid"] == sm_gid
+        fabric.relink("SmHca", 1)
+        assert _wait_report(probe, reports, 64)["gid"] == sm_gid
+        probe.send("quit")
+        probe.next("bye")
+        assert probe.close() == 0, probe.errors()
+    finally:
+        probe.close()
