@@ -427,6 +427,24 @@ def ib_dereg_pnp(h_pnp: PnpRegistration, pfn_destroy_cb: DestroyArg = None) -> N
     _h(h_pnp, PnpRegistration).dereg(pfn_destroy_cb)
 
 
+# ---------------------------------------------------------------------- SA subscriptions
+# ibal.sa is imported where called: the access layer does not depend on the SA layer.
+def ib_subscribe(h_al: AccessLayer, p_sub_req: Any) -> Any:
+    """``ibal.sa.ib_subscribe``: returns the ``Subscription`` (``h_sub``)."""
+    from ibal.sa.inform import ib_subscribe as subscribe_req
+
+    return subscribe_req(_h(h_al, AccessLayer), p_sub_req)
+
+
+def ib_unsubscribe(h_sub: Any, pfn_destroy_cb: DestroyArg = None) -> None:
+    from ibal.sa.inform import ib_unsubscribe as unsubscribe
+
+    if isinstance(pfn_destroy_cb, _SyncDestroy):
+        unsubscribe(h_sub, wait=True)
+    else:
+        unsubscribe(h_sub, pfn_destroy_cb)
+
+
 # ---------------------------------------------------------------------- the mapping
 _DONE: dict[str, str] = {
     "InfiniBand Access Layer": "ibal.al",
@@ -520,6 +538,14 @@ _DONE: dict[str, str] = {
     "ib_pfn_event_cb_t": "event_cb(AsyncEventRec)",
     "ib_pfn_destroy_cb_t": "destroy_cb(context)",
     "ib_sync_destroy": "wait=True (ibal.al.compat.ib_sync_destroy)",
+    "ib_subscribe": "ibal.sa.subscribe(al, trap, port_guid, ...) -> Subscription / "
+    "ibal.sa.ib_subscribe(al, SubReq)",
+    "ib_unsubscribe": "sub.unsubscribe(destroy_cb, wait=) / ibal.sa.ib_unsubscribe(sub, cb)",
+    "ib_sub_req_t": "ibal.sa.SubReq (inform_info: ibal.sa.InformInfo)",
+    "ib_sub_rec_t": "ibal.sa.SubRec (context, status, subscription, error_status)",
+    "ib_pfn_sub_cb_t": "callback(SubRec)",
+    "ib_report_rec_t": "ibal.sa.ReportRec (context, notice: ibal.sa.Notice)",
+    "ib_pfn_report_cb_t": "report_cb(ReportRec)",
 }
 
 _CM_TYPES = {
@@ -687,5 +713,7 @@ __all__ = [
     "ib_reg_svc",
     "ib_rereg_mem",
     "ib_send_mad",
+    "ib_subscribe",
     "ib_sync_destroy",
+    "ib_unsubscribe",
 ]

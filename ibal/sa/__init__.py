@@ -7,6 +7,16 @@ back :class:`~ibal.sa.txn.SaAnswer` s.
 """
 
 from ibal.sa.ats import lookup_address, register_address
+from ibal.sa.inform import (
+    ReportRec,
+    SubRec,
+    SubReq,
+    Subscription,
+    ib_subscribe,
+    ib_unsubscribe,
+    subscribe,
+)
+from ibal.sa.inform_fsm import InformInfo, Notice
 from ibal.sa.port import SaPort, SaRequest
 from ibal.sa.service import (
     RegSvcFlags,
@@ -21,18 +31,27 @@ from ibal.sa.service import (
 from ibal.sa.txn import SaAnswer, decode_answer
 
 __all__ = [
+    "InformInfo",
+    "Notice",
     "RegSvcFlags",
     "RegSvcRec",
     "RegSvcReq",
+    "ReportRec",
     "SaAnswer",
     "SaPort",
     "SaRequest",
     "ServiceRecord",
     "ServiceRegistration",
+    "SubRec",
+    "SubReq",
+    "Subscription",
     "decode_answer",
     "dereg_svc",
+    "ib_subscribe",
+    "ib_unsubscribe",
     "lookup_address",
     "reg_svc",
     "register_address",
     "register_service",
+    "subscribe",
 ]

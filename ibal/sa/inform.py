@@ -35,7 +35,7 @@ from ibal.al.stash import StashKey
 from ibal.mad.consts import Method, SaAttr
 from ibal.sa import inform_fsm as fsm
 from ibal.sa.inform_fsm import ALL_TRAPS, InformInfo, Notice, SubPhase
-from ibal.status import IbError, InvalidParameter, Status, Timeout
+from ibal.status import IbError, InvalidAlHandle, InvalidHandle, InvalidParameter, Status, Timeout
 from ibal.types import MadAddr
 from ibal.wire.fields import FieldError
 
@@ -271,9 +271,12 @@ class Subscription(Dependent):
         self._input(self._machine.subscribe)
 
     def on_destroying(self) -> None:
-        # Also the AL's cascade: Subscribe 0 goes out without anyone waiting for it.
-        _watch(self.al).remove(self.port_guid, self)
-        self._input(self._machine.unsubscribe)
+        # Also the AL's cascade: Subscribe 0 goes out without anyone waiting for it,
+        # unless another subscription of the port holds the same (one) SA record.
+        watch = _watch(self.al)
+        watch.remove(self.port_guid, self)
+        shared = watch.holds(self.port_guid, self.info)
+        self._input(lambda: self._machine.unsubscribe(shared))
 
     def cleanup(self) -> None:
         remove, self._remove_listener = self._remove_listener, None
@@ -413,6 +416,13 @@ class _PortWatch:
         with self._lock:
             self._subs.get(port_guid, {}).pop(s, None)
 
+    def holds(self, port_guid: int, info: InformInfo) -> bool:
+        """Whether a live subscription of the port has this InformInfo."""
+        with self._lock:
+            subs = list(self._subs.get(port_guid, {}))
+        held = (SubPhase.SUBSCRIBING, SubPhase.ACTIVE)
+        return any(s.info == info and s.alive and s.phase in held for s in subs)
+
     def _event(self, rec: PnpRec) -> None:
         if rec.event is PnpEvent.REG_COMPLETE:
             self._live = True
@@ -466,6 +476,12 @@ def subscribe(
     docstring.  ``InvalidParameter`` for bad arguments, what ``SaPort.open`` raises
     (``InvalidGuid``, ``NoMatch``, ``InvalidAlHandle``).  ``sa``: another SA requester
     (tests)."""
+    from ibal.al import AccessLayer
+
+    if not isinstance(al, AccessLayer):
+        raise InvalidAlHandle(f"expected an AL handle, got {type(al).__name__}")
+    if al.closed:
+        raise InvalidAlHandle("the AL is closed")
     if info is not None and trap is not None:
         raise InvalidParameter("give trap or info, not both")
     for name, fn in (("callback", callback), ("report_cb", report_cb), ("destroy_cb", destroy_cb)):
@@ -527,8 +543,11 @@ def ib_subscribe(al: AccessLayer, req: SubReq) -> Subscription:
     return sub
 
 
-def ib_unsubscribe(sub: Subscription, destroy_cb: DestroyCallback | None = None) -> None:
-    """``ib_unsubscribe(h_sub, pfn_destroy_cb)``."""
+def ib_unsubscribe(
+    sub: Subscription, destroy_cb: DestroyCallback | None = None, *, wait: bool = False
+) -> None:
+    """``ib_unsubscribe(h_sub, pfn_destroy_cb)``: ``InvalidHandle`` for anything but a live
+    subscription; ``wait`` (``ib_sync_destroy``) blocks until the destroy is over."""
     if not isinstance(sub, Subscription):
-        raise InvalidParameter("ib_unsubscribe takes a Subscription")
-    sub.unsubscribe(destroy_cb)
+        raise InvalidHandle(f"expected a subscription handle, got {type(sub).__name__}")
+    sub.unsubscribe(destroy_cb, wait=wait)

@@ -341,15 +341,20 @@ class InformMachine:
             return [self._send(True)]
         return []
 
-    def unsubscribe(self) -> list[Action]:
-        """Stop reports now; tell the SA (Subscribe 0) when it may hold the subscription."""
+    def unsubscribe(self, shared: bool = False) -> list[Action]:
+        """Stop reports now; tell the SA (Subscribe 0) when it may hold the subscription.
+
+        ``shared``: another subscription of the port has the same InformInfo, and
+        the SA keeps one record for both (OpenSM does): it is left alone."""
         phase = self.phase
         self.phase = SubPhase.UNSUBSCRIBING
         self._renew_due = False
         dropped, self._held = len(self._held), []
         self.dropped_reports += dropped
-        if phase in (SubPhase.NEW, SubPhase.FAILED):
-            return self._finish(Status.SUCCESS)
+        if phase in (SubPhase.NEW, SubPhase.FAILED) or (shared and phase is not SubPhase.GONE):
+            acts: list[Action] = [] if self._inflight is None else [Cancel(self._inflight)]
+            self._inflight = None
+            return [*acts, *self._finish(Status.SUCCESS)]
         if phase in (SubPhase.UNSUBSCRIBING, SubPhase.GONE):
             self.phase = phase
             return []

@@ -7,6 +7,7 @@ JSON line on stdout:
   hands the SA's Reports to no one here), subscribes to trap 64, prints
   ``{"event": "ready", "subs": {"64": status}, "gid": port GID}``;
 - ``add N``: subscribes to trap N as well, prints the same with all subscriptions;
+  ``dup N``: a second subscription to trap N (key ``"N+"``);
 - meanwhile each report: ``{"event": "report", "trap", "issuer_lid", "gid", "lid"}``;
 - ``unsubscribe``: unsubscribes all, waits for their destroy callbacks, prints
   ``{"event": "unsubscribed", "status": {...}, "late_reports": n}``;
@@ -39,7 +40,7 @@ def main() -> int:
     ca = next(c for c in (al.open_ca(g) for g in al.get_ca_guids()) if c.name == "ibsim0")
     port = ca.query().port(1)
     flag = hold_sm_flag(ca, 1)
-    subs: dict[int, Subscription] = {}
+    subs: dict[str, Subscription] = {}
     unsubscribed = threading.Event()
     late = [0]
 
@@ -51,11 +52,12 @@ def main() -> int:
         say(event="report", trap=n.trap_number, issuer_lid=n.issuer_lid, context=rec.context,
             gid=gid.hex() if isinstance(gid, bytes) else None, lid=n.details.get("lid"))
 
-    def add(trap: int) -> None:
-        subs[trap] = subscribe(al, trap, port.port_guid, report_cb=report, report_context=trap)
+    def add(trap: int, key: str = "") -> None:
+        subs[key or str(trap)] = subscribe(al, trap, port.port_guid, report_cb=report,
+                                           report_context=trap)  # fmt: skip
 
     def ready() -> None:
-        status = {str(t): s.wait(WAIT).status.name for t, s in subs.items()}
+        status = {k: s.wait(WAIT).status.name for k, s in subs.items()}
         say(event="ready", subs=status, gid=port.gids[0].packed.hex(), lid=port.lid,
             answered_sminfo=flag.answered)
 
@@ -63,8 +65,9 @@ def main() -> int:
     ready()
     for line in sys.stdin:
         cmd = line.strip()
-        if cmd.startswith("add "):
-            add(int(cmd.split()[1]))
+        if cmd.startswith(("add ", "dup ")):
+            trap = int(cmd.split()[1])
+            add(trap, f"{trap}+" if cmd.startswith("dup") else "")
             ready()
         elif cmd == "unsubscribe":
             done = {t: threading.Event() for t in subs}
@@ -72,12 +75,12 @@ def main() -> int:
                 s.unsubscribe(lambda ctx, e=done[t]: e.set())
             unsubscribed.set()
             ok = all(e.wait(WAIT) for e in done.values())
-            status = {str(t): None if s.unsubscribe_status is None else s.unsubscribe_status.name
-                      for t, s in subs.items()}  # fmt: skip
+            status = {k: None if s.unsubscribe_status is None else s.unsubscribe_status.name
+                      for k, s in subs.items()}  # fmt: skip
             say(event="unsubscribed", destroyed=ok, late_reports=late[0], status=status)
         elif cmd == "status":
-            say(event="status", renewals={str(t): s.renewals for t, s in subs.items()},
-                phase={str(t): s.phase.value for t, s in subs.items()})  # fmt: skip
+            say(event="status", renewals={k: s.renewals for k, s in subs.items()},
+                phase={k: s.phase.value for k, s in subs.items()})  # fmt: skip
         elif cmd == "quit":
             break
     flag.release()  # before the AL: OpenSM must not poll an unanswered SMInfo

@@ -7,6 +7,7 @@ import pytest
 from ibal.mad import sa
 from ibal.sa.inform_fsm import (
     ArmRetry,
+    Cancel,
     Deliver,
     Finished,
     InformInfo,
@@ -198,3 +199,11 @@ def test_informinfo_round_trip_and_range_checks() -> None:
         InformInfo(trap_number=0x10000)
     with pytest.raises(FieldError):
         InformInfo(gid=b"short")
+
+
+def test_unsubscribe_of_a_shared_record_sends_nothing() -> None:
+    m = active()
+    assert m.unsubscribe(shared=True) == [Finished(Status.SUCCESS)]
+    m2, s = started()
+    assert m2.unsubscribe(shared=True) == [Cancel(s.tag), Finished(Status.SUCCESS)]
+    assert m2.answer(s.tag, Status.SUCCESS) == []

@@ -122,12 +122,16 @@ def test_link_down_up_delivers_trap_reports_and_unsubscribe_removes_the_records(
         assert ready["subs"] == {"64": "SUCCESS"}
         gid = str(ipaddress.IPv6Address(bytes.fromhex(ready["gid"])))
         assert _iir(fabric, gid) == ["64"]  # OpenSM holds it, as saquery shows
+        probe.send("dup 64")  # a second one alike: OpenSM keeps one record for both
+        assert probe.next("ready")["subs"] == {"64": "SUCCESS", "64+": "SUCCESS"}
+        assert _iir(fabric, gid) == ["64"]
 
         probe.send("add 65")
         probe.next("ready")
         probe.send("add 128")
         ready = probe.next("ready")
-        assert ready["subs"] == {"64": "SUCCESS", "65": "SUCCESS", "128": "SUCCESS"}
+        assert ready["subs"] == {"64": "SUCCESS", "64+": "SUCCESS", "65": "SUCCESS",
+                                 "128": "SUCCESS"}  # fmt: skip
 
         reports: list[dict[str, Any]] = []
         fabric.unlink("Peer", 1)
@@ -137,6 +141,8 @@ def test_link_down_up_delivers_trap_reports_and_unsubscribe_removes_the_records(
         peer_gid = (0xFE80 << 112 | peer_guid).to_bytes(16, "big").hex()
         assert (out["gid"], back["gid"]) == (peer_gid, peer_gid)
         assert out["context"] == 65 and back["context"] == 64
+        twin = _wait_report(probe, reports, 64)  # the same Report, to each of the two
+        assert twin == back
         link = [r for r in reports if r["trap"] == 128]
         assert len(link) >= 2, reports  # the switch's port went down, then up
         assert all((r["issuer_lid"], r["lid"], r["context"]) == (switch_lid, switch_lid, 128)
@@ -147,7 +153,8 @@ def test_link_down_up_delivers_trap_reports_and_unsubscribe_removes_the_records(
         probe.send("unsubscribe")
         gone = probe.next("unsubscribed")
         assert gone["destroyed"] is True
-        assert gone["status"] == {"64": "SUCCESS", "65": "SUCCESS", "128": "SUCCESS"}
+        assert gone["status"] == {"64": "SUCCESS", "64+": "SUCCESS", "65": "SUCCESS",
+                                  "128": "SUCCESS"}  # fmt: skip
         assert gone["late_reports"] == 0
         assert _iir(fabric, gid) == []  # removed from OpenSM's table
 

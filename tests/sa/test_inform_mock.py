@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ibal.al import AccessLayer, AlManager
+from ibal.al import AccessLayer, AlManager, compat
 from ibal.clock import ManualClock
 from ibal.mad import sa as sa_tables
 from ibal.mad.consts import Method, SaAttr
@@ -32,7 +32,7 @@ from ibal.sa.inform import (
     subscribe,
 )
 from ibal.sa.inform_fsm import InformInfo, SubPhase
-from ibal.status import InvalidHandle, InvalidParameter, Status, Timeout
+from ibal.status import InvalidAlHandle, InvalidHandle, InvalidParameter, Status, Timeout
 from ibal.types import AsyncEvent, EventRecord, MadAddr
 
 WAIT = 10.0
@@ -255,17 +255,19 @@ def test_ib_subscribe_sync_and_ib_unsubscribe(
     req = SubReq(InformInfo(trap_number=64), lambda rec: order.append("report"),
                  port_guid=sa.port_guid, flags=FLAGS_SYNC, sub_context=7,
                  pfn_sub_cb=lambda rec: order.append(f"sub {rec.context} {rec.status.name}"))
-    sub = ib_subscribe(al, req)  # fmt: skip
+    sub = compat.ib_subscribe(al, req)  # the C spelling: ibal.sa.ib_subscribe
     answered.join()
     assert order == ["sub 7 SUCCESS"] and isinstance(sub, Subscription)
     done = threading.Event()
-    ib_unsubscribe(sub, lambda ctx: done.set())
+    compat.ib_unsubscribe(sub, lambda ctx: done.set())
     sa.answer(sa.requests[-1])
     assert done.wait(WAIT)
     with pytest.raises(InvalidParameter):
         ib_subscribe(al, SubReq(InformInfo(), None))  # type: ignore[arg-type]
-    with pytest.raises(InvalidParameter):
+    with pytest.raises(InvalidHandle):
         ib_unsubscribe("not a subscription")  # type: ignore[arg-type]
+    with pytest.raises(InvalidAlHandle):
+        subscribe("not an AL", 64, sa=sa)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -279,3 +281,24 @@ def test_bad_arguments_raise_invalid_parameter(
     with pytest.raises(InvalidParameter):
         subscribe(al, sa=sa, **kw)
     assert sa.requests == []
+
+
+def test_two_subscriptions_with_one_informinfo_share_the_sas_record(
+    al: AccessLayer, sa: ScriptedSa
+) -> None:
+    """OpenSM keeps one record for both (test_inform_ibsim.py): the first to go leaves it,
+    the last one sends Subscribe 0."""
+    a = subscribe(al, 64, sa=sa)
+    b = subscribe(al, 64, sa=sa)
+    other = subscribe(al, 65, sa=sa)
+    for r in list(sa.requests):
+        sa.answer(r)
+    a.unsubscribe(wait=True, timeout=WAIT)
+    assert len(sa.requests) == 3 and a.unsubscribe_status is Status.SUCCESS
+    sa.report(notice(64))
+    assert b.get_report(WAIT).notice.trap_number == 64  # b still delivers
+    b.unsubscribe()
+    undo = sa.requests[-1]
+    assert (len(sa.requests), undo.info["subscribe"], undo.info["trap_number"]) == (4, 0, 64)
+    sa.answer(undo)
+    assert other.phase is SubPhase.ACTIVE
