@@ -165,8 +165,10 @@ class Subscription(Dependent):
         destroy_cb: DestroyCallback | None,
         timeout_ms: int,
         retry_cnt: int,
+        owns_sa: bool = True,
     ) -> None:
         self._sa = sa
+        self._owns_sa = owns_sa  # a hold of SaPort.open to drop at the end
         self._machine = fsm.InformMachine(info)
         self._callback = callback
         self._report_cb = report_cb
@@ -287,8 +289,9 @@ class Subscription(Dependent):
         for r in reqs:
             with contextlib.suppress(IbError):
                 r.cancel()
-        with contextlib.suppress(IbError):
-            self._sa.close()
+        if self._owns_sa:
+            with contextlib.suppress(IbError):
+                self._sa.close()
         if self._first is None:
             self._outcome(SubRec(self.context, Status.CANCELED, self))
 
@@ -474,8 +477,9 @@ def subscribe(
     """Subscribe ``port_guid`` (``None``: the first active port) to SA Reports of generic
     trap ``trap`` (``None``: every trap), or to what ``info`` selects; see the module
     docstring.  ``InvalidParameter`` for bad arguments, what ``SaPort.open`` raises
-    (``InvalidGuid``, ``NoMatch``, ``InvalidAlHandle``).  ``sa``: another SA requester
-    (tests)."""
+    (``InvalidGuid``, ``NoMatch``, ``InvalidAlHandle``).  ``sa``: the SA port to use
+    (default ``SaPort.open(al, port_guid)``, closed with the subscription; one given
+    here stays the caller's)."""
     from ibal.al import AccessLayer
 
     if not isinstance(al, AccessLayer):
@@ -502,11 +506,12 @@ def subscribe(
         sub = Subscription(
             al, requester, info, callback=callback, context=context, report_cb=report_cb,
             report_context=report_context, destroy_cb=destroy_cb, timeout_ms=timeout_ms,
-            retry_cnt=retry_cnt,
+            retry_cnt=retry_cnt, owns_sa=sa is None,
         )  # fmt: skip
     except BaseException:
-        with contextlib.suppress(IbError):
-            requester.close()
+        if sa is None:
+            with contextlib.suppress(IbError):
+                requester.close()
         raise
     sub._start()
     return sub
