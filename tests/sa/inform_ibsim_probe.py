@@ -11,7 +11,7 @@ JSON line on stdout:
 - meanwhile each report: ``{"event": "report", "trap", "issuer_lid", "gid", "lid"}``;
 - ``unsubscribe``: unsubscribes all, waits for their destroy callbacks, prints
   ``{"event": "unsubscribed", "status": {...}, "late_reports": n}``;
-- ``status``: ``{"event": "status", "renewals": {...}, "phase": {...}}``;
+- ``status``: ``{"event": "status", "renewals": {...}, "phase": {...}, "port": state}``;
 - ``quit`` (or EOF): closes the AL and releases the flag, prints ``{"event": "bye", ...}``.
 """
 
@@ -80,7 +80,8 @@ def main() -> int:
             say(event="unsubscribed", destroyed=ok, late_reports=late[0], status=status)
         elif cmd == "status":
             say(event="status", renewals={k: s.renewals for k, s in subs.items()},
-                phase={k: s.phase.value for k, s in subs.items()})  # fmt: skip
+                phase={k: s.phase.value for k, s in subs.items()},
+                port=ca.query_port(1).link_state.name)  # fmt: skip
         elif cmd == "quit":
             break
     flag.release()  # before the AL: OpenSM must not poll an unanswered SMInfo

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from ibal.testing.ibsim import Fabric
+from ibal.testing.ibsim import DATA_DIR, Fabric
 
 PROBE = Path(__file__).with_name("inform_ibsim_probe.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -78,6 +78,10 @@ class Probe:
                 return ev
             if seen is not None:
                 seen.append(ev)
+
+    def status(self) -> dict[str, Any]:
+        self.send("status")
+        return self.next("status")
 
     def errors(self) -> str:
         if self.p.poll() is None:
@@ -210,13 +214,45 @@ def test_a_new_sm_gets_the_subscription_again(ibsim_fabric: Fabric) -> None:
         fabric.start_sm("Peer")  # SmHca becomes a plain host
         _until("the subscriptions are back in OpenSM",
                lambda: sorted(_iir(fabric, gid, via="SmHca")) == ["64", "65"])  # fmt: skip
-        probe.send("status")
-        assert probe.next("status")["renewals"] == {"64": 1, "65": 1}
+        _until("the renewals were answered",
+               lambda: min(probe.status()["renewals"].values()) >= 1)  # fmt: skip
         reports: list[dict[str, Any]] = []
         fabric.unlink("SmHca", 1)
         assert _wait_report(probe, reports, 65)["gid"] == sm_gid
         fabric.relink("SmHca", 1)
         assert _wait_report(probe, reports, 64)["gid"] == sm_gid
+        probe.send("quit")
+        probe.next("bye")
+        assert probe.close() == 0, probe.errors()
+    finally:
+        probe.close()
+
+
+@pytest.mark.timeout(300)
+def test_the_subscriber_port_down_and_up_renews_what_opensm_dropped(
+    ibsim_factory: Callable[..., Fabric], tmp_path: Path
+) -> None:
+    """With ``drop_event_subscriptions`` OpenSM drops the subscriptions of a port that
+    leaves the subnet (by default it keeps them); when the port is ACTIVE again (PnP
+    PORT_ACTIVE) the subscriber sends its InformInfo again."""
+    conf = tmp_path / "opensm.conf"
+    conf.write_text("drop_event_subscriptions TRUE\n")
+    # -D 0x0B: OpenSM's debug level logs the drop ("Removed event subscriptions")
+    fabric = ibsim_factory(DATA_DIR / "small.net", opensm_args=["-F", str(conf), "-D", "0x0B"])
+    probe = Probe(fabric, "Host")
+    try:
+        gid = str(ipaddress.IPv6Address(bytes.fromhex(probe.next("ready")["gid"])))
+        assert _iir(fabric, gid) == ["64"]
+        fabric.unlink("Host", 1)
+        # the port watch looks every second: the probe must have seen the port down
+        _until("the subscriber saw its port go down", lambda: probe.status()["port"] == "DOWN")
+        guid = int(ipaddress.IPv6Address(gid)) & (1 << 64) - 1
+        _until("OpenSM dropped the subscription", lambda: f"Removed event subscriptions for port "
+               f"0x{guid:016x}" in fabric.opensm_log.read_text(errors="replace"))  # fmt: skip
+        fabric.relink("Host", 1)
+        _until("the subscription is back in OpenSM", lambda: _iir(fabric, gid) == ["64"])
+        # OpenSM stores the record before its answer reaches the subscriber
+        _until("the renewal was answered", lambda: probe.status()["renewals"]["64"] >= 1)
         probe.send("quit")
         probe.next("bye")
         assert probe.close() == 0, probe.errors()
