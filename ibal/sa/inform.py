@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import importlib
 import logging
 import threading
 from collections.abc import Callable, Generator
@@ -35,6 +34,7 @@ from ibal.al.stash import StashKey
 from ibal.mad.consts import Method, SaAttr
 from ibal.sa import inform_fsm as fsm
 from ibal.sa.inform_fsm import ALL_TRAPS, InformInfo, Notice, SubPhase
+from ibal.sa.port import SaPort
 from ibal.status import IbError, InvalidAlHandle, InvalidHandle, InvalidParameter, Status, Timeout
 from ibal.types import MadAddr
 from ibal.wire.fields import FieldError
@@ -454,9 +454,7 @@ def _watch(al: AccessLayer) -> _PortWatch:
 
 
 def _open_sa(al: AccessLayer, port_guid: int | None) -> SaRequester:
-    port: Any = importlib.import_module("ibal.sa.port")
-    sa: SaRequester = port.SaPort.open(al, port_guid)
-    return sa
+    return SaPort.open(al, port_guid)
 
 
 def subscribe(
