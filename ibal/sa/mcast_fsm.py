@@ -217,6 +217,8 @@ class McastMachine:
         self._waiting = False  # a rejoin waits for ArmRetry's retry_due()
         self._ever_joined = False
         self._started = False
+        self._recreate = False  # an SA-assigned group was gone at a rejoin: create anew
+        self._create_only = join_mask((), create=True) & ~join_mask((), create=False)
 
     # ------------------------------------------------------------------ inputs
     def join(self) -> list[Action]:
@@ -298,11 +300,14 @@ class McastMachine:
     def _send_set(self) -> SendSet:
         self._tag += 1
         self._pending = self._tag
-        req = self.request
-        if self.record is not None and req.mgid == ZERO_GID:
-            # the SA assigned the MGID the first time: a rejoin asks for that one
+        req, mask = self.request, self.comp_mask
+        if self.record is not None and req.mgid == ZERO_GID and not self._recreate:
+            # The SA assigned the MGID: a rejoin joins that group as it is.  Not as
+            # a create: OpenSM refuses to create a group whose MGID has its own
+            # signature (0xA01B), so if the group is gone the next try asks anew.
             req = dataclasses.replace(req, mgid=self.record.mgid)
-        return SendSet(self._tag, req.encode(), self.comp_mask)
+            mask &= ~self._create_only
+        return SendSet(self._tag, req.encode(), mask)
 
     def _leave_record(self) -> MemberRec:
         mgid = self.record.mgid if self.record is not None else self.request.mgid
@@ -312,6 +317,7 @@ class McastMachine:
 
     def _joined(self, rec: MemberRec) -> list[Action]:
         rejoin = self._ever_joined
+        self._recreate = False
         self.record = rec
         self._ever_joined = True
         self._backoff = self.first_backoff
@@ -332,6 +338,9 @@ class McastMachine:
         if not self._ever_joined:
             self.phase = McastPhase.LEFT
             return [Report(status, mad_status), Finished(status, mad_status)]
+        if status is Status.REMOTE_ERROR and self.request.mgid == ZERO_GID and not self._recreate:
+            self._recreate = True  # the assigned group is gone: let the SA assign again
+            return [Report(status, mad_status, None, True), self._send_set()]
         self._waiting = True
         delay = self._backoff
         self._backoff = min(self._backoff * 2, self.max_backoff)

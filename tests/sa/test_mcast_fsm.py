@@ -181,10 +181,24 @@ def test_sa_assigned_mgid_is_the_one_rejoined_and_left() -> None:
     assert acts[0] == Attach(assigned, 0xC003)
     (again,) = m.reregister()
     assert MemberRec.decode(again.record).mgid == assigned
-    assert again.comp_mask == send.comp_mask  # still a create: the group may be gone
+    # a plain join of that group: OpenSM refuses to *create* a group with its own
+    # MGID signature (ERR 1B24), so only a group that is gone gets a new MGID
+    assert again.comp_mask == join_mask((), create=False)
     m.answer(again.tag, Status.SUCCESS, 0, [answer_rec(again.record, 0xC003, assigned)])
+    assert m.attached == (assigned, 0xC003)
+    (again,) = m.reregister()
+    report, anew = m.answer(again.tag, Status.REMOTE_ERROR, SA_REMOTE_ERR_REQ_INVALID)
+    assert report == Report(Status.REMOTE_ERROR, SA_REMOTE_ERR_REQ_INVALID, None, True)
+    assert isinstance(anew, SendSet) and anew.comp_mask == send.comp_mask
+    assert MemberRec.decode(anew.record).mgid == zero
+    other = Gid("ff12:a01b:ffff::c0:fff0")
+    acts = m.answer(anew.tag, Status.SUCCESS, 0, [answer_rec(anew.record, 0xC004, other)])
+    assert acts[:2] == [Detach(), Attach(other, 0xC004)]
+    (again,) = m.reregister()
+    assert MemberRec.decode(again.record).mgid == other  # that one from now on
+    m.answer(again.tag, Status.SUCCESS, 0, [answer_rec(again.record, 0xC004, other)])
     delete = m.leave()[1]
-    assert isinstance(delete, SendDelete) and MemberRec.decode(delete.record).mgid == assigned
+    assert isinstance(delete, SendDelete) and MemberRec.decode(delete.record).mgid == other
 
 
 def test_bad_join_state_is_refused() -> None:

@@ -1,0 +1,164 @@
+"""Run under umad2sim (ibsim) as a node: multicast memberships held against OpenSM.
+
+Joins four memberships on the MAD-only CA's port (no QP: ``(ca, 1)``): it
+creates group ``NEW_MGID`` as FullMember and joins it again as NonMember,
+joins OpenSM's IPoIB broadcast group as SendOnlyNonMember, and creates a group
+whose MGID the SA assigns.  Commands come on stdin, one per line; each answer
+is one JSON line on stdout:
+
+* (start) -> ``{"phase": "joined", "port_gid", "recs": {name: {mgid, mlid, join_state}}}``
+* ``rejoin`` -> waits until every membership reported a successful rejoin
+  (the SM moved: SM_CHANGE on the port) -> ``{"phase": "rejoined", "recs", "events"}``
+* ``leave NAME`` -> ``{"phase": "left", "name", "status"}``
+* ``quit``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+WAIT = 60.0
+BCAST_MGID = "ff12:401b:ffff::ffff:ffff"
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: Any
+    mad_status: int
+    records: tuple[bytes, ...]
+
+
+class MadRequester:
+    """An SA requester over the MAD service (what ``SaPort.request`` does for us)."""
+
+    def __init__(self, al: Any, ca: Any, port_num: int) -> None:
+        from ibal.mad import MadSvc, reg_mad_svc
+        from ibal.types import QpType
+
+        port = ca.query_port(port_num)
+        self.port_guid = port.port_guid
+        self.sm_lid = lambda: ca.query_port(port_num).sm_lid
+        pd = ca.alloc_pd()
+        self.svc = reg_mad_svc(pd.get_spl_qp(port.port_guid, QpType.QP1_ALIAS),
+                               MadSvc(0x03, 2, self._recv, self._sent))  # fmt: skip
+
+    def request(self, method: int, attr_id: int, data: bytes = b"", comp_mask: int = 0, *,
+                attr_mod: int = 0, timeout_ms: int = 1000, retry_cnt: int = 3,
+                callback: Callable[[Any], None] | None = None) -> Any:  # fmt: skip
+        from ibal.mad.header import build
+        from ibal.types import QP1_WELL_KNOWN_QKEY, MadAddr
+
+        e = self.svc.pool_key.get_mad()
+        e.mad[:] = build(0x03, method, attr_id, tid=0, attr_mod=attr_mod, data=data,
+                         comp_mask=comp_mask)  # fmt: skip
+        e.addr = MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=self.sm_lid())
+        e.resp_expected, e.timeout_ms, e.retry_cnt = True, timeout_ms, retry_cnt
+        e.context1 = callback
+        self.svc.send(e)
+        return self
+
+    def cancel(self) -> None:
+        return None
+
+    def _sent(self, e: Any) -> None:
+        from ibal.mad import put_mad
+        from ibal.status import Status
+        from ibal.types import WcStatus
+
+        if e.status is not WcStatus.SUCCESS and e.context1 is not None:
+            st = Status.TIMEOUT if e.status is WcStatus.TIMEOUT_RETRY_ERR else Status.ERROR
+            e.context1(Answer(st, 0, ()))
+        put_mad(e)
+
+    def _recv(self, e: Any) -> None:
+        from ibal.mad import put_mad
+        from ibal.status import Status
+
+        mad = bytes(e.mad)
+        cb = e.send_context1
+        status = int.from_bytes(mad[4:6], "big") & 0x7FFF
+        off = int.from_bytes(mad[44:46], "big") * 8
+        recs = (mad[56 : 56 + off],) if off and not status else ()
+        put_mad(e)
+        if cb is not None:
+            cb(Answer(Status.REMOTE_ERROR if status else Status.SUCCESS, status, recs))
+
+
+def main() -> int:
+    import ibal
+    from ibal.sa.mcast import JoinState, join_mcast
+
+    al = ibal.open_al(providers={"rdma_core": {"watch_interval": 0.2}})
+    ca = next(c for c in (al.open_ca(g) for g in al.get_ca_guids()) if c.name == "ibsim0")
+    sa = MadRequester(al, ca, 1)
+    events: queue.Queue[tuple[str, Any]] = queue.Queue()
+    lock = threading.Lock()
+    seen: dict[str, list[Any]] = {}
+
+    def cb(name: str) -> Callable[[Any], None]:
+        def got(rec: Any) -> None:
+            with lock:
+                seen.setdefault(name, []).append(rec)
+            events.put((name, rec))
+
+        return got
+
+    new = os.environ["NEW_MGID"]
+    plan: list[tuple[str, Any, dict[str, Any]]] = [
+        ("full", new, {"join_state": JoinState.FULL, "create": True, "q_key": 0x0B1B,
+                       "p_key": 0xFFFF}),
+        ("non", new, {"join_state": JoinState.NON}),
+        ("sendonly", BCAST_MGID, {"join_state": JoinState.SENDONLY}),
+        ("auto", None, {"join_state": JoinState.FULL, "create": True, "q_key": 0x0B1C,
+                        "p_key": 0xFFFF}),
+    ]  # fmt: skip
+    members: dict[str, Any] = {}
+    for name, mgid, kw in plan:
+        m = join_mcast((ca, 1), mgid, sa=sa, callback=cb(name), **kw)
+        r = m.wait(WAIT)
+        if r.status.name != "SUCCESS":
+            print(json.dumps({"phase": "error", "name": name, "status": r.status.name,
+                              "error_status": r.error_status}), flush=True)  # fmt: skip
+            return 1
+        members[name] = m
+
+    def recs() -> dict[str, dict[str, Any]]:
+        return {n: {"mgid": str(m.member_rec.mgid), "mlid": m.member_rec.mlid,
+                    "join_state": int(m.member_rec.join_state)}
+                for n, m in members.items()}  # fmt: skip
+
+    port_gid = str(ca.query_port(1).gids[0])
+    print(json.dumps({"phase": "joined", "port_gid": port_gid, "recs": recs()}), flush=True)
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd:
+            continue
+        if cmd[0] == "rejoin":
+            want = set(members)
+            log: list[list[Any]] = []
+            while want:
+                name, rec = events.get(timeout=WAIT)
+                log.append([name, rec.status.name, rec.rejoin])
+                if rec.rejoin and rec.status.name == "SUCCESS":
+                    want.discard(name)
+            print(json.dumps({"phase": "rejoined", "recs": recs(), "events": log}), flush=True)
+        elif cmd[0] == "leave":
+            m = members.pop(cmd[1])
+            m.leave(wait=True, timeout=WAIT)
+            print(json.dumps({"phase": "left", "name": cmd[1],
+                              "status": m.leave_status.name}), flush=True)  # fmt: skip
+        elif cmd[0] == "quit":
+            break
+    al.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
