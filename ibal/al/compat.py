@@ -203,6 +203,24 @@ def ib_get_mad_buf(p_mad_element: MadElement) -> bytearray:
     return get_mad_buf(p_mad_element)
 
 
+# ---------------------------------------------------------------------- SA services
+# ibal.sa is imported where called: the access layer does not depend on the SA layer.
+def ib_join_mcast(h_qp: Qp, p_mcast_req: Any) -> Any:
+    """``ibal.sa.join_mcast_req``: returns the ``McastMembership`` (``h_mcast``)."""
+    from ibal.sa.mcast import join_mcast_req
+
+    return join_mcast_req(_h(h_qp, Qp), p_mcast_req)
+
+
+def ib_leave_mcast(h_mcast: Any, pfn_destroy_cb: DestroyArg = None) -> None:
+    from ibal.sa.mcast import leave_mcast
+
+    if isinstance(pfn_destroy_cb, _SyncDestroy):
+        leave_mcast(h_mcast, wait=True)
+    else:
+        leave_mcast(h_mcast, pfn_destroy_cb)
+
+
 def ib_reg_mad_svc(h_qp: AliasQp, p_mad_svc: MadSvc, pool_key: PoolKey | None = None
                    ) -> MadService:
     if not isinstance(h_qp, AliasQp):
@@ -546,6 +564,14 @@ _DONE: dict[str, str] = {
     "ib_pfn_sub_cb_t": "callback(SubRec)",
     "ib_report_rec_t": "ibal.sa.ReportRec (context, notice: ibal.sa.Notice)",
     "ib_pfn_report_cb_t": "report_cb(ReportRec)",
+    "ib_join_mcast": "ibal.sa.join_mcast(qp or (ca, port_num), mgid, join_state=, create=, "
+    "callback=) -> McastMembership (.wait(), await; IB_FLAGS_SYNC: .wait())",
+    "ib_leave_mcast": "membership.leave(destroy_cb, wait=) (ibal.sa.leave_mcast)",
+    "ib_mcast_req_t": "ibal.sa.McastReq (sync = IB_FLAGS_SYNC) for "
+    "ibal.sa.join_mcast_req(qp, req); or join_mcast's keyword arguments",
+    "ib_mcast_rec_t": "ibal.sa.McastRec (membership = h_mcast, member_rec = ibal.sa.MemberRec)",
+    "ib_pfn_mcast_cb_t": "callback(McastRec) on the AL's misc queue, also for rejoins "
+    "(McastRec.rejoin)",
 }
 
 _CM_TYPES = {
@@ -680,6 +706,8 @@ __all__ = [
     "ib_get_port_by_gid",
     "ib_get_spl_qp",
     "ib_init_dgrm_svc",
+    "ib_join_mcast",
+    "ib_leave_mcast",
     "ib_local_mad",
     "ib_modify_av",
     "ib_modify_ca",

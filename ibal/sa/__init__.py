@@ -17,6 +17,18 @@ from ibal.sa.inform import (
     subscribe,
 )
 from ibal.sa.inform_fsm import InformInfo, Notice
+from ibal.sa.mcast import (
+    JoinState,
+    McastMembership,
+    McastPhase,
+    McastRec,
+    McastReq,
+    MemberRec,
+    Scope,
+    join_mcast,
+    join_mcast_req,
+    leave_mcast,
+)
 from ibal.sa.port import SaPort, SaRequest
 from ibal.sa.service import (
     RegSvcFlags,
@@ -32,6 +44,12 @@ from ibal.sa.txn import SaAnswer, decode_answer
 
 __all__ = [
     "InformInfo",
+    "JoinState",
+    "McastMembership",
+    "McastPhase",
+    "McastRec",
+    "McastReq",
+    "MemberRec",
     "Notice",
     "RegSvcFlags",
     "RegSvcRec",
@@ -40,6 +58,7 @@ __all__ = [
     "SaAnswer",
     "SaPort",
     "SaRequest",
+    "Scope",
     "ServiceRecord",
     "ServiceRegistration",
     "SubRec",
@@ -49,6 +68,9 @@ __all__ = [
     "dereg_svc",
     "ib_subscribe",
     "ib_unsubscribe",
+    "join_mcast",
+    "join_mcast_req",
+    "leave_mcast",
     "lookup_address",
     "reg_svc",
     "register_address",

@@ -489,6 +489,45 @@ def join_mcast(
     return m
 
 
+@dataclass(frozen=True)
+class McastReq:
+    """``ib_mcast_req_t``: a join as IBAL spells it; ``sync`` is ``IB_FLAGS_SYNC``.
+
+    ``member_rec`` gives the MGID (zero with ``create``: the SA assigns one), the
+    JoinState and, for a create, Q_Key, P_Key, TClass, SL, FlowLabel, HopLimit,
+    Scope; MTU, rate and packet lifetime are asked for exactly when not zero.
+    """
+
+    member_rec: MemberRec
+    create: bool = False
+    callback: McastCallback | None = None
+    context: Any = None
+    timeout_ms: int = 1000
+    retry_cnt: int = 3
+    sync: bool = False
+    port_guid: int | None = None
+
+
+def join_mcast_req(qp: Qp, req: McastReq, *, sa: SaRequester | None = None) -> McastMembership:
+    """``ib_join_mcast(h_qp, p_mcast_req)``; with ``sync`` it returns once the outcome is in."""
+    if not isinstance(req, McastReq):
+        raise InvalidParameter("an McastReq is required")
+    r = req.member_rec
+    zero = r.mgid == fsm.ZERO_GID
+    m = join_mcast(
+        qp, None if zero and req.create else r.mgid, join_state=r.join_state,
+        create=req.create, q_key=r.q_key if req.create or r.q_key else None,
+        p_key=r.p_key if req.create or r.p_key else None, mtu=r.mtu or None,
+        rate=r.rate or None, packet_life_time=r.packet_life_time or None, sl=r.sl,
+        flow_label=r.flow_label, tclass=r.tclass, hop_limit=r.hop_limit, scope=r.scope,
+        port_guid=req.port_guid, callback=req.callback, context=req.context,
+        timeout_ms=req.timeout_ms, retry_cnt=req.retry_cnt, sa=sa,
+    )  # fmt: skip
+    if req.sync:
+        m.wait()
+    return m
+
+
 def leave_mcast(
     membership: McastMembership,
     destroy_cb: DestroyCallback | None = None,
@@ -543,9 +582,11 @@ __all__ = [
     "McastMembership",
     "McastPhase",
     "McastRec",
+    "McastReq",
     "MemberRec",
     "SaRequester",
     "Scope",
     "join_mcast",
+    "join_mcast_req",
     "leave_mcast",
 ]

@@ -7,6 +7,7 @@ small requester that records each request and answers when the test says.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -18,7 +19,16 @@ from ibal.al import AccessLayer, AlManager, Ca, Cq, Pd, Qp, QpCreate
 from ibal.clock import ManualClock
 from ibal.mad.consts import Method, SaAttr
 from ibal.providers.mock import MockFabric, MockProvider
-from ibal.sa.mcast import JoinState, McastPhase, McastRec, MemberRec, join_mcast, leave_mcast
+from ibal.sa.mcast import (
+    JoinState,
+    McastPhase,
+    McastRec,
+    McastReq,
+    MemberRec,
+    join_mcast,
+    join_mcast_req,
+    leave_mcast,
+)
 from ibal.sa.mcast_fsm import LEAVE_MASK, join_mask
 from ibal.status import (
     InvalidGid,
@@ -81,6 +91,7 @@ class ScriptedSa:
     port_guid: int
     requests: list[Req] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    sent: queue.Queue[Req] = field(default_factory=queue.Queue)
 
     def request(self, method: int, attr_id: int, data: bytes = b"", comp_mask: int = 0, *,
                 attr_mod: int = 0, timeout_ms: int = 1000, retry_cnt: int = 3,
@@ -88,6 +99,7 @@ class ScriptedSa:
         r = Req(method, attr_id, bytes(data), comp_mask, callback)
         with self.lock:
             self.requests.append(r)
+        self.sent.put(r)
         return r
 
     def answer(self, r: Req, status: Status = Status.SUCCESS, mad_status: int = 0,
@@ -319,3 +331,26 @@ def test_destroying_the_qp_or_closing_the_al_leaves(al: AccessLayer) -> None:
     al.close()
     assert not m2.alive and sa2.requests[-1].method == Method.DELETE
     assert sa2.requests[-1].rec.mgid == MGID
+
+
+def test_ibal_request_shape_with_sync(al: AccessLayer) -> None:
+    n = node(al, 1)
+    sa = ScriptedSa(n.port_guid)
+    seen: list[McastRec] = []
+
+    def answer_soon() -> None:  # the SA's side, while the joining thread waits
+        sa.answer(sa.sent.get(timeout=WAIT), mlid=0xC00B)
+
+    helper = threading.Thread(target=answer_soon)
+    helper.start()
+    req = McastReq(MemberRec(mgid=MGID, join_state=JoinState.SENDONLY), callback=seen.append,
+                   context=7, sync=True)  # fmt: skip
+    m = join_mcast_req(n.qp, req, sa=sa)
+    helper.join()
+    assert m.phase is McastPhase.JOINED and m.wait(0).context == 7
+    flush(al)
+    assert [r.member_rec.mlid for r in seen if r.member_rec] == [0xC00B]
+    assert sa.requests[0].rec.join_state is JoinState.SENDONLY
+    assert sa.requests[0].comp_mask == join_mask((), create=False)
+    with pytest.raises(InvalidParameter):
+        join_mcast_req(n.qp, "not a request", sa=sa)  # type: ignore[arg-type]
