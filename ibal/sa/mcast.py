@@ -216,8 +216,14 @@ class McastMembership(Dependent):
 
     # ------------------------------------------------------------------ life cycle
     def _start(self) -> None:
-        _watch(self.al).add(self._sa.port_guid, self)
+        watch = _watch(self.al)
+        watch.uses(self._sa)
+        watch.add(self._sa.port_guid, self)
         self._input(self._machine.join)
+
+    def _farewell(self) -> None:
+        """The AL is closing: send the Delete now, before the SA port goes."""
+        self._input(self._machine.leave)
 
     def on_destroying(self) -> None:
         # Also the cascade of the QP or the AL: the Delete goes out without waiting.
@@ -347,14 +353,52 @@ class McastMembership(Dependent):
 # ---------------------------------------------------------------------- the port watch
 
 
+class _Farewell(Dependent):
+    """Sends every membership's Delete when its AL closes, while the SA ports still run.
+
+    An AL's cascade takes its dependents newest first, so this one is kept newer
+    than every SA port its memberships use (:meth:`_PortWatch.uses`); the
+    memberships themselves hang on QPs, which go after the SA ports.
+    """
+
+    def __init__(self, al: AccessLayer, watch: _PortWatch) -> None:
+        self._watch = watch
+        self.retired = False
+        super().__init__(al)
+
+    def on_destroying(self) -> None:
+        if not self.retired:
+            for m in self._watch.all_members():
+                m._farewell()
+
+
 class _PortWatch:
     """One PnP registration per AL: port events that call for a rejoin, to memberships."""
 
     def __init__(self, al: AccessLayer) -> None:
+        self._al = al
         self._lock = threading.Lock()
         self._members: dict[int, dict[McastMembership, None]] = {}
         self._live = False  # replayed state (before REG_COMPLETE) is not news
+        self._sas: dict[int, SaRequester] = {}
+        self._farewell: _Farewell | None = None
         self.registration = al.reg_pnp(PnpClass.PORT, self._event)
+
+    def uses(self, sa: SaRequester) -> None:
+        """A membership sends through ``sa``: keep the farewell newer than it."""
+        with self._lock:
+            if id(sa) in self._sas and self._farewell is not None:
+                return
+            self._sas[id(sa)] = sa
+            old, self._farewell = self._farewell, _Farewell(self._al, self)
+        if old is not None:
+            old.retired = True
+            with contextlib.suppress(IbError):
+                old.destroy()
+
+    def all_members(self) -> list[McastMembership]:
+        with self._lock:
+            return [m for ms in self._members.values() for m in ms]
 
     def add(self, port_guid: int, m: McastMembership) -> None:
         with self._lock:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ibal.al import AccessLayer, AlManager, Ca, Cq, Pd, Qp, QpCreate
+from ibal.al import AccessLayer, AlManager, Ca, Cq, Dependent, Pd, Qp, QpCreate
 from ibal.clock import ManualClock
 from ibal.mad.consts import Method, SaAttr
 from ibal.providers.mock import MockFabric, MockProvider
@@ -68,6 +68,7 @@ class Req:
     comp_mask: int
     callback: Callable[[Any], None] | None
     canceled: bool = False
+    answered: bool = False
 
     def cancel(self) -> None:
         self.canceled = True
@@ -84,18 +85,43 @@ class Answer:
     records: tuple[bytes, ...] = ()
 
 
+class SaLife(Dependent):
+    """What an ``SaPort`` is to its AL: a dependent that cancels its requests when it goes."""
+
+    def __init__(self, al: AccessLayer, sa: ScriptedSa) -> None:
+        self.sa = sa
+        super().__init__(al)
+
+    def on_destroying(self) -> None:
+        for r in self.sa.requests:
+            if not r.answered and r.callback is not None:
+                r.answered = True
+                r.callback(Answer(Status.CANCELED))
+
+
 @dataclass
 class ScriptedSa:
-    """An ``SaPort``-shaped requester: records requests, answers on demand."""
+    """An ``SaPort``-shaped requester: records requests, answers on demand.
+
+    With ``al`` it lives as an ``SaPort`` does: a dependent of the AL that
+    refuses requests once dying and cancels those pending."""
 
     port_guid: int
+    al: AccessLayer | None = None
     requests: list[Req] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     sent: queue.Queue[Req] = field(default_factory=queue.Queue)
+    life: SaLife | None = None
+
+    def __post_init__(self) -> None:
+        if self.al is not None:
+            self.life = SaLife(self.al, self)
 
     def request(self, method: int, attr_id: int, data: bytes = b"", comp_mask: int = 0, *,
                 attr_mod: int = 0, timeout_ms: int = 1000, retry_cnt: int = 3,
                 callback: Callable[[Any], None] | None = None) -> Req:  # fmt: skip
+        if self.life is not None:
+            self.life.check()
         r = Req(method, attr_id, bytes(data), comp_mask, callback)
         with self.lock:
             self.requests.append(r)
@@ -110,7 +136,8 @@ class ScriptedSa:
             rec = MemberRec(**{**{f: getattr(rec, f) for f in rec.__slots__}, "mlid": mlid,
                                "mgid": mgid or rec.mgid, "q_key": QKEY})  # fmt: skip
             records = (rec.encode() + bytes(4),)
-        assert r.callback is not None
+        assert r.callback is not None and not r.answered
+        r.answered = True
         r.callback(Answer(status, mad_status, records))
 
 
@@ -322,15 +349,23 @@ def test_create_carries_the_qp_keys_and_the_sa_assigned_mgid(al: AccessLayer) ->
 
 
 def test_destroying_the_qp_or_closing_the_al_leaves(al: AccessLayer) -> None:
-    n1, n2 = node(al, 1), node(al, 2)
-    sa1, sa2 = ScriptedSa(n1.port_guid), ScriptedSa(n2.port_guid)
+    n0, n1, n2 = node(al, 0), node(al, 1), node(al, 2)
+    sa0 = ScriptedSa(n0.port_guid, al)
+    m0, _ = joined(al, n0, sa0)
+    # SA ports opened after the first join: an AL's dependents go newest first
+    sa1, sa2 = ScriptedSa(n1.port_guid, al), ScriptedSa(n2.port_guid, al)
     m1, _ = joined(al, n1, sa1)
     m2, _ = joined(al, n2, sa2)
     n1.qp.destroy(wait=True)
     assert not m1.alive and sa1.requests[-1].method == Method.DELETE
+    sa1.answer(sa1.requests[-1])
     al.close()
-    assert not m2.alive and sa2.requests[-1].method == Method.DELETE
-    assert sa2.requests[-1].rec.mgid == MGID
+    for m, sa in ((m0, sa0), (m2, sa2)):
+        # the Delete went out while the SA port still ran, then the close cancelled it
+        assert not m.alive and [r.method for r in sa.requests] == [Method.SET, Method.DELETE]
+        assert sa.requests[-1].rec.mgid == MGID and sa.requests[-1].answered
+        assert m.leave_status is Status.CANCELED
+    assert m1.leave_status is Status.SUCCESS  # its answer still counts, though not awaited
 
 
 def test_ibal_request_shape_with_sync(al: AccessLayer) -> None:
