@@ -9,6 +9,7 @@ is one JSON line on stdout:
 * (start) -> ``{"phase": "joined", "port_gid", "recs": {name: {mgid, mlid, join_state}}}``
 * ``rejoin`` -> waits until every membership reported a successful rejoin
   (the SM moved: SM_CHANGE on the port) -> ``{"phase": "rejoined", "recs", "events"}``
+* ``try MGID`` -> a join without create: ``{"phase": "tried", "status", "error_status"}``
 * ``leave NAME`` -> ``{"phase": "left", "name", "status"}``
 * ``quit``
 """
@@ -149,6 +150,12 @@ def main() -> int:
                 if rec.rejoin and rec.status.name == "SUCCESS":
                     want.discard(name)
             print(json.dumps({"phase": "rejoined", "recs": recs(), "events": log}), flush=True)
+        elif cmd[0] == "try":  # a join without create, its outcome only
+            m = join_mcast((ca, 1), cmd[1], sa=sa, timeout_ms=500, retry_cnt=1)
+            r = m.wait(WAIT)
+            out = {"phase": "tried", "status": r.status.name, "error_status": r.error_status,
+                   "alive": m.alive}  # fmt: skip
+            print(json.dumps(out), flush=True)
         elif cmd[0] == "leave":
             m = members.pop(cmd[1])
             m.leave(wait=True, timeout=WAIT)

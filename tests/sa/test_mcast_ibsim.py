@@ -7,7 +7,9 @@ step ``saquery MCMR`` (trusted SM_Key, one group and port: ibsim does not
 carry RMPP, so a filtered query is the complete one) says which JoinState
 OpenSM holds for the port.  OpenSM then moves to another node: the port sees a
 new SM LID (PnP ``SM_CHANGE``), the new OpenSM knows none of the groups we
-created, and every membership is redone.  ibsim does not keep PortInfo's
+created, and every membership is redone.  Between the two, a join of a group
+that does not exist fails with REMOTE_ERROR and the SA's status, and one
+while no OpenSM runs with TIMEOUT.  ibsim does not keep PortInfo's
 ClientReregister bit (it never reads back as set), so an OpenSM restarted on
 the *same* node surfaces nothing a MAD-only CA could see; that path
 (``CLIENT_REREGISTER``) is tested on the mock.
@@ -34,6 +36,7 @@ NODE = "Host"
 NEW_MGID = "ff12:401b:ffff::db8:7"
 BCAST_MGID = "ff12:401b:ffff::ffff:ffff"
 WAIT = 90.0
+ERR_REQ_INSUFFICIENT_COMPONENTS = 0x0600  # SA MAD status: class code 6 in bits 8..14
 
 
 class Probe:
@@ -115,7 +118,16 @@ def test_join_rejoin_after_sm_move_and_leave_against_opensm(ibsim_fabric: Fabric
             assert rec["PortGid"] == gid
         assert member(fabric, NEW_MGID, gid)["qkey"] == "0xb1b"  # type: ignore[index]
 
-        # OpenSM moves to Peer: a new SM LID, no memory of our groups
+        # no such group, no create: the SA's error status comes with REMOTE_ERROR
+        tried = probe.send("try ff12:401b:ffff::db8:99")
+        assert (tried["status"], tried["error_status"], tried["alive"]) == (
+            "REMOTE_ERROR", ERR_REQ_INSUFFICIENT_COMPONENTS, False)  # fmt: skip
+        # no SA at all: TIMEOUT, no error status
+        fabric.stop_sm()
+        assert probe.send(f"try {NEW_MGID}") == {
+            "phase": "tried", "status": "TIMEOUT", "error_status": 0, "alive": False}  # fmt: skip
+
+        # OpenSM comes back on Peer: a new SM LID, no memory of our groups
         fabric.start_sm("Peer")
         rejoined = probe.send("rejoin")
         assert {n for n, st, re_ in rejoined["events"] if st == "SUCCESS" and re_} == set(recs)
