@@ -17,7 +17,6 @@ state changes, the join is sent again and the callback gets a record with
 from __future__ import annotations
 
 import contextlib
-import importlib
 import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
@@ -29,6 +28,7 @@ from ibal.al.stash import StashKey
 from ibal.mad.consts import Method, SaAttr
 from ibal.sa import mcast_fsm as fsm
 from ibal.sa.mcast_fsm import JoinState, McastPhase, MemberRec, Scope
+from ibal.sa.port import SaPort
 from ibal.status import (
     IbError,
     InvalidGid,
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 
 class SaAnswerLike(Protocol):
-    """What the MCMemberRecord exchange reads of an SA answer (``ibal.sa.txn.SaAnswer``)."""
+    """What the MCMemberRecord exchange reads of an SA answer (:class:`ibal.sa.SaAnswer`)."""
 
     @property
     def status(self) -> Status: ...
@@ -63,7 +63,7 @@ class SaRequestLike(Protocol):
 
 
 class SaRequester(Protocol):
-    """The SA as seen from one port (``ibal.sa.port.SaPort``)."""
+    """The SA as seen from one port: :class:`ibal.sa.SaPort` (or a test's stand-in)."""
 
     @property
     def port_guid(self) -> int: ...
@@ -122,6 +122,7 @@ class McastMembership(Dependent):
         destroy_cb: DestroyCallback | None,
         timeout_ms: int,
         retry_cnt: int,
+        owns_sa: bool = False,
     ) -> None:
         self._qp = owner if isinstance(owner, Qp) else None
         self._sa = sa
@@ -136,6 +137,7 @@ class McastMembership(Dependent):
         self._first_done = threading.Event()
         self._waiters: list[Callable[[McastRec], None]] = []
         self._leave_pin: contextlib.AbstractContextManager[None] | None = None
+        self._sa_hold: SaPort | None = sa if owns_sa and isinstance(sa, SaPort) else None
         self._later: list[Callable[[], list[fsm.Action]]] = []  # inputs an action produced
         self._end = False  # the first join failed: destroy once its report is out
         self.leave_status: Status | None = None
@@ -231,11 +233,17 @@ class McastMembership(Dependent):
         self._input(self._machine.leave)
 
     def cleanup(self) -> None:
+        # A Delete still out keeps going (the QP's or the AL's cascade does not wait
+        # for it); its answer ends the machine and drops our hold on the SA port.
+        if self._machine.phase is McastPhase.LEFT:
+            self._release_sa()
+
+    def _release_sa(self) -> None:
         with self._mlock:
-            reqs, self._requests = list(self._requests.values()), {}
-        for r in reqs:
+            sa, self._sa_hold = self._sa_hold, None
+        if sa is not None:
             with contextlib.suppress(IbError):
-                r.cancel()
+                sa.close()
 
     def _rejoin(self) -> None:
         """Port watch (PnP queue): the SA may have forgotten us."""
@@ -319,6 +327,8 @@ class McastMembership(Dependent):
             self._end = True  # the first join failed: the membership never existed
             return
         self.leave_status = act.status
+        if not self.alive and self._leave_pin is None:
+            self._release_sa()  # destroyed already: nothing else will
         self._unpin()
 
     def _unpin(self) -> None:
@@ -435,12 +445,6 @@ def _watch(al: AccessLayer) -> _PortWatch:
 # ---------------------------------------------------------------------- joining
 
 
-def _open_sa(al: AccessLayer, port_guid: int) -> SaRequester:
-    port: Any = importlib.import_module("ibal.sa.port")
-    sa: SaRequester = port.SaPort.open(al, port_guid)
-    return sa
-
-
 def join_mcast(
     target: Qp | tuple[Ca, int],
     mgid: Gid | str | bytes | None = None,
@@ -523,12 +527,18 @@ def join_mcast(
     except ValueError as exc:
         raise InvalidParameter(str(exc)) from None
     machine = fsm.McastMachine(request, mask)
+    owns_sa = sa is None
     if sa is None:
-        sa = _open_sa(ca.al, port.port_guid)
-    m = McastMembership(
-        target, sa, machine, callback=callback, context=context, destroy_cb=destroy_cb,
-        timeout_ms=timeout_ms, retry_cnt=retry_cnt,
-    )  # fmt: skip
+        sa = SaPort.open(ca.al, port.port_guid)
+    try:
+        m = McastMembership(
+            target, sa, machine, callback=callback, context=context, destroy_cb=destroy_cb,
+            timeout_ms=timeout_ms, retry_cnt=retry_cnt, owns_sa=owns_sa,
+        )  # fmt: skip
+    except BaseException:
+        if owns_sa and isinstance(sa, SaPort):
+            sa.close()
+        raise
     m._start()
     return m
 

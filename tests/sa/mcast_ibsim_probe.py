@@ -1,6 +1,7 @@
 """Run under umad2sim (ibsim) as a node: multicast memberships held against OpenSM.
 
-Joins four memberships on the MAD-only CA's port (no QP: ``(ca, 1)``): it
+Joins four memberships on the MAD-only CA's port (no QP: ``(ca, 1)``), through
+the port's ``SaPort`` (opened by ``join_mcast``): it
 creates group ``NEW_MGID`` as FullMember and joins it again as NonMember,
 joins OpenSM's IPoIB broadcast group as SendOnlyNonMember, and creates a group
 whose MGID the SA assigns.  Commands come on stdin, one per line; each answer
@@ -22,74 +23,10 @@ import queue
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 WAIT = 60.0
 BCAST_MGID = "ff12:401b:ffff::ffff:ffff"
-
-
-@dataclass(frozen=True)
-class Answer:
-    status: Any
-    mad_status: int
-    records: tuple[bytes, ...]
-
-
-class MadRequester:
-    """An SA requester over the MAD service (what ``SaPort.request`` does for us)."""
-
-    def __init__(self, al: Any, ca: Any, port_num: int) -> None:
-        from ibal.mad import MadSvc, reg_mad_svc
-        from ibal.types import QpType
-
-        port = ca.query_port(port_num)
-        self.port_guid = port.port_guid
-        self.sm_lid = lambda: ca.query_port(port_num).sm_lid
-        pd = ca.alloc_pd()
-        self.svc = reg_mad_svc(pd.get_spl_qp(port.port_guid, QpType.QP1_ALIAS),
-                               MadSvc(0x03, 2, self._recv, self._sent))  # fmt: skip
-
-    def request(self, method: int, attr_id: int, data: bytes = b"", comp_mask: int = 0, *,
-                attr_mod: int = 0, timeout_ms: int = 1000, retry_cnt: int = 3,
-                callback: Callable[[Any], None] | None = None) -> Any:  # fmt: skip
-        from ibal.mad.header import build
-        from ibal.types import QP1_WELL_KNOWN_QKEY, MadAddr
-
-        e = self.svc.pool_key.get_mad()
-        e.mad[:] = build(0x03, method, attr_id, tid=0, attr_mod=attr_mod, data=data,
-                         comp_mask=comp_mask)  # fmt: skip
-        e.addr = MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=self.sm_lid())
-        e.resp_expected, e.timeout_ms, e.retry_cnt = True, timeout_ms, retry_cnt
-        e.context1 = callback
-        self.svc.send(e)
-        return self
-
-    def cancel(self) -> None:
-        return None
-
-    def _sent(self, e: Any) -> None:
-        from ibal.mad import put_mad
-        from ibal.status import Status
-        from ibal.types import WcStatus
-
-        if e.status is not WcStatus.SUCCESS and e.context1 is not None:
-            st = Status.TIMEOUT if e.status is WcStatus.TIMEOUT_RETRY_ERR else Status.ERROR
-            e.context1(Answer(st, 0, ()))
-        put_mad(e)
-
-    def _recv(self, e: Any) -> None:
-        from ibal.mad import put_mad
-        from ibal.status import Status
-
-        mad = bytes(e.mad)
-        cb = e.send_context1
-        status = int.from_bytes(mad[4:6], "big") & 0x7FFF
-        off = int.from_bytes(mad[44:46], "big") * 8
-        recs = (mad[56 : 56 + off],) if off and not status else ()
-        put_mad(e)
-        if cb is not None:
-            cb(Answer(Status.REMOTE_ERROR if status else Status.SUCCESS, status, recs))
 
 
 def main() -> int:
@@ -98,7 +35,6 @@ def main() -> int:
 
     al = ibal.open_al(providers={"rdma_core": {"watch_interval": 0.2}})
     ca = next(c for c in (al.open_ca(g) for g in al.get_ca_guids()) if c.name == "ibsim0")
-    sa = MadRequester(al, ca, 1)
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
     lock = threading.Lock()
     seen: dict[str, list[Any]] = {}
@@ -122,7 +58,7 @@ def main() -> int:
     ]  # fmt: skip
     members: dict[str, Any] = {}
     for name, mgid, kw in plan:
-        m = join_mcast((ca, 1), mgid, sa=sa, callback=cb(name), **kw)
+        m = join_mcast((ca, 1), mgid, callback=cb(name), **kw)
         r = m.wait(WAIT)
         if r.status.name != "SUCCESS":
             print(json.dumps({"phase": "error", "name": name, "status": r.status.name,
@@ -151,7 +87,7 @@ def main() -> int:
                     want.discard(name)
             print(json.dumps({"phase": "rejoined", "recs": recs(), "events": log}), flush=True)
         elif cmd[0] == "try":  # a join without create, its outcome only
-            m = join_mcast((ca, 1), cmd[1], sa=sa, timeout_ms=500, retry_cnt=1)
+            m = join_mcast((ca, 1), cmd[1], timeout_ms=500, retry_cnt=1)
             r = m.wait(WAIT)
             out = {"phase": "tried", "status": r.status.name, "error_status": r.error_status,
                    "alive": m.alive}  # fmt: skip
