@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ibal.al import AccessLayer, AlManager, Ca, Cq, Dependent, Pd, Qp, QpCreate
+from ibal.al import AccessLayer, AlManager, Ca, Cq, Dependent, Pd, Qp, QpCreate, compat
 from ibal.clock import ManualClock
 from ibal.mad.consts import Method, SaAttr
 from ibal.providers.mock import MockFabric, MockProvider
@@ -36,6 +36,7 @@ from ibal.status import (
     InvalidParameter,
     InvalidPkey,
     InvalidPort,
+    InvalidQpHandle,
     InvalidServiceType,
     Status,
 )
@@ -330,6 +331,10 @@ def test_bad_requests_raise_at_once(al: AccessLayer) -> None:
         join_mcast(n.qp, None, sa=sa)  # only a create may leave the MGID to the SA
     with pytest.raises(InvalidParameter):
         join_mcast(n.qp, MGID, join_state=JoinState(0), sa=sa)
+    with pytest.raises(InvalidMcastHandle):
+        compat.ib_leave_mcast(n.qp)
+    with pytest.raises(InvalidQpHandle):
+        compat.ib_join_mcast(n.cq, None)
     assert sa.requests == []
 
 
@@ -389,3 +394,25 @@ def test_ibal_request_shape_with_sync(al: AccessLayer) -> None:
     assert sa.requests[0].comp_mask == join_mask((), create=False)
     with pytest.raises(InvalidParameter):
         join_mcast_req(n.qp, "not a request", sa=sa)  # type: ignore[arg-type]
+
+
+def test_await_gives_the_join_outcome(al: AccessLayer) -> None:
+    import asyncio
+
+    n = node(al, 1)
+    sa = ScriptedSa(n.port_guid)
+
+    async def main() -> McastRec:
+        m = join_mcast(n.qp, MGID, sa=sa)
+        answering = threading.Thread(
+            target=lambda: sa.answer(sa.sent.get(timeout=WAIT), mlid=0xC00C)
+        )
+        answering.start()
+        rec = await m
+        answering.join()
+        assert await m is rec  # the outcome stays
+        return rec
+
+    rec = asyncio.run(main())
+    assert rec.status is Status.SUCCESS and rec.member_rec is not None
+    assert rec.member_rec.mlid == 0xC00C
