@@ -1,4 +1,5 @@
-"""What stands behind QP0 and QP1 of every mock port: the SMA (via the SMI) and the PMA.
+"""What stands behind QP0 and QP1 of every mock port: the SMA (via the SMI) and the PMA,
+and the SA behind the SM port's QP1 (:mod:`ibal.providers.mock.sa_agent`).
 
 As on a real HCA, an SMP request sent on QP0 (LID-routed to any node, or
 directed route through the switches) and a PerfMgt request sent to QP1 are
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ibal.mad.consts import MAD_SIZE, MgmtClass
 from ibal.providers.mock import pma, smi
+from ibal.providers.mock.sa_agent import SaAgent
 from ibal.providers.mock.topology import MockPort, Switch
 from ibal.types import QpType
 
@@ -39,6 +41,7 @@ class MadAgents:
 
     def __init__(self, fabric: MockFabric) -> None:
         self.fabric = fabric
+        self.sa = SaAgent(fabric)
 
     def answer(self, src: MockPort, dlid: int, mad: bytes, cost: tuple[int, int]) -> Reply | None:
         """The reply to ``mad`` sent from ``src`` to ``dlid`` (``None``: dropped).

@@ -91,6 +91,7 @@ PERMISSIVE = 0xFFFF
 _T_PACKET = 0
 _T_ACK = 1
 _T_RNR = 2
+_T_CALL = 3  # an agent's timer (``obj.fire()``): see ibal.providers.mock.sa_agent
 
 _ATOMIC_CACHE = 64
 
@@ -170,6 +171,11 @@ class EngineCore:
         # the SMA/PMA behind QP0/QP1 (set by the fabric): ibal.providers.mock.agents
         self.mad_agents: MadAgents | None = None
 
+    def call_at(self, deadline: float, timer: Any) -> None:
+        """Call ``timer.fire()`` at ``deadline`` on the fabric clock (lock held) unless
+        ``timer.alive`` is cleared (or ``timer.timer_gen`` moved on) first."""
+        self._schedule(deadline, _T_CALL, timer, timer.timer_gen)
+
     if TYPE_CHECKING:  # defined by the requester and responder parts
         def sq_progress(self, qp: MockQp) -> None: ...
         def _ack_timeout(self, qp: MockQp) -> None: ...
@@ -196,6 +202,11 @@ class EngineCore:
     def _fire(self, kind: int, obj: Any, gen: int) -> None:
         if kind == _T_PACKET:
             self._ready.append(obj)
+            return
+        if kind == _T_CALL:
+            if obj.alive and obj.timer_gen == gen:
+                obj.alive = False
+                obj.fire()
             return
         qp: MockQp = obj
         if not qp.alive or qp.timer_gen != gen:

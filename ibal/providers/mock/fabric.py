@@ -24,6 +24,7 @@ from ibal.providers.mock.engine import Engine, FabricCounters
 from ibal.providers.mock.faults import FaultPlan
 from ibal.providers.mock.objects import MockCq, MockQp, MockSrq
 from ibal.providers.mock.packets import Packet
+from ibal.providers.mock.sa_agent import SaAgent
 from ibal.providers.mock.sm import SubnetManager
 from ibal.providers.mock.topology import (
     DEFAULT_SUBNET_PREFIX,
@@ -153,7 +154,11 @@ class MockFabric:
     def _locked(self, fn: Callable[[], T]) -> T:
         try:
             with self.lock:
-                return fn()
+                out = fn()
+                # the SA reports what the change did to the subnet (traps 64/65/128)
+                if self.sa.sweep() and self.engine.runs_inline:
+                    self.engine.drive()
+                return out
         finally:
             if self.upcalls:
                 self.flush_upcalls()
@@ -330,6 +335,7 @@ class MockFabric:
                 self._uncable(end.link)
         link = Link(a, b, f"{_name(a)}<->{_name(b)}")
         self.links.append(link)
+        self.sa.note_link(link)
         for end in (a, b):
             if isinstance(end, MockPort):
                 end.link = link
@@ -348,6 +354,7 @@ class MockFabric:
     def _uncable(self, link: Link) -> None:
         if link in self.links:
             self.links.remove(link)
+            self.sa.note_link(link)
         for end in (link.a, link.b):
             if isinstance(end, MockPort):
                 if end.link is link:
@@ -392,6 +399,7 @@ class MockFabric:
             link.pm_a[pma.LINK_DOWNED] += 1
             link.pm_b[pma.LINK_DOWNED] += 1
         link.up = up
+        self.sa.note_link(link)
         self.engine.topology_changed()
         for end in (link.a, link.b):
             if isinstance(end, MockPort):
@@ -560,6 +568,13 @@ class MockFabric:
 
     # ============================================================ engine view
     # What users and tests read or set on the fabric; the engine owns it all.
+    @property
+    def sa(self) -> SaAgent:
+        """The subnet administrator on the SM port (:mod:`ibal.providers.mock.sa_agent`)."""
+        agents = self.engine.mad_agents
+        assert agents is not None
+        return agents.sa
+
     @property
     def lock(self) -> threading.RLock:
         return self.engine.lock

@@ -203,11 +203,19 @@ class Requester(Transmit):
         if wqe.psn is None:
             wqe.psn = qp.sq_psn
             qp.sq_psn = (qp.sq_psn + 1) & PSN_MASK
-        if qp.special and self.mad_agents is not None and claims(qp.qp_type, dqpn, data):
-            self._agent_reply(qp, port, attr.dlid, bytes(data), pkey)
-            wqe.done = True
-            self._complete_front(qp)
-            return
+        if qp.special and self.mad_agents is not None:
+            if claims(qp.qp_type, dqpn, data):
+                self._agent_reply(qp, port, attr.dlid, bytes(data), pkey)
+                wqe.done = True
+                self._complete_front(qp)
+                return
+            sa = self.mad_agents.sa
+            if dqpn == 1 and sa.takes(attr.dlid, data):
+                self._count_agent_send(port, data, pkey)
+                sa.receive(port, bytes(data), pkey)
+                wqe.done = True
+                self._complete_front(qp)
+                return
         grh: bytes | None = None
         if attr.grh is not None:
             gid_index = attr.grh.sgid_index
@@ -242,14 +250,21 @@ class Requester(Transmit):
         wqe.done = True
         self._complete_front(qp)
 
-    def _agent_reply(self, qp: MockQp, port: MockPort, dlid: int, mad: bytes, pkey: int) -> None:
-        """A request for the SMA/PMA: its reply comes back to ``qp`` (QP0 or QP1)."""
-        assert self.mad_agents is not None
-        req = Packet(PacketOp.SEND, _UD, port, port, (), qp.num, qp.num, 0, pkey, mad)
+    def _count_agent_send(
+        self, port: MockPort, mad: bytes | memoryview, pkey: int, qpn: int = 1
+    ) -> tuple[int, int]:
+        """A MAD ``port`` sent to an agent: the port's transmit counters and the fabric's."""
+        req = Packet(PacketOp.SEND, _UD, port, port, (), qpn, qpn, 0, pkey, mad)
         n, words = wire_cost(req)
         port.pm[2] += n
         port.pm[0] += words
         self.counters.sent += 1
+        return n, words
+
+    def _agent_reply(self, qp: MockQp, port: MockPort, dlid: int, mad: bytes, pkey: int) -> None:
+        """A request for the SMA/PMA: its reply comes back to ``qp`` (QP0 or QP1)."""
+        assert self.mad_agents is not None
+        n, words = self._count_agent_send(port, mad, pkey, qp.num)
         reply = self.mad_agents.answer(port, dlid, mad, (n, words))
         if reply is None:
             self._drop("dropped_no_dest")

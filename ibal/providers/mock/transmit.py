@@ -12,6 +12,7 @@ from ibal.providers.mock.engine_core import (
     _OK,
     _RC,
     _T_PACKET,
+    _UD,
     PERMISSIVE,
     EngineCore,
 )
@@ -25,6 +26,7 @@ from ibal.providers.mock.objects import (
 )
 from ibal.providers.mock.packets import (
     Packet,
+    PacketOp,
 )
 from ibal.providers.mock.pma import XMIT_DISCARDS, wire_cost
 from ibal.providers.mock.topology import Link, MockPort, Route, Switch
@@ -211,6 +213,22 @@ class Transmit(EngineCore):
                         nxt.append((ln.other(node), (*path, ln)))
             frontier = nxt
         return None
+
+    def send_gsi(self, src: MockPort, dlid: int, dqpn: int, mad: bytes, pkey: int,
+                 qkey: int) -> bool:
+        """A MAD an agent on ``src`` (the SA on the SM port) sends from QP1 (lock held).
+
+        ``False`` when no live route leads to ``dlid`` (counted as a discard).
+        """
+        route = self._route(src, dlid)
+        if route is None:
+            self._discard(src)
+            return False
+        pkt = Packet(PacketOp.SEND, _UD, src, route[0], route[1], 1, dqpn & 0xFFFFFF,
+                     0, pkey, mad)  # fmt: skip
+        pkt.qkey = qkey
+        self._transmit(pkt)
+        return True
 
     def _still_routable(self, pkt: Packet) -> bool:
         dst = pkt.dst_port
