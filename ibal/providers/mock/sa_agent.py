@@ -228,7 +228,8 @@ class SaAgent:
             return self._error(mad, MadStatus.SA_NO_RECORDS)
         if method != Method.GET_TABLE and len(records) > 1:
             return self._error(mad, MadStatus.SA_TOO_MANY_RECORDS)
-        return self._respond(mad, records, rec.record_size(table) // 8)
+        size = rec.record_size(table)
+        return self._respond(mad, [r.ljust(size, b"\0") for r in records], size // 8)
 
     def _dispatch(self, src: MockPort, mad: bytes, method: int, attr: int, table: Table,
                   vals: rec.Values, mask: int) -> tuple[int, list[bytes]]:  # fmt: skip

@@ -28,7 +28,19 @@ from ibal.mad.consts import MadStatus, Method, MgmtClass, SaAttr
 from ibal.mad.header import SA_DATA, build, header
 from ibal.mad.rmpp import RMPP_DATA
 from ibal.providers.mock import MockFabric, MockProvider
-from ibal.types import QP1_WELL_KNOWN_QKEY, MadAddr, QpType
+from ibal.testing.helpers import GRH_BYTES, UD_QKEY, make_side, wait_wc
+from ibal.types import (
+    QP1_WELL_KNOWN_QKEY,
+    AvAttr,
+    DgrmInfo,
+    Gid,
+    Grh,
+    MadAddr,
+    QpType,
+    SendWr,
+    UdDest,
+    WcStatus,
+)
 from ibal.wire.fields import Table
 
 WAIT = 10.0
@@ -236,3 +248,312 @@ def test_unknown_sgid_is_invalid_gid(net: Net) -> None:
     data = sa.PATH_RECORD.encode(sgid=bytes.fromhex("fe80" + "00" * 13 + "99"), dlid=1)
     resp = net.client().ask(Method.GET, SaAttr.PATH_RECORD, data, mask)
     assert status(resp) == MadStatus.SA_INVALID_GID
+
+
+# ================================================================ service records
+def _service(name: bytes, lease: int, sid: int, gid: bytes) -> bytes:
+    return sa.SERVICE_RECORD.encode(service_id=sid, service_gid=gid, service_lease=lease,
+                                    service_name=name.ljust(64, b"\0"))  # fmt: skip
+
+
+SR_RID = sa.component_mask(sa.SERVICE_RECORD, ["service_id", "service_gid"])
+SR_ALL = sa.component_mask(sa.SERVICE_RECORD, ["service_id", "service_gid", "service_lease",
+                                               "service_name"])  # fmt: skip
+SR_NAME = sa.component_mask(sa.SERVICE_RECORD, ["service_name"])
+
+
+def test_service_registered_on_one_port_is_found_from_another_until_its_lease_ends(
+    net: Net,
+) -> None:
+    net.fabric.manual_clock()
+    gid = net.fabric.cas[1].ports[0].gid.packed
+    resp = net.client(1).ask(Method.SET, SaAttr.SERVICE_RECORD,
+                             _service(b"ibal.demo", 60, 0x1234, gid), SR_ALL)  # fmt: skip
+    assert header(resp).method == Method.GET_RESP
+    assert one_record(resp, sa.SERVICE_RECORD)["service_p_key"] == 0xFFFF  # the default
+
+    def lookup() -> bytes:
+        return net.client(2).ask(Method.GET, SaAttr.SERVICE_RECORD,
+                                 sa.SERVICE_RECORD.encode(service_name=b"ibal.demo".ljust(64,
+                                                                                         b"\0")),
+                                 SR_NAME)  # fmt: skip
+
+    found = one_record(lookup(), sa.SERVICE_RECORD)
+    assert (found["service_id"], found["service_gid"], found["service_lease"]) == (0x1234, gid, 60)
+    net.fabric.advance(45.5)
+    assert one_record(lookup(), sa.SERVICE_RECORD)["service_lease"] == 14  # what is left
+    net.fabric.advance(15)
+    assert status(lookup()) == MadStatus.SA_NO_RECORDS
+    assert len(net.fabric.sa.services) == 0
+
+
+def test_service_delete_and_table(net: Net) -> None:
+    c = net.client(1)
+    gid = net.fabric.cas[1].ports[0].gid.packed
+    for sid in (1, 2):
+        assert status(c.ask(Method.SET, SaAttr.SERVICE_RECORD,
+                            _service(b"s%d" % sid, 0xFFFFFFFF, sid, gid), SR_ALL)) == 0  # fmt: skip
+    # a second Set of the same (ID, GID, P_Key) replaces the first
+    assert status(c.ask(Method.SET, SaAttr.SERVICE_RECORD,
+                        _service(b"renamed", 0xFFFFFFFF, 2, gid), SR_ALL)) == 0  # fmt: skip
+    recs = table_records(net.client(2).ask(Method.GET_TABLE, SaAttr.SERVICE_RECORD),
+                         sa.SERVICE_RECORD)  # fmt: skip
+    names = sorted(bytes(r["service_name"]).rstrip(b"\0") for r in recs)  # type: ignore[call-overload]
+    assert names == [b"renamed", b"s1"]
+    resp = c.ask(Method.DELETE, SaAttr.SERVICE_RECORD, _service(b"", 0, 1, gid), SR_RID)
+    assert (header(resp).method, status(resp)) == (Method.DELETE_RESP, 0)
+    assert one_record(resp, sa.SERVICE_RECORD)["service_name"] == b"s1".ljust(64, b"\0")
+    resp = c.ask(Method.DELETE, SaAttr.SERVICE_RECORD, _service(b"", 0, 1, gid), SR_RID)
+    assert status(resp) == MadStatus.SA_NO_RECORDS
+    # Set without the ServiceGID component
+    only_id = sa.component_mask(sa.SERVICE_RECORD, ["service_id"])
+    resp = c.ask(Method.SET, SaAttr.SERVICE_RECORD, _service(b"x", 5, 9, gid), only_id)
+    assert status(resp) == MadStatus.SA_REQ_INVALID
+
+
+# ================================================================ multicast
+MC = sa.MCMEMBER_RECORD
+MC_CREATE = sa.component_mask(MC, ["mgid", "port_gid", "q_key", "p_key", "sl", "flow_label",
+                                   "tclass", "join_state"])  # fmt: skip
+MC_JOIN = sa.component_mask(MC, ["mgid", "port_gid", "join_state"])
+FULL, NON, SEND_ONLY = 1, 2, 4
+
+
+def _mc(mgid: bytes, port_gid: bytes, join_state: int) -> bytes:
+    return MC.encode(mgid=mgid, port_gid=port_gid, q_key=0x1111, p_key=0xFFFF,
+                     join_state=join_state)  # fmt: skip
+
+
+def test_join_creates_a_group_others_join_and_a_datagram_reaches_the_members(net: Net) -> None:
+    fab = net.fabric
+    gids = [p.gid.packed for p in fab.ports()]
+    resp = net.client(1).ask(Method.SET, SaAttr.MCMEMBER_RECORD, _mc(bytes(16), gids[1], FULL),
+                             MC_CREATE)  # fmt: skip
+    created = one_record(resp, MC)
+    mgid, mlid = bytes(created["mgid"]), int(created["mlid"])  # type: ignore[call-overload]
+    assert mgid[:4] == bytes.fromhex("ff12a01b") and mlid == 0xC001  # 0xC000: IPoIB's group
+    assert (created["q_key"], created["join_state"], created["mtu_selector"]) == (0x1111, FULL, 2)
+    # the next joins name the MGID only
+    resp = net.client(2).ask(Method.SET, SaAttr.MCMEMBER_RECORD, _mc(mgid, gids[2], NON), MC_JOIN)
+    assert one_record(resp, MC)["mlid"] == mlid
+    resp = net.client(2).ask(Method.SET, SaAttr.MCMEMBER_RECORD, _mc(mgid, gids[2], SEND_ONLY),
+                             MC_JOIN)  # fmt: skip
+    assert one_record(resp, MC)["join_state"] == NON | SEND_ONLY  # ORed per port
+    # a join that disagrees with the group (another Q_Key)
+    bad = sa.component_mask(MC, ["mgid", "port_gid", "join_state", "q_key"])
+    resp = net.client(0).ask(Method.SET, SaAttr.MCMEMBER_RECORD,
+                             MC.encode(mgid=mgid, port_gid=gids[0], q_key=7, join_state=FULL),
+                             bad)  # fmt: skip
+    assert status(resp) == MadStatus.SA_REQ_INVALID
+
+    # the members' UD QPs attach with the answer's MGID/MLID; a datagram to the MLID lands
+    sides = []
+    for ca in net.cas:
+        port = ca.query().ports[0]
+        side = make_side(ca, port, QpType.UD)
+        side.qp.init_dgrm_svc(DgrmInfo(port_guid=port.port_guid, qkey=UD_QKEY))
+        sides.append(side)
+    for side in sides[1:]:
+        side.qp.attach_mcast(Gid(mgid), mlid)
+        side.recv(5, 0, GRH_BYTES + 64)
+    av = sides[0].pd.create_av(AvAttr(port_num=1, dlid=mlid, grh=Grh(dgid=Gid(mgid), sgid_index=0)))
+    sides[0].put(0, b"to the group")
+    sides[0].qp.post_send(SendWr(wr_id=1, sg_list=[sides[0].sge(0, 12)],
+                                 ud=UdDest(av=av, remote_qp=0xFFFFFF, remote_qkey=UD_QKEY)))
+    assert wait_wc(sides[0].cq).status is WcStatus.SUCCESS
+    for side in sides[1:]:
+        assert wait_wc(side.cq).status is WcStatus.SUCCESS
+        assert side.get(GRH_BYTES, 12) == b"to the group"
+
+
+def test_leave_of_the_last_full_member_removes_the_group(net: Net) -> None:
+    gids = [p.gid.packed for p in net.fabric.ports()]
+    resp = net.client(1).ask(Method.SET, SaAttr.MCMEMBER_RECORD, _mc(bytes(16), gids[1], FULL),
+                             MC_CREATE)  # fmt: skip
+    created = one_record(resp, MC)
+    mgid = bytes(created["mgid"])  # type: ignore[call-overload]
+    assert status(net.client(2).ask(Method.SET, SaAttr.MCMEMBER_RECORD, _mc(mgid, gids[2], NON),
+                                    MC_JOIN)) == 0  # fmt: skip
+
+    def groups() -> dict[bytes, list[tuple[bytes, int]]]:
+        recs = table_records(net.client(0).ask(Method.GET_TABLE, SaAttr.MCMEMBER_RECORD), MC)
+        out: dict[bytes, list[tuple[bytes, int]]] = {}
+        for r in recs:
+            out.setdefault(bytes(r["mgid"]), []).append(  # type: ignore[call-overload]
+                (bytes(r["port_gid"]), int(r["join_state"])))  # type: ignore[call-overload]
+        return out
+
+    assert sorted(groups()[mgid]) == sorted([(gids[1], FULL), (gids[2], NON)])
+    # leaving a state the port does not hold
+    resp = net.client(1).ask(Method.DELETE, SaAttr.MCMEMBER_RECORD, _mc(mgid, gids[1], NON),
+                             MC_JOIN)  # fmt: skip
+    assert status(resp) == MadStatus.SA_REQ_INVALID
+    resp = net.client(1).ask(Method.DELETE, SaAttr.MCMEMBER_RECORD, _mc(mgid, gids[1], FULL),
+                             MC_JOIN)  # fmt: skip
+    assert (header(resp).method, status(resp)) == (Method.DELETE_RESP, 0)
+    assert mgid not in groups()  # the non-member alone does not keep it
+    ipoib = bytes.fromhex("ff12401bffff000000000000ffffffff")
+    assert groups()[ipoib] == [(bytes(16), 0)]  # OpenSM's broadcast group, nobody joined
+
+
+def test_join_without_create_components_or_as_non_member_fails(net: Net) -> None:
+    gid = net.fabric.cas[1].ports[0].gid.packed
+    c = net.client(1)
+    resp = c.ask(Method.SET, SaAttr.MCMEMBER_RECORD, _mc(bytes(16), gid, FULL), MC_JOIN)
+    assert status(resp) == MadStatus.SA_INSUFFICIENT_COMPONENTS
+    resp = c.ask(Method.SET, SaAttr.MCMEMBER_RECORD, _mc(bytes(16), gid, NON), MC_CREATE)
+    assert status(resp) == MadStatus.SA_REQ_INVALID
+    no_port = sa.component_mask(MC, ["mgid", "join_state"])
+    resp = c.ask(Method.SET, SaAttr.MCMEMBER_RECORD, _mc(bytes(16), gid, FULL), no_port)
+    assert status(resp) == MadStatus.SA_INSUFFICIENT_COMPONENTS
+
+
+# ================================================================ subscriptions and reports
+def _inform(trap: int, subscribe: int = 1) -> bytes:
+    return sa.INFORM_INFO.encode(lid_range_begin=0xFFFF, is_generic=1, subscribe=subscribe,
+                                 type=0xFFFF, trap_number=trap, qpn=1,
+                                 producer_type=0xFFFFFF)  # fmt: skip
+
+
+def _next_report(c: Client) -> dict[str, object]:
+    mad = c.reports.get(timeout=WAIT)
+    h = header(mad)
+    assert (h.mgmt_class, h.method, h.attr_id) == (MgmtClass.SUBN_ADM, Method.REPORT,
+                                                   SaAttr.NOTICE)  # fmt: skip
+    return {"tid": h.tid, "mad": mad, **sa.NOTICE.decode(mad[SA_DATA : SA_DATA + sa.NOTICE.size])}
+
+
+def test_report_to_a_subscriber_when_a_port_goes_down_retried_until_report_resp(
+    net: Net,
+) -> None:
+    fab = net.fabric
+    fab.manual_clock()
+    c = net.client(2)
+    resp = c.ask(Method.SET, SaAttr.INFORM_INFO, _inform(65))
+    assert header(resp).method == Method.GET_RESP and status(resp) == 0
+    assert sa.INFORM_INFO.decode(resp[SA_DATA:])["trap_number"] == 65
+    down = fab.cas[1].ports[0]
+    fab.set_link(down, up=False)
+    first = _next_report(c)
+    assert (first["trap_number"], first["issuer_lid"], first["type"]) == (65, fab.sm_lid, 3)
+    details = sa.TRAP_64_65_DETAILS.decode(first["data_details"])  # type: ignore[arg-type]
+    assert details["gid"] == down.gid.packed
+    assert c.reports.empty()  # trap 128 went to nobody
+    # no ReportResp: the SA sends it again after its timeout, then gives up
+    for _ in range(fab.sa.report_retries):
+        fab.advance(fab.sa.report_timeout)
+        assert _next_report(c)["tid"] == first["tid"]
+    fab.advance(fab.sa.report_timeout)
+    assert c.reports.empty() and fab.sa.stats["reports_failed"] == 1
+    # the next one is answered: no resend
+    fab.set_link(down, up=True)  # trap 64: not subscribed
+    fab.set_link(down, up=False)
+    report = _next_report(c)
+    e = c.svc.pool_key.get_mad()
+    e.mad[:] = bytes(report["mad"])  # type: ignore[call-overload]
+    e.mad[3] = Method.REPORT_RESP
+    e.addr = MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=fab.sm_lid)
+    c.svc.send(e)
+    fab.advance(fab.sa.report_timeout * 5)
+    assert c.reports.empty() and fab.sa.stats["reports_acked"] == 1
+    # unsubscribe: nothing more; unsubscribing twice is an error
+    assert status(c.ask(Method.SET, SaAttr.INFORM_INFO, _inform(65, 0))) == 0
+    assert status(c.ask(Method.SET, SaAttr.INFORM_INFO, _inform(65, 0))) == MadStatus.SA_REQ_INVALID
+    fab.set_link(down, up=True)
+    fab.set_link(down, up=False)
+    assert c.reports.empty()
+
+
+def test_link_state_change_trap_128_from_the_switch(net: Net) -> None:
+    fab = net.fabric
+    c = net.client(2)
+    assert status(c.ask(Method.SET, SaAttr.INFORM_INFO, _inform(128))) == 0
+    fab.set_link(fab.cas[1].ports[0], up=False)
+    r = _next_report(c)
+    assert (r["trap_number"], r["issuer_lid"], r["producer_type"]) == (128, fab.switch.lid, 2)
+    assert sa.TRAP_128_DETAILS.decode(r["data_details"])["lid"] == fab.switch.lid  # type: ignore[arg-type]
+
+
+# ================================================================ links, GUIDs, big tables
+def test_link_and_guid_info_records(net: Net) -> None:
+    fab = net.fabric
+    recs = table_records(net.client().ask(Method.GET_TABLE, SaAttr.LINK_RECORD), sa.LINK_RECORD)
+    got = {(r["from_lid"], r["from_port"], r["to_port"], r["to_lid"]) for r in recs}
+    sw = fab.switch
+    expect = set()
+    for p in fab.ports():
+        n = sw.port_of(p.link) if p.link else 0
+        expect |= {(p.lid, 1, n, sw.lid), (sw.lid, n, 1, p.lid)}
+    assert got == expect
+    port = fab.cas[2].ports[0]
+    mask = sa.component_mask(sa.GUID_INFO_RECORD, ["lid"])
+    resp = net.client().ask(Method.GET, SaAttr.GUID_INFO_RECORD,
+                            sa.GUID_INFO_RECORD.encode(lid=port.lid), mask)  # fmt: skip
+    r = one_record(resp, sa.GUID_INFO_RECORD)
+    assert (r["block_num"], r["guid0"], r["guid1"]) == (0, port.guid, 0)
+
+
+def test_all_node_records_of_a_40_node_fabric_in_one_rmpp_transfer() -> None:
+    fabric = MockFabric(seed=12)
+    for _ in range(33):
+        fabric.add_ca()
+    prev = fabric.switch
+    for _ in range(6):  # 33 CAs + 7 switches in a chain: 40 nodes
+        sw = fabric.add_switch()
+        fabric.link(prev, sw)
+        prev = sw
+    mgr = AlManager()
+    try:
+        mgr.add_provider(MockProvider({"fabric": fabric}))
+        _, c = open_client(fabric, mgr, 5)
+        resp = c.ask(Method.GET_TABLE, SaAttr.NODE_RECORD)
+        recs = table_records(resp, sa.NODE_RECORD)
+        assert len(recs) == 40
+        assert {r["node_guid"] for r in recs} == (
+            {ca.guid for ca in fabric.cas} | {sw.guid for sw in fabric.switches})
+        # 40 records of 112 bytes in segments of 200: 23 DATA segments, all ACKed
+        assert -(-40 * 112 // 200) == 23
+        assert fabric.sa.rmpp.totals.sent >= 23 and fabric.sa.stats["tables_acked"] == 1
+    finally:
+        mgr.close(timeout=WAIT)
+        fabric.close()
+
+
+# ================================================================ bad MADs
+def test_malformed_and_forged_sa_mads_are_dropped_and_counted(net: Net) -> None:
+    c = net.client(1)
+    stats = net.fabric.sa.stats
+    base = build(MgmtClass.SUBN_ADM, Method.GET, SaAttr.NODE_RECORD, tid=99)
+    forged = [
+        bytes([2]) + bytes(base[1:]),  # base version 2: malformed
+        # the rest are well formed but answer nothing of the SA's: unexpected
+        bytes(base[:3]) + bytes([Method.GET_TABLE_RESP]) + bytes(base[4:]),  # unasked response
+        bytes(base[:3]) + bytes([Method.REPORT_RESP]) + bytes(base[4:]),  # no such Report
+        # an RMPP ACK of a transfer that does not exist
+        bytes(base[:3]) + bytes([Method.GET_TABLE]) + bytes(base[4:24])
+        + bytes([1, 2, 0x01]) + bytes(base[27:]),
+        # RMPP DATA as a request
+        bytes(base[:24]) + bytes([1, 1, 0x07]) + bytes(base[27:]),
+    ]
+    for mad in forged:
+        e = c.svc.pool_key.get_mad()
+        e.mad[:] = mad
+        e.addr = MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=net.fabric.sm_lid)
+        c.svc.send(e)
+    net.fabric.run_until_idle()
+    assert (stats["received"], stats["dropped_malformed"], stats["dropped_unexpected"]) == (5, 1, 4)
+    assert stats["answered"] == 0
+    # the SA still answers
+    assert status(c.ask(Method.GET_TABLE, SaAttr.NODE_RECORD)) == 0
+
+
+def test_bad_class_version_and_unknown_attribute(net: Net) -> None:
+    c = net.client()
+    resp = c.ask(Method.GET, 0x00FE)
+    assert status(resp) == MadStatus.METHOD_ATTR_UNSUPPORTED
+    resp = c.ask(Method.SET, SaAttr.NODE_RECORD)
+    assert status(resp) == MadStatus.METHOD_ATTR_UNSUPPORTED
+    resp = c.ask(Method.GET, SaAttr.CLASS_PORT_INFO)
+    from ibal.mad.header import CLASS_PORT_INFO
+    cpi = CLASS_PORT_INFO.decode(resp[SA_DATA:])
+    assert (cpi["class_version"], cpi["resp_time_value"]) == (2, 0x10)
