@@ -118,6 +118,7 @@ class SaWorld:
 def sa_world(answer: Callable[[bytes], Reply | None]) -> Iterator[SaWorld]:
     clock = ManualClock()
     fabric = MockFabric(seed=0)
+    fabric.sa.enabled = False  # the stand-in answers the SA class, not the mock's own SA
     fabric.add_ca()
     fabric.add_ca()
     fabric.use_clock(clock)
