@@ -557,3 +557,56 @@ def test_bad_class_version_and_unknown_attribute(net: Net) -> None:
     from ibal.mad.header import CLASS_PORT_INFO
     cpi = CLASS_PORT_INFO.decode(resp[SA_DATA:])
     assert (cpi["class_version"], cpi["resp_time_value"]) == (2, 0x10)
+
+
+# ================================================================ through ibal.sa's SaPort
+def test_sa_port_queries_the_mock_sa(net: Net) -> None:
+    from ibal.sa import SaPort
+    from ibal.status import Status
+
+    al = net.mgr.open_al()
+    me = net.fabric.cas[1].ports[0]
+    port = SaPort.open(al, me.guid)
+    answer = port.request(Method.GET_TABLE, SaAttr.NODE_RECORD).wait(WAIT)
+    assert answer.status is Status.SUCCESS and answer.method == Method.GET_TABLE_RESP
+    lids = sorted(int(sa.NODE_RECORD.decode(r)["lid"]) for r in answer.records)  # type: ignore[call-overload]
+    assert lids == sorted([p.lid for p in net.fabric.ports()] + [net.fabric.switch.lid])
+    other = net.fabric.cas[2].ports[0]
+    mask = sa.component_mask(sa.PATH_RECORD, ["sgid", "dgid"])
+    answer = port.request(Method.GET, SaAttr.PATH_RECORD, sa.PATH_RECORD.encode(
+        sgid=me.gid.packed, dgid=other.gid.packed), mask).wait(WAIT)  # fmt: skip
+    (pr,) = answer.records
+    assert sa.PATH_RECORD.decode(pr)["dlid"] == other.lid
+    mask = sa.component_mask(sa.NODE_RECORD, ["lid"])
+    answer = port.request(Method.GET, SaAttr.NODE_RECORD, sa.NODE_RECORD.encode(lid=999),
+                          mask).wait(WAIT)  # fmt: skip
+    assert (answer.status, answer.mad_status) == (Status.REMOTE_ERROR, MadStatus.SA_NO_RECORDS)
+    answer = port.request(Method.GET_TABLE, SaAttr.NODE_RECORD, sa.NODE_RECORD.encode(lid=999),
+                          mask).wait(WAIT)  # fmt: skip
+    assert (answer.status, answer.records) == (Status.SUCCESS, ())
+
+
+def test_sa_port_gets_the_report_and_answers_it(net: Net) -> None:
+    import threading
+
+    from ibal.sa import SaPort
+    from ibal.status import Status
+
+    net.client(0).svc.deregister()  # the raw client would take the port's Reports
+    al = net.mgr.open_al()
+    port = SaPort.open(al, net.fabric.cas[0].ports[0].guid)  # the SM's own port subscribes
+    got: list[bytes] = []
+    seen = threading.Event()
+    port.add_report_listener(lambda notice, sender: (got.append(notice), seen.set()))
+    answer = port.request(Method.SET, SaAttr.INFORM_INFO, _inform(65)).wait(WAIT)
+    assert answer.status is Status.SUCCESS
+    down = net.fabric.cas[2].ports[0]
+    net.fabric.set_link(down, up=False)
+    assert seen.wait(WAIT)
+    assert net.mgr.queues.flush(WAIT)  # the SaPort's ReportResp went out after the listener
+    notice = sa.NOTICE.decode(got[0])
+    assert notice["trap_number"] == 65
+    assert sa.TRAP_64_65_DETAILS.decode(notice["data_details"])["gid"] == down.gid.packed  # type: ignore[arg-type]
+    stats = net.fabric.sa.stats
+    assert (stats["reports_sent"], stats["reports_acked"], net.fabric.sa.pending_reports) == (
+        1, 1, 0)
