@@ -610,3 +610,24 @@ def test_sa_port_gets_the_report_and_answers_it(net: Net) -> None:
     stats = net.fabric.sa.stats
     assert (stats["reports_sent"], stats["reports_acked"], net.fabric.sa.pending_reports) == (
         1, 1, 0)
+
+
+def test_the_docs_example_runs() -> None:
+    """docs/sa.md "The in-process SA": its example, run as written."""
+    from pathlib import Path
+
+    from ibal.sa import SaPort
+    from ibal.status import Status
+
+    text = (Path(__file__).parents[3] / "docs" / "sa.md").read_text()
+    section = text.split("## The in-process SA (mock fabric)", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    scope = {"MockFabric": MockFabric, "AlManager": AlManager, "MockProvider": MockProvider,
+             "SaPort": SaPort, "Method": Method, "SaAttr": SaAttr}  # fmt: skip
+    exec(code, scope)
+    try:
+        nodes = scope["nodes"]
+        assert nodes.status is Status.SUCCESS and len(nodes.records) == 3  # type: ignore[attr-defined]
+    finally:
+        scope["mgr"].close(timeout=WAIT)  # type: ignore[attr-defined]
+        scope["fabric"].close()  # type: ignore[attr-defined]
