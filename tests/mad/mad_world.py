@@ -153,6 +153,7 @@ def _mock() -> Iterator[Net]:
 
     clock = ManualClock()
     fabric = MockFabric(seed=0)
+    fabric.sa.enabled = False  # ibal agents serve the SA class here, not the mock's SA
     fabric.add_ca()
     fabric.add_ca()
     fabric.use_clock(clock)

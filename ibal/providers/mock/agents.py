@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 from ibal.mad.consts import MAD_SIZE, MgmtClass
 from ibal.providers.mock import pma, smi
-from ibal.providers.mock.sa_agent import SaAgent
 from ibal.providers.mock.topology import MockPort, Switch
 from ibal.types import QpType
 
 if TYPE_CHECKING:
     from ibal.providers.mock.fabric import MockFabric
+    from ibal.providers.mock.sa_agent import SaAgent
 
 PERMISSIVE_LID = 0xFFFF
 _RESPONSE = 0x80
@@ -41,7 +41,17 @@ class MadAgents:
 
     def __init__(self, fabric: MockFabric) -> None:
         self.fabric = fabric
-        self.sa = SaAgent(fabric)
+        self.sa_active: SaAgent | None = None
+        """The SA once something used it (it and its imports load on first use)."""
+
+    @property
+    def sa(self) -> SaAgent:
+        """The SA on the SM port, made on first use."""
+        if self.sa_active is None:
+            from ibal.providers.mock.sa_agent import SaAgent
+
+            self.sa_active = SaAgent(self.fabric)
+        return self.sa_active
 
     def answer(self, src: MockPort, dlid: int, mad: bytes, cost: tuple[int, int]) -> Reply | None:
         """The reply to ``mad`` sent from ``src`` to ``dlid`` (``None``: dropped).

@@ -24,7 +24,6 @@ from ibal.providers.mock.engine import Engine, FabricCounters
 from ibal.providers.mock.faults import FaultPlan
 from ibal.providers.mock.objects import MockCq, MockQp, MockSrq
 from ibal.providers.mock.packets import Packet
-from ibal.providers.mock.sa_agent import SaAgent
 from ibal.providers.mock.sm import SubnetManager
 from ibal.providers.mock.topology import (
     DEFAULT_SUBNET_PREFIX,
@@ -40,6 +39,7 @@ from ibal.types import AsyncEvent, EventRecord, LinkState
 
 if TYPE_CHECKING:
     from ibal.ci.provider import CaRegistrar
+    from ibal.providers.mock.sa_agent import SaAgent
 
 T = TypeVar("T")
 
@@ -156,7 +156,8 @@ class MockFabric:
             with self.lock:
                 out = fn()
                 # the SA reports what the change did to the subnet (traps 64/65/128)
-                if self.sa.sweep() and self.engine.runs_inline:
+                sa = self._sa_active()
+                if sa is not None and sa.sweep() and self.engine.runs_inline:
                     self.engine.drive()
                 return out
         finally:
@@ -335,7 +336,7 @@ class MockFabric:
                 self._uncable(end.link)
         link = Link(a, b, f"{_name(a)}<->{_name(b)}")
         self.links.append(link)
-        self.sa.note_link(link)
+        self._note_link(link)
         for end in (a, b):
             if isinstance(end, MockPort):
                 end.link = link
@@ -354,7 +355,7 @@ class MockFabric:
     def _uncable(self, link: Link) -> None:
         if link in self.links:
             self.links.remove(link)
-            self.sa.note_link(link)
+            self._note_link(link)
         for end in (link.a, link.b):
             if isinstance(end, MockPort):
                 if end.link is link:
@@ -399,7 +400,7 @@ class MockFabric:
             link.pm_a[pma.LINK_DOWNED] += 1
             link.pm_b[pma.LINK_DOWNED] += 1
         link.up = up
-        self.sa.note_link(link)
+        self._note_link(link)
         self.engine.topology_changed()
         for end in (link.a, link.b):
             if isinstance(end, MockPort):
@@ -574,6 +575,15 @@ class MockFabric:
         agents = self.engine.mad_agents
         assert agents is not None
         return agents.sa
+
+    def _sa_active(self) -> SaAgent | None:
+        agents = self.engine.mad_agents
+        return None if agents is None else agents.sa_active
+
+    def _note_link(self, link: Link) -> None:
+        sa = self._sa_active()
+        if sa is not None:
+            sa.note_link(link)
 
     @property
     def lock(self) -> threading.RLock:

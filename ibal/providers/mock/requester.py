@@ -5,6 +5,7 @@ Called by the engine under the fabric lock.
 
 from __future__ import annotations
 
+from ibal.mad.consts import MgmtClass
 from ibal.providers.mock import invalidate
 from ibal.providers.mock.agents import claims
 from ibal.providers.mock.engine_core import (
@@ -43,6 +44,8 @@ from ibal.types import (
     WcStatus,
     WrType,
 )
+
+_SUBN_ADM = int(MgmtClass.SUBN_ADM)
 
 
 class Requester(Transmit):
@@ -209,13 +212,14 @@ class Requester(Transmit):
                 wqe.done = True
                 self._complete_front(qp)
                 return
-            sa = self.mad_agents.sa
-            if dqpn == 1 and sa.takes(attr.dlid, data):
-                self._count_agent_send(port, data, pkey)
-                sa.receive(port, bytes(data), pkey)
-                wqe.done = True
-                self._complete_front(qp)
-                return
+            if dqpn == 1 and len(data) > 1 and data[1] == _SUBN_ADM:
+                sa = self.mad_agents.sa
+                if sa.takes(attr.dlid, data):
+                    self._count_agent_send(port, data, pkey)
+                    sa.receive(port, bytes(data), pkey)
+                    wqe.done = True
+                    self._complete_front(qp)
+                    return
         grh: bytes | None = None
         if attr.grh is not None:
             gid_index = attr.grh.sgid_index
