@@ -269,7 +269,7 @@ class SaAgent:
     def _paths(self, vals: rec.Values, mask: int) -> tuple[int, list[bytes]]:
         net = rec.sweep(self.fabric)
         ends = net.endpoints()
-        bits = rec._bits(sa.PATH_RECORD)
+        bits = rec.mask_bits(sa.PATH_RECORD)
 
         def pick(gid_name: str, lid_name: str) -> list[rec.Node] | int:
             if mask & bits[gid_name]:
@@ -303,7 +303,7 @@ class SaAgent:
         if method == Method.SET:
             gid = bytes(vals["port_gid"])
             port = next((p for p in rec.sweep(self.fabric).ports if p.gid.packed == gid), None)
-            if port is None and mask & rec._bits(sa.MCMEMBER_RECORD)["port_gid"]:
+            if port is None and mask & rec.mask_bits(sa.MCMEMBER_RECORD)["port_gid"]:
                 return MadStatus.SA_REQ_INVALID, []
             return self.groups.join(vals, mask, int(port.max_mtu) if port else 4)
         if method == Method.DELETE:
@@ -388,7 +388,7 @@ class SaAgent:
         """Bring the SA's view up to the topology and report what changed (lock held);
         whether Reports went out."""
         gen = self.fabric.engine.topo_gen
-        if gen == self._swept_gen:
+        if gen == self._swept_gen or not self.enabled:
             return False
         sent = self.stats["reports_sent"]
         self._swept_gen = gen

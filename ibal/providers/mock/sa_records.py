@@ -213,7 +213,7 @@ def select(have: int, sel: int, want: int, order: dict[int, float] | None = None
 def path_record(fabric: MockFabric, src: Node, dst: Node, query: Values, mask: int
                 ) -> bytes | None:
     """The PathRecord from ``src`` to ``dst`` under ``query``'s components (None: no path)."""
-    bit = _bits(sa.PATH_RECORD)
+    bit = mask_bits(sa.PATH_RECORD)
     want_pkey = int(query["p_key"]) if mask & bit["p_key"] else None
     pkey = shared_pkey(src, dst, want_pkey)
     if pkey is None:
@@ -250,7 +250,7 @@ def path_record(fabric: MockFabric, src: Node, dst: Node, query: Values, mask: i
 
 
 @cache
-def _bits(table: Table) -> dict[str, int]:
+def mask_bits(table: Table) -> dict[str, int]:
     """Field name -> its component mask bits (every bit of a wide component)."""
     wide = sa.WIDE.get(table.name, {})
     return {name: ((1 << wide.get(name, 1)) - 1) << bit
@@ -259,7 +259,7 @@ def _bits(table: Table) -> dict[str, int]:
 
 def component_count(table: Table) -> int:
     """How many component mask bits ``table`` defines (higher bits are invalid)."""
-    bits = _bits(table)
+    bits = mask_bits(table)
     return max(bits.values()).bit_length() if bits else 0
 
 
@@ -270,6 +270,6 @@ def matches(table: Table, query: Values, record: Values, mask: int,
     for p in table.fields:
         if p.field.reserved or p.name in skipped:
             continue
-        if mask & _bits(table)[p.name] and query[p.name] != record[p.name]:
+        if mask & mask_bits(table)[p.name] and query[p.name] != record[p.name]:
             return False
     return True

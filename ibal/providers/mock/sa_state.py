@@ -32,11 +32,11 @@ from ibal.providers.mock.sa_records import (
     RATE_GBPS,
     SELECT_EQ,
     Values,
-    _bits,
+    mask_bits,
     matches,
     select,
 )
-from ibal.wire.fields import Value
+from ibal.wire.fields import Table, Value
 
 INFINITE_LEASE = 0xFFFF_FFFF
 FIRST_MLID = 0xC000
@@ -55,8 +55,8 @@ _NO_RECORDS = MadStatus.SA_NO_RECORDS
 Answer = tuple[int, list[bytes]]
 
 
-def _has(table: object, mask: int, *names: str) -> bool:
-    bits = _bits(table)
+def _has(table: Table, mask: int, *names: str) -> bool:
+    bits = mask_bits(table)
     return all(mask & bits[n] for n in names)
 
 
@@ -162,7 +162,7 @@ _CREATE = ("q_key", "p_key", "sl", "flow_label", "tclass")
 
 
 class Groups:
-    """Multicast groups by MGID; ``on_created``/``on_deleted`` raise traps 66/67."""
+    """Multicast groups by MGID; ``on_change(trap, mgid)`` raises traps 66 and 67."""
 
     def __init__(self, subnet_timeout: int, on_change: Callable[[int, bytes], None]) -> None:
         self.subnet_timeout = subnet_timeout
@@ -297,10 +297,7 @@ class Groups:
         out: list[bytes] = []
         for g in self.groups.values():
             shown = [(pg, js) for pg, js in g.members.items() if trusted or pg == requester_gid]
-            rows = shown if shown else [(ZERO_GID, 0)]
-            if not trusted and not shown:
-                rows = [(ZERO_GID, 0)]
-            for pg, js in rows:
+            for pg, js in shown or [(ZERO_GID, 0)]:
                 rec = g.record(pg, js)
                 if matches(t, vals, t.decode(rec), mask, skip=_SELECTORS):
                     out.append(rec)
