@@ -299,6 +299,12 @@ class Requester(Transmit):
             p = m.qp.port
             if p is not None and p not in ports and m.alive and m.qp.alive:
                 ports.append(p)
+        agents = self.mad_agents
+        if agents is not None and agents.sa_active is not None:
+            # a group the SA runs reaches only its member ports (the switches' MFTs)
+            receivers = agents.sa_active.groups.receivers(mlid)
+            if receivers is not None:
+                ports = [p for p in ports if p.gid.packed in receivers]
         if not ports:
             self.counters.sent += 1
             self._drop("dropped_no_dest")

@@ -45,6 +45,7 @@ IPOIB_MGID = bytes.fromhex("ff12401bffff000000000000ffffffff")
 IPOIB_QKEY = 0x0B1B
 SA_MGID_SIGNATURE = 0xA01B  # what OpenSM puts in MGIDs it assigns (ff1S:a01b:PKEY::n)
 FULL_MEMBER = 0x1
+NON_MEMBER = 0x2
 ZERO_GID = bytes(16)
 
 _OK = MadStatus.SUCCESS
@@ -178,6 +179,14 @@ class Groups:
             if g.mlid == mlid:
                 return g
         return None
+
+    def receivers(self, mlid: int) -> frozenset[bytes] | None:
+        """The port GIDs a datagram to ``mlid`` reaches (full and non-members; a
+        send-only member does not receive); ``None`` for an MLID the SA does not run."""
+        g = self.by_mlid(mlid)
+        if g is None:
+            return None
+        return frozenset(pg for pg, js in g.members.items() if js & (FULL_MEMBER | NON_MEMBER))
 
     def _free_mlid(self) -> int | None:
         used = {g.mlid for g in self.groups.values()}

@@ -631,3 +631,41 @@ def test_the_docs_example_runs() -> None:
     finally:
         scope["mgr"].close(timeout=WAIT)  # type: ignore[attr-defined]
         scope["fabric"].close()  # type: ignore[attr-defined]
+
+
+def test_a_group_the_sa_runs_reaches_its_receiving_members_only(net: Net) -> None:
+    """As the switches' multicast tables would: a QP attached on a port that did not join,
+    or joined send-only, gets nothing; once the port joins as a non-member it does."""
+    gids = [p.gid.packed for p in net.fabric.ports()]
+    resp = net.client(0).ask(Method.SET, SaAttr.MCMEMBER_RECORD, _mc(bytes(16), gids[0], FULL),
+                             MC_CREATE)  # fmt: skip
+    g = one_record(resp, MC)
+    mgid, mlid = bytes(g["mgid"]), int(g["mlid"])  # type: ignore[call-overload]
+    assert status(net.client(1).ask(Method.SET, SaAttr.MCMEMBER_RECORD,
+                                    _mc(mgid, gids[1], SEND_ONLY), MC_JOIN)) == 0  # fmt: skip
+    sides = []
+    for ca in net.cas:
+        port = ca.query().ports[0]
+        side = make_side(ca, port, QpType.UD)
+        side.qp.init_dgrm_svc(DgrmInfo(port_guid=port.port_guid, qkey=UD_QKEY))
+        sides.append(side)
+    for side in sides[1:]:  # mock1 joined send-only, mock2 not at all
+        side.qp.attach_mcast(Gid(mgid), mlid)
+        side.recv(5, 0, GRH_BYTES + 64)
+    av = sides[1].pd.create_av(AvAttr(port_num=1, dlid=mlid, grh=Grh(dgid=Gid(mgid), sgid_index=0)))
+
+    def send(wr_id: int) -> None:
+        sides[1].put(0, b"hello")
+        sides[1].qp.post_send(SendWr(wr_id=wr_id, sg_list=[sides[1].sge(0, 5)],
+                                     ud=UdDest(av=av, remote_qp=0xFFFFFF, remote_qkey=UD_QKEY)))
+        assert wait_wc(sides[1].cq).status is WcStatus.SUCCESS  # a send-only member sends
+
+    dropped = net.fabric.counters.dropped_no_dest
+    send(1)
+    assert net.fabric.counters.dropped_no_dest == dropped + 1  # no receiving member attached
+    assert status(net.client(2).ask(Method.SET, SaAttr.MCMEMBER_RECORD, _mc(mgid, gids[2], NON),
+                                    MC_JOIN)) == 0  # fmt: skip
+    send(2)
+    wc = wait_wc(sides[2].cq)
+    assert (wc.wr_id, wc.status) == (5, WcStatus.SUCCESS)
+    assert sides[2].get(GRH_BYTES, 5) == b"hello"
