@@ -108,6 +108,15 @@ ALL_ACCESS = (
 )
 
 
+class AlFlags(enum.IntFlag):
+    """`ib_al_flags_t` of the request structs (queries, service registration, multicast,
+    subscriptions, CM): ``SYNC`` (``IB_FLAGS_SYNC``) makes the call block until the
+    operation completes; its callback still runs, before the call returns."""
+
+    NONE = 0
+    SYNC = 0x1
+
+
 class SendOpt(enum.IntFlag):
     """`ib_send_opt_t`."""
 

@@ -99,3 +99,17 @@ def test_a_get_table_cut_by_ibsim_is_an_error(ibsim_module_fabric: Fabric, probe
     assert "cut short" in got["detail"]
     # saquery on the same fabric prints what fitted one segment (the short list we refuse).
     assert saquery(ibsim_module_fabric, "NR").count("NodeRecord dump:") < 4
+
+
+@pytest.mark.timeout(300)
+def test_a_one_segment_get_table_is_whole(ibsim_module_fabric: Fabric, probe: Probe) -> None:
+    """OpenSM's one-segment GetTableResp crosses umad2sim whole (the provider reads its
+    length): the one record, not the 200-byte data area cut into records."""
+    info = probe.ask(op="info")
+    got = probe.request(Method.GET_TABLE, SaAttr.NODE_RECORD,
+                        sa.NODE_RECORD.encode(lid=info["lid"]),
+                        sa.component_mask(sa.NODE_RECORD, ["lid"]))
+    assert (got["status"], got["method"]) == ("SUCCESS", Method.GET_TABLE_RESP), got
+    [rec] = [bytes.fromhex(r) for r in got["records"]]
+    assert dump.saquery_node_record(rec).splitlines() == saquery(
+        ibsim_module_fabric, "NR", str(info["lid"])).splitlines()
