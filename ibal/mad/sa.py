@@ -22,10 +22,24 @@ from ibal.mad.smp import GUID_INFO, NODE_DESCRIPTION, NODE_INFO, PORT_INFO
 from ibal.wire.fields import F, FieldError, Kind, R, Table
 
 __all__ = [
-    "GUID_INFO_RECORD", "INFORM_INFO", "INFORM_INFO_RECORD", "LINK_RECORD", "MCMEMBER_RECORD",
-    "NODE_RECORD", "NOTICE", "PATH_RECORD", "PORT_INFO_RECORD", "SERVICE_RECORD",
-    "TRAP_64_65_DETAILS", "TRAP_128_DETAILS", "TRAP_144_DETAILS", "component_bits",
-    "component_mask", "records",
+    "GUID_INFO_RECORD",
+    "INFORM_INFO",
+    "INFORM_INFO_RECORD",
+    "LINK_RECORD",
+    "MCMEMBER_RECORD",
+    "NODE_RECORD",
+    "NOTICE",
+    "PATH_RECORD",
+    "PORT_INFO_RECORD",
+    "SERVICE_RECORD",
+    "SL_TO_VL_RECORD",
+    "TRAP_64_65_DETAILS",
+    "TRAP_128_DETAILS",
+    "TRAP_144_DETAILS",
+    "VL_ARB_RECORD",
+    "component_bits",
+    "component_mask",
+    "records",
 ]  # fmt: skip
 
 NODE_RECORD: Final = Table("NodeRecord", [
@@ -183,6 +197,22 @@ GUID_INFO_RECORD: Final = Table("GUIDInfoRecord", [
     R(8),
     R(32),
     *embed(GUID_INFO, 64),
+])  # fmt: skip
+
+SL_TO_VL_RECORD: Final = Table("SLtoVLMappingTableRecord", [
+    F("lid", 16),
+    F("input_port_num", 8),
+    F("output_port_num", 8),
+    R(32),
+    F("sl_to_vl_table", 64, kind=Kind.BYTES),  # 16 SLs, 4 bits each
+])  # fmt: skip
+
+VL_ARB_RECORD: Final = Table("VLArbitrationTableRecord", [
+    F("lid", 16),
+    F("output_port_num", 8),
+    F("block_num", 8),
+    R(32),
+    F("vl_arb_table", 512, kind=Kind.BYTES),  # 32 (VL, weight) entries of 2 bytes
 ])  # fmt: skip
 
 WIDE: Final[dict[str, dict[str, int]]] = {"PathRecord": {"service_id": 2}}

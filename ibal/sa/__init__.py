@@ -3,7 +3,8 @@
 Built on the access layer's and ``ibal.mad``'s public API only.  The shared
 core: :class:`~ibal.sa.port.SaPort` (the SA seen from one local port, one per
 AL instance and port) runs :class:`~ibal.sa.txn.SaTxn` transactions and hands
-back :class:`~ibal.sa.txn.SaAnswer` s.
+back :class:`~ibal.sa.txn.SaAnswer` s.  :mod:`ibal.sa.query` has the queries
+(IBAL's ``ib_query`` shape and the Pythonic ``node_records`` ...).
 """
 
 from ibal.sa.ats import lookup_address, register_address
@@ -30,6 +31,36 @@ from ibal.sa.mcast import (
     leave_mcast,
 )
 from ibal.sa.port import SaPort, SaRequest
+from ibal.sa.query import (
+    GidPair,
+    GuidPair,
+    LidPair,
+    Query,
+    QueryRec,
+    QueryReq,
+    QueryResult,
+    QueryType,
+    Record,
+    Selector,
+    UserQuery,
+    cancel_query,
+    get_query_node_rec,
+    get_query_path_rec,
+    get_query_portinfo_rec,
+    get_query_result,
+    get_query_svc_rec,
+    node_records,
+    node_records_async,
+    path_records,
+    path_records_async,
+    port_info_records,
+    port_info_records_async,
+    query,
+    service_records,
+    service_records_async,
+    user_query,
+    user_query_async,
+)
 from ibal.sa.service import (
     RegSvcFlags,
     RegSvcRec,
@@ -43,14 +74,23 @@ from ibal.sa.service import (
 from ibal.sa.txn import SaAnswer, decode_answer
 
 __all__ = [
+    "GidPair",
+    "GuidPair",
     "InformInfo",
     "JoinState",
+    "LidPair",
     "McastMembership",
     "McastPhase",
     "McastRec",
     "McastReq",
     "MemberRec",
     "Notice",
+    "Query",
+    "QueryRec",
+    "QueryReq",
+    "QueryResult",
+    "QueryType",
+    "Record",
     "RegSvcFlags",
     "RegSvcRec",
     "RegSvcReq",
@@ -59,21 +99,40 @@ __all__ = [
     "SaPort",
     "SaRequest",
     "Scope",
+    "Selector",
     "ServiceRecord",
     "ServiceRegistration",
     "SubRec",
     "SubReq",
     "Subscription",
+    "UserQuery",
+    "cancel_query",
     "decode_answer",
     "dereg_svc",
+    "get_query_node_rec",
+    "get_query_path_rec",
+    "get_query_portinfo_rec",
+    "get_query_result",
+    "get_query_svc_rec",
     "ib_subscribe",
     "ib_unsubscribe",
     "join_mcast",
     "join_mcast_req",
     "leave_mcast",
     "lookup_address",
+    "node_records",
+    "node_records_async",
+    "path_records",
+    "path_records_async",
+    "port_info_records",
+    "port_info_records_async",
+    "query",
     "reg_svc",
     "register_address",
     "register_service",
+    "service_records",
+    "service_records_async",
     "subscribe",
+    "user_query",
+    "user_query_async",
 ]
