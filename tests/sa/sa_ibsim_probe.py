@@ -8,8 +8,10 @@ two requests of the same process.  Objects:
 "timeout_ms": INT, "retry_cnt": INT}`` -> ``{"status", "mad_status",
 "method", "records": [HEX...], "detail"}``
 
-``{"op": "query", ...}`` (ibal.sa.query's API, once it exists) and
-``{"op": "info"}`` -> the port's GUID, LID and SM LID.
+``{"op": "py", "fn": "node_records", "kwargs": {...}}`` -> one of
+``ibal.sa``'s Pythonic queries on this port: ``{"status", "records": [HEX...],
+"mad_status", "detail"}`` (``status`` the name of the exception's status, or
+SUCCESS), and ``{"op": "info"}`` -> the port's GUID, GID, LID and SM LID.
 """
 
 from __future__ import annotations
@@ -40,7 +42,26 @@ def main() -> int:
         out: dict[str, Any]
         if op == "info":
             p = al.query_ca_by_guid(ca_guid).ports[0]
-            out = {"port_guid": p.port_guid, "lid": p.lid, "sm_lid": p.sm_lid}
+            out = {"port_guid": p.port_guid, "lid": p.lid, "sm_lid": p.sm_lid,
+                   "gid": str(p.gids[0]) if p.gids else ""}
+        elif op == "py":
+            import ibal.sa
+            from ibal.status import IbError
+
+            kwargs = dict(req.get("kwargs", {}))
+            for k in ("record",):
+                if k in kwargs:
+                    kwargs[k] = bytes.fromhex(kwargs[k])
+            for k in ("mtu", "rate", "packet_life"):
+                if isinstance(kwargs.get(k), list):
+                    kwargs[k] = tuple(kwargs[k])
+            try:
+                recs = getattr(ibal.sa, req["fn"])(al, *req.get("args", []),
+                                                    port_guid=port_attr.port_guid, **kwargs)
+                out = {"status": "SUCCESS", "records": [r.raw.hex() for r in recs]}
+            except IbError as exc:
+                out = {"status": exc.status.name, "records": [], "detail": str(exc),
+                       "mad_status": getattr(exc, "mad_status", 0)}
         elif op == "request":
             r = port.request(req["method"], req["attr"], bytes.fromhex(req.get("data", "")),
                              req.get("mask", 0), timeout_ms=req.get("timeout_ms", 1000),
