@@ -156,6 +156,50 @@ def ib_dereg_svc(h_reg_svc: Any, pfn_destroy_cb: DestroyArg = None) -> None:
         dereg_svc(h_reg_svc, pfn_destroy_cb)
 
 
+# ---------------------------------------------------------------------- SA queries
+def ib_query(h_al: AccessLayer, p_query_req: Any) -> Any:
+    """``ibal.sa.query``: returns the ``Query`` (``h_query``)."""
+    from ibal.sa.query import query
+
+    return query(_h(h_al, AccessLayer), p_query_req)
+
+
+def ib_cancel_query(h_al: AccessLayer, h_query: Any) -> None:
+    from ibal.sa.query import cancel_query
+
+    cancel_query(_h(h_al, AccessLayer), h_query)
+
+
+def ib_get_query_result(p_result_mad: bytes, result_index: int) -> bytes:
+    from ibal.sa.query import get_query_result
+
+    return get_query_result(p_result_mad, result_index)
+
+
+def ib_get_query_node_rec(p_result_mad: bytes, result_index: int) -> dict[str, Any]:
+    from ibal.sa.query import get_query_node_rec
+
+    return get_query_node_rec(p_result_mad, result_index)
+
+
+def ib_get_query_path_rec(p_result_mad: bytes, result_index: int) -> dict[str, Any]:
+    from ibal.sa.query import get_query_path_rec
+
+    return get_query_path_rec(p_result_mad, result_index)
+
+
+def ib_get_query_portinfo_rec(p_result_mad: bytes, result_index: int) -> dict[str, Any]:
+    from ibal.sa.query import get_query_portinfo_rec
+
+    return get_query_portinfo_rec(p_result_mad, result_index)
+
+
+def ib_get_query_svc_rec(p_result_mad: bytes, result_index: int) -> dict[str, Any]:
+    from ibal.sa.query import get_query_svc_rec
+
+    return get_query_svc_rec(p_result_mad, result_index)
+
+
 # ---------------------------------------------------------------------- MAD pools and services
 def _pool(h_pool: object) -> MadPool:
     if not isinstance(h_pool, MadPool):
@@ -482,6 +526,24 @@ _DONE: dict[str, str] = {
     "ib_reg_svc_req_t": "ibal.sa.RegSvcReq (svc_rec: ibal.sa.ServiceRecord; flags SYNC)",
     "_ib_reg_svc_rec_t": "ibal.sa.RegSvcRec (reg = h_reg_svc; attempt: register/renew/reregister)",
     "ib_pfn_reg_svc_cb_t": "callback(RegSvcRec) on the AL's misc queue, also for failed renewals",
+    "ib_query": "ibal.sa.query(al, QueryReq) -> Query; Pythonic: ibal.sa.node_records, "
+    "path_records, port_info_records, service_records, user_query (blocking, callback=, *_async)",
+    "ib_cancel_query": "query.cancel() (ibal.sa.cancel_query(al, query)): the callback runs "
+    "once, CANCELED",
+    "ib_query_req_t": "ibal.sa.QueryReq (flags: ibal.types.AlFlags.SYNC)",
+    "ib_query_rec_t": "ibal.sa.QueryRec (result_mad: the answer as bytes, no ib_put_mad)",
+    "ib_query_type_t": "ibal.sa.QueryType",
+    "ib_user_query_t": "ibal.sa.UserQuery (attr: the record as bytes)",
+    "ib_pfn_query_cb_t": "QueryReq.callback(QueryRec) on the AL's misc queue",
+    "ib_guid_pair_t": "ibal.sa.GuidPair",
+    "ib_gid_pair_t": "ibal.sa.GidPair",
+    "ib_lid_pair_t": "ibal.sa.LidPair",
+    "ib_get_query_result": "ibal.sa.get_query_result(mad, i) -> bytes (InvalidIndex past the end)",
+    "ib_get_query_node_rec": "ibal.sa.get_query_node_rec(mad, i) -> dict (attr_id checked)",
+    "ib_get_query_path_rec": "ibal.sa.get_query_path_rec(mad, i) -> dict (attr_id checked)",
+    "ib_get_query_portinfo_rec": "ibal.sa.get_query_portinfo_rec(mad, i) -> dict "
+    "(attr_id checked)",
+    "ib_get_query_svc_rec": "ibal.sa.get_query_svc_rec(mad, i) -> dict (attr_id checked)",
     "DAPL Address Translation Service": "ibal.sa.ats: ATS_SERVICE_ID, ATS_NAME, "
     "ATS_IPV4_OFFSET; register_address(al, ip), lookup_address(al, ip) -> [Gid]",
     "ib_get_guid": "al.get_guid(index, device_type, attr_mask)",
@@ -678,6 +740,7 @@ __all__ = [
     "ib_alloc_pd",
     "ib_bind_mw",
     "ib_cancel_mad",
+    "ib_cancel_query",
     "ib_ci_call",
     "ib_close_al",
     "ib_close_ca",
@@ -704,6 +767,11 @@ __all__ = [
     "ib_get_mad",
     "ib_get_mad_buf",
     "ib_get_port_by_gid",
+    "ib_get_query_node_rec",
+    "ib_get_query_path_rec",
+    "ib_get_query_portinfo_rec",
+    "ib_get_query_result",
+    "ib_get_query_svc_rec",
     "ib_get_spl_qp",
     "ib_init_dgrm_svc",
     "ib_join_mcast",
@@ -722,6 +790,7 @@ __all__ = [
     "ib_post_send",
     "ib_post_srq_recv",
     "ib_put_mad",
+    "ib_query",
     "ib_query_av",
     "ib_query_ca",
     "ib_query_ca_by_guid",

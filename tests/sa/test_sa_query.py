@@ -107,9 +107,16 @@ def test_sync_runs_the_callback_before_return(world: SaWorld) -> None:
 
 
 def test_path_by_port_guids_uses_the_subnet_prefix(world: SaWorld) -> None:
-    rec = query(world.al, QueryReq(QueryType.PATH_REC_BY_PORT_GUIDS, GuidPair(0x11, 0x22),
-                                   port_guid=world.client_guid, flags=AlFlags.SYNC)).wait(0)
-    assert rec.result_mad is not None
+    from ibal.al import compat
+
+    h_query = compat.ib_query(world.al, QueryReq(
+        QueryType.PATH_REC_BY_PORT_GUIDS, GuidPair(0x11, 0x22), port_guid=world.client_guid,
+        flags=AlFlags.SYNC))
+    rec = h_query.wait(0)
+    assert rec.result_mad is not None and rec.result_cnt == 1
+    assert compat.ib_get_query_path_rec(rec.result_mad, 0)["slid"] == 1
+    compat.ib_cancel_query(world.al, h_query)  # over: nothing happens
+    assert h_query.wait(0) is rec
     asked = world.sa.seen[-1]
     q = sa.PATH_RECORD.decode(asked[56 : 56 + sa.PATH_RECORD.size])
     assert q["sgid"][8:] == (0x11).to_bytes(8, "big") and q["dgid"][8:] == (0x22).to_bytes(8, "big")
