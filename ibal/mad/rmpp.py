@@ -111,9 +111,12 @@ class RmppHeader:
         return bool(self.flags & RmppFlags.ACTIVE)
 
 
+_ACTIVE = int(RmppFlags.ACTIVE)  # a plain int: IntFlag arithmetic costs per MAD
+
+
 def is_rmpp(mad: Buffer) -> bool:
     """Whether ``mad`` has the RMPP Active flag (byte 26 bit 0)."""
-    return len(mad) >= RMPP_DATA and bool(mad[26] & RmppFlags.ACTIVE)
+    return len(mad) >= RMPP_DATA and bool(mad[26] & _ACTIVE)
 
 
 def with_rmpp(mad: bytes | bytearray, **fields: int) -> bytes:

@@ -465,6 +465,9 @@ class MadService:
         agent.deregister(finished, wait=sync, timeout=timeout)
 
 
+_LAST = int(RmppFlags.LAST)  # a plain int: IntFlag arithmetic costs per MAD
+
+
 def transport_message(mad: bytes) -> bytes | None:
     """A message the transport reassembled, as the service's own sessions deliver one
     (exact length, RMPP header area zero); ``None`` when it is only a first segment.
@@ -478,7 +481,7 @@ def transport_message(mad: bytes) -> bytes | None:
     transport did not carry (umad2sim).
     """
     h = RmppHeader.of(mad)
-    if h.flags & RmppFlags.LAST:
+    if h.flags & _LAST:
         end = RMPP_DATA + h.payload_length if h.payload_length else len(mad)
     elif len(mad) != MAD_SIZE:
         end = len(mad)

@@ -30,6 +30,7 @@ RMPP_CLASSES = frozenset({0x03, 0x06, 0x10, 0x12, *range(0x30, 0x50)})
 """Classes whose MADs carry an RMPP header: SA, DM, device administration, BIS and
 vendor range 2 (where a DEFAULT service does RMPP, as IBAL's and Linux's MAD layers do)."""
 
+_TRAP_REPRESS = int(Method.TRAP_REPRESS)
 MadCallback = Callable[[MadElement], object]
 Taker = Callable[[WcStatus, "MadElement | None"], None]
 """Gets a request's outcome instead of ``send_cb``/``recv_cb``: (status, response)."""
@@ -155,12 +156,13 @@ def malformed(mad: bytes, svc: MadSvc, whole: bool = False) -> str | None:
     # A reassembled message (``whole``) has its exact length: a short one is under 256.
     if len(mad) < (RMPP_DATA if whole else MAD_SIZE) or (len(mad) != MAD_SIZE and not whole):
         return "dropped_bad_length"
-    h = header(mad)
-    if h.base_version != 1:
+    # BaseVersion, MgmtClass, ClassVersion: the header's first three bytes (every MAD
+    # received goes through here: no header object for three bytes).
+    if mad[0] != 1:
         return "dropped_bad_base_version"
-    if h.mgmt_class != svc.mgmt_class:
+    if mad[CLASS] != svc.mgmt_class:
         return "dropped_wrong_class"
-    if h.class_version != svc.mgmt_version:
+    if mad[2] != svc.mgmt_version:
         return "dropped_bad_class_version"
     if any(mad[RESERVED]):
         return "dropped_reserved"
@@ -187,5 +189,7 @@ def rmpp_active(mad: bytes, svc: MadSvc) -> bool:
 
 def is_response(mad: bytes | bytearray) -> bool:
     """Whether the MAD answers a request (the R bit, or TrapRepress)."""
-    method = header(mad).method
-    return bool(method & 0x80) or method == Method.TRAP_REPRESS
+    if len(mad) < 24:
+        header(mad)  # FieldError('short'), as for any header read
+    method = mad[3]  # the Method byte of the common header
+    return bool(method & 0x80) or method == _TRAP_REPRESS

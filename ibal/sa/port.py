@@ -29,13 +29,14 @@ transaction like an SA's; any other request on such a port raises
 from __future__ import annotations
 
 import contextlib
+import heapq
 import itertools
 import logging
 import threading
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
-from ibal.al import AccessLayer, Dependent, StashKey, in_callback
+from ibal.al import AccessLayer, Dependent, PnpClass, StashKey, in_callback
 from ibal.al.dispatcher import call_user
 from ibal.mad import MadElement, MadService, MadSvc, enable_rmpp, put_mad, reg_mad_svc
 from ibal.mad import header as mad_header
@@ -68,7 +69,7 @@ from ibal.types import QP1_WELL_KNOWN_QKEY, LinkLayer, LinkState, MadAddr, QpTyp
 if TYPE_CHECKING:
     import asyncio
 
-    from ibal.al import Ca, Timer
+    from ibal.al import Ca, PnpRec, PnpRegistration, Timer
     from ibal.sa.roce import RoceAnswer, RoceRequest
 
 __all__ = ["ReportListener", "SaPort", "SaRequest"]
@@ -81,6 +82,10 @@ AnswerCallback = Callable[[SaAnswer], object]
 _PORTS: StashKey[dict[int, SaPort]] = StashKey()
 _PORTS_LOCK = threading.Lock()
 _ROCE_METHODS = frozenset({Method.GET, Method.GET_TABLE})
+_SM_ADDR_AGE = 1.0
+"""Seconds a read of the port's SM LID/SL serves first tries (PnP events for the port
+and every retry read it afresh): a new SM is found within that, or by the retry."""
+_SLACK = 1e-9
 
 
 class SaRequest:
@@ -91,10 +96,10 @@ class SaRequest:
         self.txn = txn
         self._callback = callback
         self._lock = threading.Lock()
-        self._done = threading.Event()
+        self._done: threading.Event | None = None  # made by a wait() before the answer
         self._answer: SaAnswer | None = None
         self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[SaAnswer]]] = []
-        self._timer: Timer | None = None
+        self._due: float | None = None  # the machine's timer, on the port's deadline heap
         self._tries: dict[int, MadElement] = {}  # TID -> the element of that try
         self.roce: RoceRequest | None = None
         """On an Ethernet port: the path resolution (its ``answer.path`` has the MAC)."""
@@ -106,7 +111,7 @@ class SaRequest:
 
     @property
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._answer is not None
 
     @property
     def answer(self) -> SaAnswer | None:
@@ -122,9 +127,16 @@ class SaRequest:
     def wait(self, timeout: float | None = None) -> SaAnswer:
         """Block until the answer (``Timeout`` after ``timeout`` seconds of waiting, the
         request still going); ``InvalidState`` on an AL callback thread."""
-        if not self._done.is_set() and in_callback():
+        answer = self._answer
+        if answer is not None:
+            return answer
+        if in_callback():
             raise InvalidState("SaRequest.wait blocks: call it off the AL's callback threads")
-        if not self._done.wait(timeout):
+        with self._lock:  # the event only for a request someone waits for
+            if self._answer is None and self._done is None:
+                self._done = threading.Event()
+            done = self._done
+        if done is not None and not done.wait(timeout):
             raise Timeout(f"no answer within {timeout} s of waiting")
         assert self._answer is not None
         return self._answer
@@ -147,7 +159,9 @@ class SaRequest:
                 return
             self._answer = answer
             futures, self._futures = self._futures, []
-        self._done.set()
+            done = self._done
+        if done is not None:
+            done.set()
         for loop, fut in futures:
             with contextlib.suppress(RuntimeError):  # its loop closed: nobody awaits
                 loop.call_soon_threadsafe(_set_result, fut, answer)
@@ -216,6 +230,16 @@ class SaPort(Dependent):
         self._ids = itertools.count(1)
         self._tids = itertools.count(1)
         self.stats: dict[str, int] = {"reports": 0, "stale_answers": 0}
+        # The SA's address (one MadAddr object, so the AL checks it once) and when it was
+        # read; None: read it at the next try.
+        self._sm_addr: tuple[MadAddr, float] | None = None
+        # One AL timer for all requests: a heap of (deadline, seq, request), the timer
+        # armed for the earliest; entries of answered requests are skipped when due.
+        self._deadlines: list[tuple[float, int, SaRequest]] = []
+        self._deadline_seq = itertools.count()
+        self._timer: Timer | None = None
+        self._timer_at: float | None = None
+        self._pnp: PnpRegistration | None = None
         self.ca: Ca = al.open_ca(ca_guid)
         self.service: MadService | None = None
         try:
@@ -224,6 +248,8 @@ class SaPort(Dependent):
             if self.link_layer is LinkLayer.INFINIBAND:
                 self.service = self._register()
             super().__init__(al)
+            if self.link_layer is LinkLayer.INFINIBAND:
+                self._pnp = al.reg_pnp(PnpClass.PORT, self._on_pnp)
         except BaseException:
             with contextlib.suppress(IbError):
                 self.ca.close()
@@ -254,6 +280,11 @@ class SaPort(Dependent):
         if not service.transport_rmpp:
             enable_rmpp(service, self.ca.al.timers, class_header_size=SA_HEADER_SIZE)
         return service
+
+    def _on_pnp(self, rec: PnpRec) -> None:
+        """PnP queue: any event of this port (LID, SM, state, re-register) may move the SA."""
+        if rec.guid == self.port_guid:
+            self._sm_addr = None
 
     def _svc_alive(self) -> bool:
         return self.service is None or self.service.alive
@@ -355,20 +386,37 @@ class SaPort(Dependent):
         if finish is not None:
             req._deliver(finish)
 
+    def _sa_addr(self, fresh: bool) -> MadAddr | None:
+        """The SA's address (``None``: no SM to ask); ``IbError`` when the port is gone.
+        A first try uses a recent read; a retry (the SA may have moved) reads afresh."""
+        now = self._now()
+        cached = self._sm_addr
+        if cached is not None and not fresh and now - cached[1] < _SM_ADDR_AGE:
+            return cached[0]
+        attr = self.ca.query_port(self.port_num)
+        if not attr.sm_lid or attr.link_state is not LinkState.ACTIVE:
+            self._sm_addr = None
+            return None
+        addr = cached[0] if cached is not None else None
+        if addr is None or addr.dlid != attr.sm_lid or addr.sl != attr.sm_sl:
+            addr = MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=attr.sm_lid,
+                           sl=attr.sm_sl)  # fmt: skip
+        self._sm_addr = (addr, now)
+        return addr
+
     def _send_try(self, req: SaRequest, a: SendTry) -> None:
         service = self.service
         assert service is not None
         try:
-            attr = self.ca.query_port(self.port_num)
+            addr = self._sa_addr(fresh=a.attempt > 1)
         except IbError as exc:
             self._later_fail(req, a.tid, f"the port is gone ({exc})")
             return
-        if not attr.sm_lid or attr.link_state is not LinkState.ACTIVE:
+        if addr is None:
             return  # no SM to ask: the try's time-out runs out
         e = service.pool_key.get_mad()
         e.mad[:] = a.mad
-        e.addr = MadAddr(remote_qp=1, remote_qkey=QP1_WELL_KNOWN_QKEY, dlid=attr.sm_lid,
-                         sl=attr.sm_sl)  # fmt: skip
+        e.addr = addr
         e.resp_expected, e.timeout_ms, e.retry_cnt = True, req.txn.timeout_ms, 0
         e.context1 = req
         try:
@@ -392,21 +440,47 @@ class SaPort(Dependent):
             self.service.cancel(e)
 
     def _arm(self, req: SaRequest, at: float | None) -> None:
-        t = req._timer
+        """The machine's timer for ``req`` (under ``_sa_lock``): an entry on the port's
+        deadline heap; disarming only forgets it (its entry is skipped when due)."""
+        req._due = at
         if at is None:
-            if t is not None:
-                t.cancel()
-                req._timer = None
             return
-        delay = max(at - self._now(), 0.0)
-        if t is None:
-            with contextlib.suppress(IbError):  # the AL's timers closed: it is going away
-                req._timer = self.call_later(delay, self._on_timer, req)
-        else:
-            t.reschedule(delay)
+        heap = self._deadlines
+        if len(heap) > 2 * len(self._requests) + 256:  # mostly answered requests: compact
+            heap[:] = [d for d in heap if d[2]._due == d[0]]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (at, next(self._deadline_seq), req))
+        if self._timer_at is None or at < self._timer_at:
+            self._arm_port_timer(at)
 
-    def _on_timer(self, req: SaRequest) -> None:
-        self._run(req, lambda: req.txn.on_timer(self._now()))
+    def _arm_port_timer(self, at: float) -> None:
+        self._timer_at = at
+        delay = max(at - self._now(), 0.0)
+        t = self._timer
+        with contextlib.suppress(IbError):  # the AL's timers closed: it is going away
+            if t is None:
+                self._timer = self.call_later(delay, self._on_timer)
+            else:
+                t.reschedule(delay)
+
+    def _on_timer(self) -> None:
+        """Misc queue: the earliest deadline came; each request due gets its timer event."""
+        with self._sa_lock:
+            now = self._now()
+            heap = self._deadlines
+            due: list[SaRequest] = []
+            while heap and heap[0][0] <= now + _SLACK:
+                at, _, req = heapq.heappop(heap)
+                if req._due == at:
+                    req._due = None  # once, however many entries it has
+                    due.append(req)
+            while heap and heap[0][2]._due != heap[0][0]:
+                heapq.heappop(heap)  # answered meanwhile: no reason to wake for it
+            self._timer_at = None
+            if heap:
+                self._arm_port_timer(heap[0][0])
+        for req in due:
+            self._run(req, lambda r=req: r.txn.on_timer(self._now()))  # type: ignore[misc]
 
     # ------------------------------------------------------------------ MADs in
     def _on_sent(self, e: MadElement) -> None:
@@ -485,6 +559,10 @@ class SaPort(Dependent):
         return len(self._requests)
 
     def on_destroying(self) -> None:
+        pnp, self._pnp = self._pnp, None
+        if pnp is not None:
+            with contextlib.suppress(IbError):
+                pnp.dereg()
         with self._sa_lock:
             reqs = list(self._requests.values())
         for req in reqs:
