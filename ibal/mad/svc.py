@@ -142,9 +142,8 @@ def check_element(e: object, svc: MadSvc) -> MadElement:
     if e.mad[CLASS] != svc.mgmt_class:
         raise InvalidParameter("the MAD's class is not the service's")
     if e.resp_expected and not e.is_response:
-        for name in ("timeout_ms", "retry_cnt"):
-            v = getattr(e, name)
-            if not is_int(v) or v < 0:
+        for name, v in (("timeout_ms", e.timeout_ms), ("retry_cnt", e.retry_cnt)):
+            if (type(v) is not int and not is_int(v)) or v < 0:
                 raise InvalidParameter(f"{name} must be a non-negative int")
         if e.timeout_ms == 0:
             raise InvalidParameter("a request that expects a response needs timeout_ms > 0")

@@ -418,7 +418,7 @@ class SaPort(Dependent):
         e.mad[:] = a.mad
         e.addr = addr
         e.resp_expected, e.timeout_ms, e.retry_cnt = True, req.txn.timeout_ms, 0
-        e.context1 = req
+        e.context1, e.context2 = req, a.tid
         try:
             service.send(e)
         except IbError as exc:
@@ -490,9 +490,8 @@ class SaPort(Dependent):
             return  # its response comes next and gives the element back
         if isinstance(req, SaRequest):
             with self._sa_lock:
-                for tid, el in list(req._tries.items()):
-                    if el is e:
-                        del req._tries[tid]  # timed out or failed: the timer decides
+                if req._tries.get(e.context2) is e:
+                    del req._tries[e.context2]  # timed out or failed: the timer decides
         put_mad(e)
 
     def _on_recv(self, e: MadElement) -> None:
@@ -503,10 +502,10 @@ class SaPort(Dependent):
             mad = bytes(e.mad)
             put_mad([e, request])
             if isinstance(req, SaRequest):
+                tid = request.context2
                 with self._sa_lock:
-                    for tid, el in list(req._tries.items()):
-                        if el is request:
-                            del req._tries[tid]
+                    if req._tries.get(tid) is request:
+                        del req._tries[tid]
                 before = req.txn.stale
                 self._run(req, lambda: req.txn.on_response(mad))
                 self.stats["stale_answers"] += req.txn.stale - before
