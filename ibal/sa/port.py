@@ -240,6 +240,7 @@ class SaPort(Dependent):
         self._timer: Timer | None = None
         self._timer_at: float | None = None
         self._pnp: PnpRegistration | None = None
+        self._clock = al.timers.clock  # the manager's, for its life
         self.ca: Ca = al.open_ca(ca_guid)
         self.service: MadService | None = None
         try:
@@ -365,23 +366,24 @@ class SaPort(Dependent):
                 return low
 
     def _now(self) -> float:
-        return self.al.timers.clock.now()
+        return self._clock.now()
 
     def _run(self, req: SaRequest, event: Callable[[], list[Action]]) -> None:
         """Feed one event to the request's machine and carry out its actions."""
         with self._sa_lock:
             actions = event()
             finish: SaAnswer | None = None
-            for a in actions:
-                if isinstance(a, SendTry):
-                    self._send_try(req, a)
+            for a in actions:  # exact types (the machine's own), most frequent first
+                kind = type(a)
+                if kind is ArmTimer:
+                    self._arm(req, a.at)  # type: ignore[union-attr]
+                elif kind is SendTry:
+                    self._send_try(req, a)  # type: ignore[arg-type]
+                elif kind is Finish:
+                    finish = a.answer  # type: ignore[union-attr]
+                    self._requests.pop(id(req), None)
                 elif isinstance(a, Abandon):
                     self._abandon(req, a.tid)
-                elif isinstance(a, ArmTimer):
-                    self._arm(req, a.at)
-                elif isinstance(a, Finish):
-                    finish = a.answer
-                    self._requests.pop(id(req), None)
             # A send failing at once ends the request: its Finish comes from the machine.
         if finish is not None:
             req._deliver(finish)

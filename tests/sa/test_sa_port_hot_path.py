@@ -8,11 +8,13 @@ another ibal agent (tests/sa/sa_world.py), the clock stepped by the test.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
 from sa_world import WAIT, Reply, SaWorld, sa_world
 
+from ibal.al import PnpClass, PnpEvent, PnpRec
 from ibal.mad import header, sa
 from ibal.mad.consts import Method, SaAttr
 from ibal.sa import SaAnswer, SaPort
@@ -95,14 +97,25 @@ def test_one_question_is_encoded_once_and_each_try_differs_by_its_tid(world: SaW
 def test_a_new_sm_lid_is_used_at_once_after_its_pnp_event(world: SaWorld) -> None:
     port = SaPort.open(world.al, world.client_guid)
     assert ask(port, 1).wait(WAIT).ok  # type: ignore[attr-defined]  # the address is read
+    changed = threading.Event()
+
+    def on_pnp(rec: PnpRec) -> None:
+        if rec.event is PnpEvent.SM_CHANGE and rec.guid == world.client_guid:
+            changed.set()
+
+    reg = world.al.reg_pnp(PnpClass.PORT, on_pnp)
     sm_port = next(p for p in world.fabric.ports() if p.lid == world.fabric.sm_lid)
     world.fabric.set_lid(sm_port, 0x40)  # the SM's port moves: SM_CHANGE everywhere
-    world.settle()
+    assert changed.wait(WAIT)
+    world.settle()  # the PnP queue ran the SA port's callback for that event too
     got: list[SaAnswer] = []
     req = port.request(Method.GET, SaAttr.NODE_RECORD, sa.NODE_RECORD.encode(lid=2), NR_MASK,
                        callback=got.append)  # fmt: skip
-    world.settle()  # no clock step: the first try went to the new LID
-    assert req.done and got[0].ok and len(world.sa.seen) == 2
+    # The clock stands still: only a first try sent to the new LID can be answered.
+    assert req.wait(WAIT).ok and len(world.sa.seen) == 2
+    world.settle()
+    assert len(got) == 1 and got[0].ok
+    reg.dereg()
 
 
 def test_a_retry_reads_the_sm_lid_afresh(world: SaWorld) -> None:
