@@ -8,10 +8,12 @@ version 2 on it (with RMPP sessions on the AL's timers where the port's
 transport does not run RMPP itself), registered for unsolicited Reports.
 
 :meth:`SaPort.request` runs an :class:`~ibal.sa.txn.SaTxn` to the port's SM
-LID (QP1, Q_Key 0x80010000), read afresh for each try, so an SM that moved
-or came back is found without restarting anything; with no SM LID a try goes
-nowhere and the request times out.  The tries are timed on the AL's timers
-(a ``ManualClock`` steps them in tests).
+LID (QP1, Q_Key 0x80010000).  The port's SM LID/SL serve first tries for up to
+a second and are read again on any PnP event of the port and for every
+retry, so an SM that moved or came back is found without restarting
+anything; with no SM LID a try goes nowhere and the request times out.  The
+tries are timed on the AL's timers through one timer per port, armed for the
+earliest deadline of its requests (a ``ManualClock`` steps them in tests).
 
 Threads: the callbacks (``callback(answer)``, the report listeners) run on the
 AL's misc queue, one at a time, and must not block; the ``CANCELED`` answers
