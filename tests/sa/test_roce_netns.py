@@ -22,11 +22,12 @@ from dataclasses import dataclass
 
 import pytest
 
+import ibal.sa
 from ibal.al import AccessLayer, AlManager, Ca
 from ibal.mad import sa
 from ibal.mad.consts import MadStatus, Method, SaAttr
 from ibal.providers.rxe.provider import RxeProvider
-from ibal.sa import SaPort
+from ibal.sa import GidPair, QueryRec, QueryReq, QueryType, SaPort
 from ibal.sa.roce import RoceAnswer, RoceResolver
 from ibal.sa.roce_net import NetlinkIpStack
 from ibal.status import Status, Unsupported
@@ -80,6 +81,11 @@ class Ns:
         subprocess.run(
             ["ip", "netns", "exec", self.name, "sysctl", "-qw", setting], check=True, timeout=30
         )
+
+    def sysctl_get(self, setting: str) -> str:
+        done = subprocess.run(["ip", "netns", "exec", self.name, "sysctl", "-n", setting],
+                              check=True, timeout=30, capture_output=True, text=True)  # fmt: skip
+        return done.stdout.strip()
 
     @contextlib.contextmanager
     def entered(self) -> Iterator[None]:
@@ -280,3 +286,48 @@ def test_sa_port_answers_path_records_on_the_rxe_port(side: Side) -> None:
     # closing the port ends what is pending: the SA request and its resolution
     assert req.wait(WAIT).status is Status.CANCELED
     assert req.roce is not None and req.roce.wait(WAIT).status is Status.CANCELED
+
+
+def _expected_mtu(ns: Ns, dev: str, port: PortAttr) -> int:
+    """The IB MTU code that fits the interface's MTU less 96 bytes of RoCE headers."""
+    link_mtu = int(str(ns.json("link", "show", dev)[0]["mtu"]))
+    fits = [m for m in Mtu if 128 << m <= link_mtu - 96 and m <= port.active_mtu]
+    return int(max(fits))
+
+
+def test_public_query_api_on_the_rxe_port(side: Side) -> None:
+    """ibal.sa.path_records and ib_query's PATH_REC_BY_GIDS on the Ethernet port answer
+    as on IB, from the kernel's tables; a non-path query raises Unsupported."""
+    # fresh addresses on B: nothing in A's neighbour table before these queries
+    side.b.ip("addr", "add", "10.77.0.21/24", "dev", "vb")
+    side.b.ip("addr", "add", "fd77::21/64", "dev", "vb", "nodad")
+    assert _neigh_mac(side.a, "10.77.0.21", "va") is None
+    mtu = _expected_mtu(side.a, "va", side.port)
+    ttl = int(side.a.sysctl_get("net.ipv4.ip_default_ttl"))
+    pg = side.port.port_guid
+    src, dst = "::ffff:10.77.0.1", "::ffff:10.77.0.21"
+    (rec,) = ibal.sa.path_records(side.al, Gid(src), Gid(dst), port_guid=pg, timeout_ms=5000)
+    assert (rec["dgid"], rec["sgid"]) == (Gid(dst).packed, Gid(src).packed)
+    assert (rec["mtu"], rec["hop_limit"], rec["dlid"], rec["p_key"]) == (mtu, ttl, 0, 0xFFFF)
+    assert _neigh_mac(side.a, "10.77.0.21", "va") == side.peer_mac  # resolved by ARP
+
+    got: list[QueryRec] = []
+    q = ibal.sa.query(side.al, QueryReq(
+        query_type=QueryType.PATH_REC_BY_GIDS,
+        query_input=GidPair(src_gid="fd77::1", dest_gid="fd77::21"), port_guid=pg,
+        timeout_ms=5000, query_context="ctx", callback=got.append))  # fmt: skip
+    qr = q.wait(WAIT)
+    assert got == [qr]
+    assert (qr.status, qr.result_cnt, qr.context) == (Status.SUCCESS, 1, "ctx"), qr.detail
+    assert qr.result_mad is not None
+    pr = ibal.sa.get_query_path_rec(qr.result_mad, 0)
+    assert (pr["dgid"], pr["sgid"]) == (Gid("fd77::21").packed, Gid("fd77::1").packed)
+    hop6 = int(side.a.sysctl_get("net.ipv6.conf.va.hop_limit"))
+    assert (pr["mtu"], pr["hop_limit"]) == (mtu, hop6)
+    assert _neigh_mac(side.a, "fd77::21", "va") == side.peer_mac  # resolved by ND
+
+    with pytest.raises(Unsupported):
+        ibal.sa.query(side.al, QueryReq(query_type=QueryType.NODE_REC_BY_NODE_GUID,
+                                        query_input=1, port_guid=pg))  # fmt: skip
+    with pytest.raises(Unsupported):
+        ibal.sa.node_records(side.al, lid=1, port_guid=pg)
