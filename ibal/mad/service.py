@@ -9,7 +9,8 @@ linked to its request, cancel, a per-service bound on unsolicited MADs held
 by the user, receive-side checks with drop counters, and the RMPP seam.
 
 Threads: ``send_cb`` and ``recv_cb`` run on the AL's misc queue (the thread
-that runs MAD agent callbacks; they must not block); completions of a
+that runs MAD agent callbacks; they must not block), or for a service
+registered ``inline`` on the thread that reports the MAD to the AL; completions of a
 deregistration run on the teardown queue just before the destroy callback.
 :meth:`MadService.send`, :meth:`~MadService.cancel` and
 :meth:`~MadService.deregister` may be called from any thread, callbacks
@@ -490,11 +491,16 @@ def transport_message(mad: bytes) -> bytes | None:
     return bytes(mad[:24]) + bytes(12) + bytes(mad[RMPP_DATA : min(end, len(mad))])
 
 
-def reg_mad_svc(alias: AliasQp, svc: MadSvc, pool_key: PoolKey | None = None) -> MadService:
+def reg_mad_svc(
+    alias: AliasQp, svc: MadSvc, pool_key: PoolKey | None = None, *, inline: bool = False
+) -> MadService:
     """``ib_reg_mad_svc``: register ``svc`` on a QP0/QP1 alias.
 
     Received MADs are elements of ``pool_key`` (a private unbounded pool when
     ``None``); the user gives them back with :func:`~ibal.mad.put_mad`.
+    ``inline=True``: ``send_cb``/``recv_cb`` run on the thread that reports the
+    MAD to the AL instead of the misc queue (``AliasQp.register_agent``'s
+    ``inline``: they must not block, nor wait for this AL's objects).
     ``InvalidParameter`` for a bad QP or description, ``ResourceBusy`` when
     another client of the port already serves one of the methods.
     """
@@ -518,6 +524,7 @@ def reg_mad_svc(alias: AliasQp, svc: MadSvc, pool_key: PoolKey | None = None) ->
         rmpp_version=1 if does_rmpp and alias.segments_rmpp else 0,
         context=svc.context,
         oui=svc.oui,
+        inline=inline,
     )
     service._attach(agent)
     return service

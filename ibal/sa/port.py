@@ -15,8 +15,12 @@ anything; with no SM LID a try goes nowhere and the request times out.  The
 tries are timed on the AL's timers through one timer per port, armed for the
 earliest deadline of its requests (a ``ManualClock`` steps them in tests).
 
-Threads: the callbacks (``callback(answer)``, the report listeners) run on the
-AL's misc queue, one at a time, and must not block; the ``CANCELED`` answers
+Threads: an answer's callback (``callback(answer)``) and the report listeners
+run on the thread that reports the MAD to the AL (the umad provider's receive
+thread, the AL's special-QP completion thread), with no hop to another queue;
+answers the port makes itself (time-out, failed send) on the AL's misc queue.
+They must not block nor wait for this AL's objects (sending another request
+is fine), and may run concurrently with each other; the ``CANCELED`` answers
 of a closing AL (or ``close``/port loss) run on the thread that closes it.
 :meth:`SaRequest.wait` blocks (never on an AL thread); ``await request``
 works on any event loop.
@@ -272,13 +276,15 @@ class SaPort(Dependent):
         svc = MadSvc(MgmtClass.SUBN_ADM, SA_CLASS_VERSION, self._on_recv, self._on_sent,
                      methods=frozenset({Method.REPORT}), support_unsol=True)  # fmt: skip
         try:
-            service = reg_mad_svc(alias, svc)
+            # inline: the answer goes from the receive thread to the request's machine and
+            # callback with no queue hop (a thread crossing less per query).
+            service = reg_mad_svc(alias, svc, inline=True)
         except ResourceBusy:
             # Another client of the port (another AL of this process, or another process
             # through the kernel) serves SA Reports: queries work, Reports go there.
             log.info("%r: SA Reports are served by another client of the port", self)
-            service = reg_mad_svc(alias, MadSvc(MgmtClass.SUBN_ADM, SA_CLASS_VERSION,
-                                                self._on_recv, self._on_sent))  # fmt: skip
+            plain = MadSvc(MgmtClass.SUBN_ADM, SA_CLASS_VERSION, self._on_recv, self._on_sent)
+            service = reg_mad_svc(alias, plain, inline=True)
             self.stats["reports_elsewhere"] = 1
         if not service.transport_rmpp:
             enable_rmpp(service, self.ca.al.timers, class_header_size=SA_HEADER_SIZE)
@@ -319,7 +325,8 @@ class SaPort(Dependent):
         retry_cnt: int = 3,
         callback: AnswerCallback | None = None,
     ) -> SaRequest:
-        """Ask the SA; ``callback(answer)`` (misc queue) gets the :class:`SaAnswer` once.
+        """Ask the SA; ``callback(answer)`` gets the :class:`SaAnswer` once (on the
+        receive thread or the misc queue, see the module docstring: never block there).
 
         ``InvalidParameter`` for a field that does not fit or a bad time-out,
         ``Unsupported`` for a request other than a PathRecord Get/GetTable on a
@@ -488,7 +495,7 @@ class SaPort(Dependent):
 
     # ------------------------------------------------------------------ MADs in
     def _on_sent(self, e: MadElement) -> None:
-        """Misc queue: a send ended (a try, or a ReportResp of ours)."""
+        """Receive thread (inline service): a send ended (a try, or a ReportResp of ours)."""
         req = e.context1
         if isinstance(req, SaRequest) and e.status is WcStatus.SUCCESS and e.resp_expected:
             return  # its response comes next and gives the element back
@@ -499,7 +506,7 @@ class SaPort(Dependent):
         put_mad(e)
 
     def _on_recv(self, e: MadElement) -> None:
-        """Misc queue: a response to a try, or an unsolicited Report."""
+        """Receive thread (inline service): a response to a try, or an unsolicited Report."""
         request = e.request
         if request is not None:
             req = request.context1
@@ -540,7 +547,7 @@ class SaPort(Dependent):
             put_mad(e)
 
     def add_report_listener(self, fn: ReportListener) -> Callable[[], None]:
-        """``fn(notice_bytes, sender)`` for each SA Report (misc queue; the port answers the
+        """``fn(notice_bytes, sender)`` for each SA Report (receive thread; the port answers the
         ReportResp after the listeners ran); returns the function that removes ``fn``."""
         if not callable(fn):
             raise InvalidParameter("a report listener must be callable")
