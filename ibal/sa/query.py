@@ -322,10 +322,22 @@ def query(al: AccessLayer, req: QueryReq) -> Query:
     method, attr_id, data, mask = _request(port, qtype, req.query_input)
     q = Query(req, qtype)
     q._sa = port.request(method, attr_id, data, mask, timeout_ms=req.timeout_ms,
-                         retry_cnt=req.retry_cnt, callback=q._answered)  # fmt: skip
+                         retry_cnt=req.retry_cnt, callback=_on_misc(al, q._answered))  # fmt: skip
     if sync:
         q.wait()
     return q
+
+
+def _on_misc(al: AccessLayer, fn: Callable[[SaAnswer], None]) -> Callable[[SaAnswer], None]:
+    """``fn`` as an :class:`SaPort` callback that runs on the misc queue, as the query
+    API promises (the port calls back on its receive thread); queued straight, not
+    dropped when something is dying, so the answer is delivered exactly once."""
+    post = al.manager.queues.misc.post
+
+    def hop(answer: SaAnswer) -> None:
+        post(fn, answer)
+
+    return hop
 
 
 def _port(al: AccessLayer, port_guid: int | None) -> SaPort:
@@ -499,7 +511,8 @@ def _start(al: AccessLayer, spec: _Spec, port_guid: int | None, timeout_ms: int,
             callback(_result(answer, spec.table))
 
     req = port.request(spec.method, spec.attr_id, spec.data, spec.comp_mask,
-                       timeout_ms=timeout_ms, retry_cnt=retry_cnt, callback=done)  # fmt: skip
+                       timeout_ms=timeout_ms, retry_cnt=retry_cnt,
+                       callback=_on_misc(al, done))  # fmt: skip
     return PyQuery(req, spec.table)
 
 
