@@ -35,6 +35,8 @@ from ibal.mad.consts import Method, SaAttr
 from ibal.sa import inform_fsm as fsm
 from ibal.sa.inform_fsm import ALL_TRAPS, InformInfo, Notice, SubPhase
 from ibal.sa.port import SaPort
+from ibal.sa.txn import SaAnswer, SaRequestLike
+from ibal.sa.txn import SaRequester as _SaRequester
 from ibal.status import IbError, InvalidAlHandle, InvalidHandle, InvalidParameter, Status, Timeout
 from ibal.types import MadAddr
 from ibal.wire.fields import FieldError
@@ -65,39 +67,8 @@ RENEW_EVENTS = frozenset({
 """Port events after which the SA may have forgotten the port's subscriptions."""
 
 
-class SaAnswerLike(Protocol):
-    """What a subscription reads of an SA answer (``ibal.sa.txn.SaAnswer``)."""
-
-    @property
-    def status(self) -> Status: ...
-    @property
-    def mad_status(self) -> int: ...
-    @property
-    def records(self) -> tuple[bytes, ...]: ...
-
-
-class SaRequestLike(Protocol):
-    def cancel(self) -> None: ...
-
-
-class SaRequester(Protocol):
+class SaRequester(_SaRequester, Protocol):
     """The SA as seen from one port (``ibal.sa.port.SaPort``)."""
-
-    @property
-    def port_guid(self) -> int: ...
-
-    def request(
-        self,
-        method: int,
-        attr_id: int,
-        data: bytes = ...,
-        comp_mask: int = ...,
-        *,
-        attr_mod: int = ...,
-        timeout_ms: int = ...,
-        retry_cnt: int = ...,
-        callback: Callable[[Any], object] | None = ...,
-    ) -> SaRequestLike: ...
 
     def add_report_listener(
         self, fn: Callable[[bytes, MadAddr], object]
@@ -343,7 +314,7 @@ class Subscription(Dependent):
     def _send(self, act: fsm.SendSet) -> None:
         tag = act.tag
 
-        def answered(ans: SaAnswerLike) -> None:
+        def answered(ans: SaAnswer) -> None:
             def step() -> list[fsm.Action]:
                 self._requests.pop(tag, None)
                 return self._machine.answer(tag, ans.status, ans.mad_status, ans.records)

@@ -20,7 +20,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ibal.al import Ca, Dependent, McastAttachment, PnpClass, PnpEvent, PnpRec, Qp
 from ibal.al.obj import DestroyCallback
@@ -29,6 +29,7 @@ from ibal.mad.consts import Method, SaAttr
 from ibal.sa import mcast_fsm as fsm
 from ibal.sa.mcast_fsm import JoinState, McastPhase, MemberRec, Scope
 from ibal.sa.port import SaPort
+from ibal.sa.txn import SaAnswer, SaRequester, SaRequestLike
 from ibal.status import (
     IbError,
     InvalidGid,
@@ -45,41 +46,6 @@ from ibal.types import Gid, QpType
 
 if TYPE_CHECKING:
     from ibal.al import AccessLayer
-
-
-class SaAnswerLike(Protocol):
-    """What the MCMemberRecord exchange reads of an SA answer (:class:`ibal.sa.SaAnswer`)."""
-
-    @property
-    def status(self) -> Status: ...
-    @property
-    def mad_status(self) -> int: ...
-    @property
-    def records(self) -> tuple[bytes, ...]: ...
-
-
-class SaRequestLike(Protocol):
-    def cancel(self) -> None: ...
-
-
-class SaRequester(Protocol):
-    """The SA as seen from one port: :class:`ibal.sa.SaPort` (or a test's stand-in)."""
-
-    @property
-    def port_guid(self) -> int: ...
-
-    def request(
-        self,
-        method: int,
-        attr_id: int,
-        data: bytes = ...,
-        comp_mask: int = ...,
-        *,
-        attr_mod: int = ...,
-        timeout_ms: int = ...,
-        retry_cnt: int = ...,
-        callback: Callable[[Any], None] | None = ...,
-    ) -> SaRequestLike: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +262,7 @@ class McastMembership(Dependent):
             self._finished(act)
 
     def _send(self, method: int, tag: int, record: bytes, comp_mask: int) -> None:
-        def answered(ans: SaAnswerLike) -> None:
+        def answered(ans: SaAnswer) -> None:
             # Directly, not through post_callback: a leave's answer arrives while dying.
             with self._mlock:
                 self._requests.pop(tag, None)

@@ -45,6 +45,7 @@ from ibal.sa.service_fsm import (
     Send,
     ServiceLease,
 )
+from ibal.sa.txn import SaRequester
 from ibal.status import (
     IbError,
     InvalidGid,
@@ -232,14 +233,8 @@ class RegSvcReq:
     """ibal's addition: renew a finite lease (IBAL lets it run out: ``False``)."""
 
 
-class _Requester(Protocol):
+class _Requester(SaRequester, Protocol):
     """What a registration needs of :class:`~ibal.sa.port.SaPort` (a fake in unit tests)."""
-
-    port_guid: int
-
-    def request(self, method: int, attr_id: int, data: bytes = b"", comp_mask: int = 0, *,
-                attr_mod: int = 0, timeout_ms: int = 1000, retry_cnt: int = 3,
-                callback: Callable[[SaAnswer], None] | None = None) -> Any: ...  # fmt: skip
 
     def close(self) -> None: ...
 

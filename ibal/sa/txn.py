@@ -22,6 +22,7 @@ import enum
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ibal.mad import header as mad_header
 from ibal.mad.consts import MAD_SIZE, Method, MgmtClass
@@ -303,3 +304,29 @@ class SaTxn:
         if self.state is TxnState.DONE:
             return []
         return self._finish(answer)
+
+
+class SaRequestLike(Protocol):
+    """A request in flight, as its sender keeps it (:class:`ibal.sa.port.SaRequest`)."""
+
+    def cancel(self) -> None: ...
+
+
+class SaRequester(Protocol):
+    """The SA as seen from one port: :class:`ibal.sa.port.SaPort`, or a test's stand-in."""
+
+    @property
+    def port_guid(self) -> int: ...
+
+    def request(
+        self,
+        method: int,
+        attr_id: int,
+        data: bytes = ...,
+        comp_mask: int = ...,
+        *,
+        attr_mod: int = ...,
+        timeout_ms: int = ...,
+        retry_cnt: int = ...,
+        callback: Callable[[SaAnswer], None] | None = ...,
+    ) -> SaRequestLike: ...
