@@ -23,18 +23,21 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from ibal.wire.rtnetlink import IFINFOMSG as _IFINFOMSG
+from ibal.wire.rtnetlink import IFLA_IFNAME as _IFLA_IFNAME
+from ibal.wire.rtnetlink import NLMSG_HDR as _NLMSG_HDR
+from ibal.wire.rtnetlink import RTATTR as _RTATTR
+from ibal.wire.rtnetlink import attrs as _attrs
+from ibal.wire.rtnetlink import link_fields
+
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-_NLMSG_HDR: Final = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 _RTMSG: Final = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table,
 #                                              protocol, scope, type, flags
-_IFINFOMSG: Final = struct.Struct("=BxHiII")  # family, type, index, flags, change
 _NDMSG: Final = struct.Struct("=BxxxiHBB")  # family, ifindex, state, flags, type
-_RTATTR: Final = struct.Struct("=HH")  # len, type
 _NLMSG_ERROR: Final = 2
 _NLMSG_DONE: Final = 3
 _NLM_F_REQUEST: Final = 0x1
@@ -53,9 +56,6 @@ _RTA_PREFSRC: Final = 7
 _RTA_METRICS: Final = 8
 _RTAX_MTU: Final = 2
 _RTAX_HOPLIMIT: Final = 10
-_IFLA_ADDRESS: Final = 1
-_IFLA_IFNAME: Final = 3
-_IFLA_MTU: Final = 4
 _NDA_DST: Final = 1
 _NDA_LLADDR: Final = 2
 RTN_UNICAST: Final = 1
@@ -162,15 +162,6 @@ class IpStack(Protocol):
 # ----------------------------------------------------------------- parsing
 
 
-def _attrs(buf: bytes, off: int, end: int) -> Iterator[tuple[int, bytes]]:
-    while off + 4 <= end:
-        alen, atype = _RTATTR.unpack_from(buf, off)
-        if alen < 4 or off + alen > end:
-            return
-        yield atype & 0x3FFF, buf[off + 4 : off + alen]
-        off += (alen + 3) & ~3
-
-
 def _attr(atype: int, value: bytes) -> bytes:
     body = _RTATTR.pack(4 + len(value), atype) + value
     return body + bytes(-len(body) % 4)
@@ -209,18 +200,8 @@ def parse_route(buf: bytes, off: int, end: int) -> Route | None:
 
 def parse_link(buf: bytes, off: int, end: int) -> Link | None:
     """A ``RTM_NEWLINK`` body as a :class:`Link`."""
-    if end - off < _IFINFOMSG.size:
-        return None
-    _fam, _type, index, flags, _change = _IFINFOMSG.unpack_from(buf, off)
-    name, mac, mtu = "", b"", 0
-    for atype, val in _attrs(buf, off + _IFINFOMSG.size, end):
-        if atype == _IFLA_IFNAME:
-            name = val.rstrip(b"\0").decode(errors="replace")
-        elif atype == _IFLA_ADDRESS:
-            mac = val
-        elif atype == _IFLA_MTU and len(val) >= 4:
-            mtu = struct.unpack_from("=I", val)[0]
-    return Link(index, name, mac, mtu, flags)
+    fields = link_fields(buf, off, end)
+    return None if fields is None else Link(*fields)
 
 
 def parse_neighbour(buf: bytes, off: int, end: int) -> Neighbour | None:

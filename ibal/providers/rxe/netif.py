@@ -28,14 +28,16 @@ from dataclasses import dataclass
 from typing import Final
 
 from ibal.types import Gid, GidEntry, GidType, Mtu
+from ibal.wire.rtnetlink import IFINFOMSG as _IFINFOMSG
+from ibal.wire.rtnetlink import NLMSG_HDR as _NLMSG_HDR
+from ibal.wire.rtnetlink import attrs as _attrs
+from ibal.wire.rtnetlink import link_fields
+from ibal.wire.rtnetlink import messages as _messages
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 # linux/netlink.h, linux/rtnetlink.h, linux/if_link.h, linux/if_addr.h
-_NLMSG_HDR: Final = struct.Struct("=IHHII")  # len, type, flags, seq, pid
-_IFINFOMSG: Final = struct.Struct("=BxHiII")  # family, type, index, flags, change
 _IFADDRMSG: Final = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
-_RTATTR: Final = struct.Struct("=HH")  # len, type
 _NLMSG_ERROR: Final = 2
 _NLMSG_DONE: Final = 3
 _NLM_F_REQUEST: Final = 0x1
@@ -46,9 +48,6 @@ _RTM_GETLINK: Final = 18
 RTM_NEWADDR: Final = 20
 RTM_DELADDR: Final = 21
 _RTM_GETADDR: Final = 22
-_IFLA_ADDRESS: Final = 1
-_IFLA_IFNAME: Final = 3
-_IFLA_MTU: Final = 4
 _IFA_ADDRESS: Final = 1
 _IFA_LOCAL: Final = 2
 _IFA_FLAGS: Final = 8
@@ -120,39 +119,9 @@ class NetEvent:
 # ----------------------------------------------------------------- parsing
 
 
-def _attrs(buf: bytes, off: int, end: int) -> Iterator[tuple[int, bytes]]:
-    while off + 4 <= end:
-        alen, atype = _RTATTR.unpack_from(buf, off)
-        if alen < 4 or off + alen > end:
-            return
-        yield atype & 0x3FFF, buf[off + 4 : off + alen]
-        off += (alen + 3) & ~3
-
-
-def _messages(buf: bytes) -> Iterator[tuple[int, bytes, int, int]]:
-    """(type, whole message, body offset, end) for each netlink message in ``buf``."""
-    off = 0
-    while off + _NLMSG_HDR.size <= len(buf):
-        mlen, mtype, _flags, _seq, _pid = _NLMSG_HDR.unpack_from(buf, off)
-        if mlen < _NLMSG_HDR.size or off + mlen > len(buf):
-            return
-        yield mtype, buf, off + _NLMSG_HDR.size, off + mlen
-        off += (mlen + 3) & ~3
-
-
 def _parse_link(buf: bytes, off: int, end: int) -> Interface | None:
-    if end - off < _IFINFOMSG.size:
-        return None
-    _fam, _type, index, flags, _change = _IFINFOMSG.unpack_from(buf, off)
-    name, mac, mtu = "", b"", 0
-    for atype, val in _attrs(buf, off + _IFINFOMSG.size, end):
-        if atype == _IFLA_IFNAME:
-            name = val.rstrip(b"\0").decode(errors="replace")
-        elif atype == _IFLA_ADDRESS:
-            mac = val
-        elif atype == _IFLA_MTU and len(val) >= 4:
-            mtu = struct.unpack_from("=I", val)[0]
-    return Interface(index, name, mac, mtu, flags)
+    fields = link_fields(buf, off, end)
+    return None if fields is None else Interface(*fields)
 
 
 def _parse_addr(buf: bytes, off: int, end: int) -> tuple[int, Address] | None:
