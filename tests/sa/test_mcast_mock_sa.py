@@ -16,8 +16,6 @@ from ibal.sa import JoinState, McastPhase, join_mcast
 from ibal.status import Status
 from ibal.types import AccessFlags, AvAttr, DgrmInfo, Gid, Grh, QpType, RecvWr, SendWr, UdDest
 
-pytest.importorskip("ibal.providers.mock.sa_agent", reason="the mock fabric has no SA agent")
-
 WAIT = 20.0
 MGID = Gid("ff12:401b:ffff::db8:55")
 QKEY = 0x0B1B

@@ -16,8 +16,6 @@ from ibal.mad.sa import SERVICE_RECORD, component_mask
 from ibal.sa import SaPort, ServiceRecord, register_service
 from ibal.status import Status
 
-pytest.importorskip("ibal.providers.mock.sa_agent", reason="the mock fabric has no SA agent")
-
 BY_NAME = component_mask(SERVICE_RECORD, ["service_name"])
 
 
