@@ -884,6 +884,21 @@ class PhysCreate:
     buf_offset: int = 0
 
 
+@record(frozen=True)
+class FmrCreate:
+    """`mlnx_fmr_create_t`: a fast memory region's limits, fixed when it is created.
+
+    ``max_pages`` pages of ``page_size`` bytes (a power of two; the C field is a
+    shift) may be mapped at a time; ``max_maps`` maps may follow one another before
+    an unmap is needed; ``access`` applies to every mapping.
+    """
+
+    max_pages: int
+    max_maps: int
+    page_size: int
+    access: AccessFlags
+
+
 # -------------------------------------------------------------------- events
 
 

@@ -15,6 +15,7 @@ from ibal.al.ca import Ca
 from ibal.al.cq import Cq
 from ibal.al.dependent import Dependent
 from ibal.al.dispatcher import CallbackQueue, CallbackQueues, Dispatcher, in_callback
+from ibal.al.fmr import Fmr
 from ibal.al.manager import PROVIDERS_ENV, AlManager, default_manager, open_al
 from ibal.al.mr import Mr, Mw
 from ibal.al.obj import SYNC_DESTROY, AlObject
@@ -65,6 +66,7 @@ __all__ = [
     "DeviceAttrMask",
     "Dispatcher",
     "Endpoint",
+    "Fmr",
     "MadAgent",
     "McastAttachment",
     "Mr",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ibal.al.obj import READY, CaObject, busy_if, check_handle
@@ -30,6 +31,7 @@ from ibal.types import (
     MrAttr,
     MrKeys,
     MrModMask,
+    PhysCreate,
     QpType,
     Sge,
 )
@@ -58,6 +60,23 @@ def check_access(access: object, cica: CiCa) -> AccessFlags:
     return flags
 
 
+def check_phys_create(create: PhysCreate) -> None:
+    """The shape of a physical registration (the CA judges page sizes and lengths)."""
+    if not create.pages or create.length <= 0 or create.page_size <= 0:
+        raise InvalidParameter("pages, page_size and length are required")
+
+
+def _check_mask(mask: object, given: dict[MrModMask, bool]) -> MrModMask:
+    """``mask`` as an ``MrModMask``; each group of bits must come with its argument."""
+    if not isinstance(mask, int) or not mask or int(mask) & ~_MOD_VALID:
+        raise InvalidParameter(f"bad re-registration mask {mask!r}")
+    out = MrModMask(int(mask))
+    for bits, present in given.items():
+        if bool(out & bits) != present:
+            raise InvalidParameter(f"{bits.name} must be given exactly when the mask names it")
+    return out
+
+
 def pin_buffer(buffer: object) -> tuple[memoryview, Any, int]:
     """A byte view of ``buffer``, the ctypes export that pins it, and its address."""
     try:
@@ -77,7 +96,8 @@ def pin_buffer(buffer: object) -> tuple[memoryview, Any, int]:
 
 
 class Mr(CaObject):
-    """A registered memory region (``ib_reg_mem``, ``ib_reg_phys``, ``ib_reg_shared``)."""
+    """A registered memory region (``ib_reg_mem``, ``ib_reg_phys``, ``ib_reg_shared``,
+    ``ib_reg_shmid``)."""
 
     _invalid = InvalidMrHandle
     _rank = 40
@@ -91,6 +111,7 @@ class Mr(CaObject):
         export: Any,
         access: AccessFlags,
         source: Mr | None = None,
+        on_free: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(pd._mgr, pd._al, pd, pd._cica)
         self._pd = pd
@@ -98,6 +119,7 @@ class Mr(CaObject):
         self._export = export  # keeps the consumer's buffer exported (pinned)
         self._access = access
         self._source = source
+        self._on_free = on_free  # lets go of memory the AL mapped for it (reg_shmid)
         self._bound_mws: dict[Mw, None] = {}
         self.lkey = 0
         self.rkey = 0
@@ -150,26 +172,75 @@ class Mr(CaObject):
         pd: Pd | None = None,
     ) -> None:
         """``ib_rereg_mem``: change what ``mask`` names; the new keys land on this object."""
-        from ibal.al.pd import Pd
-
         self._check()
-        if not isinstance(mask, int) or not mask or int(mask) & ~_MOD_VALID:
-            raise InvalidParameter(f"bad re-registration mask {mask!r}")
-        mask = MrModMask(int(mask))
-        given = {
+        mask = _check_mask(mask, {
             MrModMask.ADDR: buffer is not None,
             MrModMask.ACCESS: access is not None,
             MrModMask.PD: pd is not None,
-        }
-        for bit, present in given.items():
-            if bool(mask & bit) != present:
-                raise InvalidParameter(f"{bit.name} must be given exactly when the mask names it")
-        new_pd = check_handle(pd, Pd, self._al, self._cica) if pd is not None else None
+        })
+        new_pd = self._new_pd(pd)
         flags = check_access(access, self._cica) if access is not None else None
         view = export = None
         vaddr: int | None = None
         if buffer is not None:
             view, export, vaddr = pin_buffer(buffer)
+        self._reregister(
+            lambda h_pd: self._ci.modify_mr(self._h, mask, view, vaddr, flags, h_pd),
+            new_pd, flags, view, export,
+        )
+
+    def rereg_phys(
+        self,
+        mask: MrModMask,
+        create: PhysCreate | None = None,
+        *,
+        vaddr: int = 0,
+        pd: Pd | None = None,
+    ) -> None:
+        """``ib_rereg_phys``: re-register as a physical region (``create``'s pages for ADDR,
+        its access for ACCESS; ``vaddr`` is the requested address, ``self.vaddr`` the one
+        assigned).  Works on virtual and physical regions alike; new keys."""
+        self._check()
+        if create is not None and not isinstance(create, PhysCreate):
+            raise InvalidParameter("a PhysCreate is required")
+        mask = _check_mask(mask, {
+            MrModMask.ADDR | MrModMask.ACCESS: create is not None,
+            MrModMask.PD: pd is not None,
+        })
+        if type(vaddr) is not int or vaddr < 0:
+            raise InvalidParameter("vaddr must be a non-negative int")
+        new_pd = self._new_pd(pd)
+        flags = None
+        export = None
+        if create is not None:
+            if mask & MrModMask.ACCESS:
+                flags = check_access(create.access, self._cica)
+            if mask & MrModMask.ADDR:
+                check_phys_create(create)
+                export = list(create.pages)
+        if not self._cica.capabilities.phys_mr:
+            raise Unsupported(self._cica.capabilities.reason("phys_mr"))
+        self._reregister(
+            lambda h_pd: self._ci.modify_pmr(self._h, mask, create, vaddr, h_pd),
+            new_pd, flags, None, export, phys=export is not None,
+        )
+
+    def _new_pd(self, pd: Pd | None) -> Pd | None:
+        from ibal.al.pd import Pd
+
+        return check_handle(pd, Pd, self._al, self._cica) if pd is not None else None
+
+    def _reregister(
+        self,
+        call: Callable[[Any], MrKeys],
+        new_pd: Pd | None,
+        flags: AccessFlags | None,
+        view: memoryview | None,
+        export: Any,
+        phys: bool = False,
+    ) -> None:
+        """Run a re-registration verb (``call(new PD handle or None)``) and take its
+        result: keys, memory, access, PD."""
         with self._lock:
             self._check()
             busy_if(self._bound_mws, "bound memory windows")
@@ -179,9 +250,7 @@ class Mr(CaObject):
                 new_pd._ref("child")
             self._inuse.append(None)  # as _use(), under the lock already
         try:
-            keys = self._ci.modify_mr(
-                self._h, mask, view, vaddr, flags, new_pd._h if new_pd is not None else None
-            )
+            keys = call(new_pd._h if new_pd is not None else None)
         except BaseException:
             if new_pd is not None:
                 with self._lock:
@@ -192,7 +261,7 @@ class Mr(CaObject):
         old_pd = None
         with self._lock:
             self._set_keys(keys)
-            if view is not None:
+            if view is not None or phys:
                 self._buffer, self._export = view, export
             if flags is not None:
                 self._access = flags
@@ -232,6 +301,10 @@ class Mr(CaObject):
 
     def _cleanup(self) -> None:
         self._ci.deregister_mr(self._h)
+
+    def _after_free(self) -> None:
+        if self._on_free is not None:
+            self._on_free()
 
     def _unlink(self) -> None:
         for mw in self._bound_mws:

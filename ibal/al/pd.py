@@ -8,10 +8,13 @@ from ibal.al import mad_port
 from ibal.al.alias import AliasQp
 from ibal.al.av import Av, check_av_attr
 from ibal.al.cq import Cq
-from ibal.al.mr import Mr, Mw, check_access, pin_buffer
+from ibal.al.fmr import EmulatedFmr, Fmr
+from ibal.al.mr import Mr, Mw, check_access, check_phys_create, pin_buffer
 from ibal.al.obj import CaObject, DestroyCallback, _SyncDestroy, check_handle
 from ibal.al.qp import EventCallback, Qp, QpCreate, check_qp_create
+from ibal.al.shmid import open_segment
 from ibal.al.srq import Srq, check_srq_attr
+from ibal.ci.fmr import check_fmr_create
 from ibal.status import (
     InvalidMaxSge,
     InvalidMaxWrs,
@@ -21,13 +24,15 @@ from ibal.status import (
     InvalidSetting,
     Unsupported,
 )
-from ibal.types import AvAttr, PdType, PhysCreate, QpType, SrqAttr
+from ibal.types import AvAttr, FmrCreate, PdType, PhysCreate, QpType, SrqAttr
 
 if TYPE_CHECKING:
     from ibal.al.ca import Ca
     from ibal.types import AccessFlags
 
 _SRQ_QP_TYPES = (QpType.RC, QpType.UC, QpType.UD)
+_EMULATED_MAX_PAGES = 1 << 20
+"""The most pages an emulated FMR maps (its regions' size is the CA's limit too)."""
 
 
 def _check_cb(cb: object, name: str) -> None:
@@ -248,14 +253,61 @@ class Pd(CaObject):
         if type(vaddr) is not int or vaddr < 0:
             raise InvalidParameter("vaddr must be a non-negative int")
         flags = check_access(create.access, self._cica)
-        if not create.pages or create.length <= 0 or create.page_size <= 0:
-            raise InvalidParameter("pages, page_size and length are required")
+        check_phys_create(create)
         mr = Mr(self, None, list(create.pages), flags)
 
         def make() -> None:
             mr._set_keys(self._ci.register_pmr(self._h, create, vaddr))
 
         return self._spawn(mr, make)
+
+    def reg_shmid(self, shmid: str | bytes, access: AccessFlags, length: int | None = None) -> Mr:
+        """``ib_reg_shmid``: register the POSIX shared-memory segment named ``shmid``
+        (see :mod:`ibal.al.shmid`); every registration of the name, in any process,
+        reaches the same pages.  ``mr.buffer`` is this registration's mapping.
+
+        ``length``, if given, must be the segment's size (``InvalidSetting``).
+        """
+        self._check()
+        flags = check_access(access, self._cica)
+        seg = open_segment(shmid, length)
+        try:
+            view, export, vaddr = pin_buffer(seg.buf)
+        except BaseException:
+            seg.close()
+            raise
+        mr = Mr(self, view, export, flags, on_free=seg.close)
+
+        def make() -> None:
+            mr._set_keys(self._ci.register_mr(self._h, view, vaddr, flags))
+
+        try:
+            return self._spawn(mr, make)
+        except BaseException:
+            mr._export = None
+            view.release()
+            seg.close()
+            raise
+
+    def create_fmr(self, create: FmrCreate) -> Fmr:
+        """``mlnx_create_fmr``: a fast memory region, not mapped yet (see :mod:`ibal.al.fmr`)."""
+        self._check()
+        cica = self._cica
+        if not isinstance(create, FmrCreate):
+            raise InvalidParameter("an FmrCreate is required")
+        check_access(create.access, cica)
+        native = cica.capabilities.fmr
+        if not native:  # the emulation judges the request as a CA would
+            check_fmr_create(create, _EMULATED_MAX_PAGES)
+            max_size = cica.limit("max_mr_size")
+            if max_size and create.max_pages * create.page_size > max_size:
+                raise InvalidParameter(f"max_pages x page_size is above max_mr_size {max_size}")
+        fmr = Fmr(self, create, native)
+
+        def make() -> None:
+            fmr._h = self._ci.alloc_fmr(self._h, create) if native else EmulatedFmr(create)
+
+        return self._spawn(fmr, make)
 
     def create_mw(self, mw_type: int = 1) -> Mw:
         """``ib_create_mw``: an unbound window; its R_KEY is ``mw.rkey``.

@@ -43,6 +43,7 @@ from ibal.types import (
     CaMod,
     CiOp,
     EventRecord,
+    FmrCreate,
     Gid,
     MadAgentSpec,
     MadSend,
@@ -126,7 +127,11 @@ class Capabilities:
     multicast: bool = True
     phys_mr: bool = False
     shared_mr: bool = False
+    """``register_smr``.  ``phys_mr`` covers ``register_pmr`` and ``modify_pmr``."""
     modify_mr: bool = True
+    fmr: bool = False
+    """The fast-memory-region verbs (``alloc_fmr`` ... ``dealloc_fmr``, the Mellanox
+    extension).  Without them the access layer emulates FMRs over register/deregister."""
     local_mad: bool = False
     mad_agents: bool = False
     """The CA sends and receives MADs itself (``register_mad_agent``/``send_mad``):
@@ -437,9 +442,62 @@ class ChannelInterface(abc.ABC):
         """`ci_register_smr`: a second region over ``h_mr``'s pages."""
         raise Unsupported("shared memory regions")
 
+    def modify_pmr(
+        self,
+        h_mr: Handle,
+        mask: MrModMask,
+        create: PhysCreate | None,
+        vaddr: int,
+        h_pd: Handle | None,
+    ) -> MrKeys:
+        """`ci_modify_pmr` (with ``phys_mr``): re-register ``h_mr`` (virtual or physical)
+        as a physical region; new keys.
+
+        ``mask`` ADDR takes ``create``'s pages, page size, length and offset at the
+        requested ``vaddr`` (the result says what was assigned); ACCESS takes
+        ``create.access``; PD moves it to ``h_pd``.  ``create`` is ``None`` only for
+        PD alone.  Any thread, never blocks.  ``ResourceBusy`` with windows bound or
+        shared regions, ``InvalidParameter`` for a bad mask, page size or length,
+        ``InvalidPermission`` for remote write without local write; on any error
+        the region is unchanged.
+        """
+        raise Unsupported("physical re-registration")
+
     @abc.abstractmethod
     def deregister_mr(self, h_mr: Handle) -> None:
         """`ci_deregister_mr`: ``ResourceBusy`` with windows bound or shared regions."""
+
+    # ----------------------------------------------------------------------- FMR
+    def alloc_fmr(self, h_pd: Handle, create: FmrCreate) -> Handle:
+        """`ci_alloc_mlnx_fmr` (optional, with ``fmr``): an FMR on ``h_pd``; maps nothing.
+
+        Any thread, never blocks.  ``InvalidParameter`` for limits the CA cannot
+        meet (:func:`ibal.ci.fmr.check_fmr_create`), ``InvalidPermission`` for remote
+        write without local write, ``InsufficientResources`` when out of regions.
+        """
+        raise Unsupported("fast memory regions")
+
+    def map_phys_fmr(self, h_fmr: Handle, pages: Sequence[memoryview], vaddr: int) -> MrKeys:
+        """`ci_map_phys_mlnx_fmr`: make ``pages`` (each a buffer of at least the FMR's
+        page size, standing for a physical page) one region at ``vaddr`` (0: the CA
+        chooses; the result says what was assigned).
+
+        A map while mapped replaces the mapping.  Every map gives new keys: the
+        previous mapping's L_Key and R_Key stop working at once.  After
+        ``max_maps`` maps without an unmap: ``InsufficientResources``; other
+        argument errors as :func:`ibal.ci.fmr.check_fmr_map`.  On error the
+        current mapping is unchanged.  ``MrKeys.handle`` is ``h_fmr``.
+        """
+        raise Unsupported("fast memory regions")
+
+    def unmap_fmr(self, h_fmr: Handle) -> None:
+        """`ci_unmap_mlnx_fmr`: drop the mapping (its keys stop working) and reset the
+        map count; an FMR that is not mapped is left as it is."""
+        raise Unsupported("fast memory regions")
+
+    def dealloc_fmr(self, h_fmr: Handle) -> None:
+        """`ci_dealloc_mlnx_fmr`: ``ResourceBusy`` while mapped (unmap first)."""
+        raise Unsupported("fast memory regions")
 
     # ------------------------------------------------------------------------ MW
     def create_mw(self, h_pd: Handle, mw_type: int = 1) -> MwCreated:

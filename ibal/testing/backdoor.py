@@ -39,6 +39,7 @@ from ibal.types import (
     CaMod,
     CiOp,
     EventRecord,
+    FmrCreate,
     Gid,
     MrAttr,
     MrKeys,
@@ -287,8 +288,33 @@ class TracingCi(ChannelInterface):
         result: MrKeys = self._fwd("register_smr", h_mr, h_pd, access, vaddr)
         return result
 
+    def modify_pmr(
+        self,
+        h_mr: Handle,
+        mask: MrModMask,
+        create: PhysCreate | None,
+        vaddr: int,
+        h_pd: Handle | None,
+    ) -> MrKeys:
+        result: MrKeys = self._fwd("modify_pmr", h_mr, mask, create, vaddr, h_pd)
+        return result
+
     def deregister_mr(self, h_mr: Handle) -> None:
         self._fwd("deregister_mr", h_mr)
+
+    # ---------------------------------------------------------------- FMR
+    def alloc_fmr(self, h_pd: Handle, create: FmrCreate) -> Handle:
+        return self._fwd("alloc_fmr", h_pd, create)
+
+    def map_phys_fmr(self, h_fmr: Handle, pages: Sequence[memoryview], vaddr: int) -> MrKeys:
+        result: MrKeys = self._fwd("map_phys_fmr", h_fmr, pages, vaddr)
+        return result
+
+    def unmap_fmr(self, h_fmr: Handle) -> None:
+        self._fwd("unmap_fmr", h_fmr)
+
+    def dealloc_fmr(self, h_fmr: Handle) -> None:
+        self._fwd("dealloc_fmr", h_fmr)
 
     # ---------------------------------------------------------------- MW
     def create_mw(self, h_pd: Handle, mw_type: int = 1) -> MwCreated:

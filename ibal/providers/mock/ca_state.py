@@ -14,6 +14,7 @@ from ibal.ci.interface import (
 from ibal.providers.mock.objects import (
     MockAv,
     MockCq,
+    MockFmr,
     MockMr,
     MockMw,
     MockPd,
@@ -28,6 +29,7 @@ from ibal.status import (
     InvalidAvHandle,
     InvalidCaHandle,
     InvalidCqHandle,
+    InvalidFmrHandle,
     InvalidMrHandle,
     InvalidMwHandle,
     InvalidParameter,
@@ -214,6 +216,7 @@ class CaState:
             phys_mr=True,
             shared_mr=True,
             modify_mr=True,
+            fmr=True,
             local_mad=True,
             vendor_call=True,
             violation_counters=self.violation_counters,
@@ -284,6 +287,9 @@ class CaState:
 
     def _h_mw(self, h: Handle) -> MockMw:
         return self._own(h, MockMw, InvalidMwHandle, "an MW")
+
+    def _h_fmr(self, h: Handle) -> MockFmr:
+        return self._own(h, MockFmr, InvalidFmrHandle, "an FMR")
 
     def _no_callback(self, verb: str) -> None:
         if self._engine.in_callback():

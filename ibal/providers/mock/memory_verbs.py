@@ -1,4 +1,4 @@
-"""Memory regions (virtual, physical, shared) and type 1 memory windows.
+"""Memory regions (virtual, physical, shared), fast memory regions and type 1 windows.
 
 Called by the access layer on any thread under the fabric lock; never blocks;
 raises the :mod:`ibal.status` exceptions.
@@ -6,24 +6,30 @@ raises the :mod:`ibal.status` exceptions.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
 
+from ibal.ci.fmr import check_fmr_create, check_fmr_map
 from ibal.ci.interface import (
     Handle,
     MwCreated,
 )
 from ibal.providers import checks
 from ibal.providers.mock.objects import (
+    MockFmr,
     MockMr,
     MockMw,
     SendWqe,
 )
 from ibal.status import (
     InvalidParameter,
+    InvalidPermission,
+    ResourceBusy,
 )
 from ibal.types import (
     AccessFlags,
     BindWr,
+    FmrCreate,
     MrAttr,
     MrKeys,
     MrModMask,
@@ -42,6 +48,12 @@ from ibal.providers.mock.ca_state import (
     CaState,
     verb,
 )
+
+FMR_MAX_PAGES: Final = 4096
+"""The most pages one mock FMR maps (16 MiB of 4 KiB pages)."""
+
+_ACCESS: Final = int(MrModMask.ACCESS)
+_ADDR_OR_ACCESS: Final = int(MrModMask.ADDR | MrModMask.ACCESS)
 
 
 def _readonly(mr: MockMr) -> bool:
@@ -85,12 +97,14 @@ class MemoryVerbs(CaState):
         self._iova = base + ((size + align - 1) & ~(align - 1)) + align  # a guard page
         return base
 
-    @verb
-    def register_pmr(self, h_pd: Handle, create: PhysCreate, vaddr: int) -> MrKeys:
-        pd = self._h_pd(h_pd)
-        if not isinstance(create, PhysCreate):
-            raise InvalidParameter("register_pmr needs a PhysCreate")
-        acc = checks.check_access(create.access)
+    def _page(self, page: object, ps: int, acc: int) -> memoryview:
+        mv = checks.byte_view(page, acc)
+        if mv.nbytes < ps:
+            raise InvalidParameter(f"a page buffer is shorter than {ps} bytes")
+        return mv[:ps]
+
+    def _phys_pages(self, create: PhysCreate, acc: int) -> tuple[memoryview, ...]:
+        """The pages of a physical registration, checked against the CA."""
         ps = create.page_size
         if ps not in PAGE_SIZES:
             raise InvalidParameter(f"page size {ps} not supported (4 KiB .. 2 MiB, powers of 2)")
@@ -102,29 +116,79 @@ class MemoryVerbs(CaState):
             raise InvalidParameter("length does not fit the pages")
         if create.length > self.limits.max_mr_size:
             raise InvalidParameter(f"{create.length} bytes is above max_mr_size")
-        pages = []
-        for page in create.pages:
-            mv = checks.byte_view(page, acc)
-            if mv.nbytes < ps:
-                raise InvalidParameter(f"a page buffer is shorter than {ps} bytes")
-            pages.append(mv[:ps])
+        return tuple(self._page(page, ps, acc) for page in create.pages)
+
+    def _phys_vaddr(self, create: PhysCreate, vaddr: int) -> int:
+        """The address a physical region gets: ``vaddr`` if its in-page offset matches."""
+        if not isinstance(vaddr, int) or vaddr < 0:
+            raise InvalidParameter(f"virtual address {vaddr!r} out of range")
+        ps = create.page_size
+        if vaddr and vaddr % ps == create.buf_offset:
+            return vaddr
+        return self._alloc_iova(create.buf_offset + create.length, ps) + create.buf_offset
+
+    @staticmethod
+    def _set_phys(mr: MockMr, create: PhysCreate, pages: tuple[memoryview, ...],
+                  vaddr: int) -> None:
+        mr.vaddr = vaddr
+        mr.length = create.length
+        mr.mv = None
+        mr.pages = pages
+        mr.page_size = create.page_size
+        mr.base = create.buf_offset
+        mr.phys = True
+
+    @verb
+    def register_pmr(self, h_pd: Handle, create: PhysCreate, vaddr: int) -> MrKeys:
+        pd = self._h_pd(h_pd)
+        if not isinstance(create, PhysCreate):
+            raise InvalidParameter("register_pmr needs a PhysCreate")
+        acc = checks.check_access(create.access)
+        pages = self._phys_pages(create, acc)
         if not isinstance(vaddr, int) or vaddr < 0:
             raise InvalidParameter(f"virtual address {vaddr!r} out of range")
         self._check_count("mr", self.limits.max_mrs)
-        if vaddr and vaddr % ps == create.buf_offset:
-            assigned = vaddr
-        else:
-            assigned = self._alloc_iova(create.buf_offset + create.length, ps) + create.buf_offset
         mr = MockMr(self, pd)
-        mr.vaddr = assigned
-        mr.length = create.length
-        mr.pages = tuple(pages)
-        mr.page_size = ps
-        mr.base = create.buf_offset
-        mr.phys = True
+        self._set_phys(mr, create, pages, self._phys_vaddr(create, vaddr))
         self._install_keys(mr, acc)
         self._n["mr"] += 1
         pd.users += 1
+        return self._keys_of(mr)
+
+    @verb
+    def modify_pmr(
+        self,
+        h_mr: Handle,
+        mask: MrModMask,
+        create: PhysCreate | None,
+        vaddr: int,
+        h_pd: Handle | None,
+    ) -> MrKeys:
+        mr = self._h_mr(h_mr)
+        m = checks.mr_mod_mask(mask)
+        checks.check_mr_idle(mr.windows, mr.shares)
+        pd = self._h_pd(h_pd) if m & int(MrModMask.PD) else mr.pd
+        if m & _ADDR_OR_ACCESS and not isinstance(create, PhysCreate):
+            raise InvalidParameter("modify_pmr needs a PhysCreate unless only the PD changes")
+        acc = checks.check_access(create.access) if create and m & _ACCESS else mr.acc
+        pages: tuple[memoryview, ...] | None = None
+        if create and m & int(MrModMask.ADDR):
+            pages = self._phys_pages(create, acc)
+            assigned = self._phys_vaddr(create, vaddr)
+        elif acc & checks.ANY_WRITE and _readonly(mr):
+            raise InvalidPermission("write access requested on read-only pages")
+        # apply: a deregistration and a physical registration, with new keys
+        del self.keys[mr.lkey]
+        if pd is not mr.pd:
+            mr.pd.users -= 1
+            pd.users += 1
+            mr.pd = pd
+        if create and pages is not None:
+            self._set_phys(mr, create, pages, assigned)
+            if mr.parent is not None:
+                mr.parent.shares -= 1
+                mr.parent = None
+        self._install_keys(mr, acc, self._rekey(mr.lkey))
         return self._keys_of(mr)
 
     @verb
@@ -203,6 +267,60 @@ class MemoryVerbs(CaState):
         mr.mv = None
         mr.pages = ()
         mr.pd.users -= 1
+        self._n["mr"] -= 1
+
+    # =================================================================== FMR
+    @verb
+    def alloc_fmr(self, h_pd: Handle, create: FmrCreate) -> MockFmr:
+        pd = self._h_pd(h_pd)
+        create = check_fmr_create(create, FMR_MAX_PAGES, PAGE_SIZES)
+        self._check_count("mr", self.limits.max_mrs)  # an FMR holds a region entry
+        fmr = MockFmr(self, pd, create, self._new_key())
+        self._n["mr"] += 1
+        pd.users += 1
+        return fmr
+
+    def _drop_mapping(self, fmr: MockFmr) -> None:
+        mr = fmr.mr
+        if mr is not None:
+            del self.keys[mr.lkey]
+            mr.alive = False
+            mr.pages = ()
+            fmr.mr = None
+
+    @verb
+    def map_phys_fmr(self, h_fmr: Handle, pages: Sequence[memoryview], vaddr: int) -> MrKeys:
+        fmr = self._h_fmr(h_fmr)
+        check_fmr_map(fmr.create, fmr.maps, pages, vaddr)
+        ps = fmr.create.page_size
+        views = tuple(self._page(p, ps, fmr.acc) for p in pages)
+        length = len(views) * ps
+        mr = MockMr(self, fmr.pd)
+        mr.vaddr = vaddr or self._alloc_iova(length, ps)
+        mr.length = length
+        mr.pages = views
+        mr.page_size = ps
+        mr.phys = True
+        self._drop_mapping(fmr)
+        fmr.key = self._rekey(fmr.key)
+        self._install_keys(mr, fmr.acc, fmr.key)
+        fmr.mr = mr
+        fmr.maps += 1
+        return MrKeys(fmr, mr.lkey, mr.rkey, mr.vaddr, mr.length)
+
+    @verb
+    def unmap_fmr(self, h_fmr: Handle) -> None:
+        fmr = self._h_fmr(h_fmr)
+        self._drop_mapping(fmr)
+        fmr.maps = 0
+
+    @verb
+    def dealloc_fmr(self, h_fmr: Handle) -> None:
+        fmr = self._h_fmr(h_fmr)
+        if fmr.mr is not None:
+            raise ResourceBusy("the FMR is mapped: unmap it first")
+        fmr.alive = False
+        fmr.pd.users -= 1
         self._n["mr"] -= 1
 
     # ==================================================================== MW

@@ -14,6 +14,7 @@ from ibal.types import (
     AccessFlags,
     ApmState,
     AvAttr,
+    FmrCreate,
     Gid,
     Mtu,
     PdType,
@@ -255,6 +256,27 @@ class MockMw:
     def __repr__(self) -> str:
         bound = f"0x{self.addr:x}+{self.length}" if self.mr is not None else "unbound"
         return f"<mock MW rkey=0x{self.rkey:x} {bound} on {self.ca.name}>"
+
+
+class MockFmr:
+    """A fast memory region: limits, and the current mapping as a physical
+    :class:`MockMr` in the key table (``None`` while unmapped)."""
+
+    __slots__ = ("acc", "alive", "ca", "create", "key", "maps", "mr", "pd")
+
+    def __init__(self, ca: CaState, pd: MockPd, create: FmrCreate, key: int) -> None:
+        self.ca = ca
+        self.pd = pd
+        self.create = create
+        self.acc = int(create.access)
+        self.key = key  # the key byte turns over at every map (stale keys miss)
+        self.maps = 0  # maps since the last unmap
+        self.mr: MockMr | None = None
+        self.alive = True
+
+    def __repr__(self) -> str:
+        state = "unmapped" if self.mr is None else f"mapped {self.maps}x"
+        return f"<mock FMR {state} on {self.ca.name}>"
 
 
 class MockMcast:

@@ -19,6 +19,7 @@ from ibal.testing.suite.ch_data import DataPathChecks
 from ibal.testing.suite.ch_destroy import DestroyChecks
 from ibal.testing.suite.ch_errors import ErrorCompletionChecks
 from ibal.testing.suite.ch_events import EventChecks
+from ibal.testing.suite.ch_fmr import FmrChecks
 from ibal.testing.suite.ch_handles import HandleChecks
 from ibal.testing.suite.ch_inv import InvalidateChecks
 from ibal.testing.suite.ch_mad import MadChecks
@@ -44,6 +45,7 @@ CHAPTERS: tuple[type[ConformanceBase], ...] = (
     ErrorCompletionChecks,
     QpStateChecks,
     MrChecks,
+    FmrChecks,
     MwChecks,
     InvalidateChecks,
     SrqChecks,
@@ -75,6 +77,7 @@ class ProviderConformance(
     SrqChecks,
     InvalidateChecks,
     MwChecks,
+    FmrChecks,
     MrChecks,
     QpStateChecks,
     ErrorCompletionChecks,
