@@ -41,7 +41,7 @@ def pages_of(buf: bytearray, first: int, count: int) -> list[memoryview]:
 class FmrChecks(ConformanceBase):
     chapter = "FMR"
 
-    def _write_status(self, pair: Pair, fmr: Fmr, offset: int, data: bytes, rkey: int | None = None,
+    def _fmr_write(self, pair: Pair, fmr: Fmr, offset: int, data: bytes, rkey: int | None = None,
                       wr_id: int = 1) -> WcStatus:  # fmt: skip
         """A writes ``data`` into ``fmr``'s mapping (at ``offset``); the completion status."""
         pair.write(data, remote_addr=fmr.vaddr + offset,
@@ -61,7 +61,7 @@ class FmrChecks(ConformanceBase):
         assert (lkey, rkey) == (fmr.lkey, fmr.rkey) and rkey
         assert fmr.length == 2 * PAGE
         data = bytes(range(40))
-        assert self._write_status(pair, fmr, PAGE - 20, data) is WcStatus.SUCCESS
+        assert self._fmr_write(pair, fmr, PAGE - 20, data) is WcStatus.SUCCESS
         assert bytes(buf[2 * PAGE - 20 : 2 * PAGE + 20]) == data
 
     def test_fmr_remap_new_keys_stale_rkey_refused(self, ca: Ca, port: PortAttr) -> None:
@@ -73,9 +73,9 @@ class FmrChecks(ConformanceBase):
         _, old = fmr.map(pages_of(buf, 0, 2))
         _, new = fmr.map(pages_of(buf, 2, 2))
         assert new != old
-        assert self._write_status(pair, fmr, 8, b"second map") is WcStatus.SUCCESS
+        assert self._fmr_write(pair, fmr, 8, b"second map") is WcStatus.SUCCESS
         assert bytes(buf[2 * PAGE + 8 : 2 * PAGE + 18]) == b"second map"
-        status = self._write_status(pair, fmr, 8, b"stale", rkey=old, wr_id=2)
+        status = self._fmr_write(pair, fmr, 8, b"stale", rkey=old, wr_id=2)
         assert status is WcStatus.REM_ACCESS_ERR
         assert bytes(buf[: 2 * PAGE]) == bytes(2 * PAGE)
 
