@@ -17,9 +17,11 @@ import pytest
 from ibal.status import (
     Error,
     IbError,
+    InsufficientResources,
     InvalidAvHandle,
     InvalidCaHandle,
     InvalidCqSize,
+    InvalidFmrHandle,
     InvalidMaxWrs,
     InvalidMrHandle,
     InvalidParameter,
@@ -42,6 +44,7 @@ from ibal.types import (
     CaMod,
     CiOp,
     EventRecord,
+    FmrCreate,
     Gid,
     MrModMask,
     PdType,
@@ -203,6 +206,7 @@ _CAPABILITY_PROBES: dict[str, str] = {
     "phys_mr": "register_pmr",
     "shared_mr": "register_smr",
     "modify_mr": "modify_mr",
+    "fmr": "alloc_fmr",
     "local_mad": "local_mad",
     "port_counters": "query_port_counters",
     "vendor_call": "vendor_call",
@@ -592,6 +596,35 @@ class ContractChecks(ConformanceBase):
             (AsyncEvent.PORT_ACTIVE, "ca-context"),
         ]
 
+    def test_ci_fmr_verbs(self, raw: RawCa) -> None:
+        """ci-contract rule 85: alloc maps nothing; map gives keys (new ones each map) and counts
+        towards max_maps (IB_INSUFFICIENT_RESOURCES after); unmap resets; dealloc of a mapped FMR
+        → IB_RESOURCE_BUSY; a deallocated FMR → IB_INVALID_FMR_HANDLE."""
+        ci = raw.ci
+        require(ci.capabilities, "fmr")
+        h_pd = raw.pd()
+        access = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE
+        h_fmr = ci.alloc_fmr(h_pd, FmrCreate(2, 2, 4096, access))
+        ci.unmap_fmr(h_fmr)  # nothing mapped: nothing to do
+        buf = bytearray(3 * 4096)
+        page = [memoryview(buf)[i * 4096 : (i + 1) * 4096] for i in range(3)]
+        first = ci.map_phys_fmr(h_fmr, page[:2], 0)
+        assert first.handle is h_fmr and first.length == 8192 and first.rkey
+        second = ci.map_phys_fmr(h_fmr, page[2:], 0)
+        assert {second.lkey, second.rkey}.isdisjoint({first.lkey, first.rkey})
+        with pytest.raises(InsufficientResources):
+            ci.map_phys_fmr(h_fmr, page[:1], 0)
+        with pytest.raises(ResourceBusy):
+            ci.dealloc_fmr(h_fmr)
+        ci.unmap_fmr(h_fmr)
+        ci.map_phys_fmr(h_fmr, page[:1], 0)
+        with pytest.raises(InvalidParameter):
+            ci.map_phys_fmr(h_fmr, page, 0)  # three pages, max_pages 2
+        ci.unmap_fmr(h_fmr)
+        ci.dealloc_fmr(h_fmr)
+        with pytest.raises(InvalidFmrHandle):
+            ci.map_phys_fmr(h_fmr, page[:1], 0)
+
     @pytest.mark.parametrize("capability", sorted(_CAPABILITY_PROBES))
     def test_ci_capability_agrees_with_verb(self, raw: RawCa, capability: str) -> None:
         """ci-contract rule 8: a capability declared absent means its verb raises IB_UNSUPPORTED,
@@ -650,6 +683,9 @@ class ContractChecks(ConformanceBase):
                 AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_READ,
                 None,
             )
+        elif capability == "fmr":
+            h_fmr = ci.alloc_fmr(h_pd, FmrCreate(1, 1, 4096, AccessFlags.LOCAL_WRITE))
+            ci.dealloc_fmr(h_fmr)
         elif capability == "local_mad":
             ci.local_mad(raw.h, raw.port.port_num, bytes(256))
         elif capability == "port_counters":

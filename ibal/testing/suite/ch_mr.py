@@ -304,6 +304,71 @@ class MrChecks(ConformanceBase):
         with pytest.raises(Unsupported):
             ca.alloc_pd().reg_phys(create)
 
+    def test_rereg_phys_moves_region_to_pages(
+        self, ca: Ca, caps: Capabilities, port: PortAttr
+    ) -> None:
+        """access-layer rule 57 / ci-contract rule 77: ib_rereg_phys of a virtual region onto
+        pages gives new keys; writes land in the pages, the old R_Key is refused."""
+        require(caps, "phys_mr")
+        pair = self._writer(ca, port)
+        old_buf = bytearray(256)
+        mr = pair.b.pd.reg_mem(old_buf, REMOTE)
+        old_rkey, old_vaddr = mr.rkey, mr.vaddr
+        pages = [bytearray(4096), bytearray(4096)]
+        mr.rereg_phys(MrModMask.ADDR, PhysCreate([memoryview(p) for p in pages], 4096, 8192,
+                                                 REMOTE))  # fmt: skip
+        assert mr.rkey != old_rkey and mr.length == 8192 and mr.buffer is None
+        assert self._write_status(pair, mr, 4090, b"straddles") is WcStatus.SUCCESS
+        assert bytes(pages[0][4090:]) + bytes(pages[1][:3]) == b"straddles"
+        pair.write(b"stale", remote_addr=old_vaddr, rkey=old_rkey, wr_id=9)
+        assert wait_wc(pair.a.cq).status is WcStatus.REM_ACCESS_ERR
+        assert old_buf == bytearray(256)
+
+    def test_rereg_phys_access_and_pd(self, ca: Ca, caps: Capabilities) -> None:
+        """access-layer rule 57: ACCESS takes the PhysCreate's rights, PD alone needs no
+        PhysCreate; each gives new keys."""
+        require(caps, "phys_mr")
+        pd, other = ca.alloc_pd(), ca.alloc_pd()
+        create = PhysCreate([memoryview(bytearray(4096))], 4096, 4096, LW)
+        mr = pd.reg_phys(create)
+        lkey = mr.lkey
+        mr.rereg_phys(MrModMask.ACCESS, PhysCreate(create.pages, 4096, 4096, REMOTE))
+        assert mr.query().access == REMOTE and mr.lkey != lkey
+        mr.rereg_phys(MrModMask.PD, pd=other)
+        assert mr.query().pd is other and mr.pd is other
+
+    def test_rereg_phys_bad_arguments(self, ca: Ca, caps: Capabilities) -> None:
+        """access-layer rule 57 / ci-contract rule 75, 76: a bad mask or a missing PhysCreate →
+        IB_INVALID_PARAMETER, a bad page size too; remote write without local write →
+        IB_INVALID_PERMISSION; the region is unchanged."""
+        require(caps, "phys_mr")
+        pd = ca.alloc_pd()
+        mr = pd.reg_phys(PhysCreate([memoryview(bytearray(4096))], 4096, 4096, LW))
+        keys = (mr.lkey, mr.rkey, mr.vaddr)
+        with pytest.raises(InvalidParameter):
+            mr.rereg_phys(MrModMask(0x10), PhysCreate([memoryview(bytearray(4096))], 4096, 4096,
+                                                      LW))  # fmt: skip
+        with pytest.raises(InvalidParameter):
+            mr.rereg_phys(MrModMask.ADDR)
+        with pytest.raises(InvalidParameter):
+            mr.rereg_phys(MrModMask.ADDR, PhysCreate([memoryview(bytearray(3000))], 3000, 3000, LW))
+        with pytest.raises(InvalidPermission):
+            mr.rereg_phys(MrModMask.ACCESS, PhysCreate([memoryview(bytearray(4096))], 4096, 4096,
+                                                       AccessFlags.RDMA_WRITE))  # fmt: skip
+        assert (mr.lkey, mr.rkey, mr.vaddr) == keys and mr.query().lkey == keys[0]
+
+    def test_rereg_phys_without_capability_unsupported(self, ca: Ca, caps: Capabilities) -> None:
+        """ci-contract rule 8: a CA without physical registration → IB_UNSUPPORTED for
+        ib_rereg_phys."""
+        mr = ca.alloc_pd().reg_mem(bytearray(64), LW)
+        create = PhysCreate([memoryview(bytearray(4096))], 4096, 4096, LW)
+        if caps.phys_mr:
+            mr.rereg_phys(MrModMask.ADDR, create)
+            assert mr.length == 4096
+            return
+        with pytest.raises(Unsupported):
+            mr.rereg_phys(MrModMask.ADDR, create)
+
     # ---------------------------------------------------------- shared
     def test_reg_shared_writes_reach_same_pages(
         self, ca: Ca, caps: Capabilities, port: PortAttr
