@@ -19,6 +19,7 @@ from ibal.al.alias import AliasQp
 from ibal.al.av import Av
 from ibal.al.ca import Ca
 from ibal.al.cq import CompCallback, Cq
+from ibal.al.fmr import Fmr
 from ibal.al.manager import open_al
 from ibal.al.mr import Mr, Mw
 from ibal.al.obj import SYNC_DESTROY, AlObject, DestroyCallback, _SyncDestroy
@@ -46,6 +47,7 @@ from ibal.types import (
     CaMod,
     CiOp,
     DgrmInfo,
+    FmrCreate,
     Gid,
     MrAttr,
     MrModMask,
@@ -454,8 +456,49 @@ def ib_rereg_mem(
     )
 
 
+def ib_rereg_phys(
+    h_mr: Mr,
+    mr_mod_mask: MrModMask,
+    phys_create: PhysCreate | None = None,
+    vaddr: int = 0,
+    h_pd: Pd | None = None,
+) -> None:
+    """The assigned address is ``h_mr.vaddr`` afterwards, the new keys ``lkey``/``rkey``."""
+    _h(h_mr, Mr).rereg_phys(
+        mr_mod_mask, phys_create, vaddr=vaddr, pd=_h(h_pd, Pd) if h_pd is not None else None
+    )
+
+
+def ib_reg_shmid(
+    h_pd: Pd, shmid: str | bytes, access_ctrl: AccessFlags, length: int | None = None
+) -> Mr:
+    """``shmid`` names a POSIX shared-memory segment (``ib_shmid_t``: at most 64 bytes)."""
+    return _h(h_pd, Pd).reg_shmid(shmid, access_ctrl, length)
+
+
 def ib_dereg_mr(h_mr: Mr) -> None:
     _h(h_mr, Mr).dereg()
+
+
+# ---------------------------------------------------------------------- FMR (Mellanox)
+def mlnx_create_fmr(h_pd: Pd, fmr_create: FmrCreate) -> Fmr:
+    return _h(h_pd, Pd).create_fmr(fmr_create)
+
+
+def mlnx_map_phys_fmr(h_fmr: Fmr, page_list: Sequence[object], vaddr: int = 0) -> tuple[int, int]:
+    """``(lkey, rkey)``; the assigned address is ``h_fmr.vaddr``."""
+    return _h(h_fmr, Fmr).map(page_list, vaddr)
+
+
+mlnx_map_fmr = mlnx_map_phys_fmr  # the reference's entry name; its synopsis says map_phys
+
+
+def mlnx_unmap_fmr(h_fmr: Fmr) -> None:
+    _h(h_fmr, Fmr).unmap()
+
+
+def mlnx_destroy_fmr(h_fmr: Fmr) -> None:
+    _h(h_fmr, Fmr).destroy()
 
 
 def ib_create_mw(h_pd: Pd) -> Mw:
@@ -582,6 +625,15 @@ _DONE: dict[str, str] = {
     "ib_reg_shared": "mr.reg_shared(pd, access, vaddr)",
     "ib_query_mr": "mr.query()",
     "ib_rereg_mem": "mr.rereg(mask, buffer=, access=, pd=)",
+    "ib_rereg_phys": "mr.rereg_phys(mask, PhysCreate, vaddr=, pd=) (modify_pmr; with phys_mr)",
+    "ib_reg_shmid": "pd.reg_shmid(shmid, access, length) (a POSIX shared-memory segment, "
+    "mapped by the AL and registered with register_mr)",
+    "ib_shmid_t": "str or bytes: the segment's name (multiprocessing.shared_memory), <= 64 bytes",
+    "mlnx_create_fmr": "pd.create_fmr(FmrCreate(max_pages, max_maps, page_size, access)) "
+    "(the CA's FMR verbs, else the AL's emulation over register/deregister)",
+    "mlnx_map_fmr": "fmr.map(pages, vaddr) -> (lkey, rkey) (mlnx_map_phys_fmr; new keys per map)",
+    "mlnx_unmap_fmr": "fmr.unmap()",
+    "mlnx_destroy_fmr": "fmr.destroy() (ResourceBusy while mapped)",
     "ib_dereg_mr": "mr.dereg()",
     "ib_create_mw": "pd.create_mw() (mw_type=2: verbs' type 2 window)",
     "ib_query_mw": "mw.query() -> (pd, rkey)",
@@ -657,15 +709,7 @@ _DM = {
     "ib_create_ioc", "ib_destroy_ioc", "ib_reg_ioc", "ib_add_svc_entry", "ib_remove_svc_entry",
     "ib_reject_ioc", "ib_pnp_iou_rec_t", "ib_pnp_ioc_rec_t", "ib_pnp_ioc_path_rec_t",
 }
-_LATER_AL = {
-    "ib_reg_shmid": "planned: ibal.al (needs a shared-memory verb in the provider contract)",
-    "ib_shmid_t": "planned: ibal.al (with ib_reg_shmid)",
-    "ib_rereg_phys": "planned: ibal.al (needs modify_pmr in the provider contract)",
-    "mlnx_create_fmr": "planned: ibal.al (Mellanox FMR extension; no contract verbs yet)",
-    "mlnx_destroy_fmr": "planned: ibal.al (Mellanox FMR extension; no contract verbs yet)",
-    "mlnx_map_fmr": "planned: ibal.al (Mellanox FMR extension; no contract verbs yet)",
-    "mlnx_unmap_fmr": "planned: ibal.al (Mellanox FMR extension; no contract verbs yet)",
-}
+_LATER_AL: dict[str, str] = {}  # access-layer entries not done yet (none left)
 
 _ENTRIES = (
     "InfiniBand Access Layer", "DAPL Address Translation Service", "ib_add_svc_entry",
@@ -807,10 +851,17 @@ __all__ = [
     "ib_reg_phys",
     "ib_reg_pnp",
     "ib_reg_shared",
+    "ib_reg_shmid",
     "ib_reg_svc",
     "ib_rereg_mem",
+    "ib_rereg_phys",
     "ib_send_mad",
     "ib_subscribe",
     "ib_sync_destroy",
     "ib_unsubscribe",
+    "mlnx_create_fmr",
+    "mlnx_destroy_fmr",
+    "mlnx_map_fmr",
+    "mlnx_map_phys_fmr",
+    "mlnx_unmap_fmr",
 ]
