@@ -27,6 +27,7 @@ from ibal.providers import checks
 from ibal.providers.rxe.cq import Cq
 from ibal.providers.rxe.device import Device, DeviceEvent
 from ibal.providers.rxe.engine import Engine
+from ibal.providers.rxe.fmr_verbs import FmrVerbs
 from ibal.providers.rxe.memory import KeyTable, Pd
 from ibal.providers.rxe.mr_verbs import MemoryVerbs
 from ibal.providers.rxe.qp_verbs import QpVerbs
@@ -90,6 +91,7 @@ CAPABILITIES = Capabilities(
     phys_mr=False,
     shared_mr=True,
     modify_mr=True,
+    fmr=True,
     local_mad=False,
     mad_agents=False,
     vendor_call=False,
@@ -127,7 +129,7 @@ def ca_guid(device: Device) -> int:
     return guid
 
 
-class RxeCa(QpVerbs, MemoryVerbs, ChannelInterface):
+class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
     """One rxe device: port 1 on its interface, QPs driven by an :class:`Engine`."""
 
     provider_name = "rxe"

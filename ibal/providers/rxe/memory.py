@@ -16,6 +16,7 @@ from __future__ import annotations
 import secrets
 
 from ibal.providers.checks import LOCAL_WRITE, MW_BIND, NEEDS_LOCAL_WRITE
+from ibal.types import FmrCreate
 
 _EMPTY = memoryview(bytearray())
 
@@ -58,6 +59,21 @@ class Mr(Resource):
         self.windows = 0
         self.shares = 0  # shared regions over this one's pages
         self.parent: Mr | None = None  # the region this one shares
+
+
+class Fmr(Resource):
+    """A fast memory region: its limits, and the current mapping (``None`` while unmapped)
+    as a region in the key table."""
+
+    __slots__ = ("create", "maps", "mr", "pages", "pd")
+
+    def __init__(self, ca: object, pd: Pd, create: FmrCreate) -> None:
+        super().__init__(ca)
+        self.pd = pd
+        self.create = create
+        self.maps = 0  # maps since the last unmap
+        self.mr: Mr | None = None
+        self.pages: tuple[object, ...] = ()
 
 
 class Mw(Resource):
