@@ -29,6 +29,10 @@ REASONS: dict[str, str] = {
         "physical-page registration is a kernel-only verb (no ibv_reg_phys_mr in user space)"
     ),
     "shared_mr": "libibverbs has no register-shared-region verb",
+    "fmr": (
+        "Linux removed fast memory regions (5.8) and libibverbs never had them: the "
+        "access layer emulates them with ibv_reg_mr/ibv_dereg_mr"
+    ),
     "local_mad": (
         "the kernel owns the SMA/GSA of rdma-core devices; MADs go through the "
         "MAD-agent verbs (libibumad)"

@@ -97,7 +97,7 @@ def mad_only_capabilities(name: str) -> Capabilities:
         "modify_mr", "port_counters", "modify_ca", "inline_data", "immediate",
         "solicited_events", "sqd", "peek_cq", "rearm_n_cq", "phys_mr", "shared_mr",
         "local_mad", "vendor_call", "violation_counters", "apm", "async_event_injection",
-        "resize_qp",
+        "resize_qp", "fmr",
     )  # fmt: skip
     return Capabilities(
         qp_types=frozenset(), opcodes={}, special_qps=frozenset(), atomics=False,

@@ -104,7 +104,7 @@ def test_capabilities_follow_the_device(pyverbs_or_skip: Any) -> None:
     assert caps.special_qps == frozenset()
     assert caps.reason("special_qps") == SPECIAL_QPS_REASON
     for name in ("peek_cq", "rearm_n_cq", "phys_mr", "shared_mr", "local_mad",
-                 "violation_counters", "modify_ca", "apm"):  # fmt: skip
+                 "violation_counters", "modify_ca", "apm", "fmr"):  # fmt: skip
         assert getattr(caps, name) is False
         assert "does not declare" not in caps.reason(name), name
     assert caps.modify_mr and caps.resize_cq and caps.sqd

@@ -136,6 +136,7 @@ CAPABILITIES = Capabilities(
         "multicast": "one loopback port has no fabric to replicate datagrams over",
         "phys_mr": "the sample reaches memory only through the buffers it is given",
         "shared_mr": "register the buffer again instead",
+        "fmr": "the access layer's emulation over register/deregister serves instead",
         "modify_mr": "deregister and register again instead",
         "local_mad": "the loopback port has no subnet management agent",
         "port_counters": "the sample keeps no statistics",
