@@ -1,7 +1,7 @@
 """``MockCa``: one CA of the mock fabric, implementing every ChannelInterface verb.
 
 The verbs live in one module per resource (``pd_av_verbs``, ``qp_verbs``, ``srq_verbs``,
-``cq_verbs``, ``memory_verbs``, ``post_verbs``, ``mcast_verbs``) over the shared
+``cq_verbs``, ``memory_verbs``, ``fmr_verbs``, ``post_verbs``, ``mcast_verbs``) over the shared
 :class:`~ibal.providers.mock.ca_state.CaState`; this module keeps CA access, local MADs
 and the async event backdoor.
 """
@@ -76,6 +76,7 @@ from ibal.providers.mock.ca_state import (
     verb,
 )
 from ibal.providers.mock.cq_verbs import CqVerbs
+from ibal.providers.mock.fmr_verbs import FmrVerbs
 from ibal.providers.mock.mcast_verbs import McastVerbs
 from ibal.providers.mock.memory_verbs import MemoryVerbs
 from ibal.providers.mock.pd_av_verbs import PdAvVerbs
@@ -91,6 +92,7 @@ class MockCa(
     QpVerbs,
     SrqVerbs,
     CqVerbs,
+    FmrVerbs,
     MemoryVerbs,
     PostVerbs,
     McastVerbs,

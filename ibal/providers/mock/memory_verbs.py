@@ -1,4 +1,4 @@
-"""Memory regions (virtual, physical, shared), fast memory regions and type 1 windows.
+"""Memory regions (virtual, physical, shared) and type 1 memory windows.
 
 Called by the access layer on any thread under the fabric lock; never blocks;
 raises the :mod:`ibal.status` exceptions.
@@ -6,17 +6,14 @@ raises the :mod:`ibal.status` exceptions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
-from ibal.ci.fmr import check_fmr_create, check_fmr_map
 from ibal.ci.interface import (
     Handle,
     MwCreated,
 )
 from ibal.providers import checks
 from ibal.providers.mock.objects import (
-    MockFmr,
     MockMr,
     MockMw,
     SendWqe,
@@ -24,12 +21,10 @@ from ibal.providers.mock.objects import (
 from ibal.status import (
     InvalidParameter,
     InvalidPermission,
-    ResourceBusy,
 )
 from ibal.types import (
     AccessFlags,
     BindWr,
-    FmrCreate,
     MrAttr,
     MrKeys,
     MrModMask,
@@ -48,9 +43,6 @@ from ibal.providers.mock.ca_state import (
     CaState,
     verb,
 )
-
-FMR_MAX_PAGES: Final = 4096
-"""The most pages one mock FMR maps (16 MiB of 4 KiB pages)."""
 
 _ACCESS: Final = int(MrModMask.ACCESS)
 _ADDR_OR_ACCESS: Final = int(MrModMask.ADDR | MrModMask.ACCESS)
@@ -267,60 +259,6 @@ class MemoryVerbs(CaState):
         mr.mv = None
         mr.pages = ()
         mr.pd.users -= 1
-        self._n["mr"] -= 1
-
-    # =================================================================== FMR
-    @verb
-    def alloc_fmr(self, h_pd: Handle, create: FmrCreate) -> MockFmr:
-        pd = self._h_pd(h_pd)
-        create = check_fmr_create(create, FMR_MAX_PAGES, PAGE_SIZES)
-        self._check_count("mr", self.limits.max_mrs)  # an FMR holds a region entry
-        fmr = MockFmr(self, pd, create, self._new_key())
-        self._n["mr"] += 1
-        pd.users += 1
-        return fmr
-
-    def _drop_mapping(self, fmr: MockFmr) -> None:
-        mr = fmr.mr
-        if mr is not None:
-            del self.keys[mr.lkey]
-            mr.alive = False
-            mr.pages = ()
-            fmr.mr = None
-
-    @verb
-    def map_phys_fmr(self, h_fmr: Handle, pages: Sequence[memoryview], vaddr: int) -> MrKeys:
-        fmr = self._h_fmr(h_fmr)
-        check_fmr_map(fmr.create, fmr.maps, pages, vaddr)
-        ps = fmr.create.page_size
-        views = tuple(self._page(p, ps, fmr.acc) for p in pages)
-        length = len(views) * ps
-        mr = MockMr(self, fmr.pd)
-        mr.vaddr = vaddr or self._alloc_iova(length, ps)
-        mr.length = length
-        mr.pages = views
-        mr.page_size = ps
-        mr.phys = True
-        self._drop_mapping(fmr)
-        fmr.key = self._rekey(fmr.key)
-        self._install_keys(mr, fmr.acc, fmr.key)
-        fmr.mr = mr
-        fmr.maps += 1
-        return MrKeys(fmr, mr.lkey, mr.rkey, mr.vaddr, mr.length)
-
-    @verb
-    def unmap_fmr(self, h_fmr: Handle) -> None:
-        fmr = self._h_fmr(h_fmr)
-        self._drop_mapping(fmr)
-        fmr.maps = 0
-
-    @verb
-    def dealloc_fmr(self, h_fmr: Handle) -> None:
-        fmr = self._h_fmr(h_fmr)
-        if fmr.mr is not None:
-            raise ResourceBusy("the FMR is mapped: unmap it first")
-        fmr.alive = False
-        fmr.pd.users -= 1
         self._n["mr"] -= 1
 
     # ==================================================================== MW
