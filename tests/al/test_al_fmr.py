@@ -177,3 +177,17 @@ def test_map_refuses_bad_page_lists(env: tuple[Ca, Limited]) -> None:
         fmr.map([bytearray(PAGE)], vaddr=-PAGE)
     with pytest.raises(InvalidParameter):
         ca.alloc_pd().create_fmr("not a create")  # type: ignore[arg-type]
+
+
+def test_compat_spellings(env: tuple[Ca, Limited]) -> None:
+    from ibal.al import compat as c
+
+    ca, _ = env
+    pd = c.ib_alloc_pd(ca)
+    fmr = c.mlnx_create_fmr(pd, FmrCreate(2, 2, PAGE, REMOTE))
+    buf = bytearray(2 * PAGE)
+    assert c.mlnx_map_fmr(fmr, pages(buf, 0, 2)) == (fmr.lkey, fmr.rkey)
+    assert c.mlnx_map_phys_fmr(fmr, pages(buf, 1, 1))[1] == fmr.rkey
+    c.mlnx_unmap_fmr(fmr)
+    c.mlnx_destroy_fmr(fmr)
+    assert not fmr.alive
