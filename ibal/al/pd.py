@@ -1,4 +1,4 @@
-"""Protection domains and what is created on them: AVs, QPs, SRQs, MRs, MWs."""
+"""Protection domains and what is created on them: AVs, QPs, SRQs, MRs, FMRs, MWs."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ class Pd(CaObject):
         wait: bool = False,
         timeout: float | None = None,
     ) -> None:
-        """``ib_dealloc_pd``: asynchronous; QPs, SRQs, AVs, MRs and MWs go first."""
+        """``ib_dealloc_pd``: asynchronous; QPs, SRQs, AVs, MRs, FMRs and MWs go first."""
         self._destroy(destroy_cb, wait, timeout)
 
     def _cleanup(self) -> None:
