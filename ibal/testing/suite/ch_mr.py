@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import uuid
+from multiprocessing import shared_memory
 from typing import TYPE_CHECKING, cast
 
 import pytest
@@ -13,6 +15,7 @@ from ibal.status import (
     InvalidParameter,
     InvalidPdHandle,
     InvalidPermission,
+    InvalidSetting,
     ResourceBusy,
     Unsupported,
 )
@@ -368,6 +371,29 @@ class MrChecks(ConformanceBase):
             return
         with pytest.raises(Unsupported):
             mr.rereg_phys(MrModMask.ADDR, create)
+
+    # ---------------------------------------------------------- shared memory (shmid)
+    def test_reg_shmid_registrations_share_pages(self, ca: Ca, port: PortAttr) -> None:
+        """access-layer rule 55: two registrations of one shmid (a POSIX shared-memory
+        segment, mapped twice) reach the same pages: a write through one is read through the
+        other; another length → IB_INVALID_SETTING."""
+        pair = self._writer(ca, port)
+        seg = shared_memory.SharedMemory(name=f"ibal-{uuid.uuid4().hex[:16]}", create=True,
+                                         size=8192)  # fmt: skip
+        try:
+            first = pair.b.pd.reg_shmid(seg.name, REMOTE)
+            second = ca.alloc_pd().reg_shmid(seg.name, LW, length=8192)
+            assert first.length == second.length == 8192 and first.vaddr != second.vaddr
+            assert self._write_status(pair, first, 5000, b"one segment") is WcStatus.SUCCESS
+            assert second.buffer is not None
+            assert bytes(second.buffer[5000:5011]) == b"one segment"
+            with pytest.raises(InvalidSetting):
+                ca.alloc_pd().reg_shmid(seg.name, LW, length=4096)
+            first.dereg()
+            second.dereg()
+        finally:
+            seg.close()
+            seg.unlink()
 
     # ---------------------------------------------------------- shared
     def test_reg_shared_writes_reach_same_pages(
