@@ -14,7 +14,13 @@ import pytest
 from ibal.al import AlManager, Ca, Fmr
 from ibal.ci import Capabilities, ChannelInterface
 from ibal.providers.mock import MockFabric
-from ibal.status import InsufficientResources, InvalidFmrHandle, InvalidParameter, Unsupported
+from ibal.status import (
+    InsufficientResources,
+    InvalidFmrHandle,
+    InvalidParameter,
+    Status,
+    Unsupported,
+)
 from ibal.testing.backdoor import TracingCi
 from ibal.testing.helpers import Pair, active_port, make_pair, wait_wc
 from ibal.types import AccessFlags, FmrCreate, QpType, WcStatus
@@ -53,7 +59,7 @@ class Registrar:
 
 
 @pytest.fixture(params=["native", "over register_pmr", "over register_mr"])
-def env(request: pytest.FixtureRequest) -> Iterator[tuple[Ca, Limited]]:
+def fenv(request: pytest.FixtureRequest) -> Iterator[tuple[Ca, Limited, MockFabric]]:
     off = {
         "native": {},
         "over register_pmr": {"fmr": False},
@@ -66,11 +72,16 @@ def env(request: pytest.FixtureRequest) -> Iterator[tuple[Ca, Limited]]:
     fab.attach(reg)  # type: ignore[arg-type]
     al = mgr.open_al()
     try:
-        yield al.open_ca(al.get_ca_guids()[0]), reg.cis[0]
+        yield al.open_ca(al.get_ca_guids()[0]), reg.cis[0], fab
     finally:
         fab.detach()
         mgr.close(timeout=10)
         fab.close()
+
+
+@pytest.fixture
+def env(fenv: tuple[Ca, Limited, MockFabric]) -> tuple[Ca, Limited]:
+    return fenv[0], fenv[1]
 
 
 def loop(ca: Ca) -> Pair:
@@ -191,3 +202,22 @@ def test_compat_spellings(env: tuple[Ca, Limited]) -> None:
     c.mlnx_unmap_fmr(fmr)
     c.mlnx_destroy_fmr(fmr)
     assert not fmr.alive
+
+
+def test_a_failed_map_leaves_the_mapping(fenv: tuple[Ca, Limited, MockFabric]) -> None:
+    """The CA refuses the new mapping: the old one keeps its keys and still takes writes."""
+    ca, ci, fab = fenv
+    pair = loop(ca)
+    fmr = pair.b.pd.create_fmr(FmrCreate(1, 4, PAGE, REMOTE))
+    buf = bytearray(2 * PAGE)
+    keys = fmr.map(pages(buf, 0, 1))
+    caps = ci.capabilities
+    verb = "map_phys_fmr" if caps.fmr else "register_pmr" if caps.phys_mr else "register_mr"
+    fab.faults.fail_verb(verb, Status.INSUFFICIENT_RESOURCES)
+    with pytest.raises(InsufficientResources):
+        fmr.map(pages(buf, 1, 1))
+    assert (fmr.lkey, fmr.rkey) == keys and fmr.mapped
+    assert write(pair, fmr, 10, b"kept") is WcStatus.SUCCESS
+    assert bytes(buf[10:14]) == b"kept"
+    fmr.map(pages(buf, 1, 1))  # the fault was one-shot: the next map works
+    assert fmr.rkey != keys[1]
