@@ -28,6 +28,7 @@ from ibal.cm.fsm import (
 from ibal.mad import cm
 from ibal.mad.cm import CmAttr, SidrStatus
 from ibal.status import InvalidParameter, InvalidState, Status
+from ibal.wire.fields import Value
 
 __all__ = [
     "SIDR_TRANSITIONS", "SendSidrRep", "SendSidrReq", "SidrCep", "SidrEvent", "SidrState",
@@ -86,6 +87,10 @@ def _key(event: SidrEvent) -> str:
     if isinstance(event, SendSidrRep):
         return "send SIDR_REP"
     return "timeout" if isinstance(event, TimerFired) else "destroy"
+
+
+def _hex(v: Value | None) -> str:
+    return f"{v:#x}" if isinstance(v, int) else repr(v)
 
 
 class _Mismatch(Exception):
@@ -149,7 +154,9 @@ class SidrCep:
         table = cm.SIDR_REQ if isinstance(event, SendSidrReq) else cm.SIDR_REP
         rid = table.decode(event.msg)["request_id"]
         if rid != self.request_id:
-            raise InvalidParameter(f"{key}: request ID {rid!r}, exchange is {self.request_id:#x}")
+            raise InvalidParameter(
+                f"{key}: request ID {_hex(rid)}, exchange is {self.request_id:#x}"
+            )
 
     def _arm(self, at: float) -> ArmTimer:
         self.generation += 1
@@ -187,7 +194,7 @@ class SidrCep:
             return "", self._cancel()
         rid = event.fields.get("request_id")
         if rid != self.request_id:
-            raise _Mismatch(f"{event.attr.name} for request ID {rid!r}, this is "
+            raise _Mismatch(f"{event.attr.name} for request ID {_hex(rid)}, this is "
                             f"{self.request_id:#x}")  # fmt: skip
         if self.state is D.LISTEN:
             sid = event.fields.get("service_id")
