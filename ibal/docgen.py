@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ibal import qp_fsm
 
@@ -122,9 +123,86 @@ def rmpp_state_machine_md() -> str:
     return "\n".join(lines) + "\n"
 
 
+def cm_state_machine_md() -> str:
+    """docs/cm-state-machine.md from ``ibal.cm.fsm`` and ``ibal.cm.sidr_fsm``."""
+    from ibal.cm.fsm import LAP_TRANSITIONS, TRANSITIONS
+    from ibal.cm.sidr_fsm import SIDR_TRANSITIONS
+
+    lines = [
+        "# The CM state machines",
+        "",
+        "Generated from `ibal.cm.fsm.TRANSITIONS`, `LAP_TRANSITIONS` and",
+        "`ibal.cm.sidr_fsm.SIDR_TRANSITIONS` by `python -m ibal.docgen`; do not edit.",
+        "",
+        "One `Cep` per connection endpoint, sans-IO: `handle(event, now)` returns the",
+        "actions (`Transmit`, `ArmTimer`/`CancelTimer`, `Upcall`, `ModifyQp`,",
+        "`EnterTimewait`, `Release`, `Drop`) for the I/O layer to carry out in order.",
+        "A trigger is the event (`send X`: an API call carrying the message bytes;",
+        "`recv X`: a received message; `timeout`: the armed timer; `QP established`:",
+        "data arrived before the RTU; `stale`: a newer REQ/REP names this remote QPN and",
+        "CA GUID; `destroy`: the owner is gone, no more upcalls), then a guard after `/`.",
+        "An API call with no row raises `InvalidState` naming the state; a received",
+        "message with no row is dropped with a reason (`Drop`), never an exception.",
+        "",
+        "Rules behind the rows:",
+        "",
+        "* Retransmit: REQ, REP, DREQ and LAP are resent every `timeout_ms` (the I/O",
+        "  layer passes 2 x ms(packet life) + ms(response timeout), ms(t) = 1 << max(t-8, 0),",
+        "  `retransmit_ms`) up to `retries` (max_cm_retries) times. An MRA changes the",
+        "  interval to ms(service timeout) + ms(ACK timeout); resending goes on.",
+        "* Time-outs: REQ -> REJ(Timeout, ARI = local CA GUID) and a `rep` upcall with",
+        "  TIMEOUT; REP -> REJ(Timeout) and an `rtu` upcall with TIMEOUT; DREQ -> `drep`",
+        "  TIMEOUT and TIMEWAIT; LAP -> `apr` TIMEOUT, the connection stays.",
+        "* Entering DREQ sent, DREQ rcvd, timewait or closed moves a bound QP (the active",
+        "  side's from its REQ, the passive side's from its REP) to ERROR, once.",
+        "  TIMEWAIT lasts ms(the REQ's primary local ACK timeout), then `Release`.",
+        "* Peer-to-peer: both sides send REQ; the side with the greater (local CA GUID,",
+        "  local QPN) stays active and ignores the peer's REQ, the smaller one drops its",
+        "  own and answers as the passive side (the comparison of Linux cm.c's unused",
+        "  `cm_is_active_peer`; the spec texts here do not state the rule).",
+        "* Stale connection (as Linux cm.c): the I/O layer rejects the new REQ/REP with",
+        "  REJ(StaleConn) (`build_rej`) and sends `stale` to the old endpoint, which",
+        "  disconnects (DREQ) when established or rejects (REJ StaleConn) when half-open.",
+        "",
+        "## Connection",
+        "",
+    ]
+    lines += _diagram([(a, t, b) for a, t, b, _ in TRANSITIONS], ["idle", "listen"])
+    lines += ["", "| from | trigger | to | does |", "|---|---|---|---|"]
+    lines += [f"| {a.value} | {t} | {b.value} | {d} |" for a, t, b, d in TRANSITIONS]
+    lines += [
+        "",
+        "## Alternate path (inside established)",
+        "",
+        "In ESTABLISHED the LAP/APR/MRA triggers and the timer go to this sub-machine.",
+        "Leaving ESTABLISHED resets it to idle.",
+        "",
+    ]
+    lines += _diagram([(a, t, b) for a, t, b, _ in LAP_TRANSITIONS], ["idle"])
+    lines += ["", "| from | trigger | to | does |", "|---|---|---|---|"]
+    lines += [f"| {a.value} | {t} | {b.value} | {d} |" for a, t, b, d in LAP_TRANSITIONS]
+    lines += ["", "## SIDR", ""]
+    lines += _diagram([(a, t, b) for a, t, b, _ in SIDR_TRANSITIONS], ["idle", "listen"])
+    lines += ["", "| from | trigger | to | does |", "|---|---|---|---|"]
+    lines += [f"| {a.value} | {t} | {b.value} | {d} |" for a, t, b, d in SIDR_TRANSITIONS]
+    return "\n".join(lines) + "\n"
+
+
+def _diagram(rows: list[tuple[Any, str, Any]], starts: list[str]) -> list[str]:
+    """A mermaid state diagram of ``(from, trigger, to)`` rows (enum members)."""
+    ids = {s: s.name.lower() for a, _, b in rows for s in (a, b)}
+    out = ["```mermaid", "stateDiagram-v2"]
+    out += [f"    [*] --> {i}" for i in starts]
+    out += [f"    {i} : {s.value}" for s, i in ids.items()]
+    out += [f"    {ids[a]} --> {ids[b]} : {t}" for a, t, b in rows]
+    out.append("```")
+    return out
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "qp-state-machine.md": qp_state_machine_md,
     "rmpp-state-machine.md": rmpp_state_machine_md,
+    "cm-state-machine.md": cm_state_machine_md,
     "mapping.md": mapping_md,
 }
 

@@ -174,7 +174,7 @@ class TimerFired:
 
 @dataclass(frozen=True, slots=True)
 class QpEstablished:
-    """The QP reported communication established (data before the RTU, IBA 12.9.6.2)."""
+    """The QP reported communication established (data arrived before the RTU)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,7 +369,7 @@ TRANSITIONS: tuple[Row, ...] = tuple([
     *_rows((*_GOT_REP, S.ESTABLISHED), "recv REJ", S.TIMEWAIT, "cancel timer; rej upcall"),
     *_rows((*_GOT_REP, S.ESTABLISHED), "recv REJ / stale connection", S.TIMEWAIT,
            "cancel timer; rej upcall"),
-    # stale connections (IBA 12.9.8.3: a newer REQ/REP names this remote QPN)
+    # stale connections: a newer REQ/REP names this remote QPN and CA GUID
     (S.ESTABLISHED, "stale", S.DREQ_SENT, "send DREQ, arm retransmit; stale upcall"),
     *_rows(_WAIT_RTU + _GOT_REP, "stale", S.TIMEWAIT, "cancel timer; send REJ(StaleConn); "
            "stale upcall"),
@@ -482,7 +482,9 @@ class Cep:
     ``SendReq(peer_to_peer=True)`` endpoint in REQ_SENT receives a REQ, the
     side whose (local CA GUID, local QPN) is greater stays active and ignores
     it; the smaller side drops its own REQ and answers the peer's as a
-    passive side (the comparison of IBA 12.9.6.1 and Linux ``cm_is_active_peer``).
+    passive side.  /work/shared/spec has no text on the rule; this is the
+    comparison Linux cm.c once declared as ``cm_is_active_peer`` (Linux itself
+    never implemented peer-to-peer), documented in docs/cm-state-machine.md.
 
     The I/O layer moves the QP to RTR/RTS itself before feeding
     :class:`SendRtu` (active) and to RTR before :class:`SendRep` (passive);

@@ -1,4 +1,4 @@
-"""Service ID resolution (SIDR_REQ / SIDR_REP, IBA 12.11) as a sans-IO machine.
+"""Service ID resolution (SIDR_REQ / SIDR_REP, IBA ch. 12) as a sans-IO machine.
 
 Same shape and action types as :mod:`ibal.cm.fsm`: the requester sends
 SIDR_REQ, resends it every ``timeout_ms`` up to ``retries`` times, and reports
