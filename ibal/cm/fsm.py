@@ -31,8 +31,8 @@ from ibal.wire.fields import Value
 __all__ = [
     "LAP_TRANSITIONS", "TRANSITIONS", "Action", "ApiEvent", "ArmTimer", "CancelTimer", "Cep",
     "CmState", "Destroy", "Drop", "EnterTimewait", "Event", "LapState", "ModifyQp",
-    "QpEstablished", "RecvMsg", "Release", "SendApr", "SendDrep", "SendDreq", "SendLap",
-    "SendMra", "SendRej", "SendRep", "SendReq", "SendRtu", "StaleConn", "TimerFired",
+    "QpEstablished", "RecvMsg", "Release", "RetransmitTimer", "SendApr", "SendDrep", "SendDreq",
+    "SendLap", "SendMra", "SendRej", "SendRep", "SendReq", "SendRtu", "StaleConn", "TimerFired",
     "Transmit", "Upcall", "UpcallKind", "build_rej", "cm_ms", "event_key", "retransmit_ms",
 ]  # fmt: skip
 
@@ -461,14 +461,63 @@ class _Dropped(Exception):
     """A received message that does not fit: becomes a :class:`Drop`, state unchanged."""
 
 
-@dataclass(slots=True)
-class _Retransmit:
-    """The message being resent until answered."""
+class RetransmitTimer:
+    """An endpoint's one timer, and the message it resends until answered.
 
-    attr: CmAttr
-    msg: bytes
-    interval_ms: int
-    retries_left: int
+    Each arm takes a new generation, so a ``TimerFired`` of an earlier one
+    (a timer the I/O layer could not cancel in time) is recognised as stale.
+    """
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self.at: float | None = None
+        self._resend: Transmit | None = None
+        self._interval_ms = 0
+        self._retries_left = 0
+
+    def is_current(self, ev: TimerFired) -> bool:
+        return ev.generation == self.generation and self.at is not None
+
+    def _arm(self, at: float) -> ArmTimer:
+        self.generation += 1
+        self.at = at
+        return ArmTimer(at, self.generation)
+
+    def arm(self, at: float) -> ArmTimer:
+        """A plain timer (nothing to resend): TIMEWAIT's end."""
+        self._resend = None
+        return self._arm(at)
+
+    def cancel(self) -> list[Action]:
+        """Stop resending; a CancelTimer if a timer was armed."""
+        self._resend = None
+        if self.at is None:
+            return []
+        self.generation += 1
+        self.at = None
+        return [CancelTimer()]
+
+    def start(self, attr: CmAttr, msg: bytes, interval_ms: int, retries: int,
+              now: float) -> list[Action]:  # fmt: skip
+        """Send ``msg`` and resend it every ``interval_ms`` up to ``retries`` times."""
+        self._resend = Transmit(attr, msg)
+        self._interval_ms, self._retries_left = interval_ms, retries
+        return [self._resend, self._arm(now + interval_ms / 1000)]
+
+    def stretch(self, interval_ms: int, now: float) -> ArmTimer:
+        """The peer sent MRA: wait ``interval_ms`` from now, and as long between resends."""
+        self._interval_ms = interval_ms
+        return self._arm(now + interval_ms / 1000)
+
+    def fired(self, now: float) -> list[Action]:
+        """The current timer expired: the resend and re-arm, or [] (plain, or retries over)."""
+        self.at = None
+        r = self._resend
+        if r is None or self._retries_left <= 0:
+            self._resend = None
+            return []
+        self._retries_left -= 1
+        return [r, self._arm(now + self._interval_ms / 1000)]
 
 
 # ---------------------------------------------------------------- the machine
@@ -503,19 +552,27 @@ class Cep:
         self.local_ca_guid = 0
         self.local_qpn: int | None = None
         self.peer_to_peer = False
-        self.generation = 0
-        self.timer_at: float | None = None
+        self.timer = RetransmitTimer()
         self.created = now
         # (from, trigger, to) of the last transition taken: tests check every row is reached.
         self.last_transition: tuple[CmState | LapState, str, CmState | LapState] | None = None
         self._ack_timeout = 0  # the REQ's primary local ACK timeout: TIMEWAIT, MRA slack
         self._conn_timeout_ms = 0  # the REQ's (active) or REP's (passive) retransmit
         self._conn_retries = 0  # settings, for the DREQ the machine sends itself
-        self._retx: _Retransmit | None = None
         self._sent: dict[CmAttr, bytes] = {}
         self._qp_bound = False
         self._qp_error = False
         self._muted = False
+
+    @property
+    def generation(self) -> int:
+        """The generation of the last timer armed or cancelled."""
+        return self.timer.generation
+
+    @property
+    def timer_at(self) -> float | None:
+        """When the armed timer expires, if one is armed."""
+        return self.timer.at
 
     @property
     def timewait_ms(self) -> int:
@@ -532,9 +589,7 @@ class Cep:
         timer, and a QP/stale/destroy event with nothing to do, give nothing.
         """
         key = event_key(event)
-        if isinstance(event, TimerFired) and (
-            event.generation != self.generation or self.timer_at is None
-        ):
+        if isinstance(event, TimerFired) and not self.timer.is_current(event):
             return []
         lap = self.state is S.ESTABLISHED and key in _LAP_KEYS
         cur: CmState | LapState = self.lap_state if lap else self.state
@@ -586,25 +641,13 @@ class Cep:
                 f"endpoint is {self.local_comm_id:#x}"
             )
 
-    def _arm(self, at: float) -> ArmTimer:
-        self.generation += 1
-        self.timer_at = at
-        return ArmTimer(at, self.generation)
-
     def _cancel(self) -> list[Action]:
-        """Stop retransmitting; a CancelTimer if a timer was armed."""
-        self._retx = None
-        if self.timer_at is None:
-            return []
-        self.generation += 1
-        self.timer_at = None
-        return [CancelTimer()]
+        return self.timer.cancel()
 
     def _start(self, attr: CmAttr, msg: bytes, timeout_ms: int, retries: int,
                now: float) -> list[Action]:  # fmt: skip
-        self._retx = _Retransmit(attr, msg, timeout_ms, retries)
         self._sent[attr] = msg
-        return [Transmit(attr, msg), self._arm(now + timeout_ms / 1000)]
+        return self.timer.start(attr, msg, timeout_ms, retries, now)
 
     def _send(self, attr: CmAttr, msg: bytes) -> Transmit:
         self._sent[attr] = msg
@@ -641,9 +684,8 @@ class Cep:
             at = next((i for i, a in enumerate(acts) if isinstance(a, Upcall)), len(acts))
             acts.insert(at, ModifyQp(QpState.ERROR))
         if to is S.TIMEWAIT:
-            self._retx = None
             until = now + self.timewait_ms / 1000
-            acts += [EnterTimewait(until), self._arm(until)]
+            acts += [EnterTimewait(until), self.timer.arm(until)]
         elif to is S.CLOSED:
             acts += [*self._cancel(), Release()]
         self.state = to
@@ -712,15 +754,11 @@ class Cep:
         return "", [self._send(_API_ATTR[type(ev)], ev.msg)]
 
     def _on_timeout(self, now: float) -> tuple[str, list[Action]]:
-        self.timer_at = None
+        resend = self.timer.fired(now)
         if self.state is S.TIMEWAIT:
             return "", []
-        r = self._retx
-        assert r is not None  # every other armed timer is a retransmit
-        if r.retries_left > 0:
-            r.retries_left -= 1
-            return "retries left", [Transmit(r.attr, r.msg), self._arm(now + r.interval_ms / 1000)]
-        self._retx = None
+        if resend:
+            return "retries left", resend
         timeout = Status.TIMEOUT
         if self.state in _PRE_REP + _WAIT_RTU:
             kind = UpcallKind.REP if self.state in _PRE_REP else UpcallKind.RTU
@@ -817,13 +855,11 @@ class Cep:
         got = _num(ev.fields, "message_mraed")
         if got != want:
             raise _Dropped(f"MRA of message {got} in {self._where()}")
-        r = self._retx
-        assert r is not None
         # The peer promised an answer within its service timeout: wait that long
         # (plus a path ACK time) before resending.
-        r.interval_ms = cm_ms(int(ev.fields["service_timeout"])) + cm_ms(self._ack_timeout)
+        wait = cm_ms(_num(ev.fields, "service_timeout") or 0) + cm_ms(self._ack_timeout)
         up = Upcall(UpcallKind.MRA, ev.attr, ev.fields, Status.SUCCESS)
-        return "", [self._arm(now + r.interval_ms / 1000), up]
+        return "", [self.timer.stretch(wait, now), up]
 
     def _on_dreq(self, ev: RecvMsg, now: float) -> tuple[str, list[Action]]:
         qpn = _num(ev.fields, "remote_qpn")

@@ -14,12 +14,11 @@ from dataclasses import dataclass
 
 from ibal.cm.fsm import (
     Action,
-    ArmTimer,
-    CancelTimer,
     Destroy,
     Drop,
     RecvMsg,
     Release,
+    RetransmitTimer,
     TimerFired,
     Transmit,
     Upcall,
@@ -104,14 +103,14 @@ class SidrCep:
         self.request_id = request_id
         self.active = active
         self.state = D.IDLE if active else D.LISTEN
-        self.generation = 0
-        self.timer_at: float | None = None
+        self.timer = RetransmitTimer()
         self.last_transition: tuple[SidrState, str, SidrState] | None = None
-        self._msg = b""
-        self._interval_ms = 0
-        self._retries_left = 0
         self._service_id = 0
         self._muted = False
+
+    @property
+    def generation(self) -> int:
+        return self.timer.generation
 
     def handle(self, event: SidrEvent, now: float) -> list[Action]:
         """Apply ``event``; return the actions.
@@ -121,9 +120,7 @@ class SidrCep:
         message that does not fit gives :class:`~ibal.cm.fsm.Drop`.
         """
         key = _key(event)
-        if isinstance(event, TimerFired) and (
-            event.generation != self.generation or self.timer_at is None
-        ):
+        if isinstance(event, TimerFired) and not self.timer.is_current(event):
             return []
         allowed = any((self.state, t) in _NEXT for t in (key, f"{key} / retries left"))
         if isinstance(event, SendSidrReq | SendSidrRep):
@@ -158,32 +155,16 @@ class SidrCep:
                 f"{key}: request ID {_hex(rid)}, exchange is {self.request_id:#x}"
             )
 
-    def _arm(self, at: float) -> ArmTimer:
-        self.generation += 1
-        self.timer_at = at
-        return ArmTimer(at, self.generation)
-
-    def _cancel(self) -> list[Action]:
-        if self.timer_at is None:
-            return []
-        self.generation += 1
-        self.timer_at = None
-        return [CancelTimer()]
-
     def _step(self, event: SidrEvent, now: float) -> tuple[str, list[Action]]:
         if isinstance(event, SendSidrReq):
-            self._msg, self._interval_ms = event.msg, event.timeout_ms
-            self._retries_left = event.retries
-            at = now + event.timeout_ms / 1000
-            return "", [Transmit(CmAttr.SIDR_REQ, event.msg), self._arm(at)]
+            return "", self.timer.start(CmAttr.SIDR_REQ, event.msg, event.timeout_ms,
+                                        event.retries, now)  # fmt: skip
         if isinstance(event, SendSidrRep):
             return "", [Transmit(CmAttr.SIDR_REP, event.msg)]
         if isinstance(event, TimerFired):
-            self.timer_at = None
-            if self._retries_left > 0:
-                self._retries_left -= 1
-                at = now + self._interval_ms / 1000
-                return "retries left", [Transmit(CmAttr.SIDR_REQ, self._msg), self._arm(at)]
+            resend = self.timer.fired(now)
+            if resend:
+                return "retries left", resend
             return "retries exhausted", [Upcall(UpcallKind.SIDR_REP, None, None, Status.TIMEOUT)]
         if isinstance(event, Destroy):
             self._muted = True
@@ -191,7 +172,7 @@ class SidrCep:
                 rep = cm.SIDR_REP.encode(request_id=self.request_id, status=SidrStatus.REJECT,
                                          service_id=self._service_id)  # fmt: skip
                 return "", [Transmit(CmAttr.SIDR_REP, rep)]
-            return "", self._cancel()
+            return "", self.timer.cancel()
         rid = event.fields.get("request_id")
         if rid != self.request_id:
             raise _Mismatch(f"{event.attr.name} for request ID {_hex(rid)}, this is "
@@ -201,4 +182,4 @@ class SidrCep:
             self._service_id = sid if isinstance(sid, int) else 0
             return "", [Upcall(UpcallKind.SIDR_REQ, event.attr, event.fields, Status.SUCCESS)]
         up = Upcall(UpcallKind.SIDR_REP, event.attr, event.fields, Status.SUCCESS)
-        return "", [*self._cancel(), up]
+        return "", [*self.timer.cancel(), up]
