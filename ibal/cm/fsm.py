@@ -30,7 +30,7 @@ from ibal.wire.fields import Value
 
 __all__ = [
     "LAP_TRANSITIONS", "TRANSITIONS", "Action", "ApiEvent", "ArmTimer", "CancelTimer", "Cep",
-    "CmState", "Destroy", "Drop", "EnterTimewait", "Event", "LapState", "ModifyQp",
+    "CmState", "Destroy", "Drop", "EnterTimewait", "Event", "LapState", "Link", "ModifyQp",
     "QpEstablished", "RecvMsg", "Release", "RetransmitTimer", "SendApr", "SendDrep", "SendDreq",
     "SendLap", "SendMra", "SendRej", "SendRep", "SendReq", "SendRtu", "StaleConn", "TimerFired",
     "Transmit", "Upcall", "UpcallKind", "build_rej", "cm_ms", "event_key", "retransmit_ms",
@@ -301,10 +301,6 @@ def _num(f: Mapping[str, Value], name: str) -> int | None:
     return v if isinstance(v, int) else None
 
 
-def _guid_ari(guid: int) -> bytes:
-    return guid.to_bytes(8, "big")
-
-
 # ---------------------------------------------------------------- the transition table
 
 S = CmState
@@ -520,6 +516,70 @@ class RetransmitTimer:
         return [r, self._arm(now + self._interval_ms / 1000)]
 
 
+class Link:
+    """Who a connection joins, learned from its REQ and REP, and the messages
+    the machine builds from that (REJ, DREQ, DREP without private data)."""
+
+    def __init__(self, local_comm_id: int) -> None:
+        self.local_comm_id = local_comm_id
+        self.remote_comm_id: int | None = None
+        self.remote_ca_guid: int | None = None
+        self.remote_qpn: int | None = None
+        self.local_ca_guid = 0
+        self.local_qpn: int | None = None
+        self.ack_timeout = 0  # the REQ's primary local ACK timeout: TIMEWAIT, MRA slack
+        self.timeout_ms = 0  # the REQ's (active) or REP's (passive) retransmit settings,
+        self.retries = 0  # for the DREQ the machine sends itself
+
+    def learn_local(self, f: Mapping[str, Value], timeout_ms: int, retries: int) -> None:
+        """From our own REQ or REP."""
+        self.local_ca_guid = _num(f, "local_ca_guid") or 0
+        self.local_qpn = _num(f, "local_qpn")
+        self.timeout_ms, self.retries = timeout_ms, retries
+
+    def learn_peer(self, f: Mapping[str, Value]) -> None:
+        """From the peer's REQ or REP: its comm ID, CA GUID and QPN."""
+        self.remote_comm_id = _num(f, "local_comm_id")
+        self.remote_ca_guid = _num(f, "local_ca_guid")
+        self.remote_qpn = _num(f, "local_qpn")
+
+    def learn_req(self, f: Mapping[str, Value]) -> None:
+        """From the peer's REQ: as learn_peer, and the path's ACK timeout."""
+        self.learn_peer(f)
+        self.ack_timeout = _num(f, "primary_local_ack_timeout") or 0
+
+    def mismatch(self, ev: RecvMsg) -> str | None:
+        """Why a received message is not for this connection, or None."""
+        f = ev.fields
+        rc = _num(f, "remote_comm_id")
+        # A REJ(Timeout) from a peer that never saw our message names no remote ID
+        # (it names itself by local comm ID and CA GUID in the ARI).
+        timeout_rej = ev.attr is CmAttr.REJ and f.get("reason") == RejReason.TIMEOUT
+        if rc is not None and rc != self.local_comm_id and not (timeout_rej and rc == 0):
+            return f"{ev.attr.name} for comm ID {rc:#x}, this is {self.local_comm_id:#x}"
+        lc = _num(f, "local_comm_id")
+        if self.remote_comm_id is not None and lc is not None and lc != self.remote_comm_id:
+            return f"{ev.attr.name} from comm ID {lc:#x}, peer is {self.remote_comm_id:#x}"
+        return None
+
+    def rej(self, reason: RejReason, rejected: MessageMraed = MessageMraed.OTHER,
+            ari: bytes = b"") -> bytes:  # fmt: skip
+        return build_rej(self.local_comm_id, self.remote_comm_id or 0, reason, rejected, ari)
+
+    def dreq(self) -> bytes:
+        return cm.DREQ.encode(local_comm_id=self.local_comm_id,
+                              remote_comm_id=self.remote_comm_id or 0,
+                              remote_qpn=self.remote_qpn or 0)  # fmt: skip
+
+    def drep(self) -> bytes:
+        return cm.DREP.encode(local_comm_id=self.local_comm_id,
+                              remote_comm_id=self.remote_comm_id or 0)  # fmt: skip
+
+    def guid_ari(self) -> bytes:
+        """ARI of a REJ(Timeout): the rejecting CA's GUID."""
+        return self.local_ca_guid.to_bytes(8, "big")
+
+
 # ---------------------------------------------------------------- the machine
 
 
@@ -546,19 +606,12 @@ class Cep:
         self.active = active
         self.state = S.IDLE if active else S.LISTEN
         self.lap_state = L.IDLE
-        self.remote_comm_id: int | None = None
-        self.remote_ca_guid: int | None = None
-        self.remote_qpn: int | None = None
-        self.local_ca_guid = 0
-        self.local_qpn: int | None = None
+        self.link = Link(local_comm_id)
         self.peer_to_peer = False
         self.timer = RetransmitTimer()
         self.created = now
         # (from, trigger, to) of the last transition taken: tests check every row is reached.
         self.last_transition: tuple[CmState | LapState, str, CmState | LapState] | None = None
-        self._ack_timeout = 0  # the REQ's primary local ACK timeout: TIMEWAIT, MRA slack
-        self._conn_timeout_ms = 0  # the REQ's (active) or REP's (passive) retransmit
-        self._conn_retries = 0  # settings, for the DREQ the machine sends itself
         self._sent: dict[CmAttr, bytes] = {}
         self._qp_bound = False
         self._qp_error = False
@@ -575,9 +628,21 @@ class Cep:
         return self.timer.at
 
     @property
+    def remote_comm_id(self) -> int | None:
+        return self.link.remote_comm_id
+
+    @property
+    def remote_ca_guid(self) -> int | None:
+        return self.link.remote_ca_guid
+
+    @property
+    def remote_qpn(self) -> int | None:
+        return self.link.remote_qpn
+
+    @property
     def timewait_ms(self) -> int:
         """TIMEWAIT length: ms(path ACK timeout) (roce-wire.md 3.5)."""
-        return cm_ms(self._ack_timeout)
+        return cm_ms(self.link.ack_timeout)
 
     def handle(self, event: Event, now: float) -> list[Action]:
         """Apply ``event``; return the actions, in order.
@@ -657,21 +722,15 @@ class Cep:
         return [Transmit(attr, self._sent[attr])]
 
     def _rej(self, reason: RejReason, rejected: MessageMraed = MessageMraed.OTHER,
-             ari: bytes = b"", remote: int | None = None) -> Transmit:  # fmt: skip
-        rc = self.remote_comm_id if remote is None else remote
-        msg = build_rej(self.local_comm_id, rc or 0, reason, rejected, ari)
-        return self._send(CmAttr.REJ, msg)
+             ari: bytes = b"") -> Transmit:  # fmt: skip
+        return self._send(CmAttr.REJ, self.link.rej(reason, rejected, ari))
 
     def _dreq(self, now: float) -> list[Action]:
-        msg = cm.DREQ.encode(local_comm_id=self.local_comm_id,
-                             remote_comm_id=self.remote_comm_id or 0,
-                             remote_qpn=self.remote_qpn or 0)  # fmt: skip
-        return self._start(CmAttr.DREQ, msg, self._conn_timeout_ms, self._conn_retries, now)
+        link = self.link
+        return self._start(CmAttr.DREQ, link.dreq(), link.timeout_ms, link.retries, now)
 
     def _drep(self) -> Transmit:
-        msg = cm.DREP.encode(local_comm_id=self.local_comm_id,
-                             remote_comm_id=self.remote_comm_id or 0)  # fmt: skip
-        return self._send(CmAttr.DREP, msg)
+        return self._send(CmAttr.DREP, self.link.drep())
 
     def _enter(self, to: CmState, acts: list[Action], now: float) -> list[Action]:
         """The state change's own actions around the handler's."""
@@ -691,31 +750,13 @@ class Cep:
         self.state = to
         return acts
 
-    def _check_ids(self, ev: RecvMsg) -> None:
-        f = ev.fields
-        rc = _num(f, "remote_comm_id")
-        # A REJ(Timeout) from a peer that never saw our message names no remote ID
-        # (it names itself by local comm ID and CA GUID in the ARI).
-        timeout_rej = ev.attr is CmAttr.REJ and f.get("reason") == RejReason.TIMEOUT
-        if rc is not None and rc != self.local_comm_id and not (timeout_rej and rc == 0):
-            raise _Dropped(f"{ev.attr.name} for comm ID {rc:#x}, this is "
-                           f"{self.local_comm_id:#x}")  # fmt: skip
-        lc = _num(f, "local_comm_id")
-        if self.remote_comm_id is not None and lc is not None and lc != self.remote_comm_id:
-            raise _Dropped(f"{ev.attr.name} from comm ID {lc:#x}, peer is "
-                           f"{self.remote_comm_id:#x}")  # fmt: skip
-
-    def _learn_peer(self, f: Mapping[str, Value]) -> None:
-        """Remember the peer's comm ID, CA GUID and QPN from its REQ or REP."""
-        self.remote_comm_id = int(f["local_comm_id"])
-        self.remote_ca_guid = int(f["local_ca_guid"])
-        self.remote_qpn = int(f["local_qpn"])
-
     # -- dispatch: each returns (guard, actions) or raises _Dropped
 
     def _dispatch(self, ev: Event, key: str, now: float) -> tuple[str, list[Action]]:
         if isinstance(ev, RecvMsg):
-            self._check_ids(ev)
+            why = self.link.mismatch(ev)
+            if why:
+                raise _Dropped(why)
             return _RECV[ev.attr](self, ev, now)
         if isinstance(ev, TimerFired):
             return self._on_timeout(now)
@@ -730,18 +771,13 @@ class Cep:
     def _on_api(self, ev: Event, now: float) -> tuple[str, list[Action]]:
         if isinstance(ev, SendReq):
             f = cm.REQ.decode(ev.msg)
-            self.local_ca_guid = int(f["local_ca_guid"])
-            self.local_qpn = int(f["local_qpn"])
-            self._ack_timeout = int(f["primary_local_ack_timeout"])
-            self._conn_timeout_ms, self._conn_retries = ev.timeout_ms, ev.retries
+            self.link.learn_local(f, ev.timeout_ms, ev.retries)
+            self.link.ack_timeout = _num(f, "primary_local_ack_timeout") or 0
             self.peer_to_peer = ev.peer_to_peer
             self._qp_bound = True
             return "", self._start(CmAttr.REQ, ev.msg, ev.timeout_ms, ev.retries, now)
         if isinstance(ev, SendRep):
-            f = cm.REP.decode(ev.msg)
-            self.local_ca_guid = int(f["local_ca_guid"])
-            self.local_qpn = int(f["local_qpn"])
-            self._conn_timeout_ms, self._conn_retries = ev.timeout_ms, ev.retries
+            self.link.learn_local(cm.REP.decode(ev.msg), ev.timeout_ms, ev.retries)
             self._qp_bound = True
             return "", self._start(CmAttr.REP, ev.msg, ev.timeout_ms, ev.retries, now)
         if isinstance(ev, SendDreq | SendLap):
@@ -762,7 +798,7 @@ class Cep:
         timeout = Status.TIMEOUT
         if self.state in _PRE_REP + _WAIT_RTU:
             kind = UpcallKind.REP if self.state in _PRE_REP else UpcallKind.RTU
-            rej = self._rej(RejReason.TIMEOUT, ari=_guid_ari(self.local_ca_guid))
+            rej = self._rej(RejReason.TIMEOUT, ari=self.link.guid_ari())
             return "retries exhausted", [rej, Upcall(kind, None, None, timeout)]
         if self.state is S.DREQ_SENT:
             return "retries exhausted", [Upcall(UpcallKind.DREP, None, None, timeout)]
@@ -784,7 +820,7 @@ class Cep:
     def _on_destroy(self, now: float) -> tuple[str, list[Action]]:
         st = self.state
         if st in _PRE_REP:
-            rej = self._rej(RejReason.TIMEOUT, ari=_guid_ari(self.local_ca_guid))
+            rej = self._rej(RejReason.TIMEOUT, ari=self.link.guid_ari())
             return "", [*self._cancel(), rej]
         if st in _GOT_REQ + _WAIT_RTU + _GOT_REP:
             rejected = {S.REQ_RCVD: MessageMraed.REQ, S.MRA_REQ_SENT: MessageMraed.REQ,
@@ -804,20 +840,18 @@ class Cep:
         up = Upcall(UpcallKind.REQ, ev.attr, f, Status.SUCCESS)
         st = self.state
         if st is S.LISTEN:
-            self._learn_peer(f)
-            self._ack_timeout = int(f["primary_local_ack_timeout"])
+            self.link.learn_req(f)
             return "", [up]
         if st is S.REQ_SENT:
             if not self.peer_to_peer:
                 raise _Dropped("REQ for an active endpoint that is not peer-to-peer")
-            mine = (self.local_ca_guid, self.local_qpn or 0)
-            theirs = (int(f["local_ca_guid"]), int(f["local_qpn"]))
+            mine = (self.link.local_ca_guid, self.link.local_qpn or 0)
+            theirs = (_num(f, "local_ca_guid") or 0, _num(f, "local_qpn") or 0)
             if mine == theirs:
                 raise _Dropped("peer-to-peer REQ from this endpoint's own QP")
             if mine > theirs:
                 return "peer-to-peer, local (CA GUID, QPN) greater", []
-            self._learn_peer(f)
-            self._ack_timeout = int(f["primary_local_ack_timeout"])
+            self.link.learn_req(f)
             self.active = False
             return "peer-to-peer, local (CA GUID, QPN) smaller", [*self._cancel(), up]
         if self.remote_comm_id is None:  # duplicates name the REQ we know
@@ -831,7 +865,7 @@ class Cep:
 
     def _on_rep(self, ev: RecvMsg, now: float) -> tuple[str, list[Action]]:
         if self.state in _PRE_REP:
-            self._learn_peer(ev.fields)
+            self.link.learn_peer(ev.fields)
             return "", [*self._cancel(), Upcall(UpcallKind.REP, ev.attr, ev.fields,
                                                 Status.SUCCESS)]  # fmt: skip
         if self.state is S.MRA_REP_SENT:
@@ -857,14 +891,15 @@ class Cep:
             raise _Dropped(f"MRA of message {got} in {self._where()}")
         # The peer promised an answer within its service timeout: wait that long
         # (plus a path ACK time) before resending.
-        wait = cm_ms(_num(ev.fields, "service_timeout") or 0) + cm_ms(self._ack_timeout)
+        wait = cm_ms(_num(ev.fields, "service_timeout") or 0) + cm_ms(self.link.ack_timeout)
         up = Upcall(UpcallKind.MRA, ev.attr, ev.fields, Status.SUCCESS)
         return "", [self.timer.stretch(wait, now), up]
 
     def _on_dreq(self, ev: RecvMsg, now: float) -> tuple[str, list[Action]]:
         qpn = _num(ev.fields, "remote_qpn")
-        if self.local_qpn is not None and qpn is not None and qpn != self.local_qpn:
-            raise _Dropped(f"DREQ for QPN {qpn:#x}, this connection's is {self.local_qpn:#x}")
+        mine = self.link.local_qpn
+        if mine is not None and qpn is not None and qpn != mine:
+            raise _Dropped(f"DREQ for QPN {qpn:#x}, this connection's is {mine:#x}")
         if self.state is S.DREQ_SENT:
             up = Upcall(UpcallKind.DREP, ev.attr, ev.fields, Status.SUCCESS)
             return "crossing", [*self._cancel(), self._drep(), up]
