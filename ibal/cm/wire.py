@@ -302,7 +302,9 @@ def _sgid_index(port: PortAttr, sgid: bytes, alt: bool) -> int:
     if same:  # RoCE lists a GID once per type: v2 is what the peers' CMs use
         return min(same, key=lambda e: (e.gid_type is not GidType.ROCE_V2, e.index)).index
     why = RejReason.INVALID_ALT_GID if alt else RejReason.INVALID_GID
-    raise PathMismatch(f"GID {IPv6Address(sgid)} is not a GID of port {port.port_num}", why)
+    a6 = IPv6Address(sgid)
+    shown = f"::ffff:{a6.ipv4_mapped}" if a6.ipv4_mapped else str(a6)
+    raise PathMismatch(f"GID {shown} is not a GID of port {port.port_num}", why)
 
 
 def _endpoint_options(path: PathRec, port: PortAttr, *, alt: bool = False
