@@ -695,6 +695,40 @@ _CM_TYPES = {
     "ib_sidr_rep_pdata_t", "ib_sidr_req_pdata_t", "ib_force_apm", "ib_al_flags_t",
     "ib_pfn_listen_err_cb_t",
 }
+# The CM's records and constants (ibal.cm.records; the calls are ibal.cm's API).
+_CM_RECORDS = {
+    "ib_al_flags_t": "ibal.cm.records.AlFlags (SYNC); ibal.sa requests take sync=True",
+    "ib_cm_listen_t": "ibal.cm.records.CmListen",
+    "ib_cep_listen_t": "ibal.cm.records.CepListen",
+    "ib_listen_info_t": "ibal.cm.records.ALL_CAS, ALL_PORTS, ALL_LIDS, ALL_PKEYS",
+    "ib_listen_err_rec_t": "ibal.cm.records.ListenErrRec",
+    "ib_cm_req_t": "ibal.cm.records.CmReq (UD qp_type: SIDR)",
+    "ib_cm_req_rec_t": "ibal.cm.records.CmReqRec",
+    "ib_cm_rep_t": "ibal.cm.records.CmRep (UD qp_type: SIDR reply)",
+    "ib_cm_rep_rec_t": "ibal.cm.records.CmRepRec (+ cm_status for the timeout)",
+    "ib_cm_rtu_t": "ibal.cm.records.CmRtu",
+    "ib_cm_rtu_rec_t": "ibal.cm.records.CmRtuRec (+ cm_status)",
+    "ib_cm_rej_t": "ibal.cm.records.CmRej",
+    "ib_cm_rej_rec_t": "ibal.cm.records.CmRejRec",
+    "ib_cm_mra_t": "ibal.cm.records.CmMra",
+    "ib_cm_mra_rec_t": "ibal.cm.records.CmMraRec",
+    "ib_cm_dreq_t": "ibal.cm.records.CmDreq",
+    "ib_cm_dreq_rec_t": "ibal.cm.records.CmDreqRec",
+    "ib_cm_drep_t": "ibal.cm.records.CmDrep",
+    "ib_cm_drep_rec_t": "ibal.cm.records.CmDrepRec",
+    "ib_cm_lap_t": "ibal.cm.records.CmLap",
+    "ib_cm_lap_rec_t": "ibal.cm.records.CmLapRec",
+    "ib_cm_apr_t": "ibal.cm.records.CmApr",
+    "ib_cm_apr_rec_t": "ibal.cm.records.CmAprRec",
+    "ib_cm_failover_t": "ibal.cm.records.CmFailover",
+    "ib_ari_t": "bytes, at most ibal.cm.records.ARI_SIZE (72)",
+    "ib_apr_info_t": "bytes, at most ibal.cm.records.APR_INFO_SIZE (72)",
+    **{f"ib_{m}_pdata_t": f"bytes, at most ibal.cm.records.{m.upper()}_PDATA_SIZE "
+       f"({n}; ibal.cm.records.PDATA_MAX)"
+       for m, n in (("req", 92), ("rep", 196), ("rtu", 224), ("rej", 148), ("mra", 222),
+                    ("dreq", 220), ("drep", 224), ("lap", 168), ("apr", 148),
+                    ("sidr_req", 216), ("sidr_rep", 136))},
+}  # fmt: skip
 _SA = {
     "ib_query", "ib_cancel_query", "ib_query_req_t", "ib_query_rec_t", "ib_query_type_t",
     "ib_user_query_t", "ib_pfn_query_cb_t", "ib_guid_pair_t", "ib_gid_pair_t", "ib_lid_pair_t",
@@ -760,6 +794,8 @@ _ENTRIES = (
 def _status(name: str) -> tuple[str, str]:
     if name in _DONE:
         return _DONE[name], "done"
+    if name in _CM_RECORDS:
+        return _CM_RECORDS[name], "done"
     if name in _LATER_AL:
         return "", _LATER_AL[name]
     if name.startswith(("ib_cm_", "ib_pfn_cm_")) or name in _CM_TYPES:

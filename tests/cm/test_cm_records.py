@@ -271,3 +271,16 @@ def test_records_are_frozen_and_keyword_only() -> None:
     assert dataclasses.replace(r, retry_cnt=3).retry_cnt == 3
     err = R.ListenErrRec(listen_context="ctx", reason=Status.INVALID_LID)
     assert (err.listen_context, err.reason, err.listen) == ("ctx", Status.INVALID_LID, None)
+
+
+def test_mapping_rows_name_real_records() -> None:
+    import re
+
+    from ibal.al.compat import IBAL_MAPPING
+
+    rows = [(n, s) for n, s, st in IBAL_MAPPING if st == "done" and "ibal.cm.records" in s]
+    assert len(rows) == 37  # 18 request/record pairs, ib_cm_listen_t and _failover_t, 3 listen
+    # types, ib_al_flags_t, ib_ari_t, ib_apr_info_t and the 11 pdata types
+    for name, spelling in rows:
+        for attr in re.findall(r"ibal\.cm\.records\.(\w+)", spelling):
+            assert hasattr(R, attr), (name, attr)
