@@ -102,6 +102,7 @@ __all__ = [
     "build_sidr_rep",
     "build_sidr_req",
     "check_pdata",
+    "check_req",
     "cm_ack_timeout",
     "cm_convert_to_ms",
     "drep_rec",
@@ -160,6 +161,12 @@ def mra_timeout_ms(service_timeout: int, ack_timeout: int) -> int:
     """The stretched wait after an MRA: ms(its service timeout) + ms(the path's ACK
     timeout) (Linux ``cm_mra_handler``)."""
     return cm_convert_to_ms(service_timeout) + cm_convert_to_ms(ack_timeout)
+
+
+def sidr_timeout_ms(timeout_ms: int, packet_life: int) -> int:
+    """A SIDR_REQ's wait: the request's ``timeout_ms`` + 2 * ms(packet life) (the seed's
+    ``ib_cm_req_t.timeout_ms`` rule)."""
+    return timeout_ms + 2 * cm_convert_to_ms(packet_life)
 
 
 def timewait_ms(ack_timeout: int) -> int:
@@ -290,7 +297,8 @@ def path_from_lap(lap: Fields, *, pkey: int, mtu: int, receiver: bool = True) ->
 
 
 class PathMismatch(InvalidSetting):
-    """A path this port cannot use: ``reason`` is the REJ/APR reason to answer with."""
+    """A REQ (or a path) this port cannot accept: ``reason`` is the REJ reason to answer
+    with (``INVALID_GID``, ``INVALID_ALT_GID``, ``INVALID_MTU``, ``INVALID_TRANSPORT_TYPE``)."""
 
     def __init__(self, message: str, reason: RejReason) -> None:
         super().__init__(message)
@@ -335,6 +343,25 @@ def av_from_path(path: PathRec, port: PortAttr, *, alt: bool = False) -> AvAttr:
     :func:`ibal.al.connect.path_to`.  ``PathMismatch`` when ``sgid`` is not the port's."""
     ep, opts = _endpoint_options(path, port, alt=alt)
     return path_to(port, ep, opts)
+
+
+def check_req(req: Fields, port: PortAttr, *, alt_port: PortAttr | None = None) -> None:
+    """Whether the passive side can take the REQ ``req`` on ``port``; else
+    :class:`PathMismatch` with the reason a REJ should carry.
+
+    The transport must be RC or UC, the path MTU an IB MTU code, and each path's
+    GID on this side one of the port's (the alternate's on ``alt_port``).
+    """
+    t = int(req["transport_type"])
+    if t not in (TransportType.RC, TransportType.UC):
+        raise PathMismatch(f"transport type {t} is not supported (RC and UC only)",
+                           RejReason.INVALID_TRANSPORT_TYPE)  # fmt: skip
+    mtu = int(req["path_mtu"])
+    if not 1 <= mtu <= 5:
+        raise PathMismatch(f"path MTU code {mtu} is not an IB MTU (1..5)", RejReason.INVALID_MTU)
+    _sgid_index(port, _gid_bytes(req["primary_remote_gid"]), False)
+    if has_alternate(req):
+        _sgid_index(alt_port or port, _gid_bytes(req["alternate_remote_gid"]), True)
 
 
 # ------------------------------------------------------------------ QP attributes

@@ -258,3 +258,18 @@ def test_qps_connected_by_req_and_rep_move_data(al: AccessLayer) -> None:
     assert [(w.wr_id, w.status) for w in sent] == [(2, WcStatus.SUCCESS), (3, WcStatus.SUCCESS)]
     assert [(w.wr_id, w.status, w.length) for w in got] == [(1, WcStatus.SUCCESS, 9)]
     assert bytes(buf_b[1000:1009]) == b"via REQ!!" and bytes(buf_b[2000:2005]) == b"write"
+
+
+def test_check_req_names_the_reject_reason() -> None:
+    req_f, _ = exchange(REQ, REP)
+    W.check_req(req_f, roce_port(IP_B))
+    for change, port, reason in (
+        ({"transport_type": 2}, roce_port(IP_B), RejReason.INVALID_TRANSPORT_TYPE),
+        ({"path_mtu": 6}, roce_port(IP_B), RejReason.INVALID_MTU),
+        ({}, roce_port("::ffff:10.0.0.7"), RejReason.INVALID_GID),
+        ({"alternate_local_lid": 1, "alternate_remote_gid": IPv6Address("::ffff:9.9.9.9").packed},
+         roce_port(IP_B), RejReason.INVALID_ALT_GID),
+    ):  # fmt: skip
+        with pytest.raises(W.PathMismatch) as e:
+            W.check_req({**req_f, **change}, port)
+        assert e.value.reason is reason

@@ -386,3 +386,4 @@ def test_retransmit_and_other_timeouts() -> None:
     assert W.retransmit_timeout_ms(18, 20) == 6144
     assert W.mra_timeout_ms(24, 17) == 65536 + 512
     assert W.timewait_ms(17) == 512
+    assert W.sidr_timeout_ms(100, 16) == 100 + 512
