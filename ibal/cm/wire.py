@@ -387,16 +387,16 @@ def qp_type_of(req: Fields) -> QpType:
 
 def _mods(req: Fields, *, path: PathRec, alt_path: PathRec | None, port: PortAttr,
           alt_port: PortAttr | None, pkey_index: int, access: AccessFlags, remote_qpn: int,
-          remote_psn: int, local_psn: int, resp_res: int, init_depth: int, ack_timeout: int,
+          rq_psn: int, sq_psn: int, resp_res: int, init_depth: int, ack_timeout: int,
           rnr_retry: int, rnr_nak_timeout: int) -> ConnectMods:  # fmt: skip
     ep, opts = _endpoint_options(path, port)
-    ep = replace(ep, qpn=remote_qpn, psn=remote_psn)
+    ep = replace(ep, qpn=remote_qpn, psn=rq_psn)  # connect's "remote psn" is the receive PSN
     opts = replace(
         opts, access=access, pkey_index=pkey_index, local_ack_timeout=ack_timeout,
         retry_cnt=int(req["retry_count"]), rnr_retry_cnt=rnr_retry,
         rnr_nak_timeout=rnr_nak_timeout, resp_res=resp_res, init_depth=init_depth,
     )  # fmt: skip
-    init, rtr, rts = transitions(qp_type_of(req), port, ep, psn=local_psn, options=opts)
+    init, rtr, rts = transitions(qp_type_of(req), port, ep, psn=sq_psn, options=opts)
     if alt_path is not None:
         rtr = replace(rtr, alternate_av=av_from_path(alt_path, alt_port or port, alt=True))
         rts = replace(rts, apm_state=ApmState.REARM)
@@ -408,18 +408,20 @@ def passive_mods(req: Fields, rep: Fields, *, port: PortAttr, pkey_index: int,
                  alt_port: PortAttr | None = None) -> ConnectMods:  # fmt: skip
     """The passive side's modifies, from the REQ it got and the REP it sends.
 
-    Destination QPN and receive PSN are the REQ's; the send PSN, responder
-    resources (RTR) and initiator depth (RTS) the REP's; the ACK timeout is the
-    REQ's local ACK timeout (the requester computed it with its own ACK delay);
-    retry and RNR retry counts are the REQ's; ``rnr_nak_timeout`` is
-    ``CmRep.rnr_nak_timeout``.  An alternate path in the REQ becomes
-    ``alternate_av`` (RTR) and ``apm_state`` REARM (RTS).
+    A message's starting PSN is the PSN its sender receives first (Linux ``cm.c``:
+    the passive side sends from the REQ's, receives from its own REP's); the
+    destination QPN is the REQ's; responder resources (RTR) and initiator depth
+    (RTS) are the REP's; the ACK timeout is the REQ's local ACK timeout (the
+    requester computed it with its own ACK delay); retry and RNR retry counts
+    are the REQ's; ``rnr_nak_timeout`` is ``CmRep.rnr_nak_timeout``.  An
+    alternate path in the REQ becomes ``alternate_av`` (RTR) and ``apm_state``
+    REARM (RTS).
     """
     alt = path_from_req(req, "alternate") if has_alternate(req) else None
     return _mods(
         req, path=path_from_req(req), alt_path=alt, port=port, alt_port=alt_port,
         pkey_index=pkey_index, access=access, remote_qpn=int(req["local_qpn"]),
-        remote_psn=int(req["starting_psn"]), local_psn=int(rep["starting_psn"]),
+        rq_psn=int(rep["starting_psn"]), sq_psn=int(req["starting_psn"]),
         resp_res=int(rep["responder_resources"]), init_depth=int(rep["initiator_depth"]),
         ack_timeout=int(req["primary_local_ack_timeout"]),
         rnr_retry=int(req["rnr_retry_count"]), rnr_nak_timeout=rnr_nak_timeout,
@@ -432,19 +434,19 @@ def active_mods(req: Fields, rep: Fields, *, port: PortAttr, pkey_index: int,
     """The active side's modifies, from the REQ it sent and the REP it got.
 
     The REP's initiator depth becomes this QP's responder resources and its
-    responder resources this QP's initiator depth (the swap); destination QPN and
-    receive PSN are the REP's, the send PSN the REQ's; the ACK timeout is
-    :func:`cm_ack_timeout` of the REP's target ACK delay and ``packet_life``
-    (the primary PathRecord's; ``None``: the REQ's ACK timeout - 1); the RNR
-    retry count is the REP's, the retry count the REQ's.
+    responder resources this QP's initiator depth (the swap); the destination
+    QPN is the REP's; the QP receives from the REQ's starting PSN and sends from
+    the REP's; the ACK timeout is :func:`cm_ack_timeout` of the REP's target ACK
+    delay and ``packet_life`` (the primary PathRecord's; ``None``: the REQ's ACK
+    timeout - 1); the RNR retry count is the REP's, the retry count the REQ's.
     """
     path = path_from_req(req, passive=False)
     life = int(path["packet_life_time"]) if packet_life is None else packet_life
     alt = path_from_req(req, "alternate", passive=False) if has_alternate(req) else None
     return _mods(
         req, path=path, alt_path=alt, port=port, alt_port=alt_port, pkey_index=pkey_index,
-        access=access, remote_qpn=int(rep["local_qpn"]), remote_psn=int(rep["starting_psn"]),
-        local_psn=int(req["starting_psn"]), resp_res=int(rep["initiator_depth"]),
+        access=access, remote_qpn=int(rep["local_qpn"]), rq_psn=int(req["starting_psn"]),
+        sq_psn=int(rep["starting_psn"]), resp_res=int(rep["initiator_depth"]),
         init_depth=int(rep["responder_resources"]),
         ack_timeout=cm_ack_timeout(int(rep["target_ack_delay"]), life),
         rnr_retry=int(rep["rnr_retry_count"]), rnr_nak_timeout=rnr_nak_timeout,

@@ -94,9 +94,11 @@ def test_roce_rc_mods_on_both_sides() -> None:
                            rnr_nak_timeout=REQ.rnr_nak_timeout, packet_life=16)  # fmt: skip
     assert passive.init == active.init == QpMod(QpState.INIT, port_num=1, pkey_index=0,
                                                 access=ACCESS)  # fmt: skip
-    # RTR: the path back to the other side, its QPN and first PSN, the MTU of the REQ
-    for mods, dgid, qpn, psn in ((passive, IP_A, 0xA1, 0xAAAAAA),
-                                 (active, IP_B, 0xB2, 0xBBBBBB)):  # fmt: skip
+    # RTR: the path back to the other side, its QPN, the MTU of the REQ, and the first
+    # PSN to receive: the one this side put in its own message (Linux cm.c reads a
+    # message's starting PSN as what its sender receives first)
+    for mods, dgid, qpn, psn in ((passive, IP_A, 0xA1, 0xBBBBBB),
+                                 (active, IP_B, 0xB2, 0xAAAAAA)):  # fmt: skip
         av = mods.rtr.primary_av
         assert av is not None and av.grh is not None
         assert (av.port_num, av.dlid, av.sl) == (1, 0, 2)  # RoCE: no LID
@@ -107,7 +109,7 @@ def test_roce_rc_mods_on_both_sides() -> None:
     # resp_res / init_depth: the REP carries 3 / 2 for the passive side; the active swaps
     assert (passive.rtr.resp_res, passive.rts.init_depth) == (3, 2)
     assert (active.rtr.resp_res, active.rts.init_depth) == (2, 3)
-    assert (passive.rts.sq_psn, active.rts.sq_psn) == (0xBBBBBB, 0xAAAAAA)
+    assert (passive.rts.sq_psn, active.rts.sq_psn) == (0xAAAAAA, 0xBBBBBB)
     # ACK timeout: the REQ's (cm_ack_timeout(15, 16) = 17) on the passive side,
     # cm_ack_timeout(target ACK delay 18, 16) = 19 on the active side
     assert (passive.rts.local_ack_timeout, active.rts.local_ack_timeout) == (17, 19)
@@ -162,7 +164,7 @@ def test_uc_mods_carry_no_rdma_read_attributes() -> None:
     mods = W.passive_mods(req_f, rep_f, port=roce_port(IP_B), pkey_index=0, access=ACCESS)
     assert mods.init.access == AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE
     assert mods.rtr.resp_res is None and mods.rtr.rnr_nak_timeout is None
-    assert mods.rts.given() == {"sq_psn"} and mods.rts.sq_psn == 0xBBBBBB
+    assert mods.rts.given() == {"sq_psn"} and mods.rts.sq_psn == 0xAAAAAA
     _check_fsm(QpType.UC, mods)
 
 
@@ -243,8 +245,9 @@ def test_qps_connected_by_req_and_rep_move_data(al: AccessLayer) -> None:
         qp_a.modify(m)
     assert qp_a.state is QpState.RTS and qp_b.state is QpState.RTS
     qa, qb = qp_a.query(), qp_b.query()
-    assert (qa.dest_qp, qa.sq_psn, qa.rq_psn) == (qp_b.num, 0x000100, 0xFFFFF0)
-    assert (qb.dest_qp, qb.sq_psn, qb.rq_psn) == (qp_a.num, 0xFFFFF0, 0x000100)
+    # each side receives from the PSN it sent and sends from the peer's (as Linux does)
+    assert (qa.dest_qp, qa.sq_psn, qa.rq_psn) == (qp_b.num, 0xFFFFF0, 0x000100)
+    assert (qb.dest_qp, qb.sq_psn, qb.rq_psn) == (qp_a.num, 0x000100, 0xFFFFF0)
     assert (qa.init_depth, qa.resp_res, qb.init_depth, qb.resp_res) == (1, 2, 2, 1)
 
     qp_b.post_recv([RecvWr(1, [mr_b.sge(1000, 64)])])
