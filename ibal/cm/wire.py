@@ -374,6 +374,13 @@ class ConnectMods(NamedTuple):
     rtr: QpMod
     rts: QpMod
 
+    def for_state(self, target: QpState) -> QpMod:
+        """The modify to ``target`` (INIT, RTR or RTS: what the fsm's ``ModifyQp`` names)."""
+        for m in self:
+            if m.state is target:
+                return m
+        raise InvalidParameter(f"the CM connects a QP to INIT, RTR and RTS, not {target.name}")
+
 
 def qp_type_of(req: Fields) -> QpType:
     """The QP type a REQ's transport type asks for; ``InvalidSetting`` for RD/extended."""
@@ -434,7 +441,8 @@ def active_mods(req: Fields, rep: Fields, *, port: PortAttr, pkey_index: int,
     """The active side's modifies, from the REQ it sent and the REP it got.
 
     The REP's initiator depth becomes this QP's responder resources and its
-    responder resources this QP's initiator depth (the swap); the destination
+    responder resources this QP's initiator depth (the swap; never above what the
+    REQ offered); the destination
     QPN is the REP's; the QP receives from the REQ's starting PSN and sends from
     the REP's; the ACK timeout is :func:`cm_ack_timeout` of the REP's target ACK
     delay and ``packet_life`` (the primary PathRecord's; ``None``: the REQ's ACK
@@ -446,8 +454,11 @@ def active_mods(req: Fields, rep: Fields, *, port: PortAttr, pkey_index: int,
     return _mods(
         req, path=path, alt_path=alt, port=port, alt_port=alt_port, pkey_index=pkey_index,
         access=access, remote_qpn=int(rep["local_qpn"]), rq_psn=int(req["starting_psn"]),
-        sq_psn=int(rep["starting_psn"]), resp_res=int(rep["initiator_depth"]),
-        init_depth=int(rep["responder_resources"]),
+        sq_psn=int(rep["starting_psn"]),
+        # the REP may lower what the REQ offered, never raise it (a peer's REP is checked
+        # nowhere else)
+        resp_res=min(int(rep["initiator_depth"]), int(req["responder_resources"])),
+        init_depth=min(int(rep["responder_resources"]), int(req["initiator_depth"])),
         ack_timeout=cm_ack_timeout(int(rep["target_ack_delay"]), life),
         rnr_retry=int(rep["rnr_retry_count"]), rnr_nak_timeout=rnr_nak_timeout,
     )  # fmt: skip

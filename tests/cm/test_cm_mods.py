@@ -20,6 +20,7 @@ from ibal.cm import records as R
 from ibal.cm import wire as W
 from ibal.mad.cm import CmAttr, RejReason
 from ibal.qp_fsm import check_modify
+from ibal.status import InvalidParameter
 from ibal.types import (
     AccessFlags,
     ApmState,
@@ -118,6 +119,21 @@ def test_roce_rc_mods_on_both_sides() -> None:
     assert (passive.rtr.rnr_nak_timeout, active.rtr.rnr_nak_timeout) == (14, 9)
     _check_fsm(QpType.RC, passive)
     _check_fsm(QpType.RC, active)
+
+
+def test_a_rep_cannot_raise_what_the_req_offered() -> None:
+    req_f, rep_f = exchange(REQ, REP)  # REQ offers responder resources 6, initiator depth 5
+    greedy = {**rep_f, "initiator_depth": 9, "responder_resources": 8}
+    mods = W.active_mods(req_f, greedy, port=roce_port(IP_A), pkey_index=0, access=ACCESS)
+    assert (mods.rtr.resp_res, mods.rts.init_depth) == (6, 5)
+
+
+def test_for_state_picks_the_modify_the_machine_asks_for() -> None:
+    req_f, rep_f = exchange(REQ, REP)
+    mods = W.passive_mods(req_f, rep_f, port=roce_port(IP_B), pkey_index=0, access=ACCESS)
+    assert [mods.for_state(s) for s in (QpState.INIT, QpState.RTR, QpState.RTS)] == list(mods)
+    with pytest.raises(InvalidParameter, match="not ERROR"):
+        mods.for_state(QpState.ERROR)
 
 
 def test_active_life_defaults_to_the_reqs_ack_timeout() -> None:
