@@ -352,10 +352,7 @@ def check_req(req: Fields, port: PortAttr, *, alt_port: PortAttr | None = None) 
     The transport must be RC or UC, the path MTU an IB MTU code, and each path's
     GID on this side one of the port's (the alternate's on ``alt_port``).
     """
-    t = int(req["transport_type"])
-    if t not in (TransportType.RC, TransportType.UC):
-        raise PathMismatch(f"transport type {t} is not supported (RC and UC only)",
-                           RejReason.INVALID_TRANSPORT_TYPE)  # fmt: skip
+    qp_type_of(req)
     mtu = int(req["path_mtu"])
     if not 1 <= mtu <= 5:
         raise PathMismatch(f"path MTU code {mtu} is not an IB MTU (1..5)", RejReason.INVALID_MTU)
@@ -383,13 +380,15 @@ class ConnectMods(NamedTuple):
 
 
 def qp_type_of(req: Fields) -> QpType:
-    """The QP type a REQ's transport type asks for; ``InvalidSetting`` for RD/extended."""
+    """The QP type a REQ's transport type asks for; :class:`PathMismatch`
+    (``INVALID_TRANSPORT_TYPE``) for RD and extended transports."""
     t = int(req["transport_type"])
     if t == TransportType.RC:
         return QpType.RC
     if t == TransportType.UC:
         return QpType.UC
-    raise InvalidSetting(f"transport type {t} is not supported (RC and UC only)")
+    raise PathMismatch(f"transport type {t} is not supported (RC and UC only)",
+                       RejReason.INVALID_TRANSPORT_TYPE)  # fmt: skip
 
 
 def _mods(req: Fields, *, path: PathRec, alt_path: PathRec | None, port: PortAttr,
@@ -515,12 +514,13 @@ def build_req(req: CmReq, *, local_comm_id: int, local_ca_guid: int, local_qpn: 
 
 def build_rep(rep: CmRep, *, req: Fields, local_comm_id: int, local_ca_guid: int,
               local_qpn: int, starting_psn: int, resp_res: int | None = None,
-              srq: bool = False, local_qkey: int = 0) -> bytes:  # fmt: skip
+              ca_ack_delay: int = 0, srq: bool = False, local_qkey: int = 0) -> bytes:  # fmt: skip
     """A REP's 232 bytes answering the REQ ``req`` (its decoded fields).
 
     ``resp_res`` (this QP's responder resources) defaults to the REQ's
     initiator depth; ``rep.init_depth`` may not pass the REQ's responder
-    resources (``InvalidSetting``).
+    resources (``InvalidSetting``).  TargetACKDelay is ``rep.target_ack_delay``,
+    or when that is 0 this CA's ``ca_ack_delay`` (what Linux always sends).
     """
     rep.validate(req_rec(req))
     if rep.qp_type is QpType.UD:
@@ -534,7 +534,7 @@ def build_rep(rep: CmRep, *, req: Fields, local_comm_id: int, local_ca_guid: int
         "starting_psn": starting_psn,
         "responder_resources": rr,
         "initiator_depth": rep.init_depth,
-        "target_ack_delay": rep.target_ack_delay,
+        "target_ack_delay": rep.target_ack_delay or ca_ack_delay,
         "failover_accepted": int(rep.failover_accepted),
         "end_to_end_flow_control": bool(rep.flow_ctrl),
         "rnr_retry_count": rep.rnr_retry_cnt,
@@ -745,7 +745,11 @@ def apr_rec(apr: Fields) -> CmAprRec:
 
 
 def to_rec(attr: CmAttr, fields: Fields, *, pkey: int = 0xFFFF, mtu: int = 3) -> Any:
-    """The record of any received message (``pkey``/``mtu`` are used by LAP only)."""
+    """The record of any received message (``pkey``/``mtu`` are used by LAP only).
+
+    Any data area the tables decode converts; the one exception is a REQ of a
+    transport other than RC/UC (:class:`PathMismatch`: :func:`check_req` first).
+    """
     a = CmAttr(attr)
     if a is CmAttr.LAP:
         return lap_rec(fields, pkey=pkey, mtu=mtu)

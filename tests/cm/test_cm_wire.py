@@ -12,6 +12,8 @@ from ipaddress import IPv6Address
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ibal.cm import records as R
 from ibal.cm import wire as W
@@ -154,6 +156,10 @@ def test_rep_bytes_at_the_spec_offsets() -> None:
     dflt = W.build_rep(rep, req=req, local_comm_id=1, local_ca_guid=2, local_qpn=3,
                        starting_psn=4)  # fmt: skip
     assert dflt[24] == 0x3C
+    # TargetACKDelay 0 in the record: the CA's ACK delay goes out, as Linux always sends it
+    own = W.build_rep(R.CmRep(qp=QP), req=req, local_comm_id=1, local_ca_guid=2, local_qpn=3,
+                      starting_psn=4, ca_ack_delay=15)  # fmt: skip
+    assert own[26] >> 3 == 15 and dflt[26] >> 3 == 15  # the record's 15 wins when given
 
 
 def test_rep_init_depth_may_not_pass_the_requests_responder_resources() -> None:
@@ -387,3 +393,65 @@ def test_retransmit_and_other_timeouts() -> None:
     assert W.mra_timeout_ms(24, 17) == 65536 + 512
     assert W.timewait_ms(17) == 512
     assert W.sidr_timeout_ms(100, 16) == 100 + 512
+
+
+# ------------------------------------------------------------------ properties
+
+
+@given(data=st.binary(min_size=232, max_size=232),
+       attr=st.sampled_from([a for a in CmAttr if a is not CmAttr.CLASS_PORT_INFO]))  # fmt: skip
+@settings(max_examples=300, deadline=None)
+def test_any_data_area_converts_to_a_record(data: bytes, attr: CmAttr) -> None:
+    """Whatever a peer sends, decoding and conversion never fail but for the one
+    documented case (a REQ of a transport the CM does not serve)."""
+    fields = W.parse(attr, data)
+    try:
+        rec = W.to_rec(attr, fields)
+    except W.PathMismatch as e:
+        assert attr is CmAttr.REQ and e.reason is RejReason.INVALID_TRANSPORT_TYPE
+        assert fields["transport_type"] in (2, 3)
+        return
+    assert len(rec.pdata) == R.PDATA_MAX[attr]
+
+
+_u = st.integers
+_paths = st.builds(
+    lambda hop, lids, life, mtu, fl, tc, sl, rate, pkey: ib_path(
+        hop_limit=hop, slid=lids[0], dlid=lids[1], packet_life_time=life, mtu=mtu,
+        flow_label=fl, tclass=tc, sl=sl, rate=rate, p_key=pkey),
+    _u(0, 255), st.tuples(_u(0, 0xFFFF), _u(0, 0xFFFF)), _u(0, 30), _u(1, 5),
+    _u(0, 0xFFFFF), _u(0, 255), _u(0, 15), _u(0, 63), _u(1, 0x7FFF) | _u(0x8001, 0xFFFF),
+)  # fmt: skip
+
+
+@given(path=_paths, resp=_u(0, 255), depth=_u(0, 255), retries=_u(0, 15), rto=_u(0, 31),
+       lto=_u(0, 31), rnr=_u(0, 7), retry=_u(0, 7), fc=st.booleans(),
+       pd=st.binary(max_size=92), psn=_u(0, 0xFFFFFF), delay=_u(0, 31),
+       uc=st.booleans())  # fmt: skip
+@settings(max_examples=200, deadline=None)
+def test_req_round_trips_for_any_valid_request(path: dict[str, Any], resp: int, depth: int,
+                                               retries: int, rto: int, lto: int, rnr: int,
+                                               retry: int, fc: bool, pd: bytes, psn: int,
+                                               delay: int, uc: bool) -> None:  # fmt: skip
+    r = make_req(primary_path=path, resp_res=resp, init_depth=depth, max_cm_retries=retries,
+                 remote_resp_timeout=rto, local_resp_timeout=lto, rnr_retry_cnt=rnr,
+                 retry_cnt=retry, flow_ctrl=fc, pdata=pd,
+                 qp_type=QpType.UC if uc else QpType.RC)  # fmt: skip
+    f = W.parse(CmAttr.REQ, W.build_req(r, **{**REQ_FACTS, "starting_psn": psn,
+                                              "ca_ack_delay": delay}))  # fmt: skip
+    rec = W.req_rec(f)
+    assert (rec.resp_res, rec.init_depth, rec.rnr_retry_cnt, rec.flow_ctrl) == (
+        resp, depth, rnr, fc)
+    assert rec.qp_type is r.qp_type and rec.pdata[: len(pd)] == pd and rec.svc_id == r.svc_id
+    assert (f["max_cm_retries"], f["remote_cm_response_timeout"],
+            f["local_cm_response_timeout"], f["retry_count"], f["starting_psn"]) == (
+        retries, rto, lto, retry, psn)  # fmt: skip
+    back = W.path_from_req(f, passive=False)
+    one_hop = path["hop_limit"] <= 1
+    for k in ("flow_label", "hop_limit", "tclass", "sl", "rate", "mtu", "p_key"):
+        assert back[k] == path[k], k
+    assert (back["slid"], back["dlid"]) == (
+        (path["slid"], path["dlid"]) if one_hop else (0xFFFF, 0xFFFF))
+    assert (back["sgid"], back["dgid"]) == (path["sgid"].packed, path["dgid"].packed)
+    assert back["packet_life_time"] == W.cm_ack_timeout(delay, path["packet_life_time"]) - 1
+    R.check_path("back", back)  # what the passive side gets is itself a usable path
