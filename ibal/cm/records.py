@@ -133,12 +133,19 @@ PathRec = Mapping[str, Any]
 """``ib_path_rec_t``: a PathRecord by ``ibal.mad.sa.PATH_RECORD`` field name (a decoded
 dict, an ``ibal.sa.query.Record`` or ``ibal.sa.roce.RocePath.record``)."""
 
-#: The PathRecord fields a CM path needs (``raw_traffic``, ``reversible``, selectors ...
-#: may be present and are ignored).
+#: The PathRecord fields a CM path uses (``raw_traffic``, ``reversible``, selectors ...
+#: may be present and are ignored).  ``sgid``, ``dgid``, ``mtu`` and ``packet_life_time``
+#: are required; the others default as in the SA's table (LIDs 0, P_Key 0xFFFF, ...):
+#: ``ibal.sa.roce.RocePath.record`` has no LIDs.
 PATH_FIELDS: Final = (
     "sgid", "dgid", "slid", "dlid", "flow_label", "hop_limit", "tclass", "p_key", "sl",
     "mtu", "rate", "packet_life_time",
 )  # fmt: skip
+_PATH_REQUIRED: Final = ("sgid", "dgid", "mtu", "packet_life_time")
+_PATH_DEFAULTS: Final[dict[str, Any]] = {
+    "slid": 0, "dlid": 0, "flow_label": 0, "hop_limit": 0, "tclass": 0, "p_key": 0xFFFF,
+    "sl": 0, "rate": 0,
+}  # fmt: skip
 
 # ------------------------------------------------------------------ checks
 
@@ -198,28 +205,32 @@ def _gid(name: str, v: object) -> bytes:
     return bytes(packed)
 
 
-def check_path(name: str, path: object) -> None:
-    """A PathRecord usable by the CM, else ``InvalidParameter`` (missing/ill-typed field)
-    or ``InvalidSetting`` (the seed's "packet lifetime or pkey out of range", bad MTU)."""
+def check_path(name: str, path: object) -> dict[str, Any]:
+    """A PathRecord usable by the CM, as a dict of :data:`PATH_FIELDS` (defaults filled
+    in); else ``InvalidParameter`` (not a mapping, a required field missing, a value of
+    the wrong type) or ``InvalidSetting`` (the seed's "packet lifetime or pkey out of
+    range", an MTU code that is not 1..5)."""
     if not isinstance(path, Mapping):
         raise InvalidParameter(f"{name} must be a PathRecord (a mapping of its fields)")
-    missing = [f for f in PATH_FIELDS if f not in path]
+    missing = [f for f in _PATH_REQUIRED if f not in path]
     if missing:
         raise InvalidParameter(f"{name} lacks {', '.join(missing)}")
-    _gid(f"{name}.sgid", path["sgid"])
-    _gid(f"{name}.dgid", path["dgid"])
+    p = {f: path[f] if f in path else _PATH_DEFAULTS[f] for f in PATH_FIELDS}
+    p["sgid"] = _gid(f"{name}.sgid", p["sgid"])
+    p["dgid"] = _gid(f"{name}.dgid", p["dgid"])
     for f, bits in (("slid", 16), ("dlid", 16), ("flow_label", 20), ("hop_limit", 8),
                     ("tclass", 8), ("sl", 4), ("rate", 6)):  # fmt: skip
-        _uint(f"{name}.{f}", path[f], bits)
-    pkey = _uint(f"{name}.p_key", path["p_key"], 16)
+        p[f] = _uint(f"{name}.{f}", p[f], bits)
+    pkey = p["p_key"] = _uint(f"{name}.p_key", p["p_key"], 16)
     if pkey & 0x7FFF == 0:
         raise InvalidSetting(f"{name}.p_key {pkey:#06x} is not a valid P_Key")
-    mtu = _uint(f"{name}.mtu", path["mtu"], 6)
+    mtu = p["mtu"] = _uint(f"{name}.mtu", p["mtu"], 6)
     if not 1 <= mtu <= 5:
         raise InvalidSetting(f"{name}.mtu {mtu} is not an IB MTU code (1..5)")
-    life = _uint(f"{name}.packet_life_time", path["packet_life_time"], 6)
+    life = p["packet_life_time"] = _uint(f"{name}.packet_life_time", p["packet_life_time"], 6)
     if life > 30:  # the ACK timeout is life + 1 in 5 bits
         raise InvalidSetting(f"{name}.packet_life_time is {life}; at most 30")
+    return p
 
 
 def _qp_type(v: object, allowed: tuple[QpType, ...]) -> None:

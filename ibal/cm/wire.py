@@ -220,7 +220,7 @@ def req_path_fields(path: PathRec | None, prefix: str, *, ca_ack_delay: int) -> 
     p = f"{prefix}_"
     if path is None:
         return {}
-    check_path(f"{prefix} path", path)
+    path = check_path(f"{prefix} path", path)
     local = int(path["hop_limit"]) <= 1
     return {
         p + "local_lid": int(path["slid"]) if local else _PERMISSIVE,
@@ -318,7 +318,7 @@ def _sgid_index(port: PortAttr, sgid: bytes, alt: bool) -> int:
 def _endpoint_options(path: PathRec, port: PortAttr, *, alt: bool = False
                       ) -> tuple[Endpoint, ConnectOptions]:  # fmt: skip
     """``ibal.al.connect``'s view of a path: the far end and the addressing options."""
-    check_path("path", path)
+    path = check_path("path", path)
     roce = port.link_layer is LinkLayer.ETHERNET
     dgid = _gid_bytes(path["dgid"])
     dlid = int(path["dlid"])
@@ -485,7 +485,7 @@ def build_req(req: CmReq, *, local_comm_id: int, local_ca_guid: int, local_qpn: 
     if req.qp_type is QpType.UD:
         raise InvalidParameter("a UD request is a SIDR_REQ: use build_sidr_req")
     assert req.primary_path is not None
-    pri = req.primary_path
+    pri = check_path("primary_path", req.primary_path)
     values: dict[str, Value] = {
         "local_comm_id": local_comm_id,
         "service_id": req.svc_id,
@@ -628,7 +628,7 @@ def build_sidr_req(req: CmReq, *, request_id: int) -> bytes:
         raise InvalidParameter("a SIDR_REQ comes from a UD request")
     pkey = req.pkey
     if not pkey and req.primary_path is not None:
-        pkey = int(req.primary_path["p_key"])
+        pkey = int(check_path("primary_path", req.primary_path)["p_key"])
     return _encode(CmAttr.SIDR_REQ, {"request_id": request_id, "pkey": pkey,
                                      "service_id": req.svc_id,
                                      "private_data": bytes(req.pdata)})  # fmt: skip

@@ -175,10 +175,16 @@ def test_path_settings(change: dict[str, Any], exc: type[Exception], message: st
         req(primary_path={**PATH, **change}).validate()
 
 
-def test_path_must_have_every_field() -> None:
-    partial = {k: v for k, v in PATH.items() if k not in ("mtu", "sl")}
-    with pytest.raises(InvalidParameter, match="primary_path lacks sl, mtu"):
+def test_path_needs_its_gids_mtu_and_life_and_defaults_the_rest() -> None:
+    partial = {k: v for k, v in PATH.items() if k not in ("mtu", "packet_life_time")}
+    with pytest.raises(InvalidParameter, match="primary_path lacks mtu, packet_life_time"):
         req(primary_path=partial).validate()
+    few = {k: PATH[k] for k in ("sgid", "dgid", "mtu", "packet_life_time")}
+    assert R.check_path("p", few) == {
+        "sgid": PATH["sgid"].packed, "dgid": PATH["dgid"].packed, "slid": 0, "dlid": 0,
+        "flow_label": 0, "hop_limit": 0, "tclass": 0, "p_key": 0xFFFF, "sl": 0, "mtu": 3,
+        "rate": 0, "packet_life_time": 16,
+    }  # fmt: skip
     with pytest.raises(InvalidParameter, match="a PathRecord"):
         req(primary_path=42).validate()
 

@@ -276,6 +276,29 @@ def test_paths_from_the_sa_decode_are_accepted() -> None:
     assert a == b
 
 
+def test_a_path_from_ibal_sa_roce_builds_the_roce_req() -> None:
+    """ibal.sa.roce's resolver output (no LIDs in its record) as the REQ's primary path."""
+    from ibal.sa import roce
+    from ibal.sa.roce_net import NUD_VALID, Link, Neighbour, Route
+    from ibal.types import GidEntry, GidType, LinkLayer, Mtu, PortAttr
+
+    entry = GidEntry(3, GID_A, GidType.ROCE_V2, "eth0")
+    port = PortAttr(port_num=1, port_guid=1, link_layer=LinkLayer.ETHERNET,
+                    active_mtu=Mtu.MTU_4096, gid_table=(entry,))  # fmt: skip
+    eth = Link(2, "eth0", b"\x02\x00\x00\x00\x00\x01", 1500)
+    dst = GID_B.ipv4_mapped
+    assert dst is not None
+    got = roce.resolve(roce.PathQuery(GID_B), port, entry, Route(dst, 2), eth, eth,
+                       Neighbour(dst, 2, NUD_VALID, b"\x02\x00\x00\x00\x00\x02"), 64)  # fmt: skip
+    assert isinstance(got, roce.RocePath) and "dlid" not in got.record
+    b = W.build_req(R.CmReq(svc_id=0x0106_1C06, primary_path=got.record, qp=QP, rep_cb=_cb),
+                    local_comm_id=1, local_ca_guid=2, local_qpn=3, starting_psn=4,
+                    ca_ack_delay=15)  # fmt: skip
+    assert u16(b, 52) == u16(b, 54) == 0xFFFF and b[93] == 64 and (b[94] >> 3) & 1 == 0
+    assert b[50] >> 4 == 3 and b[95] >> 3 == 17  # MTU 1024 for a 1500-byte netdev; 17
+    assert b[56:72] == GID_A.packed and b[72:88] == GID_B.packed
+
+
 def test_rep_round_trip() -> None:
     req = W.parse(CmAttr.REQ, W.build_req(make_req(), **REQ_FACTS))
     rep = R.CmRep(qp=QP, pdata=b"r", init_depth=3, failover_accepted=R.CmFailover.SUCCESS,
