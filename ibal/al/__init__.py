@@ -25,9 +25,11 @@ from ibal.al.pnp import (
     PnpClass,
     PnpEvent,
     PnpEventBit,
+    PnpOrder,
     PnpRec,
     PnpRegistration,
 )
+from ibal.al.pnp_io import IoDevices
 from ibal.al.qp import McastAttachment, Qp, QpCreate
 from ibal.al.srq import Srq
 from ibal.al.stash import Stash, StashKey
@@ -67,6 +69,7 @@ __all__ = [
     "Dispatcher",
     "Endpoint",
     "Fmr",
+    "IoDevices",
     "MadAgent",
     "McastAttachment",
     "Mr",
@@ -75,6 +78,7 @@ __all__ = [
     "PnpClass",
     "PnpEvent",
     "PnpEventBit",
+    "PnpOrder",
     "PnpRec",
     "PnpRegistration",
     "Qp",

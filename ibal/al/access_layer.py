@@ -12,7 +12,7 @@ from ibal.al import pnp
 from ibal.al.ca import Ca
 from ibal.al.cica import CiCa
 from ibal.al.obj import READY, AlObject
-from ibal.al.pnp import DeviceAttrMask, PnpCallback, PnpClass, PnpRegistration
+from ibal.al.pnp import DeviceAttrMask, PnpCallback, PnpClass, PnpOrder, PnpRec, PnpRegistration
 from ibal.al.timer import TimerScope
 from ibal.status import (
     InvalidAlHandle,
@@ -217,21 +217,30 @@ class AccessLayer(AlObject):
 
     # ------------------------------------------------------------------ PnP
     def reg_pnp(
-        self, pnp_class: PnpClass | int, callback: PnpCallback, context: Any = None
+        self,
+        pnp_class: PnpClass | int,
+        callback: PnpCallback,
+        context: Any = None,
+        *,
+        order: PnpOrder = PnpOrder.USER,
     ) -> PnpRegistration:
         """``ib_reg_pnp``: replay the current state, then ``REG_COMPLETE``, then live events.
 
         With ``PnpClass.FLAG_REG_SYNC`` it returns after the replay was delivered
         (``InvalidState`` from a PnP callback: that queue would wait for itself).
+        ``order`` places a subsystem client before the user clients: ADDs go
+        by (order, registration time), REMOVEs in the reverse of that.
         """
         self._check()
         cls_bits, flags = pnp.parse_class(pnp_class)
         if not callable(callback):
             raise InvalidParameter("callback must be callable")
+        if not isinstance(order, PnpOrder):
+            raise InvalidParameter(f"order must be a PnpOrder, not {order!r}")
         sync = bool(flags & PnpClass.FLAG_REG_SYNC)
         if sync and self._mgr._queues.pnp.is_current():
             raise InvalidState("a synchronous reg_pnp inside a PnP callback would deadlock")
-        reg = PnpRegistration(self._mgr, self, cls_bits, callback, context)
+        reg = PnpRegistration(self._mgr, self, cls_bits, callback, context, order)
         done = threading.Event() if sync else None
         with self._lock:
             reg._attach()
@@ -241,3 +250,14 @@ class AccessLayer(AlObject):
         if done is not None:
             done.wait()
         return reg
+
+    def reject_ioc(self, rec: PnpRec) -> None:
+        """``ib_reject_ioc``: refuse the IOC of the ``IOC_ADD`` callback running with ``rec``.
+
+        This AL's registrations get no more events for the IOC (until it is
+        removed and reported again); the registry's ``on_reject`` listeners
+        run before this returns.  ``InvalidHandle`` outside that callback or
+        for another AL's record, ``InvalidParameter`` for a non-record.
+        """
+        self._check()
+        self._mgr.io_devices.reject(self, rec)

@@ -26,6 +26,7 @@ from ibal.al.access_layer import AccessLayer
 from ibal.al.cica import CiCa
 from ibal.al.dispatcher import CallbackQueues, log
 from ibal.al.pnp import PnpRegistration
+from ibal.al.pnp_io import IoDevices
 from ibal.al.timer import TimerService
 from ibal.ci.interface import ChannelInterface
 from ibal.ci.manager import ProviderManager
@@ -66,6 +67,8 @@ class AlManager:
         self._registering: set[int] = set()
         self._als: dict[AccessLayer, None] = {}
         self._pnp_regs: dict[PnpRegistration, None] = {}  # in registration order
+        self.io_devices = IoDevices(self)
+        """The IOUs, IOCs and IOC paths reported (raised as IOU / IOC PnP events)."""
         self._providers: list[Provider] = []
         self._provider_manager = provider_manager
         self._closed = False
@@ -184,7 +187,7 @@ class AlManager:
                 raise
             with self._lock:
                 self._cas[guid] = cica
-                pnp.ca_added(list(self._pnp_regs), cica)
+                pnp.ca_added(pnp.ordered(self._pnp_regs), cica)
         finally:
             with self._lock:
                 self._registering.discard(guid)
@@ -202,7 +205,7 @@ class AlManager:
                 raise NotFound(f"no CA with GUID {guid!r} is registered")
             cica.removing = True
             self._closing[guid] = cica
-            pnp.ca_removed(list(self._pnp_regs), cica)
+            pnp.ca_removed(pnp.ordered(self._pnp_regs), cica)
             # After the PnP removes were delivered: clients drop handles on CA_REMOVE.
             self._queues.pnp.post(self._teardown, cica)
         if not self._queues.is_current():
@@ -261,7 +264,7 @@ class AlManager:
                     port = dataclasses.replace(port, link_state=LinkState.ACTIVE)
                 ports.append(port)
             cica.attr = dataclasses.replace(new, ports=tuple(ports))
-            regs = list(self._pnp_regs)
+            regs = pnp.ordered(self._pnp_regs)
             pnp.port_changes(regs, cica, old, cica.attr)
             if code is AsyncEvent.CLIENT_REREGISTER:
                 pnp.client_reregister(regs, cica, port_num)

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ibal.al.dispatcher import call_user
 from ibal.al.obj import DESTROYED, SYNC_DESTROY, AlObject, DestroyCallback, _SyncDestroy
 from ibal.status import InvalidHandle, InvalidParameter, Status, Timeout
-from ibal.types import CaAttr, LinkState, PortAttr
+from ibal.types import CaAttr, IocInfo, IouInfo, LinkState, PortAttr
 
 if TYPE_CHECKING:
     from ibal.al.cica import CiCa
@@ -104,6 +104,26 @@ class PnpEvent(enum.IntEnum):
         return bool(self & PnpEventBit.REMOVE) and self is not PnpEvent.REG_COMPLETE
 
 
+class PnpOrder(enum.IntEnum):
+    """Where a registration sits in delivery order (``reg_pnp(..., order=)``).
+
+    Deliveries go by (order, registration sequence): a subsystem client sees
+    an ADD before every user client and a REMOVE after every user client,
+    whatever the time it registered.  ibal's addition (IBAL starts its
+    subsystems before any client instead).
+    """
+
+    MAD = 10
+    SA = 20
+    CM = 30
+    DM = 40
+    USER = 100
+
+
+_DEVICE_REMOVES = frozenset({PnpEvent.CA_REMOVE, PnpEvent.PORT_REMOVE, PnpEvent.IOU_REMOVE,
+                             PnpEvent.IOC_REMOVE})
+
+
 class DeviceAttrMask(enum.IntFlag):
     """``ib_device_attr_mask_t`` for ``get_guid``."""
 
@@ -128,6 +148,19 @@ class PnpRec:
     ca_attr: CaAttr | None = None
     port_attr: PortAttr | None = None
     registration: PnpRegistration | None = None
+    iou: IouInfo | None = None
+    """IOU events: the I/O unit (``ib_pnp_iou_rec_t``'s fields)."""
+    ioc: IocInfo | None = None
+    """IOC_ADD / IOC_REMOVE and the path events: the controller, its IOU and service entries."""
+    path: bytes | None = None
+    """IOC path events: the 64-byte PathRecord (``ib_path_rec_t``) to the IOC."""
+    port_guid: int = 0
+    """IOC path events: the local port the path starts at (``ca_guid`` is its CA)."""
+
+    @property
+    def h_pnp(self) -> PnpRegistration | None:
+        """IBAL's name for :attr:`registration`."""
+        return self.registration
 
 
 PnpCallback = Callable[[PnpRec], object]
@@ -172,12 +205,16 @@ class PnpRegistration(AlObject):
         pnp_class: PnpClass,
         callback: PnpCallback,
         context: Any,
+        order: PnpOrder = PnpOrder.USER,
     ) -> None:
         super().__init__(mgr, al, al, context)
         self.pnp_class = pnp_class
+        self.order = order
+        self.al = al
         self._callback = callback
         self._dev_ctx: dict[_DeviceKey, Any] = {}
         self._rejected: set[_DeviceKey] = set()
+        self._current: PnpRec | None = None  # the record of the callback running, if any
 
     def dereg(
         self,
@@ -211,19 +248,16 @@ class PnpRegistration(AlObject):
         with self._lock:
             self._mgr._cond.notify_all()
 
+    def _reject(self, key: _DeviceKey) -> None:
+        """No more events for ``key`` until it is removed (PnP queue)."""
+        self._rejected.add(key)
+        self._dev_ctx.pop(key, None)
+
     # ------------------------------------------------------------------ delivery
-    def _deliver(
-        self,
-        event: PnpEvent,
-        key: _DeviceKey | None,
-        ca_guid: int,
-        guid: int,
-        ca_attr: CaAttr | None,
-        port_attr: PortAttr | None,
-    ) -> None:
+    def _deliver(self, event: PnpEvent, key: _DeviceKey | None, fields: dict[str, Any]) -> None:
         """PnP-queue task: one event to this registration."""
         if key is not None and key in self._rejected:
-            if event.is_remove:
+            if event in _DEVICE_REMOVES:
                 self._rejected.discard(key)
             return
         if not self._enter():
@@ -233,24 +267,31 @@ class PnpRegistration(AlObject):
                 event=event,
                 pnp_context=self._context,
                 context=self._dev_ctx.get(key) if key is not None else None,
-                guid=guid,
-                ca_guid=ca_guid,
-                ca_attr=ca_attr,
-                port_attr=port_attr,
                 registration=self,
+                **fields,
             )
-            result = call_user(self._callback, rec)
+            self._current = rec
+            try:
+                result = call_user(self._callback, rec)
+            finally:
+                self._current = None
             if key is None:
                 return
-            if event.is_remove:
+            if event in _DEVICE_REMOVES:
                 self._dev_ctx.pop(key, None)
-            elif _accepted(result):
+            elif key in self._rejected:  # reject_ioc from inside the callback
+                return
+            elif event.is_remove or _accepted(result):  # a path went: the IOC stays
                 self._dev_ctx[key] = rec.context
             else:
-                self._rejected.add(key)
-                self._dev_ctx.pop(key, None)
+                self._reject(key)
         finally:
             self._leave()
+
+
+def ordered(regs: Iterable[PnpRegistration]) -> list[PnpRegistration]:
+    """``regs`` (in registration order) in delivery order: by ``order``, then registration."""
+    return sorted(regs, key=lambda r: r.order)
 
 
 def parse_class(pnp_class: object) -> tuple[PnpClass, PnpClass]:
@@ -274,9 +315,14 @@ def parse_class(pnp_class: object) -> tuple[PnpClass, PnpClass]:
 # Each function below runs under the manager lock and only queues deliveries.
 
 
+def post(reg: PnpRegistration, event: PnpEvent, key: _DeviceKey | None, **fields: Any) -> None:
+    """Queue ``event`` for ``reg`` (``fields`` are :class:`PnpRec` fields)."""
+    reg._mgr._queues.pnp.post(reg._deliver, event, key, fields)
+
+
 def _post(reg: PnpRegistration, event: PnpEvent, key: _DeviceKey | None, ca_guid: int,
           guid: int, ca_attr: CaAttr | None, port_attr: PortAttr | None) -> None:
-    reg._mgr._queues.pnp.post(reg._deliver, event, key, ca_guid, guid, ca_attr, port_attr)
+    post(reg, event, key, ca_guid=ca_guid, guid=guid, ca_attr=ca_attr, port_attr=port_attr)
 
 
 def _ca_events(reg: PnpRegistration, cica: CiCa, add: bool) -> None:
@@ -304,6 +350,7 @@ def replay(reg: PnpRegistration, cicas: list[CiCa], done: threading.Event | None
     for cica in cicas:
         _ca_events(reg, cica, True)
         _port_events(reg, cica, True)
+    reg._mgr.io_devices.replay(reg)
     _post(reg, PnpEvent.REG_COMPLETE, None, 0, 0, None, None)
     if done is not None:
         reg._mgr._queues.pnp.post(done.set)
@@ -378,6 +425,7 @@ __all__ = [
     "PnpClass",
     "PnpEvent",
     "PnpEventBit",
+    "PnpOrder",
     "PnpRec",
     "PnpRegistration",
     "port_state_event",
