@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ibal.al.dispatcher import call_user
 from ibal.al.obj import DESTROYED, SYNC_DESTROY, AlObject, DestroyCallback, _SyncDestroy
 from ibal.status import InvalidHandle, InvalidParameter, Status, Timeout
 from ibal.types import CaAttr, IocInfo, IouInfo, LinkState, PortAttr
@@ -124,6 +123,13 @@ _DEVICE_REMOVES = frozenset({PnpEvent.CA_REMOVE, PnpEvent.PORT_REMOVE, PnpEvent.
                              PnpEvent.IOC_REMOVE})
 
 
+_STATES = frozenset({PnpEvent.PORT_DOWN, PnpEvent.PORT_INIT, PnpEvent.PORT_ARMED,
+                     PnpEvent.PORT_ACTIVE})
+_COALESCED = _STATES | {PnpEvent.PKEY_CHANGE, PnpEvent.SM_CHANGE, PnpEvent.GID_CHANGE,
+                        PnpEvent.LID_CHANGE, PnpEvent.SUBNET_TIMEOUT_CHANGE}
+"""Port changes a slow registration gets only the latest of (see :func:`post`)."""
+
+
 class DeviceAttrMask(enum.IntFlag):
     """``ib_device_attr_mask_t`` for ``get_guid``."""
 
@@ -215,6 +221,8 @@ class PnpRegistration(AlObject):
         self._dev_ctx: dict[_DeviceKey, Any] = {}
         self._rejected: set[_DeviceKey] = set()
         self._current: PnpRec | None = None  # the record of the callback running, if any
+        # Port changes posted but not yet started, per port: event -> record fields.
+        self._pending: dict[_DeviceKey, dict[PnpEvent, dict[str, Any]]] = {}
 
     def dereg(
         self,
@@ -223,17 +231,20 @@ class PnpRegistration(AlObject):
         wait: bool = False,
         timeout: float | None = None,
     ) -> None:
-        """``ib_dereg_pnp``, a fence: when it returns no callback for it runs or will run.
+        """``ib_dereg_pnp``.
 
-        ``destroy_cb(context)`` is queued after the last one; ``wait=True``
-        also waits for it.  From a PnP callback the fence holds by construction
-        (PnP callbacks run one at a time on the PnP queue); from any other
-        thread, callbacks included, it waits for a running PnP callback.
+        Without ``destroy_cb`` it is a fence: when it returns no callback of
+        the registration runs or will run (from a PnP callback that holds by
+        construction, PnP callbacks running one at a time; from any other
+        thread it waits out a callback running).  With ``destroy_cb`` it is
+        asynchronous: it returns at once and ``destroy_cb(context)`` runs after
+        the last callback (the fence); ``wait=True`` (or ``SYNC_DESTROY``) also
+        waits for that.  ``await reg.destroy_async()`` is the awaitable form.
         """
         if isinstance(destroy_cb, _SyncDestroy):
             destroy_cb, wait = None, True
         self._destroy(destroy_cb, wait, timeout)
-        if wait or self._mgr._queues.pnp.is_current():
+        if wait or destroy_cb is not None or self._mgr._queues.pnp.is_current():
             return
         # Queued callbacks are dropped (destroying); wait out the one running, if any.
         with self._lock:
@@ -254,6 +265,15 @@ class PnpRegistration(AlObject):
         self._dev_ctx.pop(key, None)
 
     # ------------------------------------------------------------------ delivery
+    def _deliver_changes(self, key: _DeviceKey, changes: dict[PnpEvent, dict[str, Any]]) -> None:
+        """PnP-queue task: the port changes coalesced for ``key``, latest state last."""
+        with self._lock:
+            if self._pending.get(key) is changes:
+                del self._pending[key]  # closed: later changes start a new batch
+            items = list(changes.items())
+        for event, fields in items:
+            self._deliver(event, key, fields)
+
     def _deliver(self, event: PnpEvent, key: _DeviceKey | None, fields: dict[str, Any]) -> None:
         """PnP-queue task: one event to this registration."""
         if key is not None and key in self._rejected:
@@ -272,7 +292,11 @@ class PnpRegistration(AlObject):
             )
             self._current = rec
             try:
-                result = call_user(self._callback, rec)
+                result = self._callback(rec)
+            except Exception:
+                # One client's bug must not stop the others; its device stays accepted.
+                self._mgr._pnp_callback_failed(self, rec)
+                result = None
             finally:
                 self._current = None
             if key is None:
@@ -316,8 +340,32 @@ def parse_class(pnp_class: object) -> tuple[PnpClass, PnpClass]:
 
 
 def post(reg: PnpRegistration, event: PnpEvent, key: _DeviceKey | None, **fields: Any) -> None:
-    """Queue ``event`` for ``reg`` (``fields`` are :class:`PnpRec` fields)."""
-    reg._mgr._queues.pnp.post(reg._deliver, event, key, fields)
+    """Queue ``event`` for ``reg`` (``fields`` are :class:`PnpRec` fields).
+
+    Port changes coalesce: while a registration has changes of a port queued
+    and not started, a newer change of the same kind replaces the older one
+    (a newer link state replaces any older state) and moves to the end, so a
+    slow client sees each kind once, with the latest attributes.  Any other
+    event for the port closes the batch, so ADD/REMOVE order is untouched.
+    """
+    queue = reg._mgr._queues.pnp
+    if key is None or event not in _COALESCED:
+        if key is None:  # REG_COMPLETE: no live change may move before it
+            reg._pending.clear()
+        else:
+            reg._pending.pop(key, None)
+        queue.post(reg._deliver, event, key, fields)
+        return
+    changes = reg._pending.get(key)
+    if changes is None:
+        changes = reg._pending[key] = {event: fields}
+        queue.post(reg._deliver_changes, key, changes)
+        return
+    replaced = [e for e in changes if e is event or (event in _STATES and e in _STATES)]
+    for e in replaced:
+        del changes[e]
+    changes[event] = fields
+    reg._mgr._pnp_coalesced += len(replaced)
 
 
 def _post(reg: PnpRegistration, event: PnpEvent, key: _DeviceKey | None, ca_guid: int,

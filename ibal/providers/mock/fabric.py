@@ -406,6 +406,25 @@ class MockFabric:
             if isinstance(end, MockPort):
                 self._set_state(end, LinkState.ACTIVE if up else LinkState.DOWN)
 
+    def set_port_state(self, port: MockPort, state: LinkState) -> None:
+        """Put ``port`` in link ``state`` (any thread): the port event follows.
+
+        Unlike :meth:`set_link` only this end changes (INIT and ARMED too, as an
+        SM bringing a port up would leave them); a port that is not ACTIVE
+        neither sends nor receives.  A removed port stays DOWN.
+        """
+        if not isinstance(state, LinkState):
+            raise InvalidParameter(f"{state!r} is not a LinkState")
+        self._locked(lambda: self._set_state(port, state))
+
+    def set_sm_lid(self, lid: int) -> None:
+        """Make ``lid`` the master SM's LID on every port (``SM_CHANGE`` on each)."""
+        self._locked(lambda: self.set_sm_lid_locked(lid))
+
+    def client_reregister(self, port: MockPort) -> None:
+        """The SM sets ClientReregister on ``port``: its clients re-register."""
+        self._locked(lambda: self.port_event(port, AsyncEvent.CLIENT_REREGISTER))
+
     def set_port_link_locked(self, port: MockPort, up: bool) -> None:
         if port.link is not None:
             self._set_link_state(port.link, up)
