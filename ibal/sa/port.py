@@ -42,7 +42,7 @@ import threading
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
-from ibal.al import AccessLayer, Dependent, PnpClass, StashKey, in_callback
+from ibal.al import AccessLayer, Dependent, PnpClass, PnpOrder, StashKey, in_callback
 from ibal.al.dispatcher import call_user
 from ibal.mad import MadElement, MadService, MadSvc, enable_rmpp, put_mad, reg_mad_svc
 from ibal.mad import header as mad_header
@@ -256,7 +256,8 @@ class SaPort(Dependent):
                 self.service = self._register()
             super().__init__(al)
             if self.link_layer is LinkLayer.INFINIBAND:
-                self._pnp = al.reg_pnp(PnpClass.PORT, self._on_pnp)
+                # Before user clients: their SM_CHANGE handlers query with a fresh SA address.
+                self._pnp = al.reg_pnp(PnpClass.PORT, self._on_pnp, order=PnpOrder.SA)
         except BaseException:
             with contextlib.suppress(IbError):
                 self.ca.close()

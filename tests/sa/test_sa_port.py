@@ -213,3 +213,29 @@ def test_a_report_reaches_the_listeners_and_is_answered(world: SaWorld) -> None:
     world.sa.report(world.client_lid, notice, tid=0x78)
     world.sa.report_resps.get(timeout=WAIT)  # still answered, nobody listening
     assert heard.empty() and port.stats["reports"] == 2
+
+
+def test_sa_port_sees_port_events_before_user_clients(world: SaWorld,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """PnpOrder.SA: a user client registered first still finds the SA address refreshed."""
+    from ibal.al import PnpClass, PnpEvent, PnpRec
+
+    order: list[str] = []
+    real = SaPort._on_pnp
+
+    def on_pnp(self: SaPort, rec: PnpRec) -> None:
+        if rec.event is PnpEvent.CLIENT_REREGISTER:
+            order.append("sa")
+        real(self, rec)
+
+    monkeypatch.setattr(SaPort, "_on_pnp", on_pnp)
+    world.al.reg_pnp(PnpClass.PORT, lambda rec: order.append("user")
+                     if rec.event is PnpEvent.CLIENT_REREGISTER else None)
+    port = SaPort.open(world.al, world.client_guid)
+    world.settle()
+    mock_port = next(p for p in world.fabric.ports() if p.guid == world.client_guid)
+    world.fabric.client_reregister(mock_port)
+    world.settle()
+    world.settle()
+    assert order == ["sa", "user"]
+    port.close()
