@@ -1,0 +1,75 @@
+"""PnP from the rxe provider: its port follows the veth it is bound to (netlink link events),
+seen as PnP events by the access layer's registrations; a device removed at run time is a
+CA_REMOVE after its PORT_REMOVE."""
+
+from __future__ import annotations
+
+import threading
+
+from netns_util import netns
+from test_rxe_device import _dummy
+
+from ibal.al import AlManager, PnpClass, PnpEvent, PnpRec
+from ibal.providers.rxe.provider import RxeProvider
+from ibal.types import LinkState
+
+WAIT = 20.0
+E = PnpEvent
+
+
+class Seen:
+    def __init__(self) -> None:
+        self.items: list[tuple[PnpEvent, LinkState | None]] = []
+        self.cond = threading.Condition()
+
+    def __call__(self, rec: PnpRec) -> None:
+        with self.cond:
+            state = rec.port_attr.link_state if rec.port_attr is not None else None
+            self.items.append((rec.event, state))
+            self.cond.notify_all()
+
+    def wait_for(self, event: PnpEvent) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: any(e is event for e, _ in self.items), WAIT), \
+                self.items
+
+
+def test_port_follows_the_veth_down_and_up_as_pnp_events() -> None:
+    with netns() as ns:
+        _dummy(ns, "veth0")
+        mgr = AlManager()
+        with ns.entered():
+            provider = RxeProvider({"devices": "rxe0=veth0"})
+            mgr.add_provider(provider)
+        try:
+            al = mgr.open_al()
+            seen = Seen()
+            al.reg_pnp(PnpClass.PORT | PnpClass.FLAG_REG_SYNC, seen)
+            assert seen.items == [(E.PORT_ADD, LinkState.ACTIVE), (E.PORT_ACTIVE, LinkState.ACTIVE),
+                                  (E.REG_COMPLETE, None)]
+            seen.items.clear()
+            ns.ip("link", "set", "veth0", "down")  # administratively down
+            seen.wait_for(E.PORT_DOWN)
+            ns.ip("link", "set", "veth0", "up")
+            seen.wait_for(E.PORT_ACTIVE)
+            assert [s for s in seen.items if s[0] in (E.PORT_DOWN, E.PORT_ACTIVE)] == [
+                (E.PORT_DOWN, LinkState.DOWN), (E.PORT_ACTIVE, LinkState.ACTIVE)]
+            seen.items.clear()
+            ns.ip("link", "set", "veth0p", "down")  # the peer: carrier lost
+            seen.wait_for(E.PORT_DOWN)
+            assert al.query_ca_by_guid(mgr.ca_guids[0]).ports[0].link_state is LinkState.DOWN
+            ns.ip("link", "set", "veth0p", "up")
+            seen.wait_for(E.PORT_ACTIVE)
+            assert [e for e, _ in seen.items if e in (E.PORT_DOWN, E.PORT_ACTIVE)] == [
+                E.PORT_DOWN, E.PORT_ACTIVE]
+            ca_seen = Seen()
+            al.reg_pnp(PnpClass.CA | PnpClass.FLAG_REG_SYNC, ca_seen)
+            seen.items.clear()
+            ns.ip("link", "del", "veth0")  # the device goes with its interface
+            ca_seen.wait_for(E.CA_REMOVE)
+            # the kernel may report the link down before it is gone
+            assert [e for e, _ in seen.items] in ([E.PORT_REMOVE], [E.PORT_DOWN, E.PORT_REMOVE])
+            assert mgr.ca_guids == []
+            al.close()
+        finally:
+            mgr.close(timeout=WAIT)
