@@ -287,6 +287,46 @@ def demo() -> None:
     sys.exit(0 if report.ok else 1)
 
 
+@main.command()
+@click.option("-p", "--provider", "providers", multiple=True, help="Only these providers.")
+@click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
+@click.option("--class", "classes", default="ca,port,iou,ioc", show_default=True,
+              help="PnP classes to watch, comma separated.")
+@click.option("--replay/--no-replay", default=False, show_default=True,
+              help="First print the current state (what a new PnP registration is told).")
+def events(providers: tuple[str, ...], options: tuple[str, ...], classes: str,
+           replay: bool) -> None:
+    """Print PnP events as they happen, one line each (like udevadm monitor); Ctrl-C ends."""
+    import signal
+    import threading
+
+    from ibal.tools.events import EventsError, monitor, parse_classes
+
+    try:
+        chosen = parse_classes(classes)
+    except EventsError as exc:
+        raise click.ClickException(str(exc)) from None
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    def out(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with _open(providers, _parse_options(options)) as (mgr, al):
+            names = ",".join(c.name.lower() for c in chosen if c.name)
+            err_console.print(f"monitor: PnP events of {names} on {len(mgr.ca_guids)} CA(s)"
+                              + (", current state first" if replay else ""))
+            monitor(al, chosen, replay, out, stop)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
 def _tool_providers(providers: tuple[str, ...]) -> tuple[str, ...]:
     """``--provider`` names, else ``IBAL_PROVIDERS`` (comma separated), else the defaults."""
     import os
