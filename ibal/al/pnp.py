@@ -413,7 +413,9 @@ def ca_added(regs: list[PnpRegistration], cica: CiCa) -> None:
 
 
 def ca_removed(regs: list[PnpRegistration], cica: CiCa) -> None:
-    """A CA goes: its ports first, then the CA, to registrations in reverse order."""
+    """A CA goes: the I/O devices reached through it, its ports, then the CA, each to
+    registrations in reverse order."""
+    cica.mgr.io_devices.ca_lost(cica.guid, [p.port_guid for p in cica.attr.ports])
     for reg in reversed(regs):
         _port_events(reg, cica, False)
     for reg in reversed(regs):
@@ -444,6 +446,8 @@ def port_changes(regs: list[PnpRegistration], cica: CiCa, old: CaAttr, new: CaAt
         else:
             if port_state_event(before) is not port_state_event(port):
                 events.append(port_state_event(port))
+                if port_state_event(before) is PnpEvent.PORT_ACTIVE:
+                    cica.mgr.io_devices.port_lost(port.port_guid)  # IOC_REMOVE first
             if (before.lid, before.lmc) != (port.lid, port.lmc):
                 events.append(PnpEvent.LID_CHANGE)
             if before.pkeys != port.pkeys:
@@ -460,6 +464,7 @@ def port_changes(regs: list[PnpRegistration], cica: CiCa, old: CaAttr, new: CaAt
                     _post(reg, event, key, cica.guid, port.port_guid, new, port)
     for num, before in old_ports.items():
         if num not in new_ports:
+            cica.mgr.io_devices.port_lost(before.port_guid)
             for reg in reversed(regs):
                 if reg.pnp_class is PnpClass.PORT:
                     key = ("port", before.port_guid)

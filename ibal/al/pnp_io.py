@@ -212,6 +212,36 @@ class IoDevices:
             for reg in reversed(self._regs(PnpClass.IOC)):
                 self._path_event(reg, ioc, entry, PnpEvent.IOC_PATH_REMOVE)
 
+    # ------------------------------------------------------------------ local losses
+    def port_lost(self, port_guid: int) -> None:
+        """A local port left ACTIVE or went (manager lock held, before its PnP event).
+
+        Its paths are removed, then each IOC it was the last path to: the seed's
+        "a port down produces IOC_REMOVE before PORT_DOWN".  IOUs stay (an IOC
+        discovery client removes or re-reports them).
+        """
+        for guid, paths in list(self._paths.items()):
+            gone = [k for k, p in paths.items() if p.port_guid == port_guid]
+            if not gone:
+                continue
+            ioc = self._iocs[guid]
+            regs = self._regs(PnpClass.IOC)
+            for k in reversed(gone):
+                entry = paths.pop(k)
+                for reg in reversed(regs):
+                    self._path_event(reg, ioc, entry, PnpEvent.IOC_PATH_REMOVE)
+            if not paths:
+                self._drop_ioc(ioc)
+
+    def ca_lost(self, ca_guid: int, port_guids: list[int]) -> None:
+        """A local CA goes (manager lock held, before its PORT_REMOVEs): what was reached
+        through it goes first: its ports' paths (and IOCs left without one), then the IOUs
+        reported through it with their IOCs."""
+        for port_guid in port_guids:
+            self.port_lost(port_guid)
+        for iou in [i for i in self._ious.values() if i.ca_guid == ca_guid][::-1]:
+            self.remove_iou(iou.guid)
+
     # ------------------------------------------------------------------ rejection
     def on_reject(self, fn: RejectListener) -> None:
         """Call ``fn(ioc_guid, al)`` when an AL rejects an IOC (``al.reject_ioc``)."""

@@ -9,7 +9,7 @@ from al_fakes import FakeCi
 
 from ibal.al import AccessLayer, AlManager, PnpClass, PnpEvent, PnpOrder, PnpRec
 from ibal.status import InvalidHandle, InvalidParameter, NotFound
-from ibal.types import Gid, IocInfo, IocProfile, IouInfo, SvcEntry
+from ibal.types import Gid, IocInfo, IocProfile, IouInfo, LinkState, SvcEntry
 
 WAIT = 10.0
 E = PnpEvent
@@ -259,3 +259,38 @@ def test_reject_ioc_outside_its_callback_is_refused(mgr: AlManager, al: AccessLa
         al.reject_ioc(recs[0])  # REG_COMPLETE, not an IOC_ADD
     with pytest.raises(InvalidParameter):
         al.reject_ioc("ioc")  # type: ignore[arg-type]
+
+
+def test_port_down_and_ca_removal_take_what_was_reached_through_them(
+        mgr: AlManager, al: AccessLayer) -> None:
+    hot = FakeCi(0x5000, "hot", ports=2)
+    mgr.register_ca(hot)
+    p1, p2 = hot.guid + 1, hot.guid + 2
+    log = Log()
+    for cls, tag in ((PnpClass.CA, "ca"), (PnpClass.PORT, "port"), (PnpClass.IOU, "iou"),
+                     (PnpClass.IOC, "ioc")):
+        al.reg_pnp(cls | SYNC, log.cb(tag))
+    dev = mgr.io_devices
+    dev.add_iou(IouInfo(guid=0x100, ca_guid=hot.guid))
+    dev.add_ioc(ioc(0x201))
+    dev.add_ioc(ioc(0x202, slot=2))
+    dev.add_ioc_path(0x201, hot.guid, p1, path(0x100))
+    dev.add_ioc_path(0x202, hot.guid, p1, path(0x100))
+    dev.add_ioc_path(0x202, hot.guid, p2, path(0x100))
+    _sync(mgr)
+    log.recs.clear()
+    hot.set_port_state(1, LinkState.DOWN)
+    _sync(mgr)
+    _sync(mgr)
+    assert [(t, e, r.port_guid or r.guid) for t, r in log.recs for e in [r.event]] == [
+        ("ioc", E.IOC_PATH_REMOVE, p1), ("ioc", E.IOC_REMOVE, 0x201),  # its only path
+        ("ioc", E.IOC_PATH_REMOVE, p1),  # 0x202 is still reached through port 2
+        ("port", E.PORT_DOWN, p1),
+    ]
+    log.recs.clear()
+    mgr.deregister_ca(hot.guid)
+    assert [(t, e) for t, e, _ in log.events()] == [
+        ("ioc", E.IOC_PATH_REMOVE), ("ioc", E.IOC_REMOVE), ("iou", E.IOU_REMOVE),
+        ("port", E.PORT_REMOVE), ("port", E.PORT_REMOVE), ("ca", E.CA_REMOVE),
+    ]
+    assert dev.ious() == [] and dev.iocs() == []
