@@ -24,7 +24,7 @@ from ibal.al.manager import open_al
 from ibal.al.mr import Mr, Mw
 from ibal.al.obj import SYNC_DESTROY, AlObject, DestroyCallback, _SyncDestroy
 from ibal.al.pd import Pd
-from ibal.al.pnp import PnpCallback, PnpClass, PnpRegistration
+from ibal.al.pnp import PnpCallback, PnpClass, PnpRec, PnpRegistration
 from ibal.al.qp import Qp, QpCreate
 from ibal.al.srq import Srq
 from ibal.mad import (
@@ -532,6 +532,11 @@ def ib_dereg_pnp(h_pnp: PnpRegistration, pfn_destroy_cb: DestroyArg = None) -> N
     _h(h_pnp, PnpRegistration).dereg(pfn_destroy_cb)
 
 
+def ib_reject_ioc(h_al: AccessLayer, h_ioc_event: PnpRec) -> None:
+    """``h_ioc_event`` is the :class:`PnpRec` of the ``IOC_ADD`` callback running."""
+    _h(h_al, AccessLayer).reject_ioc(h_ioc_event)
+
+
 # ---------------------------------------------------------------------- SA subscriptions
 # ibal.sa is imported where called: the access layer does not depend on the SA layer.
 def ib_subscribe(h_al: AccessLayer, p_sub_req: Any) -> Any:
@@ -657,8 +662,8 @@ _DONE: dict[str, str] = {
     "ib_send_mad": "service.send(element | elements)",
     "ib_cancel_mad": "service.cancel(element)",
     "ib_pfn_mad_comp_cb_t": "MadSvc.send_cb(element) / MadSvc.recv_cb(element)",
-    "ib_reg_pnp": "al.reg_pnp(pnp_class, callback, context)",
-    "ib_dereg_pnp": "registration.dereg(destroy_cb, wait=)",
+    "ib_reg_pnp": "al.reg_pnp(pnp_class, callback, context, order=PnpOrder.USER)",
+    "ib_dereg_pnp": "registration.dereg(destroy_cb, wait=) / await registration.destroy_async()",
     "ib_pnp_req_t": "al.reg_pnp(pnp_class, callback, context) arguments",
     "ib_pnp_class_t": "ibal.al.PnpClass",
     "ib_pnp_event_t": "ibal.al.PnpEvent",
@@ -666,6 +671,12 @@ _DONE: dict[str, str] = {
     "ib_pnp_ca_rec_t": "ibal.al.PnpRec (ca_attr)",
     "ib_pnp_port_rec_t": "ibal.al.PnpRec (ca_attr, port_attr)",
     "ib_pfn_pnp_cb_t": "callback(PnpRec) -> None | Status",
+    "ib_pnp_iou_rec_t": "ibal.al.PnpRec (iou: ibal.types.IouInfo: guid, ca_guid, chassis_guid, "
+    "slot, vend_id, dev_id, revision, desc)",
+    "ib_pnp_ioc_rec_t": "ibal.al.PnpRec (ca_guid, ioc: ibal.types.IocInfo: profile, IOU, "
+    "svc_entries)",
+    "ib_pnp_ioc_path_rec_t": "ibal.al.PnpRec (ca_guid, port_guid, path: 64-byte PathRecord, ioc)",
+    "ib_reject_ioc": "al.reject_ioc(rec) inside the IOC_ADD callback",
     "ib_async_event_rec_t": "ibal.types.AsyncEventRec",
     "ib_pfn_event_cb_t": "event_cb(AsyncEventRec)",
     "ib_pfn_destroy_cb_t": "destroy_cb(context)",
@@ -889,6 +900,7 @@ __all__ = [
     "ib_reg_shared",
     "ib_reg_shmid",
     "ib_reg_svc",
+    "ib_reject_ioc",
     "ib_rereg_mem",
     "ib_rereg_phys",
     "ib_send_mad",

@@ -294,3 +294,22 @@ def test_port_down_and_ca_removal_take_what_was_reached_through_them(
         ("port", E.PORT_REMOVE), ("port", E.PORT_REMOVE), ("ca", E.CA_REMOVE),
     ]
     assert dev.ious() == [] and dev.iocs() == []
+
+
+def test_ib_reject_ioc_spelling(mgr: AlManager, al: AccessLayer) -> None:
+    from ibal.al.compat import ib_reject_ioc
+
+    seen: list[PnpEvent] = []
+
+    def cb(rec: PnpRec) -> None:
+        seen.append(rec.event)
+        if rec.event is E.IOC_ADD:
+            ib_reject_ioc(al, rec)
+
+    al.reg_pnp(PnpClass.IOC | SYNC, cb)
+    mgr.io_devices.add_iou(IOU)
+    mgr.io_devices.add_ioc(ioc(0x201))
+    mgr.io_devices.add_ioc_path(0x201, 0xCA, 0xCA1, path(0x100))
+    mgr.io_devices.remove_iou(0x100)
+    _sync(mgr)
+    assert seen == [E.REG_COMPLETE, E.IOC_ADD]
