@@ -262,9 +262,8 @@ class IoDevices:
         guid = rec.ioc.ioc_guid
         key = ("ioc", guid)
         with self._lock:
-            if self._iocs.get(guid) is None:
-                raise InvalidHandle(f"IOC 0x{guid:016x} is gone")
-            self._rejected.setdefault(guid, set()).add(al)
+            if guid in self._iocs:  # else removed meanwhile: its queued REMOVE ends this
+                self._rejected.setdefault(guid, set()).add(al)
             mine = [r for r in self._mgr._pnp_regs if r.al is al and r.pnp_class is PnpClass.IOC]
             listeners = list(self._reject_listeners)
         for r in mine:  # PnP thread: no delivery of theirs runs concurrently
