@@ -8,7 +8,7 @@ from ipaddress import AddressValueError
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ibal.al import pnp
+from ibal.al import pnp, pnp_engine
 from ibal.al.ca import Ca
 from ibal.al.cica import CiCa
 from ibal.al.obj import READY, AlObject
@@ -245,7 +245,7 @@ class AccessLayer(AlObject):
         with self._lock:
             reg._attach()
             self._mgr._pnp_regs[reg] = None
-            pnp.replay(reg, [c for c in self._mgr._cas.values() if not c.removing], done)
+            pnp_engine.replay(reg, [c for c in self._mgr._cas.values() if not c.removing], done)
         reg._activate(InvalidAlHandle)
         if done is not None:
             done.wait()

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from ibal.al import pnp
+from ibal.al import pnp, pnp_engine
 from ibal.al.access_layer import AccessLayer
 from ibal.al.cica import CiCa
 from ibal.al.dispatcher import CallbackQueues, log
@@ -190,7 +190,7 @@ class AlManager:
                 raise
             with self._lock:
                 self._cas[guid] = cica
-                pnp.ca_added(pnp.ordered(self._pnp_regs), cica)
+                pnp_engine.ca_added(pnp.ordered(self._pnp_regs), cica)
         finally:
             with self._lock:
                 self._registering.discard(guid)
@@ -208,7 +208,7 @@ class AlManager:
                 raise NotFound(f"no CA with GUID {guid!r} is registered")
             cica.removing = True
             self._closing[guid] = cica
-            pnp.ca_removed(pnp.ordered(self._pnp_regs), cica)
+            pnp_engine.ca_removed(pnp.ordered(self._pnp_regs), cica)
             # After the PnP removes were delivered: clients drop handles on CA_REMOVE.
             self._queues.pnp.post(self._teardown, cica)
         if not self._queues.is_current():
@@ -279,9 +279,9 @@ class AlManager:
                 ports.append(port)
             cica.attr = dataclasses.replace(new, ports=tuple(ports))
             regs = pnp.ordered(self._pnp_regs)
-            pnp.port_changes(regs, cica, old, cica.attr)
+            pnp_engine.port_changes(regs, cica, old, cica.attr)
             if code is AsyncEvent.CLIENT_REREGISTER:
-                pnp.client_reregister(regs, cica, port_num)
+                pnp_engine.client_reregister(regs, cica, port_num)
             gone = {p.port_num for p in old.ports} - {p.port_num for p in cica.attr.ports}
             if gone:  # after their PORT_REMOVEs: dependents on those ports go
                 self._queues.pnp.post(self._teardown_ports, cica, gone)

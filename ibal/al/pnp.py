@@ -1,13 +1,13 @@
-"""Plug and Play: ``ib_reg_pnp`` classes, events and records, and their delivery.
+"""Plug and Play: ``ib_reg_pnp`` classes, events, records and the registration handle.
 
-A registration names one class (CA or PORT; IOU and IOC are accepted and get
-only ``REG_COMPLETE`` until the device-management layer exists).  On
-registration the current state is replayed (``CA_ADD`` per CA; ``PORT_ADD``
-then the port's state per port), then ``REG_COMPLETE``; live events follow.
-ADD events reach registrations in registration order, REMOVE events in reverse
-order, and a CA's ports are removed before the CA.  Every delivery is queued on
-the manager's PnP queue under the manager lock, so the order is global and a
-registration never sees a live event before its replay.
+A registration names one class (CA, PORT, IOU or IOC).  On registration the
+current state is replayed, then ``REG_COMPLETE``; live events follow.  ADD
+events reach registrations in (:class:`PnpOrder`, registration) order, REMOVE
+events in the reverse.  Every delivery is queued on the manager's PnP queue
+under the manager lock, so the order is global and a registration never sees a
+live event before its replay.  :mod:`ibal.al.pnp_engine` decides which events
+a CA or port change makes (and coalesces port changes); :mod:`ibal.al.pnp_io`
+holds the I/O units and controllers.  See docs/pnp.md.
 
 The callback gets a :class:`PnpRec`.  Returning ``None``/``True``/
 ``Status.SUCCESS`` keeps the device (and ``rec.context``, which later events
@@ -19,7 +19,6 @@ it returns, no callback for the registration runs or will run.
 from __future__ import annotations
 
 import enum
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,7 +28,6 @@ from ibal.status import InvalidHandle, InvalidParameter, Status, Timeout
 from ibal.types import CaAttr, IocInfo, IouInfo, LinkState, PortAttr
 
 if TYPE_CHECKING:
-    from ibal.al.cica import CiCa
     from ibal.al.manager import AlManager
 
 
@@ -123,13 +121,6 @@ _DEVICE_REMOVES = frozenset({PnpEvent.CA_REMOVE, PnpEvent.PORT_REMOVE, PnpEvent.
                              PnpEvent.IOC_REMOVE})
 
 
-_STATES = frozenset({PnpEvent.PORT_DOWN, PnpEvent.PORT_INIT, PnpEvent.PORT_ARMED,
-                     PnpEvent.PORT_ACTIVE})
-_COALESCED = _STATES | {PnpEvent.PKEY_CHANGE, PnpEvent.SM_CHANGE, PnpEvent.GID_CHANGE,
-                        PnpEvent.LID_CHANGE, PnpEvent.SUBNET_TIMEOUT_CHANGE}
-"""Port changes a slow registration gets only the latest of (see :func:`post`)."""
-
-
 class DeviceAttrMask(enum.IntFlag):
     """``ib_device_attr_mask_t`` for ``get_guid``."""
 
@@ -194,7 +185,8 @@ def _accepted(result: object) -> bool:
     return type(result) is int and result == 0
 
 
-_DeviceKey = tuple[str, int]
+DeviceKey = tuple[str, int]
+"""What a per-device context is kept under: ("ca" | "port" | "iou" | "ioc", GUID)."""
 
 
 class PnpRegistration(AlObject):
@@ -218,11 +210,11 @@ class PnpRegistration(AlObject):
         self.order = order
         self.al = al
         self._callback = callback
-        self._dev_ctx: dict[_DeviceKey, Any] = {}
-        self._rejected: set[_DeviceKey] = set()
+        self._dev_ctx: dict[DeviceKey, Any] = {}
+        self._rejected: set[DeviceKey] = set()
         self._current: PnpRec | None = None  # the record of the callback running, if any
         # Port changes posted but not yet started, per port: event -> record fields.
-        self._pending: dict[_DeviceKey, dict[PnpEvent, dict[str, Any]]] = {}
+        self._pending: dict[DeviceKey, dict[PnpEvent, dict[str, Any]]] = {}
 
     def dereg(
         self,
@@ -259,13 +251,13 @@ class PnpRegistration(AlObject):
         with self._lock:
             self._mgr._cond.notify_all()
 
-    def _reject(self, key: _DeviceKey) -> None:
+    def _reject(self, key: DeviceKey) -> None:
         """No more events for ``key`` until it is removed (PnP queue)."""
         self._rejected.add(key)
         self._dev_ctx.pop(key, None)
 
     # ------------------------------------------------------------------ delivery
-    def _deliver_changes(self, key: _DeviceKey, changes: dict[PnpEvent, dict[str, Any]]) -> None:
+    def _deliver_changes(self, key: DeviceKey, changes: dict[PnpEvent, dict[str, Any]]) -> None:
         """PnP-queue task: the port changes coalesced for ``key``, latest state last."""
         with self._lock:
             if self._pending.get(key) is changes:
@@ -274,7 +266,7 @@ class PnpRegistration(AlObject):
         for event, fields in items:
             self._deliver(event, key, fields)
 
-    def _deliver(self, event: PnpEvent, key: _DeviceKey | None, fields: dict[str, Any]) -> None:
+    def _deliver(self, event: PnpEvent, key: DeviceKey | None, fields: dict[str, Any]) -> None:
         """PnP-queue task: one event to this registration."""
         if key is not None and key in self._rejected:
             if event in _DEVICE_REMOVES:
@@ -333,142 +325,6 @@ def parse_class(pnp_class: object) -> tuple[PnpClass, PnpClass]:
     if flags & ~int(PnpClass.FLAG_REG_SYNC | PnpClass.FLAG_REG_COMPLETE):
         raise InvalidParameter(f"unknown PnP flags 0x{flags:x}")
     return PnpClass(cls_bits), PnpClass(flags)
-
-
-# ---------------------------------------------------------------------- the engine
-# Each function below runs under the manager lock and only queues deliveries.
-
-
-def post(reg: PnpRegistration, event: PnpEvent, key: _DeviceKey | None, **fields: Any) -> None:
-    """Queue ``event`` for ``reg`` (``fields`` are :class:`PnpRec` fields).
-
-    Port changes coalesce: while a registration has changes of a port queued
-    and not started, a newer change of the same kind replaces the older one
-    (a newer link state replaces any older state) and moves to the end, so a
-    slow client sees each kind once, with the latest attributes.  Any other
-    event for the port closes the batch, so ADD/REMOVE order is untouched.
-    """
-    queue = reg._mgr._queues.pnp
-    if key is None or event not in _COALESCED:
-        if key is None:  # REG_COMPLETE: no live change may move before it
-            reg._pending.clear()
-        else:
-            reg._pending.pop(key, None)
-        queue.post(reg._deliver, event, key, fields)
-        return
-    changes = reg._pending.get(key)
-    if changes is None:
-        changes = reg._pending[key] = {event: fields}
-        queue.post(reg._deliver_changes, key, changes)
-        return
-    replaced = [e for e in changes if e is event or (event in _STATES and e in _STATES)]
-    for e in replaced:
-        del changes[e]
-    changes[event] = fields
-    reg._mgr._pnp_coalesced += len(replaced)
-
-
-def _post(reg: PnpRegistration, event: PnpEvent, key: _DeviceKey | None, ca_guid: int,
-          guid: int, ca_attr: CaAttr | None, port_attr: PortAttr | None) -> None:
-    post(reg, event, key, ca_guid=ca_guid, guid=guid, ca_attr=ca_attr, port_attr=port_attr)
-
-
-def _ca_events(reg: PnpRegistration, cica: CiCa, add: bool) -> None:
-    attr = cica.attr
-    if reg.pnp_class is PnpClass.CA:
-        event = PnpEvent.CA_ADD if add else PnpEvent.CA_REMOVE
-        _post(reg, event, ("ca", cica.guid), cica.guid, cica.guid, attr if add else None, None)
-
-
-def _port_events(reg: PnpRegistration, cica: CiCa, add: bool) -> None:
-    attr = cica.attr
-    if reg.pnp_class is not PnpClass.PORT:
-        return
-    for port in attr.ports:
-        key = ("port", port.port_guid)
-        if add:
-            _post(reg, PnpEvent.PORT_ADD, key, cica.guid, port.port_guid, attr, port)
-            _post(reg, port_state_event(port), key, cica.guid, port.port_guid, attr, port)
-        else:
-            _post(reg, PnpEvent.PORT_REMOVE, key, cica.guid, port.port_guid, None, port)
-
-
-def replay(reg: PnpRegistration, cicas: list[CiCa], done: threading.Event | None) -> None:
-    """The current state for a new registration, then ``REG_COMPLETE``."""
-    for cica in cicas:
-        _ca_events(reg, cica, True)
-        _port_events(reg, cica, True)
-    reg._mgr.io_devices.replay(reg)
-    _post(reg, PnpEvent.REG_COMPLETE, None, 0, 0, None, None)
-    if done is not None:
-        reg._mgr._queues.pnp.post(done.set)
-
-
-def ca_added(regs: list[PnpRegistration], cica: CiCa) -> None:
-    """A CA registered: ``CA_ADD`` then its ports, to registrations in order."""
-    for reg in regs:
-        _ca_events(reg, cica, True)
-    for reg in regs:
-        _port_events(reg, cica, True)
-
-
-def ca_removed(regs: list[PnpRegistration], cica: CiCa) -> None:
-    """A CA goes: the I/O devices reached through it, its ports, then the CA, each to
-    registrations in reverse order."""
-    cica.mgr.io_devices.ca_lost(cica.guid, [p.port_guid for p in cica.attr.ports])
-    for reg in reversed(regs):
-        _port_events(reg, cica, False)
-    for reg in reversed(regs):
-        _ca_events(reg, cica, False)
-
-
-def client_reregister(regs: list[PnpRegistration], cica: CiCa, port_num: int) -> None:
-    """The SM asked a port's clients to re-register: ``CLIENT_REREGISTER`` to PORT registrations."""
-    port = cica.port(port_num)
-    if port is None:
-        return
-    key = ("port", port.port_guid)
-    for reg in regs:
-        if reg.pnp_class is PnpClass.PORT:
-            _post(reg, PnpEvent.CLIENT_REREGISTER, key, cica.guid, port.port_guid, cica.attr, port)
-
-
-def port_changes(regs: list[PnpRegistration], cica: CiCa, old: CaAttr, new: CaAttr) -> None:
-    """Events for what changed between two snapshots of a CA's ports (latest state wins)."""
-    old_ports = {p.port_num: p for p in old.ports}
-    new_ports = {p.port_num: p for p in new.ports}
-    for num, port in new_ports.items():
-        before = old_ports.get(num)
-        key = ("port", port.port_guid)
-        events: list[PnpEvent] = []
-        if before is None:
-            events = [PnpEvent.PORT_ADD, port_state_event(port)]
-        else:
-            if port_state_event(before) is not port_state_event(port):
-                events.append(port_state_event(port))
-                if port_state_event(before) is PnpEvent.PORT_ACTIVE:
-                    cica.mgr.io_devices.port_lost(port.port_guid)  # IOC_REMOVE first
-            if (before.lid, before.lmc) != (port.lid, port.lmc):
-                events.append(PnpEvent.LID_CHANGE)
-            if before.pkeys != port.pkeys:
-                events.append(PnpEvent.PKEY_CHANGE)
-            if (before.sm_lid, before.sm_sl) != (port.sm_lid, port.sm_sl):
-                events.append(PnpEvent.SM_CHANGE)
-            if before.gids != port.gids:
-                events.append(PnpEvent.GID_CHANGE)
-            if before.subnet_timeout != port.subnet_timeout:
-                events.append(PnpEvent.SUBNET_TIMEOUT_CHANGE)
-        for reg in regs:
-            if reg.pnp_class is PnpClass.PORT:
-                for event in events:
-                    _post(reg, event, key, cica.guid, port.port_guid, new, port)
-    for num, before in old_ports.items():
-        if num not in new_ports:
-            cica.mgr.io_devices.port_lost(before.port_guid)
-            for reg in reversed(regs):
-                if reg.pnp_class is PnpClass.PORT:
-                    key = ("port", before.port_guid)
-                    _post(reg, PnpEvent.PORT_REMOVE, key, cica.guid, before.port_guid, None, before)
 
 
 __all__ = [

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ibal.al import pnp
+from ibal.al import pnp, pnp_engine
 from ibal.al.dispatcher import log
 from ibal.al.pnp import PnpClass, PnpEvent, PnpRec, PnpRegistration
 from ibal.status import InvalidHandle, InvalidParameter, NotFound
@@ -293,15 +293,16 @@ class IoDevices:
                     self._path_event(reg, ioc, p, PnpEvent.IOC_PATH_ADD)
 
     def _iou_event(self, reg: PnpRegistration, iou: IouInfo, event: PnpEvent) -> None:
-        pnp.post(reg, event, ("iou", iou.guid), guid=iou.guid, ca_guid=iou.ca_guid, iou=iou)
+        pnp_engine.post(reg, event, ("iou", iou.guid), guid=iou.guid, ca_guid=iou.ca_guid, iou=iou)
 
     def _ioc_event(self, reg: PnpRegistration, ioc: IocInfo, event: PnpEvent) -> None:
         iou = self._ious.get(ioc.iou_guid)
         ca_guid = iou.ca_guid if iou is not None else 0
-        pnp.post(reg, event, ("ioc", ioc.ioc_guid), guid=ioc.ioc_guid, ca_guid=ca_guid, ioc=ioc)
+        pnp_engine.post(reg, event, ("ioc", ioc.ioc_guid), guid=ioc.ioc_guid, ca_guid=ca_guid,
+                        ioc=ioc)
 
     def _path_event(self, reg: PnpRegistration, ioc: IocInfo, p: _Path, event: PnpEvent) -> None:
-        pnp.post(reg, event, ("ioc", ioc.ioc_guid), guid=ioc.ioc_guid, ca_guid=p.ca_guid,
+        pnp_engine.post(reg, event, ("ioc", ioc.ioc_guid), guid=ioc.ioc_guid, ca_guid=p.ca_guid,
                  ioc=ioc, path=p.path, port_guid=p.port_guid)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from al_fakes import FakeCi
 
-from ibal.al import AccessLayer, AlManager, PnpClass, PnpEvent, PnpRec, PnpRegistration, pnp
+from ibal.al import AccessLayer, AlManager, PnpClass, PnpEvent, PnpRec, PnpRegistration, pnp_engine
 from ibal.status import InvalidHandle
 from ibal.types import LinkState
 
@@ -68,7 +68,7 @@ def test_coalescing_keeps_add_remove_order(mgr: AlManager, al: AccessLayer) -> N
         for event, lid in [(E.PORT_DOWN, 1), (E.LID_CHANGE, 2), (E.PORT_ACTIVE, 3),
                            (E.LID_CHANGE, 4), (E.PORT_REMOVE, 5), (E.PORT_ADD, 6),
                            (E.PORT_ACTIVE, 7), (E.PORT_DOWN, 8)]:
-            pnp.post(reg, event, key, guid=lid)
+            pnp_engine.post(reg, event, key, guid=lid)
     release.set()
     _sync(mgr)
     # Before the REMOVE: the latest state after the latest LID (each once, newest last);
