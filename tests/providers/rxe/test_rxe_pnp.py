@@ -1,9 +1,10 @@
 """PnP from the rxe provider: its port follows the veth it is bound to (netlink link events),
-seen as PnP events by the access layer's registrations; a device removed at run time is a
-CA_REMOVE after its PORT_REMOVE."""
+seen as PnP events by the access layer's registrations; devices created and removed at run
+time are CA_ADD/CA_REMOVE in subsystem order."""
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 
 from netns_util import netns
@@ -70,6 +71,51 @@ def test_port_follows_the_veth_down_and_up_as_pnp_events() -> None:
             # the kernel may report the link down before it is gone
             assert [e for e, _ in seen.items] in ([E.PORT_REMOVE], [E.PORT_DOWN, E.PORT_REMOVE])
             assert mgr.ca_guids == []
+            al.close()
+        finally:
+            mgr.close(timeout=WAIT)
+
+
+def test_devices_added_and_removed_at_run_time_reach_pnp_in_order() -> None:
+    from ibal.al import PnpOrder
+    from ibal.providers.rxe.device import DeviceSpec
+
+    with netns() as ns:
+        _dummy(ns, "veth0")
+        ns.ip("link", "add", "veth1", "type", "veth", "peer", "name", "veth1p")
+        ns.ip("link", "set", "veth1p", "up")
+        ns.ip("link", "set", "veth1", "up")
+        ns.ip("addr", "add", "10.2.0.1/24", "dev", "veth1")
+        mgr = AlManager()
+        with ns.entered():
+            provider = RxeProvider({"devices": "rxe0=veth0"})
+            mgr.add_provider(provider)
+        try:
+            al = mgr.open_al()
+            order: list[tuple[str, PnpEvent]] = []
+            al.reg_pnp(PnpClass.CA | PnpClass.FLAG_REG_SYNC,
+                       lambda rec: order.append(("user", rec.event)))
+            al.reg_pnp(PnpClass.CA | PnpClass.FLAG_REG_SYNC,
+                       lambda rec: order.append(("sa", rec.event)), order=PnpOrder.SA)
+            ports = Seen()
+            al.reg_pnp(PnpClass.PORT | PnpClass.FLAG_REG_SYNC, ports)
+            order.clear()
+            ports.items.clear()
+            assert provider.registry is not None
+            with ns.entered():  # the device's sockets live in the namespace
+                provider.registry.create(DeviceSpec("rxe1", address=ipaddress.ip_address(
+                    "10.2.0.1")))
+            assert len(mgr.ca_guids) == 2
+            assert mgr.queues.flush(WAIT)
+            assert order == [("sa", E.CA_ADD), ("user", E.CA_ADD)]
+            assert ports.items == [(E.PORT_ADD, LinkState.ACTIVE),
+                                   (E.PORT_ACTIVE, LinkState.ACTIVE)]
+            order.clear()
+            ports.items.clear()
+            provider.registry.remove("rxe1")
+            assert order == [("user", E.CA_REMOVE), ("sa", E.CA_REMOVE)]
+            assert ports.items == [(E.PORT_REMOVE, LinkState.ACTIVE)]
+            assert len(mgr.ca_guids) == 1
             al.close()
         finally:
             mgr.close(timeout=WAIT)
