@@ -239,10 +239,11 @@ def test_callback_must_be_callable(al: AccessLayer) -> None:
         al.reg_pnp(PnpClass.CA, None)  # type: ignore[arg-type]
 
 
-def test_iou_and_ioc_classes_get_only_reg_complete(al: AccessLayer) -> None:
+def test_iou_and_ioc_classes_with_no_io_devices_get_only_reg_complete(al: AccessLayer) -> None:
     recs: list[PnpRec] = []
     al.reg_pnp(PnpClass.IOC | PnpClass.FLAG_REG_SYNC, recs.append)
-    assert [r.event for r in recs] == [E.REG_COMPLETE]
+    al.reg_pnp(PnpClass.IOU | PnpClass.FLAG_REG_SYNC, recs.append)
+    assert [r.event for r in recs] == [E.REG_COMPLETE, E.REG_COMPLETE]
 
 
 def test_close_al_ends_its_registrations(mgr: AlManager, ci: FakeCi) -> None:
