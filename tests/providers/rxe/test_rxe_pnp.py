@@ -46,8 +46,11 @@ def test_port_follows_the_veth_down_and_up_as_pnp_events() -> None:
             al = mgr.open_al()
             seen = Seen()
             al.reg_pnp(PnpClass.PORT | PnpClass.FLAG_REG_SYNC, seen)
-            assert seen.items == [(E.PORT_ADD, LinkState.ACTIVE), (E.PORT_ACTIVE, LinkState.ACTIVE),
-                                  (E.REG_COMPLETE, None)]
+            assert seen.items[0][0] is E.PORT_ADD
+            assert seen.items[2] == (E.REG_COMPLETE, None)
+            # ACTIVE once the veth has carrier, which the kernel may report a moment after
+            # "up": replayed, or a live PORT_ACTIVE after a replayed PORT_DOWN.
+            seen.wait_for(E.PORT_ACTIVE)
             seen.items.clear()
             ns.ip("link", "set", "veth0", "down")  # administratively down
             seen.wait_for(E.PORT_DOWN)
@@ -108,8 +111,8 @@ def test_devices_added_and_removed_at_run_time_reach_pnp_in_order() -> None:
             assert len(mgr.ca_guids) == 2
             assert mgr.queues.flush(WAIT)
             assert order == [("sa", E.CA_ADD), ("user", E.CA_ADD)]
-            assert ports.items == [(E.PORT_ADD, LinkState.ACTIVE),
-                                   (E.PORT_ACTIVE, LinkState.ACTIVE)]
+            assert ports.items[0][0] is E.PORT_ADD
+            ports.wait_for(E.PORT_ACTIVE)  # at once, or when the new veth gets carrier
             order.clear()
             ports.items.clear()
             provider.registry.remove("rxe1")
