@@ -24,6 +24,19 @@ MAX_SLOTS = 256  # 128 bytes of 4-bit slot entries
 ENTRIES_PER_MAD = 4
 
 
+class DmStatus(enum.IntEnum):
+    """DM class-specific MAD status bits (IBA 16.3.1.1), beside the common codes.
+
+    ``NO_IOC``: the slot addressed is empty (no controller answers there);
+    ``NO_SVC_ENTRIES``: the controller has no service entries to list;
+    ``IOC_FAILURE``: the controller failed (bit 15; not sent by ibal's agent).
+    """
+
+    NO_IOC = 0x0100
+    NO_SVC_ENTRIES = 0x0200
+    IOC_FAILURE = 0x8000
+
+
 class SlotState(enum.IntEnum):
     """One 4-bit entry of IOUnitInfo's ControllerList."""
 
