@@ -44,14 +44,20 @@ from ibal.status import (
     MaxMcastQpsReached,
     NotFound,
     ResourceBusy,
+    Unsupported,
 )
 from ibal.types import (
+    CA_MOD_TO_PORT_CAP,
+    CA_MOD_VALID,
     AvAttr,
     CaAttr,
+    CaMod,
     EventRecord,
     Gid,
     GidEntry,
     PdType,
+    PortAttrMod,
+    PortCap,
     QpType,
     Wc,
     WrType,
@@ -68,7 +74,8 @@ REASONS = {
     "vendor_call": "rxe has no private commands",
     "violation_counters": "rxe counts P_Key/Q_Key drops in its device counters, not in "
     "the port's violation counters",
-    "modify_ca": "the port's attributes follow the network interface",
+    "modify_ca": "only the capability bits change: the port's state follows the network "
+    "interface, and kernel rxe's modify_port takes no init type or system image GUID",
     "apm": "RoCE has no alternate path migration in rxe",
     "resize_qp": "queues keep the depths granted at creation, as kernel rxe's",
 }
@@ -97,7 +104,7 @@ CAPABILITIES = Capabilities(
     vendor_call=False,
     violation_counters=False,
     port_counters=True,
-    modify_ca=False,
+    modify_ca=True,
     inline_data=True,
     immediate=True,
     solicited_events=True,
@@ -145,6 +152,7 @@ class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
         self._async_cb: AsyncEventCallback | None = None
         self._ca_context: Any = None
         self.keys = KeyTable()
+        self._port_cap = PortCap.IS_CM_SUPPORTED  # what modify_ca sets and clears
         self._n = {"pd": 0, "cq": 0, "qp": 0, "srq": 0, "av": 0, "mr": 0, "mw": 0}
         self._next_qpn = 0x11
         self.attr = self._ca_attr()
@@ -177,7 +185,7 @@ class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
     def _ca_attr(self) -> CaAttr:
         gids = self.gid_table()
         port = dataclasses.replace(self.device.port_attr(), port_guid=self.guid, gids=(),
-                                   gid_table=gids)
+                                   gid_table=gids, cap=self._port_cap)
         return dataclasses.replace(
             self.device.ca_attr(), ca_guid=self.guid, system_image_guid=self.guid,
             fw_version=FW_VERSION, ports=(port,),
@@ -291,6 +299,28 @@ class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
         if port_num != 1:
             raise InvalidPort(f"{self.name} has no port {port_num}")
         return self.device.counters.snapshot()
+
+    @serialized
+    def modify_ca(self, h_ca: Any, port_num: int, ca_mod: CaMod,
+                  port_attr_mod: PortAttrMod) -> None:  # fmt: skip
+        """The port's capability bits, as kernel rxe's ``modify_port`` sets and clears them."""
+        self._h_ca(h_ca)
+        if port_num != PORT:
+            raise InvalidPort(f"{self.name} has no port {port_num}")
+        mod = int(ca_mod)
+        if mod < 0 or mod & ~int(CA_MOD_VALID):
+            raise InvalidParameter(f"unknown modify_ca bits 0x{mod & ~int(CA_MOD_VALID):x}")
+        if not isinstance(port_attr_mod, PortAttrMod):
+            raise InvalidParameter("modify_ca needs port attributes")
+        others = mod & ~sum(int(b) for b in CA_MOD_TO_PORT_CAP)
+        if others:
+            raise Unsupported(f"{CaMod(others)!r}: {REASONS['modify_ca']}")
+        cap = int(self._port_cap)
+        for bit, port_bit in CA_MOD_TO_PORT_CAP.items():
+            if mod & int(bit):
+                cap = cap | int(port_bit) if port_attr_mod.cap & port_bit else cap & ~int(port_bit)
+        self._port_cap = PortCap(cap)
+        self.attr = self._ca_attr()
 
     @serialized
     def close_ca(self, h_ca: Any) -> None:
