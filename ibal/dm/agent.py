@@ -30,7 +30,16 @@ import weakref
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from ibal.al import AccessLayer, Ca, Dependent, PnpClass, PnpEvent, PnpRec, PnpRegistration
+from ibal.al import (
+    AccessLayer,
+    Ca,
+    Dependent,
+    PnpClass,
+    PnpEvent,
+    PnpOrder,
+    PnpRec,
+    PnpRegistration,
+)
 from ibal.dm.answer import Drop, answer
 from ibal.dm.iou import IoUnit, io_unit, units_of
 from ibal.mad import MadElement, MadService, MadSvc, put_mad, reg_mad_svc
@@ -145,7 +154,7 @@ class DmService:
             svc.watch(unit)
         sync = not mgr.queues.pnp.is_current()
         flags = PnpClass.FLAG_REG_SYNC if sync else PnpClass(0)
-        svc._pnp = svc.al.reg_pnp(PnpClass.PORT | flags, svc._on_pnp)
+        svc._pnp = svc.al.reg_pnp(PnpClass.PORT | flags, svc._on_pnp, order=PnpOrder.DM)
         return svc
 
     @classmethod
