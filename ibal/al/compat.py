@@ -594,6 +594,11 @@ _DONE: dict[str, str] = {
     "ib_get_query_svc_rec": "ibal.sa.get_query_svc_rec(mad, i) -> dict (attr_id checked)",
     "DAPL Address Translation Service": "ibal.sa.ats: ATS_SERVICE_ID, ATS_NAME, "
     "ATS_IPV4_OFFSET; register_address(al, ip), lookup_address(al, ip) -> [Gid]",
+    "ib_create_ioc": "ibal.dm.create_ioc(ca, IocProfile) -> Ioc (dies with its CA handle)",
+    "ib_destroy_ioc": "ioc.destroy(): unexported and its service entries removed on return",
+    "ib_reg_ioc": "ioc.register() -> slot: exported by the DM agent of the CA's ports",
+    "ib_add_svc_entry": "ioc.add_svc_entry(SvcEntry) -> SvcEntryHandle",
+    "ib_remove_svc_entry": "svc_entry_handle.remove()",
     "ib_get_guid": "al.get_guid(index, device_type, attr_mask)",
     "ib_device_attr_mask_t": "ibal.al.DeviceAttrMask",
     "ib_ci_call": "ca.ci_call(op, handles)",
