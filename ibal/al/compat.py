@@ -202,6 +202,43 @@ def ib_get_query_svc_rec(p_result_mad: bytes, result_index: int) -> dict[str, An
     return get_query_svc_rec(p_result_mad, result_index)
 
 
+# ---------------------------------------------------------------------- IOC (ibal.dm)
+def _ioc(h_ioc: object) -> Any:
+    from ibal.dm.ioc import Ioc
+
+    if not isinstance(h_ioc, Ioc):
+        raise InvalidHandle(f"expected an IOC handle, got {type(h_ioc).__name__}")
+    return h_ioc
+
+
+def ib_create_ioc(h_ca: Ca, p_ioc_profile: Any) -> Any:
+    """``ibal.dm.create_ioc``: returns the ``Ioc`` (``h_ioc``)."""
+    from ibal.dm.ioc import create_ioc
+
+    return create_ioc(h_ca, p_ioc_profile)
+
+
+def ib_destroy_ioc(h_ioc: Any) -> None:
+    _ioc(h_ioc).destroy()
+
+
+def ib_reg_ioc(h_ioc: Any) -> None:
+    _ioc(h_ioc).register()
+
+
+def ib_add_svc_entry(h_ioc: Any, p_svc_entry: Any) -> Any:
+    """Returns the ``SvcEntryHandle`` (``h_svc``)."""
+    return _ioc(h_ioc).add_svc_entry(p_svc_entry)
+
+
+def ib_remove_svc_entry(h_svc: Any) -> None:
+    from ibal.dm.ioc import SvcEntryHandle
+
+    if not isinstance(h_svc, SvcEntryHandle):
+        raise InvalidHandle(f"expected a service entry handle, got {type(h_svc).__name__}")
+    h_svc.remove()
+
+
 # ---------------------------------------------------------------------- MAD pools and services
 def _pool(h_pool: object) -> MadPool:
     if not isinstance(h_pool, MadPool):

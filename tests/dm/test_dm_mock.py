@@ -269,3 +269,25 @@ def test_forged_and_unsupported_requests(world: World) -> None:
     assert after.get("answered_0x0004", 0) == port_stats.get("answered_0x0004", 0) + 1
     assert agent.service.stats["dropped_rmpp_unsupported"] == 1
     assert (agent.stats["answered"], agent.stats["answered_error"]) == (1, 7)
+
+
+def test_c_spellings(world: World) -> None:
+    from ibal.al import compat
+
+    w = world
+    ioc = compat.ib_create_ioc(w.ca1, profile(0x77))
+    h_svc = compat.ib_add_svc_entry(ioc, SvcEntry("c", 5))
+    compat.ib_reg_ioc(ioc)
+    m = w.client.get(0x0012, w.to_iou, 1 << 16)
+    assert m[64:65] == b"c" and m[104:112] == (5).to_bytes(8, "big")
+    compat.ib_remove_svc_entry(h_svc)
+    with pytest.raises(InvalidHandle):
+        compat.ib_remove_svc_entry(h_svc)
+    with pytest.raises(InvalidHandle):
+        compat.ib_remove_svc_entry(ioc)
+    with pytest.raises(InvalidHandle):
+        compat.ib_reg_ioc(w.ca1)
+    compat.ib_destroy_ioc(ioc)
+    with pytest.raises(InvalidHandle):
+        compat.ib_destroy_ioc(ioc)
+    assert status(w.client.get(0x0011, w.to_iou, 1)) == 0x0100
