@@ -218,6 +218,12 @@ class DmService:
         elif rec.event is PnpEvent.PORT_REMOVE:
             with self._lock:
                 gone = self._agents.pop(rec.guid, None)
+                ca = None
+                if not any(a.ca.guid == rec.ca_guid for a in self._agents.values()):
+                    ca = self._cas.pop(rec.ca_guid, None)  # its last port: let the handle go
             if gone is not None and gone.alive:
                 with contextlib.suppress(IbError):
                     gone.destroy()
+            if ca is not None:
+                with contextlib.suppress(IbError):  # closed already if the CA went
+                    ca.close()

@@ -291,3 +291,27 @@ def test_c_spellings(world: World) -> None:
     with pytest.raises(InvalidHandle):
         compat.ib_destroy_ioc(ioc)
     assert status(w.client.get(0x0011, w.to_iou, 1)) == 0x0100
+
+
+def test_hot_added_ca_gets_an_agent_and_leaves_nothing_behind(world: World) -> None:
+    w = world
+    svc = DmService.start(w.mgr)
+    hot = w.fabric.hotplug_add("hot", ports=1)
+    w.mgr.queues.flush(timeout=10)
+    port = hot.ports[0]
+    agent = svc.agent(port.guid)
+    assert agent is not None and agent.alive
+    ca = w.al1.open_ca(hot.guid)
+    ioc = create_ioc(ca, profile(0x4040))
+    ioc.register()
+    to_hot = MadAddr(remote_qp=1, dlid=ca.query_port(1).lid)
+    assert slots(w.client.get(0x0010, to_hot), 1) == [1]
+    assert ca.query_port(1).cap & PortCap.IS_DEV_MGMT_SUPPORTED
+    before = len(svc.agents)
+    w.fabric.hotplug_remove(hot)
+    w.mgr.queues.flush(timeout=10)
+    assert not agent.alive and svc.agent(port.guid) is None and len(svc.agents) == before - 1
+    assert not ioc.alive and not ioc.unit.exporting
+    with pytest.raises(InvalidHandle):
+        ioc.add_svc_entry(SvcEntry("x", 1))
+    assert status(w.client.get(0x0010, w.to_iou)) == 0  # the other agents still answer
