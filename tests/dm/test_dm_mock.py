@@ -16,7 +16,7 @@ import pytest
 from dm_world import DmClient, status
 
 from ibal.al import AccessLayer, AlManager, Ca
-from ibal.dm import DmService, create_ioc
+from ibal.dm import DmService, Ioc, create_ioc
 from ibal.dm.iou import DEFAULT_MAX_CONTROLLERS
 from ibal.mad import header as H
 from ibal.mad import smp
@@ -315,3 +315,29 @@ def test_hot_added_ca_gets_an_agent_and_leaves_nothing_behind(world: World) -> N
     with pytest.raises(InvalidHandle):
         ioc.add_svc_entry(SvcEntry("x", 1))
     assert status(w.client.get(0x0010, w.to_iou)) == 0  # the other agents still answer
+
+
+def test_ioc_exported_from_a_pnp_callback(world: World) -> None:
+    """A driver exporting an IOC when a CA arrives: the DM service starts inside the PnP
+    callback (no synchronous replay there); its agent still comes and sets the bit."""
+    from ibal.al import PnpClass, PnpEvent, PnpRec
+
+    w = world
+    made: list[Ioc] = []
+
+    def on_ca(rec: PnpRec) -> None:
+        if rec.event is PnpEvent.CA_ADD and rec.guid not in (w.ca1.guid, w.client.ca.guid):
+            ioc = create_ioc(w.al2.open_ca(rec.guid), profile(0x5151))
+            ioc.register()
+            made.append(ioc)
+
+    assert DmService.of(w.mgr) is None
+    w.al2.reg_pnp(PnpClass.CA, on_ca)
+    hot = w.fabric.hotplug_add("hot2", ports=1)
+    w.mgr.queues.flush(timeout=10)
+    w.mgr.queues.flush(timeout=10)
+    assert len(made) == 2 and all(i.slot == 1 for i in made)  # mock0 (replayed) and hot2
+    port = w.al1.query_ca_by_guid(hot.guid).ports[0]
+    assert port.cap & PortCap.IS_DEV_MGMT_SUPPORTED
+    m = w.client.get(0x0011, MadAddr(remote_qp=1, dlid=port.lid), 1)
+    assert status(m) == 0 and struct.unpack(">Q", m[64:72])[0] == 0x5151
