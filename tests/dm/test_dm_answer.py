@@ -134,3 +134,20 @@ def test_junk_in_reserved_and_class_specific_not_echoed() -> None:
     r = answer(bytes(m), view(IOC))
     assert isinstance(r, Reply) and r.status == 0
     assert r.mad[6:8] == b"\0\0" and r.mad[24:64] == bytes(40) and r.mad[68] == 0x1F
+
+
+def test_dm_tables_sit_at_iba_offsets() -> None:
+    """ibal.mad.dm's tables against IBA 16.3.3 (bit offsets from the attribute's start)."""
+    from ibal.mad import dm
+
+    raw = dm.IO_UNIT_INFO.encode({"change_id": 0xA1B2, "max_controllers": 5,
+                                  "diag_device_id": True, "option_rom": False})  # fmt: skip
+    assert raw[:4] == b"\xa1\xb2\x05\x02"  # DiagDeviceID is bit 30, OptionROM bit 31
+    raw = dm.IO_UNIT_INFO.encode({"option_rom": True})
+    assert raw[3] == 0x01 and len(raw) == 132
+    assert dm.IO_CONTROLLER_PROFILE.size == 128 and dm.SERVICE_ENTRIES.size == 192
+    raw = dm.IO_CONTROLLER_PROFILE.encode({"rdma_read_depth": 0x44, "service_entries": 0x55,
+                                           "controller_operations_mask": 0x66})  # fmt: skip
+    assert (raw[43], raw[52], raw[54]) == (0x44, 0x66, 0x55)
+    assert dm.service_entries_modifier(3, 4, 7) == 0x00030704
+    assert dm.parse_service_entries_modifier(0x00030704) == (3, 4, 7)
