@@ -124,6 +124,11 @@ class PortAgent(Dependent):
         except IbError as exc:  # the port or CA went meanwhile
             log.info("%r: capability bit not changed: %s", self, exc)
 
+    def set_capability_if(self, exporting: bool) -> None:
+        """The new agent's bit: set only if its CA's unit exports (the bit starts clear)."""
+        if exporting:
+            self.set_capability(True)
+
     def cleanup(self) -> None:
         with contextlib.suppress(IbError):
             self._pd.dealloc()
@@ -213,8 +218,7 @@ class DmService:
                 return
             rec.context = agent
             self.watch(agent.unit)
-            if agent.unit.exporting:
-                agent.set_capability(True)
+            agent.unit.apply(agent.set_capability_if)
         elif rec.event is PnpEvent.PORT_REMOVE:
             with self._lock:
                 gone = self._agents.pop(rec.guid, None)

@@ -62,6 +62,12 @@ class IoUnit:
             slots = tuple(self._exports.get(n) for n in range(1, self.max_controllers + 1))
             return UnitView(self._change_id, self.max_controllers, slots)
 
+    def apply(self, fn: Callable[[bool], object]) -> None:
+        """``fn(exporting)`` in order with the listeners' notifications (a new port's
+        agent sets its bit so, and no concurrent change is told before it)."""
+        with self._tell_lock:
+            fn(self.exporting)
+
     def add_listener(self, fn: ExportListener) -> None:
         with self._lock:
             self._listeners.append(fn)
