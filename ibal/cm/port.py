@@ -1,0 +1,178 @@
+"""One local port as the CM sees it: :class:`CmPort`, the MAD I/O of ``ibal.cm``.
+
+A :class:`CmPort` belongs to the process-wide agent (``ibal.cm.service``) and
+lives in the agent's own AL, hung on ``(ca, port_num)`` so PnP's removal of
+the port takes it along.  It owns the port's QP1 alias and one MAD service of
+class 0x07 version 2 registered for unsolicited Sends (every CM message is a
+Send: the CM retries and matches them itself, by communication IDs), and one
+AL timer for the deadlines of every CEP reached through the port (a heap,
+as ``ibal.sa.port.SaPort`` does).
+
+Threads: received MADs reach :attr:`CmPort.on_mad` on the AL's misc queue
+(the service is not inline: the CM modifies QPs on that thread); the timer
+fires on the misc queue too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from ibal.al import Dependent
+from ibal.mad import MadElement, MadService, MadSvc, put_mad, reg_mad_svc
+from ibal.mad import header as mad_header
+from ibal.mad.cm import CM_CLASS, CM_CLASS_VERSION
+from ibal.mad.consts import Method
+from ibal.status import IbError, ResourceBusy
+from ibal.types import LinkLayer, MadAddr, QpType
+
+if TYPE_CHECKING:
+    from ibal.al import Ca, Timer
+    from ibal.mad.consts import CmAttr
+
+__all__ = ["CmPort"]
+
+log = logging.getLogger("ibal.cm")
+_SLACK = 1e-9
+MadHandler = Callable[["CmPort", bytes, MadAddr], None]
+
+
+class Timed(Protocol):
+    """What the port's timer serves: ``due`` is its one deadline (``None``: none)."""
+
+    due: float | None
+
+    def fire(self, now: float) -> None: ...
+
+
+class CmPort(Dependent):
+    """The CM's MAD service and timer on one local port (see the module docstring)."""
+
+    _kind = "CM port"
+
+    def __init__(self, ca: Ca, port_num: int, on_mad: MadHandler) -> None:
+        attr = ca.query_port(port_num)
+        self.ca = ca
+        self.ca_guid = ca.guid
+        self.port_guid = attr.port_guid
+        self.link_layer: LinkLayer = attr.link_layer
+        self.on_mad = on_mad
+        self.stats: dict[str, int] = {"sent": 0, "send_failed": 0}
+        self._tlock = threading.Lock()
+        self._heap: list[tuple[float, int, Timed]] = []
+        self._tseq = itertools.count()
+        self._timer: Timer | None = None
+        self._timer_at: float | None = None
+        self._clock = ca.al.timers.clock
+        alias = ca.alloc_pd().get_spl_qp(self.port_guid, QpType.QP1_ALIAS)
+        svc = MadSvc(CM_CLASS, CM_CLASS_VERSION, self._recv, self._sent,
+                     methods=frozenset({Method.SEND}), support_unsol=True)  # fmt: skip
+        try:
+            self.service: MadService = reg_mad_svc(alias, svc)
+        except ResourceBusy:
+            # Another CM owns the port's CM class (another manager of this process, or the
+            # kernel's CM through umad): this agent can send but will hear nothing.
+            log.warning("%s port %d: another CM serves class 0x07 here", ca.name, port_num)
+            raise
+        super().__init__((ca, port_num))
+
+    def __repr__(self) -> str:
+        return f"<CmPort {self.ca.name} port {self.port_num} 0x{self.port_guid:016x}>"
+
+    # ------------------------------------------------------------------ MADs
+    @property
+    def hi_tid(self) -> int:
+        """The TID high half the port's transport stamps on our requests (0: the kernel's)."""
+        hi = self.service.hi_tid
+        return 0 if hi is None else hi
+
+    def send(self, attr: CmAttr, tid: int, data: bytes, addr: MadAddr) -> bool:
+        """Send one CM message (method Send, no MAD-layer retry); ``False`` if it could not go."""
+        e = self.service.pool_key.get_mad()
+        e.mad[:] = mad_header.build(CM_CLASS, Method.SEND, attr, tid=tid, data=data)
+        e.addr = addr
+        e.resp_expected, e.timeout_ms, e.retry_cnt = False, 0, 0
+        try:
+            self.service.send(e)
+        except IbError as exc:
+            put_mad(e)
+            self.stats["send_failed"] += 1
+            log.debug("%r: CM MAD not sent: %s", self, exc)
+            return False
+        self.stats["sent"] += 1
+        return True
+
+    def _sent(self, e: MadElement) -> None:
+        put_mad(e)
+
+    def _recv(self, e: MadElement) -> None:
+        mad, addr = bytes(e.mad), e.addr
+        put_mad(e)
+        if addr is not None:
+            self.on_mad(self, mad, addr)
+
+    # ------------------------------------------------------------------ time
+    def now(self) -> float:
+        return self._clock.now()
+
+    def arm(self, item: Timed, at: float | None) -> None:
+        """Set ``item``'s one deadline (``None``: disarm); ``item.fire(now)`` runs on the
+        misc queue when it comes.  Disarming only forgets it: its entry is skipped."""
+        with self._tlock:
+            item.due = at
+            if at is None:
+                return
+            heap = self._heap
+            if len(heap) > 64 and len(heap) > 2 * sum(1 for d in heap if d[2].due == d[0]):
+                heap[:] = [d for d in heap if d[2].due == d[0]]
+                heapq.heapify(heap)
+            heapq.heappush(heap, (at, next(self._tseq), item))
+            if self._timer_at is None or at < self._timer_at:
+                self._arm_timer(at)
+
+    def _arm_timer(self, at: float) -> None:
+        self._timer_at = at
+        delay = max(at - self.now(), 0.0)
+        with contextlib.suppress(IbError):  # the port is going away
+            if self._timer is None:
+                self._timer = self.call_later(delay, self._on_timer)
+            else:
+                self._timer.reschedule(delay)
+
+    def _on_timer(self) -> None:
+        with self._tlock:
+            now = self.now()
+            heap = self._heap
+            due: list[Timed] = []
+            while heap and heap[0][0] <= now + _SLACK:
+                at, _, item = heapq.heappop(heap)
+                if item.due == at:
+                    item.due = None
+                    due.append(item)
+            while heap and heap[0][2].due != heap[0][0]:
+                heapq.heappop(heap)  # disarmed meanwhile: no reason to wake for it
+            self._timer_at = None
+            if heap:
+                self._arm_timer(heap[0][0])
+        for item in due:
+            item.fire(now)
+
+    @property
+    def armed(self) -> int:
+        """Deadlines armed (entries of disarmed items not counted)."""
+        with self._tlock:
+            return sum(1 for at, _, item in self._heap if item.due == at)
+
+    def on_destroying(self) -> None:
+        with self._tlock:
+            self._heap.clear()
+            self._timer_at = None
+
+    def cleanup(self) -> None:
+        with contextlib.suppress(IbError):
+            self.service.deregister()
