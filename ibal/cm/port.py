@@ -69,16 +69,22 @@ class CmPort(Dependent):
         self._timer: Timer | None = None
         self._timer_at: float | None = None
         self._clock = ca.al.timers.clock
-        alias = ca.alloc_pd().get_spl_qp(self.port_guid, QpType.QP1_ALIAS)
+        pd = ca.alloc_pd()
         svc = MadSvc(CM_CLASS, CM_CLASS_VERSION, self._recv, self._sent,
                      methods=frozenset({Method.SEND}), support_unsol=True)  # fmt: skip
         try:
+            alias = pd.get_spl_qp(self.port_guid, QpType.QP1_ALIAS)
             self.service: MadService = reg_mad_svc(alias, svc)
         except ResourceBusy:
             # Another CM owns the port's CM class (another manager of this process, or the
-            # kernel's CM through umad): this agent can send but will hear nothing.
+            # kernel's CM through umad): no CM of ours on this port.
             log.warning("%s port %d: another CM serves class 0x07 here", ca.name, port_num)
+            pd.dealloc()
             raise
+        except BaseException:
+            pd.dealloc()
+            raise
+        self._pd = pd
         super().__init__((ca, port_num))
 
     def __repr__(self) -> str:
@@ -175,4 +181,4 @@ class CmPort(Dependent):
 
     def cleanup(self) -> None:
         with contextlib.suppress(IbError):
-            self.service.deregister()
+            self._pd.dealloc()  # its alias QP and the MAD service go with it

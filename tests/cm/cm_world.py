@@ -1,0 +1,117 @@
+"""Two AL instances on the mock fabric, connected through the CM, on a stepped clock.
+
+:func:`cm_world` builds a fabric of two CAs (A and B, one port each, LIDs from
+the mock's SM) on a :class:`~ibal.clock.ManualClock`, one manager and one AL
+instance per side; :class:`Node` is what a side uses (CA, PD, CQ, a
+registered buffer, QPs).  :class:`RawCm` is a bare MAD service of the CM
+class on a port, for tests that speak CM MADs by hand (forged, malformed,
+a peer that never answers).
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ibal.al import AccessLayer, AlManager, Ca, Cq, Mr, Pd, Qp, QpCreate
+from ibal.clock import ManualClock
+from ibal.mad import MadElement, MadService, MadSvc, put_mad, reg_mad_svc
+from ibal.mad import header as mad_header
+from ibal.mad.cm import CM_CLASS, CmAttr, CmMessage, parse_cm
+from ibal.mad.consts import Method
+from ibal.providers.mock import MockFabric, MockProvider
+from ibal.types import AccessFlags, MadAddr, PortAttr, QpType
+
+WAIT = 10.0
+ACCESS = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.RDMA_READ
+
+
+@dataclass
+class Node:
+    al: AccessLayer
+    ca: Ca
+    pd: Pd
+    cq: Cq
+    buf: bytearray
+    mr: Mr
+    port: PortAttr
+
+    def qp(self, qp_type: QpType = QpType.RC) -> Qp:
+        return self.pd.create_qp(QpCreate(qp_type, self.cq, self.cq))
+
+
+def node(al: AccessLayer, ca_guid: int) -> Node:
+    ca = al.open_ca(ca_guid)
+    pd = ca.alloc_pd()
+    buf = bytearray(4096)
+    return Node(al, ca, pd, ca.create_cq(64), buf, pd.reg_mem(buf, ACCESS), ca.query().ports[0])
+
+
+@dataclass
+class CmWorld:
+    fabric: MockFabric
+    mgr: AlManager
+    clock: ManualClock
+    a: Node
+    b: Node
+    extra_als: list[AccessLayer] = field(default_factory=list)
+
+    def step(self, seconds: float) -> None:
+        self.clock.advance(seconds, settle=self.settle)
+
+    def settle(self) -> None:
+        self.mgr.queues.flush(timeout=WAIT)
+
+    def open_al(self) -> AccessLayer:
+        al = self.mgr.open_al()
+        self.extra_als.append(al)
+        return al
+
+
+def cm_world(seed: int = 0) -> Iterator[CmWorld]:
+    clock = ManualClock()
+    fabric = MockFabric(seed=seed)
+    fabric.add_ca()
+    fabric.add_ca()
+    fabric.use_clock(clock)
+    mgr = AlManager(clock=clock)
+    try:
+        mgr.add_provider(MockProvider({"fabric": fabric}))
+        al_a, al_b = mgr.open_al(), mgr.open_al()
+        ga, gb = al_a.get_ca_guids()[:2]
+        yield CmWorld(fabric, mgr, clock, node(al_a, ga), node(al_b, gb))
+    finally:
+        mgr.close(timeout=WAIT)
+        fabric.close()
+
+
+class RawCm:
+    """A hand-driven CM on one port: sends any CM MAD, keeps what arrives."""
+
+    def __init__(self, n: Node) -> None:
+        alias = n.pd.get_spl_qp(n.port.port_guid, QpType.QP1_ALIAS)
+        self.got: queue.Queue[tuple[CmMessage, MadAddr]] = queue.Queue()
+        self.service: MadService = reg_mad_svc(alias, MadSvc(
+            CM_CLASS, 2, self._recv, put_mad, methods=frozenset({Method.SEND}),
+            support_unsol=True))  # fmt: skip
+
+    def _recv(self, e: MadElement) -> None:
+        mad, addr = bytes(e.mad), e.addr
+        put_mad(e)
+        assert addr is not None
+        self.got.put((parse_cm(mad), addr))
+
+    def send_mad(self, mad: bytes, dlid: int) -> None:
+        e = self.service.pool_key.get_mad()
+        e.mad[:] = mad
+        e.addr = MadAddr(remote_qp=1, dlid=dlid)
+        self.service.send(e)
+
+    def send(self, attr: CmAttr, data: bytes, dlid: int, tid: int = 0x1234) -> None:
+        self.send_mad(bytes(mad_header.build(CM_CLASS, Method.SEND, attr, tid=tid, data=data)),
+                      dlid)
+
+    def next(self, world: CmWorld) -> tuple[CmMessage, MadAddr]:
+        world.settle()
+        return self.got.get(timeout=WAIT)
