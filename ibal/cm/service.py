@@ -469,7 +469,7 @@ class CmAgent:
             grh = Grh(dgid=dgid, sgid_index=sgid_index, hop_limit=hop or 64,
                       traffic_class=_int(path.get("tclass", 0)),
                       flow_label=_int(path.get("flow_label", 0)))  # fmt: skip
-        pkey = _int(path.get("pkey", DEFAULT_PKEY)) or DEFAULT_PKEY
+        pkey = _int(path.get("p_key", DEFAULT_PKEY)) or DEFAULT_PKEY
         pkey_index = next((i for i, k in enumerate(pa.pkeys) if k & 0x7FFF == pkey & 0x7FFF), 0)
         return MadAddr(remote_qp=1, dlid=0 if roce else _int(path["dlid"]),
                        sl=_int(path.get("sl", 0)), pkey_index=pkey_index, grh=grh)  # fmt: skip
