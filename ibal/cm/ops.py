@@ -20,7 +20,7 @@ from ibal.al import AccessLayer, Qp
 from ibal.cm import _interim_wire as w
 from ibal.cm import fsm
 from ibal.cm.conn import CmConn
-from ibal.cm.listen import CmListen
+from ibal.cm.listens import CmListen
 from ibal.cm.port import CmPort
 from ibal.cm.service import CmAgent, agent_of
 from ibal.mad import cm as cmw
@@ -186,10 +186,23 @@ def rtu(conn: CmConn, pdata: bytes = b"") -> None:
     """Complete an active connection after its REP: the QP goes to RTR and RTS, RTU is sent."""
     data = _pdata(CmAttr.RTU, pdata)
     cep = _cep(conn)
+    if not conn.active or conn.state not in (fsm.CmState.REP_RCVD, fsm.CmState.MRA_REP_SENT):
+        raise InvalidState(f"the connection is {conn.state.name}: no REP to complete")
+    # The machine expects the QP ready before the RTU goes (the peer may send at once).
+    _move(conn, QpState.RTR, QpState.RTS)
     conn.handle(fsm.SendRtu(w.build_ids(CmAttr.RTU, cep.local_comm_id, _remote(cep), data)))
-    err = conn.info.pop("qp_error", None)
-    if err is not None:
-        raise InvalidSetting(f"the QP refused the connection's attributes: {err}")
+
+
+def _move(conn: CmConn, *targets: QpState) -> None:
+    qp, mods_for = conn.qp, conn.mods_for
+    if qp is None or mods_for is None:
+        raise InvalidState("the connection has no QP")
+    try:
+        for target in targets:
+            for mod in mods_for(conn, target):
+                qp.modify(mod)
+    except IbError as exc:
+        raise InvalidSetting(f"the QP refused the connection's attributes: {exc}") from exc
 
 
 # ---------------------------------------------------------------- passive side
@@ -260,11 +273,9 @@ def accept(conn: CmConn, qp: Qp, *, pdata: bytes = b"", resp_res: int | None = N
                      remote_resp_timeout=_i(req.get("local_cm_response_timeout"), 20),
                      life=max(_i(req.get("primary_local_ack_timeout"), 17) - 1, 0))  # fmt: skip
     conn.mods_for = _passive_mods
+    _move(conn, QpState.RTR)  # before the REP: the RTU and data may follow at once
     timeout = fsm.retransmit_ms(conn.info["life"], conn.info["remote_resp_timeout"])
     conn.handle(fsm.SendRep(msg, timeout, conn.info["max_cm_retries"]))
-    err = conn.info.pop("qp_error", None)
-    if err is not None:
-        raise InvalidSetting(f"the QP refused the connection's attributes: {err}")
 
 
 def _passive_mods(conn: CmConn, target: QpState) -> list[Any]:

@@ -1,0 +1,341 @@
+"""The Pythonic shape of the CM: :func:`connect`, :func:`listen`, :class:`Connection`.
+
+::
+
+    listener = ibal.cm.listen(al, 0x1234)            # server
+    incoming = listener.get(timeout=5)                # blocks; or `await listener.next()`
+    conn = incoming.accept(qp, private_data=b"hi")    # REP; returns once the RTU came
+
+    conn = ibal.cm.connect(al, qp, path, 0x1234)      # client: REQ, REP, RTU; blocks
+    conn.disconnect()                                 # DREQ; returns once the DREP came
+
+Each blocking call has an awaitable twin (``await conn``, ``await
+listener.next()``, :func:`connect_async`) and a callback form
+(``callback=``: the call returns at once, ``callback(conn)`` runs on the
+AL's misc queue when the outcome is known).  The client sends the RTU and a
+disconnected side its DREP by itself; the IBAL calls (``ibal.cm.api``) leave
+every step to the caller.  A REJ raises :class:`ConnectionRejected` (its
+reason, ARI and private data), no answer ``Timeout``.  Blocking calls raise
+``InvalidState`` on the AL's callback threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any
+
+from ibal.al import AccessLayer, Qp, in_callback
+from ibal.al.dispatcher import call_user
+from ibal.cm import fsm, ops
+from ibal.cm.conn import CmConn
+from ibal.cm.listens import CmListen
+from ibal.mad.cm import RejReason
+from ibal.status import IbError, InvalidState, Status, Timeout
+from ibal.wire.fields import Value
+
+if TYPE_CHECKING:
+    import asyncio
+
+__all__ = ["Connection", "ConnectionRejected", "Incoming", "Listener", "connect",
+           "connect_async", "listen"]  # fmt: skip
+
+K = fsm.UpcallKind
+ConnCallback = Callable[["Connection"], object]
+
+
+class ConnectionRejected(IbError):
+    """The peer rejected the connection (REJ): ``reason``, ``ari``, ``private_data``."""
+
+    status = Status.REMOTE_ERROR
+
+    def __init__(self, reason: int, ari: bytes = b"", private_data: bytes = b"") -> None:
+        try:
+            name = RejReason(reason).name
+        except ValueError:
+            name = str(reason)
+        super().__init__(f"rejected: {name}")
+        self.reason = reason
+        self.ari = ari
+        self.private_data = private_data
+
+
+class _Outcome:
+    """Set once: waiters, awaiters and a callback learn it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._error: BaseException | None = None
+        self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    @property
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def set(self, error: BaseException | None = None) -> bool:
+        with self._lock:
+            if self._event.is_set():
+                return False
+            self._error = error
+            self._event.set()
+            futures, self._futures = self._futures, []
+        for loop, fut in futures:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_settle, fut, error)
+        return True
+
+    def wait(self, timeout: float | None, what: str) -> None:
+        if not self._event.is_set():
+            if in_callback():
+                raise InvalidState(f"{what} blocks: call it off the AL's callback threads")
+            if not self._event.wait(timeout):
+                raise Timeout(f"{what}: nothing within {timeout} s of waiting")
+        if self._error is not None:
+            raise self._error
+
+    def future(self) -> asyncio.Future[None]:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if not self._event.is_set():
+                self._futures.append((loop, fut))
+                return fut
+        _settle(fut, self._error)
+        return fut
+
+
+def _settle(fut: asyncio.Future[None], error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(error)
+
+
+class Connection:
+    """One connection of the Pythonic API (either side).
+
+    ``private_data``: what the peer sent with its REP (client) or REQ (server).
+    ``on_disconnect(conn)`` (optional, misc queue) runs when the peer disconnects.
+    """
+
+    def __init__(self, handle: CmConn, qp: Qp | None, callback: ConnCallback | None) -> None:
+        self.handle = handle
+        self.qp = qp
+        self.private_data = b""
+        self.on_disconnect: ConnCallback | None = None
+        self._callback = callback
+        self.established = _Outcome()
+        self.closed = _Outcome()
+        handle.deliver = self._deliver
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.handle.state.name} qp={getattr(self.qp, 'num', None)}>"
+
+    @property
+    def state(self) -> fsm.CmState:
+        return self.handle.state
+
+    def wait(self, timeout: float | None = None) -> Connection:
+        """Block until established (``ConnectionRejected``, ``Timeout`` otherwise)."""
+        self.established.wait(timeout, "Connection.wait")
+        return self
+
+    def __await__(self) -> Generator[Any, None, Connection]:
+        yield from self.established.future().__await__()
+        return self
+
+    def disconnect(self, private_data: bytes = b"", *, wait: bool = True,
+                   timeout: float | None = None) -> None:  # fmt: skip
+        """Send DREQ (the QP goes to ERROR); ``wait``: block until the DREP (or its time-out)."""
+        if not self.closed.done:
+            ops.disconnect(self.handle, private_data)
+        if wait:
+            self.closed.wait(timeout, "Connection.disconnect")
+
+    async def disconnect_async(self, private_data: bytes = b"") -> None:
+        if not self.closed.done:
+            ops.disconnect(self.handle, private_data)
+        await self.closed.future()
+
+    def close(self) -> None:
+        """Forget the connection at once (DREQ/REJ sent as its state asks; no callbacks)."""
+        with contextlib.suppress(IbError):
+            self.handle.destroy()
+        self.closed.set()
+        self.established.set(InvalidState("the connection was closed"))
+
+    # ------------------------------------------------------------------ upcalls
+    def _deliver(self, handle: CmConn, up: fsm.Upcall) -> None:
+        """Misc queue: the connection's callbacks, answered the simple way."""
+        f = up.fields or {}
+        kind = up.kind
+        if kind is K.REP:
+            if up.status is not Status.SUCCESS:
+                self._fail(Timeout("no REP came"))
+                return
+            self.private_data = _bytes(f.get("private_data"))
+            try:
+                ops.rtu(handle)
+            except IbError as exc:
+                with contextlib.suppress(IbError):
+                    ops.reject(handle, RejReason.CONSUMER_DEFINED)
+                self._fail(exc)
+                return
+            self._established()
+        elif kind is K.RTU:
+            if up.status is Status.SUCCESS:
+                self._established()
+            else:
+                self._fail(Timeout("no RTU came"))
+        elif kind is K.REJ:
+            self._fail(ConnectionRejected(_int(f.get("reason")), _bytes(f.get("ari")),
+                                          _bytes(f.get("private_data"))))  # fmt: skip
+        elif kind is K.DREQ:
+            with contextlib.suppress(IbError):
+                ops.reply_disconnect(handle)
+            self._closed()
+        elif kind in (K.DREP, K.STALE):
+            self._closed()
+
+    def _established(self) -> None:
+        if self.established.set() and self._callback is not None:
+            call_user(self._callback, self)
+
+    def _fail(self, error: BaseException) -> None:
+        first = self.established.set(error)
+        self.closed.set()
+        if first and self._callback is not None:
+            call_user(self._callback, self)
+
+    def _closed(self) -> None:
+        if self.closed.set():
+            self.established.set(InvalidState("disconnected before it was established"))
+            if self.on_disconnect is not None:
+                call_user(self.on_disconnect, self)
+
+
+def connect(al: AccessLayer, qp: Qp, path: object, service_id: int, private_data: bytes = b"",
+            *, callback: ConnCallback | None = None, timeout: float | None = None,
+            **options: Any) -> Connection:  # fmt: skip
+    """Connect ``qp`` over ``path`` (a PathRecord) to whoever listens on ``service_id``.
+
+    Blocks until established (REP received, QP in RTS, RTU sent) unless ``callback`` is
+    given; ``options`` are :func:`ibal.cm.ops.request`'s (``resp_res``, ``retry_cnt``...).
+    """
+    holder: list[Connection] = []
+
+    def deliver(handle: CmConn, up: fsm.Upcall) -> None:  # replaced once the object exists
+        holder[0]._deliver(handle, up)
+
+    handle = ops.request(al, qp, path, service_id, pdata=private_data, deliver=deliver,
+                         **options)  # fmt: skip
+    conn = Connection(handle, qp, callback)
+    holder.append(conn)
+    if callback is None:
+        conn.wait(timeout)
+    return conn
+
+
+async def connect_async(al: AccessLayer, qp: Qp, path: object, service_id: int,
+                        private_data: bytes = b"", **options: Any) -> Connection:  # fmt: skip
+    conn = connect(al, qp, path, service_id, private_data, callback=lambda c: None, **options)
+    return await conn
+
+
+class Incoming:
+    """A REQ waiting for :meth:`accept` or :meth:`reject` (from :meth:`Listener.get`)."""
+
+    def __init__(self, handle: CmConn, fields: dict[str, Value]) -> None:
+        self.handle = handle
+        self.fields = fields
+        self.service_id = _int(fields.get("service_id"))
+        self.private_data = _bytes(fields.get("private_data"))
+        self.connection = Connection(handle, None, None)
+        self.connection.private_data = self.private_data
+
+    def __repr__(self) -> str:
+        return f"<Incoming REQ 0x{self.service_id:016x}>"
+
+    def accept(self, qp: Qp, private_data: bytes = b"", *, callback: ConnCallback | None = None,
+               timeout: float | None = None, **options: Any) -> Connection:  # fmt: skip
+        """REP with ``qp``; blocks until the RTU (or data) came unless ``callback`` is given."""
+        conn = self.connection
+        conn.qp = qp
+        conn._callback = callback
+        ops.accept(self.handle, qp, pdata=private_data, **options)
+        if callback is None:
+            conn.wait(timeout)
+        return conn
+
+    def reject(self, reason: int = RejReason.CONSUMER_DEFINED, *, ari: bytes = b"",
+               private_data: bytes = b"") -> None:  # fmt: skip
+        ops.reject(self.handle, reason, ari=ari, pdata=private_data)
+
+
+class Listener:
+    """REQs to one service ID, queued for :meth:`get` (or handed to ``callback``)."""
+
+    def __init__(self, al: AccessLayer, service_id: int, *,
+                 callback: Callable[[Incoming], object] | None = None, compare_offset: int = 0,
+                 compare: bytes = b"", port_guid: int = 0) -> None:  # fmt: skip
+        self._queue: queue.Queue[Incoming] = queue.Queue()
+        self._callback = callback
+        self.handle: CmListen = ops.listen(al, service_id, on_request=self._on_request,
+                                           compare_offset=compare_offset, compare_buf=compare,
+                                           port_guid=port_guid)  # fmt: skip
+
+    def __repr__(self) -> str:
+        return f"<Listener 0x{self.handle.svc_id:016x}>"
+
+    def _on_request(self, listen: CmListen, handle: CmConn, fields: dict[str, Value]) -> None:
+        # Under the agent's lock: only wire the upcall; the REQ upcall follows on misc.
+        def deliver(h: CmConn, up: fsm.Upcall) -> None:
+            if up.kind is K.REQ:
+                incoming = Incoming(h, dict(up.fields or fields))
+                if self._callback is not None:
+                    call_user(self._callback, incoming)
+                else:
+                    self._queue.put(incoming)
+            else:  # pragma: no cover  (Incoming replaces deliver at once)
+                pass
+
+        handle.deliver = deliver
+
+    def get(self, timeout: float | None = None) -> Incoming:
+        """The next REQ (``Timeout`` after ``timeout`` seconds)."""
+        if in_callback():
+            raise InvalidState("Listener.get blocks: call it off the AL's callback threads")
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            raise Timeout(f"no REQ within {timeout} s") from None
+
+    async def next(self) -> Incoming:
+        import asyncio
+
+        return await asyncio.to_thread(self._queue.get)
+
+    def close(self) -> None:
+        """Stop listening (REQs in the queue stay; their connections work)."""
+        with contextlib.suppress(IbError):
+            self.handle.cancel()
+
+
+def listen(al: AccessLayer, service_id: int, **kw: Any) -> Listener:
+    """Listen on ``service_id`` (see :class:`Listener`)."""
+    return Listener(al, service_id, **kw)
+
+
+def _bytes(v: object) -> bytes:
+    return bytes(v) if isinstance(v, bytes | bytearray) else b""
+
+
+def _int(v: object) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
