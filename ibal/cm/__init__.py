@@ -12,13 +12,17 @@ if TYPE_CHECKING:
         ConnectionRejected,
         Incoming,
         Listener,
+        SidrReply,
         connect,
         connect_async,
         listen,
+        resolve_service,
+        resolve_service_async,
     )
 
-_SIMPLE = frozenset({"Connection", "ConnectionRejected", "Incoming", "Listener", "connect",
-                     "connect_async", "listen"})  # fmt: skip
+_SIMPLE = frozenset({"Connection", "ConnectionRejected", "Incoming", "Listener", "SidrReply",
+                     "connect", "connect_async", "listen", "resolve_service",
+                     "resolve_service_async"})  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
@@ -31,5 +35,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Connection", "ConnectionRejected", "Incoming", "Listener", "connect",
-           "connect_async", "listen"]  # fmt: skip
+__all__ = [
+    "Connection", "ConnectionRejected", "Incoming", "Listener", "SidrReply", "connect",
+    "connect_async", "listen", "resolve_service", "resolve_service_async",
+]  # fmt: skip

@@ -31,12 +31,13 @@ from ibal.status import (
     InvalidQpState,
     InvalidSetting,
     InvalidState,
+    Status,
 )
 from ibal.types import AccessFlags, LinkLayer, PortAttr, QpState, QpType, is_int
 from ibal.wire.fields import Value
 
 __all__ = [
-    "Deliver", "accept", "disconnect", "listen", "mra", "reject", "reply_disconnect",
+    "Deliver", "accept", "disconnect", "handoff", "listen", "mra", "reject", "reply_disconnect",
     "request", "rtu", "sidr_reply", "sidr_request",
 ]  # fmt: skip
 
@@ -276,6 +277,33 @@ def accept(conn: CmConn, qp: Qp, *, pdata: bytes = b"", resp_res: int | None = N
     _move(conn, QpState.RTR)  # before the REP: the RTU and data may follow at once
     timeout = fsm.retransmit_ms(conn.info["life"], conn.info["remote_resp_timeout"])
     conn.handle(fsm.SendRep(msg, timeout, conn.info["max_cm_retries"]))
+
+
+def handoff(conn: CmConn, service_id: int) -> CmConn:
+    """``ib_cm_handoff``: present a received, unanswered REQ to the listen on ``service_id``
+    (its REQ callback runs with a new handle; this one is destroyed)."""
+    cep = _cep(conn)
+    if not is_int(service_id) or not 0 <= service_id < 1 << 64:
+        raise InvalidParameter(f"service ID {service_id!r} is not a 64-bit int")
+    if conn.active or cep.sidr or conn.state not in (fsm.CmState.REQ_RCVD,
+                                                    fsm.CmState.MRA_REQ_SENT):  # fmt: skip
+        raise InvalidState(f"the connection is {conn.state.name}: no unanswered REQ")
+    agent = conn.agent
+    target = agent.find_listen(service_id)
+    if target is None:
+        raise InvalidParameter(f"nobody listens on service ID 0x{service_id:016x}")
+    fields = dict(cep.fields.get(CmAttr.REQ, {}))
+    with agent.lock:
+        new = target.cm_incoming(cep, fields)
+        if new is None:
+            raise InvalidParameter(f"the listen on 0x{service_id:016x} is closing")
+        conn.cep = None  # the endpoint is the new handle's now
+        with contextlib.suppress(IbError):
+            conn.destroy()
+        new.cm_upcall(cep, fsm.Upcall(fsm.UpcallKind.REQ, CmAttr.REQ, fields,
+                                      Status.SUCCESS))  # fmt: skip
+    assert isinstance(new, CmConn)
+    return new
 
 
 def _passive_mods(conn: CmConn, target: QpState) -> list[Any]:

@@ -163,6 +163,17 @@ class CmAgent:
         self._rng = random.SystemRandom()
         self._pnp: PnpRegistration | None = None
         self._pnp = self.al.reg_pnp(PnpClass.PORT, self._on_pnp)
+        self._scan()
+
+    def _scan(self) -> None:
+        """Serve every active port now (PnP's replay comes later, on its queue): a listen
+        hears REQs as soon as it returns."""
+        for ca_guid in self.al.get_ca_guids():
+            with contextlib.suppress(IbError):
+                for pa in self.al.query_ca_by_guid(ca_guid).ports:
+                    if pa.link_state is LinkState.ACTIVE:
+                        with contextlib.suppress(IbError):
+                            self.port(ca_guid, pa.port_num)
 
     def __repr__(self) -> str:
         return f"<CmAgent {len(self._ports)} ports, {len(self._ceps)} endpoints>"
@@ -170,6 +181,11 @@ class CmAgent:
     @property
     def closed(self) -> bool:
         return self.al.closed
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock of the machines and tables (held while the agent calls a user object)."""
+        return self._lock
 
     @property
     def endpoints(self) -> int:
@@ -443,7 +459,8 @@ class CmAgent:
             if port.send(CmAttr.SIDR_REP, msg.tid, rep, addr):
                 self.stats["sidr_rep: unsupported"] += 1
             return
-        cep = self.new_cep(port, _sidr_passive, addr, sidr=True)
+        rid = _int(f["request_id"])
+        cep = self.new_cep(port, lambda _cid, now: _sidr_passive(rid, now), addr, sidr=True)
         cep.tid = msg.tid
         self.bind_remote(cep, key)
         cep.fields[CmAttr.SIDR_REQ] = dict(f)
@@ -480,6 +497,7 @@ def _passive(comm_id: int, now: float) -> fsm.Cep:
 
 
 def _sidr_passive(request_id: int, now: float) -> Any:
+    """A responder's machine carries the requester's request ID (its SIDR_REP echoes it)."""
     from ibal.cm import sidr_fsm
 
     return sidr_fsm.SidrCep(request_id, active=False, now=now)

@@ -25,6 +25,7 @@ import contextlib
 import queue
 import threading
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ibal.al import AccessLayer, Qp, in_callback
@@ -32,15 +33,15 @@ from ibal.al.dispatcher import call_user
 from ibal.cm import fsm, ops
 from ibal.cm.conn import CmConn
 from ibal.cm.listens import CmListen
-from ibal.mad.cm import RejReason
+from ibal.mad.cm import RejReason, SidrStatus
 from ibal.status import IbError, InvalidState, Status, Timeout
 from ibal.wire.fields import Value
 
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["Connection", "ConnectionRejected", "Incoming", "Listener", "connect",
-           "connect_async", "listen"]  # fmt: skip
+__all__ = ["Connection", "ConnectionRejected", "Incoming", "Listener", "SidrReply", "connect",
+           "connect_async", "listen", "resolve_service", "resolve_service_async"]  # fmt: skip
 
 K = fsm.UpcallKind
 ConnCallback = Callable[["Connection"], object]
@@ -257,6 +258,8 @@ class Incoming:
         self.fields = fields
         self.service_id = _int(fields.get("service_id"))
         self.private_data = _bytes(fields.get("private_data"))
+        self.sidr = handle.cep is not None and handle.cep.sidr
+        """A SIDR_REQ (answer it with :meth:`answer`), not a REQ."""
         self.connection = Connection(handle, None, None)
         self.connection.private_data = self.private_data
 
@@ -276,20 +279,30 @@ class Incoming:
 
     def reject(self, reason: int = RejReason.CONSUMER_DEFINED, *, ari: bytes = b"",
                private_data: bytes = b"") -> None:  # fmt: skip
+        """REJ the REQ (a SIDR_REQ: SIDR_REP with status REJECT; ``reason`` unused)."""
+        if self.sidr:
+            ops.sidr_reply(self.handle, SidrStatus.REJECT, pdata=private_data)
+            return
         ops.reject(self.handle, reason, ari=ari, pdata=private_data)
+
+    def answer(self, qp: Qp, qkey: int | None = None, private_data: bytes = b"") -> None:
+        """Answer a SIDR_REQ with UD ``qp`` and its Q_Key (``None``: the QP's own)."""
+        key = qp.query().qkey if qkey is None else qkey
+        ops.sidr_reply(self.handle, SidrStatus.SUCCESS, qp=qp, qkey=key, pdata=private_data)
 
 
 class Listener:
-    """REQs to one service ID, queued for :meth:`get` (or handed to ``callback``)."""
+    """REQs (``ud``: SIDR_REQs) to one service ID, queued for :meth:`get` (or handed to
+    ``callback``)."""
 
     def __init__(self, al: AccessLayer, service_id: int, *,
                  callback: Callable[[Incoming], object] | None = None, compare_offset: int = 0,
-                 compare: bytes = b"", port_guid: int = 0) -> None:  # fmt: skip
+                 compare: bytes = b"", port_guid: int = 0, ud: bool = False) -> None:  # fmt: skip
         self._queue: queue.Queue[Incoming] = queue.Queue()
         self._callback = callback
         self.handle: CmListen = ops.listen(al, service_id, on_request=self._on_request,
                                            compare_offset=compare_offset, compare_buf=compare,
-                                           port_guid=port_guid)  # fmt: skip
+                                           port_guid=port_guid, ud=ud)  # fmt: skip
 
     def __repr__(self) -> str:
         return f"<Listener 0x{self.handle.svc_id:016x}>"
@@ -297,7 +310,7 @@ class Listener:
     def _on_request(self, listen: CmListen, handle: CmConn, fields: dict[str, Value]) -> None:
         # Under the agent's lock: only wire the upcall; the REQ upcall follows on misc.
         def deliver(h: CmConn, up: fsm.Upcall) -> None:
-            if up.kind is K.REQ:
+            if up.kind in (K.REQ, K.SIDR_REQ):
                 incoming = Incoming(h, dict(up.fields or fields))
                 if self._callback is not None:
                     call_user(self._callback, incoming)
@@ -331,6 +344,69 @@ class Listener:
 def listen(al: AccessLayer, service_id: int, **kw: Any) -> Listener:
     """Listen on ``service_id`` (see :class:`Listener`)."""
     return Listener(al, service_id, **kw)
+
+
+@dataclass(frozen=True)
+class SidrReply:
+    """A SIDR_REP: ``status`` (``SidrStatus``), the UD QP number and Q_Key to send to."""
+
+    status: SidrStatus
+    qpn: int
+    qkey: int
+    private_data: bytes
+    info: bytes
+
+
+class _SidrWait:
+    def __init__(self, callback: Callable[[SidrReply | BaseException], object] | None) -> None:
+        self.outcome = _Outcome()
+        self.reply: SidrReply | None = None
+        self.callback = callback
+
+    def deliver(self, handle: CmConn, up: fsm.Upcall) -> None:
+        f = up.fields
+        result: SidrReply | BaseException
+        if up.status is not Status.SUCCESS or f is None:
+            result = Timeout("no SIDR_REP came")
+            self.outcome.set(result)
+        else:
+            status = _int(f.get("status"))
+            known = status in SidrStatus._value2member_map_
+            self.reply = result = SidrReply(
+                SidrStatus(status) if known else SidrStatus.REJECT, _int(f.get("qpn")),
+                _int(f.get("qkey")), _bytes(f.get("private_data")),
+                _bytes(f.get("additional_info")))  # fmt: skip
+            self.outcome.set()
+        with contextlib.suppress(IbError):
+            handle.destroy()
+        if self.callback is not None:
+            call_user(self.callback, result)
+
+
+def resolve_service(al: AccessLayer, path: object, service_id: int, private_data: bytes = b"",
+                    *, timeout_ms: int = 1000, retries: int = 3,
+                    callback: Callable[[SidrReply | BaseException], object] | None = None,
+                    timeout: float | None = None) -> SidrReply | None:  # fmt: skip
+    """SIDR: ask who serves ``service_id`` on a UD QP at the path's end; blocks for the
+    :class:`SidrReply` (``Timeout`` without one) unless ``callback`` is given (then ``None``
+    is returned and ``callback(reply or exception)`` runs on the misc queue)."""
+    waiter = _SidrWait(callback)
+    ops.sidr_request(al, path, service_id, deliver=waiter.deliver, pdata=private_data,
+                     timeout_ms=timeout_ms, retries=retries)  # fmt: skip
+    if callback is not None:
+        return None
+    waiter.outcome.wait(timeout, "resolve_service")
+    assert waiter.reply is not None
+    return waiter.reply
+
+
+async def resolve_service_async(al: AccessLayer, path: object, service_id: int,
+                                private_data: bytes = b"", **kw: Any) -> SidrReply:  # fmt: skip
+    waiter = _SidrWait(None)
+    ops.sidr_request(al, path, service_id, deliver=waiter.deliver, pdata=private_data, **kw)
+    await waiter.outcome.future()
+    assert waiter.reply is not None
+    return waiter.reply
 
 
 def _bytes(v: object) -> bytes:
