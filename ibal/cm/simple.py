@@ -134,6 +134,8 @@ class Connection:
         self._callback = callback
         self.established = _Outcome()
         self.closed = _Outcome()
+        self._lock = threading.Lock()
+        self._reported = False
         handle.deliver = self._deliver
 
     def __repr__(self) -> str:
@@ -159,6 +161,10 @@ class Connection:
             ops.disconnect(self.handle, private_data)
         if wait:
             self.closed.wait(timeout, "Connection.disconnect")
+
+    def wait_closed(self, timeout: float | None = None) -> None:
+        """Block until the connection ended (disconnected by either side, rejected, failed)."""
+        self.closed.wait(timeout, "Connection.wait_closed")
 
     async def disconnect_async(self, private_data: bytes = b"") -> None:
         if not self.closed.done:
@@ -199,21 +205,28 @@ class Connection:
             self._fail(ConnectionRejected(_int(f.get("reason")), _bytes(f.get("ari")),
                                           _bytes(f.get("private_data"))))  # fmt: skip
         elif kind is K.DREQ:
+            self._closed()  # the QP is in ERROR already; the peer learns it from the DREP
             with contextlib.suppress(IbError):
                 ops.reply_disconnect(handle)
-            self._closed()
         elif kind in (K.DREP, K.STALE):
             self._closed()
 
     def _established(self) -> None:
-        if self.established.set() and self._callback is not None:
-            call_user(self._callback, self)
+        self._report(None)
 
     def _fail(self, error: BaseException) -> None:
-        first = self.established.set(error)
+        self._report(error)
         self.closed.set()
-        if first and self._callback is not None:
+
+    def _report(self, error: BaseException | None) -> None:
+        """The outcome, once: the callback runs before waiters wake (as IBAL's SYNC)."""
+        with self._lock:
+            if self._reported:
+                return
+            self._reported = True
+        if self._callback is not None:
             call_user(self._callback, self)
+        self.established.set(error)
 
     def _closed(self) -> None:
         if self.closed.set():
