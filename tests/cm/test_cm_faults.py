@@ -1,0 +1,114 @@
+"""Lost, duplicated and delayed CM MADs on the mock fabric: connections establish (the
+machines resend and answer duplicates) or fail with the right callback, and leave
+nothing behind; a loop of connections leaves no endpoint, QP or timer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from cm_world import WAIT, CmWorld, Node, cm_world
+
+import ibal.sa
+from ibal.cm import Connection, connect, listen
+from ibal.cm.fsm import CmState
+from ibal.cm.service import agent_of
+from ibal.providers.mock.packets import Packet
+from ibal.sa.query import Record
+from ibal.types import QpState
+
+pytest.importorskip("ibal.providers.mock", reason="the mock provider is not installed")
+
+SVC = 0x77
+FAST = {"remote_resp_timeout": 16, "max_cm_retries": 3}  # 2*64 + 256 ms a try
+
+
+@pytest.fixture
+def world() -> Iterator[CmWorld]:
+    yield from cm_world(seed=3)
+
+
+def path(src: Node, dst: Node) -> Record:
+    [pr] = ibal.sa.path_records(src.al, src.port.lid, dst.port.lid, port_guid=src.port.port_guid)
+    return pr
+
+
+def is_cm(p: Packet) -> bool:
+    return p.dst_qpn == 1 and bytes(p.payload[1:2]) == b"\x07"
+
+
+def cm_to(n: Node) -> object:
+    return lambda p: is_cm(p) and p.dlid == n.port.lid
+
+
+def connect_pair(world: CmWorld) -> tuple[Connection, Connection]:
+    lst = listen(world.a.al, SVC)
+    cb = connect(world.b.al, world.b.qp(), path(world.b, world.a), SVC, callback=lambda c: None,
+                 **FAST)  # type: ignore[arg-type]  # fmt: skip
+    inc = lst.get(WAIT)
+    ca = inc.accept(world.a.qp(), callback=lambda c: None)
+    lst.close()
+    return ca, cb
+
+
+def test_a_lost_rep_is_recovered_by_the_req_retransmission(world: CmWorld) -> None:
+    rule = world.fabric.faults.drop(predicate=cm_to(world.b), nth=1)  # the first REP
+    ca, cb = connect_pair(world)
+    world.settle()
+    assert rule.fired == 1 and not cb.established.done
+    world.step(3.0)  # the REQ is resent; the passive side answers its REP again
+    cb.wait(WAIT)
+    ca.wait(WAIT)
+    assert cb.qp is not None and cb.qp.state is QpState.RTS
+
+
+def test_a_lost_rtu_is_recovered_by_the_rep_retransmission(world: CmWorld) -> None:
+    rule = world.fabric.faults.drop(predicate=cm_to(world.a), nth=2)  # REQ passes, RTU lost
+    ca, cb = connect_pair(world)
+    cb.wait(WAIT)
+    world.settle()
+    assert rule.fired == 1 and not ca.established.done
+    world.step(7.0)  # the REP resent (4096 ms + 2 packet lives of 1 s), the RTU again
+    ca.wait(WAIT)
+    assert ca.qp is not None and ca.qp.state is QpState.RTS
+
+
+def test_every_mad_twice(world: CmWorld) -> None:
+    world.fabric.faults.duplicate(predicate=is_cm)
+    ca, cb = connect_pair(world)
+    cb.wait(WAIT)
+    ca.wait(WAIT)
+    cb.disconnect(timeout=WAIT)
+    ca.wait_closed(WAIT)
+    world.step(60.0)
+    agent = agent_of(world.mgr)
+    assert agent.endpoints == 0 and agent.armed_timers() == 0
+
+
+def test_lost_dreqs_end_in_a_drep_timeout(world: CmWorld) -> None:
+    ca, cb = connect_pair(world)
+    cb.wait(WAIT)
+    ca.wait(WAIT)
+    world.fabric.faults.drop(predicate=cm_to(world.a))
+    cb.disconnect(wait=False)
+    world.step(10.0)
+    assert cb.closed.done and cb.state in (CmState.TIMEWAIT, CmState.CLOSED)
+    assert ca.state is CmState.ESTABLISHED  # never heard of it
+
+
+def test_a_loop_of_connections_leaves_nothing(world: CmWorld) -> None:
+    lst = listen(world.a.al, SVC)
+    pr = path(world.b, world.a)
+    for _ in range(20):
+        qa, qb = world.a.qp(), world.b.qp()
+        cb = connect(world.b.al, qb, pr, SVC, callback=lambda c: None)
+        ca = lst.get(WAIT).accept(qa, callback=lambda c: None)
+        cb.wait(WAIT)
+        ca.wait(WAIT)
+        cb.disconnect(timeout=WAIT)
+        qa.destroy(wait=True)
+        qb.destroy(wait=True)
+    world.step(60.0)
+    agent = agent_of(world.mgr)
+    assert agent.endpoints == 0 and agent.armed_timers() == 0
+    assert [k for k in agent.stats if k.startswith("dropped")] == []
