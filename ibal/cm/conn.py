@@ -63,7 +63,7 @@ class CmConn(Dependent):
     def __init__(self, al: AccessLayer, agent: CmAgent, *, active: bool, context: Any = None,
                  ) -> None:  # fmt: skip
         self.agent = agent
-        self.active = active
+        self._active = active
         self.cep: CepIo | None = None
         self.qp: Qp | None = None
         self._link: _QpLink | None = None
@@ -79,6 +79,12 @@ class CmConn(Dependent):
     def __repr__(self) -> str:
         side = "active" if self.active else "passive"
         return f"<CmConn {side} {self.cep!r}>"
+
+    @property
+    def active(self) -> bool:
+        """The active side (it sent the REQ that won; a peer-to-peer REQ may turn passive)."""
+        cep = self.cep
+        return bool(getattr(cep.machine, "active", self._active)) if cep else self._active
 
     @property
     def state(self) -> fsm.CmState:

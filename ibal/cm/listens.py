@@ -25,19 +25,21 @@ if TYPE_CHECKING:
     from ibal.al.obj import DestroyCallback
     from ibal.cm.service import CepIo, CmAgent
 
-__all__ = ["CmListen"]
+__all__ = ["ListenHandle"]
+
+Incoming = Callable[["ListenHandle", CmConn, dict[str, Value]], None]
 
 
-class CmListen(Dependent):
-    """One listen (see the module docstring); ``cancel`` is ``ib_cm_cancel``."""
+class ListenHandle(Dependent):
+    """One listen (IBAL's ``ib_listen_handle_t``, see the module docstring); ``cancel`` is
+    ``ib_cm_cancel``."""
 
     _kind = "CM listen"
 
     def __init__(self, al: AccessLayer, agent: CmAgent, *, svc_id: int, ca_guid: int = 0,
                  port_guid: int = 0, lid: int = 0, pkey: int = 0, compare_offset: int = 0,
                  compare_buf: bytes = b"", ud: bool = False, context: Any = None,
-                 on_incoming: Callable[[CmListen, CmConn, dict[str, Value]], None] | None = None,
-                 ) -> None:  # fmt: skip
+                 on_incoming: Incoming | None = None, record: Any = None) -> None:  # fmt: skip
         self.agent = agent
         self.svc_id = svc_id
         self.ca_guid = ca_guid
@@ -48,6 +50,8 @@ class CmListen(Dependent):
         self.compare_buf = bytes(compare_buf)
         self.ud = ud
         self.on_incoming = on_incoming
+        self.record = record
+        """The request it was made from (``ibal.cm.records.CmListen``), if any."""
         self.info: dict[str, Any] = {}
         """What the API layer keeps (callbacks, the listen record)."""
         self._listed = False
@@ -61,7 +65,7 @@ class CmListen(Dependent):
         self._listed = True
 
     def __repr__(self) -> str:
-        return f"<CmListen 0x{self.svc_id:016x}{' UD' if self.ud else ''}>"
+        return f"<ListenHandle 0x{self.svc_id:016x}{' UD' if self.ud else ''}>"
 
     def cancel(self, destroy_cb: DestroyCallback | None = None) -> None:
         """``ib_cm_cancel``: stop listening; ``destroy_cb(context)`` once no REQ callback

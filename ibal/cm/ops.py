@@ -1,30 +1,44 @@
-"""The CM's operations on a connection, with keyword arguments: what the IBAL calls
-(``ibal.cm.api``) and the Pythonic shape (``ibal.cm.simple``) both run.
+"""The CM's operations on a connection, over A's records (``ibal.cm.records``): what the
+IBAL calls (``ibal.cm.api``) and the Pythonic shape (``ibal.cm.simple``) both run.
 
-Each operation checks its arguments (statuses of IBAL's ``ib_cm_*``: private
-data too long or a bad setting -> ``InvalidSetting``, a QP in the wrong state
--> ``InvalidQpState``, an operation the connection's state does not allow ->
-``InvalidState``), builds the message, and feeds the connection's machine;
-the agent does the rest (``ibal.cm.service``).  ``deliver(conn, upcall)``
-runs on the AL's misc queue for every callback of the connection.
+Each operation validates its request record (``InvalidParameter`` /
+``InvalidSetting`` as the record says), checks the handle and the QP
+(``InvalidQpState``, ``InvalidState`` for an operation the connection's state
+does not allow), builds the message with ``ibal.cm.wire``, moves the QP
+where the machine expects it moved before the message leaves, and feeds the
+connection's machine; the agent does the rest (``ibal.cm.service``).
+``deliver(conn, upcall)`` runs on the AL's misc queue for every callback of
+the connection (an ``fsm.Upcall``; the API layers turn it into records).
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ibal.al import AccessLayer, Qp
-from ibal.cm import _interim_wire as w
-from ibal.cm import fsm
+from ibal.cm import fsm, wire
 from ibal.cm.conn import CmConn
-from ibal.cm.listens import CmListen
+from ibal.cm.listens import ListenHandle
 from ibal.cm.port import CmPort
+from ibal.cm.records import (
+    CmApr,
+    CmDrep,
+    CmDreq,
+    CmLap,
+    CmListen,
+    CmMra,
+    CmRej,
+    CmRep,
+    CmReq,
+    CmRtu,
+    check_path,
+)
 from ibal.cm.service import CmAgent, agent_of
-from ibal.mad import cm as cmw
-from ibal.mad.cm import CmAttr, MessageMraed, RejReason
+from ibal.mad.cm import AprStatus, CmAttr, MessageMraed, SidrStatus
 from ibal.status import (
     IbError,
     InvalidParameter,
@@ -32,47 +46,35 @@ from ibal.status import (
     InvalidSetting,
     InvalidState,
     Status,
+    Unsupported,
 )
-from ibal.types import AccessFlags, LinkLayer, PortAttr, QpState, QpType, is_int
+from ibal.types import AccessFlags, ApmState, LinkLayer, PortAttr, QpMod, QpState, QpType
 from ibal.wire.fields import Value
 
 __all__ = [
-    "Deliver", "accept", "disconnect", "handoff", "listen", "mra", "reject", "reply_disconnect",
-    "request", "rtu", "sidr_reply", "sidr_request",
+    "Deliver", "accept", "apr", "disconnect", "force_apm", "handoff", "lap", "listen", "mra",
+    "reject", "reply_disconnect", "request", "rtu", "sidr_reply", "sidr_request",
 ]  # fmt: skip
 
 Deliver = Callable[[CmConn, fsm.Upcall], object]
-Path = Mapping[str, Value]
 DEFAULT_ACCESS = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.RDMA_READ
 _CONNECTED = frozenset({QpType.RC, QpType.UC})
+S = fsm.CmState
 
 
-def _pdata(attr: CmAttr, pdata: bytes | bytearray | memoryview | None) -> bytes:
-    data = b"" if pdata is None else bytes(pdata)
-    size = cmw.PRIVATE_DATA_SIZE[attr]
-    if len(data) > size:
-        raise InvalidSetting(f"{attr.name} private data is at most {size} bytes, not {len(data)}")
-    return data
+def _qp(qp: object, types: frozenset[QpType] = _CONNECTED) -> Qp:
+    if not isinstance(qp, Qp):
+        raise InvalidParameter("the CM connects an ibal Qp")
+    qp.pd  # noqa: B018  (a destroyed QP raises InvalidQpHandle here)
+    if qp.qp_type not in types:
+        raise InvalidSetting(f"the CM does not connect {qp.qp_type.name} QPs here")
+    return qp
 
 
-def _u(name: str, v: object, bits: int) -> int:
-    if not is_int(v) or not 0 <= int(v) < 1 << bits:
-        raise InvalidSetting(f"{name} {v!r} does not fit {bits} bits")
-    return int(v)
-
-
-def _path_fields(path: object) -> dict[str, Value]:
-    fields = getattr(path, "fields", path)  # an ibal.sa Record or its fields
-    if not isinstance(fields, Mapping) or "dgid" not in fields:
-        raise InvalidParameter("a path is a PathRecord (ibal.sa.path_records) or its fields")
-    return dict(fields)
-
-
-def _local_port(qp: Qp, path: Mapping[str, Value]) -> PortAttr:
+def _local_port(qp: Qp, path: dict[str, Any]) -> PortAttr:
     """The port of ``qp``'s CA the path starts at (its SGID); ``InvalidSetting`` if none."""
-    sgid = path.get("sgid")
-    ports = qp.pd.ca.query().ports
-    for p in ports:
+    sgid = bytes(path["sgid"])
+    for p in qp.pd.ca.query().ports:
         if any(e.gid.packed == sgid for e in p.gid_table):
             return p
     raise InvalidSetting("the primary path does not start at a port of the QP's CA")
@@ -85,10 +87,8 @@ def _pkey_index(port: PortAttr, pkey: int) -> int:
     raise InvalidSetting(f"P_Key 0x{pkey:04x} is not in port {port.port_num}'s table")
 
 
-def _to_init(qp: Qp, port: PortAttr, pkey: int, access: AccessFlags) -> None:
-    if qp.state is QpState.RESET:
-        qp.modify(w.init_mod(port.port_num, _pkey_index(port, pkey), access))
-    elif qp.state is not QpState.INIT:
+def _check_reset_or_init(qp: Qp) -> None:
+    if qp.state not in (QpState.RESET, QpState.INIT):
         raise InvalidQpState(f"the CM connects a QP in RESET or INIT, not {qp.state.name}")
 
 
@@ -96,105 +96,13 @@ def _psn() -> int:
     return random.getrandbits(24)
 
 
-def _active(comm_id: int, now: float) -> fsm.Cep:
-    return fsm.Cep(comm_id, active=True, now=now)
-
-
-# ---------------------------------------------------------------- active side
-
-
-def request(
-    al: AccessLayer, qp: Qp, path: object, service_id: int, *, deliver: Deliver,
-    pdata: bytes = b"", alt_path: object | None = None, resp_res: int = 1,
-    init_depth: int = 1, remote_resp_timeout: int = 20, local_resp_timeout: int = 20,
-    retry_cnt: int = 7, rnr_retry_cnt: int = 7, rnr_nak_timeout: int = 12,
-    max_cm_retries: int = 15, flow_ctrl: bool = True, peer_to_peer: bool = False,
-    access: AccessFlags = DEFAULT_ACCESS, context: Any = None,
-) -> CmConn:
-    """Send a REQ for ``qp`` (RC/UC, RESET or INIT: moved to INIT) over ``path`` to
-    ``service_id``; the connection's callbacks go to ``deliver``."""
-    if not isinstance(qp, Qp):
-        raise InvalidParameter("the CM connects an ibal Qp")
-    if qp.qp_type not in _CONNECTED:
-        raise InvalidSetting(f"the CM connects RC and UC QPs, not {qp.qp_type.name}")
-    if not callable(deliver):
-        raise InvalidParameter("deliver must be callable")
-    data = _pdata(CmAttr.REQ, pdata)
-    pf = _path_fields(path)
-    alt = _path_fields(alt_path) if alt_path is not None else None
-    _u("service_id", service_id, 64)
-    for name, v, bits in (("resp_res", resp_res, 8), ("init_depth", init_depth, 8),
-                          ("remote_resp_timeout", remote_resp_timeout, 5),
-                          ("local_resp_timeout", local_resp_timeout, 5),
-                          ("retry_cnt", retry_cnt, 3), ("rnr_retry_cnt", rnr_retry_cnt, 3),
-                          ("rnr_nak_timeout", rnr_nak_timeout, 5),
-                          ("max_cm_retries", max_cm_retries, 4)):  # fmt: skip
-        _u(name, v, bits)
-    if qp.state not in (QpState.RESET, QpState.INIT):
-        raise InvalidState(f"the QP is {qp.state.name}: connected already, or in use")
-    port = _local_port(qp, pf)
-    if alt is not None and _i(alt.get("mtu")) != _i(pf.get("mtu")):
-        raise InvalidSetting("the primary and alternate paths have different MTUs")
-    life = _i(pf.get("packet_life_time"), 16)
-    if life > 31:
-        raise InvalidSetting(f"packet lifetime {life} is out of range")
-    agent = agent_of(al.manager)
-    cmport = agent.port(qp.pd.ca.guid, port.port_num)
-    roce = port.link_layer is not LinkLayer.INFINIBAND
-    ca_attr = qp.pd.ca.query()
-    conn = CmConn(al, agent, active=True, context=context)
-    try:
-        conn.bind_qp(qp)
-        pkey = _i(pf.get("p_key"), 0xFFFF) or 0xFFFF
-        _to_init(qp, port, pkey, access)
-        cep = agent.new_cep(cmport, _active, agent.path_addr(cmport, pf))
-        conn.attach(cep)
-        psn = _psn()
-        msg = w.build_req(
-            local_comm_id=cep.local_comm_id, service_id=service_id,
-            local_ca_guid=ca_attr.ca_guid, local_qpn=qp.num, starting_psn=psn, path=pf,
-            alt_path=alt, roce=roce, ca_ack_delay=ca_attr.local_ack_delay,
-            resp_res=resp_res, init_depth=init_depth,
-            remote_resp_timeout=remote_resp_timeout, local_resp_timeout=local_resp_timeout,
-            retry_cnt=retry_cnt, rnr_retry_cnt=rnr_retry_cnt, max_cm_retries=max_cm_retries,
-            flow_ctrl=flow_ctrl, srq=qp.srq is not None, pdata=data,
-            transport=cmw.TransportType.RC if qp.qp_type is QpType.RC else cmw.TransportType.UC,
-        )  # fmt: skip
-        conn.info.update(path=pf, port=port, roce=roce, rnr_nak_timeout=rnr_nak_timeout,
-                         req=dict(cmw.REQ.decode(msg)), service_id=service_id,
-                         max_cm_retries=max_cm_retries, remote_resp_timeout=remote_resp_timeout,
-                         life=life)  # fmt: skip
-        conn.deliver = deliver
-        conn.mods_for = _active_mods
-        timeout = fsm.retransmit_ms(life, remote_resp_timeout)
-        conn.handle(fsm.SendReq(msg, timeout, max_cm_retries, peer_to_peer=peer_to_peer))
-    except BaseException:
-        with contextlib.suppress(IbError):
-            conn.destroy()
-        raise
-    return conn
-
-
-def _active_mods(conn: CmConn, target: QpState) -> list[Any]:
+def _fields(conn: CmConn, attr: CmAttr) -> dict[str, Value]:
     cep = conn.cep
-    assert cep is not None
-    rep = cep.fields.get(CmAttr.REP, {})
-    return w.active_mods(target, conn.info["port"], conn.info["path"], conn.info["req"], rep,
-                         conn.info["roce"], conn.info["rnr_nak_timeout"])  # fmt: skip
-
-
-def rtu(conn: CmConn, pdata: bytes = b"") -> None:
-    """Complete an active connection after its REP: the QP goes to RTR and RTS, RTU is sent."""
-    data = _pdata(CmAttr.RTU, pdata)
-    cep = _cep(conn)
-    if not conn.active or conn.state not in (fsm.CmState.REP_RCVD, fsm.CmState.MRA_REP_SENT):
-        raise InvalidState(f"the connection is {conn.state.name}: no REP to complete")
-    # The machine expects the QP ready before the RTU goes (the peer may send at once).
-    _move(conn, QpState.RTR, QpState.RTS)
-    conn.handle(fsm.SendRtu(w.build_ids(CmAttr.RTU, cep.local_comm_id, _remote(cep), data)))
+    return {} if cep is None else cep.fields.get(attr, {})
 
 
 def _move(conn: CmConn, *targets: QpState) -> None:
+    """Modify the connection's QP to each target (the modifies ``conn.mods_for`` gives)."""
     qp, mods_for = conn.qp, conn.mods_for
     if qp is None or mods_for is None:
         raise InvalidState("the connection has no QP")
@@ -206,76 +114,167 @@ def _move(conn: CmConn, *targets: QpState) -> None:
         raise InvalidSetting(f"the QP refused the connection's attributes: {exc}") from exc
 
 
+def _mods(conn: CmConn, target: QpState) -> list[QpMod]:
+    """Under the agent's lock or from an API call: the QpMods that reach ``target``."""
+    info = conn.info
+    qp = conn.qp
+    if target is QpState.INIT:  # what ibal.al.connect.transitions gives for INIT
+        if qp is None or qp.state is not QpState.RESET:
+            return []
+        return [QpMod(QpState.INIT, port_num=info["port"].port_num,
+                      pkey_index=info["pkey_index"], access=info["access"])]  # fmt: skip
+    if conn.active:
+        req = info["req_fields"]
+        rep = _fields(conn, CmAttr.REP)
+        mods = wire.active_mods(req, rep, port=info["port"], pkey_index=info["pkey_index"],
+                                access=info["access"], rnr_nak_timeout=info["rnr_nak_timeout"],
+                                packet_life=info["life"])  # fmt: skip
+    else:
+        req = _fields(conn, CmAttr.REQ)
+        mods = wire.passive_mods(req, info["rep_fields"], port=info["port"],
+                                 pkey_index=info["pkey_index"], access=info["access"],
+                                 rnr_nak_timeout=info["rnr_nak_timeout"])  # fmt: skip
+    return [mods.for_state(target)]
+
+
+# ---------------------------------------------------------------- active side
+
+
+def request(al: AccessLayer, req: CmReq, *, deliver: Deliver, context: Any = None) -> CmConn:
+    """Send a REQ for ``req.qp`` (RC/UC, RESET or INIT: moved to INIT) over
+    ``req.primary_path`` to ``req.svc_id``; the connection's callbacks go to ``deliver``."""
+    if not isinstance(req, CmReq):
+        raise InvalidParameter("a CmReq is required")
+    if not isinstance(al, AccessLayer):
+        raise InvalidParameter("an AccessLayer is required")
+    req.validate()
+    if req.qp_type is QpType.UD:
+        raise InvalidParameter("a UD request is SIDR: use sidr_request")
+    qp = _qp(req.qp)
+    if qp.qp_type is not req.qp_type:
+        raise InvalidSetting(f"qp_type {req.qp_type.name} is not the QP's {qp.qp_type.name}")
+    if qp.state not in (QpState.RESET, QpState.INIT):
+        raise InvalidState(f"the QP is {qp.state.name}: connected already, or in use")
+    pf = check_path("primary_path", req.primary_path)
+    port = _local_port(qp, pf)
+    if req.alt_path is not None:
+        alt = check_path("alt_path", req.alt_path)
+        if _local_port(qp, alt).port_num != port.port_num:
+            raise InvalidSetting("the primary and alternate paths are on different ports")
+    pkey_index = _pkey_index(port, int(pf["p_key"]))
+    agent = agent_of(al.manager)
+    cmport = agent.port(qp.pd.ca.guid, port.port_num)
+    ca_attr = qp.pd.ca.query()
+    conn = CmConn(al, agent, active=True, context=context)
+    try:
+        conn.bind_qp(qp)
+        cep = agent.new_cep(cmport, _active, agent.path_addr(cmport, pf))
+        conn.attach(cep)
+        msg = wire.build_req(req, local_comm_id=cep.local_comm_id, local_ca_guid=ca_attr.ca_guid,
+                             local_qpn=qp.num, starting_psn=_psn(),
+                             ca_ack_delay=ca_attr.local_ack_delay,
+                             srq=qp.srq is not None)  # fmt: skip
+        life = int(pf["packet_life_time"])
+        conn.info.update(port=port, pkey_index=pkey_index, access=DEFAULT_ACCESS, life=life,
+                         rnr_nak_timeout=req.rnr_nak_timeout, req=req,
+                         req_fields=wire.parse(CmAttr.REQ, msg),
+                         max_cm_retries=req.max_cm_retries,
+                         remote_resp_timeout=req.remote_resp_timeout)  # fmt: skip
+        conn.deliver = deliver
+        conn.mods_for = _mods
+        _move(conn, QpState.INIT)
+        timeout = wire.retransmit_timeout_ms(life, req.remote_resp_timeout)
+        conn.handle(fsm.SendReq(msg, timeout, req.max_cm_retries,
+                                peer_to_peer=req.req_cb is not None))  # fmt: skip
+        if req.req_cb is not None:
+            agent.add_peer(cep, req.svc_id)
+    except BaseException:
+        with contextlib.suppress(IbError):
+            conn.destroy()
+        raise
+    return conn
+
+
+def _active(comm_id: int, now: float) -> fsm.Cep:
+    return fsm.Cep(comm_id, active=True, now=now)
+
+
+def rtu(conn: CmConn, rtu: CmRtu | None = None) -> None:
+    """Complete an active connection after its REP: QP to RTR and RTS, then the RTU."""
+    rtu = CmRtu() if rtu is None else rtu
+    if not isinstance(rtu, CmRtu):
+        raise InvalidParameter("a CmRtu is required")
+    rtu.validate()
+    cep = _cep(conn)
+    if not conn.active or conn.state not in (S.REP_RCVD, S.MRA_REP_SENT):
+        raise InvalidState(f"the connection is {conn.state.name}: no REP to complete")
+    if rtu.access_ctrl is not None:
+        conn.info["access"] = rtu.access_ctrl
+    msg = wire.build_rtu(rtu, local_comm_id=cep.local_comm_id, remote_comm_id=_remote(cep))
+    _move(conn, QpState.RTR, QpState.RTS)  # ready before the RTU: the peer may send at once
+    conn.handle(fsm.SendRtu(msg))
+
+
 # ---------------------------------------------------------------- passive side
 
 
-def listen(al: AccessLayer, service_id: int, *, on_request: Callable[[CmListen, CmConn,
-           dict[str, Value]], None], ca_guid: int = 0, port_guid: int = 0, lid: int = 0,
-           pkey: int = 0, compare_offset: int = 0, compare_buf: bytes = b"", ud: bool = False,
-           context: Any = None) -> CmListen:  # fmt: skip
-    """Listen for REQs (``ud``: SIDR_REQs) to ``service_id``; ``on_request(listen, conn,
-    fields)`` runs under the agent's lock for each new one (set ``conn.deliver`` there)."""
+def listen(al: AccessLayer, listen: CmListen, *, on_request: Callable[..., None],
+           context: Any = None) -> ListenHandle:  # fmt: skip
+    """Listen as ``listen`` says; ``on_request(handle, conn, fields)`` runs under the agent's
+    lock for each new REQ (or SIDR_REQ, ``qp_type`` UD): set ``conn.deliver`` there."""
     if not isinstance(al, AccessLayer):
         raise InvalidParameter("cm listen takes an AccessLayer")
-    _u("service_id", service_id, 64)
-    cbuf = bytes(compare_buf)
-    limit = cmw.PRIVATE_DATA_SIZE[CmAttr.SIDR_REQ if ud else CmAttr.REQ]
-    if compare_offset < 0 or compare_offset + len(cbuf) > limit:
-        raise InvalidSetting(f"the compare window must lie in the {limit}-byte private data")
+    if not isinstance(listen, CmListen):
+        raise InvalidParameter("a CmListen is required")
+    listen.validate()
     agent = agent_of(al.manager)
-    return CmListen(al, agent, svc_id=service_id, ca_guid=ca_guid, port_guid=port_guid,
-                    lid=lid, pkey=pkey, compare_offset=compare_offset, compare_buf=cbuf, ud=ud,
-                    context=context, on_incoming=on_request)  # fmt: skip
+    return ListenHandle(al, agent, svc_id=listen.svc_id, ca_guid=listen.ca_guid,
+                        port_guid=listen.port_guid, lid=listen.lid, pkey=listen.pkey,
+                        compare_offset=listen.compare_offset,
+                        compare_buf=bytes(listen.compare_buffer),
+                        ud=listen.qp_type is QpType.UD, context=context,
+                        on_incoming=on_request, record=listen)  # fmt: skip
 
 
-def accept(conn: CmConn, qp: Qp, *, pdata: bytes = b"", resp_res: int | None = None,
-           init_depth: int | None = None, rnr_retry_cnt: int = 7, rnr_nak_timeout: int = 12,
-           failover_accepted: int = 0, flow_ctrl: bool = True,
-           access: AccessFlags = DEFAULT_ACCESS) -> None:  # fmt: skip
-    """Answer a received REQ with a REP for ``qp`` (RESET/INIT: moved to INIT, then RTR)."""
-    data = _pdata(CmAttr.REP, pdata)
+def accept(conn: CmConn, rep: CmRep) -> None:
+    """Answer a received REQ with a REP for ``rep.qp`` (RESET/INIT: to INIT and RTR first)."""
+    if not isinstance(rep, CmRep):
+        raise InvalidParameter("a CmRep is required")
     cep = _cep(conn)
-    if conn.active or cep.sidr:
-        raise InvalidState("a REP answers a received REQ")
-    if not isinstance(qp, Qp):
-        raise InvalidParameter("the CM connects an ibal Qp")
-    if qp.qp_type not in _CONNECTED:
-        raise InvalidSetting(f"the CM connects RC and UC QPs, not {qp.qp_type.name}")
-    req = cep.fields.get(CmAttr.REQ, {})
-    if conn.state not in (fsm.CmState.REQ_RCVD, fsm.CmState.MRA_REQ_SENT):
+    if cep.sidr:
+        sidr_reply(conn, rep)
+        return
+    req = _fields(conn, CmAttr.REQ)
+    rep.validate(wire.req_rec(req))
+    if conn.active or conn.state not in (S.REQ_RCVD, S.MRA_REQ_SENT):
         raise InvalidState(f"the connection is {conn.state.name}: no REQ to answer")
+    qp = _qp(rep.qp)
+    if qp.qp_type is not wire.qp_type_of(req):
+        raise InvalidSetting(f"the REQ asks for {wire.qp_type_of(req).name}, the QP is "
+                             f"{qp.qp_type.name}")  # fmt: skip
+    _check_reset_or_init(qp)
     if qp.pd.ca.guid != cep.port.ca_guid:
         raise InvalidSetting("the QP is not on the CA the REQ came through")
-    peer_rr, peer_id = _i(req.get("responder_resources")), _i(req.get("initiator_depth"))
-    rr = peer_id if resp_res is None else _u("resp_res", resp_res, 8)
-    idepth = peer_rr if init_depth is None else _u("init_depth", init_depth, 8)
-    if idepth > peer_rr:
-        raise InvalidSetting(f"init_depth {idepth} exceeds the REQ's responder resources "
-                             f"{peer_rr}")  # fmt: skip
-    for name, v, bits in (("rnr_retry_cnt", rnr_retry_cnt, 3),
-                          ("rnr_nak_timeout", rnr_nak_timeout, 5),
-                          ("failover_accepted", failover_accepted, 2)):  # fmt: skip
-        _u(name, v, bits)
     port = cep.port.ca.query_port(cep.port.port_num)
     ca_attr = qp.pd.ca.query()
+    msg = wire.build_rep(rep, req=req, local_comm_id=cep.local_comm_id,
+                         local_ca_guid=ca_attr.ca_guid, local_qpn=qp.num, starting_psn=_psn(),
+                         ca_ack_delay=ca_attr.local_ack_delay,
+                         srq=qp.srq is not None)  # fmt: skip
     conn.bind_qp(qp)
-    _to_init(qp, port, _i(req.get("pkey"), 0xFFFF), access)
-    msg = w.build_rep(
-        local_comm_id=cep.local_comm_id, remote_comm_id=_remote(cep), local_qpn=qp.num,
-        starting_psn=_psn(), resp_res=rr, init_depth=idepth,
-        target_ack_delay=ca_attr.local_ack_delay, failover_accepted=failover_accepted,
-        flow_ctrl=flow_ctrl, rnr_retry_cnt=rnr_retry_cnt, srq=qp.srq is not None,
-        local_ca_guid=ca_attr.ca_guid, pdata=data,
-    )  # fmt: skip
-    roce = port.link_layer is not LinkLayer.INFINIBAND
-    conn.info.update(port=port, roce=roce, rnr_nak_timeout=rnr_nak_timeout,
-                     rep=dict(cmw.REP.decode(msg)),
-                     max_cm_retries=_i(req.get("max_cm_retries"), 15),
-                     remote_resp_timeout=_i(req.get("local_cm_response_timeout"), 20),
-                     life=max(_i(req.get("primary_local_ack_timeout"), 17) - 1, 0))  # fmt: skip
-    conn.mods_for = _passive_mods
+    ack = int(req["primary_local_ack_timeout"])
+    conn.info.update(port=port, pkey_index=_pkey_index(port, int(req["pkey"])),
+                     access=rep.access_ctrl or DEFAULT_ACCESS, rep=rep,
+                     rep_fields=wire.parse(CmAttr.REP, msg), life=max(ack - 1, 0),
+                     rnr_nak_timeout=rep.rnr_nak_timeout,
+                     max_cm_retries=int(req["max_cm_retries"]),
+                     remote_resp_timeout=int(req["local_cm_response_timeout"]))  # fmt: skip
+    conn.mods_for = _mods
+    _move(conn, QpState.INIT)
+    for wr in rep.recv_wrs:  # posted before the REP leaves (IBAL's p_recv_wr)
+        qp.post_recv(wr)
     _move(conn, QpState.RTR)  # before the REP: the RTU and data may follow at once
-    timeout = fsm.retransmit_ms(conn.info["life"], conn.info["remote_resp_timeout"])
+    timeout = wire.retransmit_timeout_ms(conn.info["life"], conn.info["remote_resp_timeout"])
     conn.handle(fsm.SendRep(msg, timeout, conn.info["max_cm_retries"]))
 
 
@@ -283,10 +282,9 @@ def handoff(conn: CmConn, service_id: int) -> CmConn:
     """``ib_cm_handoff``: present a received, unanswered REQ to the listen on ``service_id``
     (its REQ callback runs with a new handle; this one is destroyed)."""
     cep = _cep(conn)
-    if not is_int(service_id) or not 0 <= service_id < 1 << 64:
+    if type(service_id) is not int or not 0 <= service_id < 1 << 64:
         raise InvalidParameter(f"service ID {service_id!r} is not a 64-bit int")
-    if conn.active or cep.sidr or conn.state not in (fsm.CmState.REQ_RCVD,
-                                                    fsm.CmState.MRA_REQ_SENT):  # fmt: skip
+    if conn.active or cep.sidr or conn.state not in (S.REQ_RCVD, S.MRA_REQ_SENT):
         raise InvalidState(f"the connection is {conn.state.name}: no unanswered REQ")
     agent = conn.agent
     target = agent.find_listen(service_id)
@@ -300,93 +298,175 @@ def handoff(conn: CmConn, service_id: int) -> CmConn:
         conn.cep = None  # the endpoint is the new handle's now
         with contextlib.suppress(IbError):
             conn.destroy()
-        new.cm_upcall(cep, fsm.Upcall(fsm.UpcallKind.REQ, CmAttr.REQ, fields,
-                                      Status.SUCCESS))  # fmt: skip
+        new.cm_upcall(cep, fsm.Upcall(fsm.UpcallKind.REQ, CmAttr.REQ, fields, Status.SUCCESS))
     assert isinstance(new, CmConn)
     return new
-
-
-def _passive_mods(conn: CmConn, target: QpState) -> list[Any]:
-    cep = conn.cep
-    assert cep is not None
-    req = cep.fields.get(CmAttr.REQ, {})
-    return w.passive_mods(target, conn.info["port"], req, conn.info["rep"], conn.info["roce"],
-                          conn.info["rnr_nak_timeout"])  # fmt: skip
 
 
 # ---------------------------------------------------------------- either side
 
 
-def reject(conn: CmConn, reason: int = RejReason.CONSUMER_DEFINED, *, ari: bytes = b"",
-           pdata: bytes = b"") -> None:  # fmt: skip
+def reject(conn: CmConn, rej: CmRej | None = None) -> None:
     """REJ a received REQ or REP (``InvalidState`` otherwise)."""
-    data = _pdata(CmAttr.REJ, pdata)
-    if len(ari) > 72:
-        raise InvalidSetting(f"ARI is at most 72 bytes, not {len(ari)}")
-    _u("reason", reason, 16)
+    rej = CmRej() if rej is None else rej
+    if not isinstance(rej, CmRej):
+        raise InvalidParameter("a CmRej is required")
     cep = _cep(conn)
+    if cep.sidr:
+        sidr_reply(conn, CmRep(qp_type=QpType.UD, status=SidrStatus.REJECT, pdata=rej.pdata))
+        return
     rejected = MessageMraed.REP if conn.active else MessageMraed.REQ
-    msg = w.build_rej(cep.local_comm_id, _remote(cep), rejected, reason, bytes(ari), data)
+    msg = wire.build_rej(rej, local_comm_id=cep.local_comm_id, remote_comm_id=_remote(cep),
+                         rejected=rejected)  # fmt: skip
     conn.handle(fsm.SendRej(msg))
 
 
-def mra(conn: CmConn, service_timeout: int, pdata: bytes = b"") -> None:
-    """MRA the REQ, REP or LAP being processed (``service_timeout``: 4.096 us * 2^n)."""
-    data = _pdata(CmAttr.MRA, pdata)
-    _u("service_timeout", service_timeout, 5)
+def mra(conn: CmConn, mra: CmMra) -> None:
+    """MRA the REQ, REP or LAP being processed."""
+    if not isinstance(mra, CmMra):
+        raise InvalidParameter("a CmMra is required")
     cep = _cep(conn)
     lap_rcvd = getattr(cep.machine, "lap_state", None) is fsm.LapState.LAP_RCVD
     mraed = MessageMraed.LAP if lap_rcvd else (
         MessageMraed.REP if conn.active else MessageMraed.REQ)  # fmt: skip
-    conn.handle(fsm.SendMra(w.build_mra(cep.local_comm_id, _remote(cep), mraed,
-                                        service_timeout, data)))  # fmt: skip
+    conn.handle(fsm.SendMra(wire.build_mra(mra, local_comm_id=cep.local_comm_id,
+                                           remote_comm_id=_remote(cep), mraed=mraed)))  # fmt: skip
 
 
-def disconnect(conn: CmConn, pdata: bytes = b"") -> None:
-    """Send DREQ (the QP goes to ERROR; the DREP or a time-out comes as the ``drep`` upcall)."""
-    data = _pdata(CmAttr.DREQ, pdata)
+def disconnect(conn: CmConn, dreq: CmDreq | None = None) -> None:
+    """Send DREQ (the QP goes to ERROR; the DREP or a time-out comes as the ``drep``
+    upcall).  ``InvalidState`` when the connection is not established."""
+    dreq = CmDreq(qp=conn.qp, qp_type=getattr(conn.qp, "qp_type", QpType.RC)) \
+        if dreq is None else dreq  # fmt: skip
+    if not isinstance(dreq, CmDreq):
+        raise InvalidParameter("a CmDreq is required")
     cep = _cep(conn)
+    if conn.state is not S.ESTABLISHED:
+        raise InvalidState(f"the connection is {conn.state.name}, not established")
     peer = cep.fields.get(CmAttr.REP if conn.active else CmAttr.REQ, {})
-    peer_qpn = _i(peer.get("local_qpn"))
-    msg = w.build_ids(CmAttr.DREQ, cep.local_comm_id, _remote(cep), data, remote_qpn=peer_qpn)
-    timeout = fsm.retransmit_ms(conn.info.get("life", 16), conn.info.get("remote_resp_timeout", 20))
+    msg = wire.build_dreq(dreq, local_comm_id=cep.local_comm_id, remote_comm_id=_remote(cep),
+                          remote_qpn=int(peer.get("local_qpn", 0)))  # fmt: skip
+    timeout = wire.retransmit_timeout_ms(conn.info.get("life", 16),
+                                         conn.info.get("remote_resp_timeout", 20))  # fmt: skip
     conn.handle(fsm.SendDreq(msg, timeout, conn.info.get("max_cm_retries", 15)))
 
 
-def reply_disconnect(conn: CmConn, pdata: bytes = b"") -> None:
+def reply_disconnect(conn: CmConn, drep: CmDrep | None = None) -> None:
     """DREP a received DREQ."""
-    data = _pdata(CmAttr.DREP, pdata)
+    drep = CmDrep() if drep is None else drep
+    if not isinstance(drep, CmDrep):
+        raise InvalidParameter("a CmDrep is required")
     cep = _cep(conn)
-    conn.handle(fsm.SendDrep(w.build_ids(CmAttr.DREP, cep.local_comm_id, _remote(cep), data)))
+    conn.handle(fsm.SendDrep(wire.build_drep(drep, local_comm_id=cep.local_comm_id,
+                                             remote_comm_id=_remote(cep))))  # fmt: skip
+
+
+# ---------------------------------------------------------------- alternate paths
+
+
+def lap(conn: CmConn, lap: CmLap) -> None:
+    """Propose ``lap.alt_path`` (active side only: ``Unsupported`` on the passive side);
+    an accepting APR loads it into the QP, armed."""
+    if not isinstance(lap, CmLap):
+        raise InvalidParameter("a CmLap is required")
+    lap.validate()
+    cep = _cep(conn)
+    if not conn.active:
+        raise Unsupported("only the active side of a connection sends LAP")
+    if conn.state is not S.ESTABLISHED:
+        raise InvalidState(f"the connection is {conn.state.name}, not established")
+    qp = _qp(lap.qp)
+    if qp is not conn.qp:
+        raise InvalidParameter("lap.qp is not the connection's QP")
+    path = check_path("alt_path", lap.alt_path)
+    _local_port(qp, path)
+    ca_attr = qp.pd.ca.query()
+    peer = cep.fields.get(CmAttr.REP, {})
+    msg = wire.build_lap(lap, local_comm_id=cep.local_comm_id, remote_comm_id=_remote(cep),
+                         remote_qpn=int(peer.get("local_qpn", 0)),
+                         ca_ack_delay=ca_attr.local_ack_delay)  # fmt: skip
+    conn.info["lap_path"] = path
+    timeout = wire.retransmit_timeout_ms(conn.info.get("life", 16), lap.remote_resp_timeout)
+    conn.handle(fsm.SendLap(msg, timeout, conn.info.get("max_cm_retries", 15)))
+
+
+def load_lap_path(conn: CmConn) -> Status:
+    """Active side, on an accepting APR: load the proposed path (``SUCCESS`` or why not)."""
+    path, qp = conn.info.pop("lap_path", None), conn.qp
+    if path is None or qp is None:
+        return Status.INVALID_STATE
+    try:
+        qp.modify(wire.alt_path_mod(path, conn.info["port"]))
+    except IbError as exc:
+        return exc.status
+    return Status.SUCCESS
+
+
+def apr(conn: CmConn, apr: CmApr) -> None:
+    """Answer a received LAP; an accepting APR loads the path into the QP first."""
+    if not isinstance(apr, CmApr):
+        raise InvalidParameter("a CmApr is required")
+    apr.validate()
+    cep = _cep(conn)
+    if getattr(cep.machine, "lap_state", None) not in (fsm.LapState.LAP_RCVD,
+                                                       fsm.LapState.MRA_LAP_SENT):  # fmt: skip
+        raise InvalidState("no LAP to answer")
+    if apr.apr_status == AprStatus.SUCCESS:
+        qp = conn.qp
+        lapf = cep.fields.get(CmAttr.LAP, {})
+        req = conn.info.get("req_fields") or cep.fields.get(CmAttr.REQ, {})
+        path = wire.path_from_lap(lapf, pkey=int(req.get("pkey", 0xFFFF)),
+                                  mtu=int(req.get("path_mtu", 3)))  # fmt: skip
+        if qp is None:
+            raise InvalidState("the connection has no QP")
+        try:
+            qp.modify(wire.alt_path_mod(path, conn.info["port"]))
+        except IbError as exc:
+            raise InvalidSetting(f"the QP refused the alternate path: {exc}") from exc
+    conn.handle(fsm.SendApr(wire.build_apr(apr, local_comm_id=cep.local_comm_id,
+                                           remote_comm_id=_remote(cep))))  # fmt: skip
+
+
+def force_apm(qp: Qp) -> None:
+    """``ib_force_apm``: migrate ``qp`` to its alternate path (loaded and armed, else
+    ``InvalidQpState``)."""
+    qp = _qp(qp)
+    attr = qp.query()
+    if attr.apm_state is not ApmState.ARMED:
+        raise InvalidQpState("the QP has no armed alternate path")
+    qp.modify(QpMod(QpState.RTS, apm_state=ApmState.MIGRATED))
 
 
 # ---------------------------------------------------------------- SIDR
 
 
-def sidr_request(al: AccessLayer, path: object, service_id: int, *, deliver: Deliver,
-                 pdata: bytes = b"", timeout_ms: int = 1000, retries: int = 3,
-                 port_guid: int | None = None, context: Any = None) -> CmConn:  # fmt: skip
-    """Send a SIDR_REQ for ``service_id`` over ``path``; the SIDR_REP (or a time-out) comes
-    as the ``rep`` upcall."""
+def sidr_request(al: AccessLayer, req: CmReq, *, deliver: Deliver,
+                 context: Any = None) -> CmConn:  # fmt: skip
+    """Send a SIDR_REQ (``req.qp_type`` UD) for ``req.svc_id`` over ``req.primary_path``;
+    the SIDR_REP (or a time-out) comes as the ``sidr_rep`` upcall."""
     from ibal.cm import sidr_fsm
 
-    data = _pdata(CmAttr.SIDR_REQ, pdata)
-    pf = _path_fields(path)
-    _u("service_id", service_id, 64)
-    if not is_int(timeout_ms) or timeout_ms <= 0:
-        raise InvalidSetting("timeout_ms must be a positive int")
-    _u("retries", retries, 8)
+    if not isinstance(req, CmReq):
+        raise InvalidParameter("a CmReq is required")
+    req = req if req.qp_type is QpType.UD else replace(req, qp_type=QpType.UD)
+    req.validate()
+    if req.primary_path is None:
+        raise InvalidParameter("a SIDR request needs primary_path (where to ask)")
+    pf = check_path("primary_path", req.primary_path)
     agent = agent_of(al.manager)
-    cmport = _port_of_path(al, agent, pf, port_guid)
+    cmport = _port_of_path(al, agent, pf)
     conn = CmConn(al, agent, active=True, context=context)
     try:
         cep = agent.new_cep(cmport, lambda cid, now: sidr_fsm.SidrCep(cid, active=True, now=now),
                             agent.path_addr(cmport, pf), sidr=True)  # fmt: skip
         conn.attach(cep)
         conn.deliver = deliver
-        pkey = _i(pf.get("p_key"), 0xFFFF) or 0xFFFF
-        msg = w.build_sidr_req(cep.local_comm_id, pkey, service_id, data)
-        conn.handle(sidr_fsm.SendSidrReq(msg, timeout_ms, retries))
+        conn.info["req"] = req
+        msg = wire.build_sidr_req(req, request_id=cep.local_comm_id)
+        life = int(pf["packet_life_time"])
+        timeout = wire.sidr_timeout_ms(req.timeout_ms, life) if req.timeout_ms else \
+            wire.retransmit_timeout_ms(life, 20)  # fmt: skip
+        conn.handle(sidr_fsm.SendSidrReq(msg, timeout, req.max_cm_retries))
     except BaseException:
         with contextlib.suppress(IbError):
             conn.destroy()
@@ -394,34 +474,30 @@ def sidr_request(al: AccessLayer, path: object, service_id: int, *, deliver: Del
     return conn
 
 
-def sidr_reply(conn: CmConn, status: int, *, qp: Qp | None = None, qkey: int = 0,
-               info: bytes = b"", pdata: bytes = b"") -> None:  # fmt: skip
-    """Answer a received SIDR_REQ: ``status`` SUCCESS needs the UD ``qp`` (and its Q_Key)."""
+def sidr_reply(conn: CmConn, rep: CmRep) -> None:
+    """Answer a received SIDR_REQ: ``status`` SUCCESS names the UD ``qp`` (its Q_Key is sent)."""
     from ibal.cm import sidr_fsm
 
-    data = _pdata(CmAttr.SIDR_REP, pdata)
-    if len(info) > 72:
-        raise InvalidSetting(f"class info is at most 72 bytes, not {len(info)}")
+    if not isinstance(rep, CmRep):
+        raise InvalidParameter("a CmRep is required")
+    rep = rep if rep.qp_type is QpType.UD else replace(rep, qp_type=QpType.UD)
+    rep.validate()
     cep = _cep(conn)
     if not cep.sidr or conn.active:
-        raise InvalidState("a SIDR_REP answers a received SIDR_REQ")
-    qpn = 0
-    if status == cmw.SidrStatus.SUCCESS:
-        if not isinstance(qp, Qp) or qp.qp_type is not QpType.UD:
-            raise InvalidParameter("a successful SIDR_REP names a UD QP")
-        qpn = qp.num
+        raise InvalidState("a SIDR reply answers a received SIDR_REQ")
+    qpn = qkey = 0
+    if rep.status == SidrStatus.SUCCESS:
+        qp = _qp(rep.qp, frozenset({QpType.UD}))
+        qpn, qkey = qp.num, qp.query().qkey
     req = cep.fields.get(CmAttr.SIDR_REQ, {})
-    msg = w.build_sidr_rep(_i(req.get("request_id")), status,
-                           qpn, _i(req.get("service_id")), _u("qkey", qkey, 32), bytes(info),
-                           data)  # fmt: skip
+    msg = wire.build_sidr_rep(rep, request_id=int(req.get("request_id", 0)),
+                              service_id=int(req.get("service_id", 0)), qpn=qpn,
+                              qkey=qkey)  # fmt: skip
     conn.handle(sidr_fsm.SendSidrRep(msg))
 
 
-def _port_of_path(al: AccessLayer, agent: CmAgent, pf: Mapping[str, Value],
-                  port_guid: int | None) -> CmPort:  # fmt: skip
-    if port_guid is not None:
-        return agent.port_by_guid(port_guid)
-    sgid = pf.get("sgid")
+def _port_of_path(al: AccessLayer, agent: CmAgent, pf: dict[str, Any]) -> CmPort:
+    sgid = bytes(pf["sgid"])
     for ca_guid in al.get_ca_guids():
         for p in al.query_ca_by_guid(ca_guid).ports:
             if any(e.gid.packed == sgid for e in p.gid_table):
@@ -447,5 +523,4 @@ def _remote(cep: Any) -> int:
     return 0 if rc is None else int(rc)
 
 
-def _i(v: object, default: int = 0) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) else default
+_ = LinkLayer  # the link layer decides nothing here: wire's path rules cover RoCE

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ibal.al import AccessLayer, AlManager, PnpClass, PnpEvent
-from ibal.cm import fsm
+from ibal.cm import fsm, wire
 from ibal.cm.dispatch import Arrival, ListenLike, ListenTable, form_tid
 from ibal.cm.port import CmPort
 from ibal.mad import cm as cmw
@@ -159,6 +159,7 @@ class CmAgent:
         self._ports: dict[int, CmPort] = {}  # port GUID -> port
         self._ceps: dict[int, CepIo] = {}  # local comm ID -> endpoint
         self._remote: dict[tuple[Any, ...], CepIo] = {}  # (kind, remote id, sender) -> endpoint
+        self._peers: dict[int, list[CepIo]] = {}  # service ID -> peer-to-peer REQs out
         self.listens = ListenTable()
         self._rng = random.SystemRandom()
         self._pnp: PnpRegistration | None = None
@@ -253,6 +254,21 @@ class CmAgent:
         with self._lock:
             cep.remote_key = key
             self._remote[key] = cep
+
+    def add_peer(self, cep: CepIo, svc_id: int) -> None:
+        """A peer-to-peer REQ: a REQ to ``svc_id`` arriving while it waits meets it."""
+        with self._lock:
+            self._peers.setdefault(svc_id, []).append(cep)
+
+    def _peer_for(self, svc_id: int) -> CepIo | None:
+        peers = [c for c in self._peers.get(svc_id, ())
+                 if self._ceps.get(c.local_comm_id) is c
+                 and c.state in (fsm.CmState.REQ_SENT, fsm.CmState.MRA_REQ_RCVD)]  # fmt: skip
+        if peers:
+            self._peers[svc_id] = peers[1:]
+        else:
+            self._peers.pop(svc_id, None)
+        return peers[0] if peers else None
 
     def find(self, local_comm_id: int) -> CepIo | None:
         return self._ceps.get(local_comm_id)
@@ -407,11 +423,23 @@ class CmAgent:
             else:
                 self.stats["dropped: wrong sender"] += 1
             return
+        peer = self._peer_for(_int(f["service_id"]))
+        if peer is not None:  # two peer-to-peer REQs met: the machine picks the active side
+            peer.remote_comm_id = sender
+            peer.remote_ca_guid = _int(f["local_ca_guid"])
+            self.bind_remote(peer, key)
+            self.run(peer, fsm.RecvMsg(CmAttr.REQ, data, f))
+            return
         pdata = bytes(f["private_data"])
         listen = self.listens.match(_int(f["service_id"]), pdata,
                                     self._arrival(port, _int(f["pkey"])))  # fmt: skip
         if listen is None:
             self._reject_unheard(port, msg, addr)
+            return
+        try:
+            wire.check_req(f, port.ca.query_port(port.port_num))
+        except wire.PathMismatch as exc:  # a REQ this port cannot take: REJ with the reason
+            self._reject_unheard(port, msg, addr, exc.reason)
             return
         cep = self.new_cep(port, _passive, addr)
         cep.tid = msg.tid
@@ -427,16 +455,18 @@ class CmAgent:
         cep.user = user
         self.run(cep, fsm.RecvMsg(CmAttr.REQ, data, f))
 
-    def _reject_unheard(self, port: CmPort, msg: cmw.CmMessage, addr: MadAddr) -> None:
-        """REJ "invalid service ID" for a REQ nobody listens for (no endpoint is kept)."""
+    def _reject_unheard(self, port: CmPort, msg: cmw.CmMessage, addr: MadAddr,
+                        reason: RejReason = RejReason.INVALID_SERVICE_ID) -> None:  # fmt: skip
+        """REJ "invalid service ID" for a REQ nobody listens for, or ``reason`` for one the
+        port cannot take (no endpoint is kept)."""
         rej = cmw.REJ.encode({
             "local_comm_id": 0, "remote_comm_id": msg.fields["local_comm_id"],
             "message_rejected": MessageMraed.REQ, "reject_info_length": 0,
-            "reason": RejReason.INVALID_SERVICE_ID, "ari": bytes(72),
+            "reason": reason, "ari": bytes(72),
             "private_data": bytes(cmw.PRIVATE_DATA_SIZE[CmAttr.REJ]),
         })  # fmt: skip
         if port.send(CmAttr.REJ, msg.tid, rej, addr):
-            self.stats["rej: invalid service ID"] += 1
+            self.stats[f"rej: {reason.name}"] += 1
 
     def _on_sidr_req(self, port: CmPort, msg: cmw.CmMessage, data: bytes, addr: MadAddr
                      ) -> None:  # fmt: skip

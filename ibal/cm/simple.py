@@ -32,9 +32,11 @@ from ibal.al import AccessLayer, Qp, in_callback
 from ibal.al.dispatcher import call_user
 from ibal.cm import fsm, ops
 from ibal.cm.conn import CmConn
-from ibal.cm.listens import CmListen
+from ibal.cm.listens import ListenHandle
+from ibal.cm.records import CmDreq, CmListen, CmRej, CmRep, CmReq
 from ibal.mad.cm import RejReason, SidrStatus
 from ibal.status import IbError, InvalidState, Status, Timeout
+from ibal.types import QpType
 from ibal.wire.fields import Value
 
 if TYPE_CHECKING:
@@ -158,7 +160,7 @@ class Connection:
                    timeout: float | None = None) -> None:  # fmt: skip
         """Send DREQ (the QP goes to ERROR); ``wait``: block until the DREP (or its time-out)."""
         if not self.closed.done:
-            ops.disconnect(self.handle, private_data)
+            ops.disconnect(self.handle, CmDreq(qp=self.qp, pdata=private_data))
         if wait:
             self.closed.wait(timeout, "Connection.disconnect")
 
@@ -168,7 +170,7 @@ class Connection:
 
     async def disconnect_async(self, private_data: bytes = b"") -> None:
         if not self.closed.done:
-            ops.disconnect(self.handle, private_data)
+            ops.disconnect(self.handle, CmDreq(qp=self.qp, pdata=private_data))
         await self.closed.future()
 
     def close(self) -> None:
@@ -192,7 +194,7 @@ class Connection:
                 ops.rtu(handle)
             except IbError as exc:
                 with contextlib.suppress(IbError):
-                    ops.reject(handle, RejReason.CONSUMER_DEFINED)
+                    ops.reject(handle, CmRej(rej_status=RejReason.CONSUMER_DEFINED))
                 self._fail(exc)
                 return
             self._established()
@@ -241,15 +243,20 @@ def connect(al: AccessLayer, qp: Qp, path: object, service_id: int, private_data
     """Connect ``qp`` over ``path`` (a PathRecord) to whoever listens on ``service_id``.
 
     Blocks until established (REP received, QP in RTS, RTU sent) unless ``callback`` is
-    given; ``options`` are :func:`ibal.cm.ops.request`'s (``resp_res``, ``retry_cnt``...).
+    given; ``options`` are :class:`ibal.cm.records.CmReq` fields (``resp_res``,
+    ``retry_cnt``...; ``resp_res`` and ``init_depth`` default to 1 here).
     """
     holder: list[Connection] = []
 
     def deliver(handle: CmConn, up: fsm.Upcall) -> None:  # replaced once the object exists
         holder[0]._deliver(handle, up)
 
-    handle = ops.request(al, qp, path, service_id, pdata=private_data, deliver=deliver,
-                         **options)  # fmt: skip
+    options.setdefault("resp_res", 1)
+    options.setdefault("init_depth", 1)
+    req = CmReq(svc_id=service_id, primary_path=_path(path), qp=qp, rep_cb=_noop,
+                qp_type=getattr(qp, "qp_type", QpType.RC), pdata=private_data,
+                **options)  # fmt: skip
+    handle = ops.request(al, req, deliver=deliver)
     conn = Connection(handle, qp, callback)
     holder.append(conn)
     if callback is None:
@@ -285,7 +292,8 @@ class Incoming:
         conn = self.connection
         conn.qp = qp
         conn._callback = callback
-        ops.accept(self.handle, qp, pdata=private_data, **options)
+        options.setdefault("init_depth", _int(self.fields.get("responder_resources")))
+        ops.accept(self.handle, CmRep(qp=qp, qp_type=qp.qp_type, pdata=private_data, **options))
         if callback is None:
             conn.wait(timeout)
         return conn
@@ -293,15 +301,12 @@ class Incoming:
     def reject(self, reason: int = RejReason.CONSUMER_DEFINED, *, ari: bytes = b"",
                private_data: bytes = b"") -> None:  # fmt: skip
         """REJ the REQ (a SIDR_REQ: SIDR_REP with status REJECT; ``reason`` unused)."""
-        if self.sidr:
-            ops.sidr_reply(self.handle, SidrStatus.REJECT, pdata=private_data)
-            return
-        ops.reject(self.handle, reason, ari=ari, pdata=private_data)
+        ops.reject(self.handle, CmRej(rej_status=reason, ari=ari, pdata=private_data))
 
-    def answer(self, qp: Qp, qkey: int | None = None, private_data: bytes = b"") -> None:
-        """Answer a SIDR_REQ with UD ``qp`` and its Q_Key (``None``: the QP's own)."""
-        key = qp.query().qkey if qkey is None else qkey
-        ops.sidr_reply(self.handle, SidrStatus.SUCCESS, qp=qp, qkey=key, pdata=private_data)
+    def answer(self, qp: Qp, private_data: bytes = b"") -> None:
+        """Answer a SIDR_REQ with UD ``qp`` (the SIDR_REP carries its number and Q_Key)."""
+        ops.sidr_reply(self.handle, CmRep(qp=qp, qp_type=QpType.UD, status=SidrStatus.SUCCESS,
+                                          pdata=private_data))  # fmt: skip
 
 
 class Listener:
@@ -313,14 +318,15 @@ class Listener:
                  compare: bytes = b"", port_guid: int = 0, ud: bool = False) -> None:  # fmt: skip
         self._queue: queue.Queue[Incoming] = queue.Queue()
         self._callback = callback
-        self.handle: CmListen = ops.listen(al, service_id, on_request=self._on_request,
-                                           compare_offset=compare_offset, compare_buf=compare,
-                                           port_guid=port_guid, ud=ud)  # fmt: skip
+        rec = CmListen(svc_id=service_id, req_cb=_noop, port_guid=port_guid,
+                       compare_buffer=compare, compare_offset=compare_offset,
+                       qp_type=QpType.UD if ud else QpType.RC)  # fmt: skip
+        self.handle: ListenHandle = ops.listen(al, rec, on_request=self._on_request)
 
     def __repr__(self) -> str:
         return f"<Listener 0x{self.handle.svc_id:016x}>"
 
-    def _on_request(self, listen: CmListen, handle: CmConn, fields: dict[str, Value]) -> None:
+    def _on_request(self, listen: ListenHandle, handle: CmConn, fields: dict[str, Value]) -> None:
         # Under the agent's lock: only wire the upcall; the REQ upcall follows on misc.
         def deliver(h: CmConn, up: fsm.Upcall) -> None:
             if up.kind in (K.REQ, K.SIDR_REQ):
@@ -404,8 +410,9 @@ def resolve_service(al: AccessLayer, path: object, service_id: int, private_data
     :class:`SidrReply` (``Timeout`` without one) unless ``callback`` is given (then ``None``
     is returned and ``callback(reply or exception)`` runs on the misc queue)."""
     waiter = _SidrWait(callback)
-    ops.sidr_request(al, path, service_id, deliver=waiter.deliver, pdata=private_data,
-                     timeout_ms=timeout_ms, retries=retries)  # fmt: skip
+    ops.sidr_request(al, CmReq(svc_id=service_id, primary_path=_path(path), rep_cb=_noop,
+                               qp_type=QpType.UD, pdata=private_data, timeout_ms=timeout_ms,
+                               max_cm_retries=retries), deliver=waiter.deliver)  # fmt: skip
     if callback is not None:
         return None
     waiter.outcome.wait(timeout, "resolve_service")
@@ -416,10 +423,21 @@ def resolve_service(al: AccessLayer, path: object, service_id: int, private_data
 async def resolve_service_async(al: AccessLayer, path: object, service_id: int,
                                 private_data: bytes = b"", **kw: Any) -> SidrReply:  # fmt: skip
     waiter = _SidrWait(None)
-    ops.sidr_request(al, path, service_id, deliver=waiter.deliver, pdata=private_data, **kw)
+    ops.sidr_request(al, CmReq(svc_id=service_id, primary_path=_path(path), rep_cb=_noop,
+                               qp_type=QpType.UD, pdata=private_data, **kw),
+                     deliver=waiter.deliver)  # fmt: skip
     await waiter.outcome.future()
     assert waiter.reply is not None
     return waiter.reply
+
+
+def _noop(*_args: object) -> None:
+    """The records' required callbacks: the Pythonic shape delivers through its objects."""
+
+
+def _path(path: object) -> Any:
+    """A PathRecord's fields (an ``ibal.sa`` Record, or already a mapping)."""
+    return getattr(path, "fields", path)
 
 
 def _bytes(v: object) -> bytes:

@@ -38,7 +38,8 @@ def agent(world: CmWorld, raw: RawCm) -> CmAgent:
     return agent
 
 
-def req(service_id: int = 0x1234, comm_id: int = 0xC0FFEE) -> bytes:
+def req(service_id: int = 0x1234, comm_id: int = 0xC0FFEE, *, local_gid: bytes = bytes(16),
+        remote_gid: bytes = bytes(16)) -> bytes:
     return cm.REQ.encode({
         "local_comm_id": comm_id, "vendor_id": 0, "service_id": service_id,
         "local_ca_guid": 0x55, "local_qkey": 0, "local_qpn": 0x99, "responder_resources": 1,
@@ -47,8 +48,8 @@ def req(service_id: int = 0x1234, comm_id: int = 0xC0FFEE) -> bytes:
         "starting_psn": 7, "local_cm_response_timeout": 20, "retry_count": 7, "pkey": 0xFFFF,
         "path_mtu": 3, "rdc_exists": False, "rnr_retry_count": 7, "max_cm_retries": 15,
         "srq": False, "extended_transport_type": 0,
-        "primary_local_lid": 2, "primary_remote_lid": 1, "primary_local_gid": bytes(16),
-        "primary_remote_gid": bytes(16), "primary_flow_label": 0, "primary_packet_rate": 2,
+        "primary_local_lid": 2, "primary_remote_lid": 1, "primary_local_gid": local_gid,
+        "primary_remote_gid": remote_gid, "primary_flow_label": 0, "primary_packet_rate": 2,
         "primary_traffic_class": 0, "primary_hop_limit": 0, "primary_sl": 0,
         "primary_subnet_local": True, "primary_local_ack_timeout": 17,
         "alternate_local_lid": 0, "alternate_remote_lid": 0, "alternate_local_gid": bytes(16),
@@ -70,7 +71,7 @@ def test_a_req_nobody_listens_for_is_rejected_invalid_service_id(
     assert (f["remote_comm_id"], f["local_comm_id"]) == (0xC0FFEE, 0)
     assert f["reason"] == RejReason.INVALID_SERVICE_ID
     assert f["message_rejected"] == MessageMraed.REQ
-    assert agent.stats["rej: invalid service ID"] == 1 and agent.endpoints == 0
+    assert agent.stats["rej: INVALID_SERVICE_ID"] == 1 and agent.endpoints == 0
 
 
 def test_a_sidr_req_nobody_listens_for_is_answered_unsupported(

@@ -11,8 +11,9 @@ from test_cm_agent import req
 
 import ibal
 import ibal.sa
-from ibal.cm import ConnectionRejected, connect, listen, ops, resolve_service
+from ibal.cm import ConnectionRejected, connect, listen, ops, resolve_service, wire
 from ibal.cm.fsm import CmState, Upcall, UpcallKind
+from ibal.cm.records import CmMra
 from ibal.cm.service import agent_of
 from ibal.mad import cm
 from ibal.mad.cm import CmAttr, RejReason, SidrStatus
@@ -70,11 +71,12 @@ def test_sidr_nobody_listening_and_no_answer(world: CmWorld) -> None:
     assert r is not None and r.status is SidrStatus.UNSUPPORTED
     world.fabric.faults.drop(predicate=lambda p: p.dst_qpn == 1 and p.dlid == world.a.port.lid)
     out: list[object] = []
-    resolve_service(world.b.al, path(world.b, world.a), SVC, timeout_ms=100, retries=2,
-                    callback=out.append)  # fmt: skip
-    world.step(0.25)
+    pr = path(world.b, world.a)
+    resolve_service(world.b.al, pr, SVC, timeout_ms=100, retries=2, callback=out.append)
+    each = wire.sidr_timeout_ms(100, pr.fields["packet_life_time"]) / 1000  # type: ignore[arg-type]
+    world.step(3 * each - 0.01)  # the first try and two retries
     assert out == []
-    world.step(0.1)
+    world.step(0.02)
     assert len(out) == 1 and isinstance(out[0], Timeout)
 
 
@@ -94,7 +96,7 @@ def test_mra_stretches_the_requesters_wait(world: CmWorld) -> None:
 
     cb.handle.deliver = spy  # type: ignore[assignment]
     inc = lst.get(WAIT)
-    ops.mra(inc.handle, 22, b"wait")
+    ops.mra(inc.handle, CmMra(svc_timeout=22, pdata=b"wait"))
     world.settle()
     assert [u.kind for u in ups] == [UpcallKind.MRA]
     world.step(10.0)
@@ -143,10 +145,20 @@ def test_duplicate_listens_and_compare_data(world: CmWorld) -> None:
     assert exc.value.reason == RejReason.INVALID_SERVICE_ID
 
 
+def test_a_req_for_a_gid_the_port_lacks_is_rejected_invalid_gid(world: CmWorld) -> None:
+    raw = RawCm(world.b)
+    listen(world.a.al, SVC)
+    raw.send(CmAttr.REQ, req(SVC, comm_id=0x333), world.a.port.lid)  # GIDs all zero
+    msg, _ = raw.next(world)
+    assert msg.attr is CmAttr.REJ and msg.fields["reason"] == RejReason.INVALID_GID
+    assert agent_of(world.mgr).endpoints == 0
+
+
 def test_forged_mads_naming_a_live_connection_are_dropped(world: CmWorld) -> None:
     raw = RawCm(world.b)  # B's CM class is the raw one: A's agent connects to it by hand
     lst = listen(world.a.al, SVC)
-    raw.send(CmAttr.REQ, req(SVC, comm_id=0x111), world.a.port.lid)
+    raw.send(CmAttr.REQ, req(SVC, comm_id=0x111, local_gid=world.b.port.gids[0].packed,
+                             remote_gid=world.a.port.gids[0].packed), world.a.port.lid)
     inc = lst.get(WAIT)
     agent = agent_of(world.mgr)
     cep = inc.handle.cep
