@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ibal.al import Dependent
+from ibal.al import Dependent, StashKey
 from ibal.cm import fsm
 from ibal.status import IbError, InvalidHandle, InvalidState
 from ibal.types import QpMod, QpState
@@ -32,11 +32,18 @@ if TYPE_CHECKING:
     from ibal.al import AccessLayer, Qp
     from ibal.cm.service import CepIo, CmAgent
 
-__all__ = ["CmConn"]
+__all__ = ["CmConn", "connection_of"]
 
 log = logging.getLogger("ibal.cm")
 
 ModsFor = Callable[["CmConn", QpState], list[QpMod]]
+_CONN: StashKey[CmConn] = StashKey()
+
+
+def connection_of(qp: Qp) -> CmConn | None:
+    """The live CM connection of ``qp`` (``ib_cm_dreq``/``ib_cm_lap`` name the QP)."""
+    conn = qp.stash.get(_CONN, None)
+    return conn if conn is not None and conn.alive else None
 
 
 class _QpLink(Dependent):
@@ -107,6 +114,7 @@ class CmConn(Dependent):
             raise InvalidState("the connection has a QP already")
         self.qp = qp
         self._link = _QpLink(qp, self)
+        qp.stash[_CONN] = self
 
     def handle(self, event: Any) -> None:
         """Feed an API event to the machine (``InvalidState`` when it is not allowed now)."""
@@ -142,6 +150,7 @@ class CmConn(Dependent):
             self._sync_release()
 
     def _run_upcall(self, upcall: fsm.Upcall) -> None:
+        self.info["answered"] = True
         try:
             if self.deliver is not None:
                 self.deliver(self, upcall)
@@ -160,6 +169,9 @@ class CmConn(Dependent):
         if cep is not None:
             self.agent.forget_user(cep)
         self._sync_release()
+        qp = self.qp
+        if qp is not None and qp.stash.get(_CONN, None) is self:
+            del qp.stash[_CONN]
         link, self._link = self._link, None
         if link is not None and link.alive:
             with contextlib.suppress(IbError):

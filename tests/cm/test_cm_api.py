@@ -1,0 +1,169 @@
+"""IBAL's CM calls (ibal.cm.api) on the mock fabric: listen, REQ/REP/RTU with every
+record's handles and contexts, SYNC, DREQ/DREP, REJ, LAP/APR and force_apm."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from cm_world import WAIT, CmWorld, Node, cm_world
+
+import ibal.sa
+from ibal.cm import api
+from ibal.cm.conn import CmConn
+from ibal.cm.fsm import CmState
+from ibal.cm.records import (
+    AlFlags,
+    CmApr,
+    CmDrep,
+    CmDreq,
+    CmLap,
+    CmListen,
+    CmRej,
+    CmRep,
+    CmReq,
+    CmRtu,
+)
+from ibal.mad.cm import AprStatus, RejReason
+from ibal.status import InvalidParameter, InvalidQpState, InvalidSetting, Status, Unsupported
+from ibal.types import QpState
+
+pytest.importorskip("ibal.providers.mock", reason="the mock provider is not installed")
+
+SVC = 0x1B1B
+
+
+@pytest.fixture
+def world() -> Iterator[CmWorld]:
+    yield from cm_world()
+
+
+def path(src: Node, dst: Node) -> dict[str, Any]:
+    [pr] = ibal.sa.path_records(src.al, src.port.lid, dst.port.lid, port_guid=src.port.port_guid)
+    return dict(pr.fields)
+
+
+class Calls:
+    def __init__(self) -> None:
+        self.q: queue.Queue[tuple[str, Any]] = queue.Queue()
+
+    def cb(self, name: str) -> Any:
+        return lambda rec: self.q.put((name, rec))
+
+    def get(self, name: str) -> Any:
+        got, rec = self.q.get(timeout=WAIT)
+        assert got == name, (got, rec)
+        return rec
+
+
+def connect(world: CmWorld, calls: Calls) -> tuple[CmConn, CmConn, Any, Any]:
+    qa, qb = world.a.qp(), world.b.qp()
+    h_listen = api.cm_listen(world.a.al, CmListen(svc_id=SVC, req_cb=calls.cb("req")),
+                             lambda rec: None, context="listen ctx")  # fmt: skip
+    h = api.cm_req(CmReq(svc_id=SVC, qp=qb, primary_path=path(world.b, world.a),
+                         rep_cb=calls.cb("rep"), rej_cb=calls.cb("rej"), resp_res=1,
+                         init_depth=1, pdata=b"req"))  # fmt: skip
+    req_rec = calls.get("req")
+    assert req_rec.context == "listen ctx" and req_rec.listen is h_listen
+    assert req_rec.pdata[:3] == b"req" and req_rec.remote_qpn == qb.num
+    api.cm_rep(req_rec.cm_req, CmRep(qp=qa, init_depth=1, pdata=b"rep", rtu_cb=calls.cb("rtu"),
+                                     dreq_cb=calls.cb("dreq")))  # fmt: skip
+    rep_rec = calls.get("rep")
+    assert rep_rec.cm_status is Status.SUCCESS and rep_rec.cm_rep is h and rep_rec.qp is qb
+    assert rep_rec.pdata[:3] == b"rep" and qa.state is QpState.RTR
+    api.cm_rtu(h, CmRtu(pdata=b"rtu", dreq_cb=calls.cb("dreq")))
+    rtu_rec = calls.get("rtu")
+    assert rtu_rec.pdata[:3] == b"rtu" and rtu_rec.qp is qa
+    assert qa.state is QpState.RTS and qb.state is QpState.RTS
+    return req_rec.cm_req, h, qa, qb
+
+
+def test_req_rep_rtu_then_dreq_drep(world: CmWorld) -> None:
+    calls = Calls()
+    ha, hb, qa, qb = connect(world, calls)
+    assert ha.state is CmState.ESTABLISHED and hb.state is CmState.ESTABLISHED
+    drep: queue.Queue[Any] = queue.Queue()
+
+    def on_dreq(rec: Any) -> None:  # the passive side answers inside its callback
+        assert rec.cm_dreq is ha and rec.pdata[:3] == b"bye"
+        api.cm_drep(rec.cm_dreq, CmDrep(pdata=b"ok"))
+
+    api_cbs = ha.info["cbs"]
+    api_cbs["dreq"] = on_dreq
+    api.cm_dreq(CmDreq(qp=qb, pdata=b"bye", drep_cb=drep.put, flags=AlFlags.SYNC))
+    rec = drep.get_nowait()  # SYNC: the callback ran before cm_dreq returned
+    assert rec.cm_status is Status.SUCCESS and rec.pdata[:2] == b"ok"
+    assert qa.state is QpState.ERROR and qb.state is QpState.ERROR
+
+
+def test_sync_req_runs_the_rep_callback_before_returning(world: CmWorld) -> None:
+    qa, qb = world.a.qp(), world.b.qp()
+
+    def on_req(rec: Any) -> None:
+        api.cm_rep(rec.cm_req, CmRep(qp=qa))
+
+    api.cm_listen(world.a.al, CmListen(svc_id=SVC, req_cb=on_req), lambda rec: None)
+    seen: list[Any] = []
+
+    def on_rep(rec: Any) -> None:
+        seen.append(rec)
+        api.cm_rtu(rec.cm_rep, CmRtu())
+
+    api.cm_req(CmReq(svc_id=SVC, qp=qb, primary_path=path(world.b, world.a), rep_cb=on_rep,
+                     flags=AlFlags.SYNC))  # fmt: skip
+    assert len(seen) == 1 and qb.state is QpState.RTS
+
+
+def test_rej_from_the_listener_reaches_rej_cb(world: CmWorld) -> None:
+    calls = Calls()
+    qb = world.b.qp()
+    api.cm_listen(world.a.al, CmListen(svc_id=SVC, req_cb=lambda r: api.cm_rej(
+        r.cm_req, CmRej(rej_status=RejReason.NO_RESOURCES, ari=b"\x07", pdata=b"full"))),
+        lambda rec: None)  # fmt: skip
+    api.cm_req(CmReq(svc_id=SVC, qp=qb, primary_path=path(world.b, world.a),
+                     rep_cb=calls.cb("rep"), rej_cb=calls.cb("rej")))  # fmt: skip
+    rec = calls.get("rej")
+    assert rec.rej_status == RejReason.NO_RESOURCES and rec.ari == b"\x07"
+    assert rec.pdata[:4] == b"full" and rec.qp is qb and qb.state is QpState.ERROR
+
+
+def test_bad_requests(world: CmWorld) -> None:
+    with pytest.raises(InvalidParameter):
+        api.cm_listen(world.a.al, CmListen(svc_id=SVC, req_cb=print), None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidSetting, match="92"):
+        api.cm_req(CmReq(svc_id=SVC, qp=world.b.qp(), primary_path=path(world.b, world.a),
+                         rep_cb=print, pdata=bytes(93)))  # fmt: skip
+    with pytest.raises(InvalidParameter):
+        api.cm_req(CmReq(svc_id=SVC, qp=world.b.qp(), primary_path=path(world.b, world.a)))
+
+
+def test_lap_apr_on_a_qp_without_apm(world: CmWorld) -> None:
+    """The mock has no alternate paths: the passive side's QP refuses the proposed path
+    (cm_apr SUCCESS raises), it answers APR "unsupported", and force_apm finds nothing
+    armed.  (Loading a path on an accepting APR is tested in test_cm_mods with wire.)"""
+    calls = Calls()
+    ha, _hb, qa, qb = connect(world, calls)
+    refused: list[BaseException] = []
+
+    def on_lap(rec: Any) -> None:  # cm_apr inside the LAP callback, as IBAL asks
+        assert rec.cm_lap is ha and rec.alt_path is not None
+        try:
+            api.cm_apr(rec.cm_lap, CmApr(qp=qa, apr_status=AprStatus.SUCCESS))
+        except InvalidSetting as exc:
+            refused.append(exc)
+            api.cm_apr(rec.cm_lap, CmApr(qp=qa, apr_status=AprStatus.UNSUPPORTED,
+                                         info=b"no APM"))  # fmt: skip
+
+    ha.info["cbs"]["lap"] = on_lap
+    apr: queue.Queue[Any] = queue.Queue()
+    api.cm_lap(CmLap(qp=qb, alt_path=path(world.b, world.a), apr_cb=apr.put))
+    rec = apr.get(timeout=WAIT)
+    assert len(refused) == 1 and "not supported by the mock" in str(refused[0])
+    assert (rec.cm_status, rec.apr_status, rec.info) == (
+        Status.SUCCESS, AprStatus.UNSUPPORTED, b"no APM")
+    with pytest.raises(InvalidQpState):
+        api.force_apm(qb)
+    with pytest.raises(Unsupported):  # only the active side sends LAP
+        api.cm_lap(CmLap(qp=qa, alt_path=path(world.a, world.b), apr_cb=print))
