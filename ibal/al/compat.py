@@ -592,6 +592,88 @@ def ib_unsubscribe(h_sub: Any, pfn_destroy_cb: DestroyArg = None) -> None:
         unsubscribe(h_sub, pfn_destroy_cb)
 
 
+# ibal.cm is imported where called: the access layer does not depend on the CM.
+def ib_cm_listen(h_al: AccessLayer, p_cm_listen: Any, pfn_listen_err_cb: Any,
+                 listen_context: Any = None) -> Any:  # fmt: skip
+    """``ibal.cm.api.cm_listen``: returns the listen handle (``h_cm_listen``)."""
+    from ibal.cm.api import cm_listen
+
+    return cm_listen(_h(h_al, AccessLayer), p_cm_listen, pfn_listen_err_cb, listen_context)
+
+
+def ib_cm_cancel(h_cm_listen: Any, pfn_destroy_cb: DestroyArg = None) -> None:
+    from ibal.cm.api import cm_cancel
+
+    cm_cancel(h_cm_listen, None if isinstance(pfn_destroy_cb, _SyncDestroy) else pfn_destroy_cb)
+
+
+def ib_cm_req(p_cm_req: Any) -> Any:
+    """``ibal.cm.api.cm_req``: returns the connection handle."""
+    from ibal.cm.api import cm_req
+
+    return cm_req(p_cm_req)
+
+
+def ib_cm_rep(h_cm_req: Any, p_cm_rep: Any) -> None:
+    from ibal.cm.api import cm_rep
+
+    cm_rep(h_cm_req, p_cm_rep)
+
+
+def ib_cm_rtu(h_cm_rep: Any, p_cm_rtu: Any) -> None:
+    from ibal.cm.api import cm_rtu
+
+    cm_rtu(h_cm_rep, p_cm_rtu)
+
+
+def ib_cm_rej(h_cm: Any, p_cm_rej: Any) -> None:
+    from ibal.cm.api import cm_rej
+
+    cm_rej(h_cm, p_cm_rej)
+
+
+def ib_cm_mra(h_cm: Any, p_cm_mra: Any) -> None:
+    from ibal.cm.api import cm_mra
+
+    cm_mra(h_cm, p_cm_mra)
+
+
+def ib_cm_handoff(h_cm_req: Any, svc_id: int) -> Any:
+    from ibal.cm.api import cm_handoff
+
+    return cm_handoff(h_cm_req, svc_id)
+
+
+def ib_cm_dreq(p_cm_dreq: Any) -> None:
+    from ibal.cm.api import cm_dreq
+
+    cm_dreq(p_cm_dreq)
+
+
+def ib_cm_drep(h_cm_dreq: Any, p_cm_drep: Any) -> None:
+    from ibal.cm.api import cm_drep
+
+    cm_drep(h_cm_dreq, p_cm_drep)
+
+
+def ib_cm_lap(p_cm_lap: Any) -> None:
+    from ibal.cm.api import cm_lap
+
+    cm_lap(p_cm_lap)
+
+
+def ib_cm_apr(h_cm_lap: Any, p_cm_apr: Any) -> None:
+    from ibal.cm.api import cm_apr
+
+    cm_apr(h_cm_lap, p_cm_apr)
+
+
+def ib_force_apm(h_qp: Qp) -> None:
+    from ibal.cm.api import force_apm
+
+    force_apm(_h(h_qp, Qp))
+
+
 # ---------------------------------------------------------------------- the mapping
 _DONE: dict[str, str] = {
     "InfiniBand Access Layer": "ibal.al",
@@ -782,6 +864,35 @@ _CM_RECORDS = {
                     ("dreq", 220), ("drep", 224), ("lap", 168), ("apr", 148),
                     ("sidr_req", 216), ("sidr_rep", 136))},
 }  # fmt: skip
+# The CM's calls and callbacks (ibal.cm.api; the Pythonic shape is ibal.cm.connect/listen).
+_CM_CALLS = {
+    "ib_cm_listen": "ibal.cm.api.cm_listen(al, CmListen, listen_err_cb, context) -> "
+    "ListenHandle; Pythonic: ibal.cm.listen(al, svc_id) -> Listener",
+    "ib_cm_cancel": "listen_handle.cancel(destroy_cb) (ibal.cm.api.cm_cancel)",
+    "ib_cm_req": "ibal.cm.api.cm_req(CmReq) -> CmConn (UD qp_type: SIDR_REQ); Pythonic: "
+    "ibal.cm.connect(al, qp, path, svc_id) / ibal.cm.resolve_service(al, path, svc_id)",
+    "ib_cm_rep": "ibal.cm.api.cm_rep(h_cm_req, CmRep); Pythonic: Incoming.accept(qp) / "
+    "Incoming.answer(ud_qp)",
+    "ib_cm_rtu": "ibal.cm.api.cm_rtu(h_cm_rep, CmRtu) (the Pythonic connect sends it itself)",
+    "ib_cm_rej": "ibal.cm.api.cm_rej(h_cm, CmRej); Pythonic: Incoming.reject(reason, ari=)",
+    "ib_cm_mra": "ibal.cm.api.cm_mra(h_cm, CmMra)",
+    "ib_cm_handoff": "ibal.cm.api.cm_handoff(h_cm_req, svc_id) -> the new handle",
+    "ib_cm_dreq": "ibal.cm.api.cm_dreq(CmDreq); Pythonic: Connection.disconnect()",
+    "ib_cm_drep": "ibal.cm.api.cm_drep(h_cm_dreq, CmDrep) (the Pythonic shape answers itself)",
+    "ib_cm_lap": "ibal.cm.api.cm_lap(CmLap)",
+    "ib_cm_apr": "ibal.cm.api.cm_apr(h_cm_lap, CmApr)",
+    "ib_force_apm": "ibal.cm.api.force_apm(qp)",
+    "ib_pfn_cm_req_cb_t": "CmListen.req_cb(CmReqRec) (peer to peer: CmReq.req_cb), misc queue",
+    "ib_pfn_cm_rep_cb_t": "CmReq.rep_cb(CmRepRec) (cm_status TIMEOUT: no REP), misc queue",
+    "ib_pfn_cm_rtu_cb_t": "CmRep.rtu_cb(CmRtuRec), misc queue",
+    "ib_pfn_cm_rej_cb_t": "CmReq/CmRep.rej_cb(CmRejRec), misc queue",
+    "ib_pfn_cm_mra_cb_t": "CmReq/CmRep.mra_cb(CmMraRec), misc queue",
+    "ib_pfn_cm_dreq_cb_t": "CmRep/CmRtu.dreq_cb(CmDreqRec), misc queue",
+    "ib_pfn_cm_drep_cb_t": "CmDreq.drep_cb(CmDrepRec) (cm_status TIMEOUT: no DREP)",
+    "ib_pfn_cm_lap_cb_t": "CmRep.lap_cb(CmLapRec): answer with cm_apr inside it",
+    "ib_pfn_cm_apr_cb_t": "CmLap/CmRtu.apr_cb(CmAprRec) (cm_status TIMEOUT: no APR)",
+    "ib_pfn_listen_err_cb_t": "cm_listen's listen_err_cb(ListenErrRec)",
+}
 _SA = {
     "ib_query", "ib_cancel_query", "ib_query_req_t", "ib_query_rec_t", "ib_query_type_t",
     "ib_user_query_t", "ib_pfn_query_cb_t", "ib_guid_pair_t", "ib_gid_pair_t", "ib_lid_pair_t",
@@ -849,6 +960,8 @@ def _status(name: str) -> tuple[str, str]:
         return _DONE[name], "done"
     if name in _CM_RECORDS:
         return _CM_RECORDS[name], "done"
+    if name in _CM_CALLS:
+        return _CM_CALLS[name], "done"
     if name in _LATER_AL:
         return "", _LATER_AL[name]
     if name.startswith(("ib_cm_", "ib_pfn_cm_")) or name in _CM_TYPES:
@@ -877,6 +990,18 @@ __all__ = [
     "ib_ci_call",
     "ib_close_al",
     "ib_close_ca",
+    "ib_cm_apr",
+    "ib_cm_cancel",
+    "ib_cm_drep",
+    "ib_cm_dreq",
+    "ib_cm_handoff",
+    "ib_cm_lap",
+    "ib_cm_listen",
+    "ib_cm_mra",
+    "ib_cm_rej",
+    "ib_cm_rep",
+    "ib_cm_req",
+    "ib_cm_rtu",
     "ib_create_av",
     "ib_create_cq",
     "ib_create_mad_pool",
@@ -894,6 +1019,7 @@ __all__ = [
     "ib_destroy_mw",
     "ib_destroy_qp",
     "ib_destroy_srq",
+    "ib_force_apm",
     "ib_get_ca_by_gid",
     "ib_get_ca_guids",
     "ib_get_guid",
