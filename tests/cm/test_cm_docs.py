@@ -28,3 +28,11 @@ def test_client_and_server_example() -> None:
         exec(compile(_block("### Example: a client and a server"), str(DOC), "exec"), {})
     assert out.getvalue().splitlines() == [
         "client up", "b'hello' b'welcome' RTS", "TIMEWAIT ERROR"]
+
+
+def test_ibal_shape_example() -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(_block("### Example: the IBAL shape"), str(DOC), "exec"), {})
+    assert out.getvalue().splitlines() == [
+        "req ctx b'hi'", "rep SUCCESS", "rtu", "drep SUCCESS ERROR"]
