@@ -160,6 +160,7 @@ class CmAgent:
         self._ceps: dict[int, CepIo] = {}  # local comm ID -> endpoint
         self._remote: dict[tuple[Any, ...], CepIo] = {}  # (kind, remote id, sender) -> endpoint
         self._peers: dict[int, list[CepIo]] = {}  # service ID -> peer-to-peer REQs out
+        self._by_qp: dict[tuple[int, int], CepIo] = {}  # (remote CA GUID, QPN) -> endpoint
         self.listens = ListenTable()
         self._rng = random.SystemRandom()
         self._pnp: PnpRegistration | None = None
@@ -324,6 +325,8 @@ class CmAgent:
             del self._ceps[cep.local_comm_id]
         if cep.remote_key is not None and self._remote.get(cep.remote_key) is cep:
             del self._remote[cep.remote_key]
+        for k in [k for k, v in self._by_qp.items() if v is cep]:
+            del self._by_qp[k]
 
     def forget_user(self, cep: CepIo) -> None:
         """The user's object is gone: the machine leaves politely with no more upcalls."""
@@ -404,7 +407,27 @@ class CmAgent:
             cep.remote_comm_id = sender
             cep.remote_ca_guid = _int(f["local_ca_guid"])
             self.bind_remote(cep, ("conn", sender, cep.remote_ca_guid))
+            if self._stale(cep.remote_ca_guid, _int(f["local_qpn"]), cep):
+                return
         self.run(cep, fsm.RecvMsg(attr, data, f))
+
+    def _stale(self, ca_guid: int, qpn: int, new: CepIo | None) -> bool:
+        """A REQ or REP naming a remote QP another live connection of ours is bound to:
+        that one is stale (IBA 12.9.8.3.2; it gets ``StaleConn``: DREQ or REJ).  True when
+        the new message must be refused as well (a REQ: REJ StaleConn; a REP: its endpoint
+        is stale too and the machine rejects it)."""
+        key = (ca_guid, qpn)
+        old = self._by_qp.get(key)
+        if new is not None:
+            self._by_qp[key] = new
+        if old is None or old is new or self._ceps.get(old.local_comm_id) is not old or \
+                old.state in (fsm.CmState.TIMEWAIT, fsm.CmState.CLOSED):  # fmt: skip
+            return False
+        self.stats["stale connections"] += 1
+        self.run(old, fsm.StaleConn())
+        if new is not None:
+            self.run(new, fsm.StaleConn())
+        return True
 
     def _arrival(self, port: CmPort, pkey: int) -> Arrival:
         lid = 0
@@ -422,6 +445,9 @@ class CmAgent:
                 self.run(cep, fsm.RecvMsg(CmAttr.REQ, data, f))
             else:
                 self.stats["dropped: wrong sender"] += 1
+            return
+        if self._stale(_int(f["local_ca_guid"]), _int(f["local_qpn"]), None):
+            self._reject_unheard(port, msg, addr, RejReason.STALE_CONN)
             return
         peer = self._peer_for(_int(f["service_id"]))
         if peer is not None:  # two peer-to-peer REQs met: the machine picks the active side
@@ -446,6 +472,7 @@ class CmAgent:
         cep.remote_comm_id = sender
         cep.remote_ca_guid = _int(f["local_ca_guid"])
         self.bind_remote(cep, key)
+        self._by_qp[(cep.remote_ca_guid, _int(f["local_qpn"]))] = cep
         cep.fields[CmAttr.REQ] = dict(f)
         user = cast_listen(listen).cm_incoming(cep, dict(f))
         if user is None:  # the listen is going away: as if nobody listened

@@ -172,3 +172,26 @@ def test_forged_mads_naming_a_live_connection_are_dropped(world: CmWorld) -> Non
     inc.reject()
     msg, _ = raw.next(world)
     assert msg.attr is CmAttr.REJ and msg.fields["remote_comm_id"] == 0x111
+
+
+def test_a_new_req_from_a_connected_qp_makes_the_old_connection_stale(world: CmWorld) -> None:
+    raw = RawCm(world.b)
+    lst = listen(world.a.al, SVC)
+    gids = {"local_gid": world.b.port.gids[0].packed, "remote_gid": world.a.port.gids[0].packed}
+    raw.send(CmAttr.REQ, req(SVC, comm_id=0x111, **gids), world.a.port.lid)
+    conn = lst.get(WAIT).accept(world.a.qp(), callback=lambda c: None)
+    rep, _ = raw.next(world)
+    assert rep.attr is CmAttr.REP and rep.fields["remote_comm_id"] == 0x111
+    local = rep.fields["local_comm_id"]
+    raw.send(CmAttr.RTU, cm.RTU.encode(local_comm_id=0x111, remote_comm_id=local),
+             world.a.port.lid)  # fmt: skip
+    conn.wait(WAIT)
+    # The same remote QP (0x99 of CA 0x55) asks again under a new comm ID.
+    raw.send(CmAttr.REQ, req(SVC, comm_id=0x222, **gids), world.a.port.lid)
+    got = {m.attr: m.fields for m, _ in (raw.next(world) for _ in range(2))}
+    assert set(got) == {CmAttr.REJ, CmAttr.DREQ}
+    assert got[CmAttr.REJ]["reason"] == RejReason.STALE_CONN
+    assert got[CmAttr.REJ]["remote_comm_id"] == 0x222  # the new REQ is refused
+    assert got[CmAttr.DREQ]["remote_comm_id"] == 0x111  # the old connection is torn down
+    assert conn.closed.done and agent_of(world.mgr).stats["stale connections"] == 1
+    assert conn.qp is not None and conn.qp.state is QpState.ERROR
