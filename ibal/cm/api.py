@@ -48,6 +48,7 @@ from ibal.cm.records import (
     CmReq,
     CmRtu,
     CmRtuRec,
+    ListenErrRec,
 )
 from ibal.mad.cm import AprStatus, CmAttr, RejReason
 from ibal.status import InvalidParameter, InvalidState, Status
@@ -180,8 +181,12 @@ def cm_listen(al: AccessLayer, listen: CmListen, listen_err_cb: ListenErrCb,
         conn.deliver = _deliver
         _set_cbs(conn, req=listen.req_cb)
 
+    def error(handle: ListenHandle, reason: Status) -> None:
+        call_user(listen_err_cb, ListenErrRec(listen_context=handle.context, reason=reason,
+                                              listen=handle))  # fmt: skip
+
     h = ops.listen(al, listen, on_request=incoming, context=context)
-    h.info["listen_err_cb"] = listen_err_cb
+    h.on_error = error
     return h
 
 

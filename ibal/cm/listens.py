@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ibal.al import Dependent
 from ibal.cm.conn import CmConn
-from ibal.status import IbError
+from ibal.status import IbError, Status
 from ibal.wire.fields import Value
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ class ListenHandle(Dependent):
         self.ud = ud
         self.on_incoming = on_incoming
         self.record = record
+        self.on_error: Callable[[ListenHandle, Status], object] | None = None
         """The request it was made from (``ibal.cm.records.CmListen``), if any."""
         self.info: dict[str, Any] = {}
         """What the API layer keeps (callbacks, the listen record)."""
@@ -86,6 +87,12 @@ class ListenHandle(Dependent):
         if self.on_incoming is not None:
             self.on_incoming(self, conn, fields)
         return conn
+
+    def cm_error(self, reason: Status) -> None:
+        """PnP queue: a local change invalidated the listen: ``on_error(handle, reason)`` on
+        the misc queue (IBAL's ``pfn_listen_err_cb``); the listen stays registered."""
+        if self.on_error is not None:
+            self.post_callback(self.on_error, self, reason)
 
     def on_destroying(self) -> None:
         if self._listed:

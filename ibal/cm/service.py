@@ -45,7 +45,7 @@ from ibal.cm.port import CmPort
 from ibal.mad import cm as cmw
 from ibal.mad.cm import CmAttr, MessageMraed, RejReason
 from ibal.mad.consts import Method
-from ibal.status import IbError, InvalidParameter, InvalidState, NotFound
+from ibal.status import IbError, InvalidParameter, InvalidState, NotFound, Status
 from ibal.types import DEFAULT_PKEY, Gid, Grh, LinkLayer, LinkState, MadAddr
 from ibal.wire.fields import FieldError, Value
 
@@ -60,6 +60,8 @@ _AGENTS: weakref.WeakKeyDictionary[AlManager, CmAgent] = weakref.WeakKeyDictiona
 _AGENTS_LOCK = threading.Lock()
 
 # Messages that open an exchange get a TID of their own; the answers echo it.
+_LISTEN_EVENTS = frozenset({PnpEvent.PORT_REMOVE, PnpEvent.PORT_DOWN, PnpEvent.LID_CHANGE,
+                            PnpEvent.PKEY_CHANGE})  # fmt: skip
 _OPENERS = frozenset({CmAttr.REQ, CmAttr.DREQ, CmAttr.LAP, CmAttr.SIDR_REQ})
 # Messages whose sender's comm ID we may not know yet (the first answer to our REQ).
 _FIRST_ANSWERS = frozenset({CmAttr.REP, CmAttr.REJ, CmAttr.MRA})
@@ -77,6 +79,8 @@ class ListenUser(ListenLike, Protocol):
     """A listen as the agent sees it: it makes the user object of a new passive endpoint."""
 
     def cm_incoming(self, cep: CepIo, fields: dict[str, Value]) -> CepUser | None: ...
+
+    def cm_error(self, reason: Status) -> None: ...
 
 
 class CepIo:
@@ -214,6 +218,26 @@ class CmAgent:
         elif rec.event is PnpEvent.PORT_REMOVE:
             with self._lock:
                 self._ports.pop(attr.port_guid, None)
+        self._check_listens(rec)
+
+    def _check_listens(self, rec: PnpRec) -> None:
+        """A local change that invalidates a directed listen (its port gone or down, its
+        LID or P_Key no longer the port's) calls its error callback; it stays listed."""
+        attr = rec.port_attr
+        if attr is None or rec.event not in _LISTEN_EVENTS:
+            return
+        with self._lock:
+            listens = [x for x in self.listens if x.port_guid == attr.port_guid]
+        for listen in listens:
+            reason: Status | None = None
+            if rec.event in (PnpEvent.PORT_REMOVE, PnpEvent.PORT_DOWN):
+                reason = Status.INVALID_PORT_STATE
+            elif listen.lid and not attr.lid <= listen.lid < attr.lid + (1 << attr.lmc):
+                reason = Status.INVALID_LID
+            elif listen.pkey and all(k & 0x7FFF != listen.pkey & 0x7FFF for k in attr.pkeys):
+                reason = Status.INVALID_PKEY
+            if reason is not None:
+                cast_listen(listen).cm_error(reason)
 
     def port(self, ca_guid: int, port_num: int) -> CmPort:
         """The agent's port, registered now if PnP has not done it yet."""

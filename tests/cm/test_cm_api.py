@@ -167,3 +167,17 @@ def test_lap_apr_on_a_qp_without_apm(world: CmWorld) -> None:
         api.force_apm(qb)
     with pytest.raises(Unsupported):  # only the active side sends LAP
         api.cm_lap(CmLap(qp=qa, alt_path=path(world.a, world.b), apr_cb=print))
+
+
+def test_a_lid_change_calls_the_listen_error_callback(world: CmWorld) -> None:
+    errs: queue.Queue[Any] = queue.Queue()
+    port = world.a.port
+    h = api.cm_listen(world.a.al, CmListen(svc_id=SVC, req_cb=print, port_guid=port.port_guid,
+                                           lid=port.lid), errs.put, context="mine")  # fmt: skip
+    api.cm_listen(world.a.al, CmListen(svc_id=SVC + 1, req_cb=print), errs.put)  # undirected
+    world.fabric.set_lid(world.fabric.port(world.fabric.cas[0]), 0x77)
+    world.settle()
+    world.settle()
+    rec = errs.get(timeout=WAIT)
+    assert (rec.listen_context, rec.reason, rec.listen) == ("mine", Status.INVALID_LID, h)
+    assert errs.empty() and h.alive  # only the directed one; it stays registered
