@@ -38,7 +38,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ibal.al import AccessLayer, AlManager, PnpClass, PnpEvent
+from ibal.al import AccessLayer, AlManager, Dependent, PnpClass, PnpEvent
 from ibal.cm import fsm, wire
 from ibal.cm.dispatch import Arrival, ListenLike, ListenTable, form_tid
 from ibal.cm.port import CmPort
@@ -139,6 +139,25 @@ class CepIo:
         self.agent.run(self, event)
 
 
+class _AgentLife(Dependent):
+    """Hangs on the agent's AL: when the manager closes it, the agent leaves the registry
+    (the agent's AL refers to the manager, so the weak registry alone would keep both)."""
+
+    _kind = "CM agent"
+
+    def __init__(self, al: AccessLayer, mgr: AlManager) -> None:
+        self._mgr_ref = weakref.ref(mgr)
+        super().__init__(al)
+
+    def on_destroying(self) -> None:
+        mgr = self._mgr_ref()
+        if mgr is not None:
+            with _AGENTS_LOCK:
+                agent = _AGENTS.get(mgr)
+                if agent is not None and agent.al is self.al:
+                    del _AGENTS[mgr]
+
+
 def agent_of(mgr: AlManager) -> CmAgent:
     """The manager's CM agent, started on first use (``InvalidState`` once it is closed)."""
     with _AGENTS_LOCK:
@@ -155,7 +174,6 @@ class CmAgent:
     """The CM of one manager (see the module docstring)."""
 
     def __init__(self, mgr: AlManager) -> None:
-        self.mgr = mgr
         self.al: AccessLayer = mgr.open_al()
         self.stats: Counter[str] = Counter()
         """Dropped MADs by reason, REJs and SIDR_REPs sent for nobody listening."""
@@ -169,6 +187,7 @@ class CmAgent:
         self._rng = random.SystemRandom()
         self._pnp: PnpRegistration | None = None
         self._pnp = self.al.reg_pnp(PnpClass.PORT, self._on_pnp)
+        _AgentLife(self.al, mgr)
         self._scan()
 
     def _scan(self) -> None:
