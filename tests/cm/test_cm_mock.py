@@ -128,10 +128,23 @@ def test_private_data_limits(world: CmWorld) -> None:
 
 
 def test_closing_the_al_mid_connection_leaves_nothing(world: CmWorld) -> None:
-    ca, _ = established(world)
+    ca, cb = established(world)
     agent = agent_of(world.mgr)
+    late: list[Connection] = []
+    cb.on_disconnect = late.append
     world.b.al.close(timeout=WAIT)  # B leaves: its connection sends DREQ
     world.settle()
-    assert ca.closed.done or ca.state in (CmState.DREQ_RCVD, CmState.TIMEWAIT)
+    assert ca.closed.done and ca.state is CmState.TIMEWAIT  # A heard the DREQ
     world.step(60.0)
     assert agent.endpoints == 0 and agent.armed_timers() == 0
+    assert late == [] and not cb.handle.alive  # B's handle died with its AL: no callback
+
+
+def test_destroying_the_qp_tears_the_connection_down(world: CmWorld) -> None:
+    ca, cb = established(world)
+    assert cb.qp is not None
+    cb.qp.destroy(wait=True)
+    world.settle()
+    assert not cb.handle.alive and ca.closed.done
+    world.step(60.0)
+    assert agent_of(world.mgr).endpoints == 0
