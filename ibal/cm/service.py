@@ -304,15 +304,18 @@ class CmAgent:
         with self._lock:
             self._peers.setdefault(svc_id, []).append(cep)
 
-    def _peer_for(self, svc_id: int) -> CepIo | None:
-        peers = [c for c in self._peers.get(svc_id, ())
-                 if self._ceps.get(c.local_comm_id) is c
-                 and c.state in (fsm.CmState.REQ_SENT, fsm.CmState.MRA_REQ_RCVD)]  # fmt: skip
-        if peers:
-            self._peers[svc_id] = peers[1:]
+    def _peer_for(self, svc_id: int, port: CmPort, sender: MadAddr) -> CepIo | None:
+        """The peer-to-peer REQ of ours a REQ from ``sender`` on ``port`` meets."""
+        live = [c for c in self._peers.get(svc_id, ())
+                if self._ceps.get(c.local_comm_id) is c
+                and c.state in (fsm.CmState.REQ_SENT, fsm.CmState.MRA_REQ_RCVD)]  # fmt: skip
+        match = next((c for c in live if c.port is port and _same_sender(c.addr, sender)), None)
+        rest = [c for c in live if c is not match]
+        if rest:
+            self._peers[svc_id] = rest
         else:
             self._peers.pop(svc_id, None)
-        return peers[0] if peers else None
+        return match
 
     def find(self, local_comm_id: int) -> CepIo | None:
         return self._ceps.get(local_comm_id)
@@ -492,7 +495,7 @@ class CmAgent:
         if self._stale(_int(f["local_ca_guid"]), _int(f["local_qpn"]), None):
             self._reject_unheard(port, msg, addr, RejReason.STALE_CONN)
             return
-        peer = self._peer_for(_int(f["service_id"]))
+        peer = self._peer_for(_int(f["service_id"]), port, addr)
         if peer is not None:  # two peer-to-peer REQs met: the machine picks the active side
             peer.remote_comm_id = sender
             peer.remote_ca_guid = _int(f["local_ca_guid"])

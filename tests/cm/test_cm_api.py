@@ -181,3 +181,36 @@ def test_a_lid_change_calls_the_listen_error_callback(world: CmWorld) -> None:
     rec = errs.get(timeout=WAIT)
     assert (rec.listen_context, rec.reason, rec.listen) == ("mine", Status.INVALID_LID, h)
     assert errs.empty() and h.alive  # only the directed one; it stays registered
+
+
+def test_peer_to_peer_requests_meet(world: CmWorld) -> None:
+    """Both sides send REQ to the same service ID with req_cb set (the first two are lost,
+    so the retransmissions find both sides waiting); the side with the larger (CA GUID,
+    QPN) stays active, the other gets the REQ callback and answers REP."""
+    world.fabric.faults.drop(predicate=lambda p: p.dst_qpn == 1 and p.payload[1] == 7,
+                             count=2)  # the two REQs
+    calls = Calls()
+    qa, qb = world.a.qp(), world.b.qp()
+    qps = {"a": qa, "b": qb}
+
+    def side(me: str) -> dict[str, Any]:
+        def on_req(rec: Any) -> None:
+            calls.q.put(("req " + me, rec))
+            api.cm_rep(rec.cm_req, CmRep(qp=qps[me], rtu_cb=calls.cb("rtu " + me)))
+
+        def on_rep(rec: Any) -> None:
+            calls.q.put(("rep " + me, rec))
+            api.cm_rtu(rec.cm_rep, CmRtu())
+
+        return {"req_cb": on_req, "rep_cb": on_rep}
+
+    pa, pb = path(world.a, world.b), path(world.b, world.a)  # SA answers step the clock
+    api.cm_req(CmReq(svc_id=SVC, qp=qa, primary_path=pa, **side("a")))
+    api.cm_req(CmReq(svc_id=SVC, qp=qb, primary_path=pb, **side("b")))
+    world.step(7.0)  # both REQs resent (2 * 1024 + 4096 ms): now they meet
+    got = [calls.q.get(timeout=WAIT)[0] for _ in range(3)]
+    keys = {"a": (world.a.ca.guid, qa.num), "b": (world.b.ca.guid, qb.num)}
+    active = max(keys, key=lambda k: keys[k])
+    passive = "b" if active == "a" else "a"
+    assert got == [f"req {passive}", f"rep {active}", f"rtu {passive}"]
+    assert qa.state is QpState.RTS and qb.state is QpState.RTS

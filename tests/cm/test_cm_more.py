@@ -3,6 +3,7 @@ connection; listen rules (duplicates, compare data) on the mock fabric."""
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Iterator
 
 import pytest
@@ -42,13 +43,12 @@ def test_sidr_then_a_ud_send_lands(world: CmWorld) -> None:
     ibal.connect_qp(server_qp, ibal.endpoint(server_qp, 1, qkey=0x1234567), ibal.endpoint(
         server_qp, 1))  # INIT/RTR/RTS with its Q_Key
     lst = listen(a.al, SVC, ud=True)
-    reply: list[object] = []
-    resolve_service(b.al, path(b, a), SVC, b"who?", callback=reply.append)
+    reply: queue.Queue[object] = queue.Queue()
+    resolve_service(b.al, path(b, a), SVC, b"who?", callback=reply.put)
     inc = lst.get(WAIT)
     assert inc.sidr and inc.private_data.rstrip(b"\0") == b"who?"
     inc.answer(server_qp, private_data=b"me")
-    world.settle()
-    (got,) = reply
+    got = reply.get(timeout=WAIT)
     assert not isinstance(got, BaseException)
     assert (got.status, got.qpn, got.qkey) == (SidrStatus.SUCCESS, server_qp.num, 0x1234567)  # type: ignore[union-attr]
     assert got.private_data[:2] == b"me"  # type: ignore[union-attr]
