@@ -38,7 +38,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ibal.al import AccessLayer, AlManager, Dependent, PnpClass, PnpEvent
+from ibal.al import AccessLayer, AlManager, Dependent, PnpClass, PnpEvent, PnpOrder
 from ibal.cm import fsm, wire
 from ibal.cm.dispatch import Arrival, ListenLike, ListenTable, form_tid
 from ibal.cm.port import CmPort
@@ -186,7 +186,8 @@ class CmAgent:
         self.listens = ListenTable()
         self._rng = random.SystemRandom()
         self._pnp: PnpRegistration | None = None
-        self._pnp = self.al.reg_pnp(PnpClass.PORT, self._on_pnp)
+        # PnpOrder.CM: ports come to the CM before user clients, and leave it after them.
+        self._pnp = self.al.reg_pnp(PnpClass.PORT, self._on_pnp, order=PnpOrder.CM)
         _AgentLife(self.al, mgr)
         self._scan()
 
