@@ -1,0 +1,333 @@
+"""The discovery sweep, sans I/O: the DM Gets it sends, what it makes of the answers, the diff.
+
+The I/O units that answer are the DM agent's own pure function
+(:func:`ibal.dm.answer.answer`) over :class:`UnitView` snapshots, so the
+sweep is checked against the agent's bytes, not against itself.  Time is a
+number the test advances; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from ibal.dm.answer import ExportedIoc, Reply, UnitView, answer
+from ibal.dm.sweep import (
+    AddIoc,
+    AddIou,
+    AddPath,
+    ArmTimer,
+    Done,
+    Found,
+    IocPath,
+    RemoveIoc,
+    RemoveIou,
+    RemovePath,
+    Send,
+    Sweep,
+    Target,
+    diff,
+)
+from ibal.mad import dm
+from ibal.mad import header as H
+from ibal.mad.consts import Method, MgmtClass
+from ibal.status import InvalidParameter
+from ibal.types import IouInfo, SvcEntry
+
+LOCAL_CA, LOCAL_PORT = 0xA0, 0xA1
+
+
+def profile(guid: int, entries: int, name: str = "ctl") -> bytes:
+    return dm.IO_CONTROLLER_PROFILE.encode({
+        "guid": guid, "vendor_id": 0x2C9, "device_id": 0x5A44, "device_version": 3,
+        "io_class": 0x100, "protocol": 0x108, "protocol_version": 1,
+        "send_message_depth": 64, "rdma_read_depth": 8, "send_message_size": 4096,
+        "rdma_transfer_size": 1 << 20, "controller_operations_mask": 0xFF,
+        "service_entries": entries, "id_string": name.encode().ljust(64, b"\0"),
+    })  # fmt: skip
+
+
+def ioc(guid: int, n: int, name: str = "ctl") -> ExportedIoc:
+    names = tuple((f"svc{i}".encode().ljust(40, b"\0"), guid << 8 | i) for i in range(n))
+    return ExportedIoc(profile(guid, n, name), names)
+
+
+def unit(*slots: ExportedIoc | None, change_id: int = 1) -> UnitView:
+    return UnitView(change_id, len(slots), tuple(slots))
+
+
+def dgid(n: int) -> bytes:
+    return bytes.fromhex("fe800000000000000000000000000000")[:8] + n.to_bytes(8, "big")
+
+
+def path(n: int) -> bytes:
+    return bytes(8) + dgid(n) + bytes(40)
+
+
+def target(guid: int, addr: str, port: int = LOCAL_PORT, ca: int = LOCAL_CA) -> Target:
+    iou = IouInfo(guid=guid, ca_guid=ca, chassis_guid=guid + 1, vend_id=0x2C9, desc=f"node {guid}")
+    return Target(iou, ca, port, addr, path(guid))
+
+
+class Net:
+    """Units by address; records every Get; answers unless a rule drops or replaces it."""
+
+    def __init__(self, units: dict[str, UnitView]) -> None:
+        self.units = units
+        self.sent: list[tuple[str, int, int]] = []  # (addr, attr, modifier)
+        self.tids: list[int] = []
+        self.drop: Callable[[str, int, int, int], bool] = lambda a, attr, mod, n: False
+        self.max_flight = 0
+
+    def run(self, sweep: Sweep, now: float = 0.0, step: float = 0.5) -> tuple[Found, float]:
+        """Drive ``sweep`` to its end: answers at once, the clock stepped to each timer."""
+        actions = sweep.start(now)
+        pending: list[bytes] = []
+        seen: dict[tuple[str, int, int], int] = {}
+        while True:
+            due = None
+            for a in actions:
+                if isinstance(a, Done):
+                    return a.found, now
+                if isinstance(a, ArmTimer):
+                    due = a.at
+                elif isinstance(a, Send):
+                    assert isinstance(a.addr, str)
+                    h = H.header(a.mad)
+                    assert (h.mgmt_class, h.method, h.tid) == (MgmtClass.DEV_MGT, Method.GET, a.tid)
+                    key = (a.addr, h.attr_id, h.attr_mod)
+                    self.sent.append(key)
+                    self.tids.append(a.tid)
+                    seen[key] = seen.get(key, 0) + 1
+                    if a.addr in self.units and not self.drop(*key, seen[key]):
+                        r = answer(a.mad, self.units[a.addr])
+                        assert isinstance(r, Reply)
+                        pending.append(r.mad)
+            self.max_flight = max(self.max_flight, len(sweep._flight))
+            if pending:
+                actions = sweep.on_answer(pending.pop(0), now)
+            else:
+                assert due is not None, "no answer pending and no timer: the sweep is stuck"
+                now = max(now, due)
+                actions = sweep.on_timer(now)
+
+
+def gets(net: Net) -> list[tuple[str, str, int]]:
+    return [(a, dm.DmAttr(attr).name, mod) for a, attr, mod in net.sent]
+
+
+def test_a_sweep_asks_unit_profiles_and_entries_in_fours() -> None:
+    net = Net({"u1": unit(ioc(0x11, 6), None, ioc(0x13, 0)), "u2": unit()})
+    sweep = Sweep([target(1, "u1"), target(2, "u2")])
+    found, now = net.run(sweep)
+    assert now == 0.0  # every answer came: no time-out waited
+    SE = "SERVICE_ENTRIES"
+    assert gets(net) == [
+        ("u1", "IO_UNIT_INFO", 0), ("u2", "IO_UNIT_INFO", 0),
+        ("u1", "IO_CONTROLLER_PROFILE", 1), ("u1", "IO_CONTROLLER_PROFILE", 3),
+        ("u1", SE, 1 << 16 | 3 << 8 | 0), ("u1", SE, 1 << 16 | 5 << 8 | 4),
+    ]  # fmt: skip
+    assert len(set(net.tids)) == len(net.tids)
+    assert list(found.ious) == [1, 2]
+    assert found.ious[1].desc == "node 1" and found.ious[1].ca_guid == LOCAL_CA
+    a, b = found.iocs[0x11], found.iocs[0x13]
+    assert (a.slot, a.iou_guid, a.chassis_guid, b.slot) == (1, 1, 2, 3)
+    assert a.profile.id_string == "ctl" and a.profile.vend_id == 0x2C9
+    pa = a.profile
+    assert (pa.num_svc_entries, pa.rdma_size, pa.protocol) == (6, 1 << 20, 0x108)
+    assert a.svc_entries == tuple(SvcEntry(f"svc{i}", 0x11 << 8 | i) for i in range(6))
+    assert b.svc_entries == ()
+    assert found.paths[0x11] == (IocPath(LOCAL_CA, LOCAL_PORT, path(1)),)
+    assert sweep.stats["answers"] == 6 and sweep.stats["malformed"] == 0
+    assert diff(Found(), found) == [
+        AddIou(found.ious[1]), AddIou(found.ious[2]),
+        AddIoc(a), AddPath(0x11, found.paths[0x11][0]),
+        AddIoc(b), AddPath(0x13, found.paths[0x13][0]),
+    ]  # fmt: skip
+    assert diff(found, found) == []
+
+
+def sweep_of(units: dict[str, UnitView], targets: list[Target], previous: Found | None = None,
+             **kw: object) -> tuple[Found, Sweep, Net]:  # fmt: skip
+    net = Net(units)
+    s = Sweep(targets, previous, **kw)  # type: ignore[arg-type]
+    found, _ = net.run(s)
+    return found, s, net
+
+
+def test_every_diff_case() -> None:
+    t1, t2 = target(1, "u1"), target(2, "u2")
+    before, _, _ = sweep_of({"u1": unit(ioc(0x11, 1), ioc(0x12, 2)), "u2": unit(ioc(0x21, 0))},
+                            [t1, t2])  # fmt: skip
+    p1 = IocPath(LOCAL_CA, LOCAL_PORT, path(1))
+
+    # An IOC destroyed: its slot empty, the IOC removed (the registry removes its path first).
+    after, _, _ = sweep_of({"u1": unit(ioc(0x11, 1), None), "u2": unit(ioc(0x21, 0))}, [t1, t2])
+    assert diff(before, after) == [RemoveIoc(0x12)]
+
+    # A unit gone (no longer a target): one RemoveIou; the registry takes its IOCs along.
+    after, _, _ = sweep_of({"u1": unit(ioc(0x11, 1), ioc(0x12, 2))}, [t1])
+    assert diff(before, after) == [RemoveIou(2)]
+    assert diff(after, before) == [AddIou(before.ious[2]), AddIoc(before.iocs[0x21]),
+                                   AddPath(0x21, before.paths[0x21][0])]  # fmt: skip
+
+    # A service entry added: the IOC changed, reported again (its paths stay).
+    after, _, _ = sweep_of({"u1": unit(ioc(0x11, 2), ioc(0x12, 2)), "u2": unit(ioc(0x21, 0))},
+                           [t1, t2])  # fmt: skip
+    assert diff(before, after) == [AddIoc(after.iocs[0x11])]
+    assert len(after.iocs[0x11].svc_entries) == 2
+
+    # A second way to unit 1 (another local port): a path added to each of its IOCs.
+    t1b = Target(t1.iou, LOCAL_CA, 0xA2, "u1", path(1))
+    after, _, _ = sweep_of({"u1": unit(ioc(0x11, 1), ioc(0x12, 2)), "u2": unit(ioc(0x21, 0))},
+                           [t1, t2, t1b])  # fmt: skip
+    p1b = IocPath(LOCAL_CA, 0xA2, path(1))
+    assert after.paths[0x11] == (p1, p1b)
+    assert diff(before, after) == [AddPath(0x11, p1b), AddPath(0x12, p1b)]
+    assert diff(after, before) == [RemovePath(0x11, 0xA2, dgid(1)), RemovePath(0x12, 0xA2, dgid(1))]
+
+    # A new IOC in a known unit; the unit's description changed (the registry keeps it quietly).
+    renamed = IouInfo(guid=2, ca_guid=LOCAL_CA, chassis_guid=3, desc="renamed")
+    t2x = Target(renamed, LOCAL_CA, LOCAL_PORT, "u2", path(2))
+    after, _, _ = sweep_of({"u1": unit(ioc(0x11, 1), ioc(0x12, 2)),
+                            "u2": unit(ioc(0x21, 0), ioc(0x22, 5))}, [t1, t2x])  # fmt: skip
+    assert diff(before, after) == [AddIou(t2x.iou), AddIoc(after.iocs[0x22]),
+                                   AddPath(0x22, after.paths[0x22][0])]  # fmt: skip
+
+
+def test_lost_tries_are_retried_with_new_tids_and_late_answers_are_stale() -> None:
+    net = Net({"u1": unit(ioc(0x11, 1))})
+    net.drop = lambda addr, attr, mod, n: attr == dm.DmAttr.IO_CONTROLLER_PROFILE and n <= 2
+    s = Sweep([target(1, "u1")], timeout=0.25, retries=3)
+    found, now = net.run(s)
+    assert list(found.iocs) == [0x11]
+    assert now == pytest.approx(0.5)  # two time-outs of 0.25 s
+    profile_gets = [t for (a, attr, m), t in zip(net.sent, net.tids, strict=True)
+                    if attr == dm.DmAttr.IO_CONTROLLER_PROFILE]  # fmt: skip
+    assert len(profile_gets) == 3 and len(set(profile_gets)) == 3
+    assert s.stats["retries"] == 2 and s.stats["timeouts"] == 0
+    # The answer to a try given up arrives late: stale, nothing changes.
+    late = answer(dm.dm_mad(dm.DmAttr.IO_CONTROLLER_PROFILE, profile_gets[0], modifier=1),
+                  net.units["u1"])  # fmt: skip
+    assert isinstance(late, Reply)
+    assert s.on_answer(late.mad, now) == [] and s.stats["stale"] == 1
+
+
+def test_a_unit_that_never_answers_is_absent_and_another_way_is_tried() -> None:
+    net = Net({"u1": unit(ioc(0x11, 0))})
+    s = Sweep([target(1, "dead"), target(2, "nowhere")], timeout=1.0, retries=2)
+    found, now = net.run(s)
+    assert found == Found() and now == pytest.approx(3.0)  # 1 + 2 tries of 1 s, in parallel
+    assert s.stats["iou_unreachable"] == 2 and s.stats["timeouts"] == 2
+    assert [a for a, _, _ in net.sent] == ["dead", "nowhere"] * 3
+
+    # Unit 1 reached from two ports; the first way is dead, the second answers.
+    t_dead = target(1, "dead")
+    t_ok = Target(t_dead.iou, LOCAL_CA, 0xA2, "u1", path(1))
+    net = Net({"u1": unit(ioc(0x11, 0))})
+    s = Sweep([t_dead, t_ok], timeout=1.0, retries=1)
+    found, now = net.run(s)
+    assert list(found.iocs) == [0x11] and now == pytest.approx(2.0)
+    assert [a for a, _, _ in net.sent] == ["dead", "dead", "u1", "u1"]
+    assert found.paths[0x11] == (IocPath(LOCAL_CA, LOCAL_PORT, path(1)),
+                                 IocPath(LOCAL_CA, 0xA2, path(1)))  # fmt: skip
+
+
+def test_partial_answers_keep_what_the_last_sweep_knew() -> None:
+    t1 = target(1, "u1")
+    units = {"u1": unit(ioc(0x11, 1), ioc(0x12, 5))}
+    before, _, _ = sweep_of(units, [t1])
+    # Slot 2's second ServiceEntries MAD never answers; slot 1's profile neither.
+    net = Net(units)
+
+    def lost(addr: str, attr: int, mod: int, n: int) -> bool:
+        return (attr, mod) in ((dm.DmAttr.SERVICE_ENTRIES, 2 << 16 | 4 << 8 | 4),
+                               (dm.DmAttr.IO_CONTROLLER_PROFILE, 1))  # fmt: skip
+
+    net.drop = lost
+    s = Sweep([t1], before, timeout=0.5, retries=1)
+    found, _ = net.run(s)
+    assert found == before and s.stats["carried_over"] == 2 and s.stats["timeouts"] == 2
+    assert diff(before, found) == []
+    # Without a previous sweep, incomplete controllers stay unreported; the unit is there.
+    net = Net(units)
+    net.drop = lost
+    s = Sweep([t1], timeout=0.5, retries=1)
+    found, _ = net.run(s)
+    assert list(found.ious) == [1] and dict(found.iocs) == {}
+
+
+def test_error_statuses_end_a_request_without_retry() -> None:
+    # The unit lists slot 2, but the controller went before its profile was asked: NO_IOC.
+    listed = unit(ioc(0x11, 0), ioc(0x12, 0))
+    now_gone = unit(ioc(0x11, 0), None)
+    net = Net({"u1": listed})
+    s = Sweep([target(1, "u1")])
+    actions = s.start(0.0)
+    [first] = [a for a in actions if isinstance(a, Send)]
+    r = answer(first.mad, listed)
+    assert isinstance(r, Reply)
+    actions = s.on_answer(r.mad, 0.0)
+    sends = [a for a in actions if isinstance(a, Send)]
+    assert len(sends) == 2
+    for a in sends:
+        r = answer(a.mad, now_gone)
+        assert isinstance(r, Reply)
+        actions = s.on_answer(r.mad, 0.0)
+    assert s.done and s.found is not None and list(s.found.iocs) == [0x11]
+    assert s.stats["error_status"] == 1 and s.stats["retries"] == 0
+    assert isinstance(actions[-1], Done)
+    del net
+
+
+def test_malformed_answers_are_dropped_and_counted() -> None:
+    u = unit(ioc(0x11, 1))
+    s = Sweep([target(1, "u1")], timeout=1.0)
+    [send] = [a for a in s.start(0.0) if isinstance(a, Send)]
+    good = answer(send.mad, u)
+    assert isinstance(good, Reply)
+    forged = [
+        good.mad[:100],                                          # short
+        bytes([1, 0x04]) + good.mad[2:],                         # another class (PerfMgt)
+        good.mad[:3] + bytes([Method.GET]) + good.mad[4:],       # a request, not a GetResp
+        good.mad[:16] + b"\x00\x11" + good.mad[18:],             # another attribute
+        good.mad[:20] + b"\x00\x00\x00\x05" + good.mad[20 + 4:],  # another modifier
+        good.mad[:2] + b"\x02" + good.mad[3:],                   # another class version
+    ]  # fmt: skip
+    for m in forged:
+        assert s.on_answer(m, 0.1) == []
+    assert s.stats["malformed"] == len(forged) and not s.done
+    # A profile answer with IOC GUID 0 makes no sense: malformed, the request keeps waiting.
+    actions = s.on_answer(good.mad, 0.2)
+    [psend] = [a for a in actions if isinstance(a, Send)]
+    bad = bytearray(H.respond(psend.mad, data=profile(0, 1)))
+    assert s.on_answer(bytes(bad), 0.3) == [] and s.stats["malformed"] == len(forged) + 1
+    right = answer(psend.mad, u)
+    assert isinstance(right, Reply)
+    for a in s.on_answer(right.mad, 0.4):
+        if isinstance(a, Send):
+            r = answer(a.mad, u)
+            assert isinstance(r, Reply)
+            s.on_answer(r.mad, 0.5)
+    assert s.done and s.found is not None and list(s.found.iocs) == [0x11]
+
+
+def test_the_window_bounds_requests_in_flight() -> None:
+    units = {f"u{i}": unit(ioc(0x100 + i, 9)) for i in range(6)}
+    net = Net(units)
+    s = Sweep([target(i + 1, f"u{i}") for i in range(6)], window=2)
+    found, _ = net.run(s)
+    assert len(found.iocs) == 6 and net.max_flight <= 2
+    assert s.stats["sent"] == 6 * (1 + 1 + 3)
+
+
+def test_bad_settings_and_a_second_start_are_refused() -> None:
+    with pytest.raises(InvalidParameter):
+        Sweep([], timeout=0)
+    with pytest.raises(InvalidParameter):
+        Sweep([], window=0)
+    s = Sweep([])
+    assert s.start(0.0)[-1] == Done(Found())
+    with pytest.raises(InvalidParameter):
+        s.start(0.0)
