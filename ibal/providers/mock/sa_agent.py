@@ -69,6 +69,17 @@ _TOPOLOGY: dict[int, Callable[[MockFabric, rec.Subnet], list[bytes]]] = {
     SaAttr.GUID_INFO_RECORD: rec.guid_info_records,
 }
 _GETS = (Method.GET, Method.GET_TABLE)
+ENHANCED_COMP_MASK = 1 << 31
+"""Attribute modifier bit 31 of a PortInfoRecord Get/GetTable (IBA 1.2 errata, as OpenSM's
+``is_enhanced_comp_mask``): the capability masks match bitwise (every bit asked is set in
+the port's), not by equality; how clients find the ports with IsDeviceManagementSupported."""
+_ENHANCED: dict[int, tuple[str, ...]] = {
+    SaAttr.PORT_INFO_RECORD: ("capability_mask", "capability_mask2"),
+}
+
+
+def _attr_mod(mad: bytes) -> int:
+    return int.from_bytes(mad[20:24], "big")
 _UNSUPPORTED = MadStatus.METHOD_ATTR_UNSUPPORTED
 
 
@@ -238,8 +249,9 @@ class SaAgent:
             if method not in _GETS:
                 return MadStatus.METHOD_ATTR_UNSUPPORTED, []
             rows = _TOPOLOGY[attr](self.fabric, rec.Subnet(*self._subnet()))
+            bitwise = _ENHANCED.get(attr, ()) if _attr_mod(mad) & ENHANCED_COMP_MASK else ()
             return MadStatus.SUCCESS, [r for r in rows if rec.matches(
-                table, vals, table.decode(r), mask)]  # fmt: skip
+                table, vals, table.decode(r), mask, bitwise=bitwise)]  # fmt: skip
         if attr == SaAttr.PATH_RECORD:
             if method not in _GETS:
                 return MadStatus.METHOD_ATTR_UNSUPPORTED, []

@@ -264,12 +264,19 @@ def component_count(table: Table) -> int:
 
 
 def matches(table: Table, query: Values, record: Values, mask: int,
-            skip: Iterable[str] = ()) -> bool:  # fmt: skip
-    """Whether ``record`` equals ``query`` in every component ``mask`` selects."""
+            skip: Iterable[str] = (), bitwise: Iterable[str] = ()) -> bool:  # fmt: skip
+    """Whether ``record`` equals ``query`` in every component ``mask`` selects; a
+    ``bitwise`` component matches when the record has every bit the query sets."""
     skipped = set(skip)
+    bits = set(bitwise)
     for p in table.fields:
-        if p.field.reserved or p.name in skipped:
+        if p.field.reserved or p.name in skipped or not mask & mask_bits(table)[p.name]:
             continue
-        if mask & mask_bits(table)[p.name] and query[p.name] != record[p.name]:
+        want, have = query[p.name], record[p.name]
+        if p.name in bits:
+            assert isinstance(want, int) and isinstance(have, int)
+            if want & have != want:
+                return False
+        elif want != have:
             return False
     return True
