@@ -1,0 +1,203 @@
+"""IOC discovery on the mock fabric: the DM agent exports IOCs on one CA, the discovery client
+finds them from every port, and IOU / IOC registrations of other AL instances get the events.
+
+One manager, several AL instances (the agent's, the discovery client's, the users'); the
+fabric and the AL share a :class:`ManualClock`, stepped by the test; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from ibal.al import AccessLayer, AlManager, PnpClass, PnpEvent, PnpRec
+from ibal.clock import ManualClock
+from ibal.dm.agent import DmService
+from ibal.dm.answer import ExportedIoc
+from ibal.dm.discovery import ENHANCED_COMP_MASK, Discovery, SweepHandle
+from ibal.dm.iou import IoUnit, io_unit
+from ibal.mad import dm, sa
+from ibal.mad.consts import Method, SaAttr
+from ibal.mad.smp import CapabilityMask
+from ibal.providers.mock import MockFabric, MockProvider
+from ibal.sa.port import SaPort
+from ibal.types import IocInfo, SvcEntry
+
+WAIT = 10.0
+
+
+def exported(guid: int, entries: list[tuple[str, int]], name: str = "ctl") -> ExportedIoc:
+    prof = dm.IO_CONTROLLER_PROFILE.encode({
+        "guid": guid, "vendor_id": 0x2C9, "device_id": 0x7, "io_class": 0x100,
+        "protocol": 0x108, "service_entries": len(entries),
+        "id_string": name.encode().ljust(64, b"\0"),
+    })  # fmt: skip
+    return ExportedIoc(prof, tuple((n.encode().ljust(40, b"\0"), sid) for n, sid in entries))
+
+
+@dataclass
+class Events:
+    log: list[tuple[str, int, int]] = field(default_factory=list)  # (event, guid, port_guid)
+    recs: list[PnpRec] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, rec: PnpRec) -> None:
+        with self.lock:
+            self.recs.append(rec)
+            self.log.append((rec.event.name, rec.guid, rec.port_guid))
+
+    def take(self) -> list[tuple[str, int, int]]:
+        with self.lock:
+            out, self.log = self.log, []
+            return out
+
+
+@dataclass
+class World:
+    fabric: MockFabric
+    mgr: AlManager
+    clock: ManualClock
+    user: AccessLayer
+    unit: IoUnit
+    iou_guid: int
+    ports: list[int]  # every local port GUID
+
+    def settle(self) -> None:
+        self.mgr.queues.flush(timeout=WAIT)
+
+    def run(self, handle: SweepHandle) -> None:
+        """Step the clock until the sweep ended (answers need no time; time-outs do)."""
+        for _ in range(400):
+            self.settle()
+            if handle.done:
+                return
+            self.clock.advance(0.05, settle=self.settle)
+        raise AssertionError("the sweep did not end")
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    clock = ManualClock()
+    fabric = MockFabric(seed=3)
+    for i in range(3):
+        fabric.add_ca(description=f"host{i}")
+    fabric.use_clock(clock)
+    mgr = AlManager(clock=clock)
+    try:
+        mgr.add_provider(MockProvider({"fabric": fabric}))
+        user = mgr.open_al()
+        guids = user.get_ca_guids()
+        DmService.start(mgr)
+        ports = [user.query_ca_by_guid(g).ports[0].port_guid for g in guids]
+        yield World(fabric, mgr, clock, user, io_unit(mgr, guids[1]), guids[1], ports)
+    finally:
+        mgr.close(timeout=WAIT)
+        fabric.close()
+
+
+def test_mock_sa_matches_the_capability_mask_bitwise_with_modifier_bit_31(world: World) -> None:
+    world.unit.take_slot(object(), exported(0x77, []))
+    world.settle()
+    port = SaPort.open(world.user, world.ports[2])
+    try:
+        data = sa.PORT_INFO_RECORD.encode(
+            capability_mask=int(CapabilityMask.IS_DEVICE_MANAGEMENT_SUPPORTED))
+        mask = sa.component_mask(sa.PORT_INFO_RECORD, ["capability_mask"])
+
+        def lids(mod: int) -> list[int]:
+            h = port.request(Method.GET_TABLE, SaAttr.PORT_INFO_RECORD, data, mask, attr_mod=mod)
+            for _ in range(50):
+                world.settle()
+                if h.done:
+                    break
+                world.clock.advance(0.05, settle=world.settle)
+            a = h.wait(0)
+            assert a.ok, a
+            return [sa.PORT_INFO_RECORD.decode(r[: sa.PORT_INFO_RECORD.size])["endport_lid"]
+                    for r in a.records]  # fmt: skip
+
+        dm_lid = world.user.query_ca_by_guid(world.iou_guid).ports[0].lid
+        assert lids(ENHANCED_COMP_MASK) == [dm_lid]  # bitwise: the DM port, whatever else it has
+        assert lids(0) == []  # equality: no port has exactly that one bit
+    finally:
+        port.close()
+
+
+def test_iocs_exported_on_one_ca_are_found_and_raised_as_pnp_events(world: World) -> None:
+    ious, iocs = Events(), Events()
+    world.user.reg_pnp(PnpClass.IOU, ious)
+    world.user.reg_pnp(PnpClass.IOC, iocs)
+    owner_a, owner_b = object(), object()
+    slot_a = world.unit.take_slot(owner_a, exported(0xA1, [("alpha", 0x10), ("beta", 0x11),
+                                                           ("gamma", 0x12), ("delta", 0x13),
+                                                           ("eps", 0x14)]))  # fmt: skip
+    slot_b = world.unit.take_slot(owner_b, exported(0xB2, [], name="plain"))
+    disc = Discovery.start(world.mgr, interval=None, timeout=0.5, retries=2)
+    world.run(disc.sweep_now())
+    ious.take()
+    iocs.take()
+    world.run(disc.sweep_now())  # nothing changed: nothing raised
+    assert (ious.take(), iocs.take()) == ([], [])
+
+    # What was raised: checked on the registry and through a new registration's replay.
+    replay_u, replay_c = Events(), Events()
+    other = world.mgr.open_al()
+    other.reg_pnp(PnpClass.IOU | PnpClass.FLAG_REG_SYNC, replay_u)
+    other.reg_pnp(PnpClass.IOC | PnpClass.FLAG_REG_SYNC, replay_c)
+    assert [e for e, _, _ in replay_u.take()] == ["IOU_ADD", "REG_COMPLETE"]
+    iou = replay_u.recs[0].iou
+    assert iou is not None and iou.guid == world.iou_guid and iou.desc == "host1"
+    log = replay_c.take()
+    adds = [(e, g) for e, g, _ in log if e == "IOC_ADD"]
+    assert adds == [("IOC_ADD", 0xA1), ("IOC_ADD", 0xB2)]
+    paths = {(g, p) for e, g, p in log if e == "IOC_PATH_ADD"}
+    assert paths == {(g, p) for g in (0xA1, 0xB2) for p in world.ports}  # found from every port
+    a = next(r.ioc for r in replay_c.recs if r.event is PnpEvent.IOC_ADD and r.guid == 0xA1)
+    assert isinstance(a, IocInfo) and (a.slot, a.iou_guid) == (slot_a, world.iou_guid)
+    assert a.svc_entries == (SvcEntry("alpha", 0x10), SvcEntry("beta", 0x11),
+                             SvcEntry("gamma", 0x12), SvcEntry("delta", 0x13),
+                             SvcEntry("eps", 0x14))  # fmt: skip
+    assert a.profile.protocol == 0x108 and a.profile.num_svc_entries == 5
+    path_rec = next(r for r in replay_c.recs
+                    if r.event is PnpEvent.IOC_PATH_ADD and r.port_guid == world.ports[2])
+    assert path_rec.path is not None and len(path_rec.path) == 64
+    pr = sa.PATH_RECORD.decode(path_rec.path)
+    dm_port = world.user.query_ca_by_guid(world.iou_guid).ports[0]
+    me = world.user.query_ca_by_guid(path_rec.ca_guid).ports[0]
+    assert (pr["dlid"], pr["slid"]) == (dm_port.lid, me.lid)
+    assert path_rec.ca_guid != world.iou_guid  # from another CA's port
+
+    # An IOC destroyed: on the next sweep its paths go, then the IOC (the other stays).
+    world.unit.free_slot(slot_b, owner_b)
+    world.run(disc.sweep_now())
+    log = iocs.take()
+    assert [(e, g) for e, g, _ in log] == [("IOC_PATH_REMOVE", 0xB2)] * 3 + [("IOC_REMOVE", 0xB2)]
+    assert ious.take() == []
+    assert [i.ioc_guid for i in world.mgr.io_devices.iocs()] == [0xA1]
+
+    # The last IOC gone: the port stops advertising device management, the unit goes.
+    world.unit.free_slot(slot_a, owner_a)
+    world.run(disc.sweep_now())
+    assert [(e, g) for e, g, _ in iocs.take()] == \
+        [("IOC_PATH_REMOVE", 0xA1)] * 3 + [("IOC_REMOVE", 0xA1)]  # fmt: skip
+    assert ious.take() == [("IOU_REMOVE", world.iou_guid, 0)]
+    assert world.mgr.io_devices.ious() == []
+    assert disc.stats["sweeps"] >= 4 and disc.last_stats["malformed"] == 0
+
+
+def test_periodic_sweeps_follow_the_clock(world: World) -> None:
+    iocs = Events()
+    world.user.reg_pnp(PnpClass.IOC, iocs)
+    disc = Discovery.start(world.mgr, interval=30.0, timeout=0.5, retries=1)
+    world.run(disc.sweep_now())
+    assert iocs.take() == [("REG_COMPLETE", 0, 0)]
+    world.unit.take_slot(object(), exported(0xC3, [("svc", 1)]))
+    world.clock.advance(29.0, settle=world.settle)
+    assert iocs.take() == []  # not yet
+    for _ in range(40):
+        world.clock.advance(0.1, settle=world.settle)
+    log = iocs.take()
+    assert log[0] == ("IOC_ADD", 0xC3, 0) and len(log) == 1 + len(world.ports)
