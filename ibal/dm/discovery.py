@@ -43,7 +43,6 @@ from ibal.dm.sweep import (
     AddIou,
     AddPath,
     ArmTimer,
-    Change,
     Done,
     Found,
     RemoveIoc,
@@ -314,6 +313,8 @@ class Discovery:
                            PnpEvent.PORT_REMOVE):  # fmt: skip
             with self._lock:
                 gone = self._ports.pop(rec.guid, None)
+                if gone is not None:  # at once: its paths, and the units only it reached
+                    self._report(self.found.without_port(rec.guid))
             if gone is not None:
                 with contextlib.suppress(IbError):
                     gone.destroy()
@@ -517,10 +518,11 @@ class Discovery:
         """Under the lock: the sweep ended; report the changes, start what waits."""
         run.over = True
         self._run = None
-        changes = diff(self.found, found)
-        self.found = found
+        for guid in run.ports:
+            if guid not in self._ports:  # went during the sweep: what it found through it too
+                found = found.without_port(guid)
         self.last_stats = sweep.stats
-        self._apply(changes)
+        self._report(found)
         run.handle._set(found)
         if self._closed:
             return
@@ -535,7 +537,10 @@ class Discovery:
         with contextlib.suppress(InvalidParameter):
             self.sweep_now()
 
-    def _apply(self, changes: list[Change]) -> None:
+    def _report(self, found: Found) -> None:
+        """Under the lock: ``found`` replaces what was reported; the registry hears the diff."""
+        changes = diff(self.found, found)
+        self.found = found
         reg = self.mgr.io_devices
         for c in changes:
             self.stats[type(c).__name__] += 1

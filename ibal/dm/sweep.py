@@ -118,6 +118,18 @@ class Found:
     ious: Mapping[int, IouInfo] = field(default_factory=dict)
     iocs: Mapping[int, IocInfo] = field(default_factory=dict)
     paths: Mapping[int, tuple[IocPath, ...]] = field(default_factory=dict)
+    ways: Mapping[int, frozenset[int]] = field(default_factory=dict)
+    """Per unit: the local port GUIDs it was reached from."""
+
+    def without_port(self, port_guid: int) -> Found:
+        """What remains once local port ``port_guid`` is gone: its paths go, and the units
+        reached only through it (with their controllers)."""
+        ways = {g: w - {port_guid} for g, w in self.ways.items()}
+        ious = {g: i for g, i in self.ious.items() if ways.get(g)}
+        iocs = {g: i for g, i in self.iocs.items() if i.iou_guid in ious}
+        paths = {g: tuple(p for p in self.paths.get(g, ()) if p.port_guid != port_guid)
+                 for g in iocs}  # fmt: skip
+        return Found(ious, iocs, paths, {g: ways[g] for g in ious})
 
 
 @record(frozen=True)
@@ -416,12 +428,14 @@ class Sweep:
         ious: dict[int, IouInfo] = {}
         iocs: dict[int, IocInfo] = {}
         paths: dict[int, tuple[IocPath, ...]] = {}
+        reached: dict[int, frozenset[int]] = {}
         old = self.previous
         for unit in self._units:
             if unit.unreachable or not unit.reached:
                 continue
             iou = unit.targets[0].iou
             ious[unit.guid] = iou
+            reached[unit.guid] = frozenset(t.port_guid for t in unit.targets)
             ways: dict[tuple[int, bytes], IocPath] = {}
             for t in unit.targets:
                 p = IocPath(t.ca_guid, t.port_guid, t.path)
@@ -446,7 +460,7 @@ class Sweep:
                     continue
                 iocs[ioc.ioc_guid] = ioc
                 paths[ioc.ioc_guid] = tuple(ways.values())
-        return Found(ious, iocs, paths)
+        return Found(ious, iocs, paths, reached)
 
 
 # ---------------------------------------------------------------------- the diff

@@ -201,3 +201,23 @@ def test_periodic_sweeps_follow_the_clock(world: World) -> None:
         world.clock.advance(0.1, settle=world.settle)
     log = iocs.take()
     assert log[0] == ("IOC_ADD", 0xC3, 0) and len(log) == 1 + len(world.ports)
+
+
+def test_a_local_port_going_down_takes_its_paths_at_once(world: World) -> None:
+    iocs = Events()
+    world.user.reg_pnp(PnpClass.IOC, iocs)
+    world.unit.take_slot(object(), exported(0xD4, [("svc", 1)]))
+    disc = Discovery.start(world.mgr, interval=None, timeout=0.5, retries=1)
+    world.run(disc.sweep_now())
+    assert sorted(p for e, _, p in iocs.take() if e == "IOC_PATH_ADD") == sorted(world.ports)
+    leaving = world.ports[2]
+    world.fabric.set_link(world.fabric.cas[2].ports[0], up=False)
+    world.settle()  # no clock step, no sweep answered yet: the PORT_DOWN alone did it
+    assert iocs.take() == [("IOC_PATH_REMOVE", 0xD4, leaving)]
+    assert all(p.port_guid != leaving for p in disc.found.paths[0xD4])
+    world.run(disc.sweep_now())  # the sweep after it agrees
+    assert iocs.take() == []
+    world.fabric.set_link(world.fabric.cas[2].ports[0], up=True)
+    world.settle()
+    world.run(disc.sweep_now())
+    assert iocs.take() == [("IOC_PATH_ADD", 0xD4, leaving)]
