@@ -63,6 +63,7 @@ from ibal.sa.txn import SaAnswer
 from ibal.status import IbError, InvalidParameter, NotFound, Timeout
 from ibal.types import (
     Gid,
+    GidType,
     Grh,
     IouInfo,
     LinkLayer,
@@ -103,6 +104,18 @@ class RocePeer:
     gid: Gid
     iou_guid: int = 0
     desc: str = ""
+
+
+def _source_gid(port: PortAttr, dgid: Gid) -> Gid | None:
+    """The local GID a path to ``dgid`` starts at: GID 0 on InfiniBand; on RoCE the first
+    GID of the same family (IPv4-mapped or not), RoCE v2 first (``None``: let the resolver
+    take the route's source)."""
+    if port.link_layer is LinkLayer.INFINIBAND:
+        return port.gids[0] if port.gids else None
+    v4 = dgid.ipv4_mapped is not None
+    same = [e for e in port.gid_table if e.is_ipv4 == v4]
+    same.sort(key=lambda e: (e.gid_type is not GidType.ROCE_V2, e.index))
+    return same[0].gid if same else None
 
 
 class SweepHandle:
@@ -419,8 +432,9 @@ class Discovery:
                   peer: RocePeer | None) -> None:  # fmt: skip
         values: dict[str, Any] = {"dgid": dgid}
         mask = sa.component_mask(sa.PATH_RECORD, ["dgid"])
-        if dp.attr.link_layer is LinkLayer.INFINIBAND and dp.attr.gids:
-            values["sgid"] = dp.attr.gids[0].packed
+        sgid = _source_gid(dp.attr, Gid(dgid))
+        if sgid is not None:
+            values["sgid"] = sgid.packed
             mask = _PR_MASK
         data = sa.PATH_RECORD.encode(values)
         self._ask(run, port, SaAttr.PATH_RECORD, data, mask,
