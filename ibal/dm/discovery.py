@@ -73,6 +73,7 @@ from ibal.types import (
     QpType,
     WcStatus,
 )
+from ibal.wire.fields import FieldError
 
 if TYPE_CHECKING:
     from ibal.al import AlManager, PnpRegistration, Timer
@@ -213,6 +214,7 @@ class _Run:
         self.sa_ports: list[SaPort] = []
         self.timer: Timer | None = None
         self.over = False
+        self.blind: set[int] = set()  # local ports whose SA listing failed
 
 
 class Discovery:
@@ -287,7 +289,11 @@ class Discovery:
             if self._periodic is not None:
                 self._periodic.cancel()
         if run is not None:
+            run.over = True
             self._end_sa(run)
+        for handle in (run.handle if run is not None else None, self._next):
+            if handle is not None and not handle.done:
+                handle._set(self.found)  # nobody waits for a sweep that will not come
         with contextlib.suppress(IbError):
             self.al.close()
 
@@ -368,6 +374,7 @@ class Discovery:
                 sa_port = SaPort.open(self.al, dp.port_guid)
             except IbError as exc:
                 self.stats["sa_unavailable"] += 1
+                run.blind.add(dp.port_guid)
                 log.info("IOC discovery: no SA port on %r: %s", dp, exc)
                 continue
             run.sa_ports.append(sa_port)
@@ -384,7 +391,9 @@ class Discovery:
 
     def _ask(self, run: _Run, port: SaPort, attr: SaAttr, data: bytes, mask: int,
              then: Any, attr_mod: int = 0) -> None:  # fmt: skip
-        """Under the lock: one SA GetTable; ``then(records)`` with the decoded records."""
+        """Under the lock: one SA GetTable; ``then(records)`` with the decoded records.  A
+        failed listing (PortInfo or NodeRecords) makes the port blind for this sweep: what
+        it reached before is kept; a path not found loses that target only."""
         table = _RECORD[attr]
 
         def done(answer: SaAnswer) -> None:
@@ -392,9 +401,18 @@ class Discovery:
                 if run.over:
                     return
                 if answer.ok:
-                    then([table.decode(r[: table.size]) for r in answer.records])
+                    try:
+                        then([table.decode(r[: table.size]) for r in answer.records])
+                    except (FieldError, InvalidParameter) as exc:  # a record without sense
+                        self.stats["sa_malformed"] += 1
+                        run.blind.add(port.port_guid)
+                        log.info("IOC discovery: SA %s record dropped: %s", attr.name, exc)
+                elif attr == SaAttr.PATH_RECORD:  # no way to that port (now): it goes
+                    self.stats["no_path"] += 1
+                    log.info("IOC discovery: no path: %s %s", answer.status.name, answer.detail)
                 else:
                     self.stats["sa_failed"] += 1
+                    run.blind.add(port.port_guid)
                     log.info("IOC discovery: SA %s: %s %s", attr.name, answer.status.name,
                              answer.detail)  # fmt: skip
                 self._sa_answered(run)
@@ -407,6 +425,7 @@ class Discovery:
         except IbError as exc:
             run.pending -= 1
             self.stats["sa_failed"] += 1
+            run.blind.add(port.port_guid)
             log.info("IOC discovery: SA %s not asked: %s", attr.name, exc)
 
     def _on_pirs(self, run: _Run, dp: DmPort, port: SaPort, recs: list[dict[str, Any]]) -> None:
@@ -532,6 +551,8 @@ class Discovery:
         """Under the lock: the sweep ended; report the changes, start what waits."""
         run.over = True
         self._run = None
+        if run.blind:
+            found = found.keeping(self.found, run.blind)
         for guid in run.ports:
             if guid not in self._ports:  # went during the sweep: what it found through it too
                 found = found.without_port(guid)

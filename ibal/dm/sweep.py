@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter, deque
 from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from ibal.mad import dm
@@ -130,6 +131,20 @@ class Found:
         paths = {g: tuple(p for p in self.paths.get(g, ()) if p.port_guid != port_guid)
                  for g in iocs}  # fmt: skip
         return Found(ious, iocs, paths, {g: ways[g] for g in ious})
+
+    def keeping(self, old: Found, ports: AbstractSet[int]) -> Found:
+        """This result plus the units of ``old`` it lacks that were reached through
+        ``ports`` (ports whose listing failed this time: not seen is not gone)."""
+        ious, iocs = dict(self.ious), dict(self.iocs)
+        paths, ways = dict(self.paths), dict(self.ways)
+        for guid, iou in old.ious.items():
+            if guid in ious or not old.ways.get(guid, frozenset()) & ports:
+                continue
+            ious[guid], ways[guid] = iou, old.ways[guid]
+            for ioc_guid, ioc in old.iocs.items():
+                if ioc.iou_guid == guid and ioc_guid not in iocs:
+                    iocs[ioc_guid], paths[ioc_guid] = ioc, old.paths.get(ioc_guid, ())
+        return Found(ious, iocs, paths, ways)
 
 
 @record(frozen=True)

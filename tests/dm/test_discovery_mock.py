@@ -24,6 +24,7 @@ from ibal.mad.consts import Method, SaAttr
 from ibal.mad.smp import CapabilityMask
 from ibal.providers.mock import MockFabric, MockProvider
 from ibal.sa.port import SaPort
+from ibal.status import InvalidParameter
 from ibal.types import IocInfo, SvcEntry
 
 WAIT = 10.0
@@ -221,3 +222,34 @@ def test_a_local_port_going_down_takes_its_paths_at_once(world: World) -> None:
     world.settle()
     world.run(disc.sweep_now())
     assert iocs.take() == [("IOC_PATH_ADD", 0xD4, leaving)]
+
+
+def test_an_sa_that_does_not_answer_removes_nothing(world: World) -> None:
+    iocs = Events()
+    world.user.reg_pnp(PnpClass.IOC, iocs)
+    world.unit.take_slot(object(), exported(0xF6, [("svc", 1)]))
+    disc = Discovery.start(world.mgr, interval=None, timeout=0.5, retries=1)
+    world.run(disc.sweep_now())
+    assert ("IOC_ADD", 0xF6, 0) in iocs.take()
+    before = disc.found
+    world.fabric.sa.enabled = False  # the SM's SA goes silent: every listing times out
+    world.run(disc.sweep_now())
+    assert iocs.take() == [] and disc.found == before
+    assert disc.stats["sa_failed"] >= len(world.ports)
+    world.fabric.sa.enabled = True
+    world.run(disc.sweep_now())
+    assert iocs.take() == [] and disc.found == before
+
+
+def test_start_is_once_per_manager_and_close_keeps_what_was_reported(world: World) -> None:
+    world.unit.take_slot(object(), exported(0x99, []))
+    disc = Discovery.start(world.mgr, interval=None, timeout=0.5, retries=1)
+    assert Discovery.start(world.mgr) is disc and Discovery.of(world.mgr) is disc
+    world.run(disc.sweep_now())
+    disc.close()
+    assert Discovery.of(world.mgr) is None
+    with pytest.raises(InvalidParameter):
+        disc.sweep_now()
+    assert [i.ioc_guid for i in world.mgr.io_devices.iocs()] == [0x99]
+    with pytest.raises(InvalidParameter):
+        Discovery.start(world.mgr, interval=0)

@@ -331,3 +331,20 @@ def test_bad_settings_and_a_second_start_are_refused() -> None:
     assert s.start(0.0)[-1] == Done(Found())
     with pytest.raises(InvalidParameter):
         s.start(0.0)
+
+
+def test_without_port_and_keeping() -> None:
+    t1, t2 = target(1, "u1"), target(2, "u2")
+    t1b = Target(t1.iou, LOCAL_CA, 0xA2, "u1", path(1))
+    found, _, _ = sweep_of({"u1": unit(ioc(0x11, 1)), "u2": unit(ioc(0x21, 0))}, [t1, t2, t1b])
+    assert found.ways == {1: frozenset({LOCAL_PORT, 0xA2}), 2: frozenset({LOCAL_PORT})}
+    left = found.without_port(LOCAL_PORT)
+    assert list(left.ious) == [1] and list(left.iocs) == [0x11]
+    assert left.paths[0x11] == (IocPath(LOCAL_CA, 0xA2, path(1)),)
+    assert diff(found, left) == [RemoveIou(2), RemovePath(0x11, LOCAL_PORT, dgid(1))]
+    # A sweep that could not list port 0xA2's units keeps what it reached; others go.
+    empty = Found()
+    assert empty.keeping(found, {0xA2}) == Found(
+        {1: found.ious[1]}, {0x11: found.iocs[0x11]}, {0x11: found.paths[0x11]},
+        {1: found.ways[1]})  # fmt: skip
+    assert empty.keeping(found, {0xA9}) == empty
