@@ -1,0 +1,64 @@
+"""examples/ioc_channel_driver.py: the channel driver attaches to every IOC discovery finds
+(a CA handle, PD, CQ and an RC QP in INIT on the local port of the path) and detaches when
+the IOC goes; on the mock fabric, the clock stepped."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from discovery_world import World, exported, make_world
+
+from ibal.dm.discovery import Discovery
+from ibal.status import InvalidHandle
+from ibal.types import QpState
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ioc_channel_driver.py"
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    yield from make_world()
+
+
+@pytest.fixture(scope="module")
+def example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ioc_channel_driver", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_driver_attaches_to_each_ioc_and_detaches_when_it_goes(
+    world: World, example: ModuleType
+) -> None:
+    driver = example.ChannelDriver(world.mgr.open_al())
+    owner = object()
+    slot = world.unit.take_slot(owner, exported(0x5A, [("SRP.T10:disk0", 0x2C90200405A00),
+                                                       ("admin", 7)], name="disk array"))
+    world.unit.take_slot(object(), exported(0x5B, []))
+    disc = Discovery.start(world.mgr, interval=None, timeout=0.5, retries=1)
+    world.run(disc.sweep_now())
+    assert sorted(driver.attached) == [0x5A, 0x5B]  # one attachment per IOC, not per path
+    a = driver.attached[0x5A]
+    assert a.services == ["SRP.T10:disk0=0x2c90200405a00", "admin=0x7"]
+    attr = a.qp.query()
+    assert attr.state is QpState.INIT
+    dm_port = world.user.query_ca_by_guid(world.iou_guid).ports[0]
+    assert a.dlid == dm_port.lid  # the path leads to the IOU's port
+    assert driver.journal[0].startswith("attached 0x5a 'disk array' via port 1 of ")
+
+    world.unit.free_slot(slot, owner)
+    world.run(disc.sweep_now())
+    assert sorted(driver.attached) == [0x5B] and driver.journal[-1] == "detached 0x5a"
+    world.settle()
+    with pytest.raises(InvalidHandle):
+        a.qp.query()  # the QP went with the IOC
+    driver.close()
+    assert driver.attached == {}
