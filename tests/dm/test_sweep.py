@@ -348,3 +348,25 @@ def test_without_port_and_keeping() -> None:
         {1: found.ious[1]}, {0x11: found.iocs[0x11]}, {0x11: found.paths[0x11]},
         {1: found.ways[1]})  # fmt: skip
     assert empty.keeping(found, {0xA9}) == empty
+
+
+def test_the_gets_on_the_wire_byte_by_byte() -> None:
+    """IBA 16.3.1: common header (base 1, class 0x06, version 1, Get), 40 reserved bytes,
+    no data; the modifiers at bytes 20..23 (ServiceEntries: slot, last, first)."""
+    u = unit(None, ioc(0x22, 6))
+    s = Sweep([target(1, "u1")], tids=iter(range(0x51, 0x60)))
+    [a] = [x for x in s.start(0.0) if isinstance(x, Send)]
+    m = a.mad
+    assert len(m) == 256 and m[0:4] == b"\x01\x06\x01\x01" and m[4:8] == bytes(4)
+    assert m[8:16] == (0x51).to_bytes(8, "big") and m[16:18] == b"\x00\x10"
+    assert m[18:20] == bytes(2) and m[20:24] == bytes(4) and m[24:256] == bytes(232)
+    r = answer(m, u)
+    assert isinstance(r, Reply)
+    [p] = [x for x in s.on_answer(r.mad, 0.0) if isinstance(x, Send)]
+    assert p.mad[16:18] == b"\x00\x11" and p.mad[20:24] == b"\x00\x00\x00\x02"  # slot 2
+    r = answer(p.mad, u)
+    assert isinstance(r, Reply)
+    e1, e2 = [x for x in s.on_answer(r.mad, 0.0) if isinstance(x, Send)]
+    assert e1.mad[16:18] == b"\x00\x12" and e1.mad[20:24] == b"\x00\x02\x03\x00"  # 0..3
+    assert e2.mad[20:24] == b"\x00\x02\x05\x04"  # entries 4..5
+    assert [x.mad[8:16] for x in (e1, e2)] == [(0x53).to_bytes(8, "big"), (0x54).to_bytes(8, "big")]
