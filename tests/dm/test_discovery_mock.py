@@ -7,7 +7,11 @@ fabric and the AL share a :class:`ManualClock`, stepped by the test; nothing sle
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from discovery_world import Events, World, exported, make_world
@@ -20,6 +24,8 @@ from ibal.mad.smp import CapabilityMask
 from ibal.sa.port import SaPort
 from ibal.status import InvalidParameter
 from ibal.types import IocInfo, SvcEntry
+from ibal.wire.pcap import WIRESHARK_IB_PREF, close_captures
+from ibal.wire.tshark import tshark_path
 
 
 @pytest.fixture
@@ -181,3 +187,46 @@ def test_start_is_once_per_manager_and_close_keeps_what_was_reported(world: Worl
     assert [i.ioc_guid for i in world.mgr.io_devices.iocs()] == [0x99]
     with pytest.raises(InvalidParameter):
         Discovery.start(world.mgr, interval=0)
+
+
+def test_the_dm_mads_on_the_wire_decode_in_tshark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep's Gets and the agent's GetResps as tshark reads them from the fabric's
+    capture: class 0x06 version 1, the attributes and modifiers asked, clean frames."""
+    if tshark_path() is None:
+        if os.environ.get("IBAL_LAB_REQUIRED") == "1":
+            pytest.fail("tshark not installed (Debian package tshark)")
+        pytest.skip("tshark not installed (Debian package tshark)")
+    monkeypatch.setenv("IBAL_CAPTURE", str(tmp_path / "dm.pcap"))
+    gen = make_world()
+    world = next(gen)
+    try:
+        world.unit.take_slot(object(), exported(0xAB, [(f"s{i}", i) for i in range(5)]))
+        disc = Discovery.start(world.mgr, interval=None, timeout=0.5, retries=1)
+        world.run(disc.sweep_now())
+    finally:
+        with contextlib.suppress(StopIteration):
+            next(gen)
+        close_captures()
+    fields = ["infiniband.mad.mgmtclass", "infiniband.mad.classversion", "infiniband.mad.method",
+              "infiniband.mad.status", "infiniband.mad.attributeid",
+              "infiniband.mad.attributemodifier", "_ws.malformed", "_ws.expert.message"]
+    argv = ["tshark", "-n", "-r", str(tmp_path / "dm-ib.pcap"), "-o", WIRESHARK_IB_PREF,
+            "-Y", "infiniband.mad.mgmtclass == 0x06", "-T", "fields", "-E", "separator=\t"]
+    for f in fields:
+        argv += ["-e", f]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split("\t") for line in r.stdout.splitlines()]
+    assert rows and all(len(x) == len(fields) for x in rows)
+    assert all(x[6:] == ["", ""] for x in rows), rows  # nothing malformed, no expert info
+    gets = {(int(x[4], 0), int(x[5], 0)) for x in rows if int(x[2], 0) == 0x01}
+    resps = {(int(x[4], 0), int(x[5], 0)) for x in rows
+             if int(x[2], 0) == 0x81 and int(x[3], 0) == 0}  # fmt: skip
+    assert {x[0] for x in rows} == {"0x06"} and {int(x[1], 0) for x in rows} == {1}
+    slot = disc.found.iocs[0xAB].slot
+    want = {(0x10, 0), (0x11, slot), (0x12, slot << 16 | 3 << 8), (0x12, slot << 16 | 4 << 8 | 4)}
+    assert gets == want and resps == want  # each asked and answered
+    # One IOU is asked through one of its three ways, once per sweep: no try repeated.
+    assert sum(1 for x in rows if int(x[2], 0) == 0x01) == len(want) * disc.stats["sweeps"]
