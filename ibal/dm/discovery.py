@@ -45,6 +45,7 @@ from ibal.dm.sweep import (
     ArmTimer,
     Done,
     Found,
+    IocPath,
     RemoveIoc,
     RemoveIou,
     RemovePath,
@@ -230,6 +231,7 @@ class Discovery:
         self.stats: Counter[str] = Counter()
         self.last_stats: Counter[str] = Counter()
         self.found = Found()
+        self._mine: set[int] = set()  # GUIDs of the IOUs this client reported
         self._lock = threading.RLock()
         self._cas: dict[int, Ca] = {}
         self._ports: dict[int, DmPort] = {}  # port GUID -> requester
@@ -296,6 +298,12 @@ class Discovery:
                 handle._set(self.found)  # nobody waits for a sweep that will not come
         with contextlib.suppress(IbError):
             self.al.close()
+
+    @property
+    def idle(self) -> bool:
+        """No sweep runs and none is asked for."""
+        with self._lock:
+            return self._run is None and self._next is None
 
     @property
     def ports(self) -> list[DmPort]:
@@ -491,6 +499,10 @@ class Discovery:
         if run.pending or run.sweep is not None or run.over:
             return
         self._end_sa(run)
+        # Answers come in any order: the targets in the ports' order, so the IOU's CA and
+        # its paths' order do not change from one sweep to the next by chance.
+        rank = {g: i for i, g in enumerate(run.ports)}
+        run.targets.sort(key=lambda t: (rank.get(t.port_guid, len(rank)), t.path))
         run.sweep = Sweep(run.targets, self.found, timeout=self.timeout, retries=self.retries,
                           window=self.window, tids=self._tids)  # fmt: skip
         # The DM phase starts on the misc queue (this may be the MAD receive thread).
@@ -572,10 +584,27 @@ class Discovery:
         with contextlib.suppress(InvalidParameter):
             self.sweep_now()
 
+    def _registry_view(self) -> Found:
+        """What the registry holds of the units this client reported.  The registry is the
+        truth: the PnP engine removes from it by itself (the IOC paths of a port leaving
+        ACTIVE, what was reached through a CA that goes)."""
+        reg = self.mgr.io_devices
+        ious = {i.guid: i for i in reg.ious() if i.guid in self._mine}
+        iocs = {c.ioc_guid: c for c in reg.iocs() if c.iou_guid in ious}
+        paths: dict[int, tuple[IocPath, ...]] = {}
+        for guid in list(iocs):
+            try:
+                paths[guid] = tuple(IocPath(ca, port, p) for ca, port, p in reg.ioc_paths(guid))
+            except NotFound:  # removed meanwhile
+                del iocs[guid]
+        return Found(ious, iocs, paths)
+
     def _report(self, found: Found) -> None:
-        """Under the lock: ``found`` replaces what was reported; the registry hears the diff."""
-        changes = diff(self.found, found)
+        """Under the lock: ``found`` is what should be reported; the registry hears the
+        difference from what it holds."""
+        changes = diff(self._registry_view(), found)
         self.found = found
+        self._mine.update(found.ious)
         reg = self.mgr.io_devices
         for c in changes:
             self.stats[type(c).__name__] += 1
@@ -593,6 +622,6 @@ class Discovery:
                     reg.add_ioc_path(c.ioc_guid, p.ca_guid, p.port_guid, p.path)
                 elif isinstance(c, RemovePath):
                     reg.remove_ioc_path(c.ioc_guid, c.port_guid, c.dgid)
-            except NotFound as exc:  # someone else changed the registry: say so, go on
-                self.stats["registry_mismatch"] += 1
+            except NotFound as exc:  # the engine removed it meanwhile (a port went): go on
+                self.stats["registry_raced"] += 1
                 log.info("IOC discovery: %r not applied: %s", c, exc)

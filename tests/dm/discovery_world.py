@@ -11,7 +11,7 @@ from ibal.al import AccessLayer, AlManager, PnpRec
 from ibal.clock import ManualClock
 from ibal.dm.agent import DmService
 from ibal.dm.answer import ExportedIoc
-from ibal.dm.discovery import SweepHandle
+from ibal.dm.discovery import Discovery, SweepHandle
 from ibal.dm.iou import IoUnit, io_unit
 from ibal.mad import dm
 from ibal.providers.mock import MockFabric, MockProvider
@@ -66,6 +66,17 @@ class World:
                 return
             self.clock.advance(0.05, settle=self.settle)
         raise AssertionError("the sweep did not end")
+
+    def quiet(self, disc: Discovery) -> None:
+        """Sweep until no sweep is running or asked for (ports announce themselves as PnP
+        events, each asking for one): what is reported then is the fabric's state."""
+        self.run(disc.sweep_now())
+        for _ in range(20):
+            self.settle()
+            if disc.idle:
+                return
+            self.run(disc.sweep_now())
+        raise AssertionError("the sweeps did not settle")
 
 
 def make_world() -> Iterator[World]:

@@ -44,7 +44,7 @@ def test_the_driver_attaches_to_each_ioc_and_detaches_when_it_goes(
                                                        ("admin", 7)], name="disk array"))
     world.unit.take_slot(object(), exported(0x5B, []))
     disc = Discovery.start(world.mgr, interval=None, timeout=0.5, retries=1)
-    world.run(disc.sweep_now())
+    world.quiet(disc)
     assert sorted(driver.attached) == [0x5A, 0x5B]  # one attachment per IOC, not per path
     a = driver.attached[0x5A]
     assert a.services == ["SRP.T10:disk0=0x2c90200405a00", "admin=0x7"]
@@ -55,7 +55,7 @@ def test_the_driver_attaches_to_each_ioc_and_detaches_when_it_goes(
     assert driver.journal[0].startswith("attached 0x5a 'disk array' via port 1 of ")
 
     world.unit.free_slot(slot, owner)
-    world.run(disc.sweep_now())
+    world.quiet(disc)
     assert sorted(driver.attached) == [0x5B] and driver.journal[-1] == "detached 0x5a"
     world.settle()
     with pytest.raises(InvalidHandle):

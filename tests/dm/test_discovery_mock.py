@@ -71,10 +71,10 @@ def test_iocs_exported_on_one_ca_are_found_and_raised_as_pnp_events(world: World
                                                            ("eps", 0x14)]))  # fmt: skip
     slot_b = world.unit.take_slot(owner_b, exported(0xB2, [], name="plain"))
     disc = Discovery.start(world.mgr, interval=None, timeout=0.5, retries=2)
-    world.run(disc.sweep_now())
+    world.quiet(disc)
     ious.take()
     iocs.take()
-    world.run(disc.sweep_now())  # nothing changed: nothing raised
+    world.quiet(disc)  # nothing changed: nothing raised
     assert (ious.take(), iocs.take()) == ([], [])
 
     # What was raised: checked on the registry and through a new registration's replay.
@@ -107,7 +107,7 @@ def test_iocs_exported_on_one_ca_are_found_and_raised_as_pnp_events(world: World
 
     # An IOC destroyed: on the next sweep its paths go, then the IOC (the other stays).
     world.unit.free_slot(slot_b, owner_b)
-    world.run(disc.sweep_now())
+    world.quiet(disc)
     log = iocs.take()
     assert [(e, g) for e, g, _ in log] == [("IOC_PATH_REMOVE", 0xB2)] * 3 + [("IOC_REMOVE", 0xB2)]
     assert ious.take() == []
@@ -115,7 +115,7 @@ def test_iocs_exported_on_one_ca_are_found_and_raised_as_pnp_events(world: World
 
     # The last IOC gone: the port stops advertising device management, the unit goes.
     world.unit.free_slot(slot_a, owner_a)
-    world.run(disc.sweep_now())
+    world.quiet(disc)
     assert [(e, g) for e, g, _ in iocs.take()] == \
         [("IOC_PATH_REMOVE", 0xA1)] * 3 + [("IOC_REMOVE", 0xA1)]  # fmt: skip
     assert ious.take() == [("IOU_REMOVE", world.iou_guid, 0)]
@@ -127,7 +127,7 @@ def test_periodic_sweeps_follow_the_clock(world: World) -> None:
     iocs = Events()
     world.user.reg_pnp(PnpClass.IOC, iocs)
     disc = Discovery.start(world.mgr, interval=30.0, timeout=0.5, retries=1)
-    world.run(disc.sweep_now())
+    world.quiet(disc)
     assert iocs.take() == [("REG_COMPLETE", 0, 0)]
     world.unit.take_slot(object(), exported(0xC3, [("svc", 1)]))
     world.clock.advance(29.0, settle=world.settle)
@@ -143,18 +143,18 @@ def test_a_local_port_going_down_takes_its_paths_at_once(world: World) -> None:
     world.user.reg_pnp(PnpClass.IOC, iocs)
     world.unit.take_slot(object(), exported(0xD4, [("svc", 1)]))
     disc = Discovery.start(world.mgr, interval=None, timeout=0.5, retries=1)
-    world.run(disc.sweep_now())
+    world.quiet(disc)
     assert sorted(p for e, _, p in iocs.take() if e == "IOC_PATH_ADD") == sorted(world.ports)
     leaving = world.ports[2]
     world.fabric.set_link(world.fabric.cas[2].ports[0], up=False)
     world.settle()  # no clock step, no sweep answered yet: the PORT_DOWN alone did it
     assert iocs.take() == [("IOC_PATH_REMOVE", 0xD4, leaving)]
     assert all(p.port_guid != leaving for p in disc.found.paths[0xD4])
-    world.run(disc.sweep_now())  # the sweep after it agrees
+    world.quiet(disc)  # the sweep after it agrees
     assert iocs.take() == []
     world.fabric.set_link(world.fabric.cas[2].ports[0], up=True)
     world.settle()
-    world.run(disc.sweep_now())
+    world.quiet(disc)
     assert iocs.take() == [("IOC_PATH_ADD", 0xD4, leaving)]
 
 
@@ -163,15 +163,15 @@ def test_an_sa_that_does_not_answer_removes_nothing(world: World) -> None:
     world.user.reg_pnp(PnpClass.IOC, iocs)
     world.unit.take_slot(object(), exported(0xF6, [("svc", 1)]))
     disc = Discovery.start(world.mgr, interval=None, timeout=0.5, retries=1)
-    world.run(disc.sweep_now())
+    world.quiet(disc)
     assert ("IOC_ADD", 0xF6, 0) in iocs.take()
     before = disc.found
     world.fabric.sa.enabled = False  # the SM's SA goes silent: every listing times out
-    world.run(disc.sweep_now())
+    world.quiet(disc)
     assert iocs.take() == [] and disc.found == before
     assert disc.stats["sa_failed"] >= len(world.ports)
     world.fabric.sa.enabled = True
-    world.run(disc.sweep_now())
+    world.quiet(disc)
     assert iocs.take() == [] and disc.found == before
 
 
@@ -179,7 +179,7 @@ def test_start_is_once_per_manager_and_close_keeps_what_was_reported(world: Worl
     world.unit.take_slot(object(), exported(0x99, []))
     disc = Discovery.start(world.mgr, interval=None, timeout=0.5, retries=1)
     assert Discovery.start(world.mgr) is disc and Discovery.of(world.mgr) is disc
-    world.run(disc.sweep_now())
+    world.quiet(disc)
     disc.close()
     assert Discovery.of(world.mgr) is None
     with pytest.raises(InvalidParameter):
@@ -204,7 +204,7 @@ def test_the_dm_mads_on_the_wire_decode_in_tshark(
     try:
         world.unit.take_slot(object(), exported(0xAB, [(f"s{i}", i) for i in range(5)]))
         disc = Discovery.start(world.mgr, interval=None, timeout=0.5, retries=1)
-        world.run(disc.sweep_now())
+        world.quiet(disc)
     finally:
         with contextlib.suppress(StopIteration):
             next(gen)
