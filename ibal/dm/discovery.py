@@ -2,28 +2,26 @@
 
 :class:`Discovery` is one per manager (:meth:`Discovery.start`): an internal
 AL instance, a PnP client of the PORT class (``PnpOrder.DM``) that keeps a
-DM requester (:class:`DmPort`: a MAD service of class DEV_MGT on the port's
-QP1 alias) per active port, and the sweeps.  A sweep:
+DM requester (:class:`~ibal.dm.targets.DmPort`) per active port, and the
+sweeps.  A sweep:
 
-1. per active InfiniBand port, asks the SA (``ibal.sa.SaPort``) for the
-   PortInfoRecords with IsDeviceManagementSupported (a GetTable with the
-   CapabilityMask component, attribute modifier bit 31: matched bitwise, as
-   OpenSM does), the NodeRecord of each (the I/O unit's GUIDs, IDs and
-   description) and a PathRecord to it; per active Ethernet (RoCE) port,
-   which has no SA, resolves a path to each configured peer GID
-   (:class:`RocePeer`; ``ibal.sa.roce``);
-2. runs a :class:`~ibal.dm.sweep.Sweep` over those targets (the DM Gets,
-   their retries on the AL's timers);
-3. applies the :func:`~ibal.dm.sweep.diff` with the previous sweep to
-   ``mgr.io_devices``, which raises IOU / IOC / IOC-path PnP events to every
+1. finds its targets (:class:`~ibal.dm.targets.TargetSearch`: the SA's
+   PortInfoRecords with IsDeviceManagementSupported, NodeRecords and
+   PathRecords on InfiniBand ports; paths to the configured
+   :class:`~ibal.dm.targets.RocePeer` GIDs on Ethernet ports);
+2. runs a :class:`~ibal.dm.sweep.Sweep` over them (the DM Gets, their retries
+   on the AL's timers);
+3. reports the :func:`~ibal.dm.sweep.diff` between its result and what the
+   registry holds of the units this client reported to ``mgr.io_devices``,
+   which raises IOU / IOC / IOC-path PnP events to every
    ``reg_pnp(PnpClass.IOU / IOC)`` client of the manager.
 
-Sweeps run when a port becomes active or goes, every ``interval`` seconds
-(``None``: never by themselves), and on :meth:`Discovery.sweep_now`.  A
-sweep asked while one runs follows it.  SA answers arrive on the MAD
-receive thread, DM answers and timers on the misc queue; nothing here
-blocks on them.  Counters: :attr:`Discovery.stats` (sweeps, SA failures,
-registry changes) plus each sweep's own (:attr:`Discovery.last_stats`).
+Sweeps run when a port becomes active, changes or goes, every ``interval``
+seconds (``None``: never by themselves), and on :meth:`Discovery.sweep_now`.
+A sweep asked while one runs follows it.  SA answers arrive on the MAD
+receive thread, DM answers and timers on the misc queue; nothing here blocks
+on them.  Counters: :attr:`Discovery.stats` (sweeps, SA failures, registry
+changes) plus each sweep's own (:attr:`Discovery.last_stats`).  docs/ioc-discovery.md.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ibal.al import AccessLayer, Ca, Dependent, PnpClass, PnpEvent, PnpOrder, PnpRec
+from ibal.al import AccessLayer, Ca, PnpClass, PnpEvent, PnpOrder, PnpRec
 from ibal.dm.sweep import (
     AddIoc,
     AddIou,
@@ -51,30 +49,11 @@ from ibal.dm.sweep import (
     RemovePath,
     Send,
     Sweep,
-    Target,
     diff,
 )
-from ibal.mad import MadElement, MadService, MadSvc, put_mad, reg_mad_svc, sa
-from ibal.mad.consts import Method, MgmtClass, SaAttr
-from ibal.mad.dm import DM_CLASS_VERSION
-from ibal.mad.smp import CapabilityMask
-from ibal.records import record
-from ibal.sa.port import SaPort
-from ibal.sa.txn import SaAnswer
+from ibal.dm.targets import ENHANCED_COMP_MASK, DmPort, RocePeer, TargetSearch
 from ibal.status import IbError, InvalidParameter, NotFound, Timeout
-from ibal.types import (
-    Gid,
-    GidType,
-    Grh,
-    IouInfo,
-    LinkLayer,
-    LinkState,
-    MadAddr,
-    PortAttr,
-    QpType,
-    WcStatus,
-)
-from ibal.wire.fields import FieldError
+from ibal.types import LinkState, MadAddr
 
 if TYPE_CHECKING:
     from ibal.al import AlManager, PnpRegistration, Timer
@@ -83,41 +62,8 @@ __all__ = ["ENHANCED_COMP_MASK", "Discovery", "DmPort", "RocePeer", "SweepHandle
 
 log = logging.getLogger("ibal.dm")
 
-ENHANCED_COMP_MASK = 1 << 31
-"""PortInfoRecord attribute modifier bit 31: CapabilityMask components match bitwise."""
-
 _DISCOVERIES: weakref.WeakKeyDictionary[AlManager, Discovery] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
-_PIR_MASK = sa.component_mask(sa.PORT_INFO_RECORD, ["capability_mask"])
-_NR_MASK = sa.component_mask(sa.NODE_RECORD, ["lid"])
-_PR_MASK = sa.component_mask(sa.PATH_RECORD, ["sgid", "dgid"])
-_RECORD = {SaAttr.PORT_INFO_RECORD: sa.PORT_INFO_RECORD, SaAttr.NODE_RECORD: sa.NODE_RECORD,
-           SaAttr.PATH_RECORD: sa.PATH_RECORD}  # fmt: skip
-
-
-@record(frozen=True)
-class RocePeer:
-    """A RoCE peer to ask for I/O units (RoCE has no SA to list them).
-
-    ``iou_guid``: the unit's GUID as reported (0: the GID's low 64 bits, the
-    only identity the wire gives); ``desc``: its description.
-    """
-
-    gid: Gid
-    iou_guid: int = 0
-    desc: str = ""
-
-
-def _source_gid(port: PortAttr, dgid: Gid) -> Gid | None:
-    """The local GID a path to ``dgid`` starts at: GID 0 on InfiniBand; on RoCE the first
-    GID of the same family (IPv4-mapped or not), RoCE v2 first (``None``: let the resolver
-    take the route's source)."""
-    if port.link_layer is LinkLayer.INFINIBAND:
-        return port.gids[0] if port.gids else None
-    v4 = dgid.ipv4_mapped is not None
-    same = [e for e in port.gid_table if e.is_ipv4 == v4]
-    same.sort(key=lambda e: (e.gid_type is not GidType.ROCE_V2, e.index))
-    return same[0].gid if same else None
 
 
 class SweepHandle:
@@ -143,79 +89,15 @@ class SweepHandle:
         self._done.set()
 
 
-class DmPort(Dependent):
-    """The DM requester of one local port: a DEV_MGT MAD service on its QP1 alias."""
-
-    _kind = "DM discovery port"
-
-    def __init__(self, disc: Discovery, ca: Ca, port: PortAttr) -> None:
-        self.disc = disc
-        self.ca = ca
-        self.attr = port
-        self.port_guid = port.port_guid
-        pd = ca.alloc_pd()
-        self._pd = pd
-        try:
-            alias = pd.get_spl_qp(port.port_guid, QpType.QP1_ALIAS)
-            svc = MadSvc(MgmtClass.DEV_MGT, DM_CLASS_VERSION, self._on_recv, self._on_sent)
-            self.service: MadService = reg_mad_svc(alias, svc)
-            super().__init__((ca, port.port_num))
-        except BaseException:
-            with contextlib.suppress(IbError):
-                pd.dealloc()
-            raise
-
-    def __repr__(self) -> str:
-        return f"<DmPort {self.ca.name} port {self.attr.port_num} 0x{self.port_guid:016x}>"
-
-    def send(self, run: _Run, tid: int, addr: MadAddr, mad: bytes, timeout_ms: int) -> None:
-        e = self.service.pool_key.get_mad()
-        e.mad[:] = mad
-        e.addr = addr
-        e.resp_expected, e.timeout_ms, e.retry_cnt = True, timeout_ms, 0
-        e.context1, e.context2 = run, tid
-        try:
-            self.service.send(e)
-        except IbError:
-            put_mad(e)
-            raise
-
-    def _on_sent(self, e: MadElement) -> None:
-        """Misc queue: a Get ended; with an answer, the answer gives the element back."""
-        if e.status is WcStatus.SUCCESS and e.resp_expected:
-            return
-        put_mad(e)
-
-    def _on_recv(self, e: MadElement) -> None:
-        """Misc queue: the answer to one of our Gets (the sweep checks it)."""
-        request = e.request
-        mad = bytes(e.mad)
-        put_mad([e] if request is None else [e, request])
-        if request is None:
-            self.disc.stats["dropped_unsolicited"] += 1
-            return
-        run = request.context1
-        if isinstance(run, _Run):
-            self.disc._answer(run, mad)
-
-    def cleanup(self) -> None:
-        with contextlib.suppress(IbError):
-            self._pd.dealloc()
-
-
 class _Run:
-    """One sweep: the SA phase (targets), then the DM phase (a :class:`Sweep`)."""
+    """One sweep: the SA phase (a :class:`TargetSearch`), then the DM phase (a :class:`Sweep`)."""
 
-    def __init__(self, handle: SweepHandle) -> None:
+    def __init__(self, handle: SweepHandle, search: TargetSearch) -> None:
         self.handle = handle
-        self.pending = 0  # SA requests not answered
-        self.targets: list[Target] = []
+        self.search = search
         self.sweep: Sweep | None = None
-        self.ports: dict[int, DmPort] = {}
-        self.sa_ports: list[SaPort] = []
         self.timer: Timer | None = None
         self.over = False
-        self.blind: set[int] = set()  # local ports whose SA listing failed
 
 
 class Discovery:
@@ -292,7 +174,7 @@ class Discovery:
                 self._periodic.cancel()
         if run is not None:
             run.over = True
-            self._end_sa(run)
+            run.search.cancel()
         for handle in (run.handle if run is not None else None, self._next):
             if handle is not None and not handle.done:
                 handle._set(self.found)  # nobody waits for a sweep that will not come
@@ -329,7 +211,8 @@ class Discovery:
                 known = self._ports.get(rec.guid)
                 if known is None or not known.alive:
                     try:
-                        self._ports[rec.guid] = DmPort(self, self._ca(rec.ca_guid), port)
+                        self._ports[rec.guid] = DmPort(self._answer, self.stats,
+                                                       self._ca(rec.ca_guid), port)
                     except IbError as exc:
                         log.warning("no IOC discovery on port 0x%016x: %s", rec.guid, exc)
                         return
@@ -373,150 +256,25 @@ class Discovery:
         if self._periodic is not None:
             self._periodic.cancel()
             self._periodic = None
-        run = self._run = _Run(handle)
-        run.ports = {g: p for g, p in self._ports.items() if p.alive}
+        ports = {g: p for g, p in self._ports.items() if p.alive}
+        search = TargetSearch(ports, self.roce_peers, timeout_ms=int(self.timeout * 1000),
+                              retries=self.retries, lock=self._lock, stats=self.stats,
+                              done=lambda: self._searched(run))  # fmt: skip
+        run = self._run = _Run(handle, search)
         self.stats["sweeps"] += 1
-        run.pending += 1  # held while the requests go out
-        for dp in run.ports.values():
-            try:
-                sa_port = SaPort.open(self.al, dp.port_guid)
-            except IbError as exc:
-                self.stats["sa_unavailable"] += 1
-                run.blind.add(dp.port_guid)
-                log.info("IOC discovery: no SA port on %r: %s", dp, exc)
-                continue
-            run.sa_ports.append(sa_port)
-            if dp.attr.link_layer is LinkLayer.INFINIBAND:
-                pir = sa.PORT_INFO_RECORD.encode(
-                    capability_mask=int(CapabilityMask.IS_DEVICE_MANAGEMENT_SUPPORTED))
-                self._ask(run, sa_port, SaAttr.PORT_INFO_RECORD, pir, _PIR_MASK,
-                          lambda recs, dp=dp, sp=sa_port: self._on_pirs(run, dp, sp, recs),
-                          attr_mod=ENHANCED_COMP_MASK)  # fmt: skip
-            else:
-                for peer in self.roce_peers:
-                    self._ask_path(run, dp, sa_port, None, peer.gid.packed, peer)
-        self._sa_answered(run)
+        search.start()
 
-    def _ask(self, run: _Run, port: SaPort, attr: SaAttr, data: bytes, mask: int,
-             then: Any, attr_mod: int = 0) -> None:  # fmt: skip
-        """Under the lock: one SA GetTable; ``then(records)`` with the decoded records.  A
-        failed listing (PortInfo or NodeRecords) makes the port blind for this sweep: what
-        it reached before is kept; a path not found loses that target only."""
-        table = _RECORD[attr]
-
-        def done(answer: SaAnswer) -> None:
-            with self._lock:
-                if run.over:
-                    return
-                if answer.ok:
-                    try:
-                        then([table.decode(r[: table.size]) for r in answer.records])
-                    except (FieldError, InvalidParameter) as exc:  # a record without sense
-                        self.stats["sa_malformed"] += 1
-                        run.blind.add(port.port_guid)
-                        log.info("IOC discovery: SA %s record dropped: %s", attr.name, exc)
-                elif attr == SaAttr.PATH_RECORD:  # no way to that port (now): it goes
-                    self.stats["no_path"] += 1
-                    log.info("IOC discovery: no path: %s %s", answer.status.name, answer.detail)
-                else:
-                    self.stats["sa_failed"] += 1
-                    run.blind.add(port.port_guid)
-                    log.info("IOC discovery: SA %s: %s %s", attr.name, answer.status.name,
-                             answer.detail)  # fmt: skip
-                self._sa_answered(run)
-
-        run.pending += 1
-        try:
-            port.request(Method.GET_TABLE, attr, data, mask, attr_mod=attr_mod,
-                         timeout_ms=int(self.timeout * 1000), retry_cnt=self.retries,
-                         callback=done)  # fmt: skip
-        except IbError as exc:
-            run.pending -= 1
-            self.stats["sa_failed"] += 1
-            run.blind.add(port.port_guid)
-            log.info("IOC discovery: SA %s not asked: %s", attr.name, exc)
-
-    def _on_pirs(self, run: _Run, dp: DmPort, port: SaPort, recs: list[dict[str, Any]]) -> None:
-        for r in recs:
-            lid = int(r["endport_lid"])
-            data = sa.NODE_RECORD.encode(lid=lid)
-            self._ask(run, port, SaAttr.NODE_RECORD, data, _NR_MASK,
-                      lambda nrs: self._on_nodes(run, dp, port, nrs))
-
-    def _on_nodes(self, run: _Run, dp: DmPort, port: SaPort, recs: list[dict[str, Any]]) -> None:
-        for n in recs:
-            desc = bytes(n["node_string"]).split(b"\0", 1)[0].decode("utf-8", "replace")
-            while len(desc.encode()) > 64:
-                desc = desc[:-1]
-            iou = IouInfo(guid=int(n["node_guid"]), ca_guid=dp.ca.guid,
-                          chassis_guid=int(n["system_image_guid"]), vend_id=int(n["vendor_id"]),
-                          dev_id=int(n["device_id"]), revision=int(n["revision"]), desc=desc)
-            prefix = dp.attr.gids[0].packed[:8] if dp.attr.gids else bytes(8)
-            dgid = prefix + int(n["port_guid"]).to_bytes(8, "big")
-            self._ask_path(run, dp, port, iou, dgid, None)
-
-    def _ask_path(self, run: _Run, dp: DmPort, port: SaPort, iou: IouInfo | None, dgid: bytes,
-                  peer: RocePeer | None) -> None:  # fmt: skip
-        values: dict[str, Any] = {"dgid": dgid}
-        mask = sa.component_mask(sa.PATH_RECORD, ["dgid"])
-        sgid = _source_gid(dp.attr, Gid(dgid))
-        if sgid is not None:
-            values["sgid"] = sgid.packed
-            mask = _PR_MASK
-        data = sa.PATH_RECORD.encode(values)
-        self._ask(run, port, SaAttr.PATH_RECORD, data, mask,
-                  lambda prs: self._on_paths(run, dp, iou, peer, prs))  # fmt: skip
-
-    def _on_paths(self, run: _Run, dp: DmPort, iou: IouInfo | None, peer: RocePeer | None,
-                  recs: list[dict[str, Any]]) -> None:  # fmt: skip
-        if not recs:
-            self.stats["no_path"] += 1
-            return
-        p = recs[0]
-        raw = sa.PATH_RECORD.encode(p)
-        dgid = Gid(raw[8:24])
-        if iou is None:  # a RoCE peer
-            assert peer is not None
-            guid = peer.iou_guid or int.from_bytes(dgid.packed[8:], "big")
-            iou = IouInfo(guid=guid, ca_guid=dp.ca.guid, desc=peer.desc)
-        addr = self._addr(dp, p, dgid)
-        run.targets.append(Target(iou, dp.ca.guid, dp.port_guid, (dp, addr), raw))
-
-    @staticmethod
-    def _addr(dp: DmPort, p: dict[str, Any], dgid: Gid) -> MadAddr:
-        """Where a DM Get along PathRecord ``p`` goes (QP1; a GRH on RoCE)."""
-        grh = None
-        if dp.attr.link_layer is not LinkLayer.INFINIBAND:
-            sgid = Gid(sa.PATH_RECORD.encode(p)[24:40])
-            index = next((e.index for e in dp.attr.gid_table if e.gid == sgid), 0)
-            grh = Grh(dgid=dgid, sgid_index=index, hop_limit=int(p["hop_limit"]) or 64,
-                      traffic_class=int(p["tclass"]))  # fmt: skip
-        return MadAddr(dlid=int(p["dlid"]), sl=int(p["sl"]), grh=grh)
-
-    def _sa_answered(self, run: _Run) -> None:
-        """Under the lock: one SA request ended; the last one starts the DM phase."""
-        run.pending -= 1
-        if run.pending or run.sweep is not None or run.over:
-            return
-        self._end_sa(run)
-        # Answers come in any order: the targets in the ports' order, so the IOU's CA and
-        # its paths' order do not change from one sweep to the next by chance.
-        rank = {g: i for i, g in enumerate(run.ports)}
-        run.targets.sort(key=lambda t: (rank.get(t.port_guid, len(rank)), t.path))
-        run.sweep = Sweep(run.targets, self.found, timeout=self.timeout, retries=self.retries,
-                          window=self.window, tids=self._tids)  # fmt: skip
-        # The DM phase starts on the misc queue (this may be the MAD receive thread).
+    def _searched(self, run: _Run) -> None:
+        """Under the lock: the targets are known; the DM phase starts on the misc queue
+        (this may be the MAD receive thread)."""
+        run.sweep = Sweep(run.search.targets, self.found, timeout=self.timeout,
+                          retries=self.retries, window=self.window, tids=self._tids)  # fmt: skip
         self.mgr.queues.misc.post(self._drive, run, "start", None)
 
-    def _end_sa(self, run: _Run) -> None:
-        ports, run.sa_ports = run.sa_ports, []
-        for p in ports:
-            with contextlib.suppress(IbError):
-                p.close()
-
     # ------------------------------------------------------------------ the DM phase
-    def _answer(self, run: _Run, mad: bytes) -> None:
-        self._drive(run, "answer", mad)
+    def _answer(self, run: object, mad: bytes) -> None:
+        if isinstance(run, _Run):
+            self._drive(run, "answer", mad)
 
     def _drive(self, run: _Run, what: str, arg: Any) -> None:
         """Feed one event to the run's sweep and carry out its actions."""
@@ -541,7 +299,7 @@ class Discovery:
                     dm_port, addr = where
                     assert isinstance(dm_port, DmPort) and isinstance(addr, MadAddr)
                     try:
-                        dm_port.send(run, a.tid, addr, a.mad, int(self.timeout * 1000))
+                        dm_port.send(run, addr, a.mad, int(self.timeout * 1000))
                     except IbError:
                         failed.append(a.tid)
                 elif isinstance(a, ArmTimer):
@@ -563,9 +321,9 @@ class Discovery:
         """Under the lock: the sweep ended; report the changes, start what waits."""
         run.over = True
         self._run = None
-        if run.blind:
-            found = found.keeping(self.found, run.blind)
-        for guid in run.ports:
+        if run.search.blind:
+            found = found.keeping(self.found, run.search.blind)
+        for guid in run.search.ports:
             if guid not in self._ports:  # went during the sweep: what it found through it too
                 found = found.without_port(guid)
         self.last_stats = sweep.stats
