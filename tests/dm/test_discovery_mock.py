@@ -230,3 +230,24 @@ def test_the_dm_mads_on_the_wire_decode_in_tshark(
     assert gets == want and resps == want  # each asked and answered
     # One IOU is asked through one of its three ways, once per sweep: no try repeated.
     assert sum(1 for x in rows if int(x[2], 0) == 0x01) == len(want) * disc.stats["sweeps"]
+
+
+def test_a_ca_plugged_in_and_out_gains_and_loses_its_paths(world: World) -> None:
+    iocs = Events()
+    world.user.reg_pnp(PnpClass.IOC, iocs)
+    world.unit.take_slot(object(), exported(0xE7, []))
+    disc = Discovery.start(world.mgr, interval=None, timeout=0.5, retries=1)
+    world.quiet(disc)
+    iocs.take()
+    ca = world.fabric.hotplug_add("late")
+    world.settle()
+    world.quiet(disc)
+    [new_port] = [p.port_guid for p in world.user.query_ca_by_guid(ca.guid).ports]
+    assert iocs.take() == [("IOC_PATH_ADD", 0xE7, new_port)]
+    assert new_port in {p.port_guid for p in disc.ports}
+    world.fabric.hotplug_remove(ca)
+    world.settle()
+    world.quiet(disc)
+    assert iocs.take() == [("IOC_PATH_REMOVE", 0xE7, new_port)]
+    assert new_port not in {p.port_guid for p in disc.ports}  # its requester went with it
+    assert {p for _, p, _ in world.mgr.io_devices.ioc_paths(0xE7)} == set(world.ports)
