@@ -72,8 +72,14 @@ def test_iocs_exported_on_one_ca_are_found_and_raised_as_pnp_events(world: World
     slot_b = world.unit.take_slot(owner_b, exported(0xB2, [], name="plain"))
     disc = Discovery.start(world.mgr, interval=None, timeout=0.5, retries=2)
     world.quiet(disc)
-    ious.take()
-    iocs.take()
+    live_u, live_c = ious.take(), iocs.take()
+    assert live_u == [("REG_COMPLETE", 0, 0), ("IOU_ADD", world.iou_guid, 0)]
+    assert live_c[0] == ("REG_COMPLETE", 0, 0)
+    # Live: each IOC added before any of its paths, every path once, nothing removed.
+    for guid in (0xA1, 0xB2):
+        mine = [(e, p) for e, g, p in live_c if g == guid]
+        assert mine[0] == ("IOC_ADD", 0) and sorted(mine[1:]) == [
+            ("IOC_PATH_ADD", p) for p in sorted(world.ports)]  # fmt: skip
     world.quiet(disc)  # nothing changed: nothing raised
     assert (ious.take(), iocs.take()) == ([], [])
 
