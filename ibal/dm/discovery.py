@@ -49,6 +49,7 @@ from ibal.dm.sweep import (
     RemovePath,
     Send,
     Sweep,
+    Target,
     diff,
 )
 from ibal.dm.targets import ENHANCED_COMP_MASK, DmPort, RocePeer, TargetSearch
@@ -112,6 +113,8 @@ class Discovery:
         self.roce_peers: tuple[RocePeer, ...] = tuple(roce_peers)
         self.stats: Counter[str] = Counter()
         self.last_stats: Counter[str] = Counter()
+        self.last_targets: tuple[Target, ...] = ()
+        """The targets of the last sweep (diagnostics)."""
         self.found = Found()
         self._mine: set[int] = set()  # GUIDs of the IOUs this client reported
         self._lock = threading.RLock()
@@ -327,6 +330,7 @@ class Discovery:
             if guid not in self._ports:  # went during the sweep: what it found through it too
                 found = found.without_port(guid)
         self.last_stats = sweep.stats
+        self.last_targets = tuple(run.search.targets)
         self._report(found)
         run.handle._set(found)
         if self._closed:

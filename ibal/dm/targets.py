@@ -158,6 +158,10 @@ class DmPort(Dependent):
 class TargetSearch:
     """The SA phase of one sweep (see the module docstring); ``done()`` once it ended."""
 
+    capability = CapabilityMask.IS_DEVICE_MANAGEMENT_SUPPORTED
+    """The PortInfo capability bit a target's port has (a test on a fabric where no port
+    advertises device management may ask for another one)."""
+
     def __init__(self, ports: Mapping[int, DmPort], peers: Sequence[RocePeer], *,
                  timeout_ms: int, retries: int, lock: Any, stats: Counter[str],
                  done: Callable[[], object]) -> None:  # fmt: skip
@@ -186,8 +190,7 @@ class TargetSearch:
                 continue
             self._sa_ports.append(port)
             if dp.attr.link_layer is LinkLayer.INFINIBAND:
-                pir = sa.PORT_INFO_RECORD.encode(
-                    capability_mask=int(CapabilityMask.IS_DEVICE_MANAGEMENT_SUPPORTED))
+                pir = sa.PORT_INFO_RECORD.encode(capability_mask=int(self.capability))
                 self._ask(port, SaAttr.PORT_INFO_RECORD, pir, _PIR_MASK,
                           functools.partial(self._on_pirs, dp, port),
                           attr_mod=ENHANCED_COMP_MASK)  # fmt: skip
