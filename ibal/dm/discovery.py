@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ibal.al import AccessLayer, Ca, PnpClass, PnpEvent, PnpOrder, PnpRec
+from ibal.al import AccessLayer, Ca, PnpClass, PnpEvent, PnpOrder, PnpRec, in_callback
 from ibal.dm.sweep import (
     AddIoc,
     AddIou,
@@ -53,7 +53,7 @@ from ibal.dm.sweep import (
     diff,
 )
 from ibal.dm.targets import ENHANCED_COMP_MASK, DmPort, RocePeer, TargetSearch
-from ibal.status import IbError, InvalidParameter, NotFound, Timeout
+from ibal.status import IbError, InvalidParameter, InvalidState, NotFound, Timeout
 from ibal.types import LinkState, MadAddr
 
 if TYPE_CHECKING:
@@ -79,7 +79,10 @@ class SweepHandle:
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> Found:
-        """Block until the sweep ended (never on an AL callback thread)."""
+        """Block until the sweep ended; ``InvalidState`` on an AL callback thread (the
+        sweep needs those threads), ``Timeout`` after ``timeout`` seconds."""
+        if not self._done.is_set() and in_callback():
+            raise InvalidState("SweepHandle.wait blocks: call it off the AL's callback threads")
         if not self._done.wait(timeout):
             raise Timeout(f"the sweep did not end within {timeout} s")
         assert self.found is not None

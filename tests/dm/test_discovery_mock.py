@@ -22,7 +22,7 @@ from ibal.mad import sa
 from ibal.mad.consts import Method, SaAttr
 from ibal.mad.smp import CapabilityMask
 from ibal.sa.port import SaPort
-from ibal.status import InvalidParameter
+from ibal.status import InvalidParameter, InvalidState
 from ibal.types import IocInfo, SvcEntry
 from ibal.wire.pcap import WIRESHARK_IB_PREF, close_captures
 from ibal.wire.tshark import tshark_path
@@ -257,3 +257,20 @@ def test_a_ca_plugged_in_and_out_gains_and_loses_its_paths(world: World) -> None
     assert iocs.take() == [("IOC_PATH_REMOVE", 0xE7, new_port)]
     assert new_port not in {p.port_guid for p in disc.ports}  # its requester went with it
     assert {p for _, p, _ in world.mgr.io_devices.ioc_paths(0xE7)} == set(world.ports)
+
+
+def test_waiting_for_a_sweep_on_an_al_thread_is_refused(world: World) -> None:
+    disc = Discovery.start(world.mgr, interval=None, timeout=0.5, retries=1)
+    world.quiet(disc)
+    errors: list[BaseException] = []
+
+    def on_misc() -> None:
+        h = disc.sweep_now()
+        try:
+            h.wait(1)
+        except InvalidState as exc:
+            errors.append(exc)
+
+    world.mgr.queues.misc.post(on_misc)
+    world.quiet(disc)
+    assert len(errors) == 1
