@@ -224,7 +224,7 @@ class Discovery:
                         return
                 else:
                     known.attr = port
-            self.sweep_now()
+            self._tick()
         elif rec.event in (PnpEvent.PORT_DOWN, PnpEvent.PORT_INIT, PnpEvent.PORT_ARMED,
                            PnpEvent.PORT_REMOVE):  # fmt: skip
             with self._lock:
@@ -234,21 +234,22 @@ class Discovery:
             if gone is not None:
                 with contextlib.suppress(IbError):
                     gone.destroy()
-                self.sweep_now()
+                self._tick()
         elif rec.event in (PnpEvent.LID_CHANGE, PnpEvent.SM_CHANGE, PnpEvent.GID_CHANGE,
                            PnpEvent.PKEY_CHANGE, PnpEvent.CLIENT_REREGISTER):  # fmt: skip
             with self._lock:
                 known = self._ports.get(rec.guid)
                 if known is not None:
                     known.attr = port
-            self.sweep_now()
+            self._tick()
 
     # ------------------------------------------------------------------ sweeps
     def sweep_now(self) -> SweepHandle:
-        """Sweep now (or right after the sweep running, if one is): its handle."""
+        """Sweep now (or right after the sweep running, if one is): its handle.
+        ``InvalidState`` once closed."""
         with self._lock:
             if self._closed:
-                raise InvalidParameter("the discovery client is closed")
+                raise InvalidState("the discovery client is closed")
             if self._run is not None:
                 if self._next is None:
                     self._next = SweepHandle()
@@ -346,7 +347,7 @@ class Discovery:
                 self._periodic = self.al.timers.call_later(self.interval, self._tick)
 
     def _tick(self) -> None:
-        with contextlib.suppress(InvalidParameter):
+        with contextlib.suppress(InvalidState):  # closed meanwhile
             self.sweep_now()
 
     def _registry_view(self) -> Found:

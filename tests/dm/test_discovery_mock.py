@@ -188,7 +188,7 @@ def test_start_is_once_per_manager_and_close_keeps_what_was_reported(world: Worl
     world.quiet(disc)
     disc.close()
     assert Discovery.of(world.mgr) is None
-    with pytest.raises(InvalidParameter):
+    with pytest.raises(InvalidState):
         disc.sweep_now()
     assert [i.ioc_guid for i in world.mgr.io_devices.iocs()] == [0x99]
     with pytest.raises(InvalidParameter):
