@@ -108,11 +108,13 @@ class Discovery:
     """The IOC-discovery client of one manager (see the module docstring)."""
 
     def __init__(self, mgr: AlManager, *, interval: float | None, timeout: float, retries: int,
-                 window: int, roce_peers: Sequence[RocePeer]) -> None:  # fmt: skip
+                 window: int, roce_peers: Sequence[RocePeer],
+                 trust_change_id: bool) -> None:  # fmt: skip
         self.mgr = mgr
         self.al: AccessLayer = mgr.open_al()
         self.interval = interval
         self.timeout, self.retries, self.window = timeout, retries, window
+        self.trust_change_id = trust_change_id
         self.roce_peers: tuple[RocePeer, ...] = tuple(roce_peers)
         self.stats: Counter[str] = Counter()
         self.last_stats: Counter[str] = Counter()
@@ -134,13 +136,16 @@ class Discovery:
     @classmethod
     def start(cls, mgr: AlManager, *, interval: float | None = 60.0, timeout: float = 1.0,
               retries: int = 3, window: int = 16,
-              roce_peers: Iterable[RocePeer] = ()) -> Discovery:  # fmt: skip
+              roce_peers: Iterable[RocePeer] = (), trust_change_id: bool = True,
+              ) -> Discovery:  # fmt: skip
         """The manager's discovery client, started on first call (later calls return it).
 
         ``interval``: seconds between sweeps (``None``: only on port changes and
         :meth:`sweep_now`); ``timeout``/``retries``/``window``: each DM Get's
         time-out, its further tries, the Gets in flight; ``roce_peers``: the GIDs
-        asked from Ethernet ports.  The PnP replay (and so the first sweep's
+        asked from Ethernet ports; ``trust_change_id``: a unit whose IOUnitInfo ChangeID
+        and slots did not move since the last complete read is not asked further (False:
+        every sweep reads everything).  The PnP replay (and so the first sweep's
         start) is delivered before it returns, except from a PnP callback.
         """
         if interval is not None and interval <= 0:
@@ -155,7 +160,7 @@ class Discovery:
             if d is not None and not d._closed and not d.al.closed:
                 return d
             d = cls(mgr, interval=interval, timeout=timeout, retries=retries, window=window,
-                    roce_peers=peers)  # fmt: skip
+                    roce_peers=peers, trust_change_id=trust_change_id)  # fmt: skip
             _DISCOVERIES[mgr] = d
         sync = not mgr.queues.pnp.is_current()
         flags = PnpClass.FLAG_REG_SYNC if sync else PnpClass(0)
@@ -275,7 +280,8 @@ class Discovery:
         """Under the lock: the targets are known; the DM phase starts on the misc queue
         (this may be the MAD receive thread)."""
         run.sweep = Sweep(run.search.targets, self.found, timeout=self.timeout,
-                          retries=self.retries, window=self.window, tids=self._tids)  # fmt: skip
+                          retries=self.retries, window=self.window, tids=self._tids,
+                          trust_change_id=self.trust_change_id)  # fmt: skip
         self.mgr.queues.misc.post(self._drive, run, "start", None)
 
     # ------------------------------------------------------------------ the DM phase

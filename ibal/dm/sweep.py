@@ -25,6 +25,11 @@ Rules:
   profile or service entries failed keeps what the previous sweep knew of
   that slot (``carried_over``), or stays unreported: only complete
   controllers are reported.
+* A unit whose IOUnitInfo shows the ChangeID and slots of a complete read in
+  the previous sweep is not asked further: ChangeID moves with every change of
+  its controllers, profiles or service entries (IBA 16.3.3.3); its controllers
+  are taken from that sweep (``unchanged_units``; ``trust_change_id=False``
+  asks everything every time).
 
 :func:`diff` turns two results into the registry changes (:class:`AddIou`
 ... :class:`RemovePath`) that ``mgr.io_devices`` raises as PnP events.
@@ -121,6 +126,8 @@ class Found:
     paths: Mapping[int, tuple[IocPath, ...]] = field(default_factory=dict)
     ways: Mapping[int, frozenset[int]] = field(default_factory=dict)
     """Per unit: the local port GUIDs it was reached from."""
+    change_ids: Mapping[int, int] = field(default_factory=dict)
+    """Per unit read completely: IOUnitInfo's ChangeID then."""
 
     def without_port(self, port_guid: int) -> Found:
         """What remains once local port ``port_guid`` is gone: its paths go, and the units
@@ -130,21 +137,24 @@ class Found:
         iocs = {g: i for g, i in self.iocs.items() if i.iou_guid in ious}
         paths = {g: tuple(p for p in self.paths.get(g, ()) if p.port_guid != port_guid)
                  for g in iocs}  # fmt: skip
-        return Found(ious, iocs, paths, {g: ways[g] for g in ious})
+        return Found(ious, iocs, paths, {g: ways[g] for g in ious},
+                     {g: c for g, c in self.change_ids.items() if g in ious})
 
     def keeping(self, old: Found, ports: AbstractSet[int]) -> Found:
         """This result plus the units of ``old`` it lacks that were reached through
         ``ports`` (ports whose listing failed this time: not seen is not gone)."""
         ious, iocs = dict(self.ious), dict(self.iocs)
-        paths, ways = dict(self.paths), dict(self.ways)
+        paths, ways, ids = dict(self.paths), dict(self.ways), dict(self.change_ids)
         for guid, iou in old.ious.items():
             if guid in ious or not old.ways.get(guid, frozenset()) & ports:
                 continue
             ious[guid], ways[guid] = iou, old.ways[guid]
+            if guid in old.change_ids:
+                ids[guid] = old.change_ids[guid]
             for ioc_guid, ioc in old.iocs.items():
                 if ioc.iou_guid == guid and ioc_guid not in iocs:
                     iocs[ioc_guid], paths[ioc_guid] = ioc, old.paths.get(ioc_guid, ())
-        return Found(ious, iocs, paths, ways)
+        return Found(ious, iocs, paths, ways, ids)
 
 
 @record(frozen=True)
@@ -236,6 +246,8 @@ class _Unit:
         self.profiles: dict[int, IocProfile] = {}  # slot -> profile
         self.entries: dict[int, list[SvcEntry | None]] = {}
         self.failed: set[int] = set()  # slots whose answers are incomplete
+        self.change_id: int | None = None
+        self.reused: list[IocInfo] = []  # unchanged since the previous sweep: not asked again
 
     @property
     def target(self) -> Target:
@@ -264,10 +276,12 @@ class Sweep:
         retries: int = 3,
         window: int = 16,
         tids: Iterator[int] | None = None,
+        trust_change_id: bool = True,
     ) -> None:
         if timeout <= 0 or retries < 0 or window < 1:
             raise InvalidParameter("timeout > 0, retries >= 0 and window >= 1 are required")
         self.timeout, self.retries, self.window = float(timeout), retries, window
+        self.trust_change_id = trust_change_id
         self.previous = previous or Found()
         self.stats: Counter[str] = Counter()
         self._tids = tids if tids is not None else itertools.count(1)
@@ -395,12 +409,17 @@ class Sweep:
         """Take a decoded answer; ``False``: it makes no sense (malformed)."""
         unit = req.unit
         if req.attr is dm.DmAttr.IO_UNIT_INFO:
-            raw, count = values["controller_list"], values["max_controllers"]
-            assert isinstance(raw, bytes) and isinstance(count, int)
+            raw, count, change = (values["controller_list"], values["max_controllers"],
+                                  values["change_id"])  # fmt: skip
+            assert isinstance(raw, bytes) and isinstance(count, int) and isinstance(change, int)
             unit.reached = True
-            for slot, state in enumerate(dm.controller_slots(raw, count), 1):
-                if state == dm.SlotState.PRESENT:
-                    self._ask(unit, dm.DmAttr.IO_CONTROLLER_PROFILE, slot)
+            unit.change_id = change
+            present = [slot for slot, state in enumerate(dm.controller_slots(raw, count), 1)
+                       if state == dm.SlotState.PRESENT]  # fmt: skip
+            if self._unchanged(unit, present):
+                return True
+            for slot in present:
+                self._ask(unit, dm.DmAttr.IO_CONTROLLER_PROFILE, slot)
             return True
         if req.attr is dm.DmAttr.IO_CONTROLLER_PROFILE:
             profile = profile_of(values)
@@ -424,6 +443,24 @@ class Sweep:
             entries[i] = SvcEntry(_text(name, SVC_NAME_SIZE), sid)
         return True
 
+    def _unchanged(self, unit: _Unit, present: list[int]) -> bool:
+        """IOUnitInfo's ChangeID moves with every change of the unit's controller list,
+        profiles or service entries (IBA 16.3.3.3): the same ID and slots as a complete read
+        before, and the unit's controllers are taken from it."""
+        old = self.previous
+        if not self.trust_change_id or old.change_ids.get(unit.guid) != unit.change_id:
+            return False
+        before, now = old.ious.get(unit.guid), unit.targets[0].iou
+        if before is None or (before.chassis_guid, before.slot) != (now.chassis_guid, now.slot):
+            return False
+        kept = sorted((i for i in old.iocs.values() if i.iou_guid == unit.guid),
+                      key=lambda i: i.slot)  # fmt: skip
+        if [i.slot for i in kept] != present:
+            return False
+        unit.reused = kept
+        self.stats["unchanged_units"] += 1
+        return True
+
     def _failed(self, req: _Req) -> None:
         unit = req.unit
         if req.attr is dm.DmAttr.IO_UNIT_INFO:
@@ -444,6 +481,7 @@ class Sweep:
         iocs: dict[int, IocInfo] = {}
         paths: dict[int, tuple[IocPath, ...]] = {}
         reached: dict[int, frozenset[int]] = {}
+        ids: dict[int, int] = {}
         old = self.previous
         for unit in self._units:
             if unit.unreachable or not unit.reached:
@@ -455,7 +493,9 @@ class Sweep:
             for t in unit.targets:
                 p = IocPath(t.ca_guid, t.port_guid, t.path)
                 ways.setdefault((p.port_guid, p.dgid), p)
-            found: list[IocInfo] = []
+            found: list[IocInfo] = list(unit.reused)
+            if unit.change_id is not None and not unit.failed:
+                ids[unit.guid] = unit.change_id
             for slot, profile in sorted(unit.profiles.items()):
                 entries = unit.entries[slot]
                 if slot in unit.failed or any(e is None for e in entries):
@@ -475,7 +515,7 @@ class Sweep:
                     continue
                 iocs[ioc.ioc_guid] = ioc
                 paths[ioc.ioc_guid] = tuple(ways.values())
-        return Found(ious, iocs, paths, reached)
+        return Found(ious, iocs, paths, reached, ids)
 
 
 # ---------------------------------------------------------------------- the diff

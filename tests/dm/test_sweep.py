@@ -246,9 +246,10 @@ def test_partial_answers_keep_what_the_last_sweep_knew() -> None:
                                (dm.DmAttr.IO_CONTROLLER_PROFILE, 1))  # fmt: skip
 
     net.drop = lost
-    s = Sweep([t1], before, timeout=0.5, retries=1)
+    s = Sweep([t1], before, timeout=0.5, retries=1, trust_change_id=False)
     found, _ = net.run(s)
-    assert found == before and s.stats["carried_over"] == 2 and s.stats["timeouts"] == 2
+    assert s.stats["carried_over"] == 2 and s.stats["timeouts"] == 2
+    assert found == Found(before.ious, before.iocs, before.paths, before.ways)  # no ChangeID
     assert diff(before, found) == []
     # Without a previous sweep, incomplete controllers stay unreported; the unit is there.
     net = Net(units)
@@ -346,7 +347,7 @@ def test_without_port_and_keeping() -> None:
     empty = Found()
     assert empty.keeping(found, {0xA2}) == Found(
         {1: found.ious[1]}, {0x11: found.iocs[0x11]}, {0x11: found.paths[0x11]},
-        {1: found.ways[1]})  # fmt: skip
+        {1: found.ways[1]}, {1: found.change_ids[1]})  # fmt: skip
     assert empty.keeping(found, {0xA9}) == empty
 
 
@@ -370,3 +371,30 @@ def test_the_gets_on_the_wire_byte_by_byte() -> None:
     assert e1.mad[16:18] == b"\x00\x12" and e1.mad[20:24] == b"\x00\x02\x03\x00"  # 0..3
     assert e2.mad[20:24] == b"\x00\x02\x05\x04"  # entries 4..5
     assert [x.mad[8:16] for x in (e1, e2)] == [(0x53).to_bytes(8, "big"), (0x54).to_bytes(8, "big")]
+
+
+def test_an_unchanged_change_id_spares_the_profile_and_entry_gets() -> None:
+    t1 = target(1, "u1")
+    first, _, _ = sweep_of({"u1": unit(ioc(0x11, 6), None, ioc(0x13, 1), change_id=7)}, [t1])
+    assert first.change_ids == {1: 7}
+    again, s, net = sweep_of({"u1": unit(ioc(0x11, 6), None, ioc(0x13, 1), change_id=7)}, [t1],
+                             first)  # fmt: skip
+    assert gets(net) == [("u1", "IO_UNIT_INFO", 0)] and s.stats["unchanged_units"] == 1
+    assert again == first and diff(first, again) == []
+    # A new ChangeID (an entry added): asked again, the change seen.
+    moved, s, net = sweep_of({"u1": unit(ioc(0x11, 7), None, ioc(0x13, 1), change_id=8)}, [t1],
+                             first)  # fmt: skip
+    assert len(net.sent) == 1 + 2 + 2 + 1 and s.stats["unchanged_units"] == 0
+    assert diff(first, moved) == [AddIoc(moved.iocs[0x11])]
+    # The same ChangeID but other slots (a peer that does not move it): asked again.
+    odd, s, net = sweep_of({"u1": unit(ioc(0x11, 6), ioc(0x12, 0), ioc(0x13, 1), change_id=7)},
+                           [t1], first)  # fmt: skip
+    assert sorted(odd.iocs) == [0x11, 0x12, 0x13] and s.stats["unchanged_units"] == 0
+    # trust_change_id=False asks everything; an incomplete read records no ChangeID.
+    _, s, net = sweep_of({"u1": unit(ioc(0x11, 6), None, ioc(0x13, 1), change_id=7)}, [t1],
+                         first, trust_change_id=False)  # fmt: skip
+    assert len(net.sent) == 1 + 2 + 2 + 1
+    n = Net({"u1": unit(ioc(0x11, 6), change_id=9)})
+    n.drop = lambda a, attr, mod, k: attr == dm.DmAttr.SERVICE_ENTRIES
+    part, _ = n.run(Sweep([t1], first, timeout=0.1, retries=0))
+    assert part.change_ids == {}
