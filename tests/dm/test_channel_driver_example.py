@@ -5,6 +5,9 @@ the IOC goes; on the mock fabric, the clock stepped."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,3 +65,18 @@ def test_the_driver_attaches_to_each_ioc_and_detaches_when_it_goes(
         a.qp.query()  # the QP went with the IOC
     driver.close()
     assert driver.attached == {}
+
+
+def test_the_example_runs_as_written() -> None:
+    """``python3 examples/ioc_channel_driver.py``: an IOC made with ``create_ioc`` on one
+    mock CA, attached to once, detached when destroyed (real clock, its own process)."""
+    root = EXAMPLE.parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{root}:{os.environ.get('PYTHONPATH', '')}"}
+    r = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True,
+                       timeout=120, env=env, cwd=root)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stderr.splitlines()
+    assert len(lines) == 2, r.stderr
+    assert re.fullmatch(r"attached 0x5a 'disk array' via port 1 of mock\d to LID \d+: "
+                        r"SRP\.T10:disk0=0x2c90200405a00", lines[0]), lines[0]  # fmt: skip
+    assert lines[1] == "detached 0x5a"

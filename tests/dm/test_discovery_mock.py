@@ -18,12 +18,13 @@ from discovery_world import Events, World, exported, make_world
 
 from ibal.al import PnpClass, PnpEvent
 from ibal.dm.discovery import ENHANCED_COMP_MASK, Discovery
+from ibal.dm.ioc import create_ioc
 from ibal.mad import sa
 from ibal.mad.consts import Method, SaAttr
 from ibal.mad.smp import CapabilityMask
 from ibal.sa.port import SaPort
 from ibal.status import InvalidParameter, InvalidState
-from ibal.types import IocInfo, SvcEntry
+from ibal.types import IocInfo, IocProfile, SvcEntry
 from ibal.wire.pcap import WIRESHARK_IB_PREF, close_captures
 from ibal.wire.tshark import tshark_path
 
@@ -275,3 +276,32 @@ def test_waiting_for_a_sweep_on_an_al_thread_is_refused(world: World) -> None:
     world.mgr.queues.misc.post(on_misc)
     world.quiet(disc)
     assert len(errors) == 1
+
+
+def test_an_ioc_object_and_a_service_added_after_registration(world: World) -> None:
+    """h6's IOC objects (``create_ioc``) on CA 1, found from the others; an entry added
+    after ``register`` is reported (the IOC removed and added again with it)."""
+    iocs = Events()
+    world.user.reg_pnp(PnpClass.IOC, iocs)
+    ca = world.user.open_ca(world.iou_guid)
+    ioc = create_ioc(ca, IocProfile(ioc_guid=0x1234, io_class=0x100, id_string="obj"))
+    ioc.add_svc_entry(SvcEntry("first", 1))
+    ioc.register()
+    disc = Discovery.start(world.mgr, interval=None, timeout=0.5, retries=1)
+    world.quiet(disc)
+    iocs.take()
+    [found] = world.mgr.io_devices.iocs()
+    assert found.svc_entries == (SvcEntry("first", 1),) and found.profile.id_string == "obj"
+    ioc.add_svc_entry(SvcEntry("second", 2))
+    world.quiet(disc)
+    log = [(e, g) for e, g, _ in iocs.take()]
+    n = len(world.ports)
+    assert log == [("IOC_PATH_REMOVE", 0x1234)] * n + [("IOC_REMOVE", 0x1234),
+                                                        ("IOC_ADD", 0x1234)] + \
+        [("IOC_PATH_ADD", 0x1234)] * n  # fmt: skip
+    [found] = world.mgr.io_devices.iocs()
+    assert found.svc_entries == (SvcEntry("first", 1), SvcEntry("second", 2))
+    ioc.destroy()
+    world.quiet(disc)
+    assert [(e, g) for e, g, _ in iocs.take()][-1] == ("IOC_REMOVE", 0x1234)
+    assert world.mgr.io_devices.iocs() == []
