@@ -127,7 +127,14 @@ class EventMonitor:
 
 def monitor(al: AccessLayer, classes: Sequence[PnpClass], replay: bool,
             out: Callable[[str], object], stop: threading.Event) -> int:
-    """Print events until ``stop`` is set (the command sets it on SIGINT/SIGTERM); 0."""
+    """Print events until ``stop`` is set (the command sets it on SIGINT/SIGTERM); 0.
+
+    IOU and IOC events come from IOC discovery: asked for, it is started
+    (``ibal.dm.discovery``; one per manager, a no-op if running)."""
+    if PnpClass.IOU in classes or PnpClass.IOC in classes:
+        from ibal.dm.discovery import Discovery
+
+        Discovery.start(al.manager)
     mon = EventMonitor(al, classes, out, replay=replay)
     mon.start()
     try:

@@ -180,3 +180,36 @@ def test_the_command_replays_on_the_default_provider_and_ends_on_a_signal(
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_monitor_starts_ioc_discovery_for_the_io_classes(mgr: AlManager) -> None:
+    """``ibal events --class ioc``: the monitor starts the discovery client, so an IOC that
+    an agent exports on one CA is printed as found from the other ports."""
+    from ibal.dm.agent import DmService
+    from ibal.dm.ioc import create_ioc
+    from ibal.tools.events import monitor
+
+    al = mgr.open_al()
+    DmService.start(mgr)
+    ioc = create_ioc(al.open_ca(mgr.ca_guids[1]), IocProfile(ioc_guid=0x600, id_string="tape"))
+    ioc.register()
+    seen = threading.Event()
+    lines: list[str] = []
+    stop = threading.Event()
+
+    def out(line: str) -> None:
+        lines.append(line)
+        if "IOC_PATH_ADD" in line:
+            seen.set()
+            stop.set()
+
+    t = threading.Thread(target=monitor, args=(al, [PnpClass.IOC], False, out, stop))
+    t.start()
+    try:
+        assert seen.wait(WAIT), lines
+    finally:
+        stop.set()
+        t.join(WAIT)
+    assert any(re.search(r"IOC_ADD +ioc 0x0000000000000600 .* 'tape' services 0", x)
+               for x in lines), lines  # fmt: skip
+    al.close()
