@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import threading
 import weakref
 from collections import Counter
@@ -52,7 +53,14 @@ from ibal.dm.sweep import (
     Target,
     diff,
 )
-from ibal.dm.targets import ENHANCED_COMP_MASK, DmPort, RocePeer, TargetSearch
+from ibal.dm.targets import (
+    ENHANCED_COMP_MASK,
+    PEERS_ENV,
+    DmPort,
+    RocePeer,
+    TargetSearch,
+    parse_peers,
+)
 from ibal.status import IbError, InvalidParameter, InvalidState, NotFound, Timeout
 from ibal.types import LinkState, MadAddr
 
@@ -136,22 +144,25 @@ class Discovery:
     @classmethod
     def start(cls, mgr: AlManager, *, interval: float | None = 60.0, timeout: float = 1.0,
               retries: int = 3, window: int = 16,
-              roce_peers: Iterable[RocePeer] = (), trust_change_id: bool = True,
+              roce_peers: Iterable[RocePeer] | None = None, trust_change_id: bool = True,
               ) -> Discovery:  # fmt: skip
         """The manager's discovery client, started on first call (later calls return it).
 
         ``interval``: seconds between sweeps (``None``: only on port changes and
         :meth:`sweep_now`); ``timeout``/``retries``/``window``: each DM Get's
         time-out, its further tries, the Gets in flight; ``roce_peers``: the GIDs
-        asked from Ethernet ports; ``trust_change_id``: a unit whose IOUnitInfo ChangeID
-        and slots did not move since the last complete read is not asked further (False:
-        every sweep reads everything).  The PnP replay (and so the first sweep's
+        asked from Ethernet ports (``None``: from ``IBAL_IOC_PEERS``, else none);
+        ``trust_change_id``: a unit whose IOUnitInfo ChangeID and slots did not move
+        since the last complete read is not asked further (False: every sweep reads
+        everything).  The PnP replay (and so the first sweep's
         start) is delivered before it returns, except from a PnP callback.
         """
         if interval is not None and interval <= 0:
             raise InvalidParameter("interval must be positive (or None)")
         if timeout <= 0 or retries < 0 or window < 1:
             raise InvalidParameter("timeout > 0, retries >= 0 and window >= 1 are required")
+        if roce_peers is None:
+            roce_peers = parse_peers(os.environ.get(PEERS_ENV, ""))
         peers = tuple(roce_peers)
         if not all(isinstance(p, RocePeer) for p in peers):
             raise InvalidParameter("roce_peers must be RocePeer records")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import ipaddress
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -52,7 +53,8 @@ from ibal.types import (
 )
 from ibal.wire.fields import FieldError
 
-__all__ = ["ENHANCED_COMP_MASK", "DmPort", "RocePeer", "TargetSearch", "source_gid"]
+__all__ = ["ENHANCED_COMP_MASK", "PEERS_ENV", "DmPort", "RocePeer", "TargetSearch", "parse_peers",
+           "source_gid"]
 
 log = logging.getLogger("ibal.dm")
 
@@ -81,6 +83,25 @@ class RocePeer:
     gid: Gid
     iou_guid: int = 0
     desc: str = ""
+
+
+PEERS_ENV = "IBAL_IOC_PEERS"
+"""RoCE peers asked for I/O units when none are given: ``10.0.0.7,fd00::9=array`` (IPv4
+addresses become IPv4-mapped GIDs; ``=desc`` names the unit)."""
+
+
+def parse_peers(text: str) -> tuple[RocePeer, ...]:
+    """:data:`PEERS_ENV`'s syntax as peers; ``InvalidParameter`` names a bad entry."""
+    out = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        addr, _, desc = item.partition("=")
+        try:
+            ip = ipaddress.ip_address(addr.strip())
+        except ValueError:
+            raise InvalidParameter(f"{PEERS_ENV}: {addr!r} is no IPv4/IPv6 address") from None
+        gid = Gid(f"::ffff:{ip}") if ip.version == 4 else Gid(str(ip))
+        out.append(RocePeer(gid, desc=desc.strip()))
+    return tuple(out)
 
 
 def source_gid(port: PortAttr, dgid: Gid) -> Gid | None:

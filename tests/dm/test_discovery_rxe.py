@@ -80,7 +80,9 @@ def rxe() -> Iterator[Rxe]:
         mgr.close(timeout=WAIT)
 
 
-def test_iocs_over_roce_from_the_configured_peer(rxe: Rxe) -> None:
+def test_iocs_over_roce_from_the_configured_peer(
+    rxe: Rxe, monkeypatch: pytest.MonkeyPatch
+) -> None:
     got: list[PnpRec] = []
     lock = threading.Lock()
 
@@ -103,8 +105,9 @@ def test_iocs_over_roce_from_the_configured_peer(rxe: Rxe) -> None:
     assert port_a.link_layer is LinkLayer.ETHERNET
     assert port_a.cap & PortCap.IS_DEV_MGMT_SUPPORTED  # the agent advertises it on rxe too
     peer = Gid(f"::ffff:{A}")
-    disc = Discovery.start(rxe.mgr, interval=None, timeout=2.0, retries=3,
-                           roce_peers=[RocePeer(peer, desc="rxe a")])  # fmt: skip
+    monkeypatch.setenv("IBAL_IOC_PEERS", f"{A}=rxe a")  # the peer as a user configures it
+    disc = Discovery.start(rxe.mgr, interval=None, timeout=2.0, retries=3)
+    assert disc.roce_peers == (RocePeer(peer, desc="rxe a"),)
     rxe.run(disc.sweep_now())
     with lock:
         recs = list(got)

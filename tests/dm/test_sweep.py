@@ -29,11 +29,12 @@ from ibal.dm.sweep import (
     Target,
     diff,
 )
+from ibal.dm.targets import RocePeer, parse_peers
 from ibal.mad import dm
 from ibal.mad import header as H
 from ibal.mad.consts import Method, MgmtClass
 from ibal.status import InvalidParameter
-from ibal.types import IouInfo, SvcEntry
+from ibal.types import Gid, IouInfo, SvcEntry
 
 LOCAL_CA, LOCAL_PORT = 0xA0, 0xA1
 
@@ -398,3 +399,11 @@ def test_an_unchanged_change_id_spares_the_profile_and_entry_gets() -> None:
     n.drop = lambda a, attr, mod, k: attr == dm.DmAttr.SERVICE_ENTRIES
     part, _ = n.run(Sweep([t1], first, timeout=0.1, retries=0))
     assert part.change_ids == {}
+
+
+def test_the_peers_setting() -> None:
+    peers = parse_peers(" 10.0.0.7, fd00::9=disk array ,,")
+    assert peers == (RocePeer(Gid("::ffff:10.0.0.7")), RocePeer(Gid("fd00::9"), desc="disk array"))
+    assert parse_peers("") == ()
+    with pytest.raises(InvalidParameter, match=r"IBAL_IOC_PEERS.*'host7'"):
+        parse_peers("host7")
