@@ -407,3 +407,17 @@ def test_the_peers_setting() -> None:
     assert parse_peers("") == ()
     with pytest.raises(InvalidParameter, match=r"IBAL_IOC_PEERS.*'host7'"):
         parse_peers("host7")
+
+
+def test_odd_but_decodable_answers() -> None:
+    """Two slots claiming one IOC GUID: the first kept, counted; undecodable name bytes are
+    replaced (the text stays within the field's size)."""
+    bad_name = ExportedIoc(profile(0x31, 1, name="x"), ((b"\xff" * 40, 5),))
+    found, s, _ = sweep_of({"u1": unit(ioc(0x31, 0), ioc(0x31, 0), bad_name)}, [target(1, "u1")])
+    assert list(found.iocs) == [0x31] and found.iocs[0x31].slot == 1
+    assert s.stats["duplicate_ioc"] == 2 and s.stats["malformed"] == 0
+    named = ExportedIoc(profile(0x32, 1, name="\u00e9t\u00e9"), ((b"\xff" * 40, 5),))
+    found, _, _ = sweep_of({"u1": unit(named)}, [target(1, "u1")])
+    [entry] = found.iocs[0x32].svc_entries
+    assert set(entry.name) == {"\ufffd"} and len(entry.name.encode()) <= 40
+    assert found.iocs[0x32].profile.id_string == "\u00e9t\u00e9"
