@@ -16,12 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ibal.dm.agent import DmService, PortAgent
+    from ibal.dm.discovery import Discovery, SweepHandle
     from ibal.dm.ioc import Ioc, SvcEntryHandle, create_ioc
     from ibal.dm.iou import DEFAULT_MAX_CONTROLLERS, IoUnit, io_unit
+    from ibal.dm.targets import RocePeer
 
 _NAMES = {
     "DmService": "agent", "PortAgent": "agent", "Ioc": "ioc", "SvcEntryHandle": "ioc",
     "create_ioc": "ioc", "DEFAULT_MAX_CONTROLLERS": "iou", "IoUnit": "iou", "io_unit": "iou",
+    "Discovery": "discovery", "SweepHandle": "discovery", "RocePeer": "targets",
 }  # fmt: skip
 
 
@@ -36,11 +39,14 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DEFAULT_MAX_CONTROLLERS",
+    "Discovery",
     "DmService",
     "IoUnit",
     "Ioc",
     "PortAgent",
+    "RocePeer",
     "SvcEntryHandle",
+    "SweepHandle",
     "create_ioc",
     "io_unit",
 ]
