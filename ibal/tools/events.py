@@ -131,13 +131,13 @@ def monitor(al: AccessLayer, classes: Sequence[PnpClass], replay: bool,
 
     IOU and IOC events come from IOC discovery: asked for, it is started
     (``ibal.dm.discovery``; one per manager, a no-op if running)."""
-    if PnpClass.IOU in classes or PnpClass.IOC in classes:
-        from ibal.dm.discovery import Discovery
-
-        Discovery.start(al.manager)
     mon = EventMonitor(al, classes, out, replay=replay)
     mon.start()
     try:
+        if PnpClass.IOU in classes or PnpClass.IOC in classes:  # after: what it finds is live
+            from ibal.dm.discovery import Discovery
+
+            Discovery.start(al.manager)
         stop.wait()  # interrupted by signals: their handlers set it
     finally:
         mon.stop()
