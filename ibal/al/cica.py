@@ -114,12 +114,28 @@ class CiCa:
         if target_cls is not None:
             target = record.context
             if isinstance(target, target_cls) and getattr(target, "_cica", None) is self:
+                if isinstance(target, Qp):
+                    _notify_listeners(target, code, record)
                 deliver_event(target, code, record)
             return
         for ca in list(self.cas):
             deliver_event(ca, code, record)
         if code in PORT_EVENTS:
             self.mgr._pnp_port_change(self, code, record.port_num)
+
+
+def _notify_listeners(qp: Qp, code: AsyncEvent, record: EventRecord) -> None:
+    """Run the QP's ``add_event_listener`` functions (misc queue), while it is alive."""
+    listeners = qp._event_listeners()
+    if not listeners or not qp._enter():
+        return
+    try:
+        rec = AsyncEventRec(code=code, context=qp.context, handle=qp,
+                            vendor_specific=record.vendor_specific, port_num=record.port_num)
+        for fn in listeners:
+            call_user(fn, rec)
+    finally:
+        qp._leave()
 
 
 def deliver_event(obj: AlObject, code: AsyncEvent, record: EventRecord) -> None:

@@ -188,6 +188,7 @@ class Qp(CaObject):
         # Only datagram WRs carry an AV to translate: RC/UC posts go straight through.
         self._translate = self._qp_type.is_datagram or self._qp_type in _RAW
         self._drain_av: Av | None = None
+        self._listeners: tuple[EventCallback, ...] = ()  # add_event_listener's, copy-on-write
 
     def _created(self, handle: Any, attr: QpAttr) -> None:
         self._h = handle
@@ -308,6 +309,31 @@ class Qp(CaObject):
             self._qp_state = nxt
         if nxt is not cur:
             log.debug("ibal: QP 0x%x %s -> %s (%s)", self._num, cur.name, nxt.name, reason)
+
+    def add_event_listener(self, fn: EventCallback) -> Callable[[], None]:
+        """Observe the QP's async events besides its ``event_cb`` (for upper layers: the
+        CM learns "communication established" so).  Returns the function that removes it.
+
+        ``fn(AsyncEventRec)`` runs on the misc queue before the ``event_cb``, for each
+        event of this QP while it is alive; it must not block, what it raises is logged.
+        Raises ``InvalidQpHandle`` when the QP is destroyed, ``InvalidParameter`` when
+        ``fn`` is not callable.  Removing twice is harmless.
+        """
+        if not callable(fn):
+            raise InvalidParameter("event listener must be callable")
+        self._check()
+        with self._state_lock:
+            self._listeners = (*self._listeners, fn)
+
+        def remove() -> None:
+            with self._state_lock:
+                self._listeners = tuple(f for f in self._listeners if f is not fn)
+
+        return remove
+
+    def _event_listeners(self) -> tuple[EventCallback, ...]:
+        """The listeners ``add_event_listener`` added (read by the CA's event routing)."""
+        return self._listeners
 
     def _observe_event(self, code: AsyncEvent) -> None:
         """Async-event hook (called by the CA's event upcall, on the provider's thread)."""

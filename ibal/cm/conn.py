@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ibal.al import Dependent, StashKey
 from ibal.cm import fsm
 from ibal.status import IbError, InvalidHandle, InvalidState
-from ibal.types import QpMod, QpState
+from ibal.types import AsyncEvent, AsyncEventRec, QpMod, QpState
 
 if TYPE_CHECKING:
     from ibal.al import AccessLayer, Qp
@@ -81,6 +81,7 @@ class CmConn(Dependent):
         self.info: dict[str, Any] = {}
         """What the API layer keeps for the connection's life (path, local PSN, callbacks...)."""
         self.sync_done: threading.Event | None = None
+        self._unlisten: Callable[[], None] | None = None
         super().__init__(al, context=context)
 
     def __repr__(self) -> str:
@@ -115,6 +116,15 @@ class CmConn(Dependent):
         self.qp = qp
         self._link = _QpLink(qp, self)
         qp.stash[_CONN] = self
+        # "Communication established" (data before the RTU) completes the passive side.
+        self._unlisten = qp.add_event_listener(self._on_qp_event)
+
+    def _on_qp_event(self, rec: AsyncEventRec) -> None:
+        """Misc queue: the QP's async events; COMM_EST drives the machine (a lost RTU)."""
+        cep = self.cep
+        if rec.code is AsyncEvent.QP_COMM and cep is not None and self.alive:
+            with contextlib.suppress(InvalidState):
+                cep.handle(fsm.QpEstablished())
 
     def handle(self, event: Any) -> None:
         """Feed an API event to the machine (``InvalidState`` when it is not allowed now)."""
@@ -172,6 +182,9 @@ class CmConn(Dependent):
         qp = self.qp
         if qp is not None and qp.stash.get(_CONN, None) is self:
             del qp.stash[_CONN]
+        unlisten, self._unlisten = self._unlisten, None
+        if unlisten is not None:
+            unlisten()
         link, self._link = self._link, None
         if link is not None and link.alive:
             with contextlib.suppress(IbError):

@@ -9,6 +9,7 @@ import pytest
 from al_fakes import FakeCi
 
 from ibal.al import AccessLayer, AlManager, Ca, Cq, Pd, QpCreate, in_callback
+from ibal.status import InvalidParameter, InvalidQpHandle
 from ibal.types import (
     AccessFlags,
     AsyncEvent,
@@ -225,3 +226,30 @@ def test_events_before_create_returns_reach_the_new_handle(
     qp = pd.create_qp(QpCreate(QpType.RC, cq, cq), event_cb=rec.cb("qp"), context="early")
     calls = rec.wait(n)
     assert all(args[0].handle is qp and args[0].context == "early" for _, args in calls)
+
+
+def test_event_listeners_see_a_qps_events_before_its_event_cb(
+    ca: Ca, pd: Pd, ci: FakeCi
+) -> None:
+    rec = Recorder()
+    cq = ca.create_cq(8)
+    qp = pd.create_qp(QpCreate(QpType.RC, cq, cq), event_cb=rec.cb("qp"), context="ctx")
+    other = pd.create_qp(QpCreate(QpType.RC, cq, cq))
+    remove_one = qp.add_event_listener(rec.cb("one"))
+    remove_two = qp.add_event_listener(rec.cb("two"))
+    ci.qp_event(other._h, AsyncEvent.QP_FATAL)  # not this QP's: no listener runs
+    ci.qp_event(qp._h, AsyncEvent.QP_COMM)
+    calls = rec.wait(3)
+    assert [name for name, _ in calls] == ["one", "two", "qp"]
+    assert all((a[0].code, a[0].context, a[0].handle) == (AsyncEvent.QP_COMM, "ctx", qp)
+               for _, a in calls)  # fmt: skip
+    remove_one()
+    remove_one()  # harmless
+    ci.qp_event(qp._h, AsyncEvent.QP_COMM)
+    assert [name for name, _ in rec.wait(5)[3:]] == ["two", "qp"]
+    remove_two()
+    with pytest.raises(InvalidParameter):
+        qp.add_event_listener("not callable")  # type: ignore[arg-type]
+    qp.destroy(wait=True)
+    with pytest.raises(InvalidQpHandle):
+        qp.add_event_listener(rec.cb("late"))

@@ -15,7 +15,7 @@ from ibal.cm.fsm import CmState
 from ibal.cm.service import agent_of
 from ibal.providers.mock.packets import Packet
 from ibal.sa.query import Record
-from ibal.types import QpState
+from ibal.types import AsyncEvent, QpState, RecvWr, SendWr, WcStatus, WrType
 
 pytest.importorskip("ibal.providers.mock", reason="the mock provider is not installed")
 
@@ -112,3 +112,33 @@ def test_a_loop_of_connections_leaves_nothing(world: CmWorld) -> None:
     agent = agent_of(world.mgr)
     assert agent.endpoints == 0 and agent.armed_timers() == 0
     assert [k for k in agent.stats if k.startswith("dropped")] == []
+
+
+def test_a_lost_rtu_is_replaced_by_the_first_send(world: CmWorld) -> None:
+    """The RTU never arrives: the first SEND on the passive QP (in RTR) raises COMM_EST,
+    the CM takes it as the RTU (IBA 12.9.7.2): ESTABLISHED, QP in RTS, RTU callback run."""
+    rule = world.fabric.faults.drop(predicate=cm_to(world.a), nth=2)  # REQ passes, RTU lost
+    seen: list[Connection] = []
+    lst = listen(world.a.al, SVC)
+    cb = connect(world.b.al, world.b.qp(), path(world.b, world.a), SVC, callback=lambda c: None,
+                 **FAST)  # type: ignore[arg-type]  # fmt: skip
+    ca = lst.get(WAIT).accept(world.a.qp(), callback=seen.append)
+    lst.close()
+    cb.wait(WAIT)
+    world.settle()
+    assert rule.fired == 1 and not ca.established.done and seen == []
+    assert ca.qp is not None and ca.qp.state is QpState.RTR
+    a, b = world.a, world.b
+    events: list[AsyncEvent] = []
+    ca.qp.add_event_listener(lambda rec: events.append(rec.code))
+    ca.qp.post_recv(RecvWr(1, [a.mr.sge(0, 64)]))
+    b.buf[0:4] = b"data"
+    assert cb.qp is not None
+    cb.qp.post_send(SendWr(2, WrType.SEND, [b.mr.sge(0, 4)]))
+    ca.wait(WAIT)  # no clock step: no REP was resent, the SEND did it
+    assert seen == [ca] and ca.state is CmState.ESTABLISHED and ca.qp.state is QpState.RTS
+    assert events == [AsyncEvent.QP_COMM]
+    assert [(w.wr_id, w.status) for w in a.cq.wait(WAIT)] == [(1, WcStatus.SUCCESS)]
+    assert bytes(a.buf[0:4]) == b"data" and rule.fired == 1
+    world.step(7.0)  # the REP's retry timer was cancelled: nothing more goes to B
+    assert agent_of(world.mgr).armed_timers() == 0
