@@ -77,7 +77,7 @@ def _local_port(qp: Qp, path: dict[str, Any]) -> PortAttr:
     for p in qp.pd.ca.query().ports:
         if any(e.gid.packed == sgid for e in p.gid_table):
             return p
-    raise InvalidSetting("the primary path does not start at a port of the QP's CA")
+    raise InvalidSetting("the path does not start at a port of the QP's CA")
 
 
 def _pkey_index(port: PortAttr, pkey: int) -> int:
@@ -396,7 +396,7 @@ def load_lap_path(conn: CmConn) -> Status:
     if path is None or qp is None:
         return Status.INVALID_STATE
     try:
-        qp.modify(wire.alt_path_mod(path, conn.info["port"]))
+        qp.modify(wire.alt_path_mod(path, _local_port(qp, path)))  # maybe another port
     except IbError as exc:
         return exc.status
     return Status.SUCCESS
@@ -420,7 +420,7 @@ def apr(conn: CmConn, apr: CmApr) -> None:
         if qp is None:
             raise InvalidState("the connection has no QP")
         try:
-            qp.modify(wire.alt_path_mod(path, conn.info["port"]))
+            qp.modify(wire.alt_path_mod(path, _local_port(qp, path)))
         except IbError as exc:
             raise InvalidSetting(f"the QP refused the alternate path: {exc}") from exc
     conn.handle(fsm.SendApr(wire.build_apr(apr, local_comm_id=cep.local_comm_id,
@@ -428,9 +428,14 @@ def apr(conn: CmConn, apr: CmApr) -> None:
 
 
 def force_apm(qp: Qp) -> None:
-    """``ib_force_apm``: migrate ``qp`` to its alternate path (loaded and armed, else
-    ``InvalidQpState``)."""
+    """``ib_force_apm``: migrate ``qp`` to its alternate path.  Not a QP, or not RC/UC:
+    ``InvalidParameter``; destroyed: ``InvalidQpHandle``; its CA has no APM:
+    ``Unsupported``; no path loaded and armed: ``InvalidQpState``."""
+    if isinstance(qp, Qp) and qp.alive and qp.qp_type not in _CONNECTED:
+        raise InvalidParameter(f"{qp.qp_type.name} QPs have no alternate path")
     qp = _qp(qp)
+    if not qp.pd.ca.capabilities.apm:
+        raise Unsupported(f"APM: {qp.pd.ca.capabilities.reason('apm')}")
     attr = qp.query()
     if attr.apm_state is not ApmState.ARMED:
         raise InvalidQpState("the QP has no armed alternate path")

@@ -69,11 +69,11 @@ class CmWorld:
         return al
 
 
-def cm_world(seed: int = 0) -> Iterator[CmWorld]:
+def cm_world(seed: int = 0, ports: int = 1) -> Iterator[CmWorld]:
     clock = ManualClock()
     fabric = MockFabric(seed=seed)
-    fabric.add_ca()
-    fabric.add_ca()
+    fabric.add_ca(ports=ports)
+    fabric.add_ca(ports=ports)
     fabric.use_clock(clock)
     mgr = AlManager(clock=clock)
     try:

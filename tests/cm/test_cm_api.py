@@ -139,30 +139,24 @@ def test_bad_requests(world: CmWorld) -> None:
         api.cm_req(CmReq(svc_id=SVC, qp=world.b.qp(), primary_path=path(world.b, world.a)))
 
 
-def test_lap_apr_on_a_qp_without_apm(world: CmWorld) -> None:
-    """The mock has no alternate paths: the passive side's QP refuses the proposed path
-    (cm_apr SUCCESS raises), it answers APR "unsupported", and force_apm finds nothing
-    armed.  (Loading a path on an accepting APR is tested in test_cm_mods with wire.)"""
+def test_lap_answered_unsupported(world: CmWorld) -> None:
+    """The passive side answers a LAP "unsupported" (inside its LAP callback): the active
+    side's apr_cb gets it, no path is loaded, force_apm finds nothing armed; only the
+    active side sends LAP.  (Accepted LAPs and force_apm: test_cm_apm.py.)"""
     calls = Calls()
     ha, _hb, qa, qb = connect(world, calls)
-    refused: list[BaseException] = []
 
     def on_lap(rec: Any) -> None:  # cm_apr inside the LAP callback, as IBAL asks
         assert rec.cm_lap is ha and rec.alt_path is not None
-        try:
-            api.cm_apr(rec.cm_lap, CmApr(qp=qa, apr_status=AprStatus.SUCCESS))
-        except InvalidSetting as exc:
-            refused.append(exc)
-            api.cm_apr(rec.cm_lap, CmApr(qp=qa, apr_status=AprStatus.UNSUPPORTED,
-                                         info=b"no APM"))  # fmt: skip
+        api.cm_apr(rec.cm_lap, CmApr(qp=qa, apr_status=AprStatus.UNSUPPORTED, info=b"no APM"))
 
     ha.info["cbs"]["lap"] = on_lap
     apr: queue.Queue[Any] = queue.Queue()
     api.cm_lap(CmLap(qp=qb, alt_path=path(world.b, world.a), apr_cb=apr.put))
     rec = apr.get(timeout=WAIT)
-    assert len(refused) == 1 and "not supported by the mock" in str(refused[0])
     assert (rec.cm_status, rec.apr_status, rec.info) == (
         Status.SUCCESS, AprStatus.UNSUPPORTED, b"no APM")
+    assert qb.query().alternate_av is None and qa.query().alternate_av is None
     with pytest.raises(InvalidQpState):
         api.force_apm(qb)
     with pytest.raises(Unsupported):  # only the active side sends LAP

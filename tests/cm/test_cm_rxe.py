@@ -13,8 +13,10 @@ import ibal.sa
 from ibal.al import AccessLayer, AlManager, Ca, Cq, Mr, Pd, QpCreate
 from ibal.cm import listen
 from ibal.cm import simple as cm
+from ibal.cm.api import force_apm
 from ibal.cm.service import agent_of
 from ibal.providers.rxe.provider import RxeProvider
+from ibal.status import Unsupported
 from ibal.types import AccessFlags, Gid, PortAttr, QpState, QpType, RecvWr, SendWr, WcStatus, WrType
 
 WAIT = 20.0
@@ -73,6 +75,8 @@ def test_rc_connection_over_roce_through_the_cm(sides: tuple[Side, Side]) -> Non
     ca_.wait(WAIT)
     assert qa.state is QpState.RTS and qb.state is QpState.RTS
     assert cb.private_data[:4] == b"pong" and inc.private_data[:4] == b"ping"
+    with pytest.raises(Unsupported, match="APM"):  # rxe has no alternate paths
+        force_apm(qb)
 
     qa.post_recv(RecvWr(1, [a.mr.sge(1000, 64)]))
     b.buf[0:9] = b"over rxe!"

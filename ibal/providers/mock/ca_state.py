@@ -194,7 +194,6 @@ class CaState:
     # ============================================================== identity
     def _make_capabilities(self) -> Capabilities:
         reasons = {
-            "apm": "alternate paths and automatic path migration are not modelled",
             "qp_types": "reliable datagram (EE contexts) is not implemented",
             "special_qps": "QP0 and QP1 only: raw IPv6 / Ethertype QPs need a real link layer",
             "mad_agents": "QP0/QP1 are special QPs the access layer owns and shares",
@@ -226,7 +225,7 @@ class CaState:
             immediate=True,
             solicited_events=True,
             sqd=True,
-            apm=False,
+            apm=True,
             async_event_injection=True,
             reasons=reasons,
         )

@@ -353,6 +353,8 @@ class MockQp:
         "acc",
         "access",
         "alive",
+        "alt_av",
+        "alt_port",
         "apm_state",
         "atomic_cache",
         "av",
@@ -452,6 +454,8 @@ class MockQp:
         self.retry_left = 0
         self.rnr_left = 0
         self.apm_state = ApmState.MIGRATED
+        self.alt_av: AvAttr | None = None  # the alternate path (APM), its port
+        self.alt_port: MockPort | None = None
         self.sq: deque[SendWqe] = deque()
         self.send_idx = 0  # sq[:send_idx] transmitted, sq[send_idx:] waiting
         self.rq: deque[RecvWqe] = deque()
@@ -471,3 +475,11 @@ class MockQp:
             f"{'' if self.alive else ' destroyed'}>"
         )
 
+
+def migrate_qp(qp: MockQp) -> None:
+    """The alternate path becomes the primary (IBA 17.2.8): forced, or an incoming
+    migration the responder accepted.  No alternate is left until one is loaded again."""
+    assert qp.alt_av is not None and qp.alt_port is not None
+    qp.av, qp.port, qp.port_num = qp.alt_av, qp.alt_port, qp.alt_av.port_num
+    qp.alt_av = qp.alt_port = None
+    qp.apm_state = ApmState.MIGRATED

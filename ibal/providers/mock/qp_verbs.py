@@ -17,6 +17,7 @@ from ibal.ci.interface import (
 from ibal.providers import checks
 from ibal.providers.mock.objects import (
     MockQp,
+    migrate_qp,
 )
 from ibal.status import (
     InvalidApmState,
@@ -164,7 +165,7 @@ class QpVerbs(CaState):
             qkey=qp.qkey,
             access=qp.access,
             primary_av=qp.av,
-            alternate_av=None,
+            alternate_av=qp.alt_av,
             path_mtu=qp.path_mtu,
             sq_psn=qp.sq_psn,
             rq_psn=qp.epsn,
@@ -203,10 +204,10 @@ class QpVerbs(CaState):
             table = port.pkeys if port is not None else self.ports[0].pkeys
             if not 0 <= mod.pkey_index < len(table):
                 raise InvalidPkey(f"P_Key index {mod.pkey_index} outside the table")
-        if mod.alternate_av is not None:
-            raise Unsupported("alternate paths (APM) are not supported by the mock")
-        if mod.apm_state is not None and mod.apm_state is not ApmState.MIGRATED:
-            raise InvalidApmState("no alternate path is loaded: only MIGRATED is valid")
+        alt = mod.alternate_av
+        if alt is not None:
+            self._check_av(alt)
+        migrate = _check_apm(qp, mod)
         if mod.path_mtu is not None and (port is None or mod.path_mtu > port.max_mtu):
             raise InvalidSetting(f"path MTU {mod.path_mtu!r} above the port MTU")
         checks.check_qp_values(mod, lim)
@@ -247,8 +248,13 @@ class QpVerbs(CaState):
             qp.retry_cnt = qp.retry_left = mod.retry_cnt
         if mod.rnr_retry_cnt is not None:
             qp.rnr_retry_cnt = qp.rnr_left = mod.rnr_retry_cnt
-        if mod.apm_state is not None:
-            qp.apm_state = mod.apm_state
+        if alt is not None:
+            qp.alt_av = alt
+            qp.alt_port = self.ports[alt.port_num - 1]
+        if migrate:
+            migrate_qp(qp)
+        elif mod.apm_state is not None and mod.apm_state is not ApmState.MIGRATED:
+            qp.apm_state = ApmState.ARMED  # the mock validates the path at once: REARM -> ARMED
         self._transition(qp, mod)
         return self._qp_attr(qp)
 
@@ -286,6 +292,8 @@ class QpVerbs(CaState):
         qp.atomic_cache.clear()
         qp.sqd_notify = False
         qp.epsn = qp.sq_psn = qp.rq_psn = 0
+        qp.alt_av = qp.alt_port = None
+        qp.apm_state = ApmState.MIGRATED
 
     def destroy_qp(self, h_qp: Handle, timewait_us: int = 0) -> None:
         fab = self._engine
@@ -313,3 +321,21 @@ class QpVerbs(CaState):
             if qp.srq is not None:
                 qp.srq.users -= 1
         fab.callback_barrier()
+
+
+def _check_apm(qp: MockQp, mod: QpMod) -> bool:
+    """Validate ``mod.apm_state``: REARM/ARMED need an alternate path (loaded now or
+    before), MIGRATED is a forced migration from ARMED (True) or nothing from MIGRATED."""
+    want = mod.apm_state
+    if want is None:
+        return False
+    if want is ApmState.MIGRATED:
+        if qp.apm_state is ApmState.ARMED:
+            return True
+        if qp.apm_state is ApmState.MIGRATED:
+            return False
+        raise InvalidApmState("the alternate path is not armed: it cannot be migrated to")
+    if mod.alternate_av is None and qp.alt_av is None:
+        raise InvalidApmState("no alternate path is loaded: only MIGRATED is valid")
+    return False
+

@@ -29,6 +29,7 @@ from ibal.providers.mock.objects import (
     MockQp,
     MockSrq,
     RecvWqe,
+    migrate_qp,
 )
 from ibal.providers.mock.packets import (
     GRH_LEN,
@@ -46,6 +47,7 @@ from ibal.transport.rules import atomic_result, pkey_match
 from ibal.transport.wc import make_wc
 from ibal.types import (
     QP1_WELL_KNOWN_QKEY,
+    ApmState,
     AsyncEvent,
     QpType,
     RecvOpt,
@@ -88,7 +90,11 @@ class Responder(Transmit):
             self._ud_rx(qp, pkt)
             return
         qp = port.ca.qps.get(qpn)
-        if qp is None or qp.transport is not pkt.transport or qp.port is not port:
+        if qp is None or qp.transport is not pkt.transport:
+            self._drop("dropped_no_dest")
+            return
+        if qp.port is not port and (qp.alt_port is not port
+                                    or not self._incoming_migration(qp)):  # fmt: skip
             self._drop("dropped_no_dest")
             return
         state = qp.state
@@ -138,6 +144,16 @@ class Responder(Transmit):
 
     def _srq_event(self, srq: MockSrq, code: AsyncEvent) -> None:
         self._event(srq, srq.ca, code, srq.context)
+
+    def _incoming_migration(self, qp: MockQp) -> bool:
+        """A packet came on ``qp``'s alternate path (the peer migrated): armed, the QP
+        migrates too (``QP_APM``).  The mock arms a loaded path at once, so it never
+        refuses a migration (no ``QP_APM_ERROR``); a port with no path is a plain drop."""
+        if qp.apm_state is not ApmState.ARMED:
+            return False
+        migrate_qp(qp)
+        self.qp_event(qp, AsyncEvent.QP_APM)
+        return True
 
     def _respond(self, qp: MockQp, req: Packet, op: PacketOp, psn: int) -> Packet | None:
         """A response packet from responder ``qp`` back to the requester of ``req``."""

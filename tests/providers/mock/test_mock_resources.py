@@ -353,8 +353,8 @@ def test_modify_qp_statuses(a: Node, b: Node) -> None:
         "primary_av": AvAttr(1, dlid=b.lid), "path_mtu": Mtu.MTU_1024, "dest_qp": 5,
         "rq_psn": 0, "resp_res": 1, "rnr_nak_timeout": 1,
     }
-    with pytest.raises(Unsupported):
-        a.ca.modify_qp(qp, QpMod(QpState.RTR, alternate_av=AvAttr(1, dlid=b.lid), **rtr))
+    with pytest.raises(InvalidPort):  # an alternate path (APM) on a port the CA lacks
+        a.ca.modify_qp(qp, QpMod(QpState.RTR, alternate_av=AvAttr(2, dlid=b.lid), **rtr))
     with pytest.raises(InvalidSetting):
         a.ca.modify_qp(qp, QpMod(QpState.RTR, **{**rtr, "resp_res": 99}))
     attr = a.ca.modify_qp(qp, QpMod(QpState.RTR, **rtr))
