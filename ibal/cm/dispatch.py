@@ -1,4 +1,4 @@
-"""Pure parts of the CM agent's routing: the listen table and the TID rule.
+"""Pure parts of the CM agent's routing: the listen table, the TID rule, sender checks.
 
 :class:`ListenTable` finds the listen an incoming REQ or SIDR_REQ belongs to
 (IBA 12.6.5, IBAL's ``ib_cm_listen`` rules): by service ID, then by compare
@@ -15,9 +15,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from ibal.status import InvalidSetting
+from ibal.status import InvalidParameter, InvalidSetting
+from ibal.types import MadAddr
 
-__all__ = ["Arrival", "ListenLike", "ListenTable", "form_tid"]
+__all__ = ["Arrival", "ListenLike", "ListenTable", "as_int", "form_tid", "same_sender",
+           "sender_key"]
 
 
 class ListenLike(Protocol):
@@ -118,3 +120,24 @@ def form_tid(hi_tid: int, local_comm_id: int) -> int:
     big-endian bytes read as a little-endian host's integer) in the low half."""
     low = int.from_bytes(local_comm_id.to_bytes(4, "big"), "little")
     return (hi_tid & 0xFFFFFFFF) << 32 | low
+
+
+def as_int(v: object) -> int:
+    """A decoded int field (``InvalidParameter`` for anything else: a forged MAD)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidParameter(f"expected an int field, got {v!r}")
+    return v
+
+
+def sender_key(addr: MadAddr) -> tuple[int, bytes]:
+    """Who sent a MAD: its LID and, with a GRH, its GID."""
+    return (addr.dlid, addr.grh.dgid.packed if addr.grh is not None else b"")
+
+
+def same_sender(expected: MadAddr, got: MadAddr) -> bool:
+    """Whether a MAD from ``got`` may come from the peer reached at ``expected``."""
+    if expected.grh is not None and got.grh is not None:
+        return expected.grh.dgid == got.grh.dgid
+    if expected.grh is None and got.grh is None:
+        return expected.dlid == got.dlid
+    return expected.dlid == got.dlid or expected.dlid in (0, 0xFFFF)

@@ -5,18 +5,11 @@ Every AL instance of a manager listens and connects through the same
 reach whichever AL listens for its service ID.  The agent opens its own
 internal AL (``mgr.open_al()``), follows PnP for ports (a :class:`CmPort`
 per active port: the MAD service of class 0x07 version 2 and one timer),
-and routes each received CM MAD:
+and hands each received CM MAD to its :class:`~ibal.cm.router.CmRouter`
+(REQs to listens, the rest to endpoints).  The agent owns the ports, the
+endpoints and their tables, and the listen table.
 
-* REQ / SIDR_REQ: a retransmission of a known one (by the sender's comm ID
-  and CA GUID, or request ID and sender) goes to its endpoint; a new one to
-  the listen of its service ID (compare data, directed listens:
-  ``ibal.cm.dispatch``), or is rejected (REJ "invalid service ID", SIDR_REP
-  "unsupported") when nobody listens;
-* every other message: to the endpoint whose local comm ID it names, when it
-  comes from that endpoint's peer (its comm ID, its address); else dropped.
-
-Malformed and forged MADs are dropped and counted in :attr:`CmAgent.stats`,
-never raise.  Each endpoint (:class:`CepIo`) runs the sans-IO machine of
+Each endpoint (:class:`CepIo`) runs the sans-IO machine of
 ``ibal.cm.fsm`` (or ``ibal.cm.sidr_fsm``); the agent carries out its
 actions: transmit (TIDs as Linux forms them: ``dispatch.form_tid``), the
 endpoint's one timer on its port, releases; QP changes and user callbacks
@@ -39,15 +32,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ibal.al import AccessLayer, AlManager, Dependent, PnpClass, PnpEvent, PnpOrder
-from ibal.cm import fsm, wire
-from ibal.cm.dispatch import Arrival, ListenLike, ListenTable, form_tid
+from ibal.cm import fsm
+from ibal.cm.dispatch import ListenLike, ListenTable, as_int, form_tid, same_sender
 from ibal.cm.port import CmPort
-from ibal.mad import cm as cmw
-from ibal.mad.cm import CmAttr, MessageMraed, RejReason
-from ibal.mad.consts import Method
+from ibal.cm.router import OPENERS, CmRouter
+from ibal.mad.cm import CmAttr
 from ibal.status import IbError, InvalidParameter, InvalidState, NotFound, Status
 from ibal.types import DEFAULT_PKEY, Gid, Grh, LinkLayer, LinkState, MadAddr
-from ibal.wire.fields import FieldError, Value
+from ibal.wire.fields import Value
 
 if TYPE_CHECKING:
     from ibal.al import PnpRec, PnpRegistration
@@ -59,12 +51,8 @@ log = logging.getLogger("ibal.cm")
 _AGENTS: weakref.WeakKeyDictionary[AlManager, CmAgent] = weakref.WeakKeyDictionary()
 _AGENTS_LOCK = threading.Lock()
 
-# Messages that open an exchange get a TID of their own; the answers echo it.
 _LISTEN_EVENTS = frozenset({PnpEvent.PORT_REMOVE, PnpEvent.PORT_DOWN, PnpEvent.LID_CHANGE,
                             PnpEvent.PKEY_CHANGE})  # fmt: skip
-_OPENERS = frozenset({CmAttr.REQ, CmAttr.DREQ, CmAttr.LAP, CmAttr.SIDR_REQ})
-# Messages whose sender's comm ID we may not know yet (the first answer to our REQ).
-_FIRST_ANSWERS = frozenset({CmAttr.REP, CmAttr.REJ, CmAttr.MRA})
 
 
 class CepUser(Protocol):
@@ -182,8 +170,9 @@ class CmAgent:
         self._ceps: dict[int, CepIo] = {}  # local comm ID -> endpoint
         self._remote: dict[tuple[Any, ...], CepIo] = {}  # (kind, remote id, sender) -> endpoint
         self._peers: dict[int, list[CepIo]] = {}  # service ID -> peer-to-peer REQs out
-        self._by_qp: dict[tuple[int, int], CepIo] = {}  # (remote CA GUID, QPN) -> endpoint
         self.listens = ListenTable()
+        self.router = CmRouter(self)
+        """Where received CM MADs go (REQs to listens, the rest to endpoints)."""
         self._rng = random.SystemRandom()
         self._pnp: PnpRegistration | None = None
         # PnpOrder.CM: ports come to the CM before user clients, and leave it after them.
@@ -266,7 +255,7 @@ class CmAgent:
                 if p.ca_guid == ca_guid and p.port_num == port_num and p.alive:
                     return p
             ca = self.al.open_ca(ca_guid)
-            p = CmPort(ca, port_num, self._on_mad)
+            p = CmPort(ca, port_num, self.router.on_mad)
             self._ports[p.port_guid] = p
             return p
 
@@ -305,12 +294,13 @@ class CmAgent:
         with self._lock:
             self._peers.setdefault(svc_id, []).append(cep)
 
-    def _peer_for(self, svc_id: int, port: CmPort, sender: MadAddr) -> CepIo | None:
-        """The peer-to-peer REQ of ours a REQ from ``sender`` on ``port`` meets."""
+    def peer_for(self, svc_id: int, port: CmPort, sender: MadAddr) -> CepIo | None:
+        """The peer-to-peer REQ of ours a REQ from ``sender`` on ``port`` meets (under
+        the lock)."""
         live = [c for c in self._peers.get(svc_id, ())
                 if self._ceps.get(c.local_comm_id) is c
                 and c.state in (fsm.CmState.REQ_SENT, fsm.CmState.MRA_REQ_RCVD)]  # fmt: skip
-        match = next((c for c in live if c.port is port and _same_sender(c.addr, sender)), None)
+        match = next((c for c in live if c.port is port and same_sender(c.addr, sender)), None)
         rest = [c for c in live if c is not match]
         if rest:
             self._peers[svc_id] = rest
@@ -319,7 +309,12 @@ class CmAgent:
         return match
 
     def find(self, local_comm_id: int) -> CepIo | None:
+        """The live endpoint (timewait included) of a local comm ID."""
         return self._ceps.get(local_comm_id)
+
+    def remote(self, key: tuple[Any, ...]) -> CepIo | None:
+        """The endpoint bound to a peer's key (``bind_remote``)."""
+        return self._remote.get(key)
 
     def run(self, cep: CepIo, event: Any) -> None:
         """Feed one event to ``cep``'s machine and carry out its actions, in order."""
@@ -330,8 +325,6 @@ class CmAgent:
                 raise InvalidState("the connection is closed")
             if isinstance(event, fsm.RecvMsg):
                 cep.fields[event.attr] = dict(event.fields)
-                if event.attr in _OPENERS:
-                    cep.tid = self._rx_tid
             actions = cep.machine.handle(event, cep.port.now())
             for a in actions:
                 self._act(cep, a)
@@ -339,7 +332,7 @@ class CmAgent:
     def _act(self, cep: CepIo, a: Any) -> None:
         kind = type(a)
         if kind is fsm.Transmit:
-            if a.attr in _OPENERS:
+            if a.attr in OPENERS:
                 cep.tid = form_tid(cep.port.hi_tid, cep.local_comm_id)
             if not cep.port.alive or not cep.port.send(a.attr, cep.tid, a.msg, cep.addr):
                 self.stats["send_failed"] += 1  # the retry timer (if any) tries again
@@ -372,8 +365,12 @@ class CmAgent:
             del self._ceps[cep.local_comm_id]
         if cep.remote_key is not None and self._remote.get(cep.remote_key) is cep:
             del self._remote[cep.remote_key]
-        for k in [k for k, v in self._by_qp.items() if v is cep]:
-            del self._by_qp[k]
+        self.router.forget(cep)
+
+    def release(self, cep: CepIo) -> None:
+        """Free ``cep`` now, without a word to its peer (a REQ its listen did not take)."""
+        with self._lock:
+            self._release(cep)
 
     def forget_user(self, cep: CepIo) -> None:
         """The user's object is gone: the machine leaves politely with no more upcalls."""
@@ -399,182 +396,6 @@ class CmAgent:
                     return listen  # type: ignore[return-value]
         return None
 
-    # ------------------------------------------------------------------ MADs in
-    _rx_tid = 0  # the TID of the MAD being routed (under the lock)
-
-    def _on_mad(self, port: CmPort, mad: bytes, addr: MadAddr) -> None:
-        """Misc queue: one CM MAD arrived on ``port``."""
-        try:
-            msg = cmw.parse_cm(mad)
-        except FieldError as exc:
-            self.stats["dropped: malformed"] += 1
-            log.debug("CM: malformed MAD dropped: %s", exc)
-            return
-        if mad[3] != Method.SEND:
-            self.stats["dropped: not a Send"] += 1
-            return
-        data = bytes(mad[24:256])
-        with self._lock:
-            self._rx_tid = msg.tid
-            try:
-                self._route(port, msg, data, addr)
-            except (IbError, FieldError, ValueError) as exc:
-                self.stats["dropped: refused"] += 1
-                log.debug("CM: %s dropped: %s", msg.attr.name, exc)
-
-    def _route(self, port: CmPort, msg: cmw.CmMessage, data: bytes, addr: MadAddr) -> None:
-        f, attr = msg.fields, msg.attr
-        if attr is CmAttr.REQ:
-            self._on_req(port, msg, data, addr)
-            return
-        if attr is CmAttr.SIDR_REQ:
-            self._on_sidr_req(port, msg, data, addr)
-            return
-        if attr is CmAttr.SIDR_REP:
-            cep = self._ceps.get(_int(f["request_id"]))
-            if cep is None or not cep.sidr or not _same_sender(cep.addr, addr):
-                self.stats["dropped: unknown SIDR request ID"] += 1
-                return
-            self.run(cep, fsm.RecvMsg(attr, data, f))
-            return
-        cep = self._ceps.get(_int(f["remote_comm_id"]))
-        if cep is None or cep.sidr:
-            self.stats["dropped: unknown comm ID"] += 1
-            return
-        sender = _int(f["local_comm_id"])
-        if cep.remote_comm_id is None and attr in _FIRST_ANSWERS:
-            pass  # the peer's comm ID is learnt from this message
-        elif cep.remote_comm_id != sender:
-            self.stats["dropped: wrong remote comm ID"] += 1
-            return
-        if not _same_sender(cep.addr, addr):
-            self.stats["dropped: wrong sender"] += 1
-            return
-        if attr is CmAttr.REP and cep.remote_comm_id is None:
-            cep.remote_comm_id = sender
-            cep.remote_ca_guid = _int(f["local_ca_guid"])
-            self.bind_remote(cep, ("conn", sender, cep.remote_ca_guid))
-            if self._stale(cep.remote_ca_guid, _int(f["local_qpn"]), cep):
-                return
-        self.run(cep, fsm.RecvMsg(attr, data, f))
-
-    def _stale(self, ca_guid: int, qpn: int, new: CepIo | None) -> bool:
-        """A REQ or REP naming a remote QP another live connection of ours is bound to:
-        that one is stale (IBA 12.9.8.3.2; it gets ``StaleConn``: DREQ or REJ).  True when
-        the new message must be refused as well (a REQ: REJ StaleConn; a REP: its endpoint
-        is stale too and the machine rejects it)."""
-        key = (ca_guid, qpn)
-        old = self._by_qp.get(key)
-        if new is not None:
-            self._by_qp[key] = new
-        if old is None or old is new or self._ceps.get(old.local_comm_id) is not old or \
-                old.state in (fsm.CmState.TIMEWAIT, fsm.CmState.CLOSED):  # fmt: skip
-            return False
-        self.stats["stale connections"] += 1
-        self.run(old, fsm.StaleConn())
-        if new is not None:
-            self.run(new, fsm.StaleConn())
-        return True
-
-    def _arrival(self, port: CmPort, pkey: int) -> Arrival:
-        lid = 0
-        with contextlib.suppress(IbError):
-            lid = port.ca.query_port(port.port_num).lid
-        return Arrival(port.ca_guid, port.port_guid, lid, pkey)
-
-    def _on_req(self, port: CmPort, msg: cmw.CmMessage, data: bytes, addr: MadAddr) -> None:
-        f = msg.fields
-        sender = _int(f["local_comm_id"])
-        key = ("conn", sender, _int(f["local_ca_guid"]))
-        cep = self._remote.get(key)
-        if cep is not None:  # a retransmission: the machine answers it
-            if _same_sender(cep.addr, addr):
-                self.run(cep, fsm.RecvMsg(CmAttr.REQ, data, f))
-            else:
-                self.stats["dropped: wrong sender"] += 1
-            return
-        if self._stale(_int(f["local_ca_guid"]), _int(f["local_qpn"]), None):
-            self._reject_unheard(port, msg, addr, RejReason.STALE_CONN)
-            return
-        peer = self._peer_for(_int(f["service_id"]), port, addr)
-        if peer is not None:  # two peer-to-peer REQs met: the machine picks the active side
-            peer.remote_comm_id = sender
-            peer.remote_ca_guid = _int(f["local_ca_guid"])
-            self.bind_remote(peer, key)
-            self.run(peer, fsm.RecvMsg(CmAttr.REQ, data, f))
-            return
-        pdata = bytes(f["private_data"])
-        listen = self.listens.match(_int(f["service_id"]), pdata,
-                                    self._arrival(port, _int(f["pkey"])))  # fmt: skip
-        if listen is None:
-            self._reject_unheard(port, msg, addr)
-            return
-        try:
-            wire.check_req(f, port.ca.query_port(port.port_num))
-        except wire.PathMismatch as exc:  # a REQ this port cannot take: REJ with the reason
-            self._reject_unheard(port, msg, addr, exc.reason)
-            return
-        cep = self.new_cep(port, _passive, addr)
-        cep.tid = msg.tid
-        cep.remote_comm_id = sender
-        cep.remote_ca_guid = _int(f["local_ca_guid"])
-        self.bind_remote(cep, key)
-        self._by_qp[(cep.remote_ca_guid, _int(f["local_qpn"]))] = cep
-        cep.fields[CmAttr.REQ] = dict(f)
-        user = cast_listen(listen).cm_incoming(cep, dict(f))
-        if user is None:  # the listen is going away: as if nobody listened
-            self._release(cep)
-            self._reject_unheard(port, msg, addr)
-            return
-        cep.user = user
-        self.run(cep, fsm.RecvMsg(CmAttr.REQ, data, f))
-
-    def _reject_unheard(self, port: CmPort, msg: cmw.CmMessage, addr: MadAddr,
-                        reason: RejReason = RejReason.INVALID_SERVICE_ID) -> None:  # fmt: skip
-        """REJ "invalid service ID" for a REQ nobody listens for, or ``reason`` for one the
-        port cannot take (no endpoint is kept)."""
-        rej = cmw.REJ.encode({
-            "local_comm_id": 0, "remote_comm_id": msg.fields["local_comm_id"],
-            "message_rejected": MessageMraed.REQ, "reject_info_length": 0,
-            "reason": reason, "ari": bytes(72),
-            "private_data": bytes(cmw.PRIVATE_DATA_SIZE[CmAttr.REJ]),
-        })  # fmt: skip
-        if port.send(CmAttr.REJ, msg.tid, rej, addr):
-            self.stats[f"rej: {reason.name}"] += 1
-
-    def _on_sidr_req(self, port: CmPort, msg: cmw.CmMessage, data: bytes, addr: MadAddr
-                     ) -> None:  # fmt: skip
-        f = msg.fields
-        key = ("sidr", _int(f["request_id"]), _sender_key(addr))
-        cep = self._remote.get(key)
-        if cep is not None:
-            self.run(cep, fsm.RecvMsg(CmAttr.SIDR_REQ, data, f))
-            return
-        pdata = bytes(f["private_data"])
-        listen = self.listens.match(_int(f["service_id"]), pdata,
-                                    self._arrival(port, _int(f["pkey"])), ud=True)  # fmt: skip
-        if listen is None:
-            rep = cmw.SIDR_REP.encode({
-                "request_id": f["request_id"], "status": cmw.SidrStatus.UNSUPPORTED,
-                "additional_info_length": 0, "vendor_id_h": 0, "qpn": 0, "vendor_id_l": 0,
-                "service_id": f["service_id"], "qkey": 0, "additional_info": bytes(72),
-                "private_data": bytes(cmw.PRIVATE_DATA_SIZE[CmAttr.SIDR_REP]),
-            })  # fmt: skip
-            if port.send(CmAttr.SIDR_REP, msg.tid, rep, addr):
-                self.stats["sidr_rep: unsupported"] += 1
-            return
-        rid = _int(f["request_id"])
-        cep = self.new_cep(port, lambda _cid, now: _sidr_passive(rid, now), addr, sidr=True)
-        cep.tid = msg.tid
-        self.bind_remote(cep, key)
-        cep.fields[CmAttr.SIDR_REQ] = dict(f)
-        user = cast_listen(listen).cm_incoming(cep, dict(f))
-        if user is None:
-            self._release(cep)
-            return
-        cep.user = user
-        self.run(cep, fsm.RecvMsg(CmAttr.SIDR_REQ, data, f))
-
     # ------------------------------------------------------------------ addresses
     def path_addr(self, port: CmPort, path: dict[str, Value]) -> MadAddr:
         """Where the CM of a path's destination is: its QP1, over the path (GRH on RoCE and
@@ -582,39 +403,23 @@ class CmAgent:
         pa = port.ca.query_port(port.port_num)
         dgid = _gid(path["dgid"])
         sgid = _gid(path["sgid"])
-        hop = _int(path.get("hop_limit", 0))
+        hop = as_int(path.get("hop_limit", 0))
         roce = port.link_layer is not LinkLayer.INFINIBAND
         grh = None
         if roce or hop > 1:
             sgid_index = next((e.index for e in pa.gid_table if e.gid == sgid), 0)
             grh = Grh(dgid=dgid, sgid_index=sgid_index, hop_limit=hop or 64,
-                      traffic_class=_int(path.get("tclass", 0)),
-                      flow_label=_int(path.get("flow_label", 0)))  # fmt: skip
-        pkey = _int(path.get("p_key", DEFAULT_PKEY)) or DEFAULT_PKEY
+                      traffic_class=as_int(path.get("tclass", 0)),
+                      flow_label=as_int(path.get("flow_label", 0)))  # fmt: skip
+        pkey = as_int(path.get("p_key", DEFAULT_PKEY)) or DEFAULT_PKEY
         pkey_index = next((i for i, k in enumerate(pa.pkeys) if k & 0x7FFF == pkey & 0x7FFF), 0)
-        return MadAddr(remote_qp=1, dlid=0 if roce else _int(path["dlid"]),
-                       sl=_int(path.get("sl", 0)), pkey_index=pkey_index, grh=grh)  # fmt: skip
+        return MadAddr(remote_qp=1, dlid=0 if roce else as_int(path["dlid"]),
+                       sl=as_int(path.get("sl", 0)), pkey_index=pkey_index, grh=grh)  # fmt: skip
 
-
-def _passive(comm_id: int, now: float) -> fsm.Cep:
-    return fsm.Cep(comm_id, active=False, now=now)
-
-
-def _sidr_passive(request_id: int, now: float) -> Any:
-    """A responder's machine carries the requester's request ID (its SIDR_REP echoes it)."""
-    from ibal.cm import sidr_fsm
-
-    return sidr_fsm.SidrCep(request_id, active=False, now=now)
 
 
 def cast_listen(listen: ListenLike) -> ListenUser:
     return listen  # type: ignore[return-value]
-
-
-def _int(v: Value | None) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise InvalidParameter(f"expected an int field, got {v!r}")
-    return v
 
 
 def _gid(v: object) -> Gid:
@@ -623,16 +428,3 @@ def _gid(v: object) -> Gid:
     if isinstance(v, bytes | bytearray) and len(v) == 16:
         return Gid(bytes(v))
     raise InvalidParameter(f"expected a GID, got {v!r}")
-
-
-def _sender_key(addr: MadAddr) -> tuple[int, bytes]:
-    return (addr.dlid, addr.grh.dgid.packed if addr.grh is not None else b"")
-
-
-def _same_sender(expected: MadAddr, got: MadAddr) -> bool:
-    """Whether a MAD from ``got`` may come from the peer reached at ``expected``."""
-    if expected.grh is not None and got.grh is not None:
-        return expected.grh.dgid == got.grh.dgid
-    if expected.grh is None and got.grh is None:
-        return expected.dlid == got.dlid
-    return expected.dlid == got.dlid or expected.dlid in (0, 0xFFFF)
