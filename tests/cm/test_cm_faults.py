@@ -10,12 +10,13 @@ import pytest
 from cm_world import WAIT, CmWorld, Node, cm_world
 
 import ibal.sa
+from ibal.al import QpCreate
 from ibal.cm import Connection, connect, listen
 from ibal.cm.fsm import CmState
 from ibal.cm.service import agent_of
 from ibal.providers.mock.packets import Packet
 from ibal.sa.query import Record
-from ibal.types import AsyncEvent, QpState, RecvWr, SendWr, WcStatus, WrType
+from ibal.types import AsyncEvent, QpState, QpType, RecvWr, SendWr, WcStatus, WrType
 
 pytest.importorskip("ibal.providers.mock", reason="the mock provider is not installed")
 
@@ -142,3 +143,37 @@ def test_a_lost_rtu_is_replaced_by_the_first_send(world: CmWorld) -> None:
     assert bytes(a.buf[0:4]) == b"data" and rule.fired == 1
     world.step(7.0)  # the REP's retry timer was cancelled: nothing more goes to B
     assert agent_of(world.mgr).armed_timers() == 0
+
+
+def test_rtu_callback_before_completions_when_the_cq_is_armed_in_it(world: CmWorld) -> None:
+    """docs/cm.md "Threads": the passive QP receives from RTR on, so data may complete
+    before the RTU callback runs; a consumer that arms its CQ in the RTU callback (rearm,
+    then poll) sees every completion after it.  Here the RTU is lost and two SENDs arrive
+    first: no completion callback comes before the RTU callback, which polls both."""
+    world.fabric.faults.drop(predicate=cm_to(world.a), nth=2)  # REQ passes, RTU lost
+    a, b = world.a, world.b
+    order: list[object] = []
+    rcq = a.ca.create_cq(16, comp_cb=lambda cq, ctx: order.append(("comp", cq.poll())))
+    qa = a.pd.create_qp(QpCreate(QpType.RC, a.cq, rcq))
+
+    def on_rtu(conn: Connection) -> None:
+        order.append("rtu")
+        rcq.rearm()
+        order.append(("polled", rcq.poll()))
+
+    lst = listen(a.al, SVC)
+    cb = connect(b.al, b.qp(), path(b, a), SVC, callback=lambda c: None, **FAST)  # type: ignore[arg-type]
+    ca = lst.get(WAIT).accept(qa, callback=on_rtu)
+    lst.close()
+    for i in range(3):  # the QP is in RTR once accept returns
+        qa.post_recv(RecvWr(i, [a.mr.sge(64 * i, 64)]))
+    cb.wait(WAIT)
+    assert cb.qp is not None
+    cb.qp.post_send([SendWr(10 + i, WrType.SEND, [b.mr.sge(0, 4)]) for i in range(2)])
+    ca.wait(WAIT)
+    cb.qp.post_send(SendWr(12, WrType.SEND, [b.mr.sge(0, 4)]))  # after the RTU callback
+    b.cq.wait(WAIT, min_entries=3)
+    world.settle()
+    assert order[0] == "rtu"  # no completion callback before it
+    got = [w.wr_id for _, wcs in order[1:] for w in wcs]  # type: ignore[misc]
+    assert got == [0, 1, 2] and isinstance(order[-1], tuple) and order[-1][0] == "comp"
