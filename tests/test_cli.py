@@ -70,8 +70,8 @@ def test_info_lists_the_capabilities_that_are_off(runner: CliRunner) -> None:
     result = runner.invoke(main, ["info", "-p", "mock", "mock0"])
     assert result.exit_code == 0, result.output
     (line,) = [ln for ln in result.stdout.splitlines() if "not supported" in ln]
-    assert "apm (" in line
-    for has in ("qp_types", "special_qps", "mw_types", "opcodes"):  # those the mock has
+    assert "mad_agents (" in line
+    for has in ("qp_types", "special_qps", "mw_types", "opcodes", "apm"):  # the mock has those
         assert has not in line
 
 
