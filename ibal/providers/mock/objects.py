@@ -477,7 +477,7 @@ class MockQp:
 
 
 def migrate_qp(qp: MockQp) -> None:
-    """The alternate path becomes the primary (IBA 17.2.8): forced, or an incoming
+    """The alternate path becomes the primary: forced, or an incoming
     migration the responder accepted.  No alternate is left until one is loaded again."""
     assert qp.alt_av is not None and qp.alt_port is not None
     qp.av, qp.port, qp.port_num = qp.alt_av, qp.alt_port, qp.alt_av.port_num
