@@ -22,6 +22,7 @@ APT_PACKAGES: dict[str, str] = {
     "python3-pyverbs": "pyverbs for Debian's python3",
     "tshark": "packet capture on the lab link (tests only)",
     "perftest": "ib_*_bw / ib_*_lat benchmarks (optional)",
+    "rdmacm-utils": "rping, cmtime, udaddy: the RDMA CM interop peers (optional)",
 }
 
 #: What a piece is needed for: booting with rxe, --net, pyverbs in the guest,
@@ -31,9 +32,10 @@ PURPOSE_NET = "net"
 PURPOSE_PYVERBS = "pyverbs"
 PURPOSE_CAPTURE = "capture"
 PURPOSE_PERFTEST = "perftest"
+PURPOSE_RDMACM = "rdmacm"
 #: Purposes `ibal lab check` insists on (exit 1 when one is missing).
 REQUIRED_PURPOSES = (PURPOSE_RUN, PURPOSE_NET, PURPOSE_PYVERBS)
-ALL_PURPOSES = (*REQUIRED_PURPOSES, PURPOSE_CAPTURE, PURPOSE_PERFTEST)
+ALL_PURPOSES = (*REQUIRED_PURPOSES, PURPOSE_CAPTURE, PURPOSE_PERFTEST, PURPOSE_RDMACM)
 
 _RXE_NAMES = ("rdma_rxe.ko", "rdma_rxe.ko.xz", "rdma_rxe.ko.gz", "rdma_rxe.ko.zst")
 
@@ -295,4 +297,5 @@ def check() -> CheckReport:
     )
     items.append(_tool("tshark", "tshark", PURPOSE_CAPTURE))
     items.append(_tool("ib_write_bw", "perftest", PURPOSE_PERFTEST))
+    items.append(_tool("rping", "rdmacm-utils", PURPOSE_RDMACM))
     return CheckReport(tuple(items))

@@ -58,7 +58,7 @@ def _unavailable(reason: str) -> None:
 def lab_requires(*purposes: str) -> None:
     """Skip the calling test unless the pieces for `purposes` are present.
 
-    Purposes: "run", "net", "pyverbs", "capture" (tshark), "perftest". The
+    Purposes: "run", "net", "pyverbs", "capture" (tshark), "perftest", "rdmacm". The
     reason names each missing piece and the Debian package providing it.
     """
     if os.environ.get("IBAL_LAB", "") == "0":
