@@ -88,7 +88,8 @@ def test_kernel_req_decodes_as_roce_wire_says(ibal_lab_module_net: LabSession) -
         finally:
             job.kill()
             job.wait()
-    ttl = [struct.unpack("=i", d)[0] for lvl, typ, d in anc if (lvl, typ) == (socket.IPPROTO_IP, IP_TTL)]
+    ttl = [struct.unpack("=i", d)[0] for lvl, typ, d in anc
+           if (lvl, typ) == (socket.IPPROTO_IP, IP_TTL)]  # fmt: skip
     assert (src_ip, src_port, ttl) == (guest_ip, 0xD872, [64])  # roce-wire.md 3.4
     assert len(data) == 12 + 8 + 256 + 4
     bth, deth = BTH.decode(data), DETH.decode(data, 12)
