@@ -1,0 +1,221 @@
+"""``ibal rping``: librdmacm's ``rping`` over ibal (the verbs half; the CM half is ibal.cm.rdma).
+
+:class:`RpingEndpoint` owns what one rping end has (``rping_setup_qp`` /
+``rping_setup_buffers``): a CQ, an RC QP (16 sends, 2 receives, one SGE), one
+registered buffer holding the 16-byte receive and send areas, the RDMA buffer
+(the client's sink, the server's landing place) and, on the client, the
+source.  :meth:`RpingEndpoint.run` drives a machine of
+:mod:`ibal.tools.rping_proto`: it carries out the actions with verbs and turns
+completions into events, on the calling thread, polling the CQ against a
+deadline.  The QP is connected by whoever owns the connection (the CM, or a
+test's manual connect); ``disconnect`` is called when the client is done and
+``closed`` says when the peer has gone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ibal.al import Cq, Pd, Qp, QpCreate
+from ibal.tools.rping_proto import (
+    INFO_SIZE,
+    Action,
+    Check,
+    Disconnect,
+    Disconnected,
+    Event,
+    Fill,
+    Finish,
+    GoAhead,
+    PostRead,
+    PostRecv,
+    PostWrite,
+    Print,
+    ReadDone,
+    Recv,
+    Region,
+    RpingClient,
+    RpingServer,
+    SendInfo,
+    WriteDone,
+    ping_text,
+)
+from ibal.types import (
+    AccessFlags,
+    QpType,
+    RecvWr,
+    SendOpt,
+    SendWr,
+    Sge,
+    Wc,
+    WcStatus,
+    WcType,
+    WrType,
+)
+
+__all__ = ["RpingEndpoint", "RpingError", "RpingResult"]
+
+SQ_DEPTH = 16  # RPING_SQ_DEPTH
+_RECV, _SEND, _RDMA = 1, 2, 3
+
+
+class RpingError(Exception):
+    """An rping run ended in failure; the message is what rping would print."""
+
+
+@dataclass
+class RpingResult:
+    """What a run did: pings completed, lines printed (``-v``)."""
+
+    pings: int
+    lines: list[str]
+
+
+class RpingEndpoint:
+    """One rping end on ``pd``'s CA: CQ, RC QP in RESET, and the registered buffers."""
+
+    def __init__(self, pd: Pd, size: int, *, client: bool) -> None:
+        self.size = size
+        self.client = client
+        self.cq: Cq = pd.ca.create_cq(SQ_DEPTH * 2)
+        self.qp: Qp = pd.create_qp(QpCreate(QpType.RC, send_cq=self.cq, recv_cq=self.cq,
+                                            sq_depth=SQ_DEPTH, rq_depth=2))  # fmt: skip
+        # [recv 16][send 16][rdma size][source size (client)]
+        self._rdma_off = 2 * INFO_SIZE
+        self._src_off = self._rdma_off + size
+        self.buf = bytearray(self._src_off + (size if client else 0))
+        access = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE
+        self.mr = pd.reg_mem(self.buf, access)
+
+    def region(self, off: int, size: int) -> Region:
+        return Region(self.mr.vaddr + off, self.mr.rkey, size)
+
+    @property
+    def sink(self) -> Region:
+        return self.region(self._rdma_off, self.size)
+
+    @property
+    def source(self) -> Region:
+        return self.region(self._src_off, self.size)
+
+    @property
+    def rdma_buf(self) -> bytes:
+        return bytes(self.buf[self._rdma_off : self._rdma_off + self.size])
+
+    def _sge(self, off: int, n: int) -> Sge:
+        return Sge(addr=self.mr.vaddr + off, length=n, lkey=self.mr.lkey)
+
+    def post_recv(self) -> None:
+        """The one receive (post it before connecting: the peer may SEND at once)."""
+        self.qp.post_recv(RecvWr(wr_id=_RECV, sg_list=[self._sge(0, INFO_SIZE)]))
+
+    def close(self) -> None:
+        self.qp.destroy()
+        self.mr.dereg()
+        self.cq.destroy()
+
+    # ------------------------------------------------------------- the run
+
+    def client_machine(self, count: int, *, verbose: bool, validate: bool) -> RpingClient:
+        return RpingClient(self.source, self.sink, count=count, verbose=verbose,
+                           validate=validate)  # fmt: skip
+
+    def server_machine(self, *, verbose: bool) -> RpingServer:
+        return RpingServer(self.size, verbose=verbose)
+
+    def run(
+        self,
+        machine: RpingClient | RpingServer,
+        *,
+        disconnect: Callable[[], None] = lambda: None,
+        closed: Callable[[], bool] = lambda: False,
+        out: Callable[[str], None] = print,
+        timeout: float = 60.0,
+    ) -> RpingResult:
+        """Run ``machine`` to its end; raises :class:`RpingError` with rping's message.
+
+        ``timeout``: seconds without any completion before giving up.
+        """
+        lines: list[str] = []
+
+        def say(line: str) -> None:
+            lines.append(line)
+            out(line)
+
+        todo: list[Action] = machine.start() if isinstance(machine, RpingClient) else []
+        deadline = time.monotonic() + timeout
+        while True:
+            for action in todo:
+                error = self._do(action, say, disconnect)
+                if error is not None:
+                    pings = machine.ping if isinstance(machine, RpingClient) else machine.pings
+                    if error:
+                        raise RpingError(error)
+                    return RpingResult(pings, lines)
+            todo = []
+            wcs = self.cq.poll(8)
+            if not wcs:
+                if closed():
+                    todo = machine.handle(Disconnected())
+                    continue
+                if time.monotonic() > deadline:
+                    raise RpingError(f"no completion for {timeout} s")
+                time.sleep(0.0002)  # poll interval: yields the GIL to the provider
+                continue
+            deadline = time.monotonic() + timeout
+            for wc in wcs:
+                event = self._event(wc)
+                if event is not None:
+                    todo += machine.handle(event)
+
+    def _event(self, wc: Wc) -> Event | None:
+        if wc.status is WcStatus.WR_FLUSHED_ERR:
+            return Disconnected()
+        if wc.status is not WcStatus.SUCCESS:
+            raise RpingError(f"cq completion failed status {wc.status.name} ({wc.wc_type.name})")
+        if wc.wc_type is WcType.RECV:
+            return Recv(bytes(self.buf[: wc.length]))
+        if wc.wc_type is WcType.RDMA_READ:
+            data = self.rdma_buf
+            nul = data.find(0)
+            return ReadDone(len(data) if nul < 0 else nul)
+        if wc.wc_type is WcType.RDMA_WRITE:
+            return WriteDone()
+        return None  # send completions: nothing to do
+
+    def _do(self, a: Action, say: Callable[[str], None],
+            disconnect: Callable[[], None]) -> str | None:  # fmt: skip
+        """Carry out one action; a string (empty: success) when the run is over."""
+        if isinstance(a, PostRecv):
+            self.post_recv()
+        elif isinstance(a, Fill):
+            self.buf[self._src_off : self._src_off + self.size] = ping_text(a.ping, self.size)
+        elif isinstance(a, SendInfo):
+            self.buf[INFO_SIZE : 2 * INFO_SIZE] = a.data
+            self._send()
+        elif isinstance(a, GoAhead):
+            self.buf[INFO_SIZE : 2 * INFO_SIZE] = bytes(INFO_SIZE)
+            self._send()
+        elif isinstance(a, PostRead | PostWrite):
+            op = WrType.RDMA_READ if isinstance(a, PostRead) else WrType.RDMA_WRITE
+            self.qp.post_send(SendWr(wr_id=_RDMA, opcode=op,
+                                     sg_list=[self._sge(self._rdma_off, a.length)],
+                                     remote_addr=a.region.addr, rkey=a.region.rkey))  # fmt: skip
+        elif isinstance(a, Print):
+            text = self.rdma_buf.split(b"\0", 1)[0].decode("latin-1")
+            say(a.prefix + text)
+        elif isinstance(a, Check):
+            src = self.buf[self._src_off : self._src_off + self.size]
+            if self.rdma_buf != src:
+                return "data mismatch!"
+        elif isinstance(a, Disconnect):
+            disconnect()
+        elif isinstance(a, Finish):
+            return a.error
+        return None
+
+    def _send(self) -> None:
+        self.qp.post_send(SendWr(wr_id=_SEND, opcode=WrType.SEND, send_opt=SendOpt.SIGNALED,
+                                 sg_list=[self._sge(INFO_SIZE, INFO_SIZE)]))  # fmt: skip
