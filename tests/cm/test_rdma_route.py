@@ -1,0 +1,80 @@
+"""``ibal.cm.rdma.resolve_route`` (rdma_resolve_addr + rdma_resolve_route) on rxe devices on lo.
+
+Two ibal rxe devices bound to loopback addresses of this test's own; the path
+comes from ``ibal.sa.roce`` through the SA query API.  Against the kernel's
+rdma_cm the same resolution is compared in tests/sa/test_roce_lab.py.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from ibal.al import AccessLayer, AlManager
+from ibal.cm.rdma import resolve_route
+from ibal.status import InvalidParameter, NotFound
+from ibal.types import Gid, Mtu
+
+A, B = "127.0.0.41", "127.0.0.42"
+
+
+@pytest.fixture(scope="module")
+def al() -> Iterator[AccessLayer]:
+    if os.geteuid() != 0:
+        why = "needs root (rxe's raw sockets need CAP_NET_RAW)"
+        if os.environ.get("IBAL_LAB_REQUIRED", "") not in ("", "0"):
+            pytest.fail(f"{why} (IBAL_LAB_REQUIRED is set)", pytrace=False)
+        pytest.skip(why)
+    from ibal.providers.rxe.provider import RxeProvider
+
+    mgr = AlManager()
+    mgr.add_provider(RxeProvider({"devices": f"rxe_cr0={A},rxe_cr1={B}"}))
+    try:
+        yield mgr.open_al()
+    finally:
+        mgr.close()
+
+
+def _port_of(al: AccessLayer, ip: str) -> tuple[int, int]:
+    for guid in al.get_ca_guids():
+        ca = al.open_ca(guid)
+        for p in ca.query().ports:
+            if any(e.gid == Gid(f"::ffff:{ip}") for e in p.gid_table):
+                return guid, p.port_guid
+    raise AssertionError(f"no port has {ip}")
+
+
+def test_route_from_a_given_source(al: AccessLayer) -> None:
+    r = resolve_route(al, B, src=A)
+    assert (r.src, r.dst) == (ipaddress.IPv4Address(A), ipaddress.IPv4Address(B))
+    assert (r.ca_guid, r.port_guid) == _port_of(al, A)
+    assert (r.sgid, r.dgid) == (Gid(f"::ffff:{A}"), Gid(f"::ffff:{B}"))
+    assert r.sgid_index == 0  # the device's one address
+    p = r.path
+    assert (p["sgid"], p["dgid"]) == (r.sgid.packed, r.dgid.packed)
+    # lo's 65536-byte MTU carries 4096, the rxe port's active MTU; the rest as Linux
+    assert (p["mtu"], p["hop_limit"], p["p_key"], p["packet_life_time"]) == (
+        Mtu.MTU_4096, 64, 0xFFFF, 16,
+    )  # fmt: skip
+
+
+def test_route_from_the_other_device_and_without_a_source(al: AccessLayer) -> None:
+    r = resolve_route(al, A, src=B)
+    assert (r.ca_guid, r.port_guid) == _port_of(al, B)
+    r = resolve_route(al, ipaddress.IPv4Address(B))
+    assert str(r.src) in (A, B)  # a local destination: any routable GID of a RoCE port
+    assert r.path["sgid"] == Gid(f"::ffff:{r.src}").packed
+
+
+def test_bad_addresses_are_refused(al: AccessLayer) -> None:
+    with pytest.raises(InvalidParameter, match="not an IP address"):
+        resolve_route(al, "10.0.0.300")
+    with pytest.raises(InvalidParameter, match="different IP versions"):
+        resolve_route(al, "fd00::1", src=A)
+    with pytest.raises(NotFound, match=r"127\.0\.0\.99"):
+        resolve_route(al, B, src="127.0.0.99")
+    with pytest.raises(NotFound, match="GUID"):
+        resolve_route(al, B, port_guid=0x1234)
