@@ -44,6 +44,8 @@ from ibal.tools.rping_proto import (
 )
 from ibal.types import (
     AccessFlags,
+    QpMod,
+    QpState,
     QpType,
     RecvWr,
     SendOpt,
@@ -58,6 +60,8 @@ from ibal.types import (
 __all__ = ["RpingEndpoint", "RpingError", "RpingResult"]
 
 SQ_DEPTH = 16  # RPING_SQ_DEPTH
+#: What the peer may do to an rping end's buffers and QP.
+ACCESS = AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE
 _RECV, _SEND, _RDMA = 1, 2, 3
 
 
@@ -86,8 +90,7 @@ class RpingEndpoint:
         self._rdma_off = 2 * INFO_SIZE
         self._src_off = self._rdma_off + size
         self.buf = bytearray(self._src_off + (size if client else 0))
-        access = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE
-        self.mr = pd.reg_mem(self.buf, access)
+        self.mr = pd.reg_mem(self.buf, ACCESS | AccessFlags.LOCAL_WRITE)
 
     def region(self, off: int, size: int) -> Region:
         return Region(self.mr.vaddr + off, self.mr.rkey, size)
@@ -106,6 +109,10 @@ class RpingEndpoint:
 
     def _sge(self, off: int, n: int) -> Sge:
         return Sge(addr=self.mr.vaddr + off, length=n, lkey=self.mr.lkey)
+
+    def init(self, port_num: int) -> None:
+        """RESET -> INIT with the rights the peer's READ and WRITE need (``rdma_create_qp``)."""
+        self.qp.modify(QpMod(QpState.INIT, port_num=port_num, pkey_index=0, access=ACCESS))
 
     def post_recv(self) -> None:
         """The one receive (post it before connecting: the peer may SEND at once)."""

@@ -11,19 +11,28 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
+import random
 import select
 import socket
 import struct
 import time
+from collections.abc import Iterator
 
 import pytest
+from rdma_cm_raw import RawCm, raw_accept, raw_connect
 
+from ibal.al import AccessLayer, AlManager, Pd
 from ibal.cm import cma
+from ibal.cm.rdma import resolve_route
 from ibal.lab import LabSession
 from ibal.lab.pytest_plugin import lab_requires
 from ibal.mad import cm
 from ibal.mad.consts import CmAttr
+from ibal.providers.rxe.provider import RxeProvider
 from ibal.providers.rxe.wire import BTH, DETH
+from ibal.tools.rping import RpingEndpoint
+from ibal.tools.rping_proto import ping_text
 from ibal.types import Gid
 
 pytestmark = pytest.mark.lab
@@ -126,3 +135,105 @@ def test_kernel_req_decodes_as_roce_wire_says(ibal_lab_module_net: LabSession) -
     assert hdr.src_port in cma.EPHEMERAL_PORTS  # rdma_cm bound the client to a port
     assert user == bytes(56)  # rping sends no private data of its own
     assert pdata[:2] == b"\x00\x40"
+
+
+# ------------------------------------------------ ibal rxe on the host, rping in the guest
+
+
+@contextlib.contextmanager
+def host_stack(s: LabSession) -> Iterator[tuple[AccessLayer, Pd, int, int]]:
+    """ibal's rxe on the tap's address, in the lab's namespace: (AL, PD, CA GUID, port GUID)."""
+    if os.geteuid() != 0:
+        pytest.skip("the rxe provider's raw sockets need root")
+    host_ip, _ = _addrs(s)
+    with s.in_netns():  # the device's sockets live in the namespace
+        mgr = AlManager()
+        mgr.add_provider(RxeProvider({"devices": f"rxe0={host_ip}"}))
+    try:
+        al = mgr.open_al()
+        (guid,) = al.get_ca_guids()
+        ca = al.open_ca(guid)
+        port = ca.query().ports[0]
+        yield al, ca.alloc_pd(), guid, port.port_guid
+    finally:
+        mgr.close()
+
+
+def _lines(text: str, prefix: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("size", "count"), [(64, 1), (4000, 100)])
+def test_raw_cm_rping_client_against_guest_rping_server(
+    ibal_lab_module_net: LabSession, size: int, count: int
+) -> None:
+    """ibal's rping client (CM by hand) against the unmodified ``rping -s``."""
+    lab_requires("net", "rdmacm")
+    s = ibal_lab_module_net
+    _, guest_ip = _addrs(s)
+    server = s.guest_start(["rping", "-s", "-a", guest_ip, "-S", str(size), "-v"], timeout=240)
+    try:
+        with host_stack(s) as (al, pd, ca_guid, port_guid):
+            route = resolve_route(al, guest_ip, port_guid=port_guid)
+            end = RpingEndpoint(pd, size, client=True)
+            end.init(route.port_num)
+            end.post_recv()
+            raw = RawCm(pd, port_guid)
+            deadline = time.monotonic() + 60
+            while True:  # bounded: REJ (no listener) while the guest's rping starts
+                try:
+                    conn = raw_connect(raw, end.qp, ca_guid, route, RPING_PORT,
+                                       random.Random(size))  # fmt: skip
+                    break
+                except ConnectionRefusedError:
+                    assert time.monotonic() < deadline and not server.done()
+                    time.sleep(0.2)
+            res = end.run(end.client_machine(count, verbose=True, validate=True),
+                          disconnect=lambda: None, out=lambda _: None)  # fmt: skip
+            drep = conn.disconnect()
+            assert drep.fields["remote_comm_id"] == conn.local_comm_id
+        r = server.wait()
+    finally:
+        if not server.done():
+            server.kill()
+    assert res.pings == count and len(res.lines) == count
+    assert r.returncode == 0, r.stderr_text
+    got = _lines(r.stdout_text, "server ping data: ")
+    assert len(got) == count
+    assert got[-1] == "server ping data: " + ping_text(count - 1, size)[:-1].decode()
+    # the kernel's REP: what an rdma_cm passive side answers (roce-wire.md 3.4)
+    rep = conn.rep
+    assert (rep["target_ack_delay"], rep["rnr_retry_count"]) == (15, 7)
+    assert (rep["responder_resources"], rep["initiator_depth"]) == (1, 1)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("size", "count"), [(64, 3), (65535, 5)])
+def test_guest_rping_client_against_raw_cm_rping_server(
+    ibal_lab_module_net: LabSession, size: int, count: int
+) -> None:
+    """The unmodified ``rping -c -V`` against ibal's rping server (CM by hand)."""
+    lab_requires("net", "rdmacm")
+    s = ibal_lab_module_net
+    host_ip, guest_ip = _addrs(s)
+    with host_stack(s) as (_, pd, ca_guid, port_guid):
+        end = RpingEndpoint(pd, size, client=False)
+        end.init(1)
+        end.post_recv()
+        raw = RawCm(pd, port_guid)
+        client = s.guest_start(["rping", "-c", "-a", host_ip, "-S", str(size), "-C", str(count),
+                                "-v", "-V"], timeout=240)  # fmt: skip
+        try:
+            conn, hdr = raw_accept(raw, end.qp, ca_guid, 1, 0, RPING_PORT, random.Random(size))
+            res = end.run(end.server_machine(verbose=True), closed=conn.dreq_arrived,
+                          out=lambda _: None)  # fmt: skip
+            r = client.wait()
+        finally:
+            if not client.done():
+                client.kill()
+    assert (str(hdr.src), str(hdr.dst)) == (guest_ip, host_ip)
+    assert r.returncode == 0, r.stderr_text
+    assert res.pings == count
+    got = _lines(r.stdout_text, "ping data: ")
+    assert len(got) == count and got[0] == "ping data: " + ping_text(0, size)[:-1].decode()
