@@ -388,6 +388,49 @@ def pingpong(
             raise click.ClickException(str(exc)) from exc
 
 
+@main.command()
+@click.option("-s", "server", flag_value=True, default=None, help="Server side.")
+@click.option("-c", "server", flag_value=False, help="Client side.")
+@click.option("-a", "addr", help="Address (server: to bind to; client: of the server).")
+@click.option("-I", "source", help="Source address to bind to (client).")
+@click.option("-p", "port", type=int, default=7174, show_default=True, help="Port.")
+@click.option("-C", "count", type=int, default=0, help="Ping count [default: until stopped].")
+@click.option("-S", "size", type=int, default=64, show_default=True, help="Ping data size.")
+@click.option("-v", "verbose", is_flag=True, help="Display ping data.")
+@click.option("-V", "validate", is_flag=True, help="Validate ping data.")
+@click.option("-d", "debug", is_flag=True, help="Accepted for rping's sake.")
+@click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
+@click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
+def rping(
+    server: bool | None,
+    addr: str | None,
+    source: str | None,
+    port: int,
+    count: int,
+    size: int,
+    verbose: bool,
+    validate: bool,
+    debug: bool,
+    providers: tuple[str, ...],
+    options: tuple[str, ...],
+) -> None:
+    """librdmacm's rping: RDMA CM connect, then SEND/RDMA READ/RDMA WRITE pings.
+
+    Interoperates with the real rping over RoCE (same options, protocol and output).
+    """
+    from ibal.tools.rping import RpingError, RpingOptions, run
+
+    if server is None:
+        raise click.UsageError("give -s (server) or -c (client)")
+    opts = RpingOptions(server=server, addr=addr, source=source, port=port, count=count,
+                        size=size, verbose=verbose, validate=validate)  # fmt: skip
+    with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+        try:
+            run(al, opts, out=click.echo, err=lambda line: click.echo(line, err=True))
+        except RpingError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
 _PERFTESTS = ["write_bw", "read_bw", "send_bw", "send_lat", "write_lat"]
 
 

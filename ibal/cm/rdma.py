@@ -12,18 +12,43 @@ service ID and the CMA header in the REQ's private data.
 from __future__ import annotations
 
 import ipaddress
+import logging
+import queue
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ibal.al import AccessLayer
-from ibal.cm.cma import IpAddress, gid_of, ip_of
+from ibal.al import AccessLayer, Qp
+from ibal.cm.cma import (
+    CMA_HDR_SIZE,
+    USER_PDATA_MAX,
+    CmaHeader,
+    IpAddress,
+    PortSpace,
+    ephemeral_port,
+    gid_of,
+    ip_of,
+    join_private_data,
+    service_id,
+)
 from ibal.mad import sa
-from ibal.mad.consts import Method, SaAttr
+from ibal.mad.cm import RejReason
+from ibal.mad.consts import CmAttr, Method, SaAttr
 from ibal.sa import user_query
-from ibal.status import IbError, InvalidParameter, NotFound
+from ibal.status import IbError, InvalidParameter, NotFound, Timeout
 from ibal.types import Gid, LinkLayer, LinkState, PortAttr
+from ibal.wire.fields import FieldError
 
-__all__ = ["RdmaRoute", "resolve_route"]
+if TYPE_CHECKING:
+    from ibal.cm.simple import Connection, Incoming, Listener
+
+__all__ = [
+    "RdmaConnection", "RdmaIncoming", "RdmaListener", "RdmaRoute", "connect", "listen",
+    "resolve_route",
+]  # fmt: skip
+
+log = logging.getLogger("ibal.cm")
 
 
 @dataclass(frozen=True)
@@ -119,3 +144,166 @@ def resolve_route(al: AccessLayer, dst: IpAddress | str, *, src: IpAddress | str
     if last is not None:
         raise last
     raise NotFound(f"no path to {d}")
+
+
+# ---------------------------------------------------------------- connections
+
+
+class RdmaConnection:
+    """A connection to or from an ``rdma_cm`` endpoint: the CM connection and its addresses.
+
+    ``connection`` is the :class:`ibal.cm.Connection` (``disconnect``, ``on_disconnect``,
+    ``state``); ``private_data`` what the peer sent (without any CMA header).
+    """
+
+    def __init__(self, connection: Connection, local: tuple[IpAddress, int],
+                 remote: tuple[IpAddress, int], private_data: bytes,
+                 route: RdmaRoute | None = None) -> None:  # fmt: skip
+        self.connection = connection
+        self.local = local
+        self.remote = remote
+        self.private_data = private_data
+        self.route = route
+
+    def __repr__(self) -> str:
+        (la, lp), (ra, rp) = self.local, self.remote
+        return f"<RdmaConnection {la}:{lp} -> {ra}:{rp} {self.connection.state.name}>"
+
+    @property
+    def qp(self) -> Qp | None:
+        return self.connection.qp
+
+    def disconnect(self, *, wait: bool = True, timeout: float | None = None) -> None:
+        """DREQ (``rdma_disconnect``); ``wait``: until the DREP came (or timed out)."""
+        self.connection.disconnect(wait=wait, timeout=timeout)
+
+
+def connect(al: AccessLayer, dst: IpAddress | str, port: int, qp: Qp, private_data: bytes = b"",
+            *, src: IpAddress | str | None = None, src_port: int | None = None,
+            ps: PortSpace = PortSpace.TCP, timeout: float | None = None,
+            route: RdmaRoute | None = None, route_timeout_ms: int = 2000,
+            **options: Any) -> RdmaConnection:  # fmt: skip
+    """``rdma_resolve_addr`` + ``rdma_resolve_route`` + ``rdma_connect`` for an RC ``qp``.
+
+    The REQ goes to service ``(ps << 16) + port`` with the CMA header (this
+    side's address and ``src_port``, default an ephemeral port) before
+    ``private_data`` (at most 56 bytes).  Blocks until established; raises
+    :class:`ibal.cm.ConnectionRejected` on a REJ, ``Timeout`` without an answer.
+    ``options`` go to :func:`ibal.cm.connect` (``resp_res``, ``init_depth``,
+    ``retry_cnt``...; rdma_cm's own REQ timings are its defaults).  ``route``: one
+    :func:`resolve_route` gave already (the QP must be on its CA).
+    """
+    from ibal.cm import simple
+
+    if ps not in (PortSpace.TCP, PortSpace.IB):
+        raise InvalidParameter(f"an RC connection uses the TCP or IB port space, not {ps.name}")
+    if len(private_data) > USER_PDATA_MAX[CmAttr.REQ]:
+        raise InvalidParameter(f"private data is at most {USER_PDATA_MAX[CmAttr.REQ]} bytes "
+                               f"after the RDMA CM header, got {len(private_data)}")  # fmt: skip
+    if route is None:
+        route = resolve_route(al, dst, src=src, timeout_ms=route_timeout_ms)
+    sport = ephemeral_port() if src_port is None else src_port
+    hdr = CmaHeader(route.src, route.dst, sport)
+    sid = service_id(ps, port)
+    conn = simple.connect(al, qp, route.path, sid, join_private_data(hdr, private_data),
+                          timeout=timeout, **options)  # fmt: skip
+    return RdmaConnection(conn, (route.src, sport), (route.dst, port), conn.private_data, route)
+
+
+class RdmaIncoming:
+    """A connection request from an ``rdma_cm`` peer (``RDMA_CM_EVENT_CONNECT_REQUEST``)."""
+
+    def __init__(self, incoming: Incoming, header: CmaHeader, port: int) -> None:
+        self.incoming = incoming
+        self.header = header
+        self.src = (header.src, header.src_port)
+        """The peer's address and source port."""
+        self.dst = (header.dst, port)
+        """The address and port the peer connected to (this side's)."""
+        self.private_data = bytes(incoming.private_data[CMA_HDR_SIZE:])
+        """The user's part (56 bytes: the REQ's private data is fixed-size)."""
+
+    def __repr__(self) -> str:
+        return f"<RdmaIncoming {self.src[0]}:{self.src[1]} -> {self.dst[0]}:{self.dst[1]}>"
+
+    def accept(self, qp: Qp, private_data: bytes = b"", *, timeout: float | None = None,
+               **options: Any) -> RdmaConnection:  # fmt: skip
+        """``rdma_accept``: REP with ``qp``; blocks until the RTU came."""
+        conn = self.incoming.accept(qp, private_data, timeout=timeout, **options)
+        return RdmaConnection(conn, self.dst, self.src, self.private_data)
+
+    def reject(self, private_data: bytes = b"") -> None:
+        """``rdma_reject``: REJ "consumer defined" with ``private_data``."""
+        self.incoming.reject(RejReason.CONSUMER_DEFINED, private_data=private_data)
+
+
+class RdmaListener:
+    """``rdma_listen`` on ``port`` (optionally only for REQs to address ``addr``).
+
+    Each REQ is looked at as it arrives (on the AL's misc queue): one without a
+    valid CMA header is rejected (REJ "consumer defined", as a Linux listener
+    refuses it), one for another address than ``addr`` with REJ "invalid
+    service ID" (nobody listens there); both are counted in :attr:`stats`.
+    The others wait for :meth:`get`, or go to ``callback``.
+    """
+
+    def __init__(self, al: AccessLayer, port: int, *, ps: PortSpace = PortSpace.TCP,
+                 addr: IpAddress | str | None = None,
+                 callback: Callable[[RdmaIncoming], object] | None = None) -> None:  # fmt: skip
+        from ibal.cm import simple
+
+        self.port = port
+        self.ps = PortSpace(ps)
+        self.addr = _addr(addr) if addr is not None else None
+        self.stats: Counter[str] = Counter()
+        """REQs refused before the user saw them, by reason."""
+        self._callback = callback
+        self._queue: queue.Queue[RdmaIncoming] = queue.Queue()
+        self.listener: Listener = simple.listen(al, service_id(self.ps, port),
+                                                callback=self._arrived)  # fmt: skip
+
+    def __repr__(self) -> str:
+        return f"<RdmaListener {self.addr or '*'}:{self.port} {self.ps.name}>"
+
+    def _arrived(self, inc: Incoming) -> None:
+        try:
+            hdr = CmaHeader.decode(inc.private_data)
+        except FieldError as e:
+            self.stats["bad header"] += 1
+            log.info("%r: REQ refused: %s", self, e)
+            inc.reject(RejReason.CONSUMER_DEFINED)
+            return
+        if self.addr is not None and hdr.dst != self.addr:
+            self.stats["other address"] += 1
+            inc.reject(RejReason.INVALID_SERVICE_ID)
+            return
+        req = RdmaIncoming(inc, hdr, self.port)
+        if self._callback is not None:
+            self._callback(req)
+        else:
+            self._queue.put(req)
+
+    def get(self, timeout: float | None = None) -> RdmaIncoming:
+        """The next request; ``Timeout`` after ``timeout`` seconds."""
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            raise Timeout(f"no connection request within {timeout} s") from None
+
+    def close(self) -> None:
+        """Stop listening."""
+        self.listener.close()
+
+    def __enter__(self) -> RdmaListener:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def listen(al: AccessLayer, port: int, *, ps: PortSpace = PortSpace.TCP,
+           addr: IpAddress | str | None = None,
+           callback: Callable[[RdmaIncoming], object] | None = None) -> RdmaListener:  # fmt: skip
+    """``rdma_bind_addr`` + ``rdma_listen``: REQs of ``rdma_connect`` peers to ``port``
+    (see :class:`RdmaListener`; ``callback`` runs on the AL's misc queue)."""
+    return RdmaListener(al, port, ps=ps, addr=addr, callback=callback)

@@ -1,4 +1,4 @@
-"""``ibal rping``: librdmacm's ``rping`` over ibal (the verbs half; the CM half is ibal.cm.rdma).
+"""``ibal rping``: librdmacm's ``rping`` over ibal (the connection through ``ibal.cm.rdma``).
 
 :class:`RpingEndpoint` owns what one rping end has (``rping_setup_qp`` /
 ``rping_setup_buffers``): a CQ, an RC QP (16 sends, 2 receives, one SGE), one
@@ -18,9 +18,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ibal.al import Cq, Pd, Qp, QpCreate
+from ibal.al import AccessLayer, Cq, Pd, Qp, QpCreate
+from ibal.status import IbError
 from ibal.tools.rping_proto import (
+    DEFAULT_PORT,
+    DEFAULT_SIZE,
     INFO_SIZE,
+    MAX_SIZE,
+    MIN_SIZE,
     Action,
     Check,
     Disconnect,
@@ -44,6 +49,7 @@ from ibal.tools.rping_proto import (
 )
 from ibal.types import (
     AccessFlags,
+    Gid,
     QpMod,
     QpState,
     QpType,
@@ -57,7 +63,7 @@ from ibal.types import (
     WrType,
 )
 
-__all__ = ["RpingEndpoint", "RpingError", "RpingResult"]
+__all__ = ["RpingEndpoint", "RpingError", "RpingOptions", "RpingResult", "run"]
 
 SQ_DEPTH = 16  # RPING_SQ_DEPTH
 #: What the peer may do to an rping end's buffers and QP.
@@ -226,3 +232,110 @@ class RpingEndpoint:
     def _send(self) -> None:
         self.qp.post_send(SendWr(wr_id=_SEND, opcode=WrType.SEND, send_opt=SendOpt.SIGNALED,
                                  sg_list=[self._sge(INFO_SIZE, INFO_SIZE)]))  # fmt: skip
+
+
+# ---------------------------------------------------------------- the tool
+
+
+@dataclass
+class RpingOptions:
+    """rping's options: ``-s``/``-c``, ``-a``, ``-I``, ``-p``, ``-C``, ``-S``, ``-v``, ``-V``."""
+
+    server: bool
+    addr: str | None = None
+    source: str | None = None
+    port: int = DEFAULT_PORT
+    count: int = 0
+    size: int = DEFAULT_SIZE
+    verbose: bool = False
+    validate: bool = False
+    timeout: float = 60.0
+    """Seconds to wait for the connection (server: for a client) and between completions."""
+
+    def check(self) -> None:
+        if not MIN_SIZE <= self.size <= MAX_SIZE:
+            raise RpingError(f"Invalid size {self.size} (valid range is {MIN_SIZE} to "
+                             f"{MAX_SIZE + 1})")  # fmt: skip
+        if self.count < 0:
+            raise RpingError(f"Invalid count {self.count}")
+        if not self.server and not self.addr:
+            raise RpingError("a client needs the server's address (-a)")
+        if not 0 <= self.port <= 0xFFFF:
+            raise RpingError(f"Invalid port {self.port}")
+
+
+def run(al: AccessLayer, opts: RpingOptions, *, out: Callable[[str], None] = print,
+        err: Callable[[str], None] = lambda _: None) -> RpingResult:  # fmt: skip
+    """One rping run over ``al`` (server: one connection, as ``rping -s`` without ``-P``)."""
+    opts.check()
+    try:
+        return _server(al, opts, out, err) if opts.server else _client(al, opts, out, err)
+    except (IbError, ValueError) as exc:
+        raise RpingError(str(exc)) from exc
+
+
+def _client(al: AccessLayer, opts: RpingOptions, out: Callable[[str], None],
+            err: Callable[[str], None]) -> RpingResult:  # fmt: skip
+    from ibal.cm import rdma
+
+    assert opts.addr is not None
+    route = rdma.resolve_route(al, opts.addr, src=opts.source)
+    ca = al.open_ca(route.ca_guid)
+    end = RpingEndpoint(ca.alloc_pd(), opts.size, client=True)
+    try:
+        end.init(route.port_num)
+        end.post_recv()
+        conn = rdma.connect(al, route.dst, opts.port, end.qp, route=route, timeout=opts.timeout,
+                            resp_res=1, init_depth=1, retry_cnt=7, rnr_retry_cnt=7)  # fmt: skip
+        machine = end.client_machine(opts.count, verbose=opts.verbose, validate=opts.validate)
+        try:
+            return end.run(machine, disconnect=lambda: conn.disconnect(timeout=opts.timeout),
+                           closed=lambda: conn.connection.closed.done, out=out,
+                           timeout=opts.timeout)  # fmt: skip
+        finally:
+            if conn.connection.closed.done:
+                err("client DISCONNECT EVENT...")
+    finally:
+        end.close()
+        ca.close()
+
+
+def _server(al: AccessLayer, opts: RpingOptions, out: Callable[[str], None],
+            err: Callable[[str], None]) -> RpingResult:  # fmt: skip
+    from ibal.cm import rdma
+
+    with rdma.listen(al, opts.port, addr=opts.addr) as listener:
+        inc = listener.get(opts.timeout)
+    ours = Gid(bytes(inc.incoming.fields["primary_remote_gid"]))
+    ca_guid, port_num = _port_with(al, ours)
+    ca = al.open_ca(ca_guid)
+    end = RpingEndpoint(ca.alloc_pd(), opts.size, client=False)
+    try:
+        end.init(port_num)
+        end.post_recv()
+        conn = inc.accept(end.qp, timeout=opts.timeout, resp_res=1, init_depth=1)
+        try:
+            return end.run(end.server_machine(verbose=opts.verbose),
+                           closed=lambda: conn.connection.closed.done, out=out,
+                           timeout=opts.timeout)  # fmt: skip
+        finally:
+            if conn.connection.closed.done:
+                err("server DISCONNECT EVENT...")
+            else:
+                conn.disconnect(timeout=opts.timeout)
+    finally:
+        end.close()
+        ca.close()
+
+
+def _port_with(al: AccessLayer, gid: Gid) -> tuple[int, int]:
+    """The (CA GUID, port number) that has ``gid``: where a REQ to it came in."""
+    for guid in al.get_ca_guids():
+        ca = al.open_ca(guid)
+        try:
+            for p in ca.query().ports:
+                if any(e.gid == gid for e in p.gid_table):
+                    return guid, p.port_num
+        finally:
+            ca.close()
+    raise RpingError(f"no port has GID {gid}")

@@ -1,0 +1,186 @@
+"""``ibal.cm.rdma`` connect/listen between two userspace rxe devices on loopback.
+
+Both ends are ibal here (rdma_cm's rules are checked against Linux in
+tests/lab/test_rdma_cm_lab.py): the REQ carries the TCP port-space service ID
+and the CMA header, the listener hands over the peer's address and port and
+the user's private data, refuses REQs Linux would refuse, and the connection
+moves data.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from ibal.al import AccessLayer, AlManager, Pd, QpCreate
+from ibal.cm import cma, rdma, simple
+from ibal.mad.cm import RejReason
+from ibal.status import InvalidParameter, Timeout
+from ibal.tools.rping import RpingOptions, run
+from ibal.tools.rping_proto import ping_text
+from ibal.types import AccessFlags, QpState, QpType, RecvWr, SendWr, WcStatus, WrType
+
+A, B = "127.0.0.61", "127.0.0.62"
+WAIT = 20.0
+ACCESS = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.RDMA_READ
+
+
+@pytest.fixture(scope="module")
+def al() -> Iterator[AccessLayer]:
+    if os.geteuid() != 0:
+        why = "needs root (rxe's raw sockets need CAP_NET_RAW)"
+        if os.environ.get("IBAL_LAB_REQUIRED", "") not in ("", "0"):
+            pytest.fail(f"{why} (IBAL_LAB_REQUIRED is set)", pytrace=False)
+        pytest.skip(why)
+    from ibal.providers.rxe.provider import RxeProvider
+
+    mgr = AlManager()
+    mgr.add_provider(RxeProvider({"devices": f"rxe_rc0={A},rxe_rc1={B}"}))
+    try:
+        yield mgr.open_al()
+    finally:
+        mgr.close(timeout=WAIT)
+
+
+def _pd(al: AccessLayer, ip: str) -> Pd:
+    route = rdma.resolve_route(al, ip, src=ip)
+    return al.open_ca(route.ca_guid).alloc_pd()
+
+
+def _accept_in_thread(lst: rdma.RdmaListener, pd: Pd, out: dict[str, object]) -> threading.Thread:
+    def serve() -> None:
+        try:
+            inc = lst.get(WAIT)
+            out["incoming"] = inc
+            cq = pd.ca.create_cq(16)
+            qp = pd.create_qp(QpCreate(QpType.RC, cq, cq))
+            out["cq"], out["qp"] = cq, qp
+            out["conn"] = inc.accept(qp, b"welcome", timeout=WAIT)
+        except Exception as e:  # handed to the test thread
+            out["error"] = e
+
+    t = threading.Thread(target=serve)
+    t.start()
+    return t
+
+
+def test_connect_and_listen_carry_rdma_cms_header(al: AccessLayer) -> None:
+    pa, pb = _pd(al, A), _pd(al, B)
+    out: dict[str, object] = {}
+    with rdma.listen(al, 7301, addr=A) as lst:
+        t = _accept_in_thread(lst, pa, out)
+        cq = pb.ca.create_cq(16)
+        qp = pb.create_qp(QpCreate(QpType.RC, cq, cq))
+        conn = rdma.connect(al, A, 7301, qp, b"hello", src=B, src_port=40001, timeout=WAIT)
+        t.join(WAIT)
+    assert "error" not in out, out.get("error")
+    inc = out["incoming"]
+    assert isinstance(inc, rdma.RdmaIncoming)
+    assert inc.src == (ipaddress.IPv4Address(B), 40001)
+    assert inc.dst == (ipaddress.IPv4Address(A), 7301)
+    assert inc.private_data == b"hello" + bytes(51)  # a REQ's private data is fixed-size
+    req = inc.incoming.fields
+    assert req["service_id"] == 0x0000000001061C85  # TCP port space, port 7301
+    pdata = req["private_data"]
+    assert isinstance(pdata, bytes)
+    assert pdata[:4] == bytes([0, 0x40, 40001 >> 8, 40001 & 0xFF])
+    assert pdata[4:36] == bytes(12) + bytes([127, 0, 0, 62]) + bytes(12) + bytes([127, 0, 0, 61])
+    assert (req["remote_cm_response_timeout"], req["local_cm_response_timeout"]) == (20, 20)
+    assert (req["max_cm_retries"], req["primary_local_lid"]) == (15, 0xFFFF)
+    assert conn.private_data[:7] == b"welcome"
+    assert conn.local == (ipaddress.IPv4Address(B), 40001)
+    assert conn.remote == (ipaddress.IPv4Address(A), 7301)
+    assert conn.route is not None and conn.route.src == ipaddress.IPv4Address(B)
+
+    # the connection moves data, then goes
+    server = out["conn"]
+    assert isinstance(server, rdma.RdmaConnection)
+    sqp, scq = out["qp"], out["cq"]
+    buf = bytearray(64)
+    mr_s = pa.reg_mem(buf, ACCESS)
+    sqp.post_recv(RecvWr(1, [mr_s.sge(0, 64)]))  # type: ignore[attr-defined]
+    src = bytearray(b"over rdma_cm!")
+    mr_c = pb.reg_mem(src, ACCESS)
+    qp.post_send(SendWr(2, WrType.SEND, [mr_c.sge(0, len(src))]))
+    wc = _wait(scq)
+    assert (wc.status, wc.length, bytes(buf[:13])) == (WcStatus.SUCCESS, 13, b"over rdma_cm!")
+    conn.disconnect(timeout=WAIT)
+    assert qp.state is QpState.ERROR
+
+
+def _wait(cq: object) -> object:
+    from ibal.testing.helpers import wait_wc
+
+    return wait_wc(cq, WAIT)  # type: ignore[arg-type]
+
+
+def test_requests_linux_would_refuse_are_rejected_and_counted(al: AccessLayer) -> None:
+    pa, pb = _pd(al, A), _pd(al, B)
+    cq = pb.ca.create_cq(16)
+    route = rdma.resolve_route(al, A, src=B)
+    with rdma.listen(al, 7302, addr=A) as lst:
+        # no CMA header (version 1): Linux's cma_save_ip_info refuses it
+        qp = pb.create_qp(QpCreate(QpType.RC, cq, cq))
+        with pytest.raises(simple.ConnectionRejected) as e:
+            simple.connect(al, qp, route.path, cma.service_id(cma.PortSpace.TCP, 7302),
+                           bytes([1, 0x40]) + bytes(34), timeout=WAIT)  # fmt: skip
+        assert e.value.reason == RejReason.CONSUMER_DEFINED
+        # a header naming another address than the listener's
+        qp = pb.create_qp(QpCreate(QpType.RC, cq, cq))
+        hdr = cma.CmaHeader(route.src, ipaddress.IPv4Address("127.0.0.99"), 1234)
+        with pytest.raises(simple.ConnectionRejected) as e:
+            simple.connect(al, qp, route.path, cma.service_id(cma.PortSpace.TCP, 7302),
+                           hdr.encode(), timeout=WAIT)  # fmt: skip
+        assert e.value.reason == RejReason.INVALID_SERVICE_ID
+        with pytest.raises(Timeout):
+            lst.get(0)  # the user saw neither
+    assert lst.stats == {"bad header": 1, "other address": 1}
+    del pa
+
+
+def test_bad_arguments_are_refused(al: AccessLayer) -> None:
+    pb = _pd(al, B)
+    cq = pb.ca.create_cq(4)
+    qp = pb.create_qp(QpCreate(QpType.RC, cq, cq))
+    with pytest.raises(InvalidParameter, match="at most 56 bytes"):
+        rdma.connect(al, A, 7303, qp, bytes(57), src=B)
+    with pytest.raises(InvalidParameter, match="TCP or IB port space"):
+        rdma.connect(al, A, 7303, qp, ps=cma.PortSpace.UDP, src=B)
+
+
+@pytest.mark.parametrize(("size", "count"), [(64, 3), (5000, 10)])
+def test_ibal_rping_both_ends(al: AccessLayer, size: int, count: int) -> None:
+    port = 7310 + count
+    res: dict[str, object] = {}
+
+    def serve() -> None:
+        try:
+            res["server"] = run(al, RpingOptions(server=True, addr=A, port=port, size=size,
+                                                 verbose=True, timeout=WAIT),
+                                out=lambda _: None)  # fmt: skip
+        except Exception as e:  # handed to the test thread
+            res["server"] = e
+
+    t = threading.Thread(target=serve)
+    t.start()
+    lines: list[str] = []
+    deadline = WAIT
+    while True:  # the server thread may not listen yet: REJ "invalid service ID"
+        try:
+            client = run(al, RpingOptions(server=False, addr=A, source=B, port=port, size=size,
+                                          count=count, verbose=True, validate=True,
+                                          timeout=WAIT), out=lines.append)  # fmt: skip
+            break
+        except Exception as e:
+            deadline -= 0.1
+            assert "rejected" in str(e) and deadline > 0, e
+            threading.Event().wait(0.1)
+    t.join(WAIT)
+    server = res["server"]
+    assert not isinstance(server, Exception), server
+    assert client.pings == count == server.pings  # type: ignore[attr-defined]
+    assert lines[-1] == "ping data: " + ping_text(count - 1, size)[:-1].decode()
