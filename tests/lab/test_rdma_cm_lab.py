@@ -16,8 +16,11 @@ import random
 import select
 import socket
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from rdma_cm_raw import RawCm, raw_accept, raw_connect
@@ -237,3 +240,84 @@ def test_guest_rping_client_against_raw_cm_rping_server(
     assert res.pings == count
     got = _lines(r.stdout_text, "ping data: ")
     assert len(got) == count and got[0] == "ping data: " + ping_text(0, size)[:-1].decode()
+
+
+# ------------------------------------------------ `ibal rping` (ibal.cm.rdma) against rping
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _ibal_rping(s: LabSession, *args: str) -> list[str]:
+    host_ip, _ = _addrs(s)
+    return [sys.executable, "-m", "ibal.cli", "rping", "--provider", "rxe",
+            "-o", f"devices=rxe0={host_ip}", *args]  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("size", "count"), [(64, 1), (65535, 100)])
+def test_ibal_rping_client_against_guest_rping_server(
+    ibal_lab_module_net: LabSession, size: int, count: int
+) -> None:
+    lab_requires("net", "rdmacm")
+    if os.geteuid() != 0:
+        pytest.skip("the rxe provider's raw sockets need root")
+    s = ibal_lab_module_net
+    _, guest_ip = _addrs(s)
+    server = s.guest_start(["rping", "-s", "-a", guest_ip, "-S", str(size), "-v"], timeout=240)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # bounded: rejected while the guest's rping is not listening yet
+            cli = s.host_run(_ibal_rping(s, "-c", "-a", guest_ip, "-S", str(size), "-C",
+                                         str(count), "-v", "-V"),
+                             timeout=240, text=True, cwd=REPO)  # fmt: skip
+            if cli.returncode == 0 or "rejected" not in cli.stderr:
+                break
+            assert time.monotonic() < deadline and not server.done(), cli.stderr
+            time.sleep(0.5)
+        r = server.wait()
+    finally:
+        if not server.done():
+            server.kill()
+    assert cli.returncode == 0, cli.stderr
+    got = _lines(cli.stdout, "ping data: ")
+    assert len(got) == count and got[-1] == "ping data: " + ping_text(count - 1, size)[:-1].decode()
+    assert r.returncode == 0, r.stderr_text
+    assert len(_lines(r.stdout_text, "server ping data: ")) == count
+    assert "server DISCONNECT EVENT" in r.stderr_text
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("size", "count"), [(64, 1), (65535, 100)])
+def test_guest_rping_client_against_ibal_rping_server(
+    ibal_lab_module_net: LabSession, size: int, count: int
+) -> None:
+    lab_requires("net", "rdmacm")
+    if os.geteuid() != 0:
+        pytest.skip("the rxe provider's raw sockets need root")
+    s = ibal_lab_module_net
+    host_ip, _ = _addrs(s)
+    out_file = s.host_dir / f"ibal-rping-{size}-{count}.out"  # -v prints MBs: not a pipe
+    with out_file.open("w") as sink:
+        srv = s.host_popen(_ibal_rping(s, "-s", "-a", host_ip, "-S", str(size), "-v"),
+                           stdout=sink, stderr=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # bounded: REJ (nobody listening) while ibal's server starts
+            r = s.run(["rping", "-c", "-a", host_ip, "-S", str(size), "-C", str(count), "-v",
+                       "-V"], timeout=240)  # fmt: skip
+            if r.returncode == 0 or "REJECTED" not in r.stderr_text:
+                break
+            assert time.monotonic() < deadline and srv.poll() is None, r.stderr_text
+            time.sleep(0.5)
+        _, err = srv.communicate(timeout=60)
+        out = out_file.read_text()
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    assert r.returncode == 0, r.stderr_text
+    got = _lines(r.stdout_text, "ping data: ")
+    assert len(got) == count and got[0] == "ping data: " + ping_text(0, size)[:-1].decode()
+    assert srv.returncode == 0, err
+    assert len(_lines(out, "server ping data: ")) == count
+    assert "server DISCONNECT EVENT" in err
