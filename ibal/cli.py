@@ -431,6 +431,41 @@ def rping(
             raise click.ClickException(str(exc)) from exc
 
 
+@main.command()
+@click.option("-s", "server", help="Server address: run the client against it.")
+@click.option("-b", "bind", help="Address to bind to (client: source; server: listen address).")
+@click.option("-c", "connections", type=int, default=100, show_default=True, help="Connections.")
+@click.option("-p", "port", type=int, default=7471, show_default=True, help="Port.")
+@click.option("-t", "timeout_ms", type=int, default=2000, show_default=True, help="Timeout (ms).")
+@click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
+@click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
+def cmtime(server: str | None, bind: str | None, connections: int, port: int, timeout_ms: int,
+           providers: tuple[str, ...], options: tuple[str, ...]) -> None:  # fmt: skip
+    """librdmacm's cmtime: time RDMA CM connects and disconnects (server without -s).
+
+    Interoperates with the real cmtime over RoCE; the server runs until interrupted.
+    """
+    import contextlib
+    import threading
+
+    from ibal.tools.cmtime import CmtimeError, CmtimeOptions, CmtimeServer, run_client
+
+    with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+        if server is None:
+            with CmtimeServer(al, port, addr=bind) as srv:
+                with contextlib.suppress(KeyboardInterrupt):
+                    threading.Event().wait()
+                click.echo(f"{srv.answered} connections, {srv.disconnected} disconnected, "
+                           f"{srv.failures()} failed")  # fmt: skip
+            return
+        opts = CmtimeOptions(server=server, bind=bind, connections=connections, port=port,
+                             timeout_ms=timeout_ms)  # fmt: skip
+        try:
+            run_client(al, opts, out=click.echo)
+        except CmtimeError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
 _PERFTESTS = ["write_bw", "read_bw", "send_bw", "send_lat", "write_lat"]
 
 

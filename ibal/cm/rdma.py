@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import queue
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -156,14 +157,39 @@ class RdmaConnection:
     ``state``); ``private_data`` what the peer sent (without any CMA header).
     """
 
-    def __init__(self, connection: Connection, local: tuple[IpAddress, int],
-                 remote: tuple[IpAddress, int], private_data: bytes,
+    def __init__(self, connection: Connection | None, local: tuple[IpAddress, int],
+                 remote: tuple[IpAddress, int], private_data: bytes | None = None,
                  route: RdmaRoute | None = None) -> None:  # fmt: skip
-        self.connection = connection
+        self._connection = connection
         self.local = local
         self.remote = remote
-        self.private_data = private_data
+        self._private_data = private_data
         self.route = route
+        self._ready = threading.Event()
+
+    def _bind(self, callback: Callable[[RdmaConnection], object] | None
+              ) -> Callable[[Connection], None] | None:  # fmt: skip
+        """The CM's callback for ours: it may come before the CM call returned here."""
+        if callback is None:
+            return None
+
+        def done(_: Connection) -> None:
+            self._ready.wait()  # microseconds: until the line after the CM call
+            callback(self)
+
+        return done
+
+    @property
+    def connection(self) -> Connection:
+        assert self._connection is not None
+        return self._connection
+
+    @property
+    def private_data(self) -> bytes:
+        """The peer's: its REP's (client), or its REQ's after the CMA header (server)."""
+        if self._private_data is not None:
+            return self._private_data
+        return self.connection.private_data
 
     def __repr__(self) -> str:
         (la, lp), (ra, rp) = self.local, self.remote
@@ -182,6 +208,7 @@ def connect(al: AccessLayer, dst: IpAddress | str, port: int, qp: Qp, private_da
             *, src: IpAddress | str | None = None, src_port: int | None = None,
             ps: PortSpace = PortSpace.TCP, timeout: float | None = None,
             route: RdmaRoute | None = None, route_timeout_ms: int = 2000,
+            callback: Callable[[RdmaConnection], object] | None = None,
             **options: Any) -> RdmaConnection:  # fmt: skip
     """``rdma_resolve_addr`` + ``rdma_resolve_route`` + ``rdma_connect`` for an RC ``qp``.
 
@@ -191,7 +218,9 @@ def connect(al: AccessLayer, dst: IpAddress | str, port: int, qp: Qp, private_da
     :class:`ibal.cm.ConnectionRejected` on a REJ, ``Timeout`` without an answer.
     ``options`` go to :func:`ibal.cm.connect` (``resp_res``, ``init_depth``,
     ``retry_cnt``...; rdma_cm's own REQ timings are its defaults).  ``route``: one
-    :func:`resolve_route` gave already (the QP must be on its CA).
+    :func:`resolve_route` gave already (the QP must be on its CA).  ``callback``: return
+    at once, ``callback(conn)`` runs on the AL's misc queue when the outcome is known
+    (``conn.connection.established`` says which).
     """
     from ibal.cm import simple
 
@@ -205,9 +234,12 @@ def connect(al: AccessLayer, dst: IpAddress | str, port: int, qp: Qp, private_da
     sport = ephemeral_port() if src_port is None else src_port
     hdr = CmaHeader(route.src, route.dst, sport)
     sid = service_id(ps, port)
-    conn = simple.connect(al, qp, route.path, sid, join_private_data(hdr, private_data),
-                          timeout=timeout, **options)  # fmt: skip
-    return RdmaConnection(conn, (route.src, sport), (route.dst, port), conn.private_data, route)
+    out = RdmaConnection(None, (route.src, sport), (route.dst, port), None, route)
+    out._connection = simple.connect(al, qp, route.path, sid,
+                                     join_private_data(hdr, private_data), timeout=timeout,
+                                     callback=out._bind(callback), **options)  # fmt: skip
+    out._ready.set()
+    return out
 
 
 class RdmaIncoming:
@@ -227,10 +259,16 @@ class RdmaIncoming:
         return f"<RdmaIncoming {self.src[0]}:{self.src[1]} -> {self.dst[0]}:{self.dst[1]}>"
 
     def accept(self, qp: Qp, private_data: bytes = b"", *, timeout: float | None = None,
+               callback: Callable[[RdmaConnection], object] | None = None,
                **options: Any) -> RdmaConnection:  # fmt: skip
-        """``rdma_accept``: REP with ``qp``; blocks until the RTU came."""
-        conn = self.incoming.accept(qp, private_data, timeout=timeout, **options)
-        return RdmaConnection(conn, self.dst, self.src, self.private_data)
+        """``rdma_accept``: REP with ``qp``; blocks until the RTU came unless ``callback``
+        is given (then it runs on the misc queue once the outcome is known)."""
+        out = RdmaConnection(None, self.dst, self.src, self.private_data)
+        out._connection = self.incoming.accept(qp, private_data, timeout=timeout,
+                                               callback=out._bind(callback),
+                                               **options)  # fmt: skip
+        out._ready.set()
+        return out
 
     def reject(self, private_data: bytes = b"") -> None:
         """``rdma_reject``: REJ "consumer defined" with ``private_data``."""

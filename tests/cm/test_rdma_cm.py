@@ -184,3 +184,27 @@ def test_ibal_rping_both_ends(al: AccessLayer, size: int, count: int) -> None:
     assert not isinstance(server, Exception), server
     assert client.pings == count == server.pings  # type: ignore[attr-defined]
     assert lines[-1] == "ping data: " + ping_text(count - 1, size)[:-1].decode()
+
+
+def test_ibal_cmtime_both_ends(al: AccessLayer) -> None:
+    from ibal.tools.cmtime import CmtimeOptions, CmtimeServer, run_client
+
+    lines: list[str] = []
+    with CmtimeServer(al, 7471, addr=A) as srv:
+        res = run_client(al, CmtimeOptions(server=A, bind=B, connections=30), out=lines.append)
+        assert srv.wait(lambda s: s.disconnected >= 30, WAIT)
+        assert (srv.answered, srv.failures()) == (30, 0)
+    assert res.failed == 0 and len(res.each["connect"]) == 30
+    assert lines[:5] == ["resolving route", "creating qp", "connecting", "disconnecting",
+                         "destroying qp"]  # fmt: skip
+    assert lines[5].startswith("step") and lines[8].startswith("connect      :")
+
+
+def test_cmtime_counts_refused_connections(al: AccessLayer) -> None:
+    from ibal.tools.cmtime import CmtimeOptions, run_client
+
+    lines: list[str] = []
+    res = run_client(al, CmtimeOptions(server=A, bind=B, connections=3, port=7499),
+                     out=lines.append)  # fmt: skip
+    assert res.failed == 3 and "3 of 3 connections failed" in lines
+    assert res.each["disconnect"] == []
