@@ -13,6 +13,7 @@ import contextlib
 import ipaddress
 import os
 import random
+import re
 import select
 import socket
 import struct
@@ -34,6 +35,7 @@ from ibal.mad import cm
 from ibal.mad.consts import CmAttr
 from ibal.providers.rxe.provider import RxeProvider
 from ibal.providers.rxe.wire import BTH, DETH
+from ibal.tools.cmtime import CmtimeError, CmtimeOptions, CmtimeServer, run_client
 from ibal.tools.rping import RpingEndpoint
 from ibal.tools.rping_proto import ping_text
 from ibal.types import Gid
@@ -321,3 +323,62 @@ def test_guest_rping_client_against_ibal_rping_server(
     assert srv.returncode == 0, err
     assert len(_lines(out, "server ping data: ")) == count
     assert "server DISCONNECT EVENT" in err
+
+
+# ------------------------------------------------ cmtime: many connections at once
+
+CMTIME_PORT = 7471
+CMTIME_STEP = re.compile(r"^(\w[\w ]*?)\s*:\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)$", re.M)
+
+
+def cmtime_steps(text: str) -> dict[str, float]:
+    """cmtime's table: each step's total in ms."""
+    return {m[0]: float(m[1]) for m in CMTIME_STEP.findall(text)}
+
+
+@pytest.mark.timeout(300)
+def test_guest_cmtime_against_ibal_server(ibal_lab_module_net: LabSession) -> None:
+    """The unmodified ``cmtime -c 20`` connects and disconnects 20 RC QPs with ibal's CM."""
+    lab_requires("net", "rdmacm")
+    s = ibal_lab_module_net
+    host_ip, _ = _addrs(s)
+    with host_stack(s) as (al, _, _, _), CmtimeServer(al, CMTIME_PORT, addr=host_ip) as srv:
+        r = s.run(["cmtime", "-s", host_ip, "-c", "20"], timeout=240)
+        assert srv.wait(lambda x: x.disconnected >= 20, 60), (srv.answered, srv.disconnected)
+        assert (srv.answered, srv.failures()) == (20, 0)
+    assert r.returncode == 0, r.stderr_text + r.stdout_text
+    steps = cmtime_steps(r.stdout_text)
+    assert steps["connect"] > 0 and steps["disconnect"] > 0, r.stdout_text
+    assert "RDMA_CM_EVENT" not in r.stdout_text and "event:" not in r.stdout_text
+
+
+@pytest.mark.timeout(300)
+def test_ibal_cmtime_against_guest_server(ibal_lab_module_net: LabSession) -> None:
+    """ibal's cmtime client: 20 connections to the unmodified ``cmtime`` server and back."""
+    lab_requires("net", "rdmacm")
+    s = ibal_lab_module_net
+    _, guest_ip = _addrs(s)
+    server = s.guest_start(["cmtime", "-b", guest_ip], timeout=240)
+    try:
+        with host_stack(s) as (al, _, _, _):
+            deadline = time.monotonic() + 60
+            while True:  # bounded: REJ while the guest's cmtime is not listening yet
+                lines: list[str] = []
+                try:
+                    res = run_client(al, CmtimeOptions(server=guest_ip, connections=1),
+                                     out=lines.append)  # fmt: skip
+                    if res.failed == 0:
+                        break
+                except CmtimeError:
+                    pass
+                assert time.monotonic() < deadline and not server.done(), lines
+                time.sleep(0.5)
+            res = run_client(al, CmtimeOptions(server=guest_ip, connections=20),
+                             out=lines.append)  # fmt: skip
+    finally:
+        server.kill()
+        server.wait()
+    assert res.failed == 0
+    assert len(res.each["connect"]) == len(res.each["disconnect"]) == 20
+    assert cmtime_steps("\n".join(lines))["connect"] == pytest.approx(res.total["connect"] * 1e3,
+                                                                     abs=0.01)  # fmt: skip
