@@ -84,7 +84,7 @@ GRH_LEN = 40
 SM_CLASSES = frozenset({0x01, 0x81})
 """Subnet management classes: QP0 only (every other class lives on QP1)."""
 _SLOT = GRH_LEN + MAD_SIZE
-_RECV_DEPTH = 64
+_RECV_DEPTH = 512  # IB_MAD_QP_RECV_SIZE: a burst of CM REQs (cmtime -c 100) must not overrun it
 _SEND_DEPTH = 64
 _AGENT_IDS = itertools.count(1)
 
