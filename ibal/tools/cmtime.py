@@ -130,7 +130,7 @@ def run_client(al: AccessLayer, opts: CmtimeOptions, *,
         live = [c for c in conns if not _failed(c)]
         res.failed = n - len(live)
         if res.failed:
-            out(f"{res.failed} of {n} connections failed")
+            out(f"{res.failed} of {n} connections failed: {_why(conns)}")
         out("disconnecting")
         down = _Countdown(len(live))
         spans_d: list[float] = []
@@ -164,6 +164,16 @@ def run_client(al: AccessLayer, opts: CmtimeOptions, *,
 def _closed(spans: list[float], start: float, down: _Countdown, _conn: object) -> None:
     spans.append(time.perf_counter() - start)
     down.done()
+
+
+def _why(conns: list[rdma.RdmaConnection]) -> str:
+    """The first failure's reason."""
+    for c in conns:
+        try:
+            c.connection.wait(0)
+        except IbError as exc:
+            return str(exc)
+    return ""
 
 
 def _failed(c: rdma.RdmaConnection) -> bool:
