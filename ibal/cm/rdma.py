@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ibal.al import AccessLayer, Qp
 from ibal.cm.cma import (
     CMA_HDR_SIZE,
+    RDMA_UDP_QKEY,
     USER_PDATA_MAX,
     CmaHeader,
     IpAddress,
@@ -34,19 +35,19 @@ from ibal.cm.cma import (
     service_id,
 )
 from ibal.mad import sa
-from ibal.mad.cm import RejReason
+from ibal.mad.cm import RejReason, SidrStatus
 from ibal.mad.consts import CmAttr, Method, SaAttr
 from ibal.sa import user_query
-from ibal.status import IbError, InvalidParameter, NotFound, Timeout
-from ibal.types import Gid, LinkLayer, LinkState, PortAttr
+from ibal.status import IbError, InvalidParameter, NotFound, RemoteError, Timeout
+from ibal.types import AvAttr, Gid, Grh, LinkLayer, LinkState, PortAttr
 from ibal.wire.fields import FieldError
 
 if TYPE_CHECKING:
     from ibal.cm.simple import Connection, Incoming, Listener
 
 __all__ = [
-    "RdmaConnection", "RdmaIncoming", "RdmaListener", "RdmaRoute", "connect", "listen",
-    "resolve_route",
+    "RdmaConnection", "RdmaIncoming", "RdmaListener", "RdmaRoute", "UdPeer", "connect",
+    "listen", "resolve_route", "resolve_udp",
 ]  # fmt: skip
 
 log = logging.getLogger("ibal.cm")
@@ -242,6 +243,51 @@ def connect(al: AccessLayer, dst: IpAddress | str, port: int, qp: Qp, private_da
     return out
 
 
+@dataclass(frozen=True)
+class UdPeer:
+    """Where a UDP-port-space peer receives (``RDMA_CM_EVENT_ESTABLISHED``'s ``param.ud``)."""
+
+    qpn: int
+    qkey: int
+    av: AvAttr
+    """Create the address handle with ``pd.create_av(peer.av)``."""
+    route: RdmaRoute
+    private_data: bytes
+
+
+def resolve_udp(al: AccessLayer, dst: IpAddress | str, port: int, private_data: bytes = b"",
+                *, src: IpAddress | str | None = None, src_port: int | None = None,
+                route: RdmaRoute | None = None, timeout_ms: int = 4096,
+                retries: int = 15) -> UdPeer:  # fmt: skip
+    """``rdma_connect`` on a UDP id: SIDR_REQ to ``(UDP << 16) + port`` with the CMA header;
+    blocks for the SIDR_REP.  Timings as rdma_cm's (``1 << (20 - 8)`` ms, 15 retries).
+
+    Raises :class:`ibal.status.RemoteError` when the peer answers with another
+    status than SUCCESS or a Q_Key other than ``RDMA_UDP_QKEY``
+    (``cma_sidr_rep_handler`` refuses those), ``Timeout`` without an answer.
+    """
+    from ibal.cm import simple
+
+    room = USER_PDATA_MAX[CmAttr.SIDR_REQ]
+    if len(private_data) > room:
+        raise InvalidParameter(f"private data is at most {room} bytes after the RDMA CM "
+                               f"header, got {len(private_data)}")  # fmt: skip
+    if route is None:
+        route = resolve_route(al, dst, src=src)
+    hdr = CmaHeader(route.src, route.dst, ephemeral_port() if src_port is None else src_port)
+    pdata = join_private_data(hdr, private_data, CmAttr.SIDR_REQ)
+    rep = simple.resolve_service(al, route.path, service_id(PortSpace.UDP, port), pdata,
+                                 timeout_ms=timeout_ms, retries=retries)  # fmt: skip
+    assert rep is not None
+    if rep.status != SidrStatus.SUCCESS:
+        raise RemoteError(f"SIDR_REP status {rep.status.name}")
+    if rep.qkey != RDMA_UDP_QKEY:
+        raise RemoteError(f"SIDR_REP Q_Key {rep.qkey:#x}, not RDMA_UDP_QKEY")
+    av = AvAttr(port_num=route.port_num, grh=Grh(
+        dgid=route.dgid, sgid_index=route.sgid_index, hop_limit=int(route.path["hop_limit"])))
+    return UdPeer(rep.qpn, rep.qkey, av, route, rep.private_data)
+
+
 class RdmaIncoming:
     """A connection request from an ``rdma_cm`` peer (``RDMA_CM_EVENT_CONNECT_REQUEST``)."""
 
@@ -271,8 +317,24 @@ class RdmaIncoming:
         return out
 
     def reject(self, private_data: bytes = b"") -> None:
-        """``rdma_reject``: REJ "consumer defined" with ``private_data``."""
+        """``rdma_reject``: REJ "consumer defined" (UDP: SIDR_REP "reject") with
+        ``private_data``."""
         self.incoming.reject(RejReason.CONSUMER_DEFINED, private_data=private_data)
+
+    @property
+    def ud(self) -> bool:
+        """A SIDR_REQ (UDP port space): answer it with :meth:`answer`."""
+        return bool(self.incoming.sidr)
+
+    def answer(self, qp: Qp, private_data: bytes = b"") -> None:
+        """``rdma_accept`` on a UDP id: SIDR_REP naming UD ``qp`` and ``RDMA_UDP_QKEY``
+        (the Q_Key a Linux peer insists on; the QP must have it)."""
+        self.incoming.answer(qp, RDMA_UDP_QKEY, private_data)
+
+    def peer_av(self, port_num: int, sgid_index: int = 0) -> AvAttr:
+        """An address vector back to the requester (its address from the CMA header)."""
+        return AvAttr(port_num=port_num, grh=Grh(dgid=gid_of(self.header.src),
+                                                 sgid_index=sgid_index))  # fmt: skip
 
 
 class RdmaListener:
@@ -298,7 +360,8 @@ class RdmaListener:
         self._callback = callback
         self._queue: queue.Queue[RdmaIncoming] = queue.Queue()
         self.listener: Listener = simple.listen(al, service_id(self.ps, port),
-                                                callback=self._arrived)  # fmt: skip
+                                                callback=self._arrived,
+                                                ud=self.ps is PortSpace.UDP)  # fmt: skip
 
     def __repr__(self) -> str:
         return f"<RdmaListener {self.addr or '*'}:{self.port} {self.ps.name}>"
@@ -309,7 +372,7 @@ class RdmaListener:
         except FieldError as e:
             self.stats["bad header"] += 1
             log.info("%r: REQ refused: %s", self, e)
-            inc.reject(RejReason.CONSUMER_DEFINED)
+            inc.reject(RejReason.CONSUMER_DEFINED)  # a SIDR_REQ: SIDR_REP "reject"
             return
         if self.addr is not None and hdr.dst != self.addr:
             self.stats["other address"] += 1

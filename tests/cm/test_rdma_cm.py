@@ -208,3 +208,45 @@ def test_cmtime_counts_refused_connections(al: AccessLayer) -> None:
                      out=lines.append)  # fmt: skip
     assert res.failed == 3 and any(line.startswith("3 of 3 connections failed") for line in lines)
     assert res.each["disconnect"] == []
+
+
+def test_udp_port_space_resolves_a_ud_qp_and_a_datagram_lands(al: AccessLayer) -> None:
+    from ibal.cm.cma import RDMA_UDP_QKEY
+    from ibal.types import QpMod, UdDest
+
+    pa, pb = _pd(al, A), _pd(al, B)
+    cq_a = pa.ca.create_cq(16)
+    ud_a = pa.create_qp(QpCreate(QpType.UD, cq_a, cq_a))
+    for mod in (QpMod(QpState.INIT, port_num=1, pkey_index=0, qkey=RDMA_UDP_QKEY),
+                QpMod(QpState.RTR), QpMod(QpState.RTS, sq_psn=0)):  # fmt: skip
+        ud_a.modify(mod)
+    buf = bytearray(256)
+    mr_a = pa.reg_mem(buf, AccessFlags.LOCAL_WRITE)
+    ud_a.post_recv(RecvWr(1, [mr_a.sge(0, 40 + 64)]))
+    seen: list[rdma.RdmaIncoming] = []
+
+    def arrived(inc: rdma.RdmaIncoming) -> None:  # misc queue
+        seen.append(inc)
+        inc.answer(ud_a, b"udp ok")
+
+    with rdma.listen(al, 7320, ps=cma.PortSpace.UDP, callback=arrived):
+        peer = rdma.resolve_udp(al, A, 7320, b"who?", src=B, src_port=5555)
+    assert (peer.qpn, peer.qkey) == (ud_a.num, RDMA_UDP_QKEY)
+    assert peer.private_data[:6] == b"udp ok"
+    (inc,) = seen
+    assert inc.ud and inc.src == (ipaddress.IPv4Address(B), 5555)
+    assert inc.private_data[:4] == b"who?" and len(inc.private_data) == 180
+    assert inc.incoming.fields["service_id"] == 0x0000000001111C98  # UDP port space
+    cq_b = pb.ca.create_cq(16)
+    ud_b = pb.create_qp(QpCreate(QpType.UD, cq_b, cq_b))
+    for mod in (QpMod(QpState.INIT, port_num=1, pkey_index=0, qkey=RDMA_UDP_QKEY),
+                QpMod(QpState.RTR), QpMod(QpState.RTS, sq_psn=0)):  # fmt: skip
+        ud_b.modify(mod)
+    av = pb.create_av(peer.av)
+    msg = bytearray(b"datagram over rdma_cm's UDP space")
+    mr_b = pb.reg_mem(msg, AccessFlags.LOCAL_WRITE)
+    ud_b.post_send(SendWr(2, WrType.SEND, [mr_b.sge(0, len(msg))],
+                          ud=UdDest(av=av, remote_qp=peer.qpn, remote_qkey=peer.qkey)))  # fmt: skip
+    wc = _wait(cq_a)
+    assert wc.status is WcStatus.SUCCESS  # type: ignore[attr-defined]
+    assert bytes(buf[40 : 40 + len(msg)]) == bytes(msg)
