@@ -38,7 +38,14 @@ from ibal.mad import sa
 from ibal.mad.cm import RejReason, SidrStatus
 from ibal.mad.consts import CmAttr, Method, SaAttr
 from ibal.sa import user_query
-from ibal.status import IbError, InvalidParameter, NotFound, RemoteError, Timeout
+from ibal.status import (
+    IbError,
+    InvalidParameter,
+    InvalidSetting,
+    NotFound,
+    RemoteError,
+    Timeout,
+)
 from ibal.types import AvAttr, Gid, Grh, LinkLayer, LinkState, PortAttr
 from ibal.wire.fields import FieldError
 
@@ -329,7 +336,11 @@ class RdmaIncoming:
     def answer(self, qp: Qp, private_data: bytes = b"") -> None:
         """``rdma_accept`` on a UDP id: SIDR_REP naming UD ``qp`` and ``RDMA_UDP_QKEY``
         (the Q_Key a Linux peer insists on; the QP must have it)."""
-        self.incoming.answer(qp, RDMA_UDP_QKEY, private_data)
+        qkey = qp.query().qkey
+        if qkey != RDMA_UDP_QKEY:
+            raise InvalidSetting(f"the UD QP's Q_Key is {qkey:#x}; a Linux peer takes only "
+                                 f"RDMA_UDP_QKEY {RDMA_UDP_QKEY:#x}")  # fmt: skip
+        self.incoming.answer(qp, private_data)
 
     def peer_av(self, port_num: int, sgid_index: int = 0) -> AvAttr:
         """An address vector back to the requester (its address from the CMA header)."""

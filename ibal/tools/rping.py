@@ -313,7 +313,7 @@ def _server(al: AccessLayer, opts: RpingOptions, out: Callable[[str], None],
     try:
         end.init(port_num)
         end.post_recv()
-        conn = inc.accept(end.qp, timeout=opts.timeout, resp_res=1, init_depth=1)
+        conn = inc.accept(end.qp, timeout=opts.timeout, init_depth=1)
         try:
             return end.run(end.server_machine(verbose=opts.verbose),
                            closed=lambda: conn.connection.closed.done, out=out,
