@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from ibal.al import AlManager  # noqa: E402
 from ibal.lab import Lab, LabSession  # noqa: E402
+from ibal.lab.vm import GuestJob  # noqa: E402
 from ibal.providers.rxe.provider import RxeProvider  # noqa: E402
 from ibal.tools.cmtime import CmtimeOptions, CmtimeServer, run_client  # noqa: E402
 
@@ -63,39 +64,45 @@ def guest_cmtime(s: LabSession, dst: str, n: int) -> dict[str, float]:
     return out
 
 
+def guest_server(s: LabSession, guest_ip: str) -> GuestJob:
+    """A fresh ``cmtime`` server in the guest, listening (``rdma res show cm_id``): one per
+    client run, since rdma-core 44's server was seen to stop accepting after some runs."""
+    job = s.guest_start(["cmtime", "-b", guest_ip], timeout=900)
+    deadline = time.monotonic() + 60
+    while True:  # bounded poll: the server is starting
+        r = s.run(["rdma", "res", "show", "cm_id"], timeout=30)
+        if "state LISTEN ps TCP" in r.stdout_text and f":{PORT} " in r.stdout_text:
+            return job
+        if job.done() or time.monotonic() > deadline:
+            raise RuntimeError(f"the guest's cmtime server is not listening:\n{r.stdout_text}")
+        time.sleep(0.2)
+
+
+def stop(job: GuestJob) -> None:
+    job.kill()
+    job.wait()
+
+
 def one_round(s: LabSession, mgr: AlManager, n: int) -> dict[str, dict[str, float]]:
     cfg = s.net_config
     assert cfg is not None
     host_ip, guest_ip = cfg.host_ip, cfg.guest_ip
     al = mgr.open_al()
     res: dict[str, dict[str, float]] = {}
-    server = s.guest_start(["cmtime", "-b", guest_ip], timeout=900)
+    server = guest_server(s, guest_ip)
     try:
-        deadline = time.monotonic() + 60
-        while True:  # the guest's server may not listen yet
-            try:
-                res["kernel"] = guest_cmtime(s, guest_ip, n)
-                break
-            except RuntimeError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-        for attempt in range(3):
-            lines: list[str] = []
-            r = run_client(al, CmtimeOptions(server=guest_ip, connections=n), out=lines.append)
-            if not r.failed:
-                break
-            # seen now and then: every REQ of a run REJected "invalid service ID" by
-            # the guest while its cmtime server runs (docs/cm.md, known problems)
-            why = [line for line in lines if "failed" in line]
-            print(f"  ibal->kernel attempt {attempt + 1}: {why}; "
-                  f"guest server running: {not server.done()}", flush=True)
-        else:
-            raise RuntimeError("ibal cmtime failed three times")
+        res["kernel"] = guest_cmtime(s, guest_ip, n)
+    finally:
+        stop(server)
+    server = guest_server(s, guest_ip)
+    try:
+        lines: list[str] = []
+        r = run_client(al, CmtimeOptions(server=guest_ip, connections=n), out=lines.append)
+        if r.failed:
+            raise RuntimeError(f"ibal cmtime: {[x for x in lines if 'failed' in x]}")
         res["ibal->kernel"] = dict(r.total)
     finally:
-        server.kill()
-        server.wait()
+        stop(server)
     with CmtimeServer(al, PORT, addr=host_ip) as srv:
         res["kernel->ibal"] = guest_cmtime(s, host_ip, n)
         if not srv.wait(lambda x: x.disconnected >= n, 120) or srv.failures():
