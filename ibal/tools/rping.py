@@ -265,11 +265,15 @@ class RpingOptions:
 
 
 def run(al: AccessLayer, opts: RpingOptions, *, out: Callable[[str], None] = print,
-        err: Callable[[str], None] = lambda _: None) -> RpingResult:  # fmt: skip
-    """One rping run over ``al`` (server: one connection, as ``rping -s`` without ``-P``)."""
+        err: Callable[[str], None] = lambda _: None,
+        listening: Callable[[], object] = lambda: None) -> RpingResult:  # fmt: skip
+    """One rping run over ``al`` (server: one connection, as ``rping -s`` without ``-P``;
+    ``listening()`` is called once its listen is in place)."""
     opts.check()
     try:
-        return _server(al, opts, out, err) if opts.server else _client(al, opts, out, err)
+        if opts.server:
+            return _server(al, opts, out, err, listening)
+        return _client(al, opts, out, err)
     except (IbError, ValueError) as exc:
         raise RpingError(str(exc)) from exc
 
@@ -301,10 +305,12 @@ def _client(al: AccessLayer, opts: RpingOptions, out: Callable[[str], None],
 
 
 def _server(al: AccessLayer, opts: RpingOptions, out: Callable[[str], None],
-            err: Callable[[str], None]) -> RpingResult:  # fmt: skip
+            err: Callable[[str], None],
+            listening: Callable[[], object]) -> RpingResult:  # fmt: skip
     from ibal.cm import rdma
 
     with rdma.listen(al, opts.port, addr=opts.addr) as listener:
+        listening()
         inc = listener.get(opts.timeout)
     ours = Gid(bytes(inc.incoming.fields["primary_remote_gid"]))
     ca_guid, port_num = _port_with(al, ours)

@@ -156,34 +156,31 @@ def test_bad_arguments_are_refused(al: AccessLayer) -> None:
 def test_ibal_rping_both_ends(al: AccessLayer, size: int, count: int) -> None:
     port = 7310 + count
     res: dict[str, object] = {}
+    listening = threading.Event()
 
     def serve() -> None:
         try:
             res["server"] = run(al, RpingOptions(server=True, addr=A, port=port, size=size,
                                                  verbose=True, timeout=WAIT),
-                                out=lambda _: None)  # fmt: skip
+                                out=lambda _: None, listening=listening.set)  # fmt: skip
         except Exception as e:  # handed to the test thread
             res["server"] = e
+            listening.set()
 
     t = threading.Thread(target=serve)
     t.start()
+    assert listening.wait(WAIT)
     lines: list[str] = []
-    deadline = WAIT
-    while True:  # the server thread may not listen yet: REJ "invalid service ID"
-        try:
-            client = run(al, RpingOptions(server=False, addr=A, source=B, port=port, size=size,
-                                          count=count, verbose=True, validate=True,
-                                          timeout=WAIT), out=lines.append)  # fmt: skip
-            break
-        except Exception as e:
-            deadline -= 0.1
-            assert "rejected" in str(e) and deadline > 0, e
-            threading.Event().wait(0.1)
+    client = run(al, RpingOptions(server=False, addr=A, source=B, port=port, size=size,
+                                  count=count, verbose=True, validate=True, timeout=WAIT),
+                 out=lines.append)  # fmt: skip
     t.join(WAIT)
     server = res["server"]
     assert not isinstance(server, Exception), server
     assert client.pings == count == server.pings  # type: ignore[attr-defined]
     assert lines[-1] == "ping data: " + ping_text(count - 1, size)[:-1].decode()
+    srv_lines = server.lines  # type: ignore[attr-defined]
+    assert srv_lines[0] == "server ping data: " + ping_text(0, size)[:-1].decode()
 
 
 def test_ibal_cmtime_both_ends(al: AccessLayer) -> None:
