@@ -66,7 +66,8 @@ def guest_cmtime(s: LabSession, dst: str, n: int) -> dict[str, float]:
 
 def guest_server(s: LabSession, guest_ip: str) -> GuestJob:
     """A fresh ``cmtime`` server in the guest, listening (``rdma res show cm_id``): one per
-    client run, since rdma-core 44's server was seen to stop accepting after some runs."""
+    client run, since rdma-core 44's server REJects everything after its first disconnect
+    (its global QP init attribute keeps the CQs of a connection that is gone)."""
     job = s.guest_start(["cmtime", "-b", guest_ip], timeout=900)
     deadline = time.monotonic() + 60
     while True:  # bounded poll: the server is starting

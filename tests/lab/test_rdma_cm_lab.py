@@ -395,9 +395,9 @@ def test_ibal_cmtime_against_guest_server(ibal_lab_module_net: LabSession) -> No
     _, guest_ip = _addrs(s)
     server = s.guest_start(["cmtime", "-b", guest_ip], timeout=240)
     try:
-        # Not a probe connection: cmtime 44's server stopped accepting (REJ "consumer
-        # defined", later "invalid service ID") after a connection that was disconnected
-        # right after it was established (docs/cm.md); ask the kernel instead.
+        # Not a probe connection: cmtime 44's server REJects every request after its
+        # first disconnect ("failure creating qp": its global QP init attribute keeps
+        # the CQs rdma_create_qp made for a connection now gone); ask the kernel.
         wait_listening(s, server, CMTIME_PORT)
         with host_stack(s) as (al, _, _, _):
             lines: list[str] = []
