@@ -58,3 +58,21 @@ def unused_tcp_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_rping_needs_a_side_and_checks_rpings_limits() -> None:
+    r = CliRunner().invoke(main, ["rping", "--provider", "mock", "-a", "10.0.0.1"])
+    assert r.exit_code == 2 and "give -s (server) or -c (client)" in r.output
+    r = CliRunner().invoke(main, ["rping", "--provider", "mock", "-c", "-a", "10.0.0.1",
+                                  "-S", "25"])  # fmt: skip
+    assert r.exit_code == 1 and "Invalid size 25 (valid range is 26 to 65536)" in r.output
+    r = CliRunner().invoke(main, ["rping", "--provider", "mock", "-c"])
+    assert r.exit_code == 1 and "needs the server's address" in r.output
+
+
+def test_rping_and_cmtime_without_a_roce_port_say_so() -> None:
+    """The mock's ports are InfiniBand: no RDMA CM route to an IP address."""
+    r = CliRunner().invoke(main, ["rping", "--provider", "mock", "-c", "-a", "10.0.0.1"])
+    assert r.exit_code == 1 and "no active RoCE port" in r.output
+    r = CliRunner().invoke(main, ["cmtime", "--provider", "mock", "-s", "10.0.0.1"])
+    assert r.exit_code == 1 and "no active RoCE port" in r.output
