@@ -10,7 +10,7 @@ give the owner to ``__init__``, and override ``on_destroying`` (cancel) and
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ibal.al.dispatcher import call_user
@@ -47,6 +47,9 @@ class Dependent(AlObject):
     ``Cq``, ``Srq``, another ``Dependent``, or ``(ca, port_num)`` for a port
     (a child of that CA handle that also goes when PnP removes the port).  An
     invalid owner raises its ``Invalid*Handle``; a missing port ``InvalidPort``.
+    ``uses`` are further objects of the tree it relies on (a CA handle, another
+    ``Dependent``): destroying any of them destroys it first, as a QP goes with
+    its CQs, and each waits for it; an invalid one raises its ``Invalid*Handle``.
 
     The object is valid when ``__init__`` returns and may be cancelled by a
     cascade from then on: set what ``on_destroying``/``cleanup`` use *before*
@@ -67,6 +70,7 @@ class Dependent(AlObject):
         *,
         context: Any = None,
         destroy_cb: DestroyCallback | None = None,
+        uses: Iterable[AlObject] = (),
     ) -> None:
         from ibal.al.ca import Ca
 
@@ -82,6 +86,9 @@ class Dependent(AlObject):
             raise InvalidParameter(f"a {type(parent).__name__} cannot own a dependent object")
         if destroy_cb is not None and not callable(destroy_cb):
             raise InvalidParameter("destroy_cb must be callable")
+        used = tuple(uses)
+        if not all(isinstance(u, AlObject) for u in used):
+            raise InvalidParameter("uses are access-layer objects")
         super().__init__(parent._mgr, parent._al, parent, context)
         self._dep_port = port_num
         self._preset_cb = destroy_cb
@@ -90,7 +97,7 @@ class Dependent(AlObject):
                 parent._check()
                 if parent._cica.port(port_num) is None:  # type: ignore[attr-defined]
                     raise InvalidPort(f"the CA has no port {port_num}")
-            self._attach()
+            self._attach(used)
         self._activate(parent._invalid)
 
     # ------------------------------------------------------------------ for subclasses

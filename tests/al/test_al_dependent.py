@@ -331,3 +331,28 @@ def test_destroy_async_keeps_the_creation_destroy_cb(al: AccessLayer) -> None:
     toy = Toy(al, j, "toy")
     asyncio.run(toy.destroy_async())
     assert j.items == ["toy cancelled", "toy cleanup", "toy destroy-cb"]
+
+
+def test_uses_objects_beside_the_owner_destroy_it_first(
+    mgr: AlManager, al: AccessLayer, ca: Ca, pd: Pd, ci: FakeCi
+) -> None:
+    """An AL's dependent that uses a CA handle (and one using it) dies with that handle,
+    first, and the handle's destroy waits for it; the AL owns it otherwise."""
+    j = Journal()
+    port = Toy(al, j, "sa-port", uses=(ca,))
+    sub = Toy(al, j, "subscription", uses=(port,))
+    other = Toy(al, j, "unrelated")
+    assert port.owner is al and sub.owner is al
+    mgr.deregister_ca(ci.guid)
+    assert mgr.queues.flush(WAIT)
+    assert not port.alive and not sub.alive and other.alive
+    assert j.items.index("sa-port cancelled") < j.items.index("subscription cancelled")
+    assert j.items.index("subscription cleanup") < j.items.index("sa-port cleanup")
+    assert j.items.index("subscription destroy-cb") < j.items.index("sa-port destroy-cb")
+    assert ci.verbs()[-1] == "close_ca"
+    with pytest.raises(InvalidHandle):
+        port.check()
+    with pytest.raises(InvalidHandle):  # a used object that is gone
+        Toy(al, j, "late", uses=(port,))
+    with pytest.raises(InvalidParameter):
+        Toy(al, j, "bad", uses=(object(),))  # type: ignore[arg-type]
