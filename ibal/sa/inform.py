@@ -160,7 +160,9 @@ class Subscription(Dependent):
         self.stats: dict[str, int] = {"reports": 0, "malformed_notices": 0}
         self.unsubscribe_status: Status | None = None
         """The Subscribe 0 Set's outcome once the unsubscribe is over (``None`` before)."""
-        super().__init__(al, context=context, destroy_cb=destroy_cb)
+        # An SaPort that goes (its CA withdrawn) takes the subscription along.
+        uses = (sa,) if isinstance(sa, Dependent) else ()
+        super().__init__(al, context=context, destroy_cb=destroy_cb, uses=uses)
 
     # ------------------------------------------------------------------ public
     @property

@@ -254,7 +254,8 @@ class SaPort(Dependent):
             self.link_layer: LinkLayer = attr.link_layer
             if self.link_layer is LinkLayer.INFINIBAND:
                 self.service = self._register()
-            super().__init__(al)
+            # It uses its CA handle: a CA withdrawn (or closed) takes the port along.
+            super().__init__(al, uses=(self.ca,))
             if self.link_layer is LinkLayer.INFINIBAND:
                 # Before user clients: their SM_CHANGE handlers query with a fresh SA address.
                 self._pnp = al.reg_pnp(PnpClass.PORT, self._on_pnp, order=PnpOrder.SA)

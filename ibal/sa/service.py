@@ -299,7 +299,9 @@ class ServiceRegistration(Dependent):
         self.record = record
         """The record as the SA last answered it (its ServiceKey zeroed by OpenSM)."""
         try:
-            super().__init__(al, context=context, destroy_cb=destroy_cb)
+            # An SaPort that goes (its CA withdrawn) takes the registration along.
+            uses = (sa,) if isinstance(sa, Dependent) else ()
+            super().__init__(al, context=context, destroy_cb=destroy_cb, uses=uses)
         except BaseException:
             sa.close()
             raise

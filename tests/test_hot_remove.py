@@ -1,0 +1,411 @@
+"""Hot remove and add of a CA during traffic (issue 12), on the mock fabric.
+
+Three CAs on one fabric and one manager: ``sm`` (the SM port, its SA agent
+answers), ``peer`` and ``victim``.  The victim's AL runs RC traffic to the
+peer (SENDs and RDMA WRITEs reposted from completion callbacks, and RDMA
+WRITEs posted by a thread), a MAD service with sends waiting for answers and
+received MADs held, an SA subscription, a multicast join and a service
+registration.  Then the victim CA is withdrawn (the provider's
+``deregister_ca``) while all of that runs: every object of it must be gone
+(handles raise their ``Invalid*Handle``, nothing of it left in the AL's object
+tree), no timer of it left, no callback for it after the withdrawal returned,
+the MAD elements back in their pool, the SA port and subscription state of its
+port gone.  Then it is added again: PnP clients hear it in subsystem order and
+new objects work on it.  Time is a ManualClock: nothing moves unless stepped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from ibal.al import (
+    AccessLayer,
+    AlManager,
+    Ca,
+    Cq,
+    PnpClass,
+    PnpEvent,
+    PnpOrder,
+    PnpRec,
+    QpCreate,
+)
+from ibal.al.obj import AlObject
+from ibal.clock import ManualClock
+from ibal.mad import MadElement, MadPool, MadService, MadSvc, put_mad, reg_mad_svc
+from ibal.providers.mock import MockFabric, MockProvider
+from ibal.sa import JoinState, join_mcast
+from ibal.sa.inform import subscribe
+from ibal.sa.service import register_service
+from ibal.status import IbError, InvalidHandle, Status
+from ibal.testing.helpers import Side, connect, mr_access
+from ibal.types import (
+    MAD_SIZE,
+    DgrmInfo,
+    Gid,
+    MadAddr,
+    PortAttr,
+    QpType,
+    SendWr,
+    WcStatus,
+    WrType,
+)
+
+WAIT = 20.0
+VENDOR, GET = 0x09, 0x01
+MGID = Gid("ff12:401b:ffff::12:7")
+QKEY = 0x1212
+SERVICE_ID = 0x1000_0000_0012_0001
+PAYLOAD = 512
+
+
+def _mad(tid: int) -> bytearray:
+    m = bytearray(MAD_SIZE)
+    m[0], m[1], m[2], m[3] = 1, VENDOR, 1, GET
+    m[8:16] = tid.to_bytes(8, "big")
+    m[16:18] = (0x10).to_bytes(2, "big")
+    return m
+
+
+@dataclass
+class CallbackWatch:
+    """Records every callback that runs for the victim's objects, with a phase tag."""
+
+    gone: threading.Event = field(default_factory=threading.Event)
+    after: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def hit(self, what: str) -> None:
+        with self.lock:
+            self.counts[what] = self.counts.get(what, 0) + 1
+            if self.gone.is_set():
+                self.after.append(what)
+
+
+class RcLoop:
+    """Victim → peer RC traffic that keeps itself going from completion callbacks."""
+
+    def __init__(self, v: Side, p: Side, watch: CallbackWatch, limit: int = 200_000) -> None:
+        self.v, self.p, self.watch, self.limit = v, p, watch, limit
+        self.posted = 0
+        self.sends_landed = 0
+        self.statuses: dict[WcStatus, int] = {}
+        self.errors: list[BaseException] = []
+        self.started = threading.Event()
+
+    def start(self) -> None:
+        for i in range(8):
+            self.p.recv(1000 + i, PAYLOAD * (i % 4), PAYLOAD)
+        self.v.cq.rearm()
+        self.p.cq.rearm()
+        for _ in range(4):
+            self._post()
+
+    def _post(self) -> None:
+        n = self.posted
+        if n >= self.limit:
+            return
+        self.posted += 1
+        off = (n % 4) * PAYLOAD
+        self.v.put(off, n.to_bytes(8, "big") * (PAYLOAD // 8))
+        if n % 2:
+            wr = SendWr(wr_id=n, opcode=WrType.RDMA_WRITE, sg_list=[self.v.sge(off, PAYLOAD)],
+                        remote_addr=self.p.remote(4 * PAYLOAD + off), rkey=self.p.mr.rkey)
+        else:
+            wr = SendWr(wr_id=n, opcode=WrType.SEND, sg_list=[self.v.sge(off, PAYLOAD)])
+        self.v.qp.post_send(wr)
+
+    def victim_done(self, cq: Cq, _ctx: Any) -> None:
+        self.watch.hit("victim cq")
+        try:
+            cq.rearm()
+            for wc in cq.poll(16):
+                self.statuses[wc.status] = self.statuses.get(wc.status, 0) + 1
+                if wc.status is WcStatus.SUCCESS:
+                    self.started.set()
+                    self._post()
+        except IbError as exc:
+            self.errors.append(exc)
+
+    def peer_done(self, cq: Cq, _ctx: Any) -> None:
+        try:
+            cq.rearm()
+            for wc in cq.poll(16):
+                if wc.status is WcStatus.SUCCESS:
+                    self.sends_landed += 1
+                    self.p.recv(wc.wr_id, 0, PAYLOAD)
+        except IbError as exc:  # the peer's QP may see the victim vanish: not ours
+            self.errors.append(exc)
+
+
+def _side(ca: Ca, port: PortAttr, comp_cb: Any) -> Side:
+    pd = ca.alloc_pd()
+    cq = ca.create_cq(256, comp_cb=comp_cb)
+    buf = bytearray(16 * PAYLOAD)
+    mr = pd.reg_mem(buf, mr_access(ca.capabilities))
+    qp = pd.create_qp(QpCreate(QpType.RC, send_cq=cq, recv_cq=cq, sq_depth=64, rq_depth=64))
+    return Side(ca=ca, port=port, pd=pd, cq=cq, buf=buf, mr=mr, qp=qp)
+
+
+class WriterThread(threading.Thread):
+    """RDMA WRITEs posted from a thread of the application until the QP is gone."""
+
+    def __init__(self, v: Side, p: Side) -> None:
+        super().__init__(name="hot-remove-writer", daemon=True)
+        self.v, self.p = v, p
+        self.stop = threading.Event()
+        self.done = 0
+        self.raised: BaseException | None = None
+        self.ran = threading.Event()
+
+    def run(self) -> None:
+        n = 0
+        try:
+            while not self.stop.is_set():
+                self.v.qp.post_send(SendWr(
+                    wr_id=n, opcode=WrType.RDMA_WRITE, sg_list=[self.v.sge(0, 64)],
+                    remote_addr=self.p.remote(8 * PAYLOAD), rkey=self.p.mr.rkey))  # fmt: skip
+                n += 1
+                for wc in self.v.cq.poll(16):
+                    self.done += wc.status is WcStatus.SUCCESS
+                if self.done >= 4:
+                    self.ran.set()
+                while self.v.cq.peek() == 0 and n - self.done > 32 and not self.stop.is_set():
+                    self.v.cq.wait(0.05)
+        except IbError as exc:
+            self.raised = exc
+
+
+@dataclass
+class MadSide:
+    service: MadService
+    pool: MadPool
+    held: list[MadElement] = field(default_factory=list)
+    ended: list[WcStatus] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class World:
+    """The fabric, the manager, the peer's objects (they stay) and the victim's."""
+
+    def __init__(self) -> None:
+        self.clock = ManualClock()
+        self.fabric = MockFabric(seed=12)
+        for name in ("sm", "peer", "victim"):
+            self.fabric.add_ca(name)
+        self.fabric.use_clock(self.clock)
+        self.mgr = AlManager(clock=self.clock)
+        self.mgr.add_provider(MockProvider({"fabric": self.fabric}))
+        self.victim_mock = self.fabric.ca("victim")
+        self.peer_al = self.mgr.open_al()
+        self.peer_ca = self.peer_al.open_ca(self.fabric.ca("peer").guid)
+        self.peer_port = self.peer_ca.query().ports[0]
+        self.peer_mad_in: list[bytes] = []
+        pd = self.peer_ca.alloc_pd()
+        alias = pd.get_spl_qp(self.peer_port.port_guid, QpType.QP1_ALIAS)
+        # The peer hears the victim's requests and never answers: they stay outstanding.
+        self.peer_svc = reg_mad_svc(alias, MadSvc(
+            VENDOR, 1, self._peer_recv, put_mad, methods=frozenset({GET}),
+            support_unsol=True))  # fmt: skip
+
+    def _peer_recv(self, e: MadElement) -> None:
+        self.peer_mad_in.append(bytes(e.mad))
+        put_mad(e)
+
+    def settle(self) -> None:
+        assert self.mgr.queues.flush(WAIT)
+
+    def close(self) -> None:
+        if not self.mgr.closed:
+            self.mgr.close(timeout=WAIT)
+            self.fabric.close()
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    w = World()
+    yield w
+    w.close()
+
+
+def _objects_on(root: AlObject, cica_guid: int) -> list[AlObject]:
+    """Every object under ``root`` (the AL's object tree) that lives on CA ``cica_guid``."""
+    out: list[AlObject] = []
+    todo = list(root._children)
+    while todo:
+        o = todo.pop()
+        cica = getattr(o, "_cica", None)
+        if cica is not None and cica.guid == cica_guid:
+            out.append(o)
+        todo.extend(o._children)
+    return out
+
+
+def _victim_objects(al: AccessLayer, guid: int) -> list[AlObject]:
+    """The AL's objects on the victim: on its CA, or an SA object of its port."""
+    port_guids = {guid | n for n in range(1, 3)}
+    out = _objects_on(al, guid)
+    for o in al._children:
+        if getattr(o, "port_guid", None) in port_guids:
+            out.append(o)
+    return out
+
+
+class VictimLoad:
+    """Everything the victim's AL runs when it is withdrawn."""
+
+    def __init__(self, w: World, al: AccessLayer, watch: CallbackWatch) -> None:
+        self.al = al
+        self.watch = watch
+        self.ca = al.open_ca(w.victim_mock.guid)
+        self.port = self.ca.query().ports[0]
+        guid = self.port.port_guid
+        # RC traffic driven by callbacks, and by a thread on a second pair.
+        self.loop: RcLoop
+        v = _side(self.ca, self.port, lambda cq, c: self.loop.victim_done(cq, c))
+        p = _side(w.peer_ca, w.peer_port, lambda cq, c: self.loop.peer_done(cq, c))
+        connect(v, p, self.ca.capabilities)
+        self.loop = RcLoop(v, p, watch)
+        tv, tp = _side(self.ca, self.port, None), _side(w.peer_ca, w.peer_port, None)
+        connect(tv, tp, self.ca.capabilities)
+        self.writer = WriterThread(tv, tp)
+        # A MAD service: requests to the peer that wait for answers, MADs received and held.
+        pd = self.ca.alloc_pd()
+        alias = pd.get_spl_qp(guid, QpType.QP1_ALIAS)
+        pool = MadPool(al, 0, 0, 16)
+        key = pool.register(pd)
+        self.mad: MadSide
+        svc = reg_mad_svc(alias, MadSvc(VENDOR, 1, self._mad_recv, self._mad_sent,
+                                        methods=frozenset({GET}), support_unsol=True), key)
+        self.mad = MadSide(svc, pool)
+        for tid in range(1, 5):
+            e = key.get_mad()
+            e.mad[:] = _mad(tid)
+            e.addr = MadAddr(remote_qp=1, dlid=w.peer_port.lid)
+            e.resp_expected, e.timeout_ms, e.retry_cnt = True, 60_000, 3
+            svc.send(e)
+        # The peer's GETs reach the victim's service, which holds them (not put back).
+        for tid in range(10, 13):
+            e = w.peer_svc.pool_key.get_mad()
+            e.mad[:] = _mad(tid)
+            e.addr = MadAddr(remote_qp=1, dlid=self.port.lid)
+            w.peer_svc.send(e)
+        # SA: a subscription, a multicast join of a UD QP, a service registration.
+        self.subscription = subscribe(al, trap=64, port_guid=guid,
+                                      report_cb=lambda rec: watch.hit("report"),
+                                      destroy_cb=lambda c: watch.hit("sub destroy_cb"))
+        ud_pd = self.ca.alloc_pd()
+        ud_cq = self.ca.create_cq(16)
+        self.ud_qp = ud_pd.create_qp(QpCreate(QpType.UD, ud_cq, ud_cq))
+        self.ud_qp.init_dgrm_svc(DgrmInfo(port_guid=guid, qkey=QKEY))
+        self.membership = join_mcast(self.ud_qp, MGID, create=True, q_key=QKEY,
+                                     join_state=JoinState.FULL,
+                                     destroy_cb=lambda c: watch.hit("mcast destroy_cb"))
+        self.service = register_service(al, name="hot-remove", service_id=SERVICE_ID,
+                                        port_guid=guid,
+                                        destroy_cb=lambda c: watch.hit("svc destroy_cb"))
+
+    def _mad_recv(self, e: MadElement) -> None:
+        self.watch.hit("mad recv")
+        with self.mad.lock:
+            self.mad.held.append(e)
+
+    def _mad_sent(self, e: MadElement) -> None:
+        self.watch.hit("mad send_cb")
+        with self.mad.lock:
+            self.mad.ended.append(e.status)
+        put_mad(e)
+
+    def running(self, w: World) -> None:
+        """Wait until every part is under way."""
+        assert self.subscription.wait(WAIT).status is Status.SUCCESS
+        assert self.membership.wait(WAIT).status is Status.SUCCESS
+        assert self.service.wait(WAIT).ok
+        self.loop.start()
+        self.writer.start()
+        assert self.loop.started.wait(WAIT) and self.writer.ran.wait(WAIT)
+        w.settle()
+        assert len(self.mad.held) == 3 and self.mad.service.outstanding == 4
+        assert self.mad.pool.outstanding == 7  # 4 sends waiting + 3 received, held
+
+
+def test_hot_remove_during_traffic_leaves_nothing_then_hot_add_works(world: World) -> None:
+    w = world
+    threads_before = set(threading.enumerate())
+    timers_before = len(w.mgr.timers)
+    al = w.mgr.open_al()
+    watch = CallbackWatch()
+    order: list[tuple[str, PnpEvent]] = []
+
+    def client(name: str) -> Any:
+        def cb(rec: PnpRec) -> None:
+            if rec.ca_guid == w.victim_mock.guid and rec.event is not PnpEvent.REG_COMPLETE:
+                order.append((name, rec.event))
+        return cb
+
+    user_ca = al.reg_pnp(PnpClass.CA, client("user"))
+    al.reg_pnp(PnpClass.CA, client("subsystem"), order=PnpOrder.SA)  # registered later
+    load = VictimLoad(w, al, watch)
+    load.running(w)
+    guid = w.victim_mock.guid
+    assert _victim_objects(al, guid)
+
+    # ------------------------------------------------------------ withdraw it, traffic running
+    order.clear()
+    w.mgr.deregister_ca(guid)  # returns once close_ca was called
+    watch.gone.set()
+    load.writer.stop.set()
+    load.writer.join(WAIT)
+    assert not load.writer.is_alive()
+    user_ca.dereg()  # a fence: no callback of it after this
+    w.settle()
+
+    assert order == [("user", PnpEvent.CA_REMOVE), ("subsystem", PnpEvent.CA_REMOVE)]
+    assert guid not in al.get_ca_guids()
+    assert isinstance(load.writer.raised, InvalidHandle), load.writer.raised
+    assert load.loop.posted > 4 and load.loop.sends_landed > 0
+    assert not watch.after, f"callbacks after the withdrawal: {watch.after}"
+    # Every handle of the CA is gone, and so is what hung on its port.
+    for h in (load.ca, load.loop.v.qp, load.loop.v.cq, load.loop.v.pd, load.loop.v.mr,
+              load.ud_qp, load.membership, load.subscription, load.service):
+        assert not h.alive, h
+    with pytest.raises(InvalidHandle):
+        load.loop.v.qp.post_send(SendWr(wr_id=1, sg_list=[]))
+    with pytest.raises(InvalidHandle):
+        load.ca.query()
+    assert _victim_objects(al, guid) == []
+    # The MAD service ended its sends CANCELED (send_cb put them back); the held receives
+    # go back by the user's put_mad: the pool is whole again.
+    assert not load.mad.service.alive
+    assert load.mad.ended == [WcStatus.CANCELED] * 4
+    put_mad(load.mad.held)
+    assert load.mad.pool.outstanding == 0
+    # No timer of the victim's objects is left.
+    assert len(w.mgr.timers) == timers_before, w.mgr.timers._owned
+    # Stepping time runs nothing for it.
+    for _ in range(3):
+        w.clock.advance(30.0, settle=w.settle)
+    assert not watch.after, f"callbacks after the withdrawal: {watch.after}"
+
+    # ------------------------------------------------------------ add it again
+    order.clear()
+    user_ca = al.reg_pnp(PnpClass.CA, client("user"))
+    order.clear()
+    w.mgr.register_ca(w.victim_mock)
+    w.settle()
+    assert order == [("subsystem", PnpEvent.CA_ADD), ("user", PnpEvent.CA_ADD)]
+    watch2 = CallbackWatch()
+    again = VictimLoad(w, al, watch2)
+    again.running(w)
+    assert again.loop.sends_landed > 0
+
+    al.close(timeout=WAIT)
+    w.close()
+    assert len(w.mgr.timers) == 0
+    leaked = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+    assert not leaked, leaked
