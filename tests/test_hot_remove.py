@@ -86,6 +86,11 @@ class CallbackWatch:
             if self.gone.is_set():
                 self.after.append(what)
 
+    def destroyed(self, what: str) -> None:
+        """A destroy callback: the teardown queue may run it after the withdrawal returned."""
+        with self.lock:
+            self.counts[what] = self.counts.get(what, 0) + 1
+
 
 class RcLoop:
     """Victim → peer RC traffic that keeps itself going from completion callbacks."""
@@ -95,7 +100,8 @@ class RcLoop:
         self.posted = 0
         self.sends_landed = 0
         self.statuses: dict[WcStatus, int] = {}
-        self.errors: list[BaseException] = []
+        self.errors: list[BaseException] = []  # the victim's callback: raced the teardown
+        self.peer_errors: list[BaseException] = []
         self.started = threading.Event()
 
     def start(self) -> None:
@@ -139,8 +145,8 @@ class RcLoop:
                 if wc.status is WcStatus.SUCCESS:
                     self.sends_landed += 1
                     self.p.recv(wc.wr_id, 0, PAYLOAD)
-        except IbError as exc:  # the peer's QP may see the victim vanish: not ours
-            self.errors.append(exc)
+        except IbError as exc:
+            self.peer_errors.append(exc)
 
 
 def _side(ca: Ca, port: PortAttr, comp_cb: Any) -> Side:
@@ -153,12 +159,11 @@ def _side(ca: Ca, port: PortAttr, comp_cb: Any) -> Side:
 
 
 class WriterThread(threading.Thread):
-    """RDMA WRITEs posted from a thread of the application until the QP is gone."""
+    """RDMA WRITEs posted from an application thread, one at a time, until the QP goes."""
 
     def __init__(self, v: Side, p: Side) -> None:
         super().__init__(name="hot-remove-writer", daemon=True)
         self.v, self.p = v, p
-        self.stop = threading.Event()
         self.done = 0
         self.raised: BaseException | None = None
         self.ran = threading.Event()
@@ -166,18 +171,16 @@ class WriterThread(threading.Thread):
     def run(self) -> None:
         n = 0
         try:
-            while not self.stop.is_set():
+            while True:
                 self.v.qp.post_send(SendWr(
                     wr_id=n, opcode=WrType.RDMA_WRITE, sg_list=[self.v.sge(0, 64)],
                     remote_addr=self.p.remote(8 * PAYLOAD), rkey=self.p.mr.rkey))  # fmt: skip
                 n += 1
-                for wc in self.v.cq.poll(16):
+                for wc in self.v.cq.wait(WAIT):
                     self.done += wc.status is WcStatus.SUCCESS
                 if self.done >= 4:
                     self.ran.set()
-                while self.v.cq.peek() == 0 and n - self.done > 32 and not self.stop.is_set():
-                    self.v.cq.wait(0.05)
-        except IbError as exc:
+        except IbError as exc:  # the QP or CQ went: the thread's end
             self.raised = exc
 
 
@@ -259,10 +262,11 @@ def _victim_objects(al: AccessLayer, guid: int) -> list[AlObject]:
 class VictimLoad:
     """Everything the victim's AL runs when it is withdrawn."""
 
-    def __init__(self, w: World, al: AccessLayer, watch: CallbackWatch) -> None:
+    def __init__(self, w: World, al: AccessLayer, watch: CallbackWatch, guid: int) -> None:
         self.al = al
         self.watch = watch
-        self.ca = al.open_ca(w.victim_mock.guid)
+        self.teardown = w.mgr.queues.teardown
+        self.ca = al.open_ca(guid)
         self.port = self.ca.query().ports[0]
         guid = self.port.port_guid
         # RC traffic driven by callbacks, and by a thread on a second pair.
@@ -298,17 +302,17 @@ class VictimLoad:
         # SA: a subscription, a multicast join of a UD QP, a service registration.
         self.subscription = subscribe(al, trap=64, port_guid=guid,
                                       report_cb=lambda rec: watch.hit("report"),
-                                      destroy_cb=lambda c: watch.hit("sub destroy_cb"))
+                                      destroy_cb=lambda c: watch.destroyed("sub destroy_cb"))
         ud_pd = self.ca.alloc_pd()
         ud_cq = self.ca.create_cq(16)
         self.ud_qp = ud_pd.create_qp(QpCreate(QpType.UD, ud_cq, ud_cq))
         self.ud_qp.init_dgrm_svc(DgrmInfo(port_guid=guid, qkey=QKEY))
         self.membership = join_mcast(self.ud_qp, MGID, create=True, q_key=QKEY,
                                      join_state=JoinState.FULL,
-                                     destroy_cb=lambda c: watch.hit("mcast destroy_cb"))
+                                     destroy_cb=lambda c: watch.destroyed("mcast destroy_cb"))
         self.service = register_service(al, name="hot-remove", service_id=SERVICE_ID,
                                         port_guid=guid,
-                                        destroy_cb=lambda c: watch.hit("svc destroy_cb"))
+                                        destroy_cb=lambda c: watch.destroyed("svc destroy_cb"))
 
     def _mad_recv(self, e: MadElement) -> None:
         self.watch.hit("mad recv")
@@ -316,7 +320,12 @@ class VictimLoad:
             self.mad.held.append(e)
 
     def _mad_sent(self, e: MadElement) -> None:
-        self.watch.hit("mad send_cb")
+        if e.status is WcStatus.CANCELED and self.teardown.is_current():
+            # The service's end reports the sends left CANCELED on the teardown queue,
+            # with the destroy callbacks: that may come after the withdrawal returned.
+            self.watch.destroyed("mad send_cb canceled")
+        else:
+            self.watch.hit("mad send_cb")
         with self.mad.lock:
             self.mad.ended.append(e.status)
         put_mad(e)
@@ -334,41 +343,26 @@ class VictimLoad:
         assert self.mad.pool.outstanding == 7  # 4 sends waiting + 3 received, held
 
 
-def test_hot_remove_during_traffic_leaves_nothing_then_hot_add_works(world: World) -> None:
-    w = world
-    threads_before = set(threading.enumerate())
-    timers_before = len(w.mgr.timers)
-    al = w.mgr.open_al()
-    watch = CallbackWatch()
-    order: list[tuple[str, PnpEvent]] = []
-
-    def client(name: str) -> Any:
-        def cb(rec: PnpRec) -> None:
-            if rec.ca_guid == w.victim_mock.guid and rec.event is not PnpEvent.REG_COMPLETE:
-                order.append((name, rec.event))
-        return cb
-
-    user_ca = al.reg_pnp(PnpClass.CA, client("user"))
-    al.reg_pnp(PnpClass.CA, client("subsystem"), order=PnpOrder.SA)  # registered later
-    load = VictimLoad(w, al, watch)
-    load.running(w)
-    guid = w.victim_mock.guid
+def _withdraw(w: World, al: AccessLayer, load: VictimLoad, how: str) -> None:
+    """Withdraw the victim CA while ``load`` runs; check that nothing of it is left."""
+    watch = load.watch
+    guid = load.ca.guid
     assert _victim_objects(al, guid)
-
-    # ------------------------------------------------------------ withdraw it, traffic running
-    order.clear()
-    w.mgr.deregister_ca(guid)  # returns once close_ca was called
+    if how == "provider":
+        w.mgr.deregister_ca(guid)  # returns once close_ca was called
+    else:
+        w.fabric.hotplug_remove(next(c for c in w.fabric.cas if c.guid == guid))
     watch.gone.set()
-    load.writer.stop.set()
     load.writer.join(WAIT)
     assert not load.writer.is_alive()
-    user_ca.dereg()  # a fence: no callback of it after this
     w.settle()
 
-    assert order == [("user", PnpEvent.CA_REMOVE), ("subsystem", PnpEvent.CA_REMOVE)]
     assert guid not in al.get_ca_guids()
     assert isinstance(load.writer.raised, InvalidHandle), load.writer.raised
     assert load.loop.posted > 4 and load.loop.sends_landed > 0
+    # A completion callback running when the teardown began finds its QP gone.
+    assert all(isinstance(e, InvalidHandle) for e in load.loop.errors), load.loop.errors
+    assert not load.loop.peer_errors, load.loop.peer_errors
     assert not watch.after, f"callbacks after the withdrawal: {watch.after}"
     # Every handle of the CA is gone, and so is what hung on its port.
     for h in (load.ca, load.loop.v.qp, load.loop.v.cq, load.loop.v.pd, load.loop.v.mr,
@@ -378,33 +372,74 @@ def test_hot_remove_during_traffic_leaves_nothing_then_hot_add_works(world: Worl
         load.loop.v.qp.post_send(SendWr(wr_id=1, sg_list=[]))
     with pytest.raises(InvalidHandle):
         load.ca.query()
+    with pytest.raises(InvalidHandle):
+        load.subscription.unsubscribe()
     assert _victim_objects(al, guid) == []
+    assert {k: watch.counts.get(k) for k in ("sub destroy_cb", "mcast destroy_cb",
+                                             "svc destroy_cb")} == dict.fromkeys(
+        ("sub destroy_cb", "mcast destroy_cb", "svc destroy_cb"), 1)  # fmt: skip
     # The MAD service ended its sends CANCELED (send_cb put them back); the held receives
     # go back by the user's put_mad: the pool is whole again.
     assert not load.mad.service.alive
     assert load.mad.ended == [WcStatus.CANCELED] * 4
+    assert watch.counts.get("mad send_cb canceled") == 4
     put_mad(load.mad.held)
     assert load.mad.pool.outstanding == 0
-    # No timer of the victim's objects is left.
-    assert len(w.mgr.timers) == timers_before, w.mgr.timers._owned
     # Stepping time runs nothing for it.
     for _ in range(3):
         w.clock.advance(30.0, settle=w.settle)
     assert not watch.after, f"callbacks after the withdrawal: {watch.after}"
 
-    # ------------------------------------------------------------ add it again
-    order.clear()
+
+@pytest.mark.parametrize("how", ["provider", "fabric"])
+def test_hot_remove_during_traffic_leaves_nothing_then_hot_add_works(
+    world: World, how: str
+) -> None:
+    """``provider``: the provider withdraws the CA and registers it again (same GUID);
+    ``fabric``: the mock's hotplug takes it off the fabric and plugs a new one in."""
+    w = world
+    threads_before = set(threading.enumerate())
+    timers_before = len(w.mgr.timers)
+    al = w.mgr.open_al()
+    order: list[tuple[str, PnpEvent, int]] = []
+
+    def client(name: str) -> Any:
+        def cb(rec: PnpRec) -> None:
+            if rec.event is not PnpEvent.REG_COMPLETE:
+                order.append((name, rec.event, rec.ca_guid))
+        return cb
+
     user_ca = al.reg_pnp(PnpClass.CA, client("user"))
-    order.clear()
-    w.mgr.register_ca(w.victim_mock)
-    w.settle()
-    assert order == [("subsystem", PnpEvent.CA_ADD), ("user", PnpEvent.CA_ADD)]
-    watch2 = CallbackWatch()
-    again = VictimLoad(w, al, watch2)
+    al.reg_pnp(PnpClass.CA, client("subsystem"), order=PnpOrder.SA)  # registered later
+    guid = w.victim_mock.guid
+    for cycle in range(2):
+        load = VictimLoad(w, al, CallbackWatch(), guid)
+        load.running(w)
+        order.clear()
+        _withdraw(w, al, load, how)
+        assert order == [("user", PnpEvent.CA_REMOVE, guid),
+                         ("subsystem", PnpEvent.CA_REMOVE, guid)]
+        # No timer of the victim's objects is left.
+        assert len(w.mgr.timers) == timers_before, w.mgr.timers._owned
+        # A user client deregistered now gets nothing more (the fence) ...
+        user_ca.dereg()
+        user_ca = al.reg_pnp(PnpClass.CA | PnpClass.FLAG_REG_SYNC, client("user"))
+        order.clear()
+        # ... and a new one hears the CA come back after the subsystem.
+        if how == "provider":
+            w.mgr.register_ca(w.victim_mock)
+        else:
+            guid = w.fabric.hotplug_add(f"victim{cycle + 2}").guid
+        w.settle()
+        assert order == [("subsystem", PnpEvent.CA_ADD, guid), ("user", PnpEvent.CA_ADD, guid)]
+
+    again = VictimLoad(w, al, CallbackWatch(), guid)
     again.running(w)
     assert again.loop.sends_landed > 0
 
     al.close(timeout=WAIT)
+    again.writer.join(WAIT)
+    assert isinstance(again.writer.raised, InvalidHandle), again.writer.raised
     w.close()
     assert len(w.mgr.timers) == 0
     leaked = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
