@@ -164,7 +164,12 @@ class MadPool:
             self._check()
             key = PoolKey(self, pd)
             self._keys.append(key)
-            return key
+        try:
+            key._life = _KeyLife(pd, key)  # it goes with its PD (dealloc, CA withdrawn)
+        except BaseException:
+            key._forget()
+            raise
+        return key
 
     def destroy(self) -> None:
         """``ib_destroy_mad_pool`` (synchronous): ``ResourceBusy`` with elements out."""
@@ -214,14 +219,36 @@ class _PoolLife(Dependent):
         self.pool._close()
 
 
+class _KeyLife(Dependent):
+    """A pool key's place under its PD: when the PD goes (deallocated, its CA withdrawn)
+    the key is deregistered, so the pool no longer holds the dead PD; elements out stay
+    usable until put back."""
+
+    _kind = "MAD pool key"
+
+    def __init__(self, pd: Pd, key: PoolKey) -> None:
+        self.key = key
+        super().__init__(pd)
+
+    def on_destroying(self) -> None:
+        self.key._forget()
+
+
 class PoolKey:
-    """A pool registered with a PD (``ib_pool_key_t``)."""
+    """A pool registered with a PD (``ib_pool_key_t``); it goes with the PD."""
 
     def __init__(self, pool: MadPool, pd: Pd) -> None:
         self.pool = pool
         self.pd = pd
         self._out = 0
         self._valid = True
+        self._life: _KeyLife | None = None
+
+    def _forget(self) -> None:
+        with self.pool._lock:
+            self._valid = False
+            if self in self.pool._keys:
+                self.pool._keys.remove(self)
 
     def __repr__(self) -> str:
         return f"<PoolKey {self._out} out{'' if self._valid else ' (deregistered)'}>"
@@ -251,6 +278,9 @@ class PoolKey:
                 raise ResourceBusy(f"{self._out} MAD element(s) taken by this key are out")
             self._valid = False
             self.pool._keys.remove(self)
+            life, self._life = self._life, None
+        if life is not None and life.alive:
+            life.destroy()  # leaves the PD's children (nothing to wait for)
 
 
 def put_mad(elements: MadElement | Iterable[MadElement]) -> None:

@@ -160,3 +160,28 @@ def test_an_explicitly_destroyed_pool_leaves_its_al(mock_net: Net) -> None:
     pool.destroy()
     assert pool.destroyed
     al.close()  # nothing of the pool left for the close to wait for
+
+
+def test_a_key_goes_with_its_pd(mock_net: Net) -> None:
+    """A PD deallocated (or its CA withdrawn) deregisters the pool keys on it: the pool
+    lets go of the dead PD, elements out still go back."""
+    import gc
+    import weakref
+
+    pool = MadPool(mock_net.mgr.open_al(), 0, 0, 4)
+    pd = mock_net.a.ca.alloc_pd()
+    key, other = pool.register(pd), pool.register(mock_net.a.pd)
+    held = key.get_mad()
+    pd.dealloc(wait=True)
+    with pytest.raises(InvalidParameter):
+        key.get_mad()  # deregistered with its PD
+    with pytest.raises(InvalidParameter):
+        key.dereg()
+    put_mad([held, other.get_mad()])
+    assert pool.outstanding == 0 and key.outstanding == 0
+    dead = weakref.ref(pd)
+    del pd, key, held
+    gc.collect()
+    assert dead() is None  # nothing of the pool holds it
+    other.dereg()
+    pool.destroy()
