@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -356,7 +357,8 @@ class _PortWatch:
         self._lock = threading.Lock()
         self._members: dict[int, dict[McastMembership, None]] = {}
         self._live = False  # replayed state (before REG_COMPLETE) is not news
-        self._sas: dict[int, SaRequester] = {}
+        # Weak: an SA port that went (its CA withdrawn) is not kept alive by the watch.
+        self._sas: weakref.WeakValueDictionary[int, SaRequester] = weakref.WeakValueDictionary()
         self._farewell: _Farewell | None = None
         self.registration = al.reg_pnp(PnpClass.PORT, self._event)
 
