@@ -16,8 +16,10 @@ new objects work on it.  Time is a ManualClock: nothing moves unless stepped.
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -436,6 +438,15 @@ class VictimLoad:
                                         port_guid=guid,
                                         destroy_cb=lambda c: watch.destroyed("svc destroy_cb"))
 
+    def peer_cleanup(self) -> None:
+        """The peer application tears down its side of the dead connections (its objects
+        hold this load's callbacks)."""
+        for side in (self.loop.p, self.writer.p):
+            side.qp.destroy(wait=True)
+            side.mr.dereg()
+            side.cq.destroy(wait=True)
+            side.pd.dealloc(wait=True)
+
     def _mad_recv(self, e: MadElement) -> None:
         self.watch.hit("mad recv")
         with self.mad.lock:
@@ -464,6 +475,16 @@ class VictimLoad:
         w.settle()
         assert len(self.mad.held) == 3 and self.mad.service.outstanding == 4
         assert self.mad.pool.outstanding == 7  # 4 sends waiting + 3 received, held
+
+
+def _weak_refs(load: VictimLoad) -> list[weakref.ref[Any]]:
+    """Weak references to the victim's objects, the SA ports of its port included."""
+    objs: list[Any] = [load.ca, load.loop.v.qp, load.loop.v.cq, load.mad.service,
+                       load.mad.service.alias]
+    if load.sa:
+        objs += [load.subscription, load.service, load.membership,
+                 load.subscription._sa]  # the SaPort
+    return [weakref.ref(o) for o in objs]
 
 
 def _withdraw(w: World, al: AccessLayer, load: VictimLoad) -> None:
@@ -539,6 +560,12 @@ def test_hot_remove_during_traffic_leaves_nothing_then_hot_add_works(world: Worl
                          ("subsystem", PnpEvent.CA_REMOVE, guid)]
         # No timer of the victim's objects is left.
         assert len(w.mgr.timers) == timers_before, w.mgr.timers._owned
+        # Nothing holds the victim's objects once the application lets go of them.
+        load.peer_cleanup()
+        refs = _weak_refs(load)
+        del load
+        gc.collect()
+        assert [r() for r in refs if r() is not None] == []
         # A user client deregistered now gets nothing more (the fence) ...
         user_ca.dereg()
         user_ca = al.reg_pnp(PnpClass.CA | PnpClass.FLAG_REG_SYNC, client("user"))

@@ -50,6 +50,8 @@ class Dependent(AlObject):
     ``uses`` are further objects of the tree it relies on (a CA handle, another
     ``Dependent``): destroying any of them destroys it first, as a QP goes with
     its CQs, and each waits for it; an invalid one raises its ``Invalid*Handle``.
+    (A CQ, SRQ or MR it uses refuses an explicit destroy while it lives, with
+    ``ResourceBusy``, as for a QP on it; a cascade still takes it along.)
 
     The object is valid when ``__init__`` returns and may be cancelled by a
     cascade from then on: set what ``on_destroying``/``cleanup`` use *before*
