@@ -125,9 +125,17 @@ class PortAgent(Dependent):
             log.info("%r: capability bit not changed: %s", self, exc)
 
     def set_capability_if(self, exporting: bool) -> None:
-        """The new agent's bit: set only if its CA's unit exports (the bit starts clear)."""
+        """The new agent's bit: set if its CA's unit exports, else cleared if it is set (a
+        CA withdrawn and registered again keeps the capability mask it had)."""
         if exporting:
             self.set_capability(True)
+            return
+        try:
+            stale = self.ca.query_port(self.port_num).cap & PortCap.IS_DEV_MGMT_SUPPORTED
+        except IbError:
+            return  # the port went meanwhile
+        if stale:
+            self.set_capability(False)
 
     def cleanup(self) -> None:
         with contextlib.suppress(IbError):
