@@ -39,6 +39,7 @@ from ibal.al import (
 )
 from ibal.al.obj import AlObject
 from ibal.clock import ManualClock
+from ibal.dm import DmService, create_ioc
 from ibal.mad import MadElement, MadPool, MadService, MadSvc, put_mad, reg_mad_svc
 from ibal.providers.mock import MockFabric, MockProvider
 from ibal.sa import JoinState, join_mcast
@@ -52,10 +53,13 @@ from ibal.types import (
     DgrmInfo,
     Gid,
     Grh,
+    IocProfile,
     MadAddr,
     PortAttr,
+    PortCap,
     QpType,
     SendWr,
+    SvcEntry,
     WcStatus,
     WrType,
 )
@@ -420,6 +424,13 @@ class VictimLoad:
         self.sa = w.sa
         if w.sa:
             self._sa_load(guid)
+        # DM: an I/O controller exported by the victim's I/O unit (the DM agent answers
+        # for it and the port advertises IsDeviceManagementSupported).
+        self.ioc = create_ioc(self.ca, IocProfile(ioc_guid=self.ca.guid | 0x77,
+                                                  id_string="hot remove"))
+        self.ioc.add_svc_entry(SvcEntry("hot-remove", SERVICE_ID))
+        assert self.ioc.register() == 1
+        assert self.ca.query_port(1).cap & PortCap.IS_DEV_MGMT_SUPPORTED
 
     def _sa_load(self, guid: int) -> None:
         """SA: a subscription, a multicast join of a UD QP, a service registration."""
@@ -507,7 +518,7 @@ def _withdraw(w: World, al: AccessLayer, load: VictimLoad) -> None:
     assert not watch.after, f"callbacks after the withdrawal: {watch.after}"
     # Every handle of the CA is gone, and so is what hung on its port.
     handles: list[Any] = [load.ca, load.loop.v.qp, load.loop.v.cq, load.loop.v.pd,
-                          load.loop.v.mr, load.mad.service]
+                          load.loop.v.mr, load.mad.service, load.ioc]
     if load.sa:
         handles += [load.ud_qp, load.membership, load.subscription, load.service]
     for h in handles:
@@ -517,6 +528,11 @@ def _withdraw(w: World, al: AccessLayer, load: VictimLoad) -> None:
     with pytest.raises(InvalidHandle):
         load.ca.query()
     assert _victim_objects(al, guid) == []
+    # The DM agent of its port went with it, and its I/O unit exports nothing.
+    dm = DmService.of(w.mgr)
+    assert dm is not None and dm.agent(load.port.port_guid) is None
+    assert _objects_on(dm.al, guid) == []
+    assert not load.ioc.unit.exporting
     if load.sa:
         with pytest.raises(InvalidHandle):
             load.subscription.unsubscribe()
@@ -574,6 +590,11 @@ def test_hot_remove_during_traffic_leaves_nothing_then_hot_add_works(world: Worl
         guid = w.add_again(cycle)
         w.settle()
         assert order == [("subsystem", PnpEvent.CA_ADD, guid), ("user", PnpEvent.CA_ADD, guid)]
+        # The DM subsystem serves the new port at once; nothing is exported yet.
+        port = al.query_ca_by_guid(guid).ports[0]
+        dm = DmService.of(w.mgr)
+        assert dm is not None and dm.agent(port.port_guid) is not None
+        assert not port.cap & PortCap.IS_DEV_MGMT_SUPPORTED
 
     again = VictimLoad(w, al, CallbackWatch(), guid)
     again.running(w)
