@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import threading
+import weakref
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -343,7 +344,8 @@ def _on_misc(al: AccessLayer, fn: Callable[[SaAnswer], None]) -> Callable[[SaAns
 def _port(al: AccessLayer, port_guid: int | None) -> SaPort:
     """The AL's shared SaPort for the port; the query layer keeps one hold per port."""
     port = SaPort.open(al, port_guid)
-    held = al.stash.setdefault(_HELD, set())
+    # Weak: a port that went (its CA withdrawn) must not stay referenced by the AL.
+    held = al.stash.setdefault(_HELD, weakref.WeakSet())
     if port in held:
         port.close()  # already held by this layer: drop the extra hold
     else:
@@ -351,7 +353,7 @@ def _port(al: AccessLayer, port_guid: int | None) -> SaPort:
     return port
 
 
-_HELD: StashKey[set[SaPort]] = StashKey()
+_HELD: StashKey[weakref.WeakSet[SaPort]] = StashKey()
 
 
 # ---------------------------------------------------------------- reading results
