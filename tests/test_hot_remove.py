@@ -42,7 +42,7 @@ from ibal.clock import ManualClock
 from ibal.dm import DmService, create_ioc
 from ibal.mad import MadElement, MadPool, MadService, MadSvc, put_mad, reg_mad_svc
 from ibal.providers.mock import MockFabric, MockProvider
-from ibal.sa import JoinState, join_mcast
+from ibal.sa import JoinState, join_mcast, path_records
 from ibal.sa.inform import subscribe
 from ibal.sa.service import register_service
 from ibal.status import IbError, InvalidHandle, Status
@@ -424,6 +424,8 @@ class VictimLoad:
         self.sa = w.sa
         if w.sa:
             self._sa_load(guid)
+            [path] = path_records(al, self.port.lid, w.peer_port.lid, port_guid=guid)
+            assert path.fields["dlid"] == w.peer_port.lid
         # DM: an I/O controller exported by the victim's I/O unit (the DM agent answers
         # for it and the port advertises IsDeviceManagementSupported).
         self.ioc = create_ioc(self.ca, IocProfile(ioc_guid=self.ca.guid | 0x77,
