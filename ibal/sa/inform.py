@@ -241,10 +241,10 @@ class Subscription(Dependent):
 
     # ------------------------------------------------------------------ life cycle
     def _start(self) -> None:
+        self._remove_listener = self._sa.add_report_listener(self._on_report)
         if getattr(self._sa, "stats", {}).get("reports_elsewhere"):
             log.warning("%r: another client of the port serves SA Reports: this "
                         "subscription's reports go there", self)  # fmt: skip
-        self._remove_listener = self._sa.add_report_listener(self._on_report)
         _watch(self.al).add(self.port_guid, self)
         self._input(self._machine.subscribe)
 

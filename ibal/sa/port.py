@@ -75,7 +75,7 @@ from ibal.types import QP1_WELL_KNOWN_QKEY, LinkLayer, LinkState, MadAddr, QpTyp
 if TYPE_CHECKING:
     import asyncio
 
-    from ibal.al import Ca, PnpRec, PnpRegistration, Timer
+    from ibal.al import AliasQp, Ca, PnpRec, PnpRegistration, Timer
     from ibal.sa.roce import RoceAnswer, RoceRequest
 
 __all__ = ["ReportListener", "SaPort", "SaRequest"]
@@ -249,6 +249,8 @@ class SaPort(Dependent):
         self._clock = al.timers.clock  # the manager's, for its life
         self.ca: Ca = al.open_ca(ca_guid)
         self.service: MadService | None = None
+        self._reports: MadService | None = None  # the Report receiver, once listened for
+        self._alias: AliasQp | None = None
         try:
             attr = self.ca.query_port(port_num)
             self.link_layer: LinkLayer = attr.link_layer
@@ -274,23 +276,33 @@ class SaPort(Dependent):
 
     # ------------------------------------------------------------------ set-up
     def _register(self) -> MadService:
-        alias = self.ca.alloc_pd().get_spl_qp(self.port_guid, QpType.QP1_ALIAS)
+        """The requests' service (no unsolicited MADs: the port's Report receiver is taken
+        only by a port that has report listeners, see :meth:`_serve_reports`)."""
+        self._alias = self.ca.alloc_pd().get_spl_qp(self.port_guid, QpType.QP1_ALIAS)
+        svc = MadSvc(MgmtClass.SUBN_ADM, SA_CLASS_VERSION, self._on_recv, self._on_sent)
+        # inline: the answer goes from the receive thread to the request's machine and
+        # callback with no queue hop (a thread crossing less per query).
+        service = reg_mad_svc(self._alias, svc, inline=True)
+        if not service.transport_rmpp:
+            enable_rmpp(service, self.ca.al.timers, class_header_size=SA_HEADER_SIZE)
+        return service
+
+    def _serve_reports(self) -> None:
+        """Take the port's SA Report receiver (under ``_sa_lock``), once.  Only a port with
+        listeners does: an SA port of a subsystem that only queries (IOC discovery) must not
+        keep a user's subscription from its Reports."""
+        alias = self._alias
+        if self._reports is not None or self.stats.get("reports_elsewhere") or alias is None:
+            return  # served, served elsewhere, or no SA here (RoCE)
         svc = MadSvc(MgmtClass.SUBN_ADM, SA_CLASS_VERSION, self._on_recv, self._on_sent,
                      methods=frozenset({Method.REPORT}), support_unsol=True)  # fmt: skip
         try:
-            # inline: the answer goes from the receive thread to the request's machine and
-            # callback with no queue hop (a thread crossing less per query).
-            service = reg_mad_svc(alias, svc, inline=True)
+            self._reports = reg_mad_svc(alias, svc, inline=True)
         except ResourceBusy:
             # Another client of the port (another AL of this process, or another process
             # through the kernel) serves SA Reports: queries work, Reports go there.
             log.info("%r: SA Reports are served by another client of the port", self)
-            plain = MadSvc(MgmtClass.SUBN_ADM, SA_CLASS_VERSION, self._on_recv, self._on_sent)
-            service = reg_mad_svc(alias, plain, inline=True)
             self.stats["reports_elsewhere"] = 1
-        if not service.transport_rmpp:
-            enable_rmpp(service, self.ca.al.timers, class_header_size=SA_HEADER_SIZE)
-        return service
 
     def _on_pnp(self, rec: PnpRec) -> None:
         """PnP queue: any event of this port (LID, SM, state, re-register) may move the SA."""
@@ -556,6 +568,7 @@ class SaPort(Dependent):
         self.check()
         key = next(self._ids)
         with self._sa_lock:
+            self._serve_reports()
             self._listeners[key] = fn
 
         def remove() -> None:

@@ -239,3 +239,25 @@ def test_sa_port_sees_port_events_before_user_clients(world: SaWorld,
     world.settle()
     assert order == ["sa", "user"]
     port.close()
+
+
+def test_only_a_port_with_listeners_takes_the_report_receiver(world: SaWorld) -> None:
+    """An SA port that only queries (a subsystem's, in its own AL) leaves the port's
+    Reports to the AL that listens for them, whichever opened its port first."""
+    quiet = SaPort.open(world.al, world.client_guid)
+    other = world.mgr.open_al()
+    port = SaPort.open(other, world.client_guid)
+    assert port is not quiet
+    heard: queue.Queue[bytes] = queue.Queue()
+    port.add_report_listener(lambda n, who: heard.put(n))
+    assert "reports_elsewhere" not in port.stats
+    notice = sa.NOTICE.encode(is_generic=1, type=4, producer_type=4, trap_number=64,
+                              issuer_lid=5)
+    world.sa.report(world.client_lid, notice)
+    assert heard.get(timeout=WAIT) == notice
+    assert world.sa.report_resps.get(timeout=WAIT)[3] == Method.REPORT_RESP
+    assert quiet.stats["reports"] == 0 and port.stats["reports"] == 1
+    # A second listening AL finds the receiver taken: its queries still work.
+    third = SaPort.open(world.mgr.open_al(), world.client_guid)
+    third.add_report_listener(lambda n, who: None)
+    assert third.stats.get("reports_elsewhere") == 1
