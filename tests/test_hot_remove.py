@@ -40,10 +40,12 @@ from ibal.al import (
 from ibal.al.obj import AlObject
 from ibal.clock import ManualClock
 from ibal.dm import DmService, create_ioc
+from ibal.dm.discovery import Discovery
 from ibal.mad import MadElement, MadPool, MadService, MadSvc, put_mad, reg_mad_svc
 from ibal.providers.mock import MockFabric, MockProvider
 from ibal.sa import JoinState, join_mcast, path_records
 from ibal.sa.inform import subscribe
+from ibal.sa.port import SaPort
 from ibal.sa.service import register_service
 from ibal.status import IbError, InvalidHandle, Status
 from ibal.testing.helpers import Side, connect, mr_access
@@ -480,6 +482,11 @@ class VictimLoad:
         """Wait until every part is under way."""
         if self.sa:
             assert self.subscription.wait(WAIT).status is Status.SUCCESS
+            # Its port's Reports come to it, though IOC discovery's SA port of the same
+            # port opened first.
+            sa_port = SaPort.open(self.al, self.port.port_guid)  # the subscription's, shared
+            sa_port.close()  # a look only: the subscription keeps its hold
+            assert sa_port.alive and "reports_elsewhere" not in sa_port.stats
             assert self.membership.wait(WAIT).status is Status.SUCCESS
             assert self.service.wait(WAIT).ok
         self.loop.start()
@@ -498,6 +505,17 @@ def _weak_refs(load: VictimLoad) -> list[weakref.ref[Any]]:
         objs += [load.subscription, load.service, load.membership,
                  load.subscription._sa]  # the SaPort
     return [weakref.ref(o) for o in objs]
+
+
+def _sweep(w: World, disc: Discovery) -> None:
+    """One discovery sweep to its end (DM Gets to a withdrawn CA time out: step)."""
+    handle = disc.sweep_now()
+    for _ in range(400):
+        if handle.done:
+            break
+        w.clock.advance(0.25, settle=w.settle)
+    handle.wait(0)
+    w.settle()
 
 
 def _withdraw(w: World, al: AccessLayer, load: VictimLoad) -> None:
@@ -556,6 +574,16 @@ def _withdraw(w: World, al: AccessLayer, load: VictimLoad) -> None:
 def test_hot_remove_during_traffic_leaves_nothing_then_hot_add_works(world: World) -> None:
     w = world
     threads_before = set(threading.enumerate())
+    # IOC discovery (where there is an SA): the victim's IOC is found through the peer's
+    # port too, and a sweep after the withdrawal reports it gone.
+    iocs: list[tuple[PnpEvent, int]] = []
+    disc = Discovery.start(w.mgr, interval=None) if w.sa else None
+    if disc is not None:
+        ioc_al = w.mgr.open_al()
+        ioc_al.reg_pnp(PnpClass.IOC | PnpClass.FLAG_REG_SYNC,
+                       lambda rec: iocs.append((rec.event, rec.guid)))
+        _sweep(w, disc)
+        w.clock.advance(30.0, settle=w.settle)  # its timers that were left armed expire
     timers_before = len(w.mgr.timers)
     al = w.mgr.open_al()
     order: list[tuple[str, PnpEvent, int]] = []
@@ -572,8 +600,19 @@ def test_hot_remove_during_traffic_leaves_nothing_then_hot_add_works(world: Worl
     for cycle in range(2):
         load = VictimLoad(w, al, CallbackWatch(), guid)
         load.running(w)
+        ioc_guid = load.ioc.profile.ioc_guid
+        if disc is not None:
+            iocs.clear()
+            _sweep(w, disc)
+            assert (PnpEvent.IOC_ADD, ioc_guid) in iocs, iocs
+            iocs.clear()
         order.clear()
         _withdraw(w, al, load)
+        if disc is not None:  # its paths through the victim's port went with the CA ...
+            assert _objects_on(disc.al, guid) == []
+            _sweep(w, disc)  # ... and a sweep finds the IOC no more
+            assert (PnpEvent.IOC_REMOVE, ioc_guid) in iocs, iocs
+            w.clock.advance(30.0, settle=w.settle)  # the sweep's own timers expire
         assert order == [("user", PnpEvent.CA_REMOVE, guid),
                          ("subsystem", PnpEvent.CA_REMOVE, guid)]
         # No timer of the victim's objects is left.
