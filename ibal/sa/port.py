@@ -5,7 +5,9 @@ gives the existing one (and counts the holder), :meth:`SaPort.close` drops a
 hold; it lives until the last holder closes it or its AL closes.  It owns a
 CA handle, a PD, the port's QP1 alias and one MAD service of class SUBN_ADM
 version 2 on it (with RMPP sessions on the AL's timers where the port's
-transport does not run RMPP itself), registered for unsolicited Reports.
+transport does not run RMPP itself), and a second one registered for
+unsolicited Reports once a report listener is added.  It uses its CA handle:
+a CA withdrawn takes it along.
 
 :meth:`SaPort.request` runs an :class:`~ibal.sa.txn.SaTxn` to the port's SM
 LID (QP1, Q_Key 0x80010000).  The port's SM LID/SL serve first tries for up to
