@@ -55,13 +55,15 @@ class CmPort(Dependent):
 
     _kind = "CM port"
 
-    def __init__(self, ca: Ca, port_num: int, on_mad: MadHandler) -> None:
+    def __init__(self, ca: Ca, port_num: int, on_mad: MadHandler,
+                 on_gone: Callable[[CmPort], object] | None = None) -> None:  # fmt: skip
         attr = ca.query_port(port_num)
         self.ca = ca
         self.ca_guid = ca.guid
         self.port_guid = attr.port_guid
         self.link_layer: LinkLayer = attr.link_layer
         self.on_mad = on_mad
+        self.on_gone = on_gone
         self.stats: dict[str, int] = {"sent": 0, "send_failed": 0}
         self._tlock = threading.Lock()
         self._heap: list[tuple[float, int, Timed]] = []
@@ -178,6 +180,8 @@ class CmPort(Dependent):
         with self._tlock:
             self._heap.clear()
             self._timer_at = None
+        if self.on_gone is not None:  # its endpoints can no longer send, time or hear
+            self.on_gone(self)
 
     def cleanup(self) -> None:
         with contextlib.suppress(IbError):

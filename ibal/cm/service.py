@@ -255,9 +255,19 @@ class CmAgent:
                 if p.ca_guid == ca_guid and p.port_num == port_num and p.alive:
                     return p
             ca = self.al.open_ca(ca_guid)
-            p = CmPort(ca, port_num, self.router.on_mad)
+            p = CmPort(ca, port_num, self.router.on_mad, self._port_gone)
             self._ports[p.port_guid] = p
             return p
+
+    def _port_gone(self, port: CmPort) -> None:
+        """A port went (its CA withdrawn, the port removed, the agent closing): its endpoints
+        can neither send nor time anything, nor hear their peers: released, no upcall (their
+        users hang on QPs of that CA, or learn it from their QP)."""
+        with self._lock:
+            if self._ports.get(port.port_guid) is port:
+                del self._ports[port.port_guid]
+            for cep in [c for c in self._ceps.values() if c.port is port]:
+                self._release(cep)
 
     def port_by_guid(self, port_guid: int) -> CmPort:
         with self._lock:
@@ -328,6 +338,8 @@ class CmAgent:
             actions = cep.machine.handle(event, cep.port.now())
             for a in actions:
                 self._act(cep, a)
+            if not cep.port.alive and self._ceps.get(cep.local_comm_id) is cep:
+                self._release(cep)  # its port went meanwhile (see _port_gone)
 
     def _act(self, cep: CepIo, a: Any) -> None:
         kind = type(a)
