@@ -71,6 +71,7 @@ VENDOR, GET = 0x09, 0x01
 MGID = Gid("ff12:401b:ffff::12:7")
 QKEY = 0x1212
 SERVICE_ID = 0x1000_0000_0012_0001
+CM_SERVICE_ID = 0x1000_0000_0012_0002
 PAYLOAD = 512
 
 
@@ -236,6 +237,24 @@ class World:
 
     def settle(self) -> None:
         assert self.mgr.queues.flush(WAIT)
+
+    def path(self, al: AccessLayer, port: PortAttr) -> Any:
+        """A PathRecord from ``port`` to the peer's (the SA's; on RoCE ibal.sa.roce's)."""
+        from ibal.sa import path_records
+
+        if not self.roce:
+            [path] = path_records(al, port.lid, self.peer_port.lid, port_guid=port.port_guid)
+            return path
+        # Resolved from the GIDs and the IP stack, on the AL's timers: step the clock.
+        got: list[Any] = []
+        path_records(al, port.gids[0], self.peer_port.gids[0], port_guid=port.port_guid,
+                     callback=got.append)
+        for _ in range(1000):
+            if got:
+                break
+            self.clock.advance(0.001, settle=self.settle)
+        [path] = got[0].unwrap()
+        return path
 
     @property
     def victim_guid(self) -> int:
@@ -453,6 +472,22 @@ class VictimLoad:
                                         port_guid=guid,
                                         destroy_cb=lambda c: watch.destroyed("svc destroy_cb"))
 
+    def _cm_connect(self, w: World) -> None:
+        """A CM connection victim → peer, established (REQ, REP, RTU)."""
+        import ibal.cm
+
+        if w.listener is None:
+            w.listener = ibal.cm.listen(w.peer_al, CM_SERVICE_ID)
+        cq = self.ca.create_cq(16)
+        self.cm_qp = self.ca.alloc_pd().create_qp(QpCreate(QpType.RC, cq, cq))
+        pcq = w.peer_ca.create_cq(16)
+        self.cm_peer_qp = w.peer_ca.alloc_pd().create_qp(QpCreate(QpType.RC, pcq, pcq))
+        path = w.path(self.al, self.port)
+        self.conn = ibal.cm.connect(self.al, self.cm_qp, path, CM_SERVICE_ID, b"hot",
+                                    callback=lambda c: self.watch.hit("cm established"))
+        self.peer_conn = w.listener.get(timeout=WAIT).accept(self.cm_peer_qp)
+        self.conn.wait(WAIT)
+
     def peer_cleanup(self) -> None:
         """The peer application tears down its side of the dead connections (its objects
         hold this load's callbacks)."""
@@ -461,6 +496,9 @@ class VictimLoad:
             side.mr.dereg()
             side.cq.destroy(wait=True)
             side.pd.dealloc(wait=True)
+        self.peer_conn.close()
+        self.cm_peer_qp.pd.dealloc(wait=True)
+        self.cm_peer_qp.send_cq.destroy(wait=True)
 
     def _mad_recv(self, e: MadElement) -> None:
         self.watch.hit("mad recv")
@@ -489,6 +527,7 @@ class VictimLoad:
             assert sa_port.alive and "reports_elsewhere" not in sa_port.stats
             assert self.membership.wait(WAIT).status is Status.SUCCESS
             assert self.service.wait(WAIT).ok
+        self._cm_connect(w)
         self.loop.start()
         self.writer.start()
         assert self.loop.started.wait(WAIT) and self.writer.ran.wait(WAIT)
@@ -500,7 +539,7 @@ class VictimLoad:
 def _weak_refs(load: VictimLoad) -> list[weakref.ref[Any]]:
     """Weak references to the victim's objects, the SA ports of its port included."""
     objs: list[Any] = [load.ca, load.loop.v.qp, load.loop.v.cq, load.mad.service,
-                       load.mad.service.alias]
+                       load.mad.service.alias, load.conn.handle, load.cm_qp]
     if load.sa:
         objs += [load.subscription, load.service, load.membership,
                  load.subscription._sa]  # the SaPort
@@ -565,6 +604,16 @@ def _withdraw(w: World, al: AccessLayer, load: VictimLoad) -> None:
     assert watch.counts.get("mad send_cb canceled") == 4
     put_mad(load.mad.held)
     assert load.mad.pool.outstanding == 0
+    # The CM: the victim's connection and the agent's port are gone, and so is the
+    # victim's endpoint.  The peer's side heard the DREQ of the connection's destroy if
+    # it left before the port went (then it is in TIMEWAIT), else nothing.
+    from ibal.cm.service import agent_of
+
+    agent = agent_of(w.mgr)
+    assert not load.conn.handle.alive
+    assert _objects_on(agent.al, guid) == []
+    assert agent.endpoints == 1, agent
+    assert load.peer_conn.state.name in ("ESTABLISHED", "TIMEWAIT")
     # Stepping time runs nothing for it.
     for _ in range(3):
         w.clock.advance(30.0, settle=w.settle)
@@ -598,12 +647,12 @@ def test_hot_remove_during_traffic_leaves_nothing_then_hot_add_works(world: Worl
     al.reg_pnp(PnpClass.CA, client("subsystem"), order=PnpOrder.SA)  # registered later
     guid = w.victim_guid
     for cycle in range(2):
+        iocs.clear()
         load = VictimLoad(w, al, CallbackWatch(), guid)
         load.running(w)
         ioc_guid = load.ioc.profile.ioc_guid
         if disc is not None:
-            iocs.clear()
-            _sweep(w, disc)
+            _sweep(w, disc)  # (a sweep a port change started may have found it already)
             assert (PnpEvent.IOC_ADD, ioc_guid) in iocs, iocs
             iocs.clear()
         order.clear()
@@ -618,7 +667,12 @@ def test_hot_remove_during_traffic_leaves_nothing_then_hot_add_works(world: Worl
         # No timer of the victim's objects is left.
         assert len(w.mgr.timers) == timers_before, w.mgr.timers._owned
         # Nothing holds the victim's objects once the application lets go of them.
-        load.peer_cleanup()
+        load.peer_cleanup()  # the peer's close: its DREQ to nobody times out
+        for _ in range(5):
+            w.clock.advance(30.0, settle=w.settle)
+        from ibal.cm.service import agent_of
+
+        assert agent_of(w.mgr).endpoints == 0 and agent_of(w.mgr).armed_timers() == 0
         refs = _weak_refs(load)
         del load
         gc.collect()
