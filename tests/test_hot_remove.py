@@ -275,6 +275,7 @@ class World:
 class MockWorld(World):
     """Three CAs on the mock fabric: ``sm`` (its SA agent answers), ``peer``, ``victim``.
     ``provider``: the provider withdraws the victim and registers it again (same GUID);
+    ``callback``: the same, the withdrawal called from a callback (misc queue);
     ``fabric``: the mock's hotplug takes it off the fabric and plugs a new CA in."""
 
     sa = True
@@ -298,11 +299,24 @@ class MockWorld(World):
     def withdraw(self, guid: int) -> None:
         if self.how == "provider":
             self.mgr.deregister_ca(guid)  # returns once close_ca was called
+        elif self.how == "callback":
+            # From one of the manager's callbacks it returns at once; the teardown follows
+            # once the callbacks holding it up returned: the queues drained, it is over.
+            returned = threading.Event()
+
+            def withdraw() -> None:
+                self.mgr.deregister_ca(guid)
+                returned.set()
+
+            self.mgr.queues.misc.post(withdraw)
+            assert returned.wait(WAIT)
+            self.settle()
+            assert guid not in self.mgr.ca_guids
         else:
             self.fabric.hotplug_remove(next(c for c in self.fabric.cas if c.guid == guid))
 
     def add_again(self, cycle: int) -> int:
-        if self.how == "provider":
+        if self.how in ("provider", "callback"):
             self.mgr.register_ca(self.victim_mock)
             return self.victim_mock.guid
         self.victim_mock = self.fabric.hotplug_add(f"victim{cycle + 2}")
@@ -372,7 +386,7 @@ def _rxe_world() -> RxeWorld:
     return RxeWorld()
 
 
-@pytest.fixture(params=["mock-provider", "mock-fabric", "rxe"])
+@pytest.fixture(params=["mock-provider", "mock-fabric", "mock-callback", "rxe"])
 def world(request: pytest.FixtureRequest) -> Iterator[World]:
     w: World = _rxe_world() if request.param == "rxe" else MockWorld(request.param[5:])
     yield w
