@@ -12,7 +12,8 @@
 Each blocking call has an awaitable twin (``await conn``, ``await
 listener.next()``, :func:`connect_async`) and a callback form
 (``callback=``: the call returns at once, ``callback(conn)`` runs on the
-AL's misc queue when the outcome is known).  The client sends the RTU and a
+AL's misc queue when the outcome is known: ``conn.error`` is ``None`` there
+if it is established, else why not).  The client sends the RTU and a
 disconnected side its DREP by itself; the IBAL calls (``ibal.cm.api``) leave
 every step to the caller.  A REJ raises :class:`ConnectionRejected` (its
 reason, ARI and private data), no answer ``Timeout``.  Blocking calls raise
@@ -66,35 +67,56 @@ class ConnectionRejected(IbError):
 
 
 class _Outcome:
-    """Set once: waiters, awaiters and a callback learn it."""
+    """Set once: waiters, awaiters and a callback learn it.  Decided before it wakes
+    anyone, so a callback run in between already sees ``done`` and ``error``."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._event = threading.Event()
+        self._decided = False
         self._error: BaseException | None = None
         self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     @property
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._decided
 
-    def set(self, error: BaseException | None = None) -> bool:
+    @property
+    def error(self) -> BaseException | None:
+        """Why it failed; ``None`` while undecided or when it succeeded."""
+        return self._error
+
+    def decide(self, error: BaseException | None = None) -> bool:
+        """Record the outcome (the first one wins) without waking anyone yet."""
         with self._lock:
-            if self._event.is_set():
+            if self._decided:
                 return False
             self._error = error
+            self._decided = True
+            return True
+
+    def wake(self) -> None:
+        """Wake the waiters and awaiters of the decided outcome."""
+        with self._lock:
+            if self._event.is_set():
+                return
             self._event.set()
             futures, self._futures = self._futures, []
         for loop, fut in futures:
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_settle, fut, error)
-        return True
+                loop.call_soon_threadsafe(_settle, fut, self._error)
+
+    def set(self, error: BaseException | None = None) -> bool:
+        first = self.decide(error)
+        self.wake()
+        return first
 
     def wait(self, timeout: float | None, what: str) -> None:
         if not self._event.is_set():
             if in_callback():
-                raise InvalidState(f"{what} blocks: call it off the AL's callback threads")
-            if not self._event.wait(timeout):
+                if not self._decided:
+                    raise InvalidState(f"{what} blocks: call it off the AL's callback threads")
+            elif not self._event.wait(timeout):
                 raise Timeout(f"{what}: nothing within {timeout} s of waiting")
         if self._error is not None:
             raise self._error
@@ -136,8 +158,6 @@ class Connection:
         self._callback = callback
         self.established = _Outcome()
         self.closed = _Outcome()
-        self._lock = threading.Lock()
-        self._reported = False
         handle.deliver = self._deliver
 
     def __repr__(self) -> str:
@@ -146,6 +166,12 @@ class Connection:
     @property
     def state(self) -> fsm.CmState:
         return self.handle.state
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the connection was not established (``None``: established, or not yet
+        decided; ``established.done`` tells which), set before the callback runs."""
+        return self.established.error
 
     def wait(self, timeout: float | None = None) -> Connection:
         """Block until established (``ConnectionRejected``, ``Timeout`` otherwise)."""
@@ -221,18 +247,17 @@ class Connection:
         self.closed.set()
 
     def _report(self, error: BaseException | None) -> None:
-        """The outcome, once: the callback runs before waiters wake (as IBAL's SYNC)."""
-        with self._lock:
-            if self._reported:
-                return
-            self._reported = True
+        """The outcome, once: decided first (the callback sees ``established.done`` and
+        ``error``), then the callback, then the waiters wake (as IBAL's SYNC)."""
+        if not self.established.decide(error):
+            return
         if self._callback is not None:
             call_user(self._callback, self)
-        self.established.set(error)
+        self.established.wake()
 
     def _closed(self) -> None:
         if self.closed.set():
-            self.established.set(InvalidState("disconnected before it was established"))
+            self._report(InvalidState("disconnected before it was established"))
             if self.on_disconnect is not None:
                 call_user(self.on_disconnect, self)
 
