@@ -38,7 +38,7 @@ from ibal.cm.port import CmPort
 from ibal.cm.router import OPENERS, CmRouter
 from ibal.mad.cm import CmAttr
 from ibal.status import IbError, InvalidParameter, InvalidState, NotFound, Status
-from ibal.types import DEFAULT_PKEY, Gid, Grh, LinkLayer, LinkState, MadAddr
+from ibal.types import DEFAULT_PKEY, Gid, Grh, LinkLayer, LinkState, MadAddr, PortAttr
 from ibal.wire.fields import Value
 
 if TYPE_CHECKING:
@@ -167,13 +167,16 @@ class CmAgent:
         """Dropped MADs by reason, REJs and SIDR_REPs sent for nobody listening."""
         self._lock = threading.RLock()
         self._ports: dict[int, CmPort] = {}  # port GUID -> port
-        self._ceps: dict[int, CepIo] = {}  # local comm ID -> endpoint
+        self._by_num: dict[tuple[int, int], CmPort] = {}  # (CA GUID, port number) -> port
+        self._ceps: dict[int, CepIo] = {}  # local comm ID -> endpoint (never iterated: see new_cep)
         self._remote: dict[tuple[Any, ...], CepIo] = {}  # (kind, remote id, sender) -> endpoint
         self._peers: dict[int, list[CepIo]] = {}  # service ID -> peer-to-peer REQs out
         self.listens = ListenTable()
         self.router = CmRouter(self)
         """Where received CM MADs go (REQs to listens, the rest to endpoints)."""
-        self._rng = random.SystemRandom()
+        # Seeded once from the OS: a SystemRandom draw per comm ID is a getrandom() call
+        # that gives up the GIL, and a busy misc queue kept it for ~1 ms per connect.
+        self._rng = random.Random(random.SystemRandom().getrandbits(64))
         self._pnp: PnpRegistration | None = None
         # PnpOrder.CM: ports come to the CM before user clients, and leave it after them.
         self._pnp = self.al.reg_pnp(PnpClass.PORT, self._on_pnp, order=PnpOrder.CM)
@@ -226,7 +229,9 @@ class CmAgent:
                 self.port(rec.ca_guid, attr.port_num)
         elif rec.event is PnpEvent.PORT_REMOVE:
             with self._lock:
-                self._ports.pop(attr.port_guid, None)
+                gone = self._ports.pop(attr.port_guid, None)
+                if gone is not None and self._by_num.get((rec.ca_guid, attr.port_num)) is gone:
+                    del self._by_num[(rec.ca_guid, attr.port_num)]
         self._check_listens(rec)
 
     def _check_listens(self, rec: PnpRec) -> None:
@@ -250,13 +255,19 @@ class CmAgent:
 
     def port(self, ca_guid: int, port_num: int) -> CmPort:
         """The agent's port, registered now if PnP has not done it yet."""
+        # Read without the lock (one dict lookup is atomic): every connect asks, and the
+        # misc queue holds the lock while it answers REPs.
+        p = self._by_num.get((ca_guid, port_num))
+        if p is not None and p.alive:
+            return p
         with self._lock:
-            for p in self._ports.values():
-                if p.ca_guid == ca_guid and p.port_num == port_num and p.alive:
-                    return p
+            p = self._by_num.get((ca_guid, port_num))
+            if p is not None and p.alive:
+                return p
             ca = self.al.open_ca(ca_guid)
             p = CmPort(ca, port_num, self.router.on_mad, self._port_gone)
             self._ports[p.port_guid] = p
+            self._by_num[(ca_guid, port_num)] = p
             return p
 
     def _port_gone(self, port: CmPort) -> None:
@@ -283,16 +294,18 @@ class CmAgent:
     # ------------------------------------------------------------------ endpoints
     def new_cep(self, port: CmPort, machine_factory: Callable[[int, float], Any], addr: MadAddr,
                 *, sidr: bool = False) -> CepIo:  # fmt: skip
-        """A new endpoint with a fresh random comm ID (unique among the living and timewait)."""
-        with self._lock:
-            while True:
-                comm_id = self._rng.getrandbits(32)
-                if comm_id and comm_id not in self._ceps:
-                    break
-            cep = CepIo(self, port, comm_id, machine_factory(comm_id, port.now()), addr,
-                        sidr=sidr)  # fmt: skip
-            self._ceps[comm_id] = cep
-            return cep
+        """A new endpoint with a fresh random comm ID (unique among the living and timewait).
+
+        Without the agent's lock: the endpoint is nobody's until it is in the table, and
+        ``setdefault`` claims its comm ID atomically (``_ceps`` is never iterated)."""
+        now = port.now()
+        while True:
+            comm_id = self._rng.getrandbits(32)
+            if not comm_id or comm_id in self._ceps:
+                continue
+            cep = CepIo(self, port, comm_id, machine_factory(comm_id, now), addr, sidr=sidr)
+            if self._ceps.setdefault(comm_id, cep) is cep:
+                return cep
 
     def bind_remote(self, cep: CepIo, key: tuple[Any, ...]) -> None:
         with self._lock:
@@ -409,10 +422,13 @@ class CmAgent:
         return None
 
     # ------------------------------------------------------------------ addresses
-    def path_addr(self, port: CmPort, path: dict[str, Value]) -> MadAddr:
+    def path_addr(self, port: CmPort, path: dict[str, Value],
+                  pa: PortAttr | None = None) -> MadAddr:  # fmt: skip
         """Where the CM of a path's destination is: its QP1, over the path (GRH on RoCE and
-        off-subnet; P_Key index of the path's P_Key)."""
-        pa = port.ca.query_port(port.port_num)
+        off-subnet; P_Key index of the path's P_Key).  ``pa``: the port's attributes if the
+        caller has them fresh."""
+        if pa is None:
+            pa = port.ca.query_port(port.port_num)
         dgid = _gid(path["dgid"])
         sgid = _gid(path["sgid"])
         hop = as_int(path.get("hop_limit", 0))
