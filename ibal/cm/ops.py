@@ -42,13 +42,23 @@ from ibal.mad.cm import AprStatus, CmAttr, MessageMraed, SidrStatus
 from ibal.status import (
     IbError,
     InvalidParameter,
+    InvalidPort,
     InvalidQpState,
     InvalidSetting,
     InvalidState,
     Status,
     Unsupported,
 )
-from ibal.types import AccessFlags, ApmState, LinkLayer, PortAttr, QpMod, QpState, QpType
+from ibal.types import (
+    AccessFlags,
+    ApmState,
+    CaAttr,
+    LinkLayer,
+    PortAttr,
+    QpMod,
+    QpState,
+    QpType,
+)
 from ibal.wire.fields import Value
 
 __all__ = [
@@ -71,10 +81,11 @@ def _qp(qp: object, types: frozenset[QpType] = _CONNECTED) -> Qp:
     return qp
 
 
-def _local_port(qp: Qp, path: dict[str, Any]) -> PortAttr:
-    """The port of ``qp``'s CA the path starts at (its SGID); ``InvalidSetting`` if none."""
+def _local_port(qp: Qp, path: dict[str, Any], ca_attr: CaAttr | None = None) -> PortAttr:
+    """The port of ``qp``'s CA the path starts at (its SGID); ``InvalidSetting`` if none.
+    ``ca_attr``: the CA's attributes if the caller queried them already."""
     sgid = bytes(path["sgid"])
-    for p in qp.pd.ca.query().ports:
+    for p in (ca_attr or qp.pd.ca.query()).ports:
         if any(e.gid.packed == sgid for e in p.gid_table):
             return p
     raise InvalidSetting("the path does not start at a port of the QP's CA")
@@ -156,19 +167,20 @@ def request(al: AccessLayer, req: CmReq, *, deliver: Deliver, context: Any = Non
     if qp.state not in (QpState.RESET, QpState.INIT):
         raise InvalidState(f"the QP is {qp.state.name}: connected already, or in use")
     pf = check_path("primary_path", req.primary_path)
-    port = _local_port(qp, pf)
+    # One query for the whole request: a provider builds every port's GID table for it.
+    ca_attr = qp.pd.ca.query()
+    port = _local_port(qp, pf, ca_attr)
     if req.alt_path is not None:
         alt = check_path("alt_path", req.alt_path)
-        if _local_port(qp, alt).port_num != port.port_num:
+        if _local_port(qp, alt, ca_attr).port_num != port.port_num:
             raise InvalidSetting("the primary and alternate paths are on different ports")
     pkey_index = _pkey_index(port, int(pf["p_key"]))
     agent = agent_of(al.manager)
     cmport = agent.port(qp.pd.ca.guid, port.port_num)
-    ca_attr = qp.pd.ca.query()
     conn = CmConn(al, agent, active=True, context=context)
     try:
         conn.bind_qp(qp)
-        cep = agent.new_cep(cmport, _active, agent.path_addr(cmport, pf))
+        cep = agent.new_cep(cmport, _active, agent.path_addr(cmport, pf, port))
         conn.attach(cep)
         msg = wire.build_req(req, local_comm_id=cep.local_comm_id, local_ca_guid=ca_attr.ca_guid,
                              local_qpn=qp.num, starting_psn=_psn(),
@@ -255,8 +267,10 @@ def accept(conn: CmConn, rep: CmRep) -> None:
     _check_reset_or_init(qp)
     if qp.pd.ca.guid != cep.port.ca_guid:
         raise InvalidSetting("the QP is not on the CA the REQ came through")
-    port = cep.port.ca.query_port(cep.port.port_num)
-    ca_attr = qp.pd.ca.query()
+    ca_attr = qp.pd.ca.query()  # the QP's CA is the port's (checked above): one query
+    port = next((p for p in ca_attr.ports if p.port_num == cep.port.port_num), None)
+    if port is None:
+        raise InvalidPort(f"port {cep.port.port_num} the REQ came through is gone")
     msg = wire.build_rep(rep, req=req, local_comm_id=cep.local_comm_id,
                          local_ca_guid=ca_attr.ca_guid, local_qpn=qp.num, starting_psn=_psn(),
                          ca_ack_delay=ca_attr.local_ack_delay,

@@ -68,6 +68,7 @@ class CmPort(Dependent):
         self._tlock = threading.Lock()
         self._heap: list[tuple[float, int, Timed]] = []
         self._tseq = itertools.count()
+        self._compact_at = 64  # heap size that triggers the next sweep of disarmed entries
         self._timer: Timer | None = None
         self._timer_at: float | None = None
         self._clock = ca.al.timers.clock
@@ -136,9 +137,10 @@ class CmPort(Dependent):
             if at is None:
                 return
             heap = self._heap
-            if len(heap) > 64 and len(heap) > 2 * sum(1 for d in heap if d[2].due == d[0]):
+            if len(heap) >= self._compact_at:  # drop disarmed entries; amortised O(1)
                 heap[:] = [d for d in heap if d[2].due == d[0]]
                 heapq.heapify(heap)
+                self._compact_at = max(64, 2 * len(heap))
             heapq.heappush(heap, (at, next(self._tseq), item))
             if self._timer_at is None or at < self._timer_at:
                 self._arm_timer(at)
