@@ -103,7 +103,10 @@ class CmRouter:
             return
         cep = agent.find(as_int(f["remote_comm_id"]))
         if cep is None or cep.sidr:
-            self.stats["dropped: unknown comm ID"] += 1
+            if attr is CmAttr.DREQ:
+                self._drep_unheard(port, msg, addr)
+            else:
+                self.stats["dropped: unknown comm ID"] += 1
             return
         sender = as_int(f["local_comm_id"])
         if cep.remote_comm_id is None and attr in _FIRST_ANSWERS:
@@ -205,6 +208,18 @@ class CmRouter:
         })  # fmt: skip
         if port.send(CmAttr.REJ, msg.tid, rej, addr):
             self.stats[f"rej: {reason.name}"] += 1
+
+    def _drep_unheard(self, port: CmPort, msg: cmw.CmMessage, addr: MadAddr) -> None:
+        """DREP for a DREQ whose connection is gone (its timewait ended before the peer's
+        resent DREQ came, our DREP having been lost), as Linux's cm_issue_drep does: else
+        the peer resends its DREQ until its retries run out (15 x 6 s from Linux)."""
+        drep = cmw.DREP.encode({
+            "local_comm_id": msg.fields["remote_comm_id"],
+            "remote_comm_id": msg.fields["local_comm_id"],
+            "private_data": bytes(cmw.PRIVATE_DATA_SIZE[CmAttr.DREP]),
+        })  # fmt: skip
+        if port.send(CmAttr.DREP, msg.tid, drep, addr):
+            self.stats["drep: unknown comm ID"] += 1
 
     def _on_sidr_req(self, port: CmPort, msg: cmw.CmMessage, data: bytes, addr: MadAddr
                      ) -> None:  # fmt: skip
