@@ -18,26 +18,29 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from rdma_cm_raw import RawCm, raw_accept, raw_connect
 
 from ibal.al import AccessLayer, AlManager, Pd, QpCreate
-from ibal.cm import cma
+from ibal.cm import ConnectionRejected, cma, rdma
 from ibal.cm.cma import RDMA_UDP_QKEY
 from ibal.cm.rdma import RdmaIncoming, resolve_route, resolve_udp
 from ibal.cm.rdma import listen as rdma_listen
+from ibal.cm.service import agent_of
 from ibal.lab import LabSession
 from ibal.lab.pytest_plugin import lab_requires
 from ibal.lab.vm import GuestJob
 from ibal.mad import cm
+from ibal.mad.cm import RejReason
 from ibal.mad.consts import CmAttr
 from ibal.providers.rxe.provider import RxeProvider
 from ibal.providers.rxe.wire import BTH, DETH
-from ibal.status import RemoteError, Timeout
+from ibal.status import InvalidState, RemoteError, Timeout
 from ibal.testing.helpers import wait_wc
 from ibal.tools.cmtime import CmtimeOptions, CmtimeServer, run_client
 from ibal.tools.rping import RpingEndpoint
@@ -514,3 +517,147 @@ def test_ibal_ud_client_against_guest_udaddy_server(ibal_lab_module_net: LabSess
             server.kill()
     assert r.returncode == 0, r.stdout_text + r.stderr_text
     assert "data transfers complete" in r.stdout_text
+
+
+# ------------------------------------------------ faults on the link: netem in the guest
+
+NETEM = "loss 20% duplicate 10% delay 50ms"
+NETEM_CONNS = 10  # a lost kernel REQ or DREQ waits ~6 s for its retry: the run is the tail
+FAULT_PORT = 7472  # nobody listens there: every REQ is refused
+
+
+@contextlib.contextmanager
+def guest_netem(s: LabSession, spec: str) -> Iterator[None]:
+    """``netem`` on the guest's eth0 egress and, through an ifb device, its ingress: every
+    frame of the link meets it once each way (the host kernel here has no sch_netem)."""
+    setup = (
+        "modprobe sch_netem; modprobe ifb numifbs=1; modprobe act_mirred; modprobe cls_matchall;"
+        " ip link show ifb0 >/dev/null 2>&1 || ip link add ifb0 type ifb;"
+        " ip link set ifb0 up &&"
+        f" tc qdisc replace dev eth0 root netem {spec} &&"
+        " tc qdisc replace dev eth0 handle ffff: ingress &&"
+        " tc filter replace dev eth0 parent ffff: matchall"
+        " action mirred egress redirect dev ifb0 &&"
+        f" tc qdisc replace dev ifb0 root netem {spec}"
+    )
+    r = s.run(setup, timeout=60)
+    if r.returncode != 0:
+        pytest.fail(f"netem in the guest: {r.stderr_text}{r.stdout_text}", pytrace=False)
+    try:
+        yield
+    finally:
+        s.run("tc qdisc del dev eth0 root; tc qdisc del dev eth0 ingress;"
+              " tc qdisc del dev ifb0 root", timeout=60)  # fmt: skip
+
+
+def guest_cm_ids(s: LabSession, port: int) -> list[str]:
+    """The guest's rdma_cm ids on ``port`` other than its listener."""
+    r = s.run(["rdma", "res", "show", "cm_id"], timeout=30)
+    return [line for line in r.stdout_text.splitlines()
+            if f":{port} " in line and "state LISTEN" not in line]  # fmt: skip
+
+
+def guest_rc_qps(s: LabSession) -> list[str]:
+    r = s.run(["rdma", "res", "show", "qp"], timeout=30)
+    return [line for line in r.stdout_text.splitlines() if " type RC " in line]
+
+
+def until(what: str, check: Callable[[], object], seconds: float) -> None:
+    """Bounded poll of state the other side frees in its own time (kernel, timewait)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"{what} after {seconds} s"
+        time.sleep(0.2)
+
+
+def ibal_left(al: AccessLayer) -> tuple[int, int]:
+    agent = agent_of(al.manager)
+    return agent.endpoints, agent.armed_timers()
+
+
+@pytest.mark.timeout(300)
+def test_netem_ibal_cmtime_against_guest_server(ibal_lab_module_net: LabSession) -> None:
+    """Under netem both ways, ibal's 10 connections to the guest's ``cmtime`` server are
+    established and disconnected (lost MADs resent, duplicates answered), and afterwards
+    neither side keeps an endpoint, timer, cm_id or RC QP."""
+    lab_requires("net", "rdmacm")
+    s = ibal_lab_module_net
+    _, guest_ip = _addrs(s)
+    server = s.guest_start(["cmtime", "-b", guest_ip], timeout=240)
+    try:
+        wait_listening(s, server, CMTIME_PORT)
+        with guest_netem(s, NETEM), host_stack(s) as (al, _, _, _):
+            lines: list[str] = []
+            res = run_client(al, CmtimeOptions(server=guest_ip, connections=NETEM_CONNS),
+                             out=lines.append)  # fmt: skip
+            until("ibal's endpoints and timers", lambda: ibal_left(al) == (0, 0), 30)
+        assert res.failed == 0, [line for line in lines if "failed" in line]
+        assert len(res.each["connect"]) == len(res.each["disconnect"]) == NETEM_CONNS
+        until("the guest server's connection ids", lambda: guest_cm_ids(s, CMTIME_PORT) == [],
+              30)  # fmt: skip
+    finally:
+        server.kill()
+        server.wait()
+    until("the guest's RC QPs", lambda: guest_rc_qps(s) == [], 30)
+
+
+@pytest.mark.timeout(300)
+def test_netem_guest_cmtime_against_ibal_server(ibal_lab_module_net: LabSession) -> None:
+    """Under netem both ways, the guest's ``cmtime -c 10`` against ibal's server: every
+    connection ends disconnected, nothing left on either side.  One whose RTU is lost
+    meets the client's DREQ first (cmtime disconnects at once): the DREQ stands for the
+    RTU and ends it, "disconnected before it was established", as in rdma_cm (a
+    DISCONNECTED event with no ESTABLISHED before); every other one is established."""
+    lab_requires("net", "rdmacm")
+    s = ibal_lab_module_net
+    host_ip, _ = _addrs(s)
+    with host_stack(s) as (al, _, _, _):
+        with CmtimeServer(al, CMTIME_PORT, addr=host_ip) as srv, guest_netem(s, NETEM):
+            r = s.run(["cmtime", "-s", host_ip, "-c", str(NETEM_CONNS)], timeout=240)
+            assert srv.wait(lambda x: x.disconnected >= NETEM_CONNS, 60), (srv.answered,
+                                                                           srv.disconnected)
+            errors = [c.connection.error for c in srv.connections]
+            assert srv.answered == NETEM_CONNS and srv.refused == 0
+            assert all(e is None or isinstance(e, InvalidState) for e in errors), errors
+        until("ibal's endpoints and timers", lambda: ibal_left(al) == (0, 0), 30)
+    assert r.returncode == 0, r.stderr_text + r.stdout_text
+    assert cmtime_steps(r.stdout_text)["disconnect"] > 0, r.stdout_text
+    assert guest_cm_ids(s, CMTIME_PORT) == [] and guest_rc_qps(s) == []
+
+
+@pytest.mark.timeout(300)
+def test_netem_refused_and_unanswered_requests_fail_with_the_right_callback(
+        ibal_lab_module_net: LabSession) -> None:  # fmt: skip
+    """Under netem, 10 REQs to a port nobody listens on each end in the guest kernel's REJ
+    (invalid service ID; a lost REJ is met again by the resent REQ); with every frame
+    lost, a REQ of 3 short tries ends in ``Timeout``.  No hang, nothing left."""
+    lab_requires("net", "rdmacm")
+    s = ibal_lab_module_net
+    _, guest_ip = _addrs(s)
+    with host_stack(s) as (al, pd, _, _):
+        cq = pd.ca.create_cq(64)
+        route = resolve_route(al, guest_ip)
+        outcome: list[BaseException | None] = []
+        done = threading.Event()
+
+        def finished(c: rdma.RdmaConnection) -> None:  # misc queue
+            outcome.append(c.connection.error)
+            if len(outcome) == 10:
+                done.set()
+
+        qps = [pd.create_qp(QpCreate(QpType.RC, cq, cq)) for _ in range(11)]
+        with guest_netem(s, NETEM):
+            for qp in qps[:10]:
+                rdma.connect(al, guest_ip, FAULT_PORT, qp, route=route, callback=finished,
+                             remote_resp_timeout=16)  # a lost REJ: the REQ again in ~0.8 s
+            assert done.wait(120), outcome
+        assert all(isinstance(e, ConnectionRejected) and e.reason == RejReason.INVALID_SERVICE_ID
+                   for e in outcome), outcome  # fmt: skip
+        with guest_netem(s, "loss 100%"), pytest.raises(Timeout):
+            rdma.connect(al, guest_ip, FAULT_PORT, qps[10], route=route, timeout=60,
+                         remote_resp_timeout=16, max_cm_retries=2)  # fmt: skip
+        until("ibal's endpoints and timers", lambda: ibal_left(al) == (0, 0), 30)
+        for qp in qps:
+            qp.destroy()
+        cq.destroy()
+    assert guest_cm_ids(s, FAULT_PORT) == []
