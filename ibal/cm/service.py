@@ -168,7 +168,7 @@ class CmAgent:
         self._lock = threading.RLock()
         self._ports: dict[int, CmPort] = {}  # port GUID -> port
         self._by_num: dict[tuple[int, int], CmPort] = {}  # (CA GUID, port number) -> port
-        self._ceps: dict[int, CepIo] = {}  # local comm ID -> endpoint (never iterated: see new_cep)
+        self._ceps: dict[int, CepIo] = {}  # local comm ID -> endpoint (see new_cep)
         self._remote: dict[tuple[Any, ...], CepIo] = {}  # (kind, remote id, sender) -> endpoint
         self._peers: dict[int, list[CepIo]] = {}  # service ID -> peer-to-peer REQs out
         self.listens = ListenTable()
@@ -277,7 +277,8 @@ class CmAgent:
         with self._lock:
             if self._ports.get(port.port_guid) is port:
                 del self._ports[port.port_guid]
-            for cep in [c for c in self._ceps.values() if c.port is port]:
+            # list() copies in one step under the GIL: new_cep inserts without the lock
+            for cep in [c for c in list(self._ceps.values()) if c.port is port]:
                 self._release(cep)
 
     def port_by_guid(self, port_guid: int) -> CmPort:
@@ -297,7 +298,9 @@ class CmAgent:
         """A new endpoint with a fresh random comm ID (unique among the living and timewait).
 
         Without the agent's lock: the endpoint is nobody's until it is in the table, and
-        ``setdefault`` claims its comm ID atomically (``_ceps`` is never iterated)."""
+        ``setdefault`` claims its comm ID atomically (``_ceps`` is only iterated through a
+        ``list()`` copy).  An endpoint made on a port going meanwhile is released by
+        :meth:`run` when it is first used."""
         now = port.now()
         while True:
             comm_id = self._rng.getrandbits(32)
