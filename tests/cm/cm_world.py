@@ -13,15 +13,23 @@ from __future__ import annotations
 import queue
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
+import ibal.sa
 from ibal.al import AccessLayer, AlManager, Ca, Cq, Mr, Pd, Qp, QpCreate
 from ibal.clock import ManualClock
+from ibal.cm import api
+from ibal.cm.conn import CmConn
+from ibal.cm.records import CmListen, CmRep, CmReq, CmRtu
 from ibal.mad import MadElement, MadService, MadSvc, put_mad, reg_mad_svc
 from ibal.mad import header as mad_header
 from ibal.mad.cm import CM_CLASS, CmAttr, CmMessage, parse_cm
 from ibal.mad.consts import Method
 from ibal.providers.mock import MockFabric, MockProvider
-from ibal.types import AccessFlags, MadAddr, PortAttr, QpType
+from ibal.providers.mock.packets import Packet
+from ibal.sa.query import Record
+from ibal.status import Status
+from ibal.types import AccessFlags, MadAddr, PortAttr, QpState, QpType
 
 WAIT = 10.0
 ACCESS = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.RDMA_READ
@@ -115,3 +123,57 @@ class RawCm:
     def next(self, world: CmWorld) -> tuple[CmMessage, MadAddr]:
         world.settle()
         return self.got.get(timeout=WAIT)
+
+
+# ---------------------------------------------------------------- shared by the tests
+
+API_SVC = 0x1B1B
+
+
+def path(src: Node, dst: Node) -> Record:
+    """The SA's PathRecord from ``src`` to ``dst`` (the mock SA answers it)."""
+    [pr] = ibal.sa.path_records(src.al, src.port.lid, dst.port.lid, port_guid=src.port.port_guid)
+    return pr
+
+
+def is_cm(p: Packet) -> bool:
+    """A CM MAD on the mock fabric's wire (QP1, class 0x07)."""
+    return p.dst_qpn == 1 and bytes(p.payload[1:2]) == b"\x07"
+
+
+class Calls:
+    def __init__(self) -> None:
+        self.q: queue.Queue[tuple[str, Any]] = queue.Queue()
+
+    def cb(self, name: str) -> Any:
+        return lambda rec: self.q.put((name, rec))
+
+    def get(self, name: str) -> Any:
+        got, rec = self.q.get(timeout=WAIT)
+        assert got == name, (got, rec)
+        return rec
+
+
+def connect_ibal(
+    world: CmWorld, calls: Calls, svc: int = API_SVC
+) -> tuple[CmConn, CmConn, Any, Any]:
+    """Listen on A, REQ from B, REP, RTU through IBAL's calls; both QPs end in RTS."""
+    qa, qb = world.a.qp(), world.b.qp()
+    h_listen = api.cm_listen(world.a.al, CmListen(svc_id=svc, req_cb=calls.cb("req")),
+                             lambda rec: None, context="listen ctx")  # fmt: skip
+    h = api.cm_req(CmReq(svc_id=svc, qp=qb, primary_path=dict(path(world.b, world.a).fields),
+                         rep_cb=calls.cb("rep"), rej_cb=calls.cb("rej"), resp_res=1,
+                         init_depth=1, pdata=b"req"))  # fmt: skip
+    req_rec = calls.get("req")
+    assert req_rec.context == "listen ctx" and req_rec.listen is h_listen
+    assert req_rec.pdata[:3] == b"req" and req_rec.remote_qpn == qb.num
+    api.cm_rep(req_rec.cm_req, CmRep(qp=qa, init_depth=1, pdata=b"rep", rtu_cb=calls.cb("rtu"),
+                                     dreq_cb=calls.cb("dreq")))  # fmt: skip
+    rep_rec = calls.get("rep")
+    assert rep_rec.cm_status is Status.SUCCESS and rep_rec.cm_rep is h and rep_rec.qp is qb
+    assert rep_rec.pdata[:3] == b"rep" and qa.state is QpState.RTR
+    api.cm_rtu(h, CmRtu(pdata=b"rtu", dreq_cb=calls.cb("dreq")))
+    rtu_rec = calls.get("rtu")
+    assert rtu_rec.pdata[:3] == b"rtu" and rtu_rec.qp is qa
+    assert qa.state is QpState.RTS and qb.state is QpState.RTS
+    return req_rec.cm_req, h, qa, qb

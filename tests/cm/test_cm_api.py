@@ -8,11 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cm_world import WAIT, CmWorld, Node, cm_world
+from cm_world import API_SVC, WAIT, Calls, CmWorld, Node, cm_world, connect_ibal, path
 
-import ibal.sa
 from ibal.cm import api
-from ibal.cm.conn import CmConn
 from ibal.cm.fsm import CmState
 from ibal.cm.records import (
     AlFlags,
@@ -32,7 +30,11 @@ from ibal.types import QpState
 
 pytest.importorskip("ibal.providers.mock", reason="the mock provider is not installed")
 
-SVC = 0x1B1B
+SVC = API_SVC
+
+
+def path_fields(src: Node, dst: Node) -> dict[str, Any]:
+    return dict(path(src, dst).fields)
 
 
 @pytest.fixture
@@ -40,49 +42,9 @@ def world() -> Iterator[CmWorld]:
     yield from cm_world()
 
 
-def path(src: Node, dst: Node) -> dict[str, Any]:
-    [pr] = ibal.sa.path_records(src.al, src.port.lid, dst.port.lid, port_guid=src.port.port_guid)
-    return dict(pr.fields)
-
-
-class Calls:
-    def __init__(self) -> None:
-        self.q: queue.Queue[tuple[str, Any]] = queue.Queue()
-
-    def cb(self, name: str) -> Any:
-        return lambda rec: self.q.put((name, rec))
-
-    def get(self, name: str) -> Any:
-        got, rec = self.q.get(timeout=WAIT)
-        assert got == name, (got, rec)
-        return rec
-
-
-def connect(world: CmWorld, calls: Calls) -> tuple[CmConn, CmConn, Any, Any]:
-    qa, qb = world.a.qp(), world.b.qp()
-    h_listen = api.cm_listen(world.a.al, CmListen(svc_id=SVC, req_cb=calls.cb("req")),
-                             lambda rec: None, context="listen ctx")  # fmt: skip
-    h = api.cm_req(CmReq(svc_id=SVC, qp=qb, primary_path=path(world.b, world.a),
-                         rep_cb=calls.cb("rep"), rej_cb=calls.cb("rej"), resp_res=1,
-                         init_depth=1, pdata=b"req"))  # fmt: skip
-    req_rec = calls.get("req")
-    assert req_rec.context == "listen ctx" and req_rec.listen is h_listen
-    assert req_rec.pdata[:3] == b"req" and req_rec.remote_qpn == qb.num
-    api.cm_rep(req_rec.cm_req, CmRep(qp=qa, init_depth=1, pdata=b"rep", rtu_cb=calls.cb("rtu"),
-                                     dreq_cb=calls.cb("dreq")))  # fmt: skip
-    rep_rec = calls.get("rep")
-    assert rep_rec.cm_status is Status.SUCCESS and rep_rec.cm_rep is h and rep_rec.qp is qb
-    assert rep_rec.pdata[:3] == b"rep" and qa.state is QpState.RTR
-    api.cm_rtu(h, CmRtu(pdata=b"rtu", dreq_cb=calls.cb("dreq")))
-    rtu_rec = calls.get("rtu")
-    assert rtu_rec.pdata[:3] == b"rtu" and rtu_rec.qp is qa
-    assert qa.state is QpState.RTS and qb.state is QpState.RTS
-    return req_rec.cm_req, h, qa, qb
-
-
 def test_req_rep_rtu_then_dreq_drep(world: CmWorld) -> None:
     calls = Calls()
-    ha, hb, qa, qb = connect(world, calls)
+    ha, hb, qa, qb = connect_ibal(world, calls)
     assert ha.state is CmState.ESTABLISHED and hb.state is CmState.ESTABLISHED
     drep: queue.Queue[Any] = queue.Queue()
 
@@ -111,7 +73,7 @@ def test_sync_req_runs_the_rep_callback_before_returning(world: CmWorld) -> None
         seen.append(rec)
         api.cm_rtu(rec.cm_rep, CmRtu())
 
-    api.cm_req(CmReq(svc_id=SVC, qp=qb, primary_path=path(world.b, world.a), rep_cb=on_rep,
+    api.cm_req(CmReq(svc_id=SVC, qp=qb, primary_path=path_fields(world.b, world.a), rep_cb=on_rep,
                      flags=AlFlags.SYNC))  # fmt: skip
     assert len(seen) == 1 and qb.state is QpState.RTS
 
@@ -122,7 +84,7 @@ def test_rej_from_the_listener_reaches_rej_cb(world: CmWorld) -> None:
     api.cm_listen(world.a.al, CmListen(svc_id=SVC, req_cb=lambda r: api.cm_rej(
         r.cm_req, CmRej(rej_status=RejReason.NO_RESOURCES, ari=b"\x07", pdata=b"full"))),
         lambda rec: None)  # fmt: skip
-    api.cm_req(CmReq(svc_id=SVC, qp=qb, primary_path=path(world.b, world.a),
+    api.cm_req(CmReq(svc_id=SVC, qp=qb, primary_path=path_fields(world.b, world.a),
                      rep_cb=calls.cb("rep"), rej_cb=calls.cb("rej")))  # fmt: skip
     rec = calls.get("rej")
     assert rec.rej_status == RejReason.NO_RESOURCES and rec.ari == b"\x07"
@@ -133,10 +95,10 @@ def test_bad_requests(world: CmWorld) -> None:
     with pytest.raises(InvalidParameter):
         api.cm_listen(world.a.al, CmListen(svc_id=SVC, req_cb=print), None)  # type: ignore[arg-type]
     with pytest.raises(InvalidSetting, match="92"):
-        api.cm_req(CmReq(svc_id=SVC, qp=world.b.qp(), primary_path=path(world.b, world.a),
+        api.cm_req(CmReq(svc_id=SVC, qp=world.b.qp(), primary_path=path_fields(world.b, world.a),
                          rep_cb=print, pdata=bytes(93)))  # fmt: skip
     with pytest.raises(InvalidParameter):
-        api.cm_req(CmReq(svc_id=SVC, qp=world.b.qp(), primary_path=path(world.b, world.a)))
+        api.cm_req(CmReq(svc_id=SVC, qp=world.b.qp(), primary_path=path_fields(world.b, world.a)))
 
 
 def test_lap_answered_unsupported(world: CmWorld) -> None:
@@ -144,7 +106,7 @@ def test_lap_answered_unsupported(world: CmWorld) -> None:
     side's apr_cb gets it, no path is loaded, force_apm finds nothing armed; only the
     active side sends LAP.  (Accepted LAPs and force_apm: test_cm_apm.py.)"""
     calls = Calls()
-    ha, _hb, qa, qb = connect(world, calls)
+    ha, _hb, qa, qb = connect_ibal(world, calls)
 
     def on_lap(rec: Any) -> None:  # cm_apr inside the LAP callback, as IBAL asks
         assert rec.cm_lap is ha and rec.alt_path is not None
@@ -152,7 +114,7 @@ def test_lap_answered_unsupported(world: CmWorld) -> None:
 
     ha.info["cbs"]["lap"] = on_lap
     apr: queue.Queue[Any] = queue.Queue()
-    api.cm_lap(CmLap(qp=qb, alt_path=path(world.b, world.a), apr_cb=apr.put))
+    api.cm_lap(CmLap(qp=qb, alt_path=path_fields(world.b, world.a), apr_cb=apr.put))
     rec = apr.get(timeout=WAIT)
     assert (rec.cm_status, rec.apr_status, rec.info) == (
         Status.SUCCESS, AprStatus.UNSUPPORTED, b"no APM")
@@ -160,7 +122,7 @@ def test_lap_answered_unsupported(world: CmWorld) -> None:
     with pytest.raises(InvalidQpState):
         api.force_apm(qb)
     with pytest.raises(Unsupported):  # only the active side sends LAP
-        api.cm_lap(CmLap(qp=qa, alt_path=path(world.a, world.b), apr_cb=print))
+        api.cm_lap(CmLap(qp=qa, alt_path=path_fields(world.a, world.b), apr_cb=print))
 
 
 def test_a_lid_change_calls_the_listen_error_callback(world: CmWorld) -> None:
@@ -198,7 +160,8 @@ def test_peer_to_peer_requests_meet(world: CmWorld) -> None:
 
         return {"req_cb": on_req, "rep_cb": on_rep}
 
-    pa, pb = path(world.a, world.b), path(world.b, world.a)  # SA answers step the clock
+    # SA answers step the clock
+    pa, pb = path_fields(world.a, world.b), path_fields(world.b, world.a)
     api.cm_req(CmReq(svc_id=SVC, qp=qa, primary_path=pa, **side("a")))
     api.cm_req(CmReq(svc_id=SVC, qp=qb, primary_path=pb, **side("b")))
     world.step(7.0)  # both REQs resent (2 * 1024 + 4096 ms): now they meet

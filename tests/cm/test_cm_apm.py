@@ -9,8 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cm_world import WAIT, CmWorld, cm_world
-from test_cm_api import Calls, connect
+from cm_world import WAIT, Calls, CmWorld, cm_world, connect_ibal
 
 import ibal.sa
 from ibal.al import Ca
@@ -38,7 +37,7 @@ def port2_path(src: Ca, dst: Ca) -> dict[str, Any]:
 def lap(world: CmWorld, status: AprStatus) -> tuple[Any, Any, Any]:
     """Connect (port 1), propose the port-2 path; the passive side answers ``status``."""
     calls = Calls()
-    ha, _hb, qa, qb = connect(world, calls)
+    ha, _hb, qa, qb = connect_ibal(world, calls)
 
     def on_lap(rec: Any) -> None:  # cm_apr inside the LAP callback, as IBAL asks
         assert rec.cm_lap is ha and rec.alt_path is not None

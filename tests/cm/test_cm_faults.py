@@ -7,35 +7,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from cm_world import WAIT, CmWorld, Node, cm_world
+from cm_world import WAIT, CmWorld, Node, cm_world, is_cm, path
 
-import ibal.sa
 from ibal.al import QpCreate
 from ibal.cm import Connection, connect, listen
 from ibal.cm.fsm import CmState
 from ibal.cm.service import agent_of
-from ibal.providers.mock.packets import Packet
-from ibal.sa.query import Record
 from ibal.types import AsyncEvent, QpState, QpType, RecvWr, SendWr, WcStatus, WrType
 
 pytest.importorskip("ibal.providers.mock", reason="the mock provider is not installed")
 
 SVC = 0x77
-FAST = {"remote_resp_timeout": 16, "max_cm_retries": 3}  # 2*64 + 256 ms a try
+FAST = {"remote_resp_timeout": 16, "max_cm_retries": 3}  # 2.3 s a try (life 18), 4 tries
 
 
 @pytest.fixture
 def world() -> Iterator[CmWorld]:
     yield from cm_world(seed=3)
-
-
-def path(src: Node, dst: Node) -> Record:
-    [pr] = ibal.sa.path_records(src.al, src.port.lid, dst.port.lid, port_guid=src.port.port_guid)
-    return pr
-
-
-def is_cm(p: Packet) -> bool:
-    return p.dst_qpn == 1 and bytes(p.payload[1:2]) == b"\x07"
 
 
 def cm_to(n: Node) -> object:

@@ -8,15 +8,12 @@ import weakref
 from collections.abc import Iterator
 
 import pytest
-from cm_world import WAIT, CmWorld, Node, cm_world
+from cm_world import WAIT, CmWorld, cm_world, is_cm, path
 
-import ibal.sa
 from ibal.cm import Connection, ConnectionRejected, connect, listen
 from ibal.cm.fsm import CmState
 from ibal.cm.service import agent_of
 from ibal.mad.cm import RejReason
-from ibal.providers.mock.packets import Packet
-from ibal.sa.query import Record
 from ibal.status import Timeout
 from ibal.types import QpState
 
@@ -29,15 +26,6 @@ FAST = {"remote_resp_timeout": 16, "max_cm_retries": 3}  # 2.3 s a try (life 18)
 @pytest.fixture
 def world() -> Iterator[CmWorld]:
     yield from cm_world(seed=5)
-
-
-def path(src: Node, dst: Node) -> Record:
-    [pr] = ibal.sa.path_records(src.al, src.port.lid, dst.port.lid, port_guid=src.port.port_guid)
-    return pr
-
-
-def is_cm(p: Packet) -> bool:
-    return p.dst_qpn == 1 and bytes(p.payload[1:2]) == b"\x07"
 
 
 def assert_nothing_left(world: CmWorld, qps_before: int) -> None:

@@ -12,14 +12,12 @@ import queue
 from collections.abc import Iterator
 
 import pytest
-from cm_world import WAIT, CmWorld, Node, cm_world
+from cm_world import WAIT, CmWorld, cm_world, path
 
-import ibal.sa
 from ibal.cm import Connection, ConnectionRejected, connect, listen
 from ibal.cm.fsm import CmState
 from ibal.cm.service import agent_of
 from ibal.mad.cm import RejReason
-from ibal.sa.query import Record
 from ibal.status import InvalidSetting, Timeout
 from ibal.types import QpState, RecvWr, SendWr, WcStatus, WrType
 
@@ -31,11 +29,6 @@ SVC = 0x0000_0000_0106_1C06
 @pytest.fixture
 def world() -> Iterator[CmWorld]:
     yield from cm_world()
-
-
-def path(src: Node, dst: Node) -> Record:
-    [pr] = ibal.sa.path_records(src.al, src.port.lid, dst.port.lid, port_guid=src.port.port_guid)
-    return pr
 
 
 def established(world: CmWorld) -> tuple[Connection, Connection]:

@@ -7,7 +7,7 @@ import queue
 from collections.abc import Iterator
 
 import pytest
-from cm_world import WAIT, CmWorld, Node, RawCm, cm_world
+from cm_world import WAIT, CmWorld, RawCm, cm_world, path
 from test_cm_agent import req
 
 import ibal
@@ -18,7 +18,6 @@ from ibal.cm.records import CmMra
 from ibal.cm.service import agent_of
 from ibal.mad import cm
 from ibal.mad.cm import CmAttr, RejReason, SidrStatus
-from ibal.sa.query import Record
 from ibal.status import InvalidSetting, InvalidState, Timeout
 from ibal.types import AvAttr, QpState, QpType, RecvWr, SendWr, UdDest, WcStatus, WrType
 
@@ -30,11 +29,6 @@ SVC = 0x5150
 @pytest.fixture
 def world() -> Iterator[CmWorld]:
     yield from cm_world()
-
-
-def path(src: Node, dst: Node) -> Record:
-    [pr] = ibal.sa.path_records(src.al, src.port.lid, dst.port.lid, port_guid=src.port.port_guid)
-    return pr
 
 
 def test_sidr_then_a_ud_send_lands(world: CmWorld) -> None:
