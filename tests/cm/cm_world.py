@@ -142,6 +142,7 @@ def is_cm(p: Packet) -> bool:
 
 
 class Calls:
+    """Callbacks that queue (name, record), and a get() that checks which came next."""
     def __init__(self) -> None:
         self.q: queue.Queue[tuple[str, Any]] = queue.Queue()
 
