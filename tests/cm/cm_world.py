@@ -21,7 +21,7 @@ from ibal.clock import ManualClock
 from ibal.cm import api
 from ibal.cm.conn import CmConn
 from ibal.cm.records import CmListen, CmRep, CmReq, CmRtu
-from ibal.mad import MadElement, MadService, MadSvc, put_mad, reg_mad_svc
+from ibal.mad import MadElement, MadService, MadSvc, cm, put_mad, reg_mad_svc
 from ibal.mad import header as mad_header
 from ibal.mad.cm import CM_CLASS, CmAttr, CmMessage, parse_cm
 from ibal.mad.consts import Method
@@ -92,6 +92,29 @@ def cm_world(seed: int = 0, ports: int = 1) -> Iterator[CmWorld]:
     finally:
         mgr.close(timeout=WAIT)
         fabric.close()
+
+
+def req(service_id: int = 0x1234, comm_id: int = 0xC0FFEE, *, local_gid: bytes = bytes(16),
+        remote_gid: bytes = bytes(16)) -> bytes:
+    """A REQ data area as a peer would send it, for :class:`RawCm`."""
+    return cm.REQ.encode({
+        "local_comm_id": comm_id, "vendor_id": 0, "service_id": service_id,
+        "local_ca_guid": 0x55, "local_qkey": 0, "local_qpn": 0x99, "responder_resources": 1,
+        "local_eecn": 0, "initiator_depth": 1, "remote_eecn": 0, "remote_cm_response_timeout": 20,
+        "transport_type": cm.TransportType.RC, "end_to_end_flow_control": False,
+        "starting_psn": 7, "local_cm_response_timeout": 20, "retry_count": 7, "pkey": 0xFFFF,
+        "path_mtu": 3, "rdc_exists": False, "rnr_retry_count": 7, "max_cm_retries": 15,
+        "srq": False, "extended_transport_type": 0,
+        "primary_local_lid": 2, "primary_remote_lid": 1, "primary_local_gid": local_gid,
+        "primary_remote_gid": remote_gid, "primary_flow_label": 0, "primary_packet_rate": 2,
+        "primary_traffic_class": 0, "primary_hop_limit": 0, "primary_sl": 0,
+        "primary_subnet_local": True, "primary_local_ack_timeout": 17,
+        "alternate_local_lid": 0, "alternate_remote_lid": 0, "alternate_local_gid": bytes(16),
+        "alternate_remote_gid": bytes(16), "alternate_flow_label": 0,
+        "alternate_packet_rate": 0, "alternate_traffic_class": 0, "alternate_hop_limit": 0,
+        "alternate_sl": 0, "alternate_subnet_local": False, "alternate_local_ack_timeout": 0,
+        "sap_supported": False, "private_data": b"hello".ljust(92, b"\0"),
+    })  # fmt: skip
 
 
 class RawCm:

@@ -7,8 +7,7 @@ import queue
 from collections.abc import Iterator
 
 import pytest
-from cm_world import WAIT, CmWorld, RawCm, cm_world, path
-from test_cm_agent import req
+from cm_world import WAIT, CmWorld, RawCm, cm_world, path, req
 
 import ibal
 import ibal.sa
