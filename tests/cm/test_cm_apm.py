@@ -61,7 +61,7 @@ def test_lap_apr_force_apm_and_data_on_the_new_path(world: CmWorld) -> None:
     events: list[AsyncEvent] = []
     qa.add_event_listener(lambda r: events.append(r.code))
     seen: list[tuple[PacketOp, int, int]] = []
-    world.fabric.faults.drop(predicate=lambda p: seen.append((p.op, p.slid, p.dlid)) or False)
+    world.fabric.capture = lambda p: seen.append((p.op, p.slid, p.dlid))  # the mock's tap
 
     api.force_apm(qb)  # the active side migrates; the passive one follows the first packet
     attr = qb.query()
