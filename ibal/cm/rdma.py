@@ -175,6 +175,14 @@ class RdmaConnection:
         self.route = route
         self._ready = threading.Event()
 
+    def attach(self, cm_call: Callable[[Callable[[Connection], None] | None], Connection],
+               callback: Callable[[RdmaConnection], object] | None) -> RdmaConnection:  # fmt: skip
+        """Run ``cm_call`` (the CM's connect or accept, given the CM callback for
+        ``callback``) and take the :class:`Connection` it returns; returns ``self``."""
+        self._connection = cm_call(self._bind(callback))
+        self._ready.set()
+        return self
+
     def _bind(self, callback: Callable[[RdmaConnection], object] | None
               ) -> Callable[[Connection], None] | None:  # fmt: skip
         """The CM's callback for ours: it may come before the CM call returned here."""
@@ -243,11 +251,10 @@ def connect(al: AccessLayer, dst: IpAddress | str, port: int, qp: Qp, private_da
     hdr = CmaHeader(route.src, route.dst, sport)
     sid = service_id(ps, port)
     out = RdmaConnection(None, (route.src, sport), (route.dst, port), None, route)
-    out._connection = simple.connect(al, qp, route.path, sid,
-                                     join_private_data(hdr, private_data), timeout=timeout,
-                                     callback=out._bind(callback), **options)  # fmt: skip
-    out._ready.set()
-    return out
+    return out.attach(lambda cb: simple.connect(al, qp, route.path, sid,
+                                                join_private_data(hdr, private_data),
+                                                timeout=timeout, callback=cb, **options),
+                      callback)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -317,11 +324,9 @@ class RdmaIncoming:
         """``rdma_accept``: REP with ``qp``; blocks until the RTU came unless ``callback``
         is given (then it runs on the misc queue once the outcome is known)."""
         out = RdmaConnection(None, self.dst, self.src, self.private_data)
-        out._connection = self.incoming.accept(qp, private_data, timeout=timeout,
-                                               callback=out._bind(callback),
-                                               **options)  # fmt: skip
-        out._ready.set()
-        return out
+        return out.attach(lambda cb: self.incoming.accept(qp, private_data, timeout=timeout,
+                                                          callback=cb, **options),
+                          callback)  # fmt: skip
 
     def reject(self, private_data: bytes = b"") -> None:
         """``rdma_reject``: REJ "consumer defined" (UDP: SIDR_REP "reject") with
