@@ -130,7 +130,8 @@ class Ioc(Dependent):
         raw = dm.IO_CONTROLLER_PROFILE.encode(profile_values(self._profile, len(entries)))
         return ExportedIoc(raw, entries)
 
-    def _add(self, h: SvcEntryHandle) -> None:
+    def add_entry(self, h: SvcEntryHandle) -> None:
+        """Export ``h`` with this IOC (raises InsufficientResources past the limit)."""
         with self._ioc_lock:
             if len(self._entries) >= MAX_SVC_ENTRIES:
                 raise InsufficientResources(f"{self!r} has its {MAX_SVC_ENTRIES} service entries")
@@ -138,7 +139,8 @@ class Ioc(Dependent):
             if self._slot:
                 self._unit.update(self._slot, self, self._export())
 
-    def _drop(self, h: SvcEntryHandle) -> None:
+    def remove_entry(self, h: SvcEntryHandle) -> None:
+        """Unexport ``h``; a no-op when it is not (or no longer) exported."""
         with self._ioc_lock:
             if h not in self._entries:
                 return
@@ -163,7 +165,7 @@ class SvcEntryHandle(Dependent):
         self.entry = entry
         super().__init__(ioc)
         try:
-            ioc._add(self)
+            ioc.add_entry(self)
         except BaseException:
             self.destroy()
             raise
@@ -176,4 +178,4 @@ class SvcEntryHandle(Dependent):
         self.destroy()
 
     def on_destroying(self) -> None:
-        self.ioc._drop(self)
+        self.ioc.remove_entry(self)
