@@ -240,6 +240,8 @@ class AccessLayer(AlObject):
         sync = bool(flags & PnpClass.FLAG_REG_SYNC)
         if sync and self._mgr._queues.pnp.is_current():
             raise InvalidState("a synchronous reg_pnp inside a PnP callback would deadlock")
+        # the subsystems serving this class first, so the replay includes what they report
+        self._mgr.subsystems.start_for(cls_bits)
         reg = PnpRegistration(self._mgr, self, cls_bits, callback, context, order)
         done = threading.Event() if sync else None
         with self._lock:

@@ -17,7 +17,7 @@ import dataclasses
 import itertools
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -27,6 +27,7 @@ from ibal.al.cica import CiCa
 from ibal.al.dispatcher import CallbackQueues, log
 from ibal.al.pnp import PnpRegistration
 from ibal.al.pnp_io import IoDevices
+from ibal.al.subsystems import Subsystems
 from ibal.al.timer import TimerService
 from ibal.ci.interface import ChannelInterface
 from ibal.ci.manager import ProviderManager
@@ -53,8 +54,14 @@ class AlManager:
     """The access layer's manager: a ``CaRegistrar`` plus the AL instances over its CAs."""
 
     def __init__(
-        self, *, provider_manager: ProviderManager | None = None, clock: Clock | None = None
+        self,
+        *,
+        provider_manager: ProviderManager | None = None,
+        clock: Clock | None = None,
+        subsystems: bool | str | Iterable[str] | None = None,
     ) -> None:
+        """``subsystems``: which to start on a first IOU/IOC registration (``None``: from
+        ``IBAL_SUBSYSTEMS``, else all; ``False``: none; names; see :mod:`ibal.al.subsystems`)."""
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         n = next(_COUNTER)
@@ -77,6 +84,8 @@ class AlManager:
         self._closed = False
         self.unavailable: dict[str, str] = {}
         """Providers that loaded but found no device, or failed: name → reason."""
+        self.subsystems = Subsystems(self, subsystems)
+        """The subsystems started before a registration for their PnP class is replayed."""
 
     def __repr__(self) -> str:
         return f"<AlManager {len(self._cas)} CAs, {len(self._als)} ALs>"

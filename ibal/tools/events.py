@@ -129,15 +129,11 @@ def monitor(al: AccessLayer, classes: Sequence[PnpClass], replay: bool,
             out: Callable[[str], object], stop: threading.Event) -> int:
     """Print events until ``stop`` is set (the command sets it on SIGINT/SIGTERM); 0.
 
-    IOU and IOC events come from IOC discovery: asked for, it is started
-    (``ibal.dm.discovery``; one per manager, a no-op if running)."""
+    IOU and IOC events come from IOC discovery, which the AL starts on the
+    first IOU/IOC registration (``ibal.subsystems``; ``IBAL_SUBSYSTEMS=none``: not)."""
     mon = EventMonitor(al, classes, out, replay=replay)
     mon.start()
     try:
-        if PnpClass.IOU in classes or PnpClass.IOC in classes:  # after: what it finds is live
-            from ibal.dm.discovery import Discovery
-
-            Discovery.start(al.manager)
         stop.wait()  # interrupted by signals: their handlers set it
     finally:
         mon.stop()

@@ -85,7 +85,7 @@ def make_world() -> Iterator[World]:
     for i in range(3):
         fabric.add_ca(description=f"host{i}")
     fabric.use_clock(clock)
-    mgr = AlManager(clock=clock)
+    mgr = AlManager(clock=clock, subsystems=False)  # the tests start discovery with their settings
     try:
         mgr.add_provider(MockProvider({"fabric": fabric}))
         user = mgr.open_al()

@@ -66,7 +66,7 @@ def rxe() -> Iterator[Rxe]:
     from ibal.providers.rxe.provider import RxeProvider
 
     clock = ManualClock()
-    mgr = AlManager(clock=clock)
+    mgr = AlManager(clock=clock, subsystems=False)  # the tests start discovery with their settings
     try:
         mgr.add_provider(RxeProvider({"devices": f"rxe_d0={A},rxe_d1={B}"}))
         al = mgr.open_al()
