@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from discovery_world import WAIT, Events, exported
@@ -137,3 +138,26 @@ def test_ibal_al_does_not_import_ibal_dm() -> None:
             "print(sorted(m for m in sys.modules if m.startswith('ibal.dm')))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_subsystems_are_found_by_entry_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              ) -> None:  # fmt: skip
+    (tmp_path / "h7_fake_subsystem.py").write_text(
+        "from ibal.al import PnpClass, PnpOrder\n"
+        "from ibal.al.subsystems import Subsystem\n"
+        "started = []\n"
+        "spec = Subsystem(PnpOrder.DM, frozenset({PnpClass.IOU}), started.append)\n"
+    )
+    dist = tmp_path / "h7_fake-1.0.dist-info"
+    dist.mkdir()
+    (dist / "entry_points.txt").write_text(
+        "[ibal.subsystems]\nextra = h7_fake_subsystem:spec\nbad = h7_fake_subsystem:missing\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with AlManager(subsystems="extra,bad") as mgr:
+        mgr.open_al().reg_pnp(PnpClass.IOU | PnpClass.FLAG_REG_SYNC, lambda rec: None)
+        import h7_fake_subsystem  # type: ignore[import-not-found]
+
+        assert h7_fake_subsystem.started == [mgr]
+        assert set(mgr.subsystems.started) == {"extra"}
+        assert "h7_fake_subsystem:missing" in mgr.subsystems.failed["bad"]
