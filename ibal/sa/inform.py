@@ -37,6 +37,7 @@ from ibal.sa.inform_fsm import ALL_TRAPS, InformInfo, Notice, SubPhase
 from ibal.sa.port import SaPort
 from ibal.sa.txn import SaAnswer, SaRequestLike
 from ibal.sa.txn import SaRequester as _SaRequester
+from ibal.sa.waitable import FirstOutcome
 from ibal.status import IbError, InvalidAlHandle, InvalidHandle, InvalidParameter, Status, Timeout
 from ibal.types import MadAddr
 from ibal.wire.fields import FieldError
@@ -150,9 +151,7 @@ class Subscription(Dependent):
         self._busy: int | None = None  # the thread inside _input
         self._later: list[Callable[[], list[fsm.Action]]] = []
         self._requests: dict[int, SaRequestLike] = {}
-        self._first: SubRec | None = None
-        self._first_done = threading.Event()
-        self._waiters: list[Callable[[SubRec], None]] = []
+        self._first: FirstOutcome[SubRec] = FirstOutcome("subscription outcome")
         self._reports: collections.deque[ReportRec] = collections.deque(maxlen=REPORT_BACKLOG)
         self._report_ready = threading.Condition()
         self._leave_pin: contextlib.AbstractContextManager[None] | None = None
@@ -184,30 +183,10 @@ class Subscription(Dependent):
 
     def wait(self, timeout: float | None = None) -> SubRec:
         """The outcome (``Timeout`` if it does not come in time); not on AL threads."""
-        if not self._first_done.wait(timeout):
-            raise Timeout(f"no subscription outcome within {timeout} s")
-        assert self._first is not None
-        return self._first
+        return self._first.wait(timeout)
 
     def __await__(self) -> Generator[Any, None, SubRec]:
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[SubRec] = loop.create_future()
-
-        def settle(rec: SubRec) -> None:
-            if not fut.done():
-                fut.set_result(rec)
-
-        def done(rec: SubRec) -> None:
-            loop.call_soon_threadsafe(settle, rec)
-
-        with self._mlock:
-            if self._first is None:
-                self._waiters.append(done)
-            else:
-                fut.set_result(self._first)
-        return (yield from fut.__await__())
+        return self._first.__await__()
 
     def get_report(self, timeout: float | None = None) -> ReportRec:
         """The oldest report not yet taken (only without ``report_cb``); ``Timeout``."""
@@ -268,8 +247,8 @@ class Subscription(Dependent):
         if self._owns_sa:
             with contextlib.suppress(IbError):
                 self._sa.close()
-        if self._first is None:
-            self._outcome(SubRec(self.context, Status.CANCELED, self))
+        if self._first.value is None:
+            self._first.set(SubRec(self.context, Status.CANCELED, self))
 
     def _renew(self) -> None:
         """Port watch (PnP queue): the SA may have forgotten us."""
@@ -301,7 +280,7 @@ class Subscription(Dependent):
                     req.cancel()
         elif isinstance(act, fsm.SubDone):
             rec = SubRec(self.context, act.status, self, act.mad_status)
-            self._outcome(rec)
+            self._first.set(rec)
             if self._callback is not None:
                 self.post_callback(self._callback, rec)
         elif isinstance(act, fsm.Deliver):
@@ -336,16 +315,6 @@ class Subscription(Dependent):
             self._later.append(lambda: self._machine.answer(tag, status))
             return
         self._requests[tag] = req
-
-    def _outcome(self, rec: SubRec) -> None:
-        with self._mlock:
-            if self._first is not None:
-                return
-            self._first = rec
-            waiters, self._waiters = self._waiters, []
-        self._first_done.set()
-        for w in waiters:
-            w(rec)
 
     def _deliver(self, notice: Notice) -> None:
         self.stats["reports"] += 1

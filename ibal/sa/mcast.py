@@ -31,6 +31,7 @@ from ibal.sa import mcast_fsm as fsm
 from ibal.sa.mcast_fsm import JoinState, McastPhase, MemberRec, Scope
 from ibal.sa.port import SaPort
 from ibal.sa.txn import SaAnswer, SaRequester, SaRequestLike
+from ibal.sa.waitable import FirstOutcome
 from ibal.status import (
     IbError,
     InvalidGid,
@@ -41,7 +42,6 @@ from ibal.status import (
     InvalidQpHandle,
     InvalidServiceType,
     Status,
-    Timeout,
 )
 from ibal.types import Gid, QpType
 
@@ -100,9 +100,7 @@ class McastMembership(Dependent):
         self._mlock = threading.RLock()  # one input (and its actions) at a time
         self._requests: dict[int, SaRequestLike] = {}
         self._attachment: McastAttachment | None = None
-        self._first: McastRec | None = None
-        self._first_done = threading.Event()
-        self._waiters: list[Callable[[McastRec], None]] = []
+        self._first: FirstOutcome[McastRec] = FirstOutcome("join outcome")
         self._leave_pin: contextlib.AbstractContextManager[None] | None = None
         self._sa_hold: SaPort | None = sa if owns_sa and isinstance(sa, SaPort) else None
         self._later: list[Callable[[], list[fsm.Action]]] = []  # inputs an action produced
@@ -135,30 +133,10 @@ class McastMembership(Dependent):
         """The first join's outcome (``Timeout`` if it does not come in time).
 
         Not on the AL's callback threads: the outcome is delivered there."""
-        if not self._first_done.wait(timeout):
-            raise Timeout(f"no join outcome within {timeout} s")
-        assert self._first is not None
-        return self._first
+        return self._first.wait(timeout)
 
     def __await__(self) -> Generator[Any, None, McastRec]:
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[McastRec] = loop.create_future()
-
-        def settle(rec: McastRec) -> None:
-            if not fut.done():
-                fut.set_result(rec)
-
-        def done(rec: McastRec) -> None:
-            loop.call_soon_threadsafe(settle, rec)
-
-        with self._mlock:
-            if self._first is None:
-                self._waiters.append(done)
-            else:
-                fut.set_result(self._first)
-        return (yield from fut.__await__())
+        return self._first.__await__()
 
     def leave(
         self,
@@ -314,15 +292,7 @@ class McastMembership(Dependent):
             member_rec=rep.record if ok else None,
             rejoin=rep.rejoin,
         )
-        waiters: list[Callable[[McastRec], None]] = []
-        with self._mlock:
-            if self._first is None:
-                self._first = rec
-                waiters, self._waiters = self._waiters, []
-        if waiters or not self._first_done.is_set():
-            self._first_done.set()
-            for w in waiters:
-                w(rec)
+        self._first.set(rec)
         if self._callback is not None:
             self.post_callback(self._callback, rec)
 

@@ -46,19 +46,18 @@ from ibal.sa.service_fsm import (
     ServiceLease,
 )
 from ibal.sa.txn import SaRequester
+from ibal.sa.waitable import FirstOutcome
 from ibal.status import (
     IbError,
     InvalidGid,
     InvalidParameter,
     InvalidState,
     Status,
-    Timeout,
     error_class,
 )
 from ibal.types import ZERO_GID, Gid, is_int
 
 if TYPE_CHECKING:
-    import asyncio
 
     from ibal.al import PnpRegistration, Timer
     from ibal.al.obj import DestroyCallback
@@ -286,9 +285,7 @@ class ServiceRegistration(Dependent):
         self._requests: dict[int, Any] = {}  # token -> the SaRequest in flight
         self._timer: Timer | None = None
         self._pnp: PnpRegistration | None = None
-        self._first: RegSvcRec | None = None
-        self._first_done = threading.Event()
-        self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[RegSvcRec]]] = []
+        self._first: FirstOutcome[RegSvcRec] = FirstOutcome("outcome", _checked)
         self._pin: contextlib.AbstractContextManager[None] | None = None
         self.stats = {"set": 0, "delete": 0}
         """Requests sent: Sets (register, renew, re-register) and Deletes."""
@@ -335,25 +332,12 @@ class ServiceRegistration(Dependent):
     def wait(self, timeout: float | None = None) -> RegSvcRec:
         """Block for the first outcome (after the callback ran); raise its status's error
         unless ``SUCCESS``.  ``InvalidState`` on an AL callback thread."""
-        if not self._first_done.is_set() and in_callback():
+        if self._first.value is None and in_callback():
             raise InvalidState("ServiceRegistration.wait blocks: not on the AL's threads")
-        if not self._first_done.wait(timeout):
-            raise Timeout(f"no outcome within {timeout} s of waiting")
-        assert self._first is not None
-        self._first.raise_for_status()
-        return self._first
+        return self._first.wait(timeout)
 
     def __await__(self) -> Generator[Any, None, RegSvcRec]:
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[RegSvcRec] = loop.create_future()
-        with self._feed_lock:
-            if self._first is None:
-                self._futures.append((loop, fut))
-            else:
-                _settle_future(fut, self._first)
-        return fut.__await__()
+        return self._first.__await__()
 
     def dereg(
         self,
@@ -452,7 +436,7 @@ class ServiceRegistration(Dependent):
         record = ServiceRecord.decode(a.record)
         if a.status is Status.SUCCESS:
             self.record = record
-        first = self._first is None
+        first = self._first.value is None
         rec = RegSvcRec(
             svc_context=self.context,
             reg=self if a.status is Status.SUCCESS or not first else None,
@@ -465,15 +449,8 @@ class ServiceRegistration(Dependent):
     def _deliver(self, rec: RegSvcRec, first: bool) -> None:
         if self._callback is not None:
             call_user(self._callback, rec)
-        if not first:
-            return
-        with self._feed_lock:
-            self._first = rec
-            futures, self._futures = self._futures, []
-        self._first_done.set()
-        for loop, fut in futures:
-            with contextlib.suppress(RuntimeError):  # its loop closed
-                loop.call_soon_threadsafe(_settle_future, fut, rec)
+        if first:
+            self._first.set(rec)
 
     def _finished(self, a: Finished) -> None:
         self.deleted, self.deleted_mad_status = a.deleted, a.mad_status
@@ -502,16 +479,9 @@ class ServiceRegistration(Dependent):
             self.sa.close()
 
 
-def _settle_future(fut: asyncio.Future[RegSvcRec], rec: RegSvcRec) -> None:
-    if fut.done():
-        return
-    if rec.ok:
-        fut.set_result(rec)
-    else:
-        try:
-            rec.raise_for_status()
-        except IbError as exc:
-            fut.set_exception(exc)
+def _checked(rec: RegSvcRec) -> RegSvcRec:
+    rec.raise_for_status()
+    return rec
 
 
 # ---------------------------------------------------------------------- entry points
@@ -626,7 +596,7 @@ def reg_svc(al: AccessLayer, req: RegSvcReq) -> ServiceRegistration:
         renew=req.renew,
     )  # fmt: skip
     if req.flags & RegSvcFlags.SYNC:
-        reg._first_done.wait()
+        reg._first.arrived()
     return reg
 
 
