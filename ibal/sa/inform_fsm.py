@@ -29,6 +29,7 @@ from ibal.mad.sa import (
     TRAP_128_DETAILS,
     TRAP_144_DETAILS,
 )
+from ibal.sa.backoff import Backoff
 from ibal.status import Status
 from ibal.wire.fields import Buffer, FieldError
 
@@ -267,7 +268,7 @@ class InformMachine:
         self._inflight: int | None = None
         self._inflight_sub = True
         self._renew_due = False
-        self._backoff = RETRY_FIRST
+        self._backoff = Backoff(RETRY_FIRST, RETRY_MAX)
         self._retry_armed = False
         self._held: list[Notice] = []
         self._was_active = False
@@ -302,7 +303,7 @@ class InformMachine:
             self.last_renew_status = status
             if status is Status.SUCCESS:
                 self.renewals += 1
-                self._backoff = RETRY_FIRST
+                self._backoff.reset()
                 if self._renew_due:
                     self._renew_due = False
                     return [self._send(True)]
@@ -403,8 +404,7 @@ class InformMachine:
         if self._retry_armed:
             return []
         self._retry_armed = True
-        delay, self._backoff = self._backoff, min(self._backoff * 2, RETRY_MAX)
-        return [ArmRetry(delay)]
+        return [ArmRetry(self._backoff.next())]
 
     def _finish(self, status: Status) -> list[Action]:
         self.phase = SubPhase.GONE

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ibal.mad.sa import MCMEMBER_RECORD, component_mask
+from ibal.sa.backoff import Backoff
 from ibal.status import Status
 from ibal.types import Gid
 from ibal.wire.fields import FieldError
@@ -209,9 +210,7 @@ class McastMachine:
         self.record: MemberRec | None = None
         """The SA's answer to the last successful join (MGID, MLID, Q_Key...)."""
         self.attached: tuple[Gid, int] | None = None
-        self.first_backoff = first_backoff
-        self.max_backoff = max_backoff
-        self._backoff = first_backoff
+        self._backoff = Backoff(first_backoff, max_backoff)
         self._tag = 0
         self._pending: int | None = None  # the request in flight
         self._waiting = False  # a rejoin waits for ArmRetry's retry_due()
@@ -320,7 +319,7 @@ class McastMachine:
         self._recreate = False
         self.record = rec
         self._ever_joined = True
-        self._backoff = self.first_backoff
+        self._backoff.reset()
         self.phase = McastPhase.JOINED
         out: list[Action] = []
         target = (rec.mgid, rec.mlid)
@@ -342,9 +341,7 @@ class McastMachine:
             self._recreate = True  # the assigned group is gone: let the SA assign again
             return [Report(status, mad_status, None, True), self._send_set()]
         self._waiting = True
-        delay = self._backoff
-        self._backoff = min(self._backoff * 2, self.max_backoff)
-        return [Report(status, mad_status, None, True), ArmRetry(delay)]
+        return [Report(status, mad_status, None, True), ArmRetry(self._backoff.next())]
 
 
 __all__ = [
