@@ -28,13 +28,14 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ibal.al import Dependent, PnpClass, PnpEvent, PnpRec
+from ibal.al import Dependent
 from ibal.al.obj import DestroyCallback
 from ibal.al.stash import StashKey
 from ibal.mad.consts import Method, SaAttr
 from ibal.sa import inform_fsm as fsm
 from ibal.sa.inform_fsm import ALL_TRAPS, InformInfo, Notice, SubPhase
 from ibal.sa.port import SaPort
+from ibal.sa.portwatch import REREGISTER_EVENTS, PortWatch
 from ibal.sa.txn import SaAnswer, SaRequestLike
 from ibal.sa.txn import SaRequester as _SaRequester
 from ibal.sa.waitable import FirstOutcome
@@ -62,9 +63,7 @@ REPORT_BACKLOG = 1024
 """Reports :meth:`Subscription.get_report` keeps (no ``report_cb``); older ones are dropped."""
 FLAGS_SYNC = 0x00000001
 """``IB_FLAGS_SYNC`` for :class:`SubReq`: ``ib_subscribe`` returns after the sub callback."""
-RENEW_EVENTS = frozenset({
-    PnpEvent.CLIENT_REREGISTER, PnpEvent.SM_CHANGE, PnpEvent.LID_CHANGE, PnpEvent.PORT_ACTIVE,
-})  # fmt: skip
+RENEW_EVENTS = REREGISTER_EVENTS
 """Port events after which the SA may have forgotten the port's subscriptions."""
 
 
@@ -347,52 +346,24 @@ class Subscription(Dependent):
 # ---------------------------------------------------------------------- renewals
 
 
-class _PortWatch:
+class _PortWatch(PortWatch[Subscription]):
     """One PnP registration per AL: port events after which subscriptions are renewed."""
 
     def __init__(self, al: AccessLayer) -> None:
-        self._lock = threading.Lock()
-        self._subs: dict[int, dict[Subscription, None]] = {}
-        self._live = False  # the replay before REG_COMPLETE is not news
-        self.registration = al.reg_pnp(PnpClass.PORT, self._event)
-
-    def add(self, port_guid: int, s: Subscription) -> None:
-        with self._lock:
-            self._subs.setdefault(port_guid, {})[s] = None
-
-    def remove(self, port_guid: int, s: Subscription) -> None:
-        with self._lock:
-            self._subs.get(port_guid, {}).pop(s, None)
+        super().__init__(al, Subscription._renew)
 
     def holds(self, port_guid: int, info: InformInfo) -> bool:
         """Whether a live subscription of the port has this InformInfo."""
-        with self._lock:
-            subs = list(self._subs.get(port_guid, {}))
         held = (SubPhase.SUBSCRIBING, SubPhase.ACTIVE)
-        return any(s.info == info and s.alive and s.phase in held for s in subs)
-
-    def _event(self, rec: PnpRec) -> None:
-        if rec.event is PnpEvent.REG_COMPLETE:
-            self._live = True
-            return
-        if not self._live or rec.event not in RENEW_EVENTS or rec.port_attr is None:
-            return
-        with self._lock:
-            subs = list(self._subs.get(rec.port_attr.port_guid, {}))
-        for s in subs:
-            s._renew()
+        return any(s.info == info and s.alive and s.phase in held
+                   for s in self.clients(port_guid))  # fmt: skip
 
 
 _WATCH = StashKey[_PortWatch]()
-_WATCH_LOCK = threading.Lock()
 
 
 def _watch(al: AccessLayer) -> _PortWatch:
-    with _WATCH_LOCK:
-        w = al.stash.get(_WATCH, None)
-        if w is None:
-            w = al.stash[_WATCH] = _PortWatch(al)
-        return w
+    return PortWatch.of(al, _WATCH, _PortWatch)
 
 
 # ---------------------------------------------------------------------- entry points

@@ -23,13 +23,14 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ibal.al import Ca, Dependent, McastAttachment, PnpClass, PnpEvent, PnpRec, Qp
+from ibal.al import Ca, Dependent, McastAttachment, Qp
 from ibal.al.obj import DestroyCallback
 from ibal.al.stash import StashKey
 from ibal.mad.consts import Method, SaAttr
 from ibal.sa import mcast_fsm as fsm
 from ibal.sa.mcast_fsm import JoinState, McastPhase, MemberRec, Scope
 from ibal.sa.port import SaPort
+from ibal.sa.portwatch import REREGISTER_EVENTS, PortWatch
 from ibal.sa.txn import SaAnswer, SaRequester, SaRequestLike
 from ibal.sa.waitable import FirstOutcome
 from ibal.status import (
@@ -66,9 +67,7 @@ class McastRec:
 
 McastCallback = Callable[[McastRec], object]
 
-REJOIN_EVENTS = frozenset({
-    PnpEvent.CLIENT_REREGISTER, PnpEvent.SM_CHANGE, PnpEvent.LID_CHANGE, PnpEvent.PORT_ACTIVE,
-})  # fmt: skip
+REJOIN_EVENTS = REREGISTER_EVENTS
 """Port events after which the SA may have forgotten the port's memberships."""
 
 
@@ -319,22 +318,20 @@ class _Farewell(Dependent):
                 m._farewell()
 
 
-class _PortWatch:
+class _PortWatch(PortWatch[McastMembership]):
     """One PnP registration per AL: port events that call for a rejoin, to memberships."""
 
     def __init__(self, al: AccessLayer) -> None:
+        super().__init__(al, McastMembership._rejoin)
         self._al = al
-        self._lock = threading.Lock()
-        self._members: dict[int, dict[McastMembership, None]] = {}
-        self._live = False  # replayed state (before REG_COMPLETE) is not news
+        self._sas_lock = threading.Lock()
         # Weak: an SA port that went (its CA withdrawn) is not kept alive by the watch.
         self._sas: weakref.WeakValueDictionary[int, SaRequester] = weakref.WeakValueDictionary()
         self._farewell: _Farewell | None = None
-        self.registration = al.reg_pnp(PnpClass.PORT, self._event)
 
     def uses(self, sa: SaRequester) -> None:
         """A membership sends through ``sa``: keep the farewell newer than it."""
-        with self._lock:
+        with self._sas_lock:
             if id(sa) in self._sas and self._farewell is not None:
                 return
             self._sas[id(sa)] = sa
@@ -345,39 +342,14 @@ class _PortWatch:
                 old.destroy()
 
     def all_members(self) -> list[McastMembership]:
-        with self._lock:
-            return [m for ms in self._members.values() for m in ms]
-
-    def add(self, port_guid: int, m: McastMembership) -> None:
-        with self._lock:
-            self._members.setdefault(port_guid, {})[m] = None
-
-    def remove(self, port_guid: int, m: McastMembership) -> None:
-        with self._lock:
-            self._members.get(port_guid, {}).pop(m, None)
-
-    def _event(self, rec: PnpRec) -> None:
-        if rec.event is PnpEvent.REG_COMPLETE:
-            self._live = True
-            return
-        if not self._live or rec.event not in REJOIN_EVENTS or rec.port_attr is None:
-            return
-        with self._lock:
-            members = list(self._members.get(rec.port_attr.port_guid, {}))
-        for m in members:
-            m._rejoin()
+        return self.clients()
 
 
 _WATCH = StashKey[_PortWatch]()
-_WATCH_LOCK = threading.Lock()
 
 
 def _watch(al: AccessLayer) -> _PortWatch:
-    with _WATCH_LOCK:
-        w = al.stash.get(_WATCH, None)
-        if w is None:
-            w = al.stash[_WATCH] = _PortWatch(al)
-        return w
+    return PortWatch.of(al, _WATCH, _PortWatch)
 
 
 # ---------------------------------------------------------------------- joining
