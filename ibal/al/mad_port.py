@@ -610,8 +610,13 @@ class SplQpTransport(MadTransport):
                     # An ACK (or STOP/ABORT) of the request's own transfer: not its answer.
                     out = None
                 if out is not None:
-                    if mad[1:3] != out.mad[1:3]:
-                        # A forged or broken answer must not end the transaction it names.
+                    spec = out.agent.spec
+                    if (mad[1:3] != out.mad[1:3] or mad[1] != spec.mgmt_class
+                            or mad[2] != spec.class_version):
+                        # A forged or broken answer must not end the transaction it names,
+                        # nor one the agent will drop (a class version it does not speak,
+                        # even when the request asked in it): ending it here would stop
+                        # the retries and time-out, and nothing would ever complete it.
                         self.stats["dropped_mismatched_response"] += 1
                         return
                     out.agent.pending.end(out.key)  # answered: no time-out, no late error

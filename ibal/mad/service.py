@@ -257,10 +257,20 @@ class MadService:
         agent = self._agent_or_raise()
         if not isinstance(element, MadElement):
             raise InvalidParameter("cancel takes a MadElement")
+        taker: Taker | None = None
         with self._lock:
             token = self._out.get(id(element))
             if token is None or token.element is not element:
-                raise NotFound("the MAD element is not pending on this service")
+                low = int.from_bytes(element.mad[TID_LO], "big")
+                if id(element) not in self._takers or self._awaiting.end(low, element) is None:
+                    raise NotFound("the MAD element is not pending on this service")
+                taker = self._takers.pop(id(element))
+        if taker is not None:
+            # Its send is reported but its answer never reached it (the kernel's MAD layer
+            # matched a response this service then dropped): without this, transact's own
+            # time-out would cancel into nothing and wait forever.
+            agent.defer(taker, WcStatus.CANCELED, None)
+            return
         try:
             agent.cancel(token)  # its CANCELED completion comes through _on_send_done
         except NotFound:
