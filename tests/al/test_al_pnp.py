@@ -133,6 +133,7 @@ def test_device_context_persists_until_removal(mgr: AlManager, al: AccessLayer) 
     hot = FakeCi(0x6000, "hot", ports=1)
     log.items.clear()
     mgr.register_ca(hot)
+    _sync(mgr)  # else the ACTIVE of the add and the DOWN below coalesce into one DOWN
     hot.set_port_state(1, LinkState.DOWN)
     _sync(mgr)
     _sync(mgr)
@@ -159,6 +160,7 @@ def test_rejecting_a_device_stops_its_events(mgr: AlManager, al: AccessLayer) ->
     al.reg_pnp(PnpClass.CA | PnpClass.FLAG_REG_SYNC, log.cb("c", result=False))
     log.items.clear()
     mgr.register_ca(hot)
+    _sync(mgr)  # else the ACTIVE of the add and the DOWN below coalesce into one DOWN
     hot.set_port_state(1, LinkState.DOWN)
     _sync(mgr)
     _sync(mgr)
