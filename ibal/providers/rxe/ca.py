@@ -56,6 +56,7 @@ from ibal.types import (
     Gid,
     GidEntry,
     PdType,
+    PortAttr,
     PortAttrMod,
     PortCap,
     QpType,
@@ -153,6 +154,7 @@ class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
         self._ca_context: Any = None
         self.keys = KeyTable()
         self._port_cap = PortCap.IS_CM_SUPPORTED  # what modify_ca sets and clears
+        self._attr_memo: tuple[tuple[PortAttr, PortCap], CaAttr] | None = None
         self._n = {"pd": 0, "cq": 0, "qp": 0, "srq": 0, "av": 0, "mr": 0, "mw": 0}
         self._next_qpn = 0x11
         self.attr = self._ca_attr()
@@ -183,6 +185,17 @@ class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
         return tuple(dataclasses.replace(e, index=i) for i, e in enumerate(own))
 
     def _ca_attr(self) -> CaAttr:
+        """The CA's attributes, rebuilt only when the port's view or capabilities changed
+        (``Device.port_attr`` is one object per view): the CM queries the CA per REQ."""
+        key = (self.device.port_attr(), self._port_cap)
+        memo = self._attr_memo
+        if memo is not None and memo[0][0] is key[0] and memo[0][1] == key[1]:
+            return memo[1]
+        attr = self._build_ca_attr()
+        self._attr_memo = (key, attr)
+        return attr
+
+    def _build_ca_attr(self) -> CaAttr:
         gids = self.gid_table()
         port = dataclasses.replace(self.device.port_attr(), port_guid=self.guid, gids=(),
                                    gid_table=gids, cap=self._port_cap)

@@ -245,6 +245,7 @@ class Device:
         self._subscribers: list[Callable[[DeviceEvent], None]] = []
         self._receiver: Callable[[list[Packet]], None] | None = None
         self._port = _PortView(iface)
+        self._port_memo: tuple[tuple[object, ...], PortAttr] | None = None
         capture = None
         if spec.capture is not None or os.environ.get("IBAL_CAPTURE"):
             from ibal.providers.rxe.wire import rxe_capture
@@ -290,8 +291,19 @@ class Device:
         return tuple(self._port.errors)
 
     def port_attr(self) -> PortAttr:
-        """Port 1 as ``query_ca`` reports it."""
+        """Port 1 as ``query_ca`` reports it: one object while the port's view is unchanged
+        (``_apply`` replaces the interface, GIDs and state objects on every change), so the
+        per-verb callers (modify_qp, create_av, query_ca) cost a comparison, not a build."""
         p = self._port
+        key = (p.iface, p.gids, p.state)
+        memo = self._port_memo
+        if memo is not None and all(a is b for a, b in zip(memo[0], key, strict=True)):
+            return memo[1]
+        attr = self._build_port_attr(p)
+        self._port_memo = (key, attr)
+        return attr
+
+    def _build_port_attr(self, p: _PortView) -> PortAttr:
         return PortAttr(
             port_num=1,
             port_guid=self.node_guid,

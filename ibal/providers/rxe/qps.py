@@ -39,7 +39,8 @@ RecvWqe = tuple[int, tuple[Sge, ...]]
 
 def gid_to_ip(gid: Gid) -> bytes:
     """The IP address a RoCEv2 GID stands for: 4 bytes if IPv4-mapped, else 16."""
-    raw = IPv6Address(gid).packed
+    # a Gid is an IPv6Address already: IPv6Address(gid) would format and parse it again
+    raw = gid.packed if isinstance(gid, IPv6Address) else IPv6Address(gid).packed
     if raw[:12] == b"\0" * 10 + b"\xff\xff":
         return raw[12:]
     return raw

@@ -241,6 +241,8 @@ def test_device_on_a_dummy_interface_gids_guid_mtu_and_events() -> None:
             ns.ip("addr", "add", "10.1.0.9/24", "dev", "dum0")
             events.wait_for(AsyncEvent.GID_CHANGE, lambda: Gid("::ffff:10.1.0.9") in _gids(dev))
             assert _gids(dev).index(Gid("::ffff:10.1.0.9")) == 2  # IPv4 before IPv6
+            # port_attr is memoised per view of the port: a new GID is a new view
+            assert [e.gid for e in dev.port_attr().gid_table] == _gids(dev)
             assert ipaddress.ip_address("10.1.0.9") in dev.io.addresses
             ns.ip("addr", "del", "10.1.0.1/24", "dev", "dum0")
             events.wait_for(AsyncEvent.GID_CHANGE, lambda: Gid("::ffff:10.1.0.1") not in _gids(dev))
