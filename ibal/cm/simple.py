@@ -150,18 +150,26 @@ class Connection:
     ``on_disconnect(conn)`` (optional, misc queue) runs when the peer disconnects.
     """
 
-    def __init__(self, handle: CmConn, qp: Qp | None, callback: ConnCallback | None) -> None:
-        self.handle = handle
+    handle: CmConn
+
+    def __init__(self, handle: CmConn | None, qp: Qp | None,
+                 callback: ConnCallback | None) -> None:  # fmt: skip
+        """``handle`` None: :func:`connect` passes :meth:`_deliver` to the request itself
+        (its REP may come before the request call returns)."""
         self.qp = qp
         self.private_data = b""
         self.on_disconnect: ConnCallback | None = None
         self._callback = callback
         self.established = _Outcome()
         self.closed = _Outcome()
-        handle.deliver = self._deliver
+        if handle is not None:
+            self.handle = handle
+            handle.deliver = self._deliver
 
     def __repr__(self) -> str:
-        return f"<Connection {self.handle.state.name} qp={getattr(self.qp, 'num', None)}>"
+        handle = getattr(self, "handle", None)
+        state = "REQUESTING" if handle is None else handle.state.name
+        return f"<Connection {state} qp={getattr(self.qp, 'num', None)}>"
 
     @property
     def state(self) -> fsm.CmState:
@@ -209,6 +217,7 @@ class Connection:
     # ------------------------------------------------------------------ upcalls
     def _deliver(self, handle: CmConn, up: fsm.Upcall) -> None:
         """Misc queue: the connection's callbacks, answered the simple way."""
+        self.handle = handle  # set already, or the request's upcall beat its return
         f = up.fields or {}
         kind = up.kind
         if kind is K.REP:
@@ -271,19 +280,14 @@ def connect(al: AccessLayer, qp: Qp, path: object, service_id: int, private_data
     given; ``options`` are :class:`ibal.cm.records.CmReq` fields (``resp_res``,
     ``retry_cnt``...; ``resp_res`` and ``init_depth`` default to 1 here).
     """
-    holder: list[Connection] = []
-
-    def deliver(handle: CmConn, up: fsm.Upcall) -> None:  # replaced once the object exists
-        holder[0]._deliver(handle, up)
-
     options.setdefault("resp_res", 1)
     options.setdefault("init_depth", 1)
     req = CmReq(svc_id=service_id, primary_path=_path(path), qp=qp, rep_cb=_noop,
                 qp_type=getattr(qp, "qp_type", QpType.RC), pdata=private_data,
                 **options)  # fmt: skip
-    handle = ops.request(al, req, deliver=deliver)
-    conn = Connection(handle, qp, callback)
-    holder.append(conn)
+    # The object first: the REP's upcall may run on the misc queue before request returns.
+    conn = Connection(None, qp, callback)
+    conn.handle = ops.request(al, req, deliver=conn._deliver)
     if callback is None:
         conn.wait(timeout)
     return conn

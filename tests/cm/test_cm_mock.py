@@ -141,3 +141,32 @@ def test_destroying_the_qp_tears_the_connection_down(world: CmWorld) -> None:
     assert not cb.handle.alive and ca.closed.done
     world.step(60.0)
     assert agent_of(world.mgr).endpoints == 0
+
+
+def test_a_rep_that_beats_the_request_call_is_not_lost(world: CmWorld,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The REP's upcall may run on the misc queue before ``ops.request`` returns to
+    ``connect`` (a fast peer, a busy caller): it must still establish the connection.
+    Made certain here: the request call returns only after the queues delivered the REP."""
+    from ibal.cm import ops, simple
+
+    qa = world.a.qp()
+    accepted: list[Connection] = []
+    lst = listen(world.a.al, SVC,
+                 callback=lambda inc: accepted.append(inc.accept(qa, callback=lambda c: None)))
+    real = ops.request
+
+    def late_return(*args: object, **kw: object) -> object:
+        handle = real(*args, **kw)  # type: ignore[arg-type]
+        world.settle()  # the REQ, the accept, its REP and the REP's upcall, all delivered
+        world.settle()
+        return handle
+
+    monkeypatch.setattr(simple.ops, "request", late_return)
+    cb = connect(world.b.al, world.b.qp(), path(world.b, world.a), SVC, timeout=WAIT)
+    assert cb.state is CmState.ESTABLISHED and cb.qp is not None
+    assert cb.qp.state is QpState.RTS
+    assert repr(cb).startswith("<Connection ESTABLISHED")
+    world.settle()
+    assert accepted and accepted[0].state is CmState.ESTABLISHED  # the RTU came
+    lst.close()
