@@ -83,7 +83,8 @@ class AliasQp(CaObject):
 
     @property
     def transport_stats(self) -> dict[str, int]:
-        """MADs the port's transport dropped, by reason (shared by every alias of the port)."""
+        """The port transport's counters: MADs dropped, by reason, and sends that waited for
+        a slot (``sends_queued``); shared by every alias of the port."""
         self._check()
         assert self._transport is not None
         return dict(self._transport.stats)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import abc
 import itertools
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -86,6 +86,7 @@ SM_CLASSES = frozenset({0x01, 0x81})
 _SLOT = GRH_LEN + MAD_SIZE
 _RECV_DEPTH = 512  # IB_MAD_QP_RECV_SIZE: a burst of CM REQs (cmtime -c 100) must not overrun it
 _SEND_DEPTH = 64
+_BACKLOG_MAX = 4096  # sends queued behind a full send queue (Linux: its overflow list)
 _AGENT_IDS = itertools.count(1)
 
 
@@ -257,6 +258,8 @@ class _Out:
     """Only the response wait (the request left as RMPP segments of the agent's own)."""
     on_wire: int = 0
     timer: Timer | None = None
+    queued: bool = False
+    """In the backlog, waiting for a send slot."""
 
 
 class SplQpTransport(MadTransport):
@@ -273,6 +276,9 @@ class SplQpTransport(MadTransport):
         # (class, version, method, OUI): the OUI is 0 outside vendor range 2
         self._methods: dict[tuple[int, int, int, int], _SplAgent] = {}
         self._free_slots: list[int] = []
+        # Sends beyond the send queue's depth wait here for a slot, in order (a burst of
+        # 100 CM DREQs must not fail for want of slots, as with Linux's overflow list).
+        self._backlog: deque[_Out] = deque()
         self._slot_owner: dict[int, tuple[_Out | None, Any]] = {}  # slot -> send, AV
         self._open = False
         self._h_pd: Any = None
@@ -335,6 +341,7 @@ class SplQpTransport(MadTransport):
             self._open = False
             avs = [av for _out, av in self._slot_owner.values() if av is not None]
             self._slot_owner.clear()
+            self._backlog.clear()
             for agent in self._agents.values():  # normally none: agents go before the QP
                 for _key, out in agent.pending.items():
                     if out.timer is not None:
@@ -456,10 +463,38 @@ class SplQpTransport(MadTransport):
                 self._arm(out)
 
     def _post(self, out: _Out) -> None:
-        """Put ``out``'s MAD on the wire once more (caller holds the lock)."""
-        ci = self.cica.ci
+        """Put ``out``'s MAD on the wire once more, or behind the sends in flight when every
+        slot is taken (caller holds the lock)."""
         if not self._free_slots:
-            raise InsufficientResources(f"{_SEND_DEPTH} MADs already in flight on the port")
+            if out.queued:
+                return  # a retry of a send still waiting for its first slot
+            if len(self._backlog) >= _BACKLOG_MAX:
+                raise InsufficientResources(
+                    f"{_SEND_DEPTH} MADs in flight and {_BACKLOG_MAX} queued on the port")
+            out.queued = True
+            self._backlog.append(out)
+            self.stats["sends_queued"] += 1
+            return
+        self._post_now(out)
+
+    def _post_backlog(self) -> list[_Out]:
+        """Post queued sends while slots are free (caller holds the lock); those the
+        provider refused, to end with an error once the lock is dropped."""
+        failed: list[_Out] = []
+        while self._backlog and self._free_slots:
+            out = self._backlog.popleft()
+            out.queued = False
+            if out.agent.pending.get(out.key) is not out:
+                continue  # ended while it waited (cancelled, timed out, answered)
+            try:
+                self._post_now(out)
+            except IbError as exc:
+                log.debug("ibal: a queued MAD send failed: %s", exc)
+                failed.append(out)
+        return failed
+
+    def _post_now(self, out: _Out) -> None:
+        ci = self.cica.ci
         slot = self._free_slots.pop()
         off = slot * _SLOT
         self._buf[off : off + MAD_SIZE] = out.mad
@@ -547,6 +582,9 @@ class SplQpTransport(MadTransport):
             self._free_slots.append(slot)
             if out is not None:
                 out.on_wire -= 1
+            failed = self._post_backlog() if self._backlog and self._open else []
+        for f in failed:
+            self._finish(f, WcStatus.LOCAL_OP_ERR)
         if h_av is not None:
             try:
                 ci.destroy_av(h_av)

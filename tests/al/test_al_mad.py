@@ -591,3 +591,19 @@ def test_agent_transport_takes_send_mad_many_where_offered_else_loops() -> None:
     assert loop.calls == [("one", 0), ("one", 1), ("one", 2)]
     loop = _StubCi(InsufficientResources("full"))  # the second send fails
     assert transport(loop).send_many("k", sends) == 1
+
+
+def test_a_burst_beyond_the_send_queue_waits_for_slots_and_all_lands(world: World) -> None:
+    """More MADs at once than the QP1 send queue holds (a CM burst of DREQs): the rest
+    wait in order behind the sends in flight, none fails, each lands and completes once."""
+    alias = world.a.pd.get_spl_qp(world.a.port.port_guid, QpType.QP1_ALIAS)
+    sender = alias.register_agent(VENDOR, 1, recv_cb=print, send_cb=(dones := Inbox()).dones.put)
+    _receiver, r_in = world.agent(world.b, VENDOR, methods={SEND})
+    n = 300
+    for i in range(n):
+        sender.send(MadSend(mad(VENDOR, SEND, 0x1000 + i), to(world.b), context=i))
+    got = [int.from_bytes(r_in.recv().mad[12:16], "big") for _ in range(n)]
+    assert got == [0x1000 + i for i in range(n)]  # every one, in the order sent
+    assert sorted(d.context for d in (dones.done() for _ in range(n))) == list(range(n))
+    assert dones.dones.empty() and r_in.recvs.empty()
+    assert alias.transport_stats["sends_queued"] > 0  # the burst did outrun the queue
