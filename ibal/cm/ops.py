@@ -134,6 +134,9 @@ def _mods(conn: CmConn, target: QpState) -> list[QpMod]:
             return []
         return [QpMod(QpState.INIT, port_num=info["port"].port_num,
                       pkey_index=info["pkey_index"], access=info["access"])]  # fmt: skip
+    cached = info.get("connect_mods")  # RTR and RTS come from one computation
+    if cached is not None:
+        return [cached.for_state(target)]
     if conn.active:
         req = info["req_fields"]
         rep = _fields(conn, CmAttr.REP)
@@ -145,6 +148,7 @@ def _mods(conn: CmConn, target: QpState) -> list[QpMod]:
         mods = wire.passive_mods(req, info["rep_fields"], port=info["port"],
                                  pkey_index=info["pkey_index"], access=info["access"],
                                  rnr_nak_timeout=info["rnr_nak_timeout"])  # fmt: skip
+    info["connect_mods"] = mods
     return [mods.for_state(target)]
 
 
