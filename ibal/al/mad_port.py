@@ -25,7 +25,7 @@ import abc
 import itertools
 import threading
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -262,6 +262,53 @@ class _Out:
     """In the backlog, waiting for a send slot."""
 
 
+_AvKey = tuple[int, int, Grh | None, int]  # DLID, SL, GRH, path bits
+
+
+class _AvCache:
+    """Address handles of recent MAD destinations, shared by the sends in flight to each.
+
+    A CM connection sends its REQ, RTU and DREQ to one address, an SA client all its
+    queries to the SM: one ``create_av`` serves them, not one per MAD.  At most
+    ``size`` handles stay when idle (the least recently used go first); one in use is
+    never destroyed.  The owner holds its lock around every call and destroys what
+    :meth:`release` and :meth:`clear` return once it has dropped the lock.
+    """
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._avs: dict[_AvKey, list[Any]] = {}  # key -> [handle, sends in flight]; LRU order
+
+    def take(self, key: _AvKey, create: Callable[[], Any]) -> Any:
+        """The handle for ``key`` (made by ``create`` when missing), held by one more send."""
+        entry = self._avs.pop(key, None)
+        if entry is None:
+            entry = [create(), 0]
+        entry[1] += 1
+        self._avs[key] = entry  # the most recently used last
+        return entry[0]
+
+    def release(self, key: _AvKey) -> list[Any]:
+        """One send of ``key`` is done; the idle handles evicted to stay within ``size``."""
+        entry = self._avs.get(key)
+        if entry is not None:
+            entry[1] -= 1
+        if len(self._avs) <= self.size:
+            return []
+        evicted = []
+        for k in [k for k, e in self._avs.items() if e[1] <= 0]:
+            evicted.append(self._avs.pop(k)[0])
+            if len(self._avs) <= self.size:
+                break
+        return evicted
+
+    def clear(self) -> list[Any]:
+        """Every handle, forgotten (the QP is closing)."""
+        out = [e[0] for e in self._avs.values()]
+        self._avs.clear()
+        return out
+
+
 class SplQpTransport(MadTransport):
     """The AL's own QP0/QP1 on a provider that exposes special QPs.
 
@@ -279,7 +326,8 @@ class SplQpTransport(MadTransport):
         # Sends beyond the send queue's depth wait here for a slot, in order (a burst of
         # 100 CM DREQs must not fail for want of slots, as with Linux's overflow list).
         self._backlog: deque[_Out] = deque()
-        self._slot_owner: dict[int, tuple[_Out | None, Any]] = {}  # slot -> send, AV
+        self._slot_owner: dict[int, tuple[_Out | None, _AvKey]] = {}  # slot -> send, AV key
+        self._avs = _AvCache()
         self._open = False
         self._h_pd: Any = None
         self._h_cq: Any = None
@@ -339,7 +387,7 @@ class SplQpTransport(MadTransport):
             if not self._open:
                 return
             self._open = False
-            avs = [av for _out, av in self._slot_owner.values() if av is not None]
+            avs = self._avs.clear()
             self._slot_owner.clear()
             self._backlog.clear()
             for agent in self._agents.values():  # normally none: agents go before the QP
@@ -499,14 +547,15 @@ class SplQpTransport(MadTransport):
         off = slot * _SLOT
         self._buf[off : off + MAD_SIZE] = out.mad
         addr = out.send.addr
+        key: _AvKey = (addr.dlid, addr.sl, addr.grh, addr.path_bits)
         try:
-            h_av = ci.create_av(
+            h_av = self._avs.take(key, lambda: ci.create_av(
                 self._h_pd, AvAttr(self.port_num, addr.dlid, addr.sl, addr.grh, 0, addr.path_bits)
-            )
+            ))  # fmt: skip
         except BaseException:
             self._free_slots.append(slot)
             raise
-        self._slot_owner[slot] = (out, h_av)
+        self._slot_owner[slot] = (out, key)
         out.on_wire += 1
         wr = SendWr(
             wr_id=slot,
@@ -519,7 +568,8 @@ class SplQpTransport(MadTransport):
             del self._slot_owner[slot]
             out.on_wire -= 1
             self._free_slots.append(slot)
-            ci.destroy_av(h_av)
+            for av in self._avs.release(key):
+                ci.destroy_av(av)
             raise
 
     def _arm(self, out: _Out) -> None:
@@ -578,18 +628,20 @@ class SplQpTransport(MadTransport):
         ci = self.cica.ci
         slot = wc.wr_id
         with self._lock:
-            out, h_av = self._slot_owner.pop(slot, (None, None))
+            owner = self._slot_owner.pop(slot, None)
             self._free_slots.append(slot)
+            out = None if owner is None else owner[0]
             if out is not None:
                 out.on_wire -= 1
+            idle = self._avs.release(owner[1]) if owner is not None else []
             failed = self._post_backlog() if self._backlog and self._open else []
         for f in failed:
             self._finish(f, WcStatus.LOCAL_OP_ERR)
-        if h_av is not None:
+        for h_av in idle:
             try:
                 ci.destroy_av(h_av)
             except IbError as exc:
-                log.warning("ibal: destroy_av after a MAD send failed: %s", exc)
+                log.warning("ibal: destroy_av of an idle MAD address failed: %s", exc)
         if out is None or out.on_wire:
             return
         if wc.status is not WcStatus.SUCCESS:

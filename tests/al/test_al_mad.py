@@ -607,3 +607,26 @@ def test_a_burst_beyond_the_send_queue_waits_for_slots_and_all_lands(world: Worl
     assert sorted(d.context for d in (dones.done() for _ in range(n))) == list(range(n))
     assert dones.dones.empty() and r_in.recvs.empty()
     assert alias.transport_stats["sends_queued"] > 0  # the burst did outrun the queue
+
+
+def test_mad_sends_share_one_address_handle_per_destination() -> None:
+    """The QP1 transport's address-handle cache: one handle per destination while sends to
+    it are in flight or it is among the recently used; idle ones beyond the size go, least
+    recently used first; one in use never does; ``clear`` hands every handle back."""
+    from ibal.al.mad_port import _AvCache
+
+    made: list[int] = []
+
+    def create() -> int:
+        made.append(len(made))
+        return made[-1]
+
+    cache = _AvCache(size=2)
+    keys = [(lid, 0, None, 0) for lid in (1, 2, 3)]
+    assert cache.take(keys[0], create) == 0 and cache.take(keys[0], create) == 0
+    assert made == [0]  # the second send to LID 1 reused the handle
+    assert cache.take(keys[1], create) == 1 and cache.take(keys[2], create) == 2
+    assert cache.release(keys[0]) == []  # over size, but every handle is in use
+    assert cache.release(keys[0]) == [0]  # LID 1 idle and least recently used: evicted
+    assert cache.release(keys[1]) == []  # back within size
+    assert sorted(cache.clear()) == [1, 2] and cache.clear() == []
