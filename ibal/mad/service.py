@@ -372,6 +372,19 @@ class MadService:
             if not response:
                 with self._lock:
                     self._unsol_held -= 1
+            elif request is not None:
+                # Its answer came and ended the transport's wait, but cannot be handed
+                # over: end the request with an error rather than leave it waiting.
+                with self._lock:
+                    unfinished = id(request) in self._out
+                    taker = None if unfinished else self._takers.pop(id(request), None)
+                if unfinished:
+                    self._complete(request, WcStatus.GENERAL_ERR)
+                elif taker is not None:  # its send was reported; its taker waits
+                    request.status = WcStatus.GENERAL_ERR
+                    taker(WcStatus.GENERAL_ERR, None)
+                else:  # reported to send_cb already: its recv_cb never comes
+                    self.stats["answer_lost"] += 1
             return
         e.mad[:] = mad  # a reassembled message keeps its exact length, even under 256 bytes
         e.addr = recv.addr

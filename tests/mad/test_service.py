@@ -429,3 +429,36 @@ def test_a_completion_queued_when_the_al_goes_comes_once_and_the_service_knows(
     assert req.state is ElementState.USER and svc.outstanding == 0
     with pytest.raises(InvalidHandle):
         svc.send(req)
+
+
+def test_an_answer_with_no_pool_element_left_ends_its_request_with_an_error(
+        mock_net: Net) -> None:
+    """The asker's pool is exhausted when the answer arrives: the answer is dropped and
+    counted, and the request ends with an error instead of waiting for ever."""
+    import threading
+
+    from ibal.mad import MadPool, MadSvc, reg_mad_svc, transact
+    from ibal.status import IbError
+
+    net = mock_net
+    server, s_in = net.service(net.b, methods={GET})
+    key = MadPool(None, 1, 1, 0).register(net.a.pd)  # one element: the request's own
+    asker = reg_mad_svc(net.a.alias, MadSvc(VENDOR, 1, recv_cb=put_mad, send_cb=put_mad), key)
+    req = request(asker, net, mad(VENDOR, GET), timeout_ms=100)
+    req.addr = net.b.addr()
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            transact(asker, req, timeout=10)
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=ask)
+    t.start()
+    answer(server, s_in.recv(), b"no room for me")
+    t.join(10)
+    assert not t.is_alive(), (dict(asker.stats), req.state, req.status)
+    assert len(errors) == 1 and type(errors[0]) is IbError and "GENERAL_ERR" in str(errors[0])
+    assert asker.stats["dropped_no_element"] == 1
+    assert req.status is WcStatus.GENERAL_ERR
