@@ -205,11 +205,29 @@ def _gid(name: str, v: object) -> bytes:
     return bytes(packed)
 
 
+# Paths that passed, by identity and content (the entry holds the dict, so its id is not
+# reused; a caller's later change to it misses): one resolved route serves a burst of
+# connections, each checking its path five times.
+_checked_paths: dict[int, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
+
+
 def check_path(name: str, path: object) -> dict[str, Any]:
     """A PathRecord usable by the CM, as a dict of :data:`PATH_FIELDS` (defaults filled
     in); else ``InvalidParameter`` (not a mapping, a required field missing, a value of
     the wrong type) or ``InvalidSetting`` (the seed's "packet lifetime or pkey out of
     range", an MTU code that is not 1..5)."""
+    hit = _checked_paths.get(id(path))
+    if hit is not None and hit[0] is path and hit[1] == path:
+        return dict(hit[2])
+    p = _check_path(name, path)
+    if type(path) is dict:
+        if len(_checked_paths) >= 256:
+            _checked_paths.clear()
+        _checked_paths[id(path)] = (path, dict(path), dict(p))
+    return p
+
+
+def _check_path(name: str, path: object) -> dict[str, Any]:
     if not isinstance(path, Mapping):
         raise InvalidParameter(f"{name} must be a PathRecord (a mapping of its fields)")
     missing = [f for f in _PATH_REQUIRED if f not in path]

@@ -189,6 +189,18 @@ def test_path_needs_its_gids_mtu_and_life_and_defaults_the_rest() -> None:
         req(primary_path=42).validate()
 
 
+def test_a_path_checked_once_is_checked_again_after_a_change() -> None:
+    """check_path remembers a dict it passed (a route serves many connections), but by
+    content too: changing the dict afterwards is seen, and the result is the caller's."""
+    path = dict(PATH)
+    first = R.check_path("primary_path", path)
+    first["mtu"] = 99  # the caller's copy: not the remembered one
+    assert R.check_path("primary_path", path)["mtu"] == PATH["mtu"]
+    path["p_key"] = 0x8000
+    with pytest.raises(InvalidSetting, match="not a valid P_Key"):
+        R.check_path("primary_path", path)
+
+
 def test_alternate_path_must_share_the_mtu() -> None:
     req(alt_path={**PATH, "dgid": IPv6Address("::ffff:10.0.1.2")}).validate()
     with pytest.raises(InvalidSetting, match="alt_path MTU code 4 differs from the primary "
