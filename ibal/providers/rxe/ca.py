@@ -435,14 +435,16 @@ class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
         self._n["cq"] -= 1
 
     def poll_cq(self, h_cq: Any, max_entries: int) -> list[Wc]:
-        """Any thread; never blocks for long.  On an empty CQ the caller receives
-        what waits on the device's sockets itself (``DeviceIO.poll_rx``, outside
-        the CA lock, which the receive thread takes after the receive lock)."""
+        """Any thread; never blocks for long.  On an empty CQ that was never armed (a
+        busy poller's) the caller receives what waits on the device's sockets itself
+        (``DeviceIO.poll_rx``, outside the CA lock, which the receive thread takes
+        after the receive lock).  A CQ armed for events has a consumer that polls
+        when told: the receive thread serves it, with no system calls per poll."""
         with self._lock:
             cq = self._h_cq(h_cq)
             if not isinstance(max_entries, int) or max_entries < 0:
                 raise InvalidParameter("max_entries < 0")
-            if cq.entries or not max_entries:
+            if cq.entries or not max_entries or cq.evented:
                 return cq.poll(max_entries)
         self.device.io.poll_rx()
         if not cq.entries:  # (the receive thread may have delivered meanwhile)

@@ -23,7 +23,8 @@ _OK = WcStatus.SUCCESS
 class Cq(Resource):
     """One CQ of ``size`` entries."""
 
-    __slots__ = ("context", "entries", "notify", "notify_n", "overrun", "size", "users")
+    __slots__ = ("context", "entries", "evented", "notify", "notify_n", "overrun", "size",
+                 "users")
 
     NONE, NEXT, SOLICITED = 0, 1, 2
 
@@ -36,14 +37,17 @@ class Cq(Resource):
         self.notify = Cq.NONE
         self.notify_n = 0
         self.overrun = False
+        self.evented = False  # its consumer has asked for a completion event
 
     def arm(self, solicited: bool) -> None:
+        self.evented = True
         if not solicited:
             self.notify = Cq.NEXT
         elif self.notify != Cq.NEXT:
             self.notify = Cq.SOLICITED
 
     def arm_n(self, n: int) -> None:
+        self.evented = True
         self.notify_n = n
 
     def add(self, wc: Wc, solicited: bool) -> tuple[bool, bool]:

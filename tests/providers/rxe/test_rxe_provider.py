@@ -327,3 +327,28 @@ def test_srq_qp_in_error_raises_last_wqe_reached(
     ci.destroy_cq(h_cq)
     ci.deallocate_pd(h_pd)
     ci.close_ca(h_ca)
+
+
+def test_only_a_busy_pollers_empty_poll_reads_the_sockets(
+        two: tuple[RxeProvider, Ca, PortAttr, Ca, PortAttr],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty poll of a CQ never armed (a busy poller) receives in the caller's thread;
+    one of a CQ armed for events (its consumer polls when told, as the AL's QP1 does)
+    leaves receiving to the receive thread: no system calls per poll."""
+    from ibal.providers.rxe.io import DeviceIO
+
+    _, a, _, _, _ = two
+    calls: list[int] = []
+    real = DeviceIO.poll_rx
+
+    def counting(self: DeviceIO) -> int:
+        calls.append(1)
+        return real(self)
+
+    monkeypatch.setattr(DeviceIO, "poll_rx", counting)
+    busy, evented = a.create_cq(8), a.create_cq(8)
+    assert busy.poll() == [] and len(calls) == 1
+    evented.rearm()
+    assert evented.poll() == [] and evented.poll() == [] and len(calls) == 1
+    busy.destroy()
+    evented.destroy()
