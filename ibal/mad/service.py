@@ -342,6 +342,13 @@ class MadService:
         reason = malformed(mad, self.svc, whole)
         if reason:
             self.stats[reason] += 1
+            if is_response(mad) and self._agent_or_raise().hi_tid is None:
+                # The kernel's MAD layer matched it to our request (by TID and class
+                # only) and ended the send: end the request too, or it waits for ever.
+                with self._lock:
+                    asked = self._awaiting.answer(int.from_bytes(mad[TID_LO], "big"), mad)
+                if asked is not None:
+                    self._end_unanswered(asked)
             return
         response = is_response(mad)
         if not whole and rmpp_active(mad, self.svc):
@@ -373,18 +380,7 @@ class MadService:
                 with self._lock:
                     self._unsol_held -= 1
             elif request is not None:
-                # Its answer came and ended the transport's wait, but cannot be handed
-                # over: end the request with an error rather than leave it waiting.
-                with self._lock:
-                    unfinished = id(request) in self._out
-                    taker = None if unfinished else self._takers.pop(id(request), None)
-                if unfinished:
-                    self._complete(request, WcStatus.GENERAL_ERR)
-                elif taker is not None:  # its send was reported; its taker waits
-                    request.status = WcStatus.GENERAL_ERR
-                    taker(WcStatus.GENERAL_ERR, None)
-                else:  # reported to send_cb already: its recv_cb never comes
-                    self.stats["answer_lost"] += 1
+                self._end_unanswered(request)
             return
         e.mad[:] = mad  # a reassembled message keeps its exact length, even under 256 bytes
         e.addr = recv.addr
@@ -404,6 +400,20 @@ class MadService:
         else:
             e.on_put = self._unsol_returned
         self.svc.recv_cb(e)
+
+    def _end_unanswered(self, request: MadElement) -> None:
+        """``request``'s answer came and ended the transport's wait, but cannot be handed
+        over: end the request with an error rather than leave it waiting."""
+        with self._lock:
+            unfinished = id(request) in self._out
+            taker = None if unfinished else self._takers.pop(id(request), None)
+        if unfinished:
+            self._complete(request, WcStatus.GENERAL_ERR)
+        elif taker is not None:  # its send was reported; its taker waits
+            request.status = WcStatus.GENERAL_ERR
+            taker(WcStatus.GENERAL_ERR, None)
+        else:  # reported to send_cb already: its recv_cb never comes
+            self.stats["answer_lost"] += 1
 
     def _unsol_returned(self, _e: MadElement) -> None:
         with self._lock:

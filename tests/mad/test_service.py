@@ -462,3 +462,47 @@ def test_an_answer_with_no_pool_element_left_ends_its_request_with_an_error(
     assert len(errors) == 1 and type(errors[0]) is IbError and "GENERAL_ERR" in str(errors[0])
     assert asker.stats["dropped_no_element"] == 1
     assert req.status is WcStatus.GENERAL_ERR
+
+
+def test_an_answer_in_another_class_version_never_leaves_transact_waiting(net: Net) -> None:
+    """A version-2 answer to a version-1 service's request: the service drops it. Where
+    the AL's transport matches answers it does not end the request on it (it retries,
+    then times out on the clock); where the kernel's MAD layer matched it by TID and
+    class and ended the send (umad), the service ends the request ``GENERAL_ERR``."""
+    import threading
+
+    from ibal.mad import transact
+    from ibal.status import IbError, Timeout
+
+    server, s_in = net.service(net.b, methods={GET})
+    asker, _a_in = net.service(net.a)
+    req = request(asker, net, mad(VENDOR, GET), timeout_ms=100, retries=1)
+    req.addr = net.b.addr()
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            transact(asker, req)  # no wall-clock time-out: only the service can end it
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=ask)
+    t.start()
+    got = s_in.recv()
+    got.mad[2] = 2  # the answer's class version
+    answer(server, got, b"v2")
+    if net.al_owns_qp1:
+        from ibal.testing.helpers import wait_until
+
+        wait_until(lambda: net.a.alias.transport_stats.get("dropped_mismatched_response") == 1,
+                   "the v2 answer dropped")  # fmt: skip
+        net.step(0.1)
+        s_in.recv()  # the retry: the request's timer survived the answer
+        net.step(0.15)
+    t.join(10)
+    assert not t.is_alive() and len(errors) == 1
+    if net.al_owns_qp1:
+        assert isinstance(errors[0], Timeout)
+    else:
+        assert type(errors[0]) is IbError and "GENERAL_ERR" in str(errors[0])
+        assert asker.stats["dropped_bad_class_version"] == 1

@@ -26,9 +26,9 @@ pytestmark = [pytest.mark.lab, pytest.mark.rdma_core, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 LIBUMAD = Path("/usr/lib/x86_64-linux-gnu/libibumad.so.3")
 MODULES = ["test_service.py", "test_service_wire.py", "test_service_rmpp.py"]
-# test_service.py's 14 net cases and the flood; test_service_rmpp.py's 3 net cases (the
+# test_service.py's 15 net cases and the flood; test_service_rmpp.py's 3 net cases (the
 # kernel's RMPP: a request and a response in segments, the SA-style table and Set)
-PASSED = 18
+PASSED = 19
 SKIPS = {  # module -> how many of its umad cases skip, and why (the reason's start)
     "test_service_wire.py": (1, "umad: the kernel's MAD layer checks and drops malformed"),
 }
