@@ -709,6 +709,13 @@ class SplQpTransport(MadTransport):
                         # the retries and time-out, and nothing would ever complete it.
                         self.stats["dropped_mismatched_response"] += 1
                         return
+                    if (recv.addr.grh is None) != (out.send.addr.grh is None):
+                        # As Linux's MAD layer matches: an answer with a GRH to a request
+                        # sent without one (or the reverse) came another way; it is not
+                        # this request's.  (Neither checks the answerer's LID: an answer
+                        # may come from another LID than the request went to.)
+                        self.stats["dropped_wrong_source"] += 1
+                        return
                     out.agent.pending.end(out.key)  # answered: no time-out, no late error
                     if out.timer is not None:
                         out.timer.cancel()

@@ -630,3 +630,26 @@ def test_mad_sends_share_one_address_handle_per_destination() -> None:
     assert cache.release(keys[0]) == [0]  # LID 1 idle and least recently used: evicted
     assert cache.release(keys[1]) == []  # back within size
     assert sorted(cache.clear()) == [1, 2] and cache.clear() == []
+
+
+def test_an_answer_that_came_another_way_does_not_end_the_request(world: World) -> None:
+    """As Linux's MAD layer matches: the right TID with a GRH, to a request sent without
+    one, is not its answer (dropped and counted); the request waits on and takes the
+    answer that comes the way it went."""
+    from ibal.types import Gid, Grh
+
+    asker, a_in = world.agent(world.a, VENDOR)
+    server, s_in = world.agent(world.b, VENDOR, methods={GET})
+    asker.send(MadSend(mad(VENDOR, GET, 0x51), to(world.b), timeout_ms=60_000, context="q"))
+    req = s_in.recv()
+    assert req.addr.grh is None
+    answer = bytes([*req.mad[:3], GET_RESP, *req.mad[4:]])
+    gid = Gid(world.a.port.gids[0].packed if world.a.port.gids else bytes(16))
+    server.send(MadSend(answer, replace(req.addr, grh=Grh(gid))))
+    server.send(MadSend(answer, req.addr))
+    got = a_in.recv()
+    assert got.mad == answer and got.addr.grh is None
+    assert a_in.done() == MadSendDone("q", WcStatus.SUCCESS)
+    assert a_in.recvs.empty()
+    alias_a = world.a.pd.get_spl_qp(world.a.port.port_guid, QpType.QP1_ALIAS)
+    assert alias_a.transport_stats == {"dropped_wrong_source": 1}
