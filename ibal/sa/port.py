@@ -5,9 +5,11 @@ gives the existing one (and counts the holder), :meth:`SaPort.close` drops a
 hold; it lives until the last holder closes it or its AL closes.  It owns a
 CA handle, a PD, the port's QP1 alias and one MAD service of class SUBN_ADM
 version 2 on it (with RMPP sessions on the AL's timers where the port's
-transport does not run RMPP itself), and a second one registered for
-unsolicited Reports once a report listener is added.  It uses its CA handle:
-a CA withdrawn takes it along.
+transport does not run RMPP itself).  Reports: the SA ports of one manager on
+one port share one receiver (:mod:`ibal.sa.reports`): the first with report
+listeners registers a second service for unsolicited Reports, and every
+port with listeners hears each Report.  It uses its CA handle: a CA
+withdrawn takes it along.
 
 :meth:`SaPort.request` runs an :class:`~ibal.sa.txn.SaTxn` to the port's SM
 LID (QP1, Q_Key 0x80010000).  The port's SM LID/SL serve first tries for up to
@@ -50,6 +52,7 @@ from ibal.mad import MadElement, MadService, MadSvc, enable_rmpp, put_mad, reg_m
 from ibal.mad import header as mad_header
 from ibal.mad.consts import Method, MgmtClass, SaAttr
 from ibal.mad.sa import NOTICE
+from ibal.sa.reports import ReportHub, hub_of
 from ibal.sa.txn import (
     SA_DATA,
     SA_HEADER_SIZE,
@@ -251,7 +254,8 @@ class SaPort(Dependent):
         self._clock = al.timers.clock  # the manager's, for its life
         self.ca: Ca = al.open_ca(ca_guid)
         self.service: MadService | None = None
-        self._reports: MadService | None = None  # the Report receiver, once listened for
+        self._reports: MadService | None = None  # the hub's Report receiver, while it holds it
+        self._hub: ReportHub | None = None  # joined with the first report listener
         self._alias: AliasQp | None = None
         try:
             attr = self.ca.query_port(port_num)
@@ -289,22 +293,37 @@ class SaPort(Dependent):
             enable_rmpp(service, self.ca.al.timers, class_header_size=SA_HEADER_SIZE)
         return service
 
-    def _serve_reports(self) -> None:
-        """Take the port's SA Report receiver (under ``_sa_lock``), once.  Only a port with
-        listeners does: an SA port of a subsystem that only queries (IOC discovery) must not
-        keep a user's subscription from its Reports."""
+    def take_reports(self, hub: ReportHub) -> bool | None:
+        """Called by ``hub`` (under its lock): register the port's Report receiver here.
+        True when taken, False where there is no SA (RoCE), None when another client of
+        the port (another process, through the kernel) serves them."""
         alias = self._alias
-        if self._reports is not None or self.stats.get("reports_elsewhere") or alias is None:
-            return  # served, served elsewhere, or no SA here (RoCE)
+        if alias is None:
+            return False
         svc = MadSvc(MgmtClass.SUBN_ADM, SA_CLASS_VERSION, self._on_recv, self._on_sent,
                      methods=frozenset({Method.REPORT}), support_unsol=True)  # fmt: skip
         try:
             self._reports = reg_mad_svc(alias, svc, inline=True)
         except ResourceBusy:
-            # Another client of the port (another AL of this process, or another process
-            # through the kernel) serves SA Reports: queries work, Reports go there.
+            # Queries work; Reports go to the other client.
             log.info("%r: SA Reports are served by another client of the port", self)
-            self.stats["reports_elsewhere"] = 1
+            for m in hub.members():
+                m.stats["reports_elsewhere"] = 1
+            return None
+        return True
+
+    def release_reports(self) -> None:
+        """Called by the hub (under its lock) when this port leaves: let the receiver go,
+        at once, so the next member can register its own."""
+        svc, self._reports = self._reports, None
+        if svc is not None:
+            with contextlib.suppress(IbError):
+                svc.deregister()
+
+    def report_listeners(self) -> list[ReportListener]:
+        """This port's report listeners (a copy)."""
+        with self._sa_lock:
+            return list(self._listeners.values())
 
     def _on_pnp(self, rec: PnpRec) -> None:
         """PnP queue: any event of this port (LID, SM, state, re-register) may move the SA."""
@@ -543,14 +562,17 @@ class SaPort(Dependent):
         put_mad(e)
 
     def _report(self, e: MadElement) -> None:
-        self.stats["reports"] += 1
+        """Receive thread: a Report for the hub's ports; then the one ReportResp."""
         notice = bytes(e.mad[SA_DATA : SA_DATA + NOTICE.size])
         sender = e.addr
         assert sender is not None
-        with self._sa_lock:
-            listeners = list(self._listeners.values())
-        for fn in listeners:
-            call_user(fn, notice, sender)
+        hub = self._hub
+        self.stats["reports"] += 1  # the holder counts each; the others each they hear
+        for port, listeners in hub.deliveries() if hub is not None else []:
+            if port is not self:
+                port.stats["reports"] += 1
+            for fn in listeners:
+                call_user(fn, notice, sender)
         # ReportResp: the Report back with the response method, to its sender.
         e.mad[:] = mad_header.respond(bytes(e.mad[: len(e.mad)]))
         e.resp_expected = False
@@ -570,8 +592,12 @@ class SaPort(Dependent):
         self.check()
         key = next(self._ids)
         with self._sa_lock:
-            self._serve_reports()
             self._listeners[key] = fn
+            hub = self._hub
+            if hub is None and self._alias is not None:
+                hub = self._hub = hub_of(self.al.manager, self.port_guid)
+        if hub is not None:
+            hub.join(self)  # outside our lock: the hub calls other ports' methods
 
         def remove() -> None:
             with self._sa_lock:
@@ -586,6 +612,9 @@ class SaPort(Dependent):
         return len(self._requests)
 
     def on_destroying(self) -> None:
+        hub, self._hub = self._hub, None
+        if hub is not None:
+            hub.leave(self)  # a Report receiver held here passes to the next listener
         pnp, self._pnp = self._pnp, None
         if pnp is not None:
             with contextlib.suppress(IbError):

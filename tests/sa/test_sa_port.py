@@ -257,7 +257,40 @@ def test_only_a_port_with_listeners_takes_the_report_receiver(world: SaWorld) ->
     assert heard.get(timeout=WAIT) == notice
     assert world.sa.report_resps.get(timeout=WAIT)[3] == Method.REPORT_RESP
     assert quiet.stats["reports"] == 0 and port.stats["reports"] == 1
-    # A second listening AL finds the receiver taken: its queries still work.
-    third = SaPort.open(world.mgr.open_al(), world.client_guid)
-    third.add_report_listener(lambda n, who: None)
-    assert third.stats.get("reports_elsewhere") == 1
+
+
+def test_every_listening_al_of_a_manager_hears_a_report_answered_once(world: SaWorld) -> None:
+    """Two AL instances of one manager listen on one port: one receiver serves both
+    (ibal.sa.reports), each hears every Report, one ReportResp goes back; when the
+    holder's port goes, the other takes the receiver over; the last one out frees it."""
+    from ibal.sa.reports import hub_of
+
+    first = SaPort.open(world.mgr.open_al(), world.client_guid)
+    second = SaPort.open(world.mgr.open_al(), world.client_guid)
+    heard: dict[str, queue.Queue[bytes]] = {"first": queue.Queue(), "second": queue.Queue()}
+    first.add_report_listener(lambda n, who: heard["first"].put(n))
+    second.add_report_listener(lambda n, who: heard["second"].put(n))
+    hub = hub_of(world.mgr, world.client_guid)
+    assert hub.holder is first and hub.members() == [first, second]
+    for trap, tid in ((64, 0x90), (65, 0x91)):
+        notice = sa.NOTICE.encode(is_generic=1, type=4, producer_type=4, trap_number=trap,
+                                  issuer_lid=5)  # fmt: skip
+        world.sa.report(world.client_lid, notice, tid=tid)
+        assert heard["first"].get(timeout=WAIT) == notice
+        assert heard["second"].get(timeout=WAIT) == notice
+        resp = world.sa.report_resps.get(timeout=WAIT)
+        assert resp[3] == Method.REPORT_RESP and header.header(resp).tid & 0xFFFFFFFF == tid
+        world.settle()
+        assert world.sa.report_resps.empty()  # one ReportResp per Report
+    assert "reports_elsewhere" not in second.stats
+    assert first.stats["reports"] == 2 and second.stats["reports"] == 2
+    first.close()  # the holder goes: the other takes the receiver over
+    assert hub.holder is second and hub.members() == [second]
+    notice = sa.NOTICE.encode(is_generic=1, type=4, producer_type=4, trap_number=66,
+                              issuer_lid=5)
+    world.sa.report(world.client_lid, notice, tid=0x92)
+    assert heard["second"].get(timeout=WAIT) == notice and heard["first"].empty()
+    assert world.sa.report_resps.get(timeout=WAIT)[3] == Method.REPORT_RESP
+    second.close()
+    assert hub.holder is None and hub.members() == []
+    assert hub_of(world.mgr, world.client_guid) is not hub  # the last one out removed it
