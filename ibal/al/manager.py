@@ -27,6 +27,7 @@ from ibal.al.cica import CiCa
 from ibal.al.dispatcher import CallbackQueues, log
 from ibal.al.pnp import PnpRegistration
 from ibal.al.pnp_io import IoDevices
+from ibal.al.stash import Stash
 from ibal.al.subsystems import Subsystems
 from ibal.al.timer import TimerService
 from ibal.ci.interface import ChannelInterface
@@ -86,6 +87,10 @@ class AlManager:
         """Providers that loaded but found no device, or failed: name → reason."""
         self.subsystems = Subsystems(self, subsystems)
         """The subsystems started before a registration for their PnP class is replayed."""
+        self.stash = Stash()
+        """Per-manager state of the layers above (the CM agent, each port's SA Report
+        hub, the DM's I/O units...), under :class:`~ibal.al.stash.StashKey` keys they own;
+        it lives as long as the manager.  Callers serialise their own updates."""
 
     def __repr__(self) -> str:
         return f"<AlManager {len(self._cas)} CAs, {len(self._als)} ALs>"

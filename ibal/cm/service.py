@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ibal.al import AccessLayer, AlManager, Dependent, PnpClass, PnpEvent, PnpOrder
+from ibal.al import AccessLayer, AlManager, Dependent, PnpClass, PnpEvent, PnpOrder, StashKey
 from ibal.cm import fsm
 from ibal.cm.dispatch import ListenLike, ListenTable, as_int, form_tid, same_sender
 from ibal.cm.port import CmPort
@@ -48,7 +48,7 @@ __all__ = ["CepIo", "CepUser", "CmAgent", "ListenUser", "agent_of"]
 
 log = logging.getLogger("ibal.cm")
 
-_AGENTS: weakref.WeakKeyDictionary[AlManager, CmAgent] = weakref.WeakKeyDictionary()
+_AGENTS: StashKey[CmAgent] = StashKey()  # in each manager's stash
 _AGENTS_LOCK = threading.Lock()
 
 _LISTEN_EVENTS = frozenset({PnpEvent.PORT_REMOVE, PnpEvent.PORT_DOWN, PnpEvent.LID_CHANGE,
@@ -141,20 +141,20 @@ class _AgentLife(Dependent):
         mgr = self._mgr_ref()
         if mgr is not None:
             with _AGENTS_LOCK:
-                agent = _AGENTS.get(mgr)
+                agent = mgr.stash.get(_AGENTS, None)
                 if agent is not None and agent.al is self.al:
-                    del _AGENTS[mgr]
+                    del mgr.stash[_AGENTS]
 
 
 def agent_of(mgr: AlManager) -> CmAgent:
     """The manager's CM agent, started on first use (``InvalidState`` once it is closed)."""
     with _AGENTS_LOCK:
-        agent = _AGENTS.get(mgr)
+        agent = mgr.stash.get(_AGENTS, None)
         if agent is None or agent.closed:
             if mgr.closed:
                 raise InvalidState("the AL manager is closed")
             agent = CmAgent(mgr)
-            _AGENTS[mgr] = agent
+            mgr.stash[_AGENTS] = agent
         return agent
 
 

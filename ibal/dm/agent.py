@@ -39,6 +39,7 @@ from ibal.al import (
     PnpOrder,
     PnpRec,
     PnpRegistration,
+    StashKey,
 )
 from ibal.dm.answer import Drop, answer
 from ibal.dm.iou import IoUnit, io_unit, units_of
@@ -55,7 +56,7 @@ __all__ = ["DmService", "PortAgent"]
 
 log = logging.getLogger("ibal.dm")
 
-_SERVICES: weakref.WeakKeyDictionary[AlManager, DmService] = weakref.WeakKeyDictionary()
+_SERVICES: StashKey[DmService] = StashKey()  # in each manager's stash
 _SERVICES_LOCK = threading.Lock()
 _METHODS = frozenset({Method.GET, Method.SET})
 
@@ -158,11 +159,11 @@ class DmService:
         """The manager's DM service, started on first call (the PnP replay delivered
         before it returns, except from a PnP callback, where it follows)."""
         with _SERVICES_LOCK:
-            svc = _SERVICES.get(mgr)
+            svc = mgr.stash.get(_SERVICES, None)
             if svc is not None and not svc.al.closed:
                 return svc
             svc = cls(mgr)
-            _SERVICES[mgr] = svc
+            mgr.stash[_SERVICES] = svc
         for unit in units_of(mgr):
             svc.watch(unit)
         sync = not mgr.queues.pnp.is_current()
@@ -174,7 +175,7 @@ class DmService:
     def of(cls, mgr: AlManager) -> DmService | None:
         """The manager's running DM service, if started."""
         with _SERVICES_LOCK:
-            svc = _SERVICES.get(mgr)
+            svc = mgr.stash.get(_SERVICES, None)
         return svc if svc is not None and not svc.al.closed else None
 
     def agent(self, port_guid: int) -> PortAgent | None:

@@ -31,12 +31,11 @@ import itertools
 import logging
 import os
 import threading
-import weakref
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ibal.al import AccessLayer, Ca, PnpClass, PnpEvent, PnpOrder, PnpRec, in_callback
+from ibal.al import AccessLayer, Ca, PnpClass, PnpEvent, PnpOrder, PnpRec, StashKey, in_callback
 from ibal.dm.sweep import (
     AddIoc,
     AddIou,
@@ -71,7 +70,7 @@ __all__ = ["ENHANCED_COMP_MASK", "Discovery", "DmPort", "RocePeer", "SweepHandle
 
 log = logging.getLogger("ibal.dm")
 
-_DISCOVERIES: weakref.WeakKeyDictionary[AlManager, Discovery] = weakref.WeakKeyDictionary()
+_DISCOVERIES: StashKey[Discovery] = StashKey()  # in each manager's stash
 _LOCK = threading.Lock()
 
 
@@ -167,12 +166,12 @@ class Discovery:
         if not all(isinstance(p, RocePeer) for p in peers):
             raise InvalidParameter("roce_peers must be RocePeer records")
         with _LOCK:
-            d = _DISCOVERIES.get(mgr)
+            d = mgr.stash.get(_DISCOVERIES, None)
             if d is not None and not d._closed and not d.al.closed:
                 return d
             d = cls(mgr, interval=interval, timeout=timeout, retries=retries, window=window,
                     roce_peers=peers, trust_change_id=trust_change_id)  # fmt: skip
-            _DISCOVERIES[mgr] = d
+            mgr.stash[_DISCOVERIES] = d
         sync = not mgr.queues.pnp.is_current()
         flags = PnpClass.FLAG_REG_SYNC if sync else PnpClass(0)
         d._pnp = d.al.reg_pnp(PnpClass.PORT | flags, d._on_pnp, order=PnpOrder.DM)
@@ -182,7 +181,7 @@ class Discovery:
     def of(cls, mgr: AlManager) -> Discovery | None:
         """The manager's running discovery client, if started."""
         with _LOCK:
-            d = _DISCOVERIES.get(mgr)
+            d = mgr.stash.get(_DISCOVERIES, None)
         return d if d is not None and not d._closed and not d.al.closed else None
 
     def close(self) -> None:

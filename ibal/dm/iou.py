@@ -13,10 +13,10 @@ back (the agent sets the ports' IsDeviceManagementSupported bit then).
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ibal.al import StashKey
 from ibal.dm.answer import ExportedIoc, UnitView
 from ibal.status import InsufficientResources
 
@@ -126,14 +126,14 @@ class IoUnit:
                 call_user(fn, self, exporting)
 
 
-_UNITS: weakref.WeakKeyDictionary[AlManager, dict[int, IoUnit]] = weakref.WeakKeyDictionary()
+_UNITS: StashKey[dict[int, IoUnit]] = StashKey()
 _UNITS_LOCK = threading.Lock()
 
 
 def io_unit(mgr: AlManager, ca_guid: int) -> IoUnit:
     """The I/O unit of CA ``ca_guid`` under ``mgr`` (made on first use)."""
     with _UNITS_LOCK:
-        units = _UNITS.setdefault(mgr, {})
+        units = mgr.stash.setdefault(_UNITS, {})
         unit = units.get(ca_guid)
         if unit is None:
             unit = units[ca_guid] = IoUnit(ca_guid)
@@ -143,4 +143,4 @@ def io_unit(mgr: AlManager, ca_guid: int) -> IoUnit:
 def units_of(mgr: AlManager) -> list[IoUnit]:
     """Every I/O unit made under ``mgr``."""
     with _UNITS_LOCK:
-        return list(_UNITS.get(mgr, {}).values())
+        return list(mgr.stash.get(_UNITS, {}).values())

@@ -24,18 +24,20 @@ import threading
 import weakref
 from typing import TYPE_CHECKING
 
+from ibal.al import StashKey
+
 if TYPE_CHECKING:
     from ibal.al import AlManager
     from ibal.sa.port import ReportListener, SaPort
 
-_HUBS: weakref.WeakKeyDictionary[AlManager, dict[int, ReportHub]] = weakref.WeakKeyDictionary()
+_HUBS: StashKey[dict[int, ReportHub]] = StashKey()
 _HUBS_LOCK = threading.Lock()
 
 
 def hub_of(mgr: AlManager, port_guid: int) -> ReportHub:
     """The manager's hub for ``port_guid``, made on first use."""
     with _HUBS_LOCK:
-        hubs = _HUBS.setdefault(mgr, {})
+        hubs = mgr.stash.setdefault(_HUBS, {})
         hub = hubs.get(port_guid)
         if hub is None:
             hub = hubs[port_guid] = ReportHub(mgr, port_guid)
@@ -82,7 +84,7 @@ class ReportHub:
         if empty:
             mgr = self._mgr()
             with _HUBS_LOCK:
-                hubs = _HUBS.get(mgr) if mgr is not None else None
+                hubs = mgr.stash.get(_HUBS, None) if mgr is not None else None
                 if hubs is not None and hubs.get(self.port_guid) is self and not self._members:
                     del hubs[self.port_guid]
 
