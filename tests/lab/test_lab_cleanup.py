@@ -14,9 +14,15 @@ pytestmark = pytest.mark.lab
 
 Cleaned = Callable[[LabSession], None]
 
-# Lists the guest's processes running `sleep` (procps is not needed: /proc suffices).
+# The guest's live processes running `sleep` (procps is not needed: /proc suffices). A
+# zombie is dead (init reaps the orphan a moment later) and a killed member of the group
+# may still be on its way out when the leader's exit ends the job: look again, for at
+# most 5 s, until none is left alive.
 _SLEEPERS = (
-    'for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sleep ] && echo ${p#/proc/}; done'
+    'for i in $(seq 50); do live=; for p in /proc/[0-9]*; do '
+    '[ "$(cat $p/comm 2>/dev/null)" = sleep ] && ! grep -q "^State:.Z" $p/status 2>/dev/null '
+    '&& live="$live ${p#/proc/}"; done; [ -z "$live" ] && break; sleep 0.1; done; '
+    '[ -n "$live" ] && echo $live; true'
 )
 
 
