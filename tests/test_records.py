@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from ibal.memo import derived
 from ibal.records import record
-from ibal.types import MadAddr, PortAttr
+from ibal.types import CaAttr, Gid, GidEntry, GidType, MadAddr, PortAttr
 
 
 def _pair(frozen: bool) -> tuple[Any, Any]:
@@ -75,3 +76,36 @@ def test_ibal_types_records() -> None:
     p = PortAttr(1, 0x10)
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.lid = 3  # type: ignore[misc]
+
+
+def test_port_lookups_take_the_first_entry_and_follow_new_attributes() -> None:
+    g1, g2 = Gid("fe80::1"), Gid("::ffff:10.0.0.1")
+    table = (GidEntry(0, g1), GidEntry(1, g2, GidType.ROCE_V1), GidEntry(2, g2, GidType.ROCE_V2))
+    p = PortAttr(1, 0x10, pkeys=(0xFFFF, 0x8001, 0x0001), gid_table=table)
+    assert (p.gid_index(g1.packed), p.gid_index(bytearray(g2.packed))) == (0, 1)
+    assert p.gid_index(bytes(16)) is None
+    assert (p.pkey_index(0x7FFF), p.pkey_index(0x0001), p.pkey_index(0x1234)) == (0, 1, None)
+    ca = CaAttr(ca_guid=1, ports=(PortAttr(1, 0x10), p.__class__(2, 0x11, gid_table=table)))
+    assert ca.port_of_gid(g2.packed).port_num == 2  # type: ignore[union-attr]
+    assert ca.port_of_gid(Gid("fe80::9").packed) is None
+    # a port change hands out new attributes: their lookups are their own
+    q = PortAttr(1, 0x10, gid_table=(GidEntry(4, g2),))
+    assert (q.gid_index(g2.packed), p.gid_index(g2.packed)) == (4, 1)
+
+
+def test_derived_builds_once_per_object_and_never_mixes_objects() -> None:
+    calls: list[object] = []
+
+    def build(o: object) -> Any:
+        calls.append(o)
+        return len(calls)
+
+    a, b = object(), object()
+    assert derived(a, "n", lambda: build(a)) == derived(a, "n", lambda: build(a)) == 1
+    assert derived(b, "n", lambda: build(b)) == 2
+    assert derived(a, "m", lambda: build(a)) == 3  # another name, another value
+    assert calls == [a, b, a]
+    for _ in range(300):  # past the bound: the memo starts over, values stay right
+        o = object()
+        assert derived(o, "n", lambda o=o: o) is o  # type: ignore[misc]
+    assert derived(a, "n", lambda: "rebuilt") == "rebuilt"

@@ -122,9 +122,9 @@ class Ca(CaObject):
         something that is not a GID.
         """
         want = _as_gid(gid)
-        for e in self.query_port(port_num).gid_table:
-            if e.gid == want:
-                return e.index
+        index = self.query_port(port_num).gid_index(want.packed)
+        if index is not None:
+            return index
         raise NotFound(f"port {port_num} of {self.name} has no GID {want}")
 
     def find_pkey(self, port_num: int, pkey: int) -> int:

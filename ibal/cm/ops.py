@@ -84,18 +84,17 @@ def _qp(qp: object, types: frozenset[QpType] = _CONNECTED) -> Qp:
 def _local_port(qp: Qp, path: dict[str, Any], ca_attr: CaAttr | None = None) -> PortAttr:
     """The port of ``qp``'s CA the path starts at (its SGID); ``InvalidSetting`` if none.
     ``ca_attr``: the CA's attributes if the caller queried them already."""
-    sgid = bytes(path["sgid"])
-    for p in (ca_attr or qp.pd.ca.query()).ports:
-        if any(e.gid.packed == sgid for e in p.gid_table):
-            return p
-    raise InvalidSetting("the path does not start at a port of the QP's CA")
+    port = (ca_attr or qp.pd.ca.query()).port_of_gid(bytes(path["sgid"]))
+    if port is None:
+        raise InvalidSetting("the path does not start at a port of the QP's CA")
+    return port
 
 
 def _pkey_index(port: PortAttr, pkey: int) -> int:
-    for i, k in enumerate(port.pkeys):
-        if k & 0x7FFF == pkey & 0x7FFF:
-            return i
-    raise InvalidSetting(f"P_Key 0x{pkey:04x} is not in port {port.port_num}'s table")
+    index = port.pkey_index(pkey)
+    if index is None:
+        raise InvalidSetting(f"P_Key 0x{pkey:04x} is not in port {port.port_num}'s table")
+    return index
 
 
 def _check_reset_or_init(qp: Qp) -> None:
@@ -522,9 +521,9 @@ def sidr_reply(conn: CmConn, rep: CmRep) -> None:
 def _port_of_path(al: AccessLayer, agent: CmAgent, pf: dict[str, Any]) -> CmPort:
     sgid = bytes(pf["sgid"])
     for ca_guid in al.get_ca_guids():
-        for p in al.query_ca_by_guid(ca_guid).ports:
-            if any(e.gid.packed == sgid for e in p.gid_table):
-                return agent.port(ca_guid, p.port_num)
+        p = al.query_ca_by_guid(ca_guid).port_of_gid(sgid)
+        if p is not None:
+            return agent.port(ca_guid, p.port_num)
     raise InvalidSetting("the path does not start at a local port")
 
 

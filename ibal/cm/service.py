@@ -29,7 +29,7 @@ import threading
 import weakref
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ibal.al import AccessLayer, AlManager, Dependent, PnpClass, PnpEvent, PnpOrder, StashKey
 from ibal.cm import fsm
@@ -50,6 +50,7 @@ log = logging.getLogger("ibal.cm")
 
 _AGENTS: StashKey[CmAgent] = StashKey()  # in each manager's stash
 _AGENTS_LOCK = threading.Lock()
+_LATE_EVENTS: Final = (fsm.TimerFired, fsm.RecvMsg, fsm.Destroy)  # dropped once released
 
 _LISTEN_EVENTS = frozenset({PnpEvent.PORT_REMOVE, PnpEvent.PORT_DOWN, PnpEvent.LID_CHANGE,
                             PnpEvent.PKEY_CHANGE})  # fmt: skip
@@ -346,7 +347,7 @@ class CmAgent:
         """Feed one event to ``cep``'s machine and carry out its actions, in order."""
         with self._lock:
             if self._ceps.get(cep.local_comm_id) is not cep:
-                if isinstance(event, fsm.TimerFired | fsm.RecvMsg | fsm.Destroy):
+                if isinstance(event, _LATE_EVENTS):
                     return  # released meanwhile
                 raise InvalidState("the connection is closed")
             if isinstance(event, fsm.RecvMsg):
@@ -432,18 +433,16 @@ class CmAgent:
         caller has them fresh."""
         if pa is None:
             pa = port.ca.query_port(port.port_num)
-        dgid = _gid(path["dgid"])
-        sgid = _gid(path["sgid"])
         hop = as_int(path.get("hop_limit", 0))
         roce = port.link_layer is not LinkLayer.INFINIBAND
         grh = None
         if roce or hop > 1:
-            sgid_index = next((e.index for e in pa.gid_table if e.gid == sgid), 0)
-            grh = Grh(dgid=dgid, sgid_index=sgid_index, hop_limit=hop or 64,
+            sgid_index = pa.gid_index(_gid(path["sgid"]).packed) or 0
+            grh = Grh(dgid=_gid(path["dgid"]), sgid_index=sgid_index, hop_limit=hop or 64,
                       traffic_class=as_int(path.get("tclass", 0)),
                       flow_label=as_int(path.get("flow_label", 0)))  # fmt: skip
         pkey = as_int(path.get("p_key", DEFAULT_PKEY)) or DEFAULT_PKEY
-        pkey_index = next((i for i, k in enumerate(pa.pkeys) if k & 0x7FFF == pkey & 0x7FFF), 0)
+        pkey_index = pa.pkey_index(pkey) or 0
         return MadAddr(remote_qp=1, dlid=0 if roce else as_int(path["dlid"]),
                        sl=as_int(path.get("sl", 0)), pkey_index=pkey_index, grh=grh)  # fmt: skip
 
@@ -456,6 +455,6 @@ def cast_listen(listen: ListenLike) -> ListenUser:
 def _gid(v: object) -> Gid:
     if isinstance(v, Gid):
         return v
-    if isinstance(v, bytes | bytearray) and len(v) == 16:
+    if isinstance(v, (bytes, bytearray)) and len(v) == 16:
         return Gid(bytes(v))
     raise InvalidParameter(f"expected a GID, got {v!r}")
