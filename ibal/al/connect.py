@@ -245,6 +245,9 @@ def _depth(asked: int | None, limit: int) -> int:
     return max(1, min(16, limit or 4))
 
 
+_NO_LIMITS = CaAttr(ca_guid=0)  # no CA limits given: depths as asked
+
+
 def transitions(
     qp_type: QpType,
     port: PortAttr,
@@ -289,7 +292,7 @@ def transitions(
                   rq_psn=remote.psn),
             QpMod(QpState.RTS, sq_psn=psn),
         ]  # fmt: skip
-    limits = ca_attr or CaAttr(ca_guid=0)
+    limits = ca_attr or _NO_LIMITS
     return [
         init,
         QpMod(

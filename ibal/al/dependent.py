@@ -29,15 +29,22 @@ if TYPE_CHECKING:
     from ibal.al.timer import Timer
 
 
-def _owner_types() -> tuple[type[AlObject], ...]:
-    from ibal.al.access_layer import AccessLayer
-    from ibal.al.ca import Ca
-    from ibal.al.cq import Cq
-    from ibal.al.pd import Pd
-    from ibal.al.qp import Qp
-    from ibal.al.srq import Srq
+_OWNER_TYPES: tuple[type[AlObject], ...] = ()
 
-    return (AccessLayer, Ca, Pd, Qp, Cq, Srq, Dependent)
+
+def _owner_types() -> tuple[type[AlObject], ...]:
+    """The classes an owner may be (imported on first use: they import this module)."""
+    global _OWNER_TYPES
+    if not _OWNER_TYPES:
+        from ibal.al.access_layer import AccessLayer
+        from ibal.al.ca import Ca
+        from ibal.al.cq import Cq
+        from ibal.al.pd import Pd
+        from ibal.al.qp import Qp
+        from ibal.al.srq import Srq
+
+        _OWNER_TYPES = (AccessLayer, Ca, Pd, Qp, Cq, Srq, Dependent)
+    return _OWNER_TYPES
 
 
 class Dependent(AlObject):
@@ -74,12 +81,10 @@ class Dependent(AlObject):
         destroy_cb: DestroyCallback | None = None,
         uses: Iterable[AlObject] = (),
     ) -> None:
-        from ibal.al.ca import Ca
-
         port_num = 0
         parent: object = owner
         if isinstance(owner, tuple):
-            if len(owner) != 2 or not isinstance(owner[0], Ca):
+            if len(owner) != 2 or not isinstance(owner[0], _owner_types()[1]):
                 raise InvalidParameter("a port owner is (ca, port_num)")
             parent, port_num = owner
             if type(port_num) is not int or port_num < 1:

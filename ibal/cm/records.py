@@ -150,8 +150,11 @@ _PATH_DEFAULTS: Final[dict[str, Any]] = {
 # ------------------------------------------------------------------ checks
 
 
+_BYTES_LIKE: Final = (bytes, bytearray, memoryview)  # a tuple: ``A | B`` builds a union per call
+
+
 def _bytes(name: str, v: object) -> bytes:
-    if not isinstance(v, bytes | bytearray | memoryview):
+    if not isinstance(v, _BYTES_LIKE):
         raise InvalidParameter(f"{name} must be bytes, not {type(v).__name__}")
     return bytes(v)
 
@@ -185,7 +188,7 @@ def _uint(name: str, v: object, bits: int) -> int:
 
 
 def _bool(name: str, v: object) -> None:
-    if not isinstance(v, bool | int):
+    if not isinstance(v, int):
         raise InvalidParameter(f"{name} must be a bool")
 
 
@@ -200,7 +203,7 @@ def _callable(name: str, v: object, required: bool = False) -> None:
 
 def _gid(name: str, v: object) -> bytes:
     packed = getattr(v, "packed", v)
-    if not isinstance(packed, bytes | bytearray) or len(packed) != 16:
+    if not isinstance(packed, _BYTES_LIKE[:2]) or len(packed) != 16:
         raise InvalidParameter(f"{name} must be a GID (16 bytes or ibal.types.Gid)")
     return bytes(packed)
 

@@ -153,6 +153,10 @@ class Table:
         self._checks = tuple((p.field, p.field.kind in BYTE_KINDS, p.mask) for p in self.values)
         self._resv_names = frozenset(p.name for p in self.fields if p.field.reserved)
         self._has_resv = bool(self._resv_names)
+        top = self.size * 8
+        self._resv_shifts = tuple(
+            (p.name, top - p.offset - p.field.bits, p.mask) for p in self.fields if p.field.reserved
+        )
         self.unpack: Callable[..., tuple[Any, ...]] = c.unpack
         self.pack: Callable[..., bytes] = c.pack
         self.pack_into: Callable[..., None] = c.pack_into
@@ -187,11 +191,9 @@ class Table:
         vals = self.unpack(buf, off)
         out: dict[str, Value] = dict(zip(self.names, vals, strict=True))
         if self._has_resv:  # one big-int read for all reserved fields
-            raw = int.from_bytes(bytes(buf[off : off + self.size]), "big")
-            top = self.size * 8
-            for p in self.fields:
-                if p.field.reserved:
-                    out[p.name] = (raw >> (top - p.offset - p.field.bits)) & p.mask
+            raw = int.from_bytes(buf[off : off + self.size], "big")
+            for name, shift, mask in self._resv_shifts:
+                out[name] = (raw >> shift) & mask
         return out
 
     def _extract(self, buf: Buffer, off: int, p: Placed) -> Value:
@@ -234,7 +236,7 @@ class Table:
             v = get(f.name, f.default)
             if is_bytes:
                 if type(v) is not bytes:
-                    if not isinstance(v, bytes | bytearray | memoryview):
+                    if not isinstance(v, (bytes, bytearray, memoryview)):
                         raise FieldError("type", f"{self.name}.{f.name}: expected bytes", f.name)
                     v = bytes(v)
                 if len(v) != f.bits // 8:

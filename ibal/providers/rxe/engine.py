@@ -74,7 +74,7 @@ class Engine:
             if self._closed:
                 return
             now = time.monotonic()
-            self._own = frozenset(ip.packed for ip in self.io.addresses)
+            self._own = self.io.own
             touched: dict[Qp, None] = {}
             for pkt in packets:
                 self._dispatch(pkt, now, touched, True)
@@ -109,7 +109,7 @@ class Engine:
         """Run ``qp`` after a verb changed it (posted work, a state change)."""
         with self._lock:
             now = time.monotonic()
-            self._own = frozenset(ip.packed for ip in self.io.addresses)
+            self._own = self.io.own
             self._pump(qp, now)
             self._run_local(now)
             self._flush()
@@ -255,7 +255,7 @@ class Engine:
                 now = time.monotonic()
                 due = [qp for qp, d in self._deadlines.items() if d <= now]
                 if due:
-                    self._own = frozenset(ip.packed for ip in self.io.addresses)
+                    self._own = self.io.own
                     for qp in due:
                         self._deadlines.pop(qp, None)
                         if qp.alive:

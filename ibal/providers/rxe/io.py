@@ -234,6 +234,8 @@ class DeviceIO:
         self._ring = mmsg.RecvRing(batch, max_datagram)
         self._decoder = RxDecoder(self._ring, self.counters, capture)
         self._endpoints: dict[IpAddress, _Endpoint] = {}
+        self.own: frozenset[bytes] = frozenset()
+        """The raw addresses (4 or 16 bytes) of this device: packets to them loop back."""
         self._groups: dict[IpAddress, _Group] = {}
         self._names: dict[bytes, bytes] = {}  # destination -> sockaddr
         # (source, destination, port, length) -> (ICRC prefix, UDP header) to send
@@ -257,12 +259,14 @@ class DeviceIO:
             if ip in self._endpoints:
                 return
             self._endpoints[ip] = _open(ip, self.port, self.rx_mode, self.batch, scope_id)
+            self.own = frozenset(a.packed for a in self._endpoints)
         self._wake()
 
     def remove_address(self, ip: IpAddress) -> None:
         """Close the sockets of ``ip`` (no-op when it has none)."""
         with self._lock:
             ep = self._endpoints.pop(ip, None)
+            self.own = frozenset(a.packed for a in self._endpoints)
         if ep is not None:
             self._wake()
             with self._lock:
@@ -308,6 +312,7 @@ class DeviceIO:
             for ep in self._endpoints.values():
                 ep.close()
             self._endpoints.clear()
+            self.own = frozenset()
             for g in self._groups.values():
                 g.rx.close()
             self._groups.clear()

@@ -69,6 +69,7 @@ from ibal.types import (
 _RESET = QpState.RESET
 _ERROR = QpState.ERROR
 _SEND_OK = frozenset({QpState.RTS, QpState.SQD, QpState.SQERR, QpState.ERROR})
+_QUIET_TARGETS = frozenset({QpState.INIT, QpState.RTR})  # nothing to send, flush or time
 _OPCODES: dict[QpType, frozenset[WrType]] = {
     QpType.RC: frozenset(WrType),
     QpType.UC: frozenset({WrType.SEND, WrType.RDMA_WRITE, WrType.LOCAL_INV, WrType.BIND_MW}),
@@ -210,7 +211,8 @@ class QpVerbs(CaState):
         if mod.sq_depth is not None or mod.rq_depth is not None:
             raise Unsupported(f"resize_qp: {self.capabilities.reason('resize_qp')}")
         self._apply(qp, mod, path)
-        self.engine.pump(qp)
+        if mod.state not in _QUIET_TARGETS:
+            self.engine.pump(qp)  # sends held in SQD, flushes in ERR, timers to drop
         return qp.attr()
 
     def _apply(self, qp: Qp, mod: QpMod, path: tuple[bytes, bytes] | None) -> None:

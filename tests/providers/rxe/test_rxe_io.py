@@ -315,3 +315,12 @@ def test_golden_kernel_frames_pass_the_icrc_only_on_the_raw_path(mode: RxMode) -
         finally:
             with ns.entered():
                 dev.close()
+
+
+def test_own_follows_the_addresses(pair: tuple[DeviceIO, DeviceIO, Inbox]) -> None:
+    a, _b, _inbox = pair
+    assert a.own == frozenset({A.packed})  # what the engine loops back without a socket
+    a.remove_address(A)
+    assert a.own == frozenset() and a.addresses == ()
+    a.add_address(A)
+    assert a.own == frozenset({A.packed})
