@@ -18,9 +18,10 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ibal.al import AccessLayer, Qp
+from ibal.cm import simple
 from ibal.cm.cma import (
     CMA_HDR_SIZE,
     RDMA_UDP_QKEY,
@@ -34,6 +35,8 @@ from ibal.cm.cma import (
     join_private_data,
     service_id,
 )
+from ibal.cm.ops import DEFAULT_ACCESS as CM_DEFAULT_ACCESS
+from ibal.cm.simple import Connection, Incoming, Listener
 from ibal.mad import sa
 from ibal.mad.cm import RejReason, SidrStatus
 from ibal.mad.consts import CmAttr, Method, SaAttr
@@ -41,20 +44,28 @@ from ibal.sa import user_query
 from ibal.status import (
     IbError,
     InvalidParameter,
+    InvalidQpState,
     InvalidSetting,
     NotFound,
     RemoteError,
     Timeout,
 )
-from ibal.types import AvAttr, Gid, Grh, LinkLayer, LinkState, PortAttr
+from ibal.types import (
+    DEFAULT_PKEY,
+    AvAttr,
+    Gid,
+    Grh,
+    LinkLayer,
+    LinkState,
+    PortAttr,
+    QpMod,
+    QpState,
+)
 from ibal.wire.fields import FieldError
-
-if TYPE_CHECKING:
-    from ibal.cm.simple import Connection, Incoming, Listener
 
 __all__ = [
     "RdmaConnection", "RdmaIncoming", "RdmaListener", "RdmaRoute", "UdPeer", "connect",
-    "listen", "resolve_route", "resolve_udp",
+    "init_qp", "listen", "resolve_route", "resolve_udp",
 ]  # fmt: skip
 
 log = logging.getLogger("ibal.cm")
@@ -122,7 +133,7 @@ def resolve_route(al: AccessLayer, dst: IpAddress | str, *, src: IpAddress | str
     ports = _candidates(al, port_guid)
     if s is not None:
         want = gid_of(s)
-        ports = [(g, p) for g, p in ports if any(e.gid == want for e in p.gid_table)]
+        ports = [(g, p) for g, p in ports if p.gid_index(want.packed) is not None]
         if not ports:
             raise NotFound(f"no active RoCE port has the address {s}")
     if not ports:
@@ -146,7 +157,7 @@ def resolve_route(al: AccessLayer, dst: IpAddress | str, *, src: IpAddress | str
             continue
         fields = dict(recs[0].fields)
         sgid = Gid(bytes(fields["sgid"]))
-        index = next((e.index for e in port.gid_table if e.gid == sgid), None)
+        index = port.gid_index(sgid.packed)
         if index is None:  # the port's table changed under us
             continue
         return RdmaRoute(ip_of(sgid), d, ca_guid, port.port_num, port.port_guid, index, fields)
@@ -220,6 +231,25 @@ class RdmaConnection:
         self.connection.disconnect(wait=wait, timeout=timeout)
 
 
+def init_qp(qp: Qp, route: RdmaRoute) -> None:
+    """``rdma_create_qp``'s second half: librdmacm moves a connected QP to INIT as it creates
+    it (port, P_Key index and access flags of the route), so ``rdma_connect`` only sends.
+    ``qp`` (RC or UC, RESET, on the route's CA) goes to INIT as :func:`connect` would move
+    it; ``InvalidSetting`` for a QP of another CA or a P_Key the port lacks, the AL's
+    status exceptions for a destroyed QP, ``InvalidQpState`` for one past RESET."""
+    ca = qp.pd.ca
+    if qp.state is not QpState.RESET:
+        raise InvalidQpState(f"the QP is {qp.state.name}: rdma_create_qp inits a new QP")
+    if ca.guid != route.ca_guid:
+        raise InvalidSetting("the QP is not on the route's CA")
+    pkey = int(route.path.get("p_key", DEFAULT_PKEY))
+    index = ca.query_port(route.port_num).pkey_index(pkey)
+    if index is None:
+        raise InvalidSetting(f"P_Key 0x{pkey:04x} is not in port {route.port_num}'s table")
+    qp.modify(QpMod(QpState.INIT, port_num=route.port_num, pkey_index=index,
+                    access=CM_DEFAULT_ACCESS))  # fmt: skip
+
+
 def connect(al: AccessLayer, dst: IpAddress | str, port: int, qp: Qp, private_data: bytes = b"",
             *, src: IpAddress | str | None = None, src_port: int | None = None,
             ps: PortSpace = PortSpace.TCP, timeout: float | None = None,
@@ -238,8 +268,6 @@ def connect(al: AccessLayer, dst: IpAddress | str, port: int, qp: Qp, private_da
     at once, ``callback(conn)`` runs on the AL's misc queue when the outcome is known
     (``conn.connection.established`` says which).
     """
-    from ibal.cm import simple
-
     if ps not in (PortSpace.TCP, PortSpace.IB):
         raise InvalidParameter(f"an RC connection uses the TCP or IB port space, not {ps.name}")
     if len(private_data) > USER_PDATA_MAX[CmAttr.REQ]:
@@ -280,8 +308,6 @@ def resolve_udp(al: AccessLayer, dst: IpAddress | str, port: int, private_data: 
     status than SUCCESS or a Q_Key other than ``RDMA_UDP_QKEY``
     (``cma_sidr_rep_handler`` refuses those), ``Timeout`` without an answer.
     """
-    from ibal.cm import simple
-
     room = USER_PDATA_MAX[CmAttr.SIDR_REQ]
     if len(private_data) > room:
         raise InvalidParameter(f"private data is at most {room} bytes after the RDMA CM "
@@ -366,8 +392,6 @@ class RdmaListener:
     def __init__(self, al: AccessLayer, port: int, *, ps: PortSpace = PortSpace.TCP,
                  addr: IpAddress | str | None = None,
                  callback: Callable[[RdmaIncoming], object] | None = None) -> None:  # fmt: skip
-        from ibal.cm import simple
-
         self.port = port
         self.ps = PortSpace(ps)
         self.addr = _addr(addr) if addr is not None else None

@@ -7,6 +7,7 @@ rdma_cm the same resolution is compared in tests/sa/test_roce_lab.py.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 from collections.abc import Iterator
@@ -78,3 +79,32 @@ def test_bad_addresses_are_refused(al: AccessLayer) -> None:
         resolve_route(al, B, src="127.0.0.99")
     with pytest.raises(NotFound, match="GUID"):
         resolve_route(al, B, port_guid=0x1234)
+
+
+def test_init_qp_moves_a_fresh_qp_to_init_on_the_route_port(al: AccessLayer) -> None:
+    from ibal.al import QpCreate
+    from ibal.cm.ops import DEFAULT_ACCESS
+    from ibal.cm.rdma import init_qp
+    from ibal.status import InvalidQpState, InvalidSetting
+    from ibal.types import QpState, QpType
+
+    r = resolve_route(al, B, src=A)
+    ca = al.open_ca(r.ca_guid)
+    pd = ca.alloc_pd()
+    cq = ca.create_cq(8)
+    qp = pd.create_qp(QpCreate(QpType.RC, cq, cq, sq_depth=1, rq_depth=1))
+    init_qp(qp, r)
+    attr = qp.query()
+    assert (attr.state, attr.port_num, attr.pkey_index) == (QpState.INIT, r.port_num, 0)
+    assert attr.access == DEFAULT_ACCESS  # what the CM's own INIT would set
+    with pytest.raises(InvalidQpState):
+        init_qp(qp, r)  # only a new QP
+    other = resolve_route(al, A, src=B)  # the other device's CA
+    qp2 = pd.create_qp(QpCreate(QpType.RC, cq, cq, sq_depth=1, rq_depth=1))
+    with pytest.raises(InvalidSetting, match="route's CA"):
+        init_qp(qp2, other)
+    bad = dataclasses.replace(r, path={**r.path, "p_key": 0x1234})
+    with pytest.raises(InvalidSetting, match="P_Key 0x1234"):
+        init_qp(qp2, bad)
+    assert qp2.state is QpState.RESET
+    ca.close()
