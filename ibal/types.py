@@ -1098,6 +1098,9 @@ class MadAgentSpec:
     rmpp_version: int = 0
     oui: int = 0
     recv_batch_cb: Callable[[Sequence[MadRecv]], object] | None = None
+    send_cb_any_thread: bool = False
+    """``send_cb`` only queues the report: a transport may call it on any thread, even
+    inside ``send`` (the AL's queued agents); otherwise only on the transport's own."""
 
     @property
     def vendor_oui(self) -> int:

@@ -154,6 +154,7 @@ class AliasQp(CaObject):
             rmpp_version=rmpp_version,
             oui=oui,
             recv_batch_cb=agent._inline_recv_batch if recv_batch_cb is not None else None,
+            send_cb_any_thread=not inline,
         )
         mad_port.check_agent_spec(spec)
         if not callable(recv_cb) or (send_cb is not None and not callable(send_cb)):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ibal.al.cq import Cq
 from ibal.al.dispatcher import call_user
-from ibal.al.mad_port import SplQpTransport
+from ibal.al.mad_port import SendCqContext, SplQpTransport
 from ibal.al.obj import ALIVE, AlObject
 from ibal.al.qp import Qp
 from ibal.al.srq import Srq
@@ -64,7 +64,8 @@ class CiCa:
         self.removing = False  # deregistered: no new opens, teardown under way
         self.closing = False  # close_ca is being (or has been) called
         self.closed = threading.Event()
-        self._completion_post = mgr._queues.completion.post  # the hot path: one lookup less
+        self.post_completion = mgr._queues.completion.post
+        """Queue ``fn(*args)`` on the completion queue (any thread; the hot path: bound once)."""
 
     def __repr__(self) -> str:
         return f"<CiCa {self.name} 0x{self.guid:016x}>"
@@ -93,9 +94,11 @@ class CiCa:
         if isinstance(cq_context, Cq) and cq_context._cica is self and cq_context._state in ALIVE:
             if cq_context._sync_waiters:  # cq.wait() callers: no consumer code, wake now
                 cq_context._wake_sync_waiters()
-            self._completion_post(cq_context._on_completion)
+            self.post_completion(cq_context._on_completion)
         elif isinstance(cq_context, SplQpTransport) and cq_context.cica is self:
-            self._completion_post(cq_context.on_completion)  # the AL's own QP0/QP1
+            self.post_completion(cq_context.on_completion)  # the AL's own QP0/QP1
+        elif isinstance(cq_context, SendCqContext) and cq_context.transport.cica is self:
+            self.post_completion(cq_context.transport.on_send_completion)
 
     def async_event_cb(self, record: EventRecord) -> None:
         """``ci_async_event_cb_t``: queue the event; it is routed on the misc queue."""

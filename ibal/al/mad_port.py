@@ -263,6 +263,16 @@ class _Out:
 
 
 _AvKey = tuple[int, int, Grh | None, int]  # DLID, SL, GRH, path bits
+_Reports = list[tuple[_Out, WcStatus]]
+
+
+class SendCqContext:
+    """The ``cq_context`` of a transport's send CQ (its upcall drains the sends)."""
+
+    __slots__ = ("transport",)
+
+    def __init__(self, transport: SplQpTransport) -> None:
+        self.transport = transport
 
 
 class _AvCache:
@@ -330,7 +340,13 @@ class SplQpTransport(MadTransport):
         self._avs = _AvCache()
         self._open = False
         self._h_pd: Any = None
-        self._h_cq: Any = None
+        self._h_cq: Any = None  # receives: armed, drained on the completion queue
+        # Sends: reaped by the thread that posted them, the CQ armed only while some are
+        # still out (a provider that completes a datagram as it sends it, as rxe does,
+        # then costs no thread hop per MAD; others get the event as before).
+        self._h_scq: Any = None
+        self._scq_armed = False
+        self._scq_context = SendCqContext(self)
         self._h_qp: Any = None
         self._mr: Any = None
         self._buf = bytearray(_SLOT * (_RECV_DEPTH + _SEND_DEPTH))
@@ -350,15 +366,17 @@ class SplQpTransport(MadTransport):
         try:
             self._h_pd = ci.allocate_pd(cica.h_ca, PdType.SQP)
             undo.append(lambda: ci.deallocate_pd(self._h_pd))
-            self._h_cq = ci.create_cq(cica.h_ca, _RECV_DEPTH + _SEND_DEPTH, self).handle
+            self._h_cq = ci.create_cq(cica.h_ca, _RECV_DEPTH, self).handle
             undo.append(lambda: ci.destroy_cq(self._h_cq))
+            self._h_scq = ci.create_cq(cica.h_ca, _SEND_DEPTH, self._scq_context).handle
+            undo.append(lambda: ci.destroy_cq(self._h_scq))
             view, self._export, self._vaddr = pin_buffer(self._buf)
             keys = ci.register_mr(self._h_pd, view, self._vaddr, AccessFlags.LOCAL_WRITE)
             self._mr, self._lkey = keys.handle, keys.lkey
             undo.append(lambda: ci.deregister_mr(self._mr))
             caps = QpCaps(sq_depth=_SEND_DEPTH, rq_depth=_RECV_DEPTH)
             created = ci.create_spl_qp(
-                self._h_pd, self.port_num, qp_type, caps, self._h_cq, self._h_cq, self
+                self._h_pd, self.port_num, qp_type, caps, self._h_scq, self._h_cq, self
             )
             self._h_qp = created.handle
             undo.append(lambda: ci.destroy_qp(self._h_qp, 0))
@@ -400,6 +418,7 @@ class SplQpTransport(MadTransport):
             *(("destroy_av", (lambda a=av: ci.destroy_av(a))) for av in avs),
             ("deregister_mr", lambda: ci.deregister_mr(self._mr)),
             ("destroy_cq", lambda: ci.destroy_cq(self._h_cq)),
+            ("destroy_cq", lambda: ci.destroy_cq(self._h_scq)),
             ("deallocate_pd", lambda: ci.deallocate_pd(self._h_pd)),
         ]
         for name, fn in steps:
@@ -509,6 +528,7 @@ class SplQpTransport(MadTransport):
                 raise
             if waits:
                 self._arm(out)
+        self._reap_sends(poster=True)
 
     def _post(self, out: _Out) -> None:
         """Put ``out``'s MAD on the wire once more, or behind the sends in flight when every
@@ -579,6 +599,7 @@ class SplQpTransport(MadTransport):
 
     def _expired(self, out: _Out) -> None:
         """Misc queue, when a response time-out expires: re-send or give up."""
+        retried = False
         with self._lock:
             if out.agent.pending.waiting(out.key) is not out or not self._open:
                 return
@@ -586,19 +607,32 @@ class SplQpTransport(MadTransport):
                 try:
                     self._post(out)
                     self._arm(out)
-                    return
+                    retried = True
                 except IbError as exc:
                     log.debug("ibal: MAD retry failed: %s", exc)
+        if retried:
+            self._reap_sends(poster=False)
+            return
         self._finish(out, WcStatus.TIMEOUT_RETRY_ERR)
 
-    def _finish(self, out: _Out, status: WcStatus) -> None:
-        """End the send and report it, once (not under the lock): nothing if it ended."""
+    def _finish(self, out: _Out, status: WcStatus, deferred: _Reports | None = None) -> None:
+        """End the send and report it, once (not under the lock): nothing if it ended.
+        ``deferred``: on a poster's thread, where a report that may not run on any thread
+        waits to go to the completion queue."""
         with self._lock:
             if out.agent.pending.end(out.key, out) is None:
                 return
             if out.timer is not None:
                 out.timer.cancel()
+        if deferred is not None and not out.agent.spec.send_cb_any_thread:
+            deferred.append((out, status))
+            return
         self._report(out, status)
+
+    def _report_all(self, reports: _Reports) -> None:
+        """Completion queue: the reports a poster's thread left (inline agents' callbacks)."""
+        for out, status in reports:
+            self._report(out, status)
 
     def _report(self, out: _Out, status: WcStatus) -> None:
         """``send_cb`` of a send that has ended (not under the lock)."""
@@ -607,6 +641,34 @@ class SplQpTransport(MadTransport):
             cb(MadSendDone(out.send.context, status))
 
     # ------------------------------------------------------------------ completions
+    def _reap_sends(self, *, poster: bool) -> None:
+        """Take the send CQ's completions on this thread (not under the lock); arm the CQ
+        only while sends are still out.  ``poster``: the thread that called :meth:`send`
+        (it may hold its own locks), so a report that must not run there is queued."""
+        ci = self.cica.ci
+        deferred: _Reports | None = [] if poster else None
+        while True:
+            with self._lock:
+                if not self._open:
+                    break
+                wcs = ci.poll_cq(self._h_scq, _SEND_DEPTH)
+                if not wcs:
+                    if self._scq_armed or not self._slot_owner:
+                        break
+                    ci.enable_cq_notify(self._h_scq, False)
+                    self._scq_armed = True
+                    continue  # one more poll: a completion between the poll and the arm
+            for wc in wcs:
+                self._sent(wc, deferred)
+        if deferred:
+            self.cica.post_completion(self._report_all, deferred)
+
+    def on_send_completion(self) -> None:
+        """Completion queue, after the armed send CQ's upcall."""
+        with self._lock:
+            self._scq_armed = False
+        self._reap_sends(poster=False)
+
     def on_completion(self) -> None:
         """Dispatcher task after the CQ's upcall: drain, rearm, drain again."""
         ci = self.cica.ci
@@ -617,14 +679,14 @@ class SplQpTransport(MadTransport):
                 if rearm:
                     ci.enable_cq_notify(self._h_cq, False)
                     continue
-                wcs = ci.poll_cq(self._h_cq, _RECV_DEPTH + _SEND_DEPTH)
+                wcs = ci.poll_cq(self._h_cq, _RECV_DEPTH)
             for wc in wcs:
                 if wc.wc_type is WcType.RECV:
                     self._received(wc)
                 else:
                     self._sent(wc)
 
-    def _sent(self, wc: Wc) -> None:
+    def _sent(self, wc: Wc, deferred: _Reports | None = None) -> None:
         ci = self.cica.ci
         slot = wc.wr_id
         with self._lock:
@@ -636,7 +698,7 @@ class SplQpTransport(MadTransport):
             idle = self._avs.release(owner[1]) if owner is not None else []
             failed = self._post_backlog() if self._backlog and self._open else []
         for f in failed:
-            self._finish(f, WcStatus.LOCAL_OP_ERR)
+            self._finish(f, WcStatus.LOCAL_OP_ERR, deferred)
         for h_av in idle:
             try:
                 ci.destroy_av(h_av)
@@ -645,9 +707,9 @@ class SplQpTransport(MadTransport):
         if out is None or out.on_wire:
             return
         if wc.status is not WcStatus.SUCCESS:
-            self._finish(out, wc.status)
+            self._finish(out, wc.status, deferred)
         elif out.send.timeout_ms == 0 or mad_is_response(out.mad):
-            self._finish(out, WcStatus.SUCCESS)
+            self._finish(out, WcStatus.SUCCESS, deferred)
 
     def _received(self, wc: Wc) -> None:
         slot = wc.wr_id
@@ -773,6 +835,7 @@ class SplQpTransport(MadTransport):
                 self.stats[failure] += 1
                 return False
             out.key = self._responder.pending.add(out, None)
+        self._reap_sends(poster=False)
         return True
 
 
