@@ -25,6 +25,9 @@ def _r(required: str = "", optional: str = "") -> Rule:
     return Rule(frozenset(required.split()), frozenset(optional.split()))
 
 
+_BARE = _r()
+
+
 # Attribute names are QpMod fields.  "primary_av" carries the path (the IBA
 # "primary address vector"); "resp_res" is max_dest_rd_atomic and "init_depth"
 # max_rd_atomic.
@@ -100,8 +103,8 @@ _ANY_STATE = tuple(QpState)
 
 def rule(qp_type: QpType, current: QpState, target: QpState) -> Rule | None:
     """The rule for ``current -> target``, or ``None`` if the transition is illegal."""
-    if target in (S.RESET, S.ERROR):
-        return _r()  # any state may go to RESET or ERROR, with no attributes
+    if target is S.RESET or target is S.ERROR:
+        return _BARE  # any state may go to RESET or ERROR, with no attributes
     return _TABLES.get(qp_type, _RC).get((current, target))
 
 

@@ -649,11 +649,11 @@ class SplQpTransport(MadTransport):
         deferred: _Reports | None = [] if poster else None
         while True:
             with self._lock:
-                if not self._open:
-                    break
+                if not self._open or not self._slot_owner:
+                    break  # nothing out: nothing to reap (an empty poll may cost a syscall)
                 wcs = ci.poll_cq(self._h_scq, _SEND_DEPTH)
                 if not wcs:
-                    if self._scq_armed or not self._slot_owner:
+                    if self._scq_armed:
                         break
                     ci.enable_cq_notify(self._h_scq, False)
                     self._scq_armed = True

@@ -295,12 +295,13 @@ class Device:
         (``_apply`` replaces the interface, GIDs and state objects on every change), so the
         per-verb callers (modify_qp, create_av, query_ca) cost a comparison, not a build."""
         p = self._port
-        key = (p.iface, p.gids, p.state)
         memo = self._port_memo
-        if memo is not None and all(a is b for a, b in zip(memo[0], key, strict=True)):
-            return memo[1]
+        if memo is not None:
+            iface, gids, state = memo[0]
+            if p.iface is iface and p.gids is gids and p.state is state:
+                return memo[1]
         attr = self._build_port_attr(p)
-        self._port_memo = (key, attr)
+        self._port_memo = ((p.iface, p.gids, p.state), attr)
         return attr
 
     def _build_port_attr(self, p: _PortView) -> PortAttr:

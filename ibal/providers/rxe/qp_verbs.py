@@ -388,7 +388,8 @@ class QpVerbs(CaState):
                 raise post_error(Status.INVALID_PARAMETER, i, "a send carries immediate data "
                                  "or an R_Key to invalidate, not both")
             op = WrType.SEND  # the core sends it with the IETH it is given
-        snap = SendWr(wr_id=wr.wr_id, opcode=op, sg_list=sg, send_opt=SendOpt(opt), imm=wr.imm,
+        flags = wr.send_opt if opt == wr.send_opt else SendOpt(opt)  # IntFlag(): ~1 us
+        snap = SendWr(wr_id=wr.wr_id, opcode=op, sg_list=sg, send_opt=flags, imm=wr.imm,
                       remote_addr=wr.remote_addr, rkey=wr.rkey, compare_add=wr.compare_add,
                       swap=wr.swap, ud=ud)
         return snap, inline
