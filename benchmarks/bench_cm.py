@@ -11,12 +11,18 @@ guest (``--net``, 2 CPUs) and N connections:
 * ``ibal->kernel``: ``ibal cmtime`` on the host (userspace rxe on the tap's
   address, in the lab's namespace) against that same guest server;
 * ``kernel->ibal``: the guest's ``cmtime`` client against ibal's cmtime
-  server on the host.
+  server on the host;
+* ``ibal<->ibal``: ``ibal cmtime`` against an ``ibal cmtime`` server in another
+  process on the host, each on its own userspace rxe device on loopback
+  (``127.0.0.2``, ``127.0.0.3``): ibal's CM over ibal's rxe at both ends, as the
+  baseline is the kernel's at both ends.
 
 Rates are N / the connect (or disconnect) step's total; the ratios ibal /
 kernel come from the same round (>1: ibal is faster).  The guest is emulated
 (TCG), the host side is native Python: the ratio says where ibal's CM stands
-against this kernel on this machine, not against hardware.
+against this kernel on this machine, not against hardware.  In the mixed runs
+the two share the machine's cores: the CPU ibal spends is taken from the
+emulated guest it waits for.
 
 Run from the host as root::
 
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,6 +49,20 @@ from ibal.providers.rxe.provider import RxeProvider  # noqa: E402
 from ibal.tools.cmtime import CmtimeOptions, CmtimeServer, run_client  # noqa: E402
 
 PORT = 7471
+LOOP_CLIENT, LOOP_SERVER = "127.0.0.2", "127.0.0.3"
+LOOP_SERVER_CODE = """
+import sys
+sys.path.insert(0, {repo!r})
+from ibal.al import AlManager
+from ibal.providers.rxe.provider import RxeProvider
+from ibal.tools.cmtime import CmtimeServer
+mgr = AlManager()
+mgr.add_provider(RxeProvider({{"devices": "rxe_ls={ip}"}}))
+srv = CmtimeServer(mgr.open_al(), {port}, addr={ip!r})
+print("listening", flush=True)
+sys.stdin.read()  # until the parent closes our stdin
+mgr.close()
+"""
 
 
 def steps(text: str) -> dict[str, float]:
@@ -84,7 +105,31 @@ def stop(job: GuestJob) -> None:
     job.wait()
 
 
-def one_round(s: LabSession, mgr: AlManager, n: int) -> dict[str, dict[str, float]]:
+def loop_server() -> subprocess.Popen[str]:
+    """ibal's cmtime server in a child process on the host's loopback (root namespace)."""
+    code = LOOP_SERVER_CODE.format(repo=str(REPO), ip=LOOP_SERVER, port=PORT)
+    srv = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert srv.stdout is not None
+    if srv.stdout.readline().strip() != "listening":
+        raise RuntimeError("ibal's loopback cmtime server did not start")
+    return srv
+
+
+def ibal_pair(loop: AlManager, n: int) -> dict[str, float]:
+    al = loop.open_al()
+    try:
+        lines: list[str] = []
+        r = run_client(al, CmtimeOptions(server=LOOP_SERVER, connections=n), out=lines.append)
+        if r.failed:
+            raise RuntimeError(f"ibal cmtime on loopback: {[x for x in lines if 'failed' in x]}")
+        return dict(r.total)
+    finally:
+        al.close()
+
+
+def one_round(s: LabSession, mgr: AlManager, loop: AlManager, n: int
+              ) -> dict[str, dict[str, float]]:  # fmt: skip
     cfg = s.net_config
     assert cfg is not None
     host_ip, guest_ip = cfg.host_ip, cfg.guest_ip
@@ -109,6 +154,7 @@ def one_round(s: LabSession, mgr: AlManager, n: int) -> dict[str, dict[str, floa
         if not srv.wait(lambda x: x.disconnected >= n, 120) or srv.failures():
             raise RuntimeError(f"ibal server: {srv.answered} answered, {srv.failures()} failed")
     al.close()
+    res["ibal<->ibal"] = ibal_pair(loop, n)
     return res
 
 
@@ -121,6 +167,9 @@ def main() -> None:
     args = ap.parse_args()
     n = args.connections
     rounds = []
+    server = loop_server()
+    loop = AlManager()
+    loop.add_provider(RxeProvider({"devices": f"rxe_lc={LOOP_CLIENT}"}))
     with Lab(cpus=args.cpus).session(net=True) as s:
         cfg = s.net_config
         assert cfg is not None
@@ -129,16 +178,20 @@ def main() -> None:
             mgr.add_provider(RxeProvider({"devices": f"rxe0={cfg.host_ip}"}))
         try:
             for i in range(args.rounds):
-                rounds.append(one_round(s, mgr, n))
+                rounds.append(one_round(s, mgr, loop, n))
                 print(f"round {i + 1}: " + ", ".join(
                     f"{k} connect {v['connect'] * 1e3:.0f} ms / disconnect "
                     f"{v['disconnect'] * 1e3:.0f} ms" for k, v in rounds[-1].items()), flush=True)
         finally:
             mgr.close()
+            loop.close()
+            if server.stdin is not None:
+                server.stdin.close()
+            server.wait(30)
     print(f"\n{n} connections per run, {len(rounds)} rounds; rates in connections/s (median)")
     print(f"{'':14s}{'connect':>10s}{'disconnect':>12s}{'ratio c.':>10s}{'ratio d.':>10s}")
     summary: dict[str, dict[str, float]] = {}
-    for side in ("kernel", "ibal->kernel", "kernel->ibal"):
+    for side in ("kernel", "ibal->kernel", "kernel->ibal", "ibal<->ibal"):
         rate = {st: statistics.median(n / r[side][st] for r in rounds)
                 for st in ("connect", "disconnect")}
         ratio = {st: statistics.median(r["kernel"][st] / r[side][st] for r in rounds)
