@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from ibal.al.cq import Cq
 from ibal.al.dispatcher import call_user
-from ibal.al.mad_port import SendCqContext, SplQpTransport
+from ibal.al.mad_port import SplQpTransport
+from ibal.al.mad_sends import SendCqContext
 from ibal.al.obj import ALIVE, AlObject
 from ibal.al.qp import Qp
 from ibal.al.srq import Srq

@@ -24,19 +24,19 @@ from __future__ import annotations
 import abc
 import itertools
 import threading
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ibal.al.dispatcher import log
+from ibal.al.mad_sends import SendCqContext, SendRing
 from ibal.al.mr import pin_buffer
 from ibal.al.timer import Timer
 from ibal.ci.interface import ChannelInterface
 from ibal.mad.tid import Pending
 from ibal.status import (
     IbError,
-    InsufficientResources,
     InvalidHandle,
     InvalidParameter,
     InvalidPort,
@@ -49,7 +49,6 @@ from ibal.types import (
     MAD_STATUS_UNSUPPORTED_METHOD,
     QP1_WELL_KNOWN_QKEY,
     AccessFlags,
-    AvAttr,
     Gid,
     Grh,
     MadAddr,
@@ -65,12 +64,9 @@ from ibal.types import (
     QpType,
     RecvOpt,
     RecvWr,
-    SendWr,
     Sge,
-    UdDest,
     Wc,
     WcStatus,
-    WcType,
     is_int,
     mad_error_reply,
     mad_is_response,
@@ -86,7 +82,6 @@ SM_CLASSES = frozenset({0x01, 0x81})
 _SLOT = GRH_LEN + MAD_SIZE
 _RECV_DEPTH = 512  # IB_MAD_QP_RECV_SIZE: a burst of CM REQs (cmtime -c 100) must not overrun it
 _SEND_DEPTH = 64
-_BACKLOG_MAX = 4096  # sends queued behind a full send queue (Linux: its overflow list)
 _AGENT_IDS = itertools.count(1)
 
 
@@ -262,61 +257,7 @@ class _Out:
     """In the backlog, waiting for a send slot."""
 
 
-_AvKey = tuple[int, int, Grh | None, int]  # DLID, SL, GRH, path bits
 _Reports = list[tuple[_Out, WcStatus]]
-
-
-class SendCqContext:
-    """The ``cq_context`` of a transport's send CQ (its upcall drains the sends)."""
-
-    __slots__ = ("transport",)
-
-    def __init__(self, transport: SplQpTransport) -> None:
-        self.transport = transport
-
-
-class _AvCache:
-    """Address handles of recent MAD destinations, shared by the sends in flight to each.
-
-    A CM connection sends its REQ, RTU and DREQ to one address, an SA client all its
-    queries to the SM: one ``create_av`` serves them, not one per MAD.  At most
-    ``size`` handles stay when idle (the least recently used go first); one in use is
-    never destroyed.  The owner holds its lock around every call and destroys what
-    :meth:`release` and :meth:`clear` return once it has dropped the lock.
-    """
-
-    def __init__(self, size: int = 64) -> None:
-        self.size = size
-        self._avs: dict[_AvKey, list[Any]] = {}  # key -> [handle, sends in flight]; LRU order
-
-    def take(self, key: _AvKey, create: Callable[[], Any]) -> Any:
-        """The handle for ``key`` (made by ``create`` when missing), held by one more send."""
-        entry = self._avs.pop(key, None)
-        if entry is None:
-            entry = [create(), 0]
-        entry[1] += 1
-        self._avs[key] = entry  # the most recently used last
-        return entry[0]
-
-    def release(self, key: _AvKey) -> list[Any]:
-        """One send of ``key`` is done; the idle handles evicted to stay within ``size``."""
-        entry = self._avs.get(key)
-        if entry is not None:
-            entry[1] -= 1
-        if len(self._avs) <= self.size:
-            return []
-        evicted = []
-        for k in [k for k, e in self._avs.items() if e[1] <= 0]:
-            evicted.append(self._avs.pop(k)[0])
-            if len(self._avs) <= self.size:
-                break
-        return evicted
-
-    def clear(self) -> list[Any]:
-        """Every handle, forgotten (the QP is closing)."""
-        out = [e[0] for e in self._avs.values()]
-        self._avs.clear()
-        return out
 
 
 class SplQpTransport(MadTransport):
@@ -332,21 +273,11 @@ class SplQpTransport(MadTransport):
         self._agents: dict[int, _SplAgent] = {}
         # (class, version, method, OUI): the OUI is 0 outside vendor range 2
         self._methods: dict[tuple[int, int, int, int], _SplAgent] = {}
-        self._free_slots: list[int] = []
-        # Sends beyond the send queue's depth wait here for a slot, in order (a burst of
-        # 100 CM DREQs must not fail for want of slots, as with Linux's overflow list).
-        self._backlog: deque[_Out] = deque()
-        self._slot_owner: dict[int, tuple[_Out | None, _AvKey]] = {}  # slot -> send, AV key
-        self._avs = _AvCache()
+        self._ring = SendRing(self._lock, self.stats, _SEND_DEPTH)  # slots, backlog, AVs
         self._open = False
         self._h_pd: Any = None
         self._h_cq: Any = None  # receives: armed, drained on the completion queue
-        # Sends: reaped by the thread that posted them, the CQ armed only while some are
-        # still out (a provider that completes a datagram as it sends it, as rxe does,
-        # then costs no thread hop per MAD; others get the event as before).
-        self._h_scq: Any = None
-        self._scq_armed = False
-        self._scq_context = SendCqContext(self)
+        self._scq_context = SendCqContext(self)  # sends: reaped by their poster (mad_sends)
         self._h_qp: Any = None
         self._mr: Any = None
         self._buf = bytearray(_SLOT * (_RECV_DEPTH + _SEND_DEPTH))
@@ -368,15 +299,15 @@ class SplQpTransport(MadTransport):
             undo.append(lambda: ci.deallocate_pd(self._h_pd))
             self._h_cq = ci.create_cq(cica.h_ca, _RECV_DEPTH, self).handle
             undo.append(lambda: ci.destroy_cq(self._h_cq))
-            self._h_scq = ci.create_cq(cica.h_ca, _SEND_DEPTH, self._scq_context).handle
-            undo.append(lambda: ci.destroy_cq(self._h_scq))
+            h_scq = ci.create_cq(cica.h_ca, _SEND_DEPTH, self._scq_context).handle
+            undo.append(lambda: ci.destroy_cq(h_scq))
             view, self._export, self._vaddr = pin_buffer(self._buf)
             keys = ci.register_mr(self._h_pd, view, self._vaddr, AccessFlags.LOCAL_WRITE)
             self._mr, self._lkey = keys.handle, keys.lkey
             undo.append(lambda: ci.deregister_mr(self._mr))
             caps = QpCaps(sq_depth=_SEND_DEPTH, rq_depth=_RECV_DEPTH)
             created = ci.create_spl_qp(
-                self._h_pd, self.port_num, qp_type, caps, self._h_scq, self._h_cq, self
+                self._h_pd, self.port_num, qp_type, caps, h_scq, self._h_cq, self
             )
             self._h_qp = created.handle
             undo.append(lambda: ci.destroy_qp(self._h_qp, 0))
@@ -393,7 +324,8 @@ class SplQpTransport(MadTransport):
                 except IbError as exc:
                     log.warning("ibal: undoing the MAD QP set-up failed: %s", exc)
             raise
-        self._free_slots = list(range(_RECV_DEPTH, _RECV_DEPTH + _SEND_DEPTH))
+        self._ring.start(ci, self._h_pd, self._h_qp, h_scq, self._buf, _RECV_DEPTH, _SLOT,
+                         self._vaddr, self._lkey, self.port_num)  # fmt: skip
         self._open = True
 
     def _recv_wr(self, slot: int) -> RecvWr:
@@ -405,9 +337,7 @@ class SplQpTransport(MadTransport):
             if not self._open:
                 return
             self._open = False
-            avs = self._avs.clear()
-            self._slot_owner.clear()
-            self._backlog.clear()
+            avs = self._ring.clear()
             for agent in self._agents.values():  # normally none: agents go before the QP
                 for _key, out in agent.pending.items():
                     if out.timer is not None:
@@ -418,7 +348,7 @@ class SplQpTransport(MadTransport):
             *(("destroy_av", (lambda a=av: ci.destroy_av(a))) for av in avs),
             ("deregister_mr", lambda: ci.deregister_mr(self._mr)),
             ("destroy_cq", lambda: ci.destroy_cq(self._h_cq)),
-            ("destroy_cq", lambda: ci.destroy_cq(self._h_scq)),
+            ("destroy_cq", lambda: ci.destroy_cq(self._ring.h_cq)),
             ("deallocate_pd", lambda: ci.deallocate_pd(self._h_pd)),
         ]
         for name, fn in steps:
@@ -495,9 +425,7 @@ class SplQpTransport(MadTransport):
             for k in [k for k, a in self._methods.items() if a is agent]:
                 del self._methods[k]
             canceled = [out for _key, out in agent.pending.drain()]
-            for slot, (out, av) in list(self._slot_owner.items()):
-                if out is not None and out.agent is agent:  # still completes; nobody hears
-                    self._slot_owner[slot] = (None, av)
+            self._ring.disown(lambda out: out.agent is agent)  # still completes; nobody hears
             for out in canceled:
                 if out.timer is not None:
                     out.timer.cancel()
@@ -522,75 +450,13 @@ class SplQpTransport(MadTransport):
             tid = int.from_bytes(mad[12:16], "big") if waits else None
             out.key = agent.pending.add(out, tid, send.retries)  # InvalidParameter: outstanding
             try:
-                self._post(out)
+                self._ring.post(out)
             except BaseException:
                 agent.pending.end(out.key)
                 raise
             if waits:
                 self._arm(out)
         self._reap_sends(poster=True)
-
-    def _post(self, out: _Out) -> None:
-        """Put ``out``'s MAD on the wire once more, or behind the sends in flight when every
-        slot is taken (caller holds the lock)."""
-        if not self._free_slots:
-            if out.queued:
-                return  # a retry of a send still waiting for its first slot
-            if len(self._backlog) >= _BACKLOG_MAX:
-                raise InsufficientResources(
-                    f"{_SEND_DEPTH} MADs in flight and {_BACKLOG_MAX} queued on the port")
-            out.queued = True
-            self._backlog.append(out)
-            self.stats["sends_queued"] += 1
-            return
-        self._post_now(out)
-
-    def _post_backlog(self) -> list[_Out]:
-        """Post queued sends while slots are free (caller holds the lock); those the
-        provider refused, to end with an error once the lock is dropped."""
-        failed: list[_Out] = []
-        while self._backlog and self._free_slots:
-            out = self._backlog.popleft()
-            out.queued = False
-            if out.agent.pending.get(out.key) is not out:
-                continue  # ended while it waited (cancelled, timed out, answered)
-            try:
-                self._post_now(out)
-            except IbError as exc:
-                log.debug("ibal: a queued MAD send failed: %s", exc)
-                failed.append(out)
-        return failed
-
-    def _post_now(self, out: _Out) -> None:
-        ci = self.cica.ci
-        slot = self._free_slots.pop()
-        off = slot * _SLOT
-        self._buf[off : off + MAD_SIZE] = out.mad
-        addr = out.send.addr
-        key: _AvKey = (addr.dlid, addr.sl, addr.grh, addr.path_bits)
-        try:
-            h_av = self._avs.take(key, lambda: ci.create_av(
-                self._h_pd, AvAttr(self.port_num, addr.dlid, addr.sl, addr.grh, 0, addr.path_bits)
-            ))  # fmt: skip
-        except BaseException:
-            self._free_slots.append(slot)
-            raise
-        self._slot_owner[slot] = (out, key)
-        out.on_wire += 1
-        wr = SendWr(
-            wr_id=slot,
-            sg_list=[Sge(self._vaddr + off, MAD_SIZE, self._lkey)],
-            ud=UdDest(h_av, addr.remote_qp, addr.remote_qkey, addr.pkey_index),
-        )
-        try:
-            ci.post_send(self._h_qp, [wr])
-        except BaseException:
-            del self._slot_owner[slot]
-            out.on_wire -= 1
-            self._free_slots.append(slot)
-            for av in self._avs.release(key):
-                ci.destroy_av(av)
-            raise
 
     def _arm(self, out: _Out) -> None:
         out.timer = self.cica.mgr.timers.call_later(
@@ -605,7 +471,7 @@ class SplQpTransport(MadTransport):
                 return
             if out.agent.pending.retry(out.key):
                 try:
-                    self._post(out)
+                    self._ring.post(out)
                     self._arm(out)
                     retried = True
                 except IbError as exc:
@@ -642,31 +508,26 @@ class SplQpTransport(MadTransport):
 
     # ------------------------------------------------------------------ completions
     def _reap_sends(self, *, poster: bool) -> None:
-        """Take the send CQ's completions on this thread (not under the lock); arm the CQ
-        only while sends are still out.  ``poster``: the thread that called :meth:`send`
-        (it may hold its own locks), so a report that must not run there is queued."""
-        ci = self.cica.ci
+        """Take the completed sends on this thread (not under the lock).  ``poster``: the
+        thread that called :meth:`send` (it may hold its own locks), so a report that must
+        not run there is queued."""
         deferred: _Reports | None = [] if poster else None
-        while True:
-            with self._lock:
-                if not self._open or not self._slot_owner:
-                    break  # nothing out: nothing to reap (an empty poll may cost a syscall)
-                wcs = ci.poll_cq(self._h_scq, _SEND_DEPTH)
-                if not wcs:
-                    if self._scq_armed:
-                        break
-                    ci.enable_cq_notify(self._h_scq, False)
-                    self._scq_armed = True
-                    continue  # one more poll: a completion between the poll and the arm
-            for wc in wcs:
-                self._sent(wc, deferred)
+        self._ring.reap(self._is_open, self._wanted, self._sent, deferred)
         if deferred:
             self.cica.post_completion(self._report_all, deferred)
+
+    def _is_open(self) -> bool:
+        return self._open
+
+    @staticmethod
+    def _wanted(out: _Out) -> bool:
+        """A send still waiting for its slot is wanted until it ends (cancel, time-out)."""
+        return out.agent.pending.get(out.key) is out
 
     def on_send_completion(self) -> None:
         """Completion queue, after the armed send CQ's upcall."""
         with self._lock:
-            self._scq_armed = False
+            self._ring.fired()
         self._reap_sends(poster=False)
 
     def on_completion(self) -> None:
@@ -681,33 +542,17 @@ class SplQpTransport(MadTransport):
                     continue
                 wcs = ci.poll_cq(self._h_cq, _RECV_DEPTH)
             for wc in wcs:
-                if wc.wc_type is WcType.RECV:
-                    self._received(wc)
-                else:
-                    self._sent(wc)
+                self._received(wc)
 
-    def _sent(self, wc: Wc, deferred: _Reports | None = None) -> None:
-        ci = self.cica.ci
-        slot = wc.wr_id
-        with self._lock:
-            owner = self._slot_owner.pop(slot, None)
-            self._free_slots.append(slot)
-            out = None if owner is None else owner[0]
-            if out is not None:
-                out.on_wire -= 1
-            idle = self._avs.release(owner[1]) if owner is not None else []
-            failed = self._post_backlog() if self._backlog and self._open else []
+    def _sent(self, out: _Out | None, status: WcStatus, failed: list[_Out],
+              deferred: _Reports | None) -> None:  # fmt: skip
+        """The ring's ``on_done``: ``out``'s last copy left the wire."""
         for f in failed:
             self._finish(f, WcStatus.LOCAL_OP_ERR, deferred)
-        for h_av in idle:
-            try:
-                ci.destroy_av(h_av)
-            except IbError as exc:
-                log.warning("ibal: destroy_av of an idle MAD address failed: %s", exc)
         if out is None or out.on_wire:
             return
-        if wc.status is not WcStatus.SUCCESS:
-            self._finish(out, wc.status, deferred)
+        if status is not WcStatus.SUCCESS:
+            self._finish(out, status, deferred)
         elif out.send.timeout_ms == 0 or mad_is_response(out.mad):
             self._finish(out, WcStatus.SUCCESS, deferred)
 
@@ -829,7 +674,7 @@ class SplQpTransport(MadTransport):
                 return False
             out = _Out(self._responder, reply, MadSend(reply, recv.addr))
             try:
-                self._post(out)
+                self._ring.post(out)
             except IbError as exc:
                 log.debug("ibal: answering an unserved MAD failed: %s", exc)
                 self.stats[failure] += 1

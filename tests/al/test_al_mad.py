@@ -638,7 +638,7 @@ def test_mad_sends_share_one_address_handle_per_destination() -> None:
     """The QP1 transport's address-handle cache: one handle per destination while sends to
     it are in flight or it is among the recently used; idle ones beyond the size go, least
     recently used first; one in use never does; ``clear`` hands every handle back."""
-    from ibal.al.mad_port import _AvCache
+    from ibal.al.mad_sends import AvCache as _AvCache
 
     made: list[int] = []
 
