@@ -710,7 +710,7 @@ class QpMod:
     def given(self) -> frozenset[str]:
         """Names of the attributes set (besides ``state``)."""
         return frozenset(
-            n for n, v in zip(QPMOD_ATTRS, _qpmod_values(self), strict=True) if v is not None
+            [n for n, v in zip(QPMOD_ATTRS, _qpmod_values(self), strict=True) if v is not None]
         )
 
 

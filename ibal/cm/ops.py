@@ -188,7 +188,7 @@ def request(al: AccessLayer, req: CmReq, *, deliver: Deliver, context: Any = Non
         msg = wire.build_req(req, local_comm_id=cep.local_comm_id, local_ca_guid=ca_attr.ca_guid,
                              local_qpn=qp.num, starting_psn=_psn(),
                              ca_ack_delay=ca_attr.local_ack_delay,
-                             srq=qp.srq is not None)  # fmt: skip
+                             srq=qp.srq is not None, checked=True)  # fmt: skip
         life = int(pf["packet_life_time"])
         conn.info.update(port=port, pkey_index=pkey_index, access=DEFAULT_ACCESS, life=life,
                          rnr_nak_timeout=req.rnr_nak_timeout, req=req,
@@ -225,7 +225,8 @@ def rtu(conn: CmConn, rtu: CmRtu | None = None) -> None:
         raise InvalidState(f"the connection is {conn.state.name}: no REP to complete")
     if rtu.access_ctrl is not None:
         conn.info["access"] = rtu.access_ctrl
-    msg = wire.build_rtu(rtu, local_comm_id=cep.local_comm_id, remote_comm_id=_remote(cep))
+    msg = wire.build_rtu(rtu, local_comm_id=cep.local_comm_id, remote_comm_id=_remote(cep),
+                         checked=True)  # fmt: skip
     _move(conn, QpState.RTR, QpState.RTS)  # ready before the RTU: the peer may send at once
     conn.handle(fsm.SendRtu(msg))
 

@@ -475,13 +475,15 @@ def alt_path_mod(path: PathRec, port: PortAttr) -> QpMod:
 
 def build_req(req: CmReq, *, local_comm_id: int, local_ca_guid: int, local_qpn: int,
               starting_psn: int, ca_ack_delay: int, srq: bool = False,
-              local_qkey: int = 0) -> bytes:  # fmt: skip
-    """A REQ's 232 bytes from an RC/UC :class:`CmReq` (validated here) and local facts.
+              local_qkey: int = 0, checked: bool = False) -> bytes:  # fmt: skip
+    """A REQ's 232 bytes from an RC/UC :class:`CmReq` (validated here unless ``checked``:
+    the caller did) and local facts.
 
     P_Key and path MTU are the primary path's; ``ca_ack_delay`` (this CA's, IBA
     ``LocalCADelay``) enters each path's local ACK timeout.
     """
-    req.validate()
+    if not checked:
+        req.validate()
     if req.qp_type is QpType.UD:
         raise InvalidParameter("a UD request is a SIDR_REQ: use build_sidr_req")
     assert req.primary_path is not None
@@ -545,9 +547,11 @@ def build_rep(rep: CmRep, *, req: Fields, local_comm_id: int, local_ca_guid: int
     return _encode(CmAttr.REP, values)
 
 
-def build_rtu(rtu: CmRtu, *, local_comm_id: int, remote_comm_id: int) -> bytes:
-    """An RTU's 232 bytes."""
-    rtu.validate()
+def build_rtu(rtu: CmRtu, *, local_comm_id: int, remote_comm_id: int,
+              checked: bool = False) -> bytes:  # fmt: skip
+    """An RTU's 232 bytes (``rtu`` validated here unless ``checked``)."""
+    if not checked:
+        rtu.validate()
     return _encode(CmAttr.RTU, {"local_comm_id": local_comm_id,
                                 "remote_comm_id": remote_comm_id,
                                 "private_data": bytes(rtu.pdata)})  # fmt: skip
