@@ -48,21 +48,11 @@ from ibal.lab.vm import GuestJob  # noqa: E402
 from ibal.providers.rxe.provider import RxeProvider  # noqa: E402
 from ibal.tools.cmtime import CmtimeOptions, CmtimeServer, run_client  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cm_host import SERVER  # noqa: E402  (ibal's cmtime server in a child process)
+
 PORT = 7471
 LOOP_CLIENT, LOOP_SERVER = "127.0.0.2", "127.0.0.3"
-LOOP_SERVER_CODE = """
-import sys
-sys.path.insert(0, {repo!r})
-from ibal.al import AlManager
-from ibal.providers.rxe.provider import RxeProvider
-from ibal.tools.cmtime import CmtimeServer
-mgr = AlManager()
-mgr.add_provider(RxeProvider({{"devices": "rxe_ls={ip}"}}))
-srv = CmtimeServer(mgr.open_al(), {port}, addr={ip!r})
-print("listening", flush=True)
-sys.stdin.read()  # until the parent closes our stdin
-mgr.close()
-"""
 
 
 def steps(text: str) -> dict[str, float]:
@@ -107,7 +97,7 @@ def stop(job: GuestJob) -> None:
 
 def loop_server() -> subprocess.Popen[str]:
     """ibal's cmtime server in a child process on the host's loopback (root namespace)."""
-    code = LOOP_SERVER_CODE.format(repo=str(REPO), ip=LOOP_SERVER, port=PORT)
+    code = SERVER.format(repo=str(REPO), ip=LOOP_SERVER, port=PORT)
     srv = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, text=True)  # fmt: skip
     assert srv.stdout is not None
