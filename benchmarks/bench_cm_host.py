@@ -14,6 +14,11 @@ A same-run A/B of two commits: check the other one out beside this tree
 runs the ``ibal`` next to it.  Run as root (the rxe devices bind 4791)::
 
     python benchmarks/bench_cm_host.py [--runs 10] [--connections 100]
+
+``--count-calls`` (needs ``pip install yappi``) prints instead the client's
+function calls per connection, builtins included, over every thread: a
+deterministic measure of its work, where CPU figures on this machine move by
+10% from run to run.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ibal.al import AlManager  # noqa: E402
+from ibal.al import AccessLayer, AlManager  # noqa: E402
 from ibal.providers.rxe.provider import RxeProvider  # noqa: E402
 from ibal.tools.cmtime import CmtimeOptions, run_client  # noqa: E402
 
@@ -54,6 +59,17 @@ def cpu_ms(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
+def count_calls(al: AccessLayer, opts: CmtimeOptions, runs: int) -> float:
+    import yappi  # type: ignore[import-untyped]
+
+    yappi.start(builtins=True)
+    for _ in range(runs):
+        run_client(al, opts, out=lambda _s: None)
+    yappi.stop()
+    calls = sum(s.ncall for s in yappi.get_func_stats())
+    return float(calls) / (runs * opts.connections)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=10)
@@ -61,6 +77,7 @@ def main() -> None:
     ap.add_argument("--client-ip", default="127.0.0.2")
     ap.add_argument("--server-ip", default="127.0.0.3")
     ap.add_argument("--port", type=int, default=7471)
+    ap.add_argument("--count-calls", action="store_true")
     args = ap.parse_args()
     code = SERVER.format(repo=str(REPO), ip=args.server_ip, port=args.port)
     server = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
@@ -75,6 +92,10 @@ def main() -> None:
         opts = CmtimeOptions(server=args.server_ip, port=args.port, connections=args.connections)
         run_client(al, CmtimeOptions(server=args.server_ip, port=args.port, connections=10),
                    out=lambda _s: None)  # fmt: skip  (warm: imports, first objects)
+        if args.count_calls:
+            print(f"{REPO}: {count_calls(al, opts, args.runs):.0f} calls per connection "
+                  "(client, every thread, builtins included)")  # fmt: skip
+            return
         server_cpu0 = cpu_ms(server.pid)
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         cpu0, wall0 = time.process_time(), time.perf_counter()
