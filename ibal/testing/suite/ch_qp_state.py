@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ibal.al.qp import DRAIN_RECV_WR_ID, DRAIN_SEND_WR_ID
+from ibal.al.qp_work import DRAIN_RECV_WR_ID, DRAIN_SEND_WR_ID
 from ibal.testing.helpers import RcTiming, Side, wait_until, wait_wc, wait_wcs
 from ibal.testing.suite.base import ConformanceBase, deviation, require_qp_type
 from ibal.types import (
