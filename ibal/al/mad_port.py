@@ -273,7 +273,8 @@ class SplQpTransport(MadTransport):
         self._agents: dict[int, _SplAgent] = {}
         # (class, version, method, OUI): the OUI is 0 outside vendor range 2
         self._methods: dict[tuple[int, int, int, int], _SplAgent] = {}
-        self._ring = SendRing(self._lock, self.stats, _SEND_DEPTH)  # slots, backlog, AVs
+        # slots, backlog, address handles, the send CQ
+        self._ring = SendRing(self._lock, self.stats, _SEND_DEPTH, self._wanted, self._sent)
         self._open = False
         self._h_pd: Any = None
         self._h_cq: Any = None  # receives: armed, drained on the completion queue
@@ -512,12 +513,9 @@ class SplQpTransport(MadTransport):
         thread that called :meth:`send` (it may hold its own locks), so a report that must
         not run there is queued."""
         deferred: _Reports | None = [] if poster else None
-        self._ring.reap(self._is_open, self._wanted, self._sent, deferred)
+        self._ring.reap(deferred)
         if deferred:
             self.cica.post_completion(self._report_all, deferred)
-
-    def _is_open(self) -> bool:
-        return self._open
 
     @staticmethod
     def _wanted(out: _Out) -> bool:

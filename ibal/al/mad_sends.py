@@ -106,12 +106,18 @@ class SendRing:
 
     Every method but :meth:`reap` and :meth:`destroy_avs` runs under ``lock`` (the
     transport's, which guards its agents too); those two take it themselves.
+    ``wanted(item)``: whether a queued send is still to go when a slot frees;
+    ``on_done``: see :data:`OnDone`.  Once :meth:`clear` ran (the transport closed,
+    under the same lock) nothing is out and nothing queued, so a reap finds no work.
     """
 
-    def __init__(self, lock: threading.Lock, stats: Counter[str], depth: int) -> None:
+    def __init__(self, lock: threading.Lock, stats: Counter[str], depth: int,
+                 wanted: Callable[[Any], bool], on_done: OnDone) -> None:  # fmt: skip
         self._lock = lock
         self.stats = stats
         self.depth = depth
+        self._wanted = wanted
+        self._on_done = on_done
         self.avs = AvCache()
         self._free: list[int] = []
         self._owner: dict[int, tuple[Any, AvKey]] = {}  # slot -> item (None: disowned), AV key
@@ -157,13 +163,13 @@ class SendRing:
             return
         self._post_now(item)
 
-    def _post_backlog(self, wanted: Callable[[Any], bool]) -> list[Any]:
+    def _post_backlog(self) -> list[Any]:
         """Post queued sends while slots are free; those the provider refused."""
         failed: list[Any] = []
         while self._backlog and self._free:
             item = self._backlog.popleft()
             item.queued = False
-            if not wanted(item):
+            if not self._wanted(item):
                 continue  # ended while it waited (cancelled, timed out, answered)
             try:
                 self._post_now(item)
@@ -218,8 +224,7 @@ class SendRing:
         return self.avs.clear()
 
     # ------------------------------------------------------------------ reaping
-    def reap(self, is_open: Callable[[], bool], wanted: Callable[[Any], bool],
-             on_done: OnDone, deferred: Any = None) -> None:  # fmt: skip
+    def reap(self, deferred: Any = None) -> None:
         """Take the send CQ's completions on this thread (not under the lock), arming the
         CQ only while sends are still out; ``on_done`` for each send whose last copy
         left the wire."""
@@ -227,7 +232,7 @@ class SendRing:
         assert ci is not None
         while True:
             with self._lock:
-                if not is_open() or not self._owner:
+                if not self._owner:
                     break  # nothing out: nothing to reap (an empty poll may cost a syscall)
                 wcs = ci.poll_cq(self.h_cq, self.depth)
                 if not wcs:
@@ -237,14 +242,13 @@ class SendRing:
                     self._armed = True
                     continue  # one more poll: a completion between the poll and the arm
             for wc in wcs:
-                self._done(wc, is_open, wanted, on_done, deferred)
+                self._done(wc, deferred)
 
     def fired(self) -> None:
         """The armed CQ's upcall came: the arm is used up (caller holds the lock)."""
         self._armed = False
 
-    def _done(self, wc: Wc, is_open: Callable[[], bool], wanted: Callable[[Any], bool],
-              on_done: OnDone, deferred: Any) -> None:  # fmt: skip
+    def _done(self, wc: Wc, deferred: Any) -> None:
         slot = wc.wr_id
         with self._lock:
             owner = self._owner.pop(slot, None)
@@ -253,9 +257,9 @@ class SendRing:
             if item is not None:
                 item.on_wire -= 1
             idle = self.avs.release(owner[1]) if owner is not None else []
-            failed = self._post_backlog(wanted) if self._backlog and is_open() else []
+            failed = self._post_backlog() if self._backlog else []
         self.destroy_avs(idle)
-        on_done(item, wc.status, failed, deferred)
+        self._on_done(item, wc.status, failed, deferred)
 
     def destroy_avs(self, avs: list[Any]) -> None:
         """Destroy address handles no send uses any more (not under the lock)."""
