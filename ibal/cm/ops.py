@@ -90,7 +90,8 @@ def _local_port(qp: Qp, path: dict[str, Any], ca_attr: CaAttr | None = None) -> 
     return port
 
 
-def _pkey_index(port: PortAttr, pkey: int) -> int:
+def port_pkey_index(port: PortAttr, pkey: int) -> int:
+    """The index of ``pkey`` in ``port``'s table; ``InvalidSetting`` when it is not there."""
     index = port.pkey_index(pkey)
     if index is None:
         raise InvalidSetting(f"P_Key 0x{pkey:04x} is not in port {port.port_num}'s table")
@@ -177,7 +178,7 @@ def request(al: AccessLayer, req: CmReq, *, deliver: Deliver, context: Any = Non
         alt = check_path("alt_path", req.alt_path)
         if _local_port(qp, alt, ca_attr).port_num != port.port_num:
             raise InvalidSetting("the primary and alternate paths are on different ports")
-    pkey_index = _pkey_index(port, int(pf["p_key"]))
+    pkey_index = port_pkey_index(port, int(pf["p_key"]))
     agent = agent_of(al.manager)
     cmport = agent.port(qp.pd.ca.guid, port.port_num)
     conn = CmConn(al, agent, active=True, context=context)
@@ -281,7 +282,7 @@ def accept(conn: CmConn, rep: CmRep) -> None:
                          srq=qp.srq is not None)  # fmt: skip
     conn.bind_qp(qp)
     ack = int(req["primary_local_ack_timeout"])
-    conn.info.update(port=port, pkey_index=_pkey_index(port, int(req["pkey"])),
+    conn.info.update(port=port, pkey_index=port_pkey_index(port, int(req["pkey"])),
                      access=rep.access_ctrl or DEFAULT_ACCESS, rep=rep,
                      rep_fields=wire.parse(CmAttr.REP, msg), life=max(ack - 1, 0),
                      rnr_nak_timeout=rep.rnr_nak_timeout,

@@ -36,6 +36,7 @@ from ibal.cm.cma import (
     service_id,
 )
 from ibal.cm.ops import DEFAULT_ACCESS as CM_DEFAULT_ACCESS
+from ibal.cm.ops import port_pkey_index
 from ibal.cm.simple import Connection, Incoming, Listener
 from ibal.mad import sa
 from ibal.mad.cm import RejReason, SidrStatus
@@ -243,9 +244,7 @@ def init_qp(qp: Qp, route: RdmaRoute) -> None:
     if ca.guid != route.ca_guid:
         raise InvalidSetting("the QP is not on the route's CA")
     pkey = int(route.path.get("p_key", DEFAULT_PKEY))
-    index = ca.query_port(route.port_num).pkey_index(pkey)
-    if index is None:
-        raise InvalidSetting(f"P_Key 0x{pkey:04x} is not in port {route.port_num}'s table")
+    index = port_pkey_index(ca.query_port(route.port_num), pkey)
     qp.modify(QpMod(QpState.INIT, port_num=route.port_num, pkey_index=index,
                     access=CM_DEFAULT_ACCESS))  # fmt: skip
 
