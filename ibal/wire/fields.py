@@ -151,6 +151,8 @@ class Table:
         self._resv_masks = c.resv_masks
         self._name_set = frozenset(self.names)
         self._checks = tuple((p.field, p.field.kind in BYTE_KINDS, p.mask) for p in self.values)
+        # compiled at the first check: decode-only tables never pay for it
+        self._checker: Callable[[Mapping[str, Value]], tuple[Value, ...]] = self._first_check
         self._resv_names = frozenset(p.name for p in self.fields if p.field.reserved)
         self._has_resv = bool(self._resv_names)
         top = self.size * 8
@@ -230,36 +232,58 @@ class Table:
             unknown -= self._resv_names
             if unknown:
                 raise FieldError("unknown", f"{self.name}: unknown fields {sorted(unknown)}")
-        out: list[Value] = []
-        get = values.get
-        for f, is_bytes, mask in self._checks:
-            v = get(f.name, f.default)
+        return self._checker(values)
+
+    def _check_one(self, i: int, v: Any) -> Value:
+        """Value ``i`` (of :attr:`values`) checked and made plain (``bytes``, ``int``), or
+        the ``FieldError`` that says why not: the compiled checker's slow path."""
+        f, is_bytes, mask = self._checks[i]
+        if is_bytes:
+            if not isinstance(v, (bytes, bytearray, memoryview)):
+                raise FieldError("type", f"{self.name}.{f.name}: expected bytes", f.name)
+            b = bytes(v)
+            if len(b) != f.bits // 8:
+                raise FieldError("range", f"{self.name}.{f.name}: need {f.bits // 8} bytes", f.name)
+            return b
+        if not isinstance(v, int) or (isinstance(v, bool) and f.bits != 1):
+            raise FieldError("type", f"{self.name}.{f.name}: expected int", f.name)
+        if not 0 <= v <= mask:
+            raise FieldError(
+                "range", f"{self.name}.{f.name}={v} does not fit {f.bits} bits", f.name
+            )
+        _check_enum(self.name, f, v)
+        return int(v)
+
+    def _first_check(self, values: Mapping[str, Value]) -> tuple[Value, ...]:
+        self._checker = self._compile_checker()
+        return self._checker(values)
+
+    def _compile_checker(self) -> Callable[[Mapping[str, Value]], tuple[Value, ...]]:
+        """One straight-line function for :meth:`check`: per field a ``get``, one test
+        that passes for a plain value in range (an ``int`` in its enum, ``bytes`` of the
+        right length), and :meth:`_check_one` for anything else."""
+        ns: dict[str, Any] = {"slow": self._check_one}
+        lines = ["def check(values):", "    get = values.get"]
+        for i, (f, is_bytes, mask) in enumerate(self._checks):
+            ns[f"d{i}"] = f.default
+            lines.append(f"    v{i} = get({f.name!r}, d{i})")
             if is_bytes:
-                if type(v) is not bytes:
-                    if not isinstance(v, (bytes, bytearray, memoryview)):
-                        raise FieldError("type", f"{self.name}.{f.name}: expected bytes", f.name)
-                    v = bytes(v)
-                if len(v) != f.bits // 8:
-                    raise FieldError(
-                        "range", f"{self.name}.{f.name}: need {f.bits // 8} bytes", f.name
-                    )
+                ok = f"type(v{i}) is bytes and len(v{i}) == {f.bits // 8}"
             else:
-                # type() first: plain ints (nearly all values) skip the isinstance checks
-                if type(v) is not int and (
-                    not isinstance(v, int) or (isinstance(v, bool) and f.bits != 1)
-                ):
-                    raise FieldError("type", f"{self.name}.{f.name}: expected int", f.name)
-                if not 0 <= v <= mask:
-                    raise FieldError(
-                        "range", f"{self.name}.{f.name}={v} does not fit {f.bits} bits", f.name
-                    )
-                if f.enum is not None:
-                    _check_enum(self.name, f, v)
-                    v = int(v)
-                elif type(v) is not int:
-                    v = int(v)
-            out.append(v)
-        return tuple(out)
+                ok = f"type(v{i}) is int and 0 <= v{i} <= {mask}"
+                if f.enum is not None and f.kind is Kind.ENUM:
+                    ns[f"e{i}"] = frozenset(int(m) for m in f.enum)
+                    ok += f" and v{i} in e{i}"
+                elif f.enum is not None and f.kind is Kind.FLAGS:
+                    allowed = 0
+                    for m in f.enum:
+                        allowed |= int(m)
+                    ok += f" and not v{i} & {~allowed & mask}"
+            lines.append(f"    if not ({ok}):")
+            lines.append(f"        v{i} = slow({i}, v{i})")
+        lines.append("    return (" + "".join(f"v{i}, " for i in range(len(self._checks))) + ")")
+        exec(compile("\n".join(lines), f"<field table {self.name} check>", "exec"), ns)
+        return ns["check"]  # type: ignore[no-any-return]
 
     def encode(self, values: Mapping[str, Value] | None = None, /, **kw: Value) -> bytes:
         """Checked encode by name; omitted fields take their defaults."""

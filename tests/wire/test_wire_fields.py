@@ -103,6 +103,24 @@ def test_checked_encode_rejects_bad_values() -> None:
     assert t.encode(c=1) == bytes.fromhex("00100000" + "00")[: t.size]
 
 
+def test_check_gives_plain_values_for_enum_bool_and_buffer_inputs() -> None:
+    """The compiled checker's fast path takes plain ints and bytes; anything else goes the
+    slow way and comes back plain (``pack`` and the caller's dicts see ints and bytes)."""
+    t = Table("T", [F("c", 8, enum=Colour), F("o", 8, enum=Opts), F("n", 16),
+                    F("b", 16, kind=Kind.BYTES), F("f", 1, kind=Kind.BOOL)])  # fmt: skip
+    got = t.check({"c": Colour.GREEN, "o": Opts.A | Opts.B, "f": True, "n": 7,
+                   "b": bytearray(b"xy")})  # fmt: skip
+    assert got == (2, 5, 7, b"xy", 1)
+    assert [type(v) for v in got] == [int, int, int, bytes, int]
+    assert t.check({"c": 1, "o": 4, "b": memoryview(b"ab")}) == (1, 4, 0, b"ab", 0)
+    with pytest.raises(FieldError) as e:
+        t.check({"c": 1, "n": True})  # a bool is no 16-bit number
+    assert (e.value.reason, e.value.field) == ("type", "n")
+    with pytest.raises(FieldError) as e:
+        t.check({"c": 1, "o": 4 | 8})
+    assert (e.value.reason, e.value.field) == ("enum", "o")
+
+
 def test_validate_and_short_buffers() -> None:
     t = Table("T", [F("a", 8), R(8), F("c", 8, enum=Colour)])
     t.validate(bytes((1, 0, 1)))
