@@ -13,7 +13,6 @@ import pytest
 from ibal.al import AlManager, Ca, MadAgent, Pd, QpCreate
 from ibal.ci.interface import Capabilities
 from ibal.providers.mock import MockFabric, MockProvider
-from ibal.providers.mock.ca import MockCa
 from ibal.status import (
     InvalidHandle,
     InvalidParameter,
@@ -32,9 +31,7 @@ from ibal.types import (
     MadSendDone,
     PortAttr,
     QpType,
-    Wc,
     WcStatus,
-    WcType,
 )
 
 WAIT = 10.0
@@ -596,41 +593,36 @@ def test_agent_transport_takes_send_mad_many_where_offered_else_loops() -> None:
     assert transport(loop).send_many("k", sends) == 1
 
 
-def test_a_burst_beyond_the_send_queue_waits_for_slots_and_all_lands(
-    world: World, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_burst_beyond_the_send_queue_waits_for_slots_and_all_lands(world: World) -> None:
     """More MADs at once than the QP1 send queue holds (a CM burst of DREQs) while send
-    completions lag (as hardware's do; the mock completes a datagram as it sends it): the
-    rest wait in order behind the sends in flight, none fails, each lands and completes
-    once when the completions come."""
+    completions lag (as hardware's do: the mock's ``lag_sends`` fault): the rest wait in
+    order behind the sends in flight, none fails, each lands and completes once when the
+    completions come."""
     alias = world.a.pd.get_spl_qp(world.a.port.port_guid, QpType.QP1_ALIAS)
     sender = alias.register_agent(VENDOR, 1, recv_cb=print, send_cb=(dones := Inbox()).dones.put)
     _receiver, r_in = world.agent(world.b, VENDOR, methods={SEND})
-    held: dict[int, list[Wc]] = {}  # by CQ: send completions not shown yet
-    lag = True
-    real_poll = MockCa.poll_cq
-
-    def lagging_poll(self: MockCa, h_cq: Any, max_entries: int) -> list[Wc]:
-        mine = held.setdefault(id(h_cq), [])
-        wcs = real_poll(self, h_cq, max_entries)
-        if lag:
-            mine.extend(w for w in wcs if w.wc_type is not WcType.RECV)
-            return [w for w in wcs if w.wc_type is WcType.RECV]
-        out = mine[:max_entries] + wcs
-        del mine[:max_entries]
-        return out
-
-    monkeypatch.setattr(MockCa, "poll_cq", lagging_poll)
+    world.fabric.manual_clock()
+    lag = world.fabric.faults.lag_sends(1.0, src_qp=1)
     n = 300
     for i in range(n):
         sender.send(MadSend(mad(VENDOR, SEND, 0x1000 + i), to(world.b), context=i))
     assert alias.transport_stats["sends_queued"] == n - 64  # the send queue's depth
-    assert dones.dones.empty() and sum(map(len, held.values())) == 64
-    lag = False
-    sender.send(MadSend(mad(VENDOR, SEND, 0x1000 + n), to(world.b), context=n))  # reaps
-    assert sorted(dones.done().context for _ in range(n + 1)) == list(range(n + 1))
-    got = [int.from_bytes(r_in.recv().mad[12:16], "big") for _ in range(n + 1)]
-    assert got == [0x1000 + i for i in range(n + 1)]  # every one, in the order sent
+    assert lag.fired == 64 and dones.dones.empty()  # on the wire, not completed
+    got = [int.from_bytes(r_in.recv().mad[12:16], "big") for _ in range(64)]
+    assert got == [0x1000 + i for i in range(64)]
+    assert r_in.recvs.empty()  # the rest wait for slots
+    world.fabric.advance(0.5)
+    assert dones.dones.empty()  # not yet
+    world.fabric.advance(0.5)  # the first 64 complete, in order; each freed slot takes the
+    assert [dones.done().context for _ in range(64)] == list(range(64))  # next send ...
+    got = [int.from_bytes(r_in.recv().mad[12:16], "big") for _ in range(64)]
+    assert got == [0x1000 + i for i in range(64, 128)]  # ... which lags in turn
+    assert lag.fired == 128 and dones.dones.empty()
+    lag.remove()
+    world.fabric.advance(1.0)  # those complete; the other 172 go out and complete at once
+    assert sorted(dones.done().context for _ in range(n - 64)) == list(range(64, n))
+    got = [int.from_bytes(r_in.recv().mad[12:16], "big") for _ in range(n - 128)]
+    assert got == [0x1000 + i for i in range(128, n)]  # every one, in the order sent
     assert dones.dones.empty() and r_in.recvs.empty()
 
 

@@ -218,6 +218,24 @@ class FaultPlan:
             raise ValueError("delay must be >= 0")
         return self._add(PacketRule(self, "delay", delay=seconds, **match))
 
+    def lag_sends(self, seconds: float, **match: Any) -> PacketRule:
+        """Complete matching datagram (UD) sends ``seconds`` after they leave (fabric
+        clock), as an HCA reports a send some time after it posted it; the QP's later
+        sends go out meanwhile and complete behind them, in order.  Selected by the
+        packet each send puts on the wire (sends answered by the port's own agents and
+        sends with no route complete at once)."""
+        if seconds < 0:
+            raise ValueError("lag must be >= 0")
+        return self._add(PacketRule(self, "lag", delay=seconds, **match))
+
+    def send_lag(self, pkt: Packet, rng: random.Random) -> float:
+        """The engine asks, for a datagram just sent: how long its completion waits."""
+        lag = 0.0
+        for rule in list(self.packet_rules):
+            if rule.action == "lag" and rule.selects(pkt, rng):
+                lag += rule.delay
+        return lag
+
     def duplicate(self, copies: int = 1, **match: Any) -> PacketRule:
         """Deliver ``copies`` extra copies of matching packets."""
         return self._add(PacketRule(self, "duplicate", copies=copies, **match))
@@ -268,8 +286,8 @@ class FaultPlan:
         corrupt = False
         counters = self._fabric.counters
         for rule in list(self.packet_rules):
-            if not rule.selects(pkt, rng):
-                continue
+            if rule.action == "lag" or not rule.selects(pkt, rng):
+                continue  # a lag rule acts on the sender's completion, not the packet
             action = rule.action
             if action == "drop":
                 counters.dropped_fault += 1

@@ -5,6 +5,9 @@ Called by the engine under the fabric lock.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 from ibal.mad.consts import MgmtClass
 from ibal.providers.mock import invalidate
 from ibal.providers.mock.agents import claims
@@ -251,8 +254,21 @@ class Requester(Transmit):
                 pkt.sl = attr.sl
                 pkt.grh = grh
                 self._transmit(pkt)
+                if self.packet_faults_armed:
+                    lag = self.faults.send_lag(pkt, self.rng)
+                    if lag > 0:
+                        done = functools.partial(self._lagged_done, qp, wqe)
+                        self.call_at(self.now + lag, _LaggedSend(done))
+                        return
         wqe.done = True
         self._complete_front(qp)
+
+    def _lagged_done(self, qp: MockQp, wqe: SendWqe) -> None:
+        """Fabric lock held: a lagged send is done; what is done at the queue's front
+        completes (nothing if the QP went to ERROR meanwhile: flushing completed it)."""
+        wqe.done = True
+        if qp.alive and any(w is wqe for w in qp.sq):
+            self._complete_front(qp)
 
     def _count_agent_send(
         self, port: MockPort, mad: bytes | memoryview, pkey: int, qpn: int = 1
@@ -481,3 +497,12 @@ class Requester(Transmit):
         qp.send_idx = 0
         self.sq_progress(qp)
 
+
+
+class _LaggedSend:
+    """A datagram send whose completion a ``lag_sends`` fault holds (a fabric timer)."""
+
+    __slots__ = ("alive", "fire", "timer_gen")
+
+    def __init__(self, fire: Callable[[], None]) -> None:
+        self.alive, self.timer_gen, self.fire = True, 0, fire

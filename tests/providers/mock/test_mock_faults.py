@@ -12,6 +12,8 @@ from ibal.providers.mock import MockFabric, Packet, PacketOp
 from ibal.status import InsufficientResources, InvalidQpState, PostError, Status
 from ibal.types import (
     AvAttr,
+    QpMod,
+    QpState,
     QpType,
     RecvWr,
     SendWr,
@@ -148,6 +150,42 @@ def test_duplicated_datagrams_arrive_twice(a: Node, b: Node) -> None:
                                ud=UdDest(av=av, remote_qp=ub.num, remote_qkey=UD_QKEY))])
     assert [w.wr_id for w in b.poll()] == [0, 1, 2]
     assert fabric.counters.duplicated == 2
+
+
+def test_lagged_datagram_sends_complete_later_in_order(a: Node, b: Node) -> None:
+    """``lag_sends``: the datagram lands at once, its send completes ``seconds`` later; a
+    later send of the QP (not lagged) goes out meanwhile and completes behind it; a QP
+    moved to ERROR while a send lags completes it once, flushed."""
+    fabric = a.ca.fabric
+    ua, ub = a.qp(QpType.UD), b.qp(QpType.UD)
+    ud_ready(a, ua)
+    ud_ready(b, ub)
+    b.ca.post_recv(ub, [RecvWr(i, [b.sge(i * 100, 100)]) for i in range(4)])
+    av = a.ca.create_av(a.pd, AvAttr(1, dlid=b.lid))
+
+    def send(wr_id: int) -> None:
+        a.ca.post_send(ua, [SendWr(wr_id, WrType.SEND, [a.sge(0, 4)],
+                                   ud=UdDest(av=av, remote_qp=ub.num, remote_qkey=UD_QKEY))])
+
+    lag = fabric.faults.lag_sends(0.010, src_qp=ua.num, nth=1)
+    send(1)
+    send(2)
+    assert [w.wr_id for w in b.poll()] == [0, 1]  # both landed
+    assert a.poll() == [] and (lag.matched, lag.fired) == (2, 1)  # 2 waits behind 1
+    fabric.advance(0.009)
+    assert a.poll() == []
+    fabric.advance(0.002)
+    assert [(w.wr_id, w.status) for w in a.poll()] == [(1, OK), (2, OK)]
+    assert fabric.counters.delayed == 0  # the packets themselves were not held
+    fabric.faults.lag_sends(0.010, src_qp=ua.num)
+    send(3)
+    assert [w.wr_id for w in b.poll()] == [2]
+    a.ca.modify_qp(ua, QpMod(QpState.ERROR))
+    assert [(w.wr_id, w.status) for w in a.poll()] == [(3, WcStatus.WR_FLUSHED_ERR)]
+    fabric.advance(0.011)
+    assert a.poll() == []  # the lag's timer finds it flushed already
+    with pytest.raises(ValueError):
+        fabric.faults.lag_sends(-1.0)
 
 
 def test_duplicated_rc_requests_execute_once(a: Node, b: Node) -> None:
