@@ -271,28 +271,54 @@ def test_guest_rping_client_against_raw_cm_rping_server(
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _ibal_rping(s: LabSession, *args: str) -> list[str]:
+def _ibal_rping(s: LabSession, *args: str, dev: str | None = None) -> list[str]:
     host_ip, _ = _addrs(s)
     return [sys.executable, "-m", "ibal.cli", "rping", "--provider", "rxe",
-            "-o", f"devices=rxe0={host_ip}", *args]  # fmt: skip
+            "-o", f"devices=rxe0={dev or host_ip}", *args]  # fmt: skip
+
+
+V6_HOST, V6_GUEST = "fd99::1", "fd99::2"  # unique local addresses, inside the lab's namespace
+
+
+def _link_addrs(s: LabSession, family: int) -> tuple[str, str, str]:
+    """Host address, guest address and ibal's rxe device (``devices=`` value) of the lab
+    link for IP version ``family``.  IPv6: ULAs added once per guest (``nodad``: usable at
+    once), and the guest's rxe0 has the GID before this returns."""
+    host_ip, guest_ip = _addrs(s)
+    if family == 4:
+        return host_ip, guest_ip, host_ip
+    cfg = s.net_config
+    assert cfg is not None
+    if V6_GUEST not in s.run(["ip", "-6", "addr", "show", "dev", "eth0"], timeout=30).stdout_text:
+        s.run(["ip", "-6", "addr", "add", f"{V6_GUEST}/64", "dev", "eth0", "nodad"], timeout=30)
+    r = s.host_run(["ip", "-6", "addr", "replace", f"{V6_HOST}/64", "dev", cfg.tap, "nodad"],
+                   timeout=30, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    gid = ipaddress.IPv6Address(V6_GUEST).exploded
+    until("the guest's rxe0 GID for " + V6_GUEST, lambda: gid in s.run(
+        ["sh", "-c", "cat /sys/class/infiniband/rxe0/ports/1/gids/*"], timeout=30
+    ).stdout_text, 30)  # fmt: skip
+    return V6_HOST, V6_GUEST, cfg.tap
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("size", "count"), [(64, 1), (65535, 100)])
+@pytest.mark.parametrize(("size", "count", "family"), [(64, 1, 4), (65535, 100, 4), (65535, 20, 6)])
 def test_ibal_rping_client_against_guest_rping_server(
-    ibal_lab_module_net: LabSession, size: int, count: int
+    ibal_lab_module_net: LabSession, size: int, count: int, family: int
 ) -> None:
+    """The unmodified rping server over kernel rdma_cm and kernel rxe; over IPv6 too (the
+    guest's server listens on its IPv6 address only, so the REQ and the data go by it)."""
     lab_requires("net", "rdmacm")
     if os.geteuid() != 0:
         pytest.skip("the rxe provider's raw sockets need root")
     s = ibal_lab_module_net
-    _, guest_ip = _addrs(s)
+    _, guest_ip, dev = _link_addrs(s, family)
     server = s.guest_start(["rping", "-s", "-a", guest_ip, "-S", str(size), "-v"], timeout=240)
     try:
         deadline = time.monotonic() + 60
         while True:  # bounded: rejected while the guest's rping is not listening yet
             cli = s.host_run(_ibal_rping(s, "-c", "-a", guest_ip, "-S", str(size), "-C",
-                                         str(count), "-v", "-V"),
+                                         str(count), "-v", "-V", dev=dev),
                              timeout=240, text=True, cwd=REPO)  # fmt: skip
             if cli.returncode == 0 or "rejected" not in cli.stderr:
                 break
@@ -311,18 +337,18 @@ def test_ibal_rping_client_against_guest_rping_server(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("size", "count"), [(64, 1), (65535, 100)])
+@pytest.mark.parametrize(("size", "count", "family"), [(64, 1, 4), (65535, 100, 4), (65535, 20, 6)])
 def test_guest_rping_client_against_ibal_rping_server(
-    ibal_lab_module_net: LabSession, size: int, count: int
+    ibal_lab_module_net: LabSession, size: int, count: int, family: int
 ) -> None:
     lab_requires("net", "rdmacm")
     if os.geteuid() != 0:
         pytest.skip("the rxe provider's raw sockets need root")
     s = ibal_lab_module_net
-    host_ip, _ = _addrs(s)
-    out_file = s.host_dir / f"ibal-rping-{size}-{count}.out"  # -v prints MBs: not a pipe
+    host_ip, _, dev = _link_addrs(s, family)
+    out_file = s.host_dir / f"ibal-rping-{size}-{count}-v{family}.out"  # -v prints MBs
     with out_file.open("w") as sink:
-        srv = s.host_popen(_ibal_rping(s, "-s", "-a", host_ip, "-S", str(size), "-v"),
+        srv = s.host_popen(_ibal_rping(s, "-s", "-a", host_ip, "-S", str(size), "-v", dev=dev),
                            stdout=sink, stderr=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
     try:
         deadline = time.monotonic() + 60
