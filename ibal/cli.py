@@ -398,6 +398,8 @@ def pingpong(
 @click.option("-S", "size", type=int, default=64, show_default=True, help="Ping data size.")
 @click.option("-v", "verbose", is_flag=True, help="Display ping data.")
 @click.option("-V", "validate", is_flag=True, help="Validate ping data.")
+@click.option("-P", "persistent", is_flag=True,
+              help="Persistent server: serve clients until SIGINT/SIGTERM, each on a thread.")
 @click.option("-d", "debug", is_flag=True, help="Accepted for rping's sake.")
 @click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
@@ -410,6 +412,7 @@ def rping(
     size: int,
     verbose: bool,
     validate: bool,
+    persistent: bool,
     debug: bool,
     providers: tuple[str, ...],
     options: tuple[str, ...],
@@ -418,15 +421,24 @@ def rping(
 
     Interoperates with the real rping over RoCE (same options, protocol and output).
     """
+    import signal
+    import threading
+
     from ibal.tools.rping import RpingError, RpingOptions, run
 
     if server is None:
         raise click.UsageError("give -s (server) or -c (client)")
     opts = RpingOptions(server=server, addr=addr, source=source, port=port, count=count,
-                        size=size, verbose=verbose, validate=validate)  # fmt: skip
+                        size=size, verbose=verbose, validate=validate,
+                        persistent=persistent)  # fmt: skip
+    stop = threading.Event()
+    if persistent:  # a signal ends the listen; clients being served finish first
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
     with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
         try:
-            run(al, opts, out=click.echo, err=lambda line: click.echo(line, err=True))
+            run(al, opts, out=click.echo, err=lambda line: click.echo(line, err=True),
+                stop=stop)  # fmt: skip
         except RpingError as exc:
             raise click.ClickException(str(exc)) from exc
 

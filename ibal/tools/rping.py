@@ -14,12 +14,14 @@ test's manual connect); ``disconnect`` is called when the client is done and
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ibal.al import AccessLayer, Cq, Pd, Qp, QpCreate
-from ibal.status import IbError
+from ibal.status import IbError, Timeout
 from ibal.tools.rping_proto import (
     DEFAULT_PORT,
     DEFAULT_SIZE,
@@ -63,9 +65,13 @@ from ibal.types import (
     WrType,
 )
 
+if TYPE_CHECKING:
+    from ibal.cm.rdma import RdmaIncoming
+
 __all__ = ["RpingEndpoint", "RpingError", "RpingOptions", "RpingResult", "run"]
 
 SQ_DEPTH = 16  # RPING_SQ_DEPTH
+PERSISTENT_POLL_S = 0.2  # how soon a persistent server sees its stop
 #: What the peer may do to an rping end's buffers and QP.
 ACCESS = AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE
 _RECV, _SEND, _RDMA = 1, 2, 3
@@ -239,7 +245,8 @@ class RpingEndpoint:
 
 @dataclass
 class RpingOptions:
-    """rping's options: ``-s``/``-c``, ``-a``, ``-I``, ``-p``, ``-C``, ``-S``, ``-v``, ``-V``."""
+    """rping's options: ``-s``/``-c``, ``-a``, ``-I``, ``-p``, ``-C``, ``-S``, ``-v``, ``-V``,
+    ``-P``."""
 
     server: bool
     addr: str | None = None
@@ -251,6 +258,9 @@ class RpingOptions:
     validate: bool = False
     timeout: float = 60.0
     """Seconds to wait for the connection (server: for a client) and between completions."""
+    persistent: bool = False
+    """Server: serve every client that comes, each on a thread of its own, until stopped
+    (``rping -P``); one client's failure ends only its own thread."""
 
     def check(self) -> None:
         if not MIN_SIZE <= self.size <= MAX_SIZE:
@@ -262,15 +272,21 @@ class RpingOptions:
             raise RpingError("a client needs the server's address (-a)")
         if not 0 <= self.port <= 0xFFFF:
             raise RpingError(f"Invalid port {self.port}")
+        if self.persistent and not self.server:
+            raise RpingError("persistent mode (-P) is for the server (-s)")
 
 
 def run(al: AccessLayer, opts: RpingOptions, *, out: Callable[[str], None] = print,
         err: Callable[[str], None] = lambda _: None,
-        listening: Callable[[], object] = lambda: None) -> RpingResult:  # fmt: skip
-    """One rping run over ``al`` (server: one connection, as ``rping -s`` without ``-P``;
-    ``listening()`` is called once its listen is in place)."""
+        listening: Callable[[], object] = lambda: None,
+        stop: threading.Event | None = None) -> RpingResult:  # fmt: skip
+    """One rping run over ``al`` (server: one connection, or with ``opts.persistent`` every
+    client until ``stop`` is set: the pings of all of them; ``listening()`` is called once
+    the listen is in place).  ``out``/``err`` may be called from several threads."""
     opts.check()
     try:
+        if opts.persistent:
+            return _persistent(al, opts, out, err, listening, stop or threading.Event())
         if opts.server:
             return _server(al, opts, out, err, listening)
         return _client(al, opts, out, err)
@@ -312,6 +328,48 @@ def _server(al: AccessLayer, opts: RpingOptions, out: Callable[[str], None],
     with rdma.listen(al, opts.port, addr=opts.addr) as listener:
         listening()
         inc = listener.get(opts.timeout)
+    return _serve(al, opts, inc, out, err)
+
+
+def _persistent(al: AccessLayer, opts: RpingOptions, out: Callable[[str], None],
+                err: Callable[[str], None], listening: Callable[[], object],
+                stop: threading.Event) -> RpingResult:  # fmt: skip
+    """rping's persistent server: a thread per client, the listen kept until ``stop``."""
+    from ibal.cm import rdma
+
+    total = RpingResult(0, [])
+    lock = threading.Lock()
+    workers: list[threading.Thread] = []
+
+    def serve(inc: RdmaIncoming) -> None:
+        try:
+            r = _serve(al, opts, inc, out, err)
+        except (IbError, ValueError, RpingError) as exc:
+            err(f"persistent server: a client failed: {exc}")
+            return
+        with lock:
+            total.pings += r.pings
+            total.lines += r.lines
+
+    with rdma.listen(al, opts.port, addr=opts.addr) as listener:
+        listening()
+        while not stop.is_set():
+            try:
+                inc = listener.get(PERSISTENT_POLL_S)  # bounded, to see ``stop``
+            except Timeout:
+                continue
+            t = threading.Thread(target=serve, args=(inc,), name="rping-P", daemon=True)
+            t.start()
+            workers.append(t)
+            workers = [w for w in workers if w.is_alive()]
+    for t in workers:
+        t.join(opts.timeout)
+    return total
+
+
+def _serve(al: AccessLayer, opts: RpingOptions, inc: RdmaIncoming,
+           out: Callable[[str], None], err: Callable[[str], None]) -> RpingResult:  # fmt: skip
+    """The server's side of one client's pings, from its connection request on."""
     ours = Gid(bytes(inc.incoming.fields["primary_remote_gid"]))
     ca_guid, port_num = _port_with(al, ours)
     ca = al.open_ca(ca_guid)

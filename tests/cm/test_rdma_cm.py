@@ -9,6 +9,7 @@ moves data.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ipaddress
 import os
 import threading
@@ -20,7 +21,7 @@ from ibal.al import AccessLayer, AlManager, Pd, QpCreate
 from ibal.cm import cma, rdma, simple
 from ibal.mad.cm import RejReason
 from ibal.status import InvalidParameter, Timeout
-from ibal.tools.rping import RpingOptions, run
+from ibal.tools.rping import RpingError, RpingOptions, run
 from ibal.tools.rping_proto import ping_text
 from ibal.types import AccessFlags, QpState, QpType, RecvWr, SendWr, WcStatus, WrType
 
@@ -181,6 +182,50 @@ def test_ibal_rping_both_ends(al: AccessLayer, size: int, count: int) -> None:
     assert lines[-1] == "ping data: " + ping_text(count - 1, size)[:-1].decode()
     srv_lines = server.lines  # type: ignore[attr-defined]
     assert srv_lines[0] == "server ping data: " + ping_text(0, size)[:-1].decode()
+
+
+def test_ibal_rping_persistent_server_serves_clients_in_turn_and_at_once(
+    al: AccessLayer,
+) -> None:
+    """``rping -s -P``: one listen serves a client, then three at once (a thread each),
+    then still listens; ``stop`` ends it once the clients are done, with every ping."""
+    port = 7330
+    stop, listening = threading.Event(), threading.Event()
+    res: dict[str, object] = {}
+    errs: list[str] = []
+
+    def serve() -> None:
+        try:
+            res["server"] = run(al, RpingOptions(server=True, addr=A, port=port, size=100,
+                                                 verbose=True, timeout=WAIT, persistent=True),
+                                out=lambda _: None, err=errs.append,
+                                listening=listening.set, stop=stop)  # fmt: skip
+        except Exception as e:  # handed to the test thread
+            res["server"] = e
+            listening.set()
+
+    def client(count: int) -> int:
+        opts = RpingOptions(server=False, addr=A, source=B, port=port, size=100, count=count,
+                            validate=True, timeout=WAIT)  # fmt: skip
+        return run(al, opts, out=lambda _: None).pings
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        assert listening.wait(WAIT)
+        assert client(2) == 2
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            assert list(pool.map(client, (3, 4, 5))) == [3, 4, 5]
+        assert client(1) == 1  # still listening
+    finally:
+        stop.set()
+        t.join(WAIT)
+    server = res["server"]
+    assert not isinstance(server, Exception), server
+    assert server.pings == 2 + 3 + 4 + 5 + 1  # type: ignore[attr-defined]
+    assert errs.count("server DISCONNECT EVENT...") == 5 and len(errs) == 5, errs
+    with pytest.raises(RpingError, match="for the server"):
+        run(al, RpingOptions(server=False, addr=A, persistent=True))
 
 
 def test_ibal_cmtime_both_ends(al: AccessLayer) -> None:

@@ -373,6 +373,46 @@ def test_guest_rping_client_against_ibal_rping_server(
     assert "server DISCONNECT EVENT" in err
 
 
+@pytest.mark.timeout(300)
+def test_guest_rping_clients_at_once_against_ibal_persistent_server(
+    ibal_lab_module_net: LabSession,
+) -> None:
+    """``ibal rping -s -P``: an unmodified rping client in the guest, then two at once, on
+    one listen; SIGTERM ends the server, after the clients, with status 0."""
+    lab_requires("net", "rdmacm")
+    if os.geteuid() != 0:
+        pytest.skip("the rxe provider's raw sockets need root")
+    s = ibal_lab_module_net
+    host_ip, _ = _addrs(s)
+    out_file = s.host_dir / "ibal-rping-persistent.out"
+    with out_file.open("w") as sink:
+        srv = s.host_popen(_ibal_rping(s, "-s", "-P", "-a", host_ip, "-S", "1000", "-v"),
+                           stdout=sink, stderr=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+    client = ["rping", "-c", "-a", host_ip, "-S", "1000", "-V", "-C"]
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # bounded: REJ (nobody listening) while ibal's server starts
+            r = s.run([*client, "1"], timeout=120)
+            if r.returncode == 0 or "REJECTED" not in r.stderr_text:
+                break
+            assert time.monotonic() < deadline and srv.poll() is None, r.stderr_text
+            time.sleep(0.5)
+        assert r.returncode == 0, r.stderr_text
+        jobs = [s.guest_start([*client, str(n)], timeout=240) for n in (30, 40)]
+        results = [j.wait() for j in jobs]
+        assert [x.returncode for x in results] == [0, 0], [x.stderr_text for x in results]
+        assert srv.poll() is None  # still serving
+        srv.terminate()
+        _, err = srv.communicate(timeout=60)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    assert srv.returncode == 0, err
+    assert len(_lines(out_file.read_text(), "server ping data: ")) == 1 + 30 + 40
+    assert err.count("server DISCONNECT EVENT") == 3, err
+
+
 # ------------------------------------------------ cmtime: many connections at once
 
 CMTIME_PORT = 7471
