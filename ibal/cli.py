@@ -478,6 +478,34 @@ def cmtime(server: str | None, bind: str | None, connections: int, port: int, ti
             raise click.ClickException(str(exc)) from exc
 
 
+@main.command()
+@click.option("-s", "server", help="Server address: run the client against it.")
+@click.option("-b", "bind", help="Address to bind to (client: source; server: listen address).")
+@click.option("-c", "connections", type=int, default=1, show_default=True, help="Peers.")
+@click.option("-C", "count", type=int, default=10, show_default=True, help="Messages each way.")
+@click.option("-S", "size", type=int, default=100, show_default=True, help="Message size.")
+@click.option("-P", "port_space", type=click.Choice(["udp"], case_sensitive=False),
+              default="udp", help="Port space (udp; ipoib is not supported).")
+@click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
+@click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
+def udaddy(server: str | None, bind: str | None, connections: int, count: int, size: int,
+           port_space: str, providers: tuple[str, ...],
+           options: tuple[str, ...]) -> None:  # fmt: skip
+    """librdmacm's udaddy: UD datagrams to peers found by SIDR (server without -s).
+
+    Interoperates with the real udaddy over RoCE (same options, protocol and output).
+    """
+    from ibal.tools.udaddy import UdaddyError, UdaddyOptions, run
+
+    opts = UdaddyOptions(server=server, bind=bind, connections=connections, count=count,
+                         size=size)  # fmt: skip
+    with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+        try:
+            run(al, opts, out=click.echo)
+        except UdaddyError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
 _PERFTESTS = ["write_bw", "read_bw", "send_bw", "send_lat", "write_lat"]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 
 from ibal.al import AccessLayer, Ca
-from ibal.types import Mtu
+from ibal.types import Gid, Mtu
 
 DEFAULT_PORT = 18515
 """The TCP port of the real tools' out-of-band exchange."""
@@ -31,6 +31,21 @@ def find_ca(al: AccessLayer, device: str | None, error: type[ToolError] = ToolEr
             return ca
         ca.close(wait=True)
     raise error(f"IB device {device} not found")
+
+
+def port_with_gid(al: AccessLayer, gid: Gid,
+                  error: type[ToolError] = ToolError) -> tuple[int, int]:  # fmt: skip
+    """The (CA GUID, port number) that has ``gid``: where an rdma_cm request to that
+    address came in."""
+    for guid in al.get_ca_guids():
+        ca = al.open_ca(guid)
+        try:
+            for p in ca.query().ports:
+                if any(e.gid == gid for e in p.gid_table):
+                    return guid, p.port_num
+        finally:
+            ca.close()
+    raise error(f"no port has GID {gid}")
 
 
 def listen(port: int = DEFAULT_PORT) -> socket.socket:

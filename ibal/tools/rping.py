@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from ibal.al import AccessLayer, Cq, Pd, Qp, QpCreate
 from ibal.status import IbError, Timeout
+from ibal.tools.common import ToolError, port_with_gid
 from ibal.tools.rping_proto import (
     DEFAULT_PORT,
     DEFAULT_SIZE,
@@ -77,7 +78,7 @@ ACCESS = AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE
 _RECV, _SEND, _RDMA = 1, 2, 3
 
 
-class RpingError(Exception):
+class RpingError(ToolError):
     """An rping run ended in failure; the message is what rping would print."""
 
 
@@ -371,7 +372,7 @@ def _serve(al: AccessLayer, opts: RpingOptions, inc: RdmaIncoming,
            out: Callable[[str], None], err: Callable[[str], None]) -> RpingResult:  # fmt: skip
     """The server's side of one client's pings, from its connection request on."""
     ours = Gid(bytes(inc.incoming.fields["primary_remote_gid"]))
-    ca_guid, port_num = _port_with(al, ours)
+    ca_guid, port_num = port_with_gid(al, ours, RpingError)
     ca = al.open_ca(ca_guid)
     end = RpingEndpoint(ca.alloc_pd(), opts.size, client=False)
     try:
@@ -390,16 +391,3 @@ def _serve(al: AccessLayer, opts: RpingOptions, inc: RdmaIncoming,
     finally:
         end.close()
         ca.close()
-
-
-def _port_with(al: AccessLayer, gid: Gid) -> tuple[int, int]:
-    """The (CA GUID, port number) that has ``gid``: where a REQ to it came in."""
-    for guid in al.get_ca_guids():
-        ca = al.open_ca(guid)
-        try:
-            for p in ca.query().ports:
-                if any(e.gid == gid for e in p.gid_table):
-                    return guid, p.port_num
-        finally:
-            ca.close()
-    raise RpingError(f"no port has GID {gid}")

@@ -228,6 +228,50 @@ def test_ibal_rping_persistent_server_serves_clients_in_turn_and_at_once(
         run(al, RpingOptions(server=False, addr=A, persistent=True))
 
 
+@pytest.mark.parametrize(("connections", "count", "size"), [(1, 10, 100), (3, 4, 1000)])
+def test_ibal_udaddy_both_ends(al: AccessLayer, connections: int, count: int,
+                               size: int) -> None:  # fmt: skip
+    """``ibal udaddy``: SIDR per peer, ``count`` datagrams each way per peer; every one
+    lands whole and in order (message ``i`` is bytes ``i``), udaddy's lines printed."""
+    from ibal.tools.udaddy import UdaddyOptions
+    from ibal.tools.udaddy import run as udaddy
+
+    port = 7340 + connections
+    res: dict[str, object] = {}
+    lines: dict[str, list[str]] = {"server": [], "client": []}
+    opts = {"connections": connections, "count": count, "size": size, "port": port,
+            "timeout": WAIT}  # fmt: skip
+
+    listening = threading.Event()
+
+    def serve() -> None:
+        try:
+            res["server"] = udaddy(al, UdaddyOptions(bind=A, **opts),  # type: ignore[arg-type]
+                                   out=lines["server"].append, listening=listening.set)
+        except Exception as e:  # handed to the test thread
+            res["server"] = e
+            listening.set()
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        assert listening.wait(WAIT)
+        client = udaddy(al, UdaddyOptions(server=A, bind=B, **opts),  # type: ignore[arg-type]
+                        out=lines["client"].append)  # fmt: skip
+    finally:
+        t.join(WAIT)
+    server = res["server"]
+    assert not isinstance(server, Exception), server
+    want = [[bytes([i]) * size for i in range(count)]] * connections
+    assert server.received == want == client.received  # type: ignore[attr-defined]
+    assert lines["client"] == ["udaddy: starting client", "udaddy: connecting",
+                               "initiating data transfers", "receiving data transfers",
+                               "data transfers complete", "test complete", "return status 0"]
+    assert lines["server"] == ["udaddy: starting server", "receiving data transfers",
+                               "sending replies", "data transfers complete", "test complete",
+                               "return status 0"]  # fmt: skip
+
+
 def test_ibal_cmtime_both_ends(al: AccessLayer) -> None:
     from ibal.tools.cmtime import CmtimeOptions, CmtimeServer, run_client
 

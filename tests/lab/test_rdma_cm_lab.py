@@ -28,9 +28,7 @@ from rdma_cm_raw import RawCm, raw_accept, raw_connect
 
 from ibal.al import AccessLayer, AlManager, Pd, QpCreate
 from ibal.cm import ConnectionRejected, cma, rdma
-from ibal.cm.cma import RDMA_UDP_QKEY
-from ibal.cm.rdma import RdmaIncoming, resolve_route, resolve_udp
-from ibal.cm.rdma import listen as rdma_listen
+from ibal.cm.rdma import resolve_route
 from ibal.cm.service import agent_of
 from ibal.lab import LabSession
 from ibal.lab.pytest_plugin import lab_requires
@@ -40,26 +38,15 @@ from ibal.mad.cm import RejReason
 from ibal.mad.consts import CmAttr
 from ibal.providers.rxe.provider import RxeProvider
 from ibal.providers.rxe.wire import BTH, DETH
-from ibal.status import InvalidState, RemoteError, Timeout
-from ibal.testing.helpers import wait_wc
+from ibal.status import InvalidState, Timeout
 from ibal.tools.cmtime import CmtimeOptions, CmtimeServer, run_client
 from ibal.tools.rping import RpingEndpoint
 from ibal.tools.rping_proto import ping_text
+from ibal.tools.udaddy import UdaddyError, UdaddyOptions
+from ibal.tools.udaddy import run as udaddy
 from ibal.types import (
-    AccessFlags,
-    AvAttr,
     Gid,
-    QpMod,
-    QpState,
     QpType,
-    RecvWr,
-    SendOpt,
-    SendWr,
-    UdDest,
-    Wc,
-    WcStatus,
-    WcType,
-    WrType,
 )
 
 pytestmark = pytest.mark.lab
@@ -483,106 +470,75 @@ def test_ibal_cmtime_against_guest_server(ibal_lab_module_net: LabSession) -> No
 
 # ------------------------------------------------ udaddy: the UDP port space (SIDR)
 
-UDADDY_PORT = 7174
 UD_MSGS, UD_SIZE = 10, 100  # udaddy's defaults (-C, -S)
 
 
-class UdEnd:
-    """A UD QP with rdma_cm's Q_Key and a buffer of 40 + 100 byte slots."""
-
-    def __init__(self, pd: Pd, port_num: int) -> None:
-        self.cq = pd.ca.create_cq(64)
-        self.qp = pd.create_qp(QpCreate(QpType.UD, self.cq, self.cq, sq_depth=16, rq_depth=16))
-        for mod in (QpMod(QpState.INIT, port_num=port_num, pkey_index=0, qkey=RDMA_UDP_QKEY),
-                    QpMod(QpState.RTR), QpMod(QpState.RTS, sq_psn=0)):  # fmt: skip
-            self.qp.modify(mod)
-        self.slot = 40 + UD_SIZE
-        self.buf = bytearray(self.slot * 2 * UD_MSGS)
-        self.mr = pd.reg_mem(self.buf, AccessFlags.LOCAL_WRITE)
-        self.pd = pd
-        for i in range(UD_MSGS):
-            self.qp.post_recv(RecvWr(i, [self.mr.sge(i * self.slot, self.slot)]))
-
-    def receive(self) -> list[Wc]:
-        wcs = [wait_wc(self.cq, 60) for _ in range(UD_MSGS)]
-        assert all(w.status is WcStatus.SUCCESS and w.wc_type is WcType.RECV for w in wcs), wcs
-        return wcs
-
-    def send(self, av: AvAttr, qpn: int, qkey: int) -> None:
-        ah = self.pd.create_av(av)
-        base = UD_MSGS * self.slot
-        for i in range(UD_MSGS):
-            self.buf[base + i * UD_SIZE : base + (i + 1) * UD_SIZE] = bytes([i]) * UD_SIZE
-            # udaddy's datagrams carry the sender's QPN as immediate data; the server
-            # answers the QPN it read there (not the DETH's source QPN)
-            self.qp.post_send(SendWr(100 + i, WrType.SEND,
-                                     [self.mr.sge(base + i * UD_SIZE, UD_SIZE)],
-                                     send_opt=SendOpt.SIGNALED | SendOpt.IMMEDIATE,
-                                     imm=self.qp.num,
-                                     ud=UdDest(av=ah, remote_qp=qpn, remote_qkey=qkey)))
-            wc = wait_wc(self.cq, 60)
-            assert wc.status is WcStatus.SUCCESS, wc
-
-
 @pytest.mark.timeout(300)
-def test_guest_udaddy_client_against_ibal_ud_server(ibal_lab_module_net: LabSession) -> None:
-    """udaddy's SIDR_REQ (UDP port space, CMA header) answered by ibal; 10 datagrams each way."""
+@pytest.mark.parametrize("peers", [1, 2])
+def test_guest_udaddy_client_against_ibal_udaddy_server(ibal_lab_module_net: LabSession,
+                                                        peers: int) -> None:  # fmt: skip
+    """udaddy's SIDR_REQs (UDP port space, CMA header) answered by ``ibal udaddy``'s server
+    (in process); 10 datagrams of 100 bytes each way per peer."""
     lab_requires("net", "rdmacm")
     s = ibal_lab_module_net
-    host_ip, guest_ip = _addrs(s)
-    with host_stack(s) as (al, pd, _, _):
-        end = UdEnd(pd, 1)
-        seen: list[RdmaIncoming] = []
+    host_ip, _ = _addrs(s)
+    res: dict[str, object] = {}
+    listening = threading.Event()
+    with host_stack(s) as (al, _, _, _):
 
-        def arrived(inc: RdmaIncoming) -> None:
-            seen.append(inc)
-            inc.answer(end.qp)
-
-        with rdma_listen(al, UDADDY_PORT, ps=cma.PortSpace.UDP, callback=arrived):
-            client = s.guest_start(["udaddy", "-s", host_ip], timeout=120)
+        def serve() -> None:
             try:
-                wcs = end.receive()
-                (inc,) = seen
-                assert inc.ud and inc.src[0] == ipaddress.IPv4Address(guest_ip)
-                assert {w.imm for w in wcs} == {wcs[0].src_qp}  # udaddy's QPN, as immediate
-                end.send(inc.peer_av(1), wcs[0].src_qp, RDMA_UDP_QKEY)
-                r = client.wait()
-            finally:
-                if not client.done():
-                    client.kill()
+                res["server"] = udaddy(al, UdaddyOptions(bind=host_ip, connections=peers),
+                                       out=lambda _: None, listening=listening.set)
+            except Exception as e:  # handed to the test thread
+                res["server"] = e
+                listening.set()
+
+        t = threading.Thread(target=serve)
+        t.start()
+        try:
+            assert listening.wait(60)
+            client = s.guest_start(["udaddy", "-s", host_ip, "-c", str(peers)], timeout=120)
+            r = client.wait()
+        finally:
+            t.join(120)
     assert r.returncode == 0, r.stdout_text + r.stderr_text
-    assert "data transfers complete" in r.stdout_text
-    assert all(w.length == 40 + UD_SIZE for w in wcs)  # GRH area + udaddy's 100 bytes
+    assert "data transfers complete" in r.stdout_text and "return status 0" in r.stdout_text
+    server = res["server"]
+    assert not isinstance(server, Exception), server
+    got = server.received  # type: ignore[attr-defined]
+    assert len(got) == peers and all(len(x) == UD_MSGS for x in got)
+    assert all(len(m) == UD_SIZE for x in got for m in x)  # udaddy's 100 bytes, no GRH
 
 
 @pytest.mark.timeout(300)
-def test_ibal_ud_client_against_guest_udaddy_server(ibal_lab_module_net: LabSession) -> None:
-    """ibal's SIDR_REQ with the CMA header resolves udaddy's UD QP; 10 datagrams each way."""
+@pytest.mark.parametrize("peers", [1, 2])
+def test_ibal_udaddy_client_against_guest_udaddy_server(ibal_lab_module_net: LabSession,
+                                                        peers: int) -> None:  # fmt: skip
+    """``ibal udaddy``'s SIDR_REQs with the CMA header resolve udaddy's UD QPs; 10
+    datagrams each way per peer, udaddy's server replying to the QPN in our immediate."""
     lab_requires("net", "rdmacm")
     s = ibal_lab_module_net
     _, guest_ip = _addrs(s)
-    server = s.guest_start(["udaddy", "-b", guest_ip], timeout=120)
+    server = s.guest_start(["udaddy", "-b", guest_ip, "-c", str(peers)], timeout=120)
     try:
-        with host_stack(s) as (al, pd, _, _):
+        with host_stack(s) as (al, _, _, _):
             deadline = time.monotonic() + 60
             while True:  # bounded: SIDR_REP "unsupported" while udaddy is not listening yet
                 try:
-                    peer = resolve_udp(al, guest_ip, UDADDY_PORT, timeout_ms=1000, retries=3)
+                    res = udaddy(al, UdaddyOptions(server=guest_ip, connections=peers,
+                                                   timeout=30), out=lambda _: None)
                     break
-                except (RemoteError, Timeout):  # or no answer while ib_cm loads
-                    assert time.monotonic() < deadline and not server.done()
+                except UdaddyError as exc:  # or no answer while ib_cm loads
+                    assert time.monotonic() < deadline and not server.done(), exc
                     time.sleep(0.5)
-            assert peer.qkey == RDMA_UDP_QKEY
-            end = UdEnd(pd, peer.route.port_num)
-            end.send(peer.av, peer.qpn, peer.qkey)
-            wcs = end.receive()
-            assert {w.src_qp for w in wcs} == {peer.qpn}
         r = server.wait()
     finally:
         if not server.done():
             server.kill()
     assert r.returncode == 0, r.stdout_text + r.stderr_text
     assert "data transfers complete" in r.stdout_text
+    assert len(res.received) == peers and all(len(x) == UD_MSGS for x in res.received)
 
 
 # ------------------------------------------------ faults on the link: netem in the guest
