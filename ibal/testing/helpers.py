@@ -105,6 +105,44 @@ def settle(ca: Ca, timeout: float = DEFAULT_TIMEOUT) -> None:
         raise Timeout(f"waited {timeout} s for the access layer's callback queues to drain")
 
 
+class ServerThread:
+    """``serve(listening)`` on a thread of its own, for a server a test's client talks to:
+    ``serve`` calls ``listening()`` once clients may come; :meth:`wait_listening` waits
+    for that and :meth:`result` for its return value, raising what it raised instead."""
+
+    def __init__(self, serve: Callable[[Callable[[], None]], Any]) -> None:
+        self._listening = threading.Event()
+        self._out: list[Any] = []
+        self._err: list[BaseException] = []
+
+        def main() -> None:
+            try:
+                self._out.append(serve(self._listening.set))
+            except BaseException as exc:  # handed to the test's thread
+                self._err.append(exc)
+            finally:
+                self._listening.set()
+
+        self._thread = threading.Thread(target=main, name="test-server", daemon=True)
+        self._thread.start()
+
+    def wait_listening(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Until the server listens; what it raised before that, or ``Timeout``."""
+        if not self._listening.wait(timeout):
+            raise Timeout(f"the server did not listen within {timeout} s")
+        if self._err:
+            raise self._err[0]
+
+    def result(self, timeout: float = DEFAULT_TIMEOUT) -> Any:
+        """The server's return value once it ended; what it raised, or ``Timeout``."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise Timeout(f"the server did not end within {timeout} s")
+        if self._err:
+            raise self._err[0]
+        return self._out[0]
+
+
 def drain(cq: Cq) -> list[Wc]:
     """Every completion queued on ``cq`` now."""
     out: list[Wc] = []

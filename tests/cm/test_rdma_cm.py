@@ -21,6 +21,7 @@ from ibal.al import AccessLayer, AlManager, Pd, QpCreate
 from ibal.cm import cma, rdma, simple
 from ibal.mad.cm import RejReason
 from ibal.status import InvalidParameter, Timeout
+from ibal.testing.helpers import ServerThread
 from ibal.tools.rping import RpingError, RpingOptions, run
 from ibal.tools.rping_proto import ping_text
 from ibal.types import AccessFlags, QpState, QpType, RecvWr, SendWr, WcStatus, WrType
@@ -156,32 +157,18 @@ def test_bad_arguments_are_refused(al: AccessLayer) -> None:
 @pytest.mark.parametrize(("size", "count"), [(64, 3), (5000, 10)])
 def test_ibal_rping_both_ends(al: AccessLayer, size: int, count: int) -> None:
     port = 7310 + count
-    res: dict[str, object] = {}
-    listening = threading.Event()
-
-    def serve() -> None:
-        try:
-            res["server"] = run(al, RpingOptions(server=True, addr=A, port=port, size=size,
-                                                 verbose=True, timeout=WAIT),
-                                out=lambda _: None, listening=listening.set)  # fmt: skip
-        except Exception as e:  # handed to the test thread
-            res["server"] = e
-            listening.set()
-
-    t = threading.Thread(target=serve)
-    t.start()
-    assert listening.wait(WAIT)
+    srv = ServerThread(lambda listening: run(
+        al, RpingOptions(server=True, addr=A, port=port, size=size, verbose=True, timeout=WAIT),
+        out=lambda _: None, listening=listening))  # fmt: skip
+    srv.wait_listening(WAIT)
     lines: list[str] = []
     client = run(al, RpingOptions(server=False, addr=A, source=B, port=port, size=size,
                                   count=count, verbose=True, validate=True, timeout=WAIT),
                  out=lines.append)  # fmt: skip
-    t.join(WAIT)
-    server = res["server"]
-    assert not isinstance(server, Exception), server
-    assert client.pings == count == server.pings  # type: ignore[attr-defined]
+    server = srv.result(WAIT)
+    assert client.pings == count == server.pings
     assert lines[-1] == "ping data: " + ping_text(count - 1, size)[:-1].decode()
-    srv_lines = server.lines  # type: ignore[attr-defined]
-    assert srv_lines[0] == "server ping data: " + ping_text(0, size)[:-1].decode()
+    assert server.lines[0] == "server ping data: " + ping_text(0, size)[:-1].decode()
 
 
 def test_ibal_rping_persistent_server_serves_clients_in_turn_and_at_once(
@@ -190,39 +177,27 @@ def test_ibal_rping_persistent_server_serves_clients_in_turn_and_at_once(
     """``rping -s -P``: one listen serves a client, then three at once (a thread each),
     then still listens; ``stop`` ends it once the clients are done, with every ping."""
     port = 7330
-    stop, listening = threading.Event(), threading.Event()
-    res: dict[str, object] = {}
+    stop = threading.Event()
     errs: list[str] = []
-
-    def serve() -> None:
-        try:
-            res["server"] = run(al, RpingOptions(server=True, addr=A, port=port, size=100,
-                                                 verbose=True, timeout=WAIT, persistent=True),
-                                out=lambda _: None, err=errs.append,
-                                listening=listening.set, stop=stop)  # fmt: skip
-        except Exception as e:  # handed to the test thread
-            res["server"] = e
-            listening.set()
+    srv = ServerThread(lambda listening: run(
+        al, RpingOptions(server=True, addr=A, port=port, size=100, verbose=True, timeout=WAIT,
+                         persistent=True),
+        out=lambda _: None, err=errs.append, listening=listening, stop=stop))  # fmt: skip
 
     def client(count: int) -> int:
         opts = RpingOptions(server=False, addr=A, source=B, port=port, size=100, count=count,
                             validate=True, timeout=WAIT)  # fmt: skip
         return run(al, opts, out=lambda _: None).pings
 
-    t = threading.Thread(target=serve)
-    t.start()
     try:
-        assert listening.wait(WAIT)
+        srv.wait_listening(WAIT)
         assert client(2) == 2
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             assert list(pool.map(client, (3, 4, 5))) == [3, 4, 5]
         assert client(1) == 1  # still listening
     finally:
         stop.set()
-        t.join(WAIT)
-    server = res["server"]
-    assert not isinstance(server, Exception), server
-    assert server.pings == 2 + 3 + 4 + 5 + 1  # type: ignore[attr-defined]
+    assert srv.result(WAIT).pings == 2 + 3 + 4 + 5 + 1
     assert errs.count("server DISCONNECT EVENT...") == 5 and len(errs) == 5, errs
     with pytest.raises(RpingError, match="for the server"):
         run(al, RpingOptions(server=False, addr=A, persistent=True))
@@ -237,33 +212,18 @@ def test_ibal_udaddy_both_ends(al: AccessLayer, connections: int, count: int,
     from ibal.tools.udaddy import run as udaddy
 
     port = 7340 + connections
-    res: dict[str, object] = {}
     lines: dict[str, list[str]] = {"server": [], "client": []}
     opts = {"connections": connections, "count": count, "size": size, "port": port,
             "timeout": WAIT}  # fmt: skip
-
-    listening = threading.Event()
-
-    def serve() -> None:
-        try:
-            res["server"] = udaddy(al, UdaddyOptions(bind=A, **opts),  # type: ignore[arg-type]
-                                   out=lines["server"].append, listening=listening.set)
-        except Exception as e:  # handed to the test thread
-            res["server"] = e
-            listening.set()
-
-    t = threading.Thread(target=serve)
-    t.start()
-    try:
-        assert listening.wait(WAIT)
-        client = udaddy(al, UdaddyOptions(server=A, bind=B, **opts),  # type: ignore[arg-type]
-                        out=lines["client"].append)  # fmt: skip
-    finally:
-        t.join(WAIT)
-    server = res["server"]
-    assert not isinstance(server, Exception), server
+    srv = ServerThread(lambda listening: udaddy(
+        al, UdaddyOptions(bind=A, **opts),  # type: ignore[arg-type]
+        out=lines["server"].append, listening=listening))  # fmt: skip
+    srv.wait_listening(WAIT)
+    client = udaddy(al, UdaddyOptions(server=A, bind=B, **opts),  # type: ignore[arg-type]
+                    out=lines["client"].append)  # fmt: skip
+    server = srv.result(WAIT)
     want = [[bytes([i]) * size for i in range(count)]] * connections
-    assert server.received == want == client.received  # type: ignore[attr-defined]
+    assert server.received == want == client.received
     assert lines["client"] == ["udaddy: starting client", "udaddy: connecting",
                                "initiating data transfers", "receiving data transfers",
                                "data transfers complete", "test complete", "return status 0"]

@@ -39,6 +39,7 @@ from ibal.mad.consts import CmAttr
 from ibal.providers.rxe.provider import RxeProvider
 from ibal.providers.rxe.wire import BTH, DETH
 from ibal.status import InvalidState, Timeout
+from ibal.testing.helpers import ServerThread
 from ibal.tools.cmtime import CmtimeOptions, CmtimeServer, run_client
 from ibal.tools.rping import RpingEndpoint
 from ibal.tools.rping_proto import ping_text
@@ -482,31 +483,16 @@ def test_guest_udaddy_client_against_ibal_udaddy_server(ibal_lab_module_net: Lab
     lab_requires("net", "rdmacm")
     s = ibal_lab_module_net
     host_ip, _ = _addrs(s)
-    res: dict[str, object] = {}
-    listening = threading.Event()
     with host_stack(s) as (al, _, _, _):
-
-        def serve() -> None:
-            try:
-                res["server"] = udaddy(al, UdaddyOptions(bind=host_ip, connections=peers),
-                                       out=lambda _: None, listening=listening.set)
-            except Exception as e:  # handed to the test thread
-                res["server"] = e
-                listening.set()
-
-        t = threading.Thread(target=serve)
-        t.start()
-        try:
-            assert listening.wait(60)
-            client = s.guest_start(["udaddy", "-s", host_ip, "-c", str(peers)], timeout=120)
-            r = client.wait()
-        finally:
-            t.join(120)
+        srv = ServerThread(lambda listening: udaddy(
+            al, UdaddyOptions(bind=host_ip, connections=peers), out=lambda _: None,
+            listening=listening))  # fmt: skip
+        srv.wait_listening(60)
+        r = s.run(["udaddy", "-s", host_ip, "-c", str(peers)], timeout=120)
+        server = srv.result(120)
     assert r.returncode == 0, r.stdout_text + r.stderr_text
     assert "data transfers complete" in r.stdout_text and "return status 0" in r.stdout_text
-    server = res["server"]
-    assert not isinstance(server, Exception), server
-    got = server.received  # type: ignore[attr-defined]
+    got = server.received
     assert len(got) == peers and all(len(x) == UD_MSGS for x in got)
     assert all(len(m) == UD_SIZE for x in got for m in x)  # udaddy's 100 bytes, no GRH
 
