@@ -132,30 +132,31 @@ def serve(level: str) -> None:
 
 
 def client(level: str, n: int, sock: socket.socket) -> tuple[float, float]:
-    """One run: connect ``n`` (REQ out, REP in, RTU out) and disconnect them; the two
-    steps' seconds."""
+    """One run: connect ``n`` (REQ out, REP in, RTU out) and disconnect them (DREQ out,
+    DREP in); the two steps' seconds."""
     msgs = Messages(level)
     dest = (HOST, SERVER_PORT)
     buf = bytearray(4096)
     view = memoryview(buf)
+
+    def step(send: CmAttr, answer: CmAttr) -> None:
+        """Every ``send`` out, then each ``answer`` read (and replied to, if NEXT says)."""
+        for i in range(n):
+            sock.sendto(msgs.build(send, i), dest)
+        left = n
+        while left:
+            sock.recv_into(buf)
+            attr, comm_id = msgs.read(view)
+            if attr is answer:
+                reply = NEXT.get(attr)
+                if reply is not None:
+                    sock.sendto(msgs.build(reply, comm_id), dest)
+                left -= 1
+
     t0 = time.perf_counter()
-    for i in range(n):
-        sock.sendto(msgs.build(CmAttr.REQ, i), dest)
-    left = n
-    while left:
-        sock.recv_into(buf)
-        attr, comm_id = msgs.read(view)
-        if attr is CmAttr.REP:
-            sock.sendto(msgs.build(NEXT[attr], comm_id), dest)
-            left -= 1
+    step(CmAttr.REQ, CmAttr.REP)
     t1 = time.perf_counter()
-    for i in range(n):
-        sock.sendto(msgs.build(CmAttr.DREQ, i), dest)
-    left = n
-    while left:
-        sock.recv_into(buf)
-        if msgs.read(view)[0] is CmAttr.DREP:
-            left -= 1
+    step(CmAttr.DREQ, CmAttr.DREP)
     return t1 - t0, time.perf_counter() - t1
 
 
