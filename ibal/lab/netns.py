@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import ipaddress
 import os
 import re
@@ -14,10 +13,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ibal.netns import setns
+
 #: Every namespace the lab creates has this prefix, then the creator's pid.
 NETNS_PREFIX = "ibal-lab"
 _NETNS_RE = re.compile(rf"^{NETNS_PREFIX}-(\d+)-[0-9a-f]+$")
-_CLONE_NEWNET = 0x40000000
 _NETNS_DIR = Path("/run/netns")
 
 
@@ -67,14 +67,6 @@ def _ip(*args: str) -> None:
     proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=False)
     if proc.returncode != 0:
         raise NetnsError(f"ip {' '.join(args)}: {proc.stderr.strip()}")
-
-
-def _libc_setns(fd: int) -> None:
-    """setns(2) into a network namespace for the calling thread (os.setns is 3.12+)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(fd, _CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns: {os.strerror(err)}")
 
 
 class NetNamespace:
@@ -127,11 +119,11 @@ class NetNamespace:
             open("/proc/thread-self/ns/net", "rb") as orig,
             open(_NETNS_DIR / self.name, "rb") as target,
         ):
-            _libc_setns(target.fileno())
+            setns(target.fileno())
             try:
                 yield
             finally:
-                _libc_setns(orig.fileno())
+                setns(orig.fileno())
 
     def delete(self) -> None:
         """Kill whatever still runs in the namespace and delete it (idempotent)."""

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal, NamedTuple
 
+from ibal.netns import NetNs
 from ibal.providers.rxe import mmsg, wire
 from ibal.providers.rxe.counters import DeviceCounters
 from ibal.providers.rxe.netif import IpAddress
@@ -165,18 +166,32 @@ def _open(ip: IpAddress, port: int, rx_mode: RxMode, batch: int, scope: int) -> 
 
 
 class _Group(NamedTuple):
-    """A multicast group's receive socket (UDP, bound to the group and port 4791)."""
+    """A multicast group's sockets: the UDP one bound to the group and port 4791 holds
+    the membership; ``rx`` is what the receive thread reads (that same socket, or in
+    IPv4 raw mode a raw one bound to the group, which sees the IP header)."""
 
     rx: socket.socket
     rx_raw: bool
     raw_ip: bytes
+    member: socket.socket
+
+    def close(self) -> None:
+        for sock in {self.rx, self.member}:
+            sock.close()
 
 
-def _join(group: IpAddress, local: IpAddress, port: int, ifindex: int) -> _Group:
-    """A socket that receives ``group``'s datagrams on ``local``'s interface."""
+def _join(group: IpAddress, local: IpAddress, port: int, ifindex: int,
+          rx_mode: RxMode) -> _Group:  # fmt: skip
+    """Sockets that receive ``group``'s datagrams on ``local``'s interface.
+
+    In IPv4 raw mode the datagrams are read from a raw socket bound to the group, as a
+    unicast address's are: the ICRC covers the IP header's ID, which a sender such as
+    Linux's rxe sets (not 0) and a UDP socket does not show.
+    """
     v4 = group.version == 4
     sock = socket.socket(socket.AF_INET if v4 else socket.AF_INET6,
                          socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    raw: socket.socket | None = None
     try:
         # several devices (and processes) on one host may join one group
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -190,11 +205,21 @@ def _join(group: IpAddress, local: IpAddress, port: int, ifindex: int) -> _Group
             sock.bind((str(group), port, 0, ifindex))
             mreq6 = group.packed + struct.pack("@I", ifindex)
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_JOIN_GROUP, mreq6)
+        if v4 and rx_mode == "raw":
+            raw = socket.socket(socket.AF_INET, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
+                                socket.IPPROTO_UDP)  # fmt: skip
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RCVBUF)
+            attach_filter(raw, roce_ipv4_filter(port))
+            raw.bind((str(group), 0))
+            attach_filter(sock, DROP_ALL)
+            return _Group(raw, True, group.packed, sock)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RCVBUF)
     except BaseException:
         sock.close()
+        if raw is not None:
+            raw.close()
         raise
-    return _Group(sock, False, group.packed)
+    return _Group(sock, False, group.packed, sock)
 
 
 class DeviceIO:
@@ -245,6 +270,9 @@ class DeviceIO:
         self._rx_lock = threading.Lock()
         self._polled_at = 0.0  # time.monotonic() of the last poll_rx
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        # where the device lives: its later sockets (a multicast group's, opened from the
+        # thread that attaches a QP) belong there too, whatever that thread's namespace
+        self._netns = NetNs()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"{name}-rx", daemon=True)
         self._thread.start()
@@ -283,7 +311,8 @@ class DeviceIO:
             if not mine:
                 raise KeyError(f"no IPv{group.version} address on {self.name}")
             local = mine[0]
-            self._groups[group] = _join(group, local, self.port, ifindex)
+            self._groups[group] = self._netns.run(
+                lambda: _join(group, local, self.port, ifindex, self.rx_mode))
         self._wake()
 
     def leave(self, group: IpAddress) -> None:
@@ -293,7 +322,7 @@ class DeviceIO:
         if g is not None:
             self._wake()
             with self._lock:
-                g.rx.close()
+                g.close()
 
     @property
     def addresses(self) -> tuple[IpAddress, ...]:
@@ -314,10 +343,11 @@ class DeviceIO:
             self._endpoints.clear()
             self.own = frozenset()
             for g in self._groups.values():
-                g.rx.close()
+                g.close()
             self._groups.clear()
         os.close(self._wake_r)
         os.close(self._wake_w)
+        self._netns.close()
 
     def __enter__(self) -> DeviceIO:
         return self

@@ -6,6 +6,7 @@ import ipaddress
 import os
 import queue
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -311,6 +312,55 @@ def test_golden_kernel_frames_pass_the_icrc_only_on_the_raw_path(mode: RxMode) -
                 got = inbox.take(1)
                 # a UDP socket never sees the ID, so kernel frames fail the check
                 assert dev.counters.drops["bad_icrc"] == len(frames) + 1
+            assert got[-1][1:3] == (77, b"end")
+        finally:
+            with ns.entered():
+                dev.close()
+
+
+def _ipv4_datagram(src: bytes, dst: bytes, pkt: Packet, *, ident: int, sport: int) -> bytes:
+    """A whole RoCEv2 IPv4 datagram with IP ID ``ident`` (DF, TTL 1), its ICRC over that ID,
+    as a sender that numbers its datagrams (Linux's rxe) puts it on the wire."""
+    length = len(wire.encode_bytes(pkt, 0))
+    udp = wire.encode_bytes(pkt, wire.icrc_prefix_ipv4(src, dst, length, sport, ident=ident))
+    ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 28 + length, ident, 0x4000, 1, 17, 0, src, dst)
+    return ip + struct.pack(">HHHH", sport, wire.ROCE_V2_PORT, 8 + length, 0) + udp
+
+
+@pytest.mark.parametrize("mode", ["raw", "udp"])
+def test_a_joined_group_takes_datagrams_with_any_ip_id_on_the_raw_path(mode: RxMode) -> None:
+    """A group's datagrams from a sender whose IP ID is not 0 (Linux's rxe multicasting,
+    seen in the lab): the raw path reads the ID and the ICRC holds; a UDP socket cannot
+    see it, so there they fail the ICRC, as unicast ones do."""
+    need_ip()
+    group, here, peer = (ipaddress.ip_address(a) for a in ("239.7.7.7", "10.77.0.1", "10.77.0.2"))
+    with netns() as ns:
+        ns.ip("link", "add", "v0", "type", "veth", "peer", "name", "v1")
+        for addr in (here, peer):
+            ns.ip("addr", "add", f"{addr}/24", "dev", "v0")
+        ns.ip("link", "set", "v1", "up")
+        ns.ip("link", "set", "v0", "up")
+        ns.ip("route", "add", "224.0.0.0/4", "dev", "v0")
+        inbox = Inbox()
+        with ns.entered():
+            dev = DeviceIO(inbox, rx_mode=mode)
+            dev.add_address(here)
+        try:
+            dev.join(group)  # from a thread outside the namespace: the device opens it there
+            frames = [_ipv4_datagram(peer.packed, group.packed, _write(i, b"grp"),
+                                     ident=0x1234 + i, sport=0xC000) for i in range(3)]
+            with ns.entered():
+                _inject(frames)
+                dev.send(_write(77, b"end"), here.packed, 0xC000)  # ID 0: the UDP path takes it
+                dev.flush()
+            if mode == "raw":
+                got = inbox.take(4)
+                assert [(g[1], g[2], g[3]) for g in got[:3]] == [(i, b"grp", peer.packed)
+                                                                 for i in range(3)]
+                assert dev.counters.drops["bad_icrc"] == 0
+            else:
+                got = inbox.take(1)
+                assert dev.counters.drops["bad_icrc"] == 3
             assert got[-1][1:3] == (77, b"end")
         finally:
             with ns.entered():
