@@ -506,6 +506,33 @@ def udaddy(server: str | None, bind: str | None, connections: int, count: int, s
             raise click.ClickException(str(exc)) from exc
 
 
+@main.command()
+@click.option("-m", "group", required=True, help="Multicast address (IPv4 or IPv6).")
+@click.option("-s", "sender", is_flag=True, help="Send (else receive).")
+@click.option("-b", "bind", help="Local address to join from.")
+@click.option("-c", "connections", type=int, default=1, show_default=True, help="Nodes.")
+@click.option("-C", "count", type=int, default=10, show_default=True, help="Messages.")
+@click.option("-S", "size", type=int, default=100, show_default=True, help="Message size.")
+@click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
+@click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
+def mckey(group: str, sender: bool, bind: str | None, connections: int, count: int, size: int,
+          providers: tuple[str, ...], options: tuple[str, ...]) -> None:  # fmt: skip
+    """librdmacm's mckey: UD datagrams to an IP multicast group over RoCE.
+
+    Interoperates with the real mckey (same options, protocol and output); a sender
+    waits 3 s after joining, as mckey does.
+    """
+    from ibal.tools.mckey import MckeyError, MckeyOptions, run
+
+    opts = MckeyOptions(group, sender=sender, bind=bind, connections=connections,
+                        count=count, size=size)  # fmt: skip
+    with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+        try:
+            run(al, opts, out=click.echo)
+        except MckeyError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
 _PERFTESTS = ["write_bw", "read_bw", "send_bw", "send_lat", "write_lat"]
 
 

@@ -24,14 +24,15 @@ from dataclasses import dataclass
 from typing import Final
 
 from ibal.mad.consts import CmAttr
+from ibal.status import InvalidParameter
 from ibal.types import Gid
 from ibal.wire.fields import F, FieldError, Kind, R, Table
 
 __all__ = [
     "CMA_HDR_IP4", "CMA_HDR_IP6", "CMA_HDR_SIZE", "CMA_VERSION", "RDMA_UDP_QKEY",
     "SERVICE_ID_MASK", "USER_PDATA_MAX", "CmaHeader", "IpAddress", "PortSpace",
-    "ephemeral_port", "gid_of", "ip_of", "join_private_data", "port_of", "port_space_of",
-    "service_id", "split_private_data",
+    "ephemeral_port", "gid_of", "ip_address", "ip_of", "join_private_data", "port_of",
+    "port_space_of", "service_id", "split_private_data",
 ]  # fmt: skip
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -174,6 +175,14 @@ def join_private_data(hdr: CmaHeader, user: bytes = b"", attr: CmAttr = CmAttr.R
 def split_private_data(pdata: bytes | bytearray | memoryview) -> tuple[CmaHeader, bytes]:
     """A received REQ/SIDR_REQ's private data: the header and what follows it."""
     return CmaHeader.decode(pdata), bytes(pdata[CMA_HDR_SIZE:])
+
+
+def ip_address(v: IpAddress | str) -> IpAddress:
+    """An IP address from its text (or as given); ``InvalidParameter`` for anything else."""
+    try:
+        return ipaddress.ip_address(v) if isinstance(v, str) else v
+    except ValueError:
+        raise InvalidParameter(f"{v!r} is not an IP address") from None
 
 
 def gid_of(ip: IpAddress | str) -> Gid:

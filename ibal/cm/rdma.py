@@ -11,7 +11,6 @@ service ID and the CMA header in the REQ's private data.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import queue
 import threading
@@ -31,6 +30,7 @@ from ibal.cm.cma import (
     PortSpace,
     ephemeral_port,
     gid_of,
+    ip_address,
     ip_of,
     join_private_data,
     service_id,
@@ -94,13 +94,6 @@ class RdmaRoute:
         return gid_of(self.dst)
 
 
-def _addr(v: IpAddress | str) -> IpAddress:
-    try:
-        return ipaddress.ip_address(v) if isinstance(v, str) else v
-    except ValueError:
-        raise InvalidParameter(f"{v!r} is not an IP address") from None
-
-
 def _candidates(al: AccessLayer, port_guid: int | None) -> list[tuple[int, PortAttr]]:
     """Active Ethernet ports (CA GUID, port), or just the one asked for."""
     out = []
@@ -127,8 +120,8 @@ def resolve_route(al: AccessLayer, dst: IpAddress | str, *, src: IpAddress | str
     ``dst``), and the path query's status exceptions (e.g. ``Timeout`` when the
     neighbour does not answer ARP).
     """
-    d = _addr(dst)
-    s = _addr(src) if src is not None else None
+    d = ip_address(dst)
+    s = ip_address(src) if src is not None else None
     if s is not None and s.version != d.version:
         raise InvalidParameter(f"source {s} and destination {d} are of different IP versions")
     ports = _candidates(al, port_guid)
@@ -393,7 +386,7 @@ class RdmaListener:
                  callback: Callable[[RdmaIncoming], object] | None = None) -> None:  # fmt: skip
         self.port = port
         self.ps = PortSpace(ps)
-        self.addr = _addr(addr) if addr is not None else None
+        self.addr = ip_address(addr) if addr is not None else None
         self.stats: Counter[str] = Counter()
         """REQs refused before the user saw them, by reason."""
         self._callback = callback

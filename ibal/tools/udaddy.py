@@ -36,7 +36,7 @@ from ibal.types import (
     WrType,
 )
 
-__all__ = ["UDADDY_PORT", "UdaddyError", "UdaddyOptions", "UdaddyResult", "run"]
+__all__ = ["UDADDY_PORT", "UdEnd", "UdaddyError", "UdaddyOptions", "UdaddyResult", "run"]
 
 UDADDY_PORT = 7174
 """udaddy's port (fixed in the tool; the server listens on ``(UDP << 16) + 7174``)."""
@@ -76,11 +76,13 @@ class UdaddyResult:
 
 
 class UdEnd:
-    """One udaddy node: a CQ, a UD QP with ``RDMA_UDP_QKEY``, receive slots of GRH + size
-    posted at once, and the source of its sends."""
+    """One udaddy (or mckey) node: a CQ, a UD QP with ``RDMA_UDP_QKEY``, receive slots of
+    GRH + size posted at once (unless ``recvs`` is false: mckey's sender), and the
+    source of its sends."""
 
-    def __init__(self, pd: Pd, port_num: int, count: int, size: int) -> None:
-        self.pd, self.count, self.size = pd, count, size
+    def __init__(self, pd: Pd, port_num: int, count: int, size: int, *, recvs: bool = True,
+                 error: type[ToolError] = UdaddyError) -> None:  # fmt: skip
+        self.pd, self.count, self.size, self._error = pd, count, size, error
         self.cq: Cq = pd.ca.create_cq(max(2, 2 * count))
         depth = max(1, count)
         self.qp: Qp = pd.create_qp(QpCreate(QpType.UD, self.cq, self.cq, sq_depth=depth,
@@ -92,7 +94,7 @@ class UdEnd:
         self.buf = bytearray(self.slot * count + size)
         self.mr = pd.reg_mem(self.buf, AccessFlags.LOCAL_WRITE)
         self._src = self.slot * count
-        for i in range(count):
+        for i in range(count if recvs else 0):
             self.qp.post_recv(RecvWr(i, [self.mr.sge(i * self.slot, self.slot)]))
 
     def send(self, av: AvAttr, qpn: int, qkey: int, timeout: float) -> None:
@@ -125,17 +127,15 @@ class UdEnd:
     def _wait(self, kind: WcType, timeout: float) -> Wc:
         """The next completion of ``kind`` (sends and receives share the CQ; each wait
         takes one, so none is lost between the two)."""
-        while True:
-            got = self.cq.wait(timeout, max_entries=1)
-            if not got:
-                raise UdaddyError(f"udaddy: no {kind.name} completion in {timeout} s")
-            wc = got[0]
-            if wc.status is not WcStatus.SUCCESS:
-                raise UdaddyError(f"udaddy: completion {wc.wc_type.name} {wc.status.name}")
-            if wc.wc_type is kind:
-                return wc
-            raise UdaddyError(f"udaddy: a {wc.wc_type.name} completion while waiting for "
-                              f"{kind.name}")  # fmt: skip
+        got = self.cq.wait(timeout, max_entries=1)
+        if not got:
+            raise self._error(f"no {kind.name} completion in {timeout} s")
+        wc = got[0]
+        if wc.status is not WcStatus.SUCCESS:
+            raise self._error(f"completion {wc.wc_type.name} {wc.status.name}")
+        if wc.wc_type is not kind:
+            raise self._error(f"a {wc.wc_type.name} completion while waiting for {kind.name}")
+        return wc
 
     def close(self) -> None:
         self.qp.destroy()

@@ -20,11 +20,21 @@ import pytest
 from ibal.al import AccessLayer, AlManager, Pd, QpCreate
 from ibal.cm import cma, rdma, simple
 from ibal.mad.cm import RejReason
-from ibal.status import InvalidParameter, Timeout
+from ibal.status import InvalidParameter, InvalidSetting, Timeout
 from ibal.testing.helpers import ServerThread
 from ibal.tools.rping import RpingError, RpingOptions, run
 from ibal.tools.rping_proto import ping_text
-from ibal.types import AccessFlags, QpState, QpType, RecvWr, SendWr, WcStatus, WrType
+from ibal.types import (
+    AccessFlags,
+    Gid,
+    QpMod,
+    QpState,
+    QpType,
+    RecvWr,
+    SendWr,
+    WcStatus,
+    WrType,
+)
 
 A, B = "127.0.0.61", "127.0.0.62"
 WAIT = 20.0
@@ -230,6 +240,61 @@ def test_ibal_udaddy_both_ends(al: AccessLayer, connections: int, count: int,
     assert lines["server"] == ["udaddy: starting server", "receiving data transfers",
                                "sending replies", "data transfers complete", "test complete",
                                "return status 0"]  # fmt: skip
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_ibal_mckey_sender_and_receivers(al: AccessLayer, nodes: int) -> None:
+    """``ibal mckey``: receivers on one device and a sender on the other join 239.1.2.4;
+    each receiving node takes every datagram (message ``i`` is bytes ``i``), once."""
+    from ibal.tools.mckey import MckeyOptions
+    from ibal.tools.mckey import run as mckey
+
+    group, count, size = "239.1.2.4", 6, 200
+    lines: list[str] = []
+    srv = ServerThread(lambda joined: mckey(
+        al, MckeyOptions(group, bind=A, connections=nodes, count=count, size=size,
+                         timeout=WAIT), out=lines.append, joined=joined))  # fmt: skip
+    srv.wait_listening(WAIT)
+    sent = mckey(al, MckeyOptions(group, sender=True, bind=B, count=count, size=size,
+                                  delay=0, timeout=WAIT), out=lambda _: None)  # fmt: skip
+    got = srv.result(WAIT).received
+    assert sent.received == [[]]
+    assert got == [[bytes([i]) * size for i in range(count)]] * nodes
+    assert lines[:3] == ["mckey: starting server", "mckey: joining",
+                         "mckey: joined dgid: ::ffff:239.1.2.4 mlid 0x0 sl 0"]  # fmt: skip
+    assert lines[-4:] == ["receiving data transfers", "data transfers complete",
+                          "test complete", "return status 0"]  # fmt: skip
+
+
+def test_multicast_join_refusals(al: AccessLayer) -> None:
+    """What rdma_join_multicast refuses: a unicast address, a QP that is not UD or has
+    another Q_Key than RDMA_UDP_QKEY, a source of the other IP version."""
+    from ibal.cm.rdma_mcast import join_multicast
+    from ibal.tools.udaddy import UdEnd
+
+    pd = _pd(al, A)
+    end = UdEnd(pd, 1, 1, 8)
+    with pytest.raises(InvalidParameter, match="not a multicast address"):
+        join_multicast(end.qp, A)
+    with pytest.raises(InvalidParameter, match="not an IP address"):
+        join_multicast(end.qp, "nowhere")
+    with pytest.raises(InvalidParameter, match="different IP versions"):
+        join_multicast(end.qp, "239.1.2.5", src="::1")
+    m = join_multicast(end.qp, "239.1.2.5")
+    assert (m.qpn, m.qkey, m.av.grh.dgid if m.av.grh else None) == (
+        0xFFFFFF, cma.RDMA_UDP_QKEY, Gid("::ffff:239.1.2.5"))  # fmt: skip
+    m.leave()
+    rc = pd.create_qp(QpCreate(QpType.RC, end.cq, end.cq))
+    rc.modify(QpMod(QpState.INIT, port_num=1, pkey_index=0, access=AccessFlags.LOCAL_WRITE))
+    with pytest.raises(InvalidSetting, match="takes a UD QP, not RC"):
+        join_multicast(rc, "239.1.2.5")
+    ud = pd.create_qp(QpCreate(QpType.UD, end.cq, end.cq))
+    ud.modify(QpMod(QpState.INIT, port_num=1, pkey_index=0, qkey=0x1111))
+    with pytest.raises(InvalidSetting, match="Q_Key is 0x1111"):
+        join_multicast(ud, "239.1.2.5")
+    for q in (rc, ud):
+        q.destroy()
+    end.close()
 
 
 def test_ibal_cmtime_both_ends(al: AccessLayer) -> None:

@@ -41,6 +41,8 @@ from ibal.providers.rxe.wire import BTH, DETH
 from ibal.status import InvalidState, Timeout
 from ibal.testing.helpers import ServerThread
 from ibal.tools.cmtime import CmtimeOptions, CmtimeServer, run_client
+from ibal.tools.mckey import MckeyOptions
+from ibal.tools.mckey import run as mckey
 from ibal.tools.rping import RpingEndpoint
 from ibal.tools.rping_proto import ping_text
 from ibal.tools.udaddy import UdaddyError, UdaddyOptions
@@ -525,6 +527,63 @@ def test_ibal_udaddy_client_against_guest_udaddy_server(ibal_lab_module_net: Lab
     assert r.returncode == 0, r.stdout_text + r.stderr_text
     assert "data transfers complete" in r.stdout_text
     assert len(res.received) == peers and all(len(x) == UD_MSGS for x in res.received)
+
+
+# ------------------------------------------------ mckey: rdma_cm multicast on RoCE
+
+MC_GROUP = "239.1.2.3"
+
+
+def _guest_mcast_route(s: LabSession) -> None:
+    """The guest has no default route: multicast leaves by eth0 (as a LAN's route would)."""
+    s.run(["ip", "route", "replace", "224.0.0.0/4", "dev", "eth0"], timeout=30)
+
+
+@pytest.mark.timeout(300)
+def test_ibal_mckey_sender_to_guest_mckey_receiver(ibal_lab_module_net: LabSession) -> None:
+    """The guest's mckey joins the group with kernel rdma_cm (GID ::ffff:239.1.2.3, an
+    IGMP join on eth0); ``ibal mckey -s`` sends 10 datagrams to it; the guest takes all."""
+    lab_requires("net", "rdmacm")
+    s = ibal_lab_module_net
+    host_ip, guest_ip = _addrs(s)
+    _guest_mcast_route(s)
+    receiver = s.guest_start(["mckey", "-m", MC_GROUP, "-b", guest_ip], timeout=120)
+    try:
+        until("the guest's mckey in the group", lambda: "239.1.2.3" in s.run(
+            ["ip", "maddr", "show", "dev", "eth0"], timeout=30).stdout_text, 60)  # fmt: skip
+        with host_stack(s) as (al, _, _, _):
+            lines: list[str] = []
+            sent = mckey(al, MckeyOptions(MC_GROUP, sender=True, bind=host_ip,
+                                                 delay=0, timeout=30), out=lines.append)
+        r = receiver.wait()
+    finally:
+        if not receiver.done():
+            receiver.kill()
+    assert sent.received == [[]] and "data transfers complete" in lines
+    assert r.returncode == 0, r.stdout_text + r.stderr_text
+    assert "mckey: joined dgid: ::ffff:239.1.2.3" in r.stdout_text
+    assert "data transfers complete" in r.stdout_text and "return status 0" in r.stdout_text
+
+
+@pytest.mark.timeout(300)
+def test_guest_mckey_sender_to_ibal_mckey_receiver(ibal_lab_module_net: LabSession) -> None:
+    """``ibal mckey`` (two nodes) joins the group; the guest's ``mckey -s`` sends 10
+    datagrams of 100 bytes to it through kernel rxe; each ibal node takes all 10."""
+    lab_requires("net", "rdmacm")
+    s = ibal_lab_module_net
+    host_ip, guest_ip = _addrs(s)
+    _guest_mcast_route(s)
+    with host_stack(s) as (al, _, _, _):
+        srv = ServerThread(lambda joined: mckey(
+            al, MckeyOptions(MC_GROUP, bind=host_ip, connections=2, timeout=60),
+            out=lambda _: None, joined=joined))  # fmt: skip
+        srv.wait_listening(60)
+        r = s.run(["mckey", "-m", MC_GROUP, "-s", "-b", guest_ip], timeout=120)
+        got = srv.result(120).received
+    assert r.returncode == 0, r.stdout_text + r.stderr_text
+    assert "data transfers complete" in r.stdout_text
+    assert [len(x) for x in got] == [UD_MSGS, UD_MSGS]
+    assert all(len(m) == UD_SIZE for x in got for m in x)
 
 
 # ------------------------------------------------ faults on the link: netem in the guest
