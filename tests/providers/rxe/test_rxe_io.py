@@ -13,6 +13,7 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from netns_util import need_ip, netns
@@ -267,6 +268,16 @@ def _golden() -> list[wire.Frame]:
     return [f for f in frames if f is not None]
 
 
+def _veth(ns: Any, *addrs: str) -> None:
+    """A veth pair v0/v1 up in ``ns``, ``addrs`` (/24) on v0: injected datagrams from one
+    of them to another are local deliveries there."""
+    ns.ip("link", "add", "v0", "type", "veth", "peer", "name", "v1")
+    for addr in addrs:
+        ns.ip("addr", "add", f"{addr}/24", "dev", "v0")
+    ns.ip("link", "set", "v1", "up")
+    ns.ip("link", "set", "v0", "up")
+
+
 def _inject(frames: list[bytes]) -> None:
     """Send whole IPv4 datagrams as they are (IP_HDRINCL keeps the kernel's ID)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
@@ -284,11 +295,7 @@ def test_golden_kernel_frames_pass_the_icrc_only_on_the_raw_path(mode: RxMode) -
     src, dst = frames[0].src, frames[0].dst  # the lab's 10.99.0.2 -> 10.99.0.1
     assert len({f.ip_udp[4:6] for f in frames}) > 1  # the kernel varied the IP ID
     with netns() as ns:
-        ns.ip("link", "add", "v0", "type", "veth", "peer", "name", "v1")
-        for addr in (dst, src):
-            ns.ip("addr", "add", f"{socket.inet_ntoa(addr)}/24", "dev", "v0")
-        ns.ip("link", "set", "v1", "up")
-        ns.ip("link", "set", "v0", "up")
+        _veth(ns, socket.inet_ntoa(dst), socket.inet_ntoa(src))
         inbox = Inbox()
         with ns.entered():
             dev = DeviceIO(inbox, rx_mode=mode)
@@ -335,11 +342,7 @@ def test_a_joined_group_takes_datagrams_with_any_ip_id_on_the_raw_path(mode: RxM
     need_ip()
     group, here, peer = (ipaddress.ip_address(a) for a in ("239.7.7.7", "10.77.0.1", "10.77.0.2"))
     with netns() as ns:
-        ns.ip("link", "add", "v0", "type", "veth", "peer", "name", "v1")
-        for addr in (here, peer):
-            ns.ip("addr", "add", f"{addr}/24", "dev", "v0")
-        ns.ip("link", "set", "v1", "up")
-        ns.ip("link", "set", "v0", "up")
+        _veth(ns, str(here), str(peer))
         ns.ip("route", "add", "224.0.0.0/4", "dev", "v0")
         inbox = Inbox()
         with ns.entered():
