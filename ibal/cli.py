@@ -533,6 +533,32 @@ def mckey(group: str, sender: bool, bind: str | None, connections: int, count: i
             raise click.ClickException(str(exc)) from exc
 
 
+@main.command()
+@click.option("-s", "server", help="Server address: run the client against it.")
+@click.option("-b", "bind", help="Address to bind to (client: source; server: listen address).")
+@click.option("-c", "connections", type=int, default=1, show_default=True, help="Connections.")
+@click.option("-C", "count", type=int, default=10, show_default=True, help="Messages each way.")
+@click.option("-S", "size", type=int, default=100, show_default=True, help="Message size.")
+@click.option("-p", "port", type=int, default=7471, show_default=True, help="Port.")
+@click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
+@click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
+def ucmatose(server: str | None, bind: str | None, connections: int, count: int, size: int,
+             port: int, providers: tuple[str, ...], options: tuple[str, ...]) -> None:  # fmt: skip
+    """librdmacm's ucmatose: RC connections, messages each way, disconnect (server without -s).
+
+    Interoperates with the real ucmatose over RoCE (same options, protocol and output).
+    """
+    from ibal.tools.cmatose import CmatoseError, CmatoseOptions, run
+
+    opts = CmatoseOptions(server=server, bind=bind, connections=connections, count=count,
+                          size=size, port=port)  # fmt: skip
+    with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+        try:
+            run(al, opts, out=click.echo)
+        except CmatoseError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
 _PERFTESTS = ["write_bw", "read_bw", "send_bw", "send_lat", "write_lat"]
 
 

@@ -297,6 +297,36 @@ def test_multicast_join_refusals(al: AccessLayer) -> None:
     end.close()
 
 
+@pytest.mark.parametrize(("connections", "count", "size"), [(1, 10, 100), (3, 5, 3000)])
+def test_ibal_ucmatose_both_ends(al: AccessLayer, connections: int, count: int,
+                                 size: int) -> None:  # fmt: skip
+    """``ibal ucmatose``: the server sends ``count`` messages on each connection, the
+    client sends as many back, the server disconnects; every message lands whole and in
+    order (message ``i`` is bytes ``i``), cmatose's lines printed."""
+    from ibal.tools.cmatose import CmatoseOptions
+    from ibal.tools.cmatose import run as cmatose
+
+    opts = {"connections": connections, "count": count, "size": size, "port": 7350 + count,
+            "timeout": WAIT}  # fmt: skip
+    lines: dict[str, list[str]] = {"server": [], "client": []}
+    srv = ServerThread(lambda listening: cmatose(
+        al, CmatoseOptions(bind=A, **opts),  # type: ignore[arg-type]
+        out=lines["server"].append, listening=listening))  # fmt: skip
+    srv.wait_listening(WAIT)
+    client = cmatose(al, CmatoseOptions(server=A, bind=B, **opts),  # type: ignore[arg-type]
+                     out=lines["client"].append)  # fmt: skip
+    server = srv.result(WAIT)
+    want = [[bytes([i]) * size for i in range(count)]] * connections
+    assert server.received == want == client.received
+    assert lines["client"] == ["cmatose: starting client", "cmatose: connecting",
+                               "receiving data transfers", "sending replies",
+                               "data transfers complete", "test complete", "return status 0"]
+    assert lines["server"] == ["cmatose: starting server", "initiating data transfers",
+                               "completing sends", "receiving data transfers",
+                               "data transfers complete", "cmatose: disconnecting",
+                               "disconnected", "test complete", "return status 0"]  # fmt: skip
+
+
 def test_ibal_cmtime_both_ends(al: AccessLayer) -> None:
     from ibal.tools.cmtime import CmtimeOptions, CmtimeServer, run_client
 

@@ -40,6 +40,8 @@ from ibal.providers.rxe.provider import RxeProvider
 from ibal.providers.rxe.wire import BTH, DETH
 from ibal.status import InvalidState, Timeout
 from ibal.testing.helpers import ServerThread
+from ibal.tools.cmatose import CmatoseOptions
+from ibal.tools.cmatose import run as cmatose
 from ibal.tools.cmtime import CmtimeOptions, CmtimeServer, run_client
 from ibal.tools.mckey import MckeyOptions
 from ibal.tools.mckey import run as mckey
@@ -527,6 +529,59 @@ def test_ibal_udaddy_client_against_guest_udaddy_server(ibal_lab_module_net: Lab
     assert r.returncode == 0, r.stdout_text + r.stderr_text
     assert "data transfers complete" in r.stdout_text
     assert len(res.received) == peers and all(len(x) == UD_MSGS for x in res.received)
+
+
+# ------------------------------------------------ ucmatose: connections with messages
+
+CMATOSE_PORT = 7481  # not cmtime's 7471: the module's cmtime servers may linger
+
+
+@pytest.mark.timeout(300)
+def test_ibal_ucmatose_client_against_guest_ucmatose_server(
+    ibal_lab_module_net: LabSession,
+) -> None:
+    """The guest's ``ucmatose`` server sends 10 messages on each of 2 connections, ``ibal
+    ucmatose`` sends 10 back on each, the server disconnects; both report success."""
+    lab_requires("net", "rdmacm")
+    s = ibal_lab_module_net
+    _, guest_ip = _addrs(s)
+    server = s.guest_start(["ucmatose", "-b", guest_ip, "-p", str(CMATOSE_PORT), "-c", "2"],
+                           timeout=120)  # fmt: skip
+    try:
+        wait_listening(s, server, CMATOSE_PORT)
+        with host_stack(s) as (al, _, _, _):
+            lines: list[str] = []
+            res = cmatose(al, CmatoseOptions(server=guest_ip, port=CMATOSE_PORT,
+                                             connections=2, timeout=60), out=lines.append)
+        r = server.wait()
+    finally:
+        if not server.done():
+            server.kill()
+    assert r.returncode == 0, r.stdout_text + r.stderr_text
+    assert "data transfers complete" in r.stdout_text and "disconnected" in r.stdout_text
+    assert [len(x) for x in res.received] == [10, 10] and "return status 0" in lines
+
+
+@pytest.mark.timeout(300)
+def test_guest_ucmatose_client_against_ibal_ucmatose_server(
+    ibal_lab_module_net: LabSession,
+) -> None:
+    """``ibal ucmatose``'s server accepts the guest client's 2 connections, sends 10
+    messages of 100 bytes on each, takes 10 back and disconnects."""
+    lab_requires("net", "rdmacm")
+    s = ibal_lab_module_net
+    host_ip, _ = _addrs(s)
+    with host_stack(s) as (al, _, _, _):
+        srv = ServerThread(lambda listening: cmatose(
+            al, CmatoseOptions(bind=host_ip, port=CMATOSE_PORT, connections=2, timeout=60),
+            out=lambda _: None, listening=listening))  # fmt: skip
+        srv.wait_listening(60)
+        r = s.run(["ucmatose", "-s", host_ip, "-p", str(CMATOSE_PORT), "-c", "2"],
+                  timeout=120)  # fmt: skip
+        got = srv.result(120).received
+    assert r.returncode == 0, r.stdout_text + r.stderr_text
+    assert "data transfers complete" in r.stdout_text and "return status 0" in r.stdout_text
+    assert [len(x) for x in got] == [10, 10] and all(len(m) == 100 for x in got for m in x)
 
 
 # ------------------------------------------------ mckey: rdma_cm multicast on RoCE

@@ -1,0 +1,218 @@
+"""``ibal ucmatose``: librdmacm's ``ucmatose`` (rdma-core 44's cmatose) over ``ibal.cm.rdma``.
+
+The server accepts ``connections`` RC connections on port 7471 (TCP port
+space), each node with ``count`` receives posted before it accepts; once all
+are up it sends ``count`` messages of ``size`` bytes on each, waits for those
+sends, then for as many messages back, and disconnects.  The client connects
+its nodes (responder resources and initiator depth 1, retry count 5, the
+receives posted first), receives ``count`` messages on each, sends as many
+back and waits for the server's disconnect.  Printed lines are cmatose's, so
+either side interoperates with the real ``ucmatose``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ibal.al import AccessLayer, Ca, Cq, Pd, Qp, QpCreate
+from ibal.status import IbError
+from ibal.tools.common import ToolError, port_with_gid
+from ibal.types import (
+    AccessFlags,
+    Gid,
+    QpMod,
+    QpState,
+    QpType,
+    RecvWr,
+    SendWr,
+    Wc,
+    WcStatus,
+    WcType,
+    WrType,
+)
+
+__all__ = ["CMATOSE_PORT", "CmatoseError", "CmatoseOptions", "CmatoseResult", "run"]
+
+CMATOSE_PORT = 7471
+
+
+class CmatoseError(ToolError):
+    """A ucmatose run that could not complete."""
+
+
+@dataclass
+class CmatoseOptions:
+    """``ucmatose [-s server] [-b bind] [-c connections] [-C count] [-S size] [-p port]``."""
+
+    server: str | None = None
+    """The server's address: run the client (else the server)."""
+    bind: str | None = None
+    connections: int = 1
+    count: int = 10
+    size: int = 100
+    port: int = CMATOSE_PORT
+    timeout: float = 60.0
+    """Seconds to wait for a connection, a completion or the disconnect."""
+
+    def check(self) -> None:
+        if self.connections < 1:
+            raise CmatoseError(f"invalid connection count {self.connections}")
+        if self.count < 0 or self.size < 1:
+            raise CmatoseError("the message count is not negative and the size positive")
+
+
+@dataclass
+class CmatoseResult:
+    """Per connection, the messages received (in order)."""
+
+    received: list[list[bytes]]
+
+
+class Node:
+    """One connection's end: send and receive CQs, an RC QP moved to INIT on ``port_num``
+    (``rdma_create_qp`` does), one message buffer; ``count`` receives posted at once (each
+    into its own slot, so what came can be read after)."""
+
+    def __init__(self, pd: Pd, port_num: int, count: int, size: int) -> None:
+        self.count, self.size = count, size
+        depth = max(1, count)
+        self.send_cq: Cq = pd.ca.create_cq(depth)
+        self.recv_cq: Cq = pd.ca.create_cq(depth)
+        self.qp: Qp = pd.create_qp(QpCreate(QpType.RC, self.send_cq, self.recv_cq,
+                                            sq_depth=depth, rq_depth=depth))  # fmt: skip
+        self.buf = bytearray(size * (count + 1))
+        self.mr = pd.reg_mem(self.buf, AccessFlags.LOCAL_WRITE)
+        self._src = size * count
+        self.qp.modify(QpMod(QpState.INIT, port_num=port_num, pkey_index=0,
+                             access=AccessFlags.LOCAL_WRITE))  # fmt: skip
+        for i in range(count):
+            self.qp.post_recv(RecvWr(i, [self.mr.sge(i * size, size)]))
+
+    def send_all(self, timeout: float) -> None:
+        """``count`` SENDs of ``size`` bytes (message ``i`` is bytes ``i``), and their
+        completions."""
+        for i in range(self.count):
+            self.buf[self._src : self._src + self.size] = bytes([i & 0xFF]) * self.size
+            self.qp.post_send(SendWr(1000 + i, WrType.SEND, [self.mr.sge(self._src, self.size)]))
+            _one(self.send_cq, WcType.SEND, timeout)  # the slot is reused for the next
+
+    def receive_all(self, timeout: float) -> list[bytes]:
+        out = []
+        for _ in range(self.count):
+            wc = _one(self.recv_cq, WcType.RECV, timeout)
+            out.append(bytes(self.buf[wc.wr_id * self.size : wc.wr_id * self.size + wc.length]))
+        return out
+
+    def close(self) -> None:
+        self.qp.destroy()
+        self.send_cq.destroy()
+        self.recv_cq.destroy()
+        self.mr.dereg()
+
+
+def _one(cq: Cq, kind: WcType, timeout: float) -> Wc:
+    got = cq.wait(timeout, max_entries=1)
+    if not got:
+        raise CmatoseError(f"cmatose: no {kind.name} completion in {timeout} s")
+    wc = got[0]
+    if wc.status is not WcStatus.SUCCESS or wc.wc_type is not kind:
+        raise CmatoseError(f"cmatose: completion {wc.wc_type.name} {wc.status.name}")
+    return wc
+
+
+def run(al: AccessLayer, opts: CmatoseOptions, *, out: Callable[[str], None] = print,
+        listening: Callable[[], object] = lambda: None) -> CmatoseResult:  # fmt: skip
+    """One ucmatose run: the client when ``opts.server`` is set, else the server
+    (``listening()`` is called once its listen is in place)."""
+    opts.check()
+    try:
+        if opts.server:
+            return _client(al, opts, out)
+        return _server(al, opts, out, listening)
+    except (IbError, ValueError) as exc:
+        raise CmatoseError(f"cmatose: {exc}") from exc
+
+
+def _client(al: AccessLayer, opts: CmatoseOptions, out: Callable[[str], None]) -> CmatoseResult:
+    from ibal.cm import rdma
+
+    assert opts.server is not None
+    out("cmatose: starting client")
+    route = rdma.resolve_route(al, opts.server, src=opts.bind)
+    ca = al.open_ca(route.ca_guid)
+    pd = ca.alloc_pd()
+    nodes: list[Node] = []
+    try:
+        out("cmatose: connecting")
+        conns = []
+        for _ in range(opts.connections):
+            node = Node(pd, route.port_num, opts.count, opts.size)  # receives before the REQ
+            nodes.append(node)
+            conns.append(rdma.connect(al, route.dst, opts.port, node.qp, route=route,
+                                      timeout=opts.timeout, resp_res=1, init_depth=1,
+                                      retry_cnt=5))  # fmt: skip
+        got: list[list[bytes]] = [[] for _ in nodes]
+        if opts.count:
+            out("receiving data transfers")
+            got = [node.receive_all(opts.timeout) for node in nodes]
+            out("sending replies")
+            for node in nodes:
+                node.send_all(opts.timeout)
+            out("data transfers complete")
+        for c in conns:  # the server disconnects; rdma_cm answers its DREQ
+            c.connection.wait_closed(opts.timeout)
+    finally:
+        _close(nodes, pd, ca)
+    out("test complete")
+    out("return status 0")
+    return CmatoseResult(got)
+
+
+def _server(al: AccessLayer, opts: CmatoseOptions, out: Callable[[str], None],
+            listening: Callable[[], object]) -> CmatoseResult:  # fmt: skip
+    from ibal.cm import rdma
+
+    out("cmatose: starting server")
+    nodes: list[Node] = []
+    conns: list[rdma.RdmaConnection] = []
+    pds: dict[int, tuple[Ca, Pd]] = {}
+    got: list[list[bytes]] = []
+    try:
+        with rdma.listen(al, opts.port, addr=opts.bind) as listener:
+            listening()
+            for _ in range(opts.connections):
+                inc = listener.get(opts.timeout)
+                ours = Gid(bytes(inc.incoming.fields["primary_remote_gid"]))
+                guid, port_num = port_with_gid(al, ours, CmatoseError)
+                if guid not in pds:
+                    ca = al.open_ca(guid)
+                    pds[guid] = (ca, ca.alloc_pd())
+                node = Node(pds[guid][1], port_num, opts.count, opts.size)
+                nodes.append(node)
+                conns.append(inc.accept(node.qp, timeout=opts.timeout))
+        if opts.count:
+            out("initiating data transfers")
+            out("completing sends")
+            for node in nodes:
+                node.send_all(opts.timeout)
+            out("receiving data transfers")
+            got = [node.receive_all(opts.timeout) for node in nodes]
+            out("data transfers complete")
+        out("cmatose: disconnecting")
+        for c in conns:
+            c.disconnect(timeout=opts.timeout)
+        out("disconnected")
+    finally:
+        for ca, pd in pds.values():
+            _close([n for n in nodes if n.qp.pd is pd], pd, ca)
+    out("test complete")
+    out("return status 0")
+    return CmatoseResult(got)
+
+
+def _close(nodes: list[Node], pd: Pd, ca: Ca) -> None:
+    for node in nodes:
+        node.close()
+    pd.dealloc()
+    ca.close()
