@@ -70,13 +70,17 @@ def test_rping_needs_a_side_and_checks_rpings_limits() -> None:
     assert r.exit_code == 1 and "needs the server's address" in r.output
 
 
-def test_rping_cmtime_and_udaddy_without_a_roce_port_say_so() -> None:
+def test_rdma_cm_tools_without_a_roce_port_say_so() -> None:
     """The mock's ports are InfiniBand: no RDMA CM route to an IP address."""
     r = CliRunner().invoke(main, ["rping", "--provider", "mock", "-c", "-a", "10.0.0.1"])
     assert r.exit_code == 1 and "no active RoCE port" in r.output
     r = CliRunner().invoke(main, ["cmtime", "--provider", "mock", "-s", "10.0.0.1"])
     assert r.exit_code == 1 and "no active RoCE port" in r.output
     r = CliRunner().invoke(main, ["udaddy", "--provider", "mock", "-s", "10.0.0.1"])
+    assert r.exit_code == 1 and "no active RoCE port" in r.output
+    r = CliRunner().invoke(main, ["ucmatose", "--provider", "mock", "-s", "10.0.0.1"])
+    assert r.exit_code == 1 and "no active RoCE port" in r.output
+    r = CliRunner().invoke(main, ["mckey", "--provider", "mock", "-m", "239.1.1.1", "-s"])
     assert r.exit_code == 1 and "no active RoCE port" in r.output
     r = CliRunner().invoke(main, ["udaddy", "--provider", "mock", "-s", "10.0.0.1", "-c", "0"])
     assert r.exit_code == 1 and "invalid connection count 0" in r.output
