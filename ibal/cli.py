@@ -524,7 +524,7 @@ def mckey(group: str, sender: bool, bind: str | None, connections: int, count: i
     """
     from ibal.tools.mckey import MckeyError, MckeyOptions, run
 
-    opts = MckeyOptions(group, sender=sender, bind=bind, connections=connections,
+    opts = MckeyOptions(group=group, sender=sender, bind=bind, connections=connections,
                         count=count, size=size)  # fmt: skip
     with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
         try:

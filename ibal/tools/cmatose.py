@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ibal.al import AccessLayer, Ca, Cq, Pd, Qp, QpCreate
 from ibal.status import IbError
-from ibal.tools.common import ToolError, port_with_gid
+from ibal.tools.common import ExchangeOptions, ExchangeResult, ToolError, port_with_gid
 from ibal.types import (
     AccessFlags,
     Gid,
@@ -42,31 +43,16 @@ class CmatoseError(ToolError):
 
 
 @dataclass
-class CmatoseOptions:
+class CmatoseOptions(ExchangeOptions):
     """``ucmatose [-s server] [-b bind] [-c connections] [-C count] [-S size] [-p port]``."""
 
     server: str | None = None
     """The server's address: run the client (else the server)."""
-    bind: str | None = None
-    connections: int = 1
-    count: int = 10
-    size: int = 100
     port: int = CMATOSE_PORT
-    timeout: float = 60.0
-    """Seconds to wait for a connection, a completion or the disconnect."""
-
-    def check(self) -> None:
-        if self.connections < 1:
-            raise CmatoseError(f"invalid connection count {self.connections}")
-        if self.count < 0 or self.size < 1:
-            raise CmatoseError("the message count is not negative and the size positive")
+    error: ClassVar[type[ToolError]] = CmatoseError
 
 
-@dataclass
-class CmatoseResult:
-    """Per connection, the messages received (in order)."""
-
-    received: list[list[bytes]]
+CmatoseResult = ExchangeResult
 
 
 class Node:
@@ -147,13 +133,13 @@ def _client(al: AccessLayer, opts: CmatoseOptions, out: Callable[[str], None]) -
         out("cmatose: connecting")
         conns = []
         for _ in range(opts.connections):
-            node = Node(pd, route.port_num, opts.count, opts.size)  # receives before the REQ
+            node = Node(pd, route.port_num, opts.messages, opts.size)  # receives before the REQ
             nodes.append(node)
             conns.append(rdma.connect(al, route.dst, opts.port, node.qp, route=route,
                                       timeout=opts.timeout, resp_res=1, init_depth=1,
                                       retry_cnt=5))  # fmt: skip
         got: list[list[bytes]] = [[] for _ in nodes]
-        if opts.count:
+        if opts.messages:
             out("receiving data transfers")
             got = [node.receive_all(opts.timeout) for node in nodes]
             out("sending replies")
@@ -166,7 +152,7 @@ def _client(al: AccessLayer, opts: CmatoseOptions, out: Callable[[str], None]) -
         _close(nodes, pd, ca)
     out("test complete")
     out("return status 0")
-    return CmatoseResult(got)
+    return ExchangeResult(got)
 
 
 def _server(al: AccessLayer, opts: CmatoseOptions, out: Callable[[str], None],
@@ -188,10 +174,10 @@ def _server(al: AccessLayer, opts: CmatoseOptions, out: Callable[[str], None],
                 if guid not in pds:
                     ca = al.open_ca(guid)
                     pds[guid] = (ca, ca.alloc_pd())
-                node = Node(pds[guid][1], port_num, opts.count, opts.size)
+                node = Node(pds[guid][1], port_num, opts.messages, opts.size)
                 nodes.append(node)
                 conns.append(inc.accept(node.qp, timeout=opts.timeout))
-        if opts.count:
+        if opts.messages:
             out("initiating data transfers")
             out("completing sends")
             for node in nodes:
@@ -208,7 +194,7 @@ def _server(al: AccessLayer, opts: CmatoseOptions, out: Callable[[str], None],
             _close([n for n in nodes if n.qp.pd is pd], pd, ca)
     out("test complete")
     out("return status 0")
-    return CmatoseResult(got)
+    return ExchangeResult(got)
 
 
 def _close(nodes: list[Node], pd: Pd, ca: Ca) -> None:

@@ -7,6 +7,8 @@ Each tool raises its own :class:`ToolError` subclass; the helpers take it as
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
+from typing import ClassVar
 
 from ibal.al import AccessLayer, Ca
 from ibal.types import Gid, Mtu
@@ -18,6 +20,38 @@ MTUS = {m.bytes: m for m in Mtu}
 
 class ToolError(Exception):
     """A failure a tool reports with a message and exit status 1."""
+
+
+@dataclass
+class ExchangeOptions:
+    """What librdmacm's example tools (``udaddy``, ``ucmatose``, ``mckey``) share:
+    ``-b``, ``-c``, ``-C``, ``-S``; a size of 0 sends nothing, as theirs."""
+
+    bind: str | None = None
+    connections: int = 1
+    count: int = 10
+    size: int = 100
+    timeout: float = 60.0
+    """Seconds to wait for a peer, a completion or the disconnect."""
+    error: ClassVar[type[ToolError]] = ToolError
+
+    def check(self) -> None:
+        if self.connections < 1:
+            raise self.error(f"invalid connection count {self.connections}")
+        if self.count < 0 or self.size < 0:
+            raise self.error("message count and size are not negative")
+
+    @property
+    def messages(self) -> int:
+        """The messages each node sends or takes: none when the size is 0."""
+        return self.count if self.size else 0
+
+
+@dataclass
+class ExchangeResult:
+    """What a run of such a tool moved: per node, the payloads received (in order)."""
+
+    received: list[list[bytes]]
 
 
 def find_ca(al: AccessLayer, device: str | None, error: type[ToolError] = ToolError) -> Ca:

@@ -15,11 +15,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ibal.al import AccessLayer, Ca
 from ibal.cm.cma import gid_of, ip_address
 from ibal.status import IbError
-from ibal.tools.common import ToolError, port_with_gid
+from ibal.tools.common import ExchangeOptions, ExchangeResult, ToolError, port_with_gid
 from ibal.tools.udaddy import UdEnd
 from ibal.types import Gid, LinkLayer, LinkState
 
@@ -31,32 +32,24 @@ class MckeyError(ToolError):
 
 
 @dataclass
-class MckeyOptions:
+class MckeyOptions(ExchangeOptions):
     """``mckey -m group [-s] [-b bind] [-c connections] [-C count] [-S size]``."""
 
-    group: str
+    group: str = ""
     sender: bool = False
-    bind: str | None = None
-    connections: int = 1
-    count: int = 10
-    size: int = 100
     delay: float = 3.0
     """Seconds between the join and the first send (mckey's fixed 3)."""
-    timeout: float = 60.0
-    """Seconds to wait for each completion."""
+    error: ClassVar[type[ToolError]] = MckeyError
 
     def check(self) -> None:
-        if self.connections < 1:
-            raise MckeyError(f"invalid connection count {self.connections}")
-        if self.count < 0 or self.size < 0 or self.delay < 0:
-            raise MckeyError("message count, size and delay are not negative")
+        super().check()
+        if not self.group:
+            raise MckeyError("mckey: a multicast address is needed (-m)")
+        if self.delay < 0:
+            raise MckeyError("the delay is not negative")
 
 
-@dataclass
-class MckeyResult:
-    """Per node, the payloads received (a receiver) or ``[]`` (a sender)."""
-
-    received: list[list[bytes]]
+MckeyResult = ExchangeResult
 
 
 def run(al: AccessLayer, opts: MckeyOptions, *, out: Callable[[str], None] = print,
@@ -75,7 +68,7 @@ def run(al: AccessLayer, opts: MckeyOptions, *, out: Callable[[str], None] = pri
             out("mckey: joining")
             members = []
             for _ in range(opts.connections):
-                end = UdEnd(pd, port_num, opts.count, opts.size, recvs=not opts.sender,
+                end = UdEnd(pd, port_num, opts.messages, opts.size, recvs=not opts.sender,
                             error=MckeyError)  # fmt: skip
                 ends.append(end)
                 m = rdma_mcast.join_multicast(end.qp, group, src=opts.bind)
@@ -83,7 +76,7 @@ def run(al: AccessLayer, opts: MckeyOptions, *, out: Callable[[str], None] = pri
                 out(f"mckey: joined dgid: {_ntop(m.mgid)} mlid 0x{m.av.dlid:x} sl {m.av.sl}")
             joined()
             got: list[list[bytes]] = [[] for _ in ends]
-            if opts.count:
+            if opts.messages:
                 if opts.sender:
                     time.sleep(opts.delay)  # mckey's pause (see the module docstring)
                     out("initiating data transfers")
@@ -104,7 +97,7 @@ def run(al: AccessLayer, opts: MckeyOptions, *, out: Callable[[str], None] = pri
         raise MckeyError(f"mckey: {exc}") from exc
     out("test complete")
     out("return status 0")
-    return MckeyResult(got)
+    return ExchangeResult(got)
 
 
 def _ntop(gid: Gid) -> str:

@@ -15,11 +15,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ibal.al import AccessLayer, Ca, Cq, Pd, Qp, QpCreate
 from ibal.cm.cma import RDMA_UDP_QKEY, PortSpace, gid_of
 from ibal.status import IbError
-from ibal.tools.common import ToolError, port_with_gid
+from ibal.tools.common import ExchangeOptions, ExchangeResult, ToolError, port_with_gid
 from ibal.types import (
     AccessFlags,
     AvAttr,
@@ -48,31 +49,16 @@ class UdaddyError(ToolError):
 
 
 @dataclass
-class UdaddyOptions:
+class UdaddyOptions(ExchangeOptions):
     """``udaddy [-s server] [-b bind] [-c connections] [-C message_count] [-S message_size]``."""
 
     server: str | None = None
     """The server's address: run the client (else the server)."""
-    bind: str | None = None
-    connections: int = 1
-    count: int = 10
-    size: int = 100
     port: int = UDADDY_PORT
-    timeout: float = 60.0
-    """Seconds to wait for a peer, and for each completion."""
-
-    def check(self) -> None:
-        if self.connections < 1:
-            raise UdaddyError(f"invalid connection count {self.connections}")
-        if self.count < 0 or self.size < 0:
-            raise UdaddyError("message count and size are not negative")
+    error: ClassVar[type[ToolError]] = UdaddyError
 
 
-@dataclass
-class UdaddyResult:
-    """What a run moved: per connection, the payloads received (in order)."""
-
-    received: list[list[bytes]]
+UdaddyResult = ExchangeResult
 
 
 class UdEnd:
@@ -169,9 +155,9 @@ def _client(al: AccessLayer, opts: UdaddyOptions, out: Callable[[str], None]) ->
     try:
         peers = []
         for _ in range(opts.connections):
-            ends.append(UdEnd(pd, route.port_num, opts.count, opts.size))  # receives first
+            ends.append(UdEnd(pd, route.port_num, opts.messages, opts.size))  # receives first
             peers.append(rdma.resolve_udp(al, opts.server, opts.port, route=route))
-        if opts.count:
+        if opts.messages:
             out("initiating data transfers")
             for end, peer in zip(ends, peers, strict=True):
                 end.send(peer.av, peer.qpn, peer.qkey, opts.timeout)
@@ -184,7 +170,7 @@ def _client(al: AccessLayer, opts: UdaddyOptions, out: Callable[[str], None]) ->
         _close(ends, pd, ca)
     out("test complete")
     out("return status 0")
-    return UdaddyResult(got)
+    return ExchangeResult(got)
 
 
 def _server(al: AccessLayer, opts: UdaddyOptions, out: Callable[[str], None],
@@ -207,7 +193,7 @@ def _server(al: AccessLayer, opts: UdaddyOptions, out: Callable[[str], None],
             if guid not in pds:
                 ca = al.open_ca(guid)
                 pds[guid] = (ca, ca.alloc_pd())
-            end = UdEnd(pds[guid][1], port_num, opts.count, opts.size)
+            end = UdEnd(pds[guid][1], port_num, opts.messages, opts.size)
             inc.answer(end.qp)
             ends.append(end)
             incoming.append(inc)
@@ -220,7 +206,7 @@ def _server(al: AccessLayer, opts: UdaddyOptions, out: Callable[[str], None],
             listening()
             if not came.wait_for(lambda: len(ends) >= opts.connections, opts.timeout):
                 raise UdaddyError(f"udaddy: {len(ends)} of {opts.connections} peers came")
-        if opts.count:
+        if opts.messages:
             out("receiving data transfers")
             wcs = [end.receive(opts.timeout) for end in ends]
             got = [[end.payload(w) for w in ws] for end, ws in zip(ends, wcs, strict=True)]
@@ -241,7 +227,7 @@ def _server(al: AccessLayer, opts: UdaddyOptions, out: Callable[[str], None],
             _close([e for e in ends if e.pd is pd], pd, ca)
     out("test complete")
     out("return status 0")
-    return UdaddyResult(got)
+    return ExchangeResult(got)
 
 
 def _close(ends: list[UdEnd], pd: Pd, ca: Ca) -> None:

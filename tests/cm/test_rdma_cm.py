@@ -252,10 +252,10 @@ def test_ibal_mckey_sender_and_receivers(al: AccessLayer, nodes: int) -> None:
     group, count, size = "239.1.2.4", 6, 200
     lines: list[str] = []
     srv = ServerThread(lambda joined: mckey(
-        al, MckeyOptions(group, bind=A, connections=nodes, count=count, size=size,
+        al, MckeyOptions(group=group, bind=A, connections=nodes, count=count, size=size,
                          timeout=WAIT), out=lines.append, joined=joined))  # fmt: skip
     srv.wait_listening(WAIT)
-    sent = mckey(al, MckeyOptions(group, sender=True, bind=B, count=count, size=size,
+    sent = mckey(al, MckeyOptions(group=group, sender=True, bind=B, count=count, size=size,
                                   delay=0, timeout=WAIT), out=lambda _: None)  # fmt: skip
     got = srv.result(WAIT).received
     assert sent.received == [[]]

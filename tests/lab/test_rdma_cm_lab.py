@@ -608,7 +608,7 @@ def test_ibal_mckey_sender_to_guest_mckey_receiver(ibal_lab_module_net: LabSessi
             ["ip", "maddr", "show", "dev", "eth0"], timeout=30).stdout_text, 60)  # fmt: skip
         with host_stack(s) as (al, _, _, _):
             lines: list[str] = []
-            sent = mckey(al, MckeyOptions(MC_GROUP, sender=True, bind=host_ip,
+            sent = mckey(al, MckeyOptions(group=MC_GROUP, sender=True, bind=host_ip,
                                                  delay=0, timeout=30), out=lines.append)
         r = receiver.wait()
     finally:
@@ -630,7 +630,7 @@ def test_guest_mckey_sender_to_ibal_mckey_receiver(ibal_lab_module_net: LabSessi
     _guest_mcast_route(s)
     with host_stack(s) as (al, _, _, _):
         srv = ServerThread(lambda joined: mckey(
-            al, MckeyOptions(MC_GROUP, bind=host_ip, connections=2, timeout=60),
+            al, MckeyOptions(group=MC_GROUP, bind=host_ip, connections=2, timeout=60),
             out=lambda _: None, joined=joined))  # fmt: skip
         srv.wait_listening(60)
         r = s.run(["mckey", "-m", MC_GROUP, "-s", "-b", guest_ip], timeout=120)
