@@ -66,7 +66,7 @@ from ibal.wire.fields import FieldError
 
 __all__ = [
     "RdmaConnection", "RdmaIncoming", "RdmaListener", "RdmaRoute", "UdPeer", "connect",
-    "init_qp", "listen", "resolve_route", "resolve_udp",
+    "init_qp", "listen", "resolve_route", "resolve_udp", "roce_ports",
 ]  # fmt: skip
 
 log = logging.getLogger("ibal.cm")
@@ -94,8 +94,8 @@ class RdmaRoute:
         return gid_of(self.dst)
 
 
-def _candidates(al: AccessLayer, port_guid: int | None) -> list[tuple[int, PortAttr]]:
-    """Active Ethernet ports (CA GUID, port), or just the one asked for."""
+def roce_ports(al: AccessLayer, port_guid: int | None = None) -> list[tuple[int, PortAttr]]:
+    """The active Ethernet ports as (CA GUID, port), or just the one asked for."""
     out = []
     for guid in al.get_ca_guids():
         ca = al.open_ca(guid)
@@ -124,7 +124,7 @@ def resolve_route(al: AccessLayer, dst: IpAddress | str, *, src: IpAddress | str
     s = ip_address(src) if src is not None else None
     if s is not None and s.version != d.version:
         raise InvalidParameter(f"source {s} and destination {d} are of different IP versions")
-    ports = _candidates(al, port_guid)
+    ports = roce_ports(al, port_guid)
     if s is not None:
         want = gid_of(s)
         ports = [(g, p) for g, p in ports if p.gid_index(want.packed) is not None]

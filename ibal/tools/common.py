@@ -74,11 +74,11 @@ def port_with_gid(al: AccessLayer, gid: Gid,
     for guid in al.get_ca_guids():
         ca = al.open_ca(guid)
         try:
-            for p in ca.query().ports:
-                if any(e.gid == gid for e in p.gid_table):
-                    return guid, p.port_num
+            port = ca.query().port_of_gid(gid.packed)
         finally:
             ca.close()
+        if port is not None:
+            return guid, port.port_num
     raise error(f"no port has GID {gid}")
 
 

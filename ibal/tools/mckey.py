@@ -22,7 +22,7 @@ from ibal.cm.cma import gid_of, ip_address
 from ibal.status import IbError
 from ibal.tools.common import ExchangeOptions, ExchangeResult, ToolError, port_with_gid
 from ibal.tools.udaddy import UdEnd
-from ibal.types import Gid, LinkLayer, LinkState
+from ibal.types import Gid
 
 __all__ = ["MckeyError", "MckeyOptions", "MckeyResult", "run"]
 
@@ -110,13 +110,13 @@ def _port(al: AccessLayer, bind: str | None) -> tuple[Ca, int]:
     """The CA and port the nodes live on: the one with the bind address, else the first
     active RoCE port (the group's datagrams leave by its first address of the group's
     IP version)."""
+    from ibal.cm import rdma
+
     if bind is not None:
         guid, port_num = port_with_gid(al, gid_of(ip_address(bind)), MckeyError)
         return al.open_ca(guid), port_num
-    for guid in al.get_ca_guids():
-        ca = al.open_ca(guid)
-        for p in ca.query().ports:
-            if p.link_layer is LinkLayer.ETHERNET and p.link_state is LinkState.ACTIVE:
-                return ca, p.port_num
-        ca.close()
-    raise MckeyError("mckey: no active RoCE port")
+    ports = rdma.roce_ports(al)
+    if not ports:
+        raise MckeyError("mckey: no active RoCE port")
+    guid, port = ports[0]
+    return al.open_ca(guid), port.port_num
