@@ -17,8 +17,15 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ibal.al import AccessLayer, Ca, Cq, Pd, Qp, QpCreate
-from ibal.status import IbError
-from ibal.tools.common import ExchangeOptions, ExchangeResult, ToolError, port_with_gid
+from ibal.tools.common import (
+    ExchangeOptions,
+    ExchangeResult,
+    ToolError,
+    close_nodes,
+    port_with_gid,
+    run_checked,
+    wait_one,
+)
 from ibal.types import (
     AccessFlags,
     Gid,
@@ -27,8 +34,6 @@ from ibal.types import (
     QpType,
     RecvWr,
     SendWr,
-    Wc,
-    WcStatus,
     WcType,
     WrType,
 )
@@ -81,12 +86,12 @@ class Node:
         for i in range(self.count):
             self.buf[self._src : self._src + self.size] = bytes([i & 0xFF]) * self.size
             self.qp.post_send(SendWr(1000 + i, WrType.SEND, [self.mr.sge(self._src, self.size)]))
-            _one(self.send_cq, WcType.SEND, timeout)  # the slot is reused for the next
+            wait_one(self.send_cq, WcType.SEND, timeout, CmatoseError)  # the slot is reused
 
     def receive_all(self, timeout: float) -> list[bytes]:
         out = []
         for _ in range(self.count):
-            wc = _one(self.recv_cq, WcType.RECV, timeout)
+            wc = wait_one(self.recv_cq, WcType.RECV, timeout, CmatoseError)
             out.append(bytes(self.buf[wc.wr_id * self.size : wc.wr_id * self.size + wc.length]))
         return out
 
@@ -97,27 +102,12 @@ class Node:
         self.mr.dereg()
 
 
-def _one(cq: Cq, kind: WcType, timeout: float) -> Wc:
-    got = cq.wait(timeout, max_entries=1)
-    if not got:
-        raise CmatoseError(f"cmatose: no {kind.name} completion in {timeout} s")
-    wc = got[0]
-    if wc.status is not WcStatus.SUCCESS or wc.wc_type is not kind:
-        raise CmatoseError(f"cmatose: completion {wc.wc_type.name} {wc.status.name}")
-    return wc
-
-
 def run(al: AccessLayer, opts: CmatoseOptions, *, out: Callable[[str], None] = print,
         listening: Callable[[], object] = lambda: None) -> CmatoseResult:  # fmt: skip
     """One ucmatose run: the client when ``opts.server`` is set, else the server
     (``listening()`` is called once its listen is in place)."""
-    opts.check()
-    try:
-        if opts.server:
-            return _client(al, opts, out)
-        return _server(al, opts, out, listening)
-    except (IbError, ValueError) as exc:
-        raise CmatoseError(f"cmatose: {exc}") from exc
+    return run_checked(opts, "cmatose", lambda: _client(al, opts, out) if opts.server
+                       else _server(al, opts, out, listening))  # fmt: skip
 
 
 def _client(al: AccessLayer, opts: CmatoseOptions, out: Callable[[str], None]) -> CmatoseResult:
@@ -149,7 +139,7 @@ def _client(al: AccessLayer, opts: CmatoseOptions, out: Callable[[str], None]) -
         for c in conns:  # the server disconnects; rdma_cm answers its DREQ
             c.connection.wait_closed(opts.timeout)
     finally:
-        _close(nodes, pd, ca)
+        close_nodes(nodes, pd, ca)
     out("test complete")
     out("return status 0")
     return ExchangeResult(got)
@@ -191,14 +181,7 @@ def _server(al: AccessLayer, opts: CmatoseOptions, out: Callable[[str], None],
         out("disconnected")
     finally:
         for ca, pd in pds.values():
-            _close([n for n in nodes if n.qp.pd is pd], pd, ca)
+            close_nodes([n for n in nodes if n.qp.pd is pd], pd, ca)
     out("test complete")
     out("return status 0")
     return ExchangeResult(got)
-
-
-def _close(nodes: list[Node], pd: Pd, ca: Ca) -> None:
-    for node in nodes:
-        node.close()
-    pd.dealloc()
-    ca.close()

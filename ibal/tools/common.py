@@ -7,11 +7,15 @@ Each tool raises its own :class:`ToolError` subclass; the helpers take it as
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol, TypeVar
 
-from ibal.al import AccessLayer, Ca
-from ibal.types import Gid, Mtu
+from ibal.al import AccessLayer, Ca, Cq, Pd
+from ibal.status import IbError
+from ibal.types import Gid, Mtu, Wc, WcStatus, WcType
+
+R = TypeVar("R")
 
 DEFAULT_PORT = 18515
 """The TCP port of the real tools' out-of-band exchange."""
@@ -52,6 +56,42 @@ class ExchangeResult:
     """What a run of such a tool moved: per node, the payloads received (in order)."""
 
     received: list[list[bytes]]
+
+
+def run_checked(opts: ExchangeOptions, name: str, body: Callable[[], R]) -> R:
+    """``body()`` after ``opts.check()``, a status exception or bad value from the
+    access layer reported as the tool's error (``name: why``)."""
+    opts.check()
+    try:
+        return body()
+    except (IbError, ValueError) as exc:
+        raise opts.error(f"{name}: {exc}") from exc
+
+
+def wait_one(cq: Cq, kind: WcType, timeout: float, error: type[ToolError]) -> Wc:
+    """The next completion on ``cq``, which must be a successful ``kind``: one at a
+    time, so sends and receives may share the CQ and none is lost."""
+    got = cq.wait(timeout, max_entries=1)
+    if not got:
+        raise error(f"no {kind.name} completion in {timeout} s")
+    wc = got[0]
+    if wc.status is not WcStatus.SUCCESS:
+        raise error(f"completion {wc.wc_type.name} {wc.status.name}")
+    if wc.wc_type is not kind:
+        raise error(f"a {wc.wc_type.name} completion while waiting for {kind.name}")
+    return wc
+
+
+class _Closes(Protocol):
+    def close(self) -> None: ...
+
+
+def close_nodes(nodes: Iterable[_Closes], pd: Pd, ca: Ca) -> None:
+    """A tool's nodes on ``pd``, then the PD, then the CA handle."""
+    for node in nodes:
+        node.close()
+    pd.dealloc()
+    ca.close()
 
 
 def find_ca(al: AccessLayer, device: str | None, error: type[ToolError] = ToolError) -> Ca:

@@ -19,8 +19,14 @@ from typing import ClassVar
 
 from ibal.al import AccessLayer, Ca
 from ibal.cm.cma import gid_of, ip_address
-from ibal.status import IbError
-from ibal.tools.common import ExchangeOptions, ExchangeResult, ToolError, port_with_gid
+from ibal.tools.common import (
+    ExchangeOptions,
+    ExchangeResult,
+    ToolError,
+    close_nodes,
+    port_with_gid,
+    run_checked,
+)
 from ibal.tools.udaddy import UdEnd
 from ibal.types import Gid
 
@@ -53,48 +59,46 @@ MckeyResult = ExchangeResult
 
 
 def run(al: AccessLayer, opts: MckeyOptions, *, out: Callable[[str], None] = print,
-        joined: Callable[[], object] = lambda: None) -> MckeyResult:  # fmt: skip
+        joined: Callable[[], object] = lambda: None) -> ExchangeResult:  # fmt: skip
     """One mckey run; ``joined()`` is called once every node is in the group."""
-    opts.check()
+    return run_checked(opts, "mckey", lambda: _run(al, opts, out, joined))
+
+
+def _run(al: AccessLayer, opts: MckeyOptions, out: Callable[[str], None],
+         joined: Callable[[], object]) -> ExchangeResult:  # fmt: skip
     from ibal.cm import rdma_mcast
 
     out(f"mckey: starting {'client' if opts.sender else 'server'}")
+    group = ip_address(opts.group)
+    ca, port_num = _port(al, opts.bind)
+    pd = ca.alloc_pd()
+    ends: list[UdEnd] = []
     try:
-        group = ip_address(opts.group)
-        ca, port_num = _port(al, opts.bind)
-        pd = ca.alloc_pd()
-        ends: list[UdEnd] = []
-        try:
-            out("mckey: joining")
-            members = []
-            for _ in range(opts.connections):
-                end = UdEnd(pd, port_num, opts.messages, opts.size, recvs=not opts.sender,
-                            error=MckeyError)  # fmt: skip
-                ends.append(end)
-                m = rdma_mcast.join_multicast(end.qp, group, src=opts.bind)
-                members.append(m)
-                out(f"mckey: joined dgid: {_ntop(m.mgid)} mlid 0x{m.av.dlid:x} sl {m.av.sl}")
-            joined()
-            got: list[list[bytes]] = [[] for _ in ends]
-            if opts.messages:
-                if opts.sender:
-                    time.sleep(opts.delay)  # mckey's pause (see the module docstring)
-                    out("initiating data transfers")
-                    for end, m in zip(ends, members, strict=True):
-                        end.send(m.av, m.qpn, m.qkey, opts.timeout)
-                else:
-                    out("receiving data transfers")
-                    got = [[end.payload(w) for w in end.receive(opts.timeout)] for end in ends]
-                out("data transfers complete")
-            for m in members:
-                m.leave()
-        finally:
-            for end in ends:
-                end.close()
-            pd.dealloc()
-            ca.close()
-    except (IbError, ValueError) as exc:
-        raise MckeyError(f"mckey: {exc}") from exc
+        out("mckey: joining")
+        members = []
+        for _ in range(opts.connections):
+            end = UdEnd(pd, port_num, opts.messages, opts.size, recvs=not opts.sender,
+                        error=MckeyError)  # fmt: skip
+            ends.append(end)
+            m = rdma_mcast.join_multicast(end.qp, group, src=opts.bind)
+            members.append(m)
+            out(f"mckey: joined dgid: {_ntop(m.mgid)} mlid 0x{m.av.dlid:x} sl {m.av.sl}")
+        joined()
+        got: list[list[bytes]] = [[] for _ in ends]
+        if opts.messages:
+            if opts.sender:
+                time.sleep(opts.delay)  # mckey's pause (see the module docstring)
+                out("initiating data transfers")
+                for end, m in zip(ends, members, strict=True):
+                    end.send(m.av, m.qpn, m.qkey, opts.timeout)
+            else:
+                out("receiving data transfers")
+                got = [[end.payload(w) for w in end.receive(opts.timeout)] for end in ends]
+            out("data transfers complete")
+        for m in members:
+            m.leave()
+    finally:
+        close_nodes(ends, pd, ca)
     out("test complete")
     out("return status 0")
     return ExchangeResult(got)

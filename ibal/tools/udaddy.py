@@ -19,8 +19,15 @@ from typing import ClassVar
 
 from ibal.al import AccessLayer, Ca, Cq, Pd, Qp, QpCreate
 from ibal.cm.cma import RDMA_UDP_QKEY, PortSpace, gid_of
-from ibal.status import IbError
-from ibal.tools.common import ExchangeOptions, ExchangeResult, ToolError, port_with_gid
+from ibal.tools.common import (
+    ExchangeOptions,
+    ExchangeResult,
+    ToolError,
+    close_nodes,
+    port_with_gid,
+    run_checked,
+    wait_one,
+)
 from ibal.types import (
     AccessFlags,
     AvAttr,
@@ -32,7 +39,6 @@ from ibal.types import (
     SendWr,
     UdDest,
     Wc,
-    WcStatus,
     WcType,
     WrType,
 )
@@ -97,31 +103,18 @@ class UdEnd:
                                          send_opt=SendOpt.SIGNALED | SendOpt.IMMEDIATE,
                                          imm=self.qp.num,
                                          ud=UdDest(av=ah, remote_qp=qpn, remote_qkey=qkey)))
-                self._wait(WcType.SEND, timeout)  # the slot's bytes go before the next
+                wait_one(self.cq, WcType.SEND, timeout, self._error)  # the slot is reused
         finally:
             ah.destroy()
 
     def receive(self, timeout: float) -> list[Wc]:
         """The ``count`` datagrams that come (``InvalidSetting``-free: a failed one is the
         run's failure)."""
-        return [self._wait(WcType.RECV, timeout) for _ in range(self.count)]
+        return [wait_one(self.cq, WcType.RECV, timeout, self._error) for _ in range(self.count)]
 
     def payload(self, wc: Wc) -> bytes:
         off = wc.wr_id * self.slot + GRH_SIZE
         return bytes(self.buf[off : off + wc.length - GRH_SIZE])
-
-    def _wait(self, kind: WcType, timeout: float) -> Wc:
-        """The next completion of ``kind`` (sends and receives share the CQ; each wait
-        takes one, so none is lost between the two)."""
-        got = self.cq.wait(timeout, max_entries=1)
-        if not got:
-            raise self._error(f"no {kind.name} completion in {timeout} s")
-        wc = got[0]
-        if wc.status is not WcStatus.SUCCESS:
-            raise self._error(f"completion {wc.wc_type.name} {wc.status.name}")
-        if wc.wc_type is not kind:
-            raise self._error(f"a {wc.wc_type.name} completion while waiting for {kind.name}")
-        return wc
 
     def close(self) -> None:
         self.qp.destroy()
@@ -133,13 +126,8 @@ def run(al: AccessLayer, opts: UdaddyOptions, *, out: Callable[[str], None] = pr
         listening: Callable[[], object] = lambda: None) -> UdaddyResult:  # fmt: skip
     """One udaddy run: the client when ``opts.server`` is set, else the server
     (``listening()`` is called once its listen is in place)."""
-    opts.check()
-    try:
-        if opts.server:
-            return _client(al, opts, out)
-        return _server(al, opts, out, listening)
-    except (IbError, ValueError) as exc:
-        raise UdaddyError(f"udaddy: {exc}") from exc
+    return run_checked(opts, "udaddy", lambda: _client(al, opts, out) if opts.server
+                       else _server(al, opts, out, listening))  # fmt: skip
 
 
 def _client(al: AccessLayer, opts: UdaddyOptions, out: Callable[[str], None]) -> UdaddyResult:
@@ -167,7 +155,7 @@ def _client(al: AccessLayer, opts: UdaddyOptions, out: Callable[[str], None]) ->
         else:
             got = [[] for _ in ends]
     finally:
-        _close(ends, pd, ca)
+        close_nodes(ends, pd, ca)
     out("test complete")
     out("return status 0")
     return ExchangeResult(got)
@@ -224,14 +212,7 @@ def _server(al: AccessLayer, opts: UdaddyOptions, out: Callable[[str], None],
             out("data transfers complete")
     finally:
         for ca, pd in pds.values():
-            _close([e for e in ends if e.pd is pd], pd, ca)
+            close_nodes([e for e in ends if e.pd is pd], pd, ca)
     out("test complete")
     out("return status 0")
     return ExchangeResult(got)
-
-
-def _close(ends: list[UdEnd], pd: Pd, ca: Ca) -> None:
-    for end in ends:
-        end.close()
-    pd.dealloc()
-    ca.close()
