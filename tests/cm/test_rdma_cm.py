@@ -13,7 +13,8 @@ import concurrent.futures
 import ipaddress
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from ibal.cm import cma, rdma, simple
 from ibal.mad.cm import RejReason
 from ibal.status import InvalidParameter, InvalidSetting, Timeout
 from ibal.testing.helpers import ServerThread
+from ibal.tools.common import ExchangeOptions, ExchangeResult
 from ibal.tools.rping import RpingError, RpingOptions, run
 from ibal.tools.rping_proto import ping_text
 from ibal.types import (
@@ -213,6 +215,23 @@ def test_ibal_rping_persistent_server_serves_clients_in_turn_and_at_once(
         run(al, RpingOptions(server=False, addr=A, persistent=True))
 
 
+Ends = tuple[ExchangeResult, ExchangeResult, dict[str, list[str]]]
+
+
+def _both_ends(al: AccessLayer, run: Callable[..., ExchangeResult],
+               options: Callable[..., ExchangeOptions], **opts: Any) -> Ends:
+    """One of the librdmacm example tools at both ends: its server on A in a thread, its
+    client from B; both results and the lines each printed."""
+    lines: dict[str, list[str]] = {"server": [], "client": []}
+    srv = ServerThread(lambda listening: run(
+        al, options(bind=A, timeout=WAIT, **opts), out=lines["server"].append,
+        listening=listening))  # fmt: skip
+    srv.wait_listening(WAIT)
+    client = run(al, options(server=A, bind=B, timeout=WAIT, **opts),
+                 out=lines["client"].append)  # fmt: skip
+    return srv.result(WAIT), client, lines
+
+
 @pytest.mark.parametrize(("connections", "count", "size"), [(1, 10, 100), (3, 4, 1000)])
 def test_ibal_udaddy_both_ends(al: AccessLayer, connections: int, count: int,
                                size: int) -> None:  # fmt: skip
@@ -222,16 +241,8 @@ def test_ibal_udaddy_both_ends(al: AccessLayer, connections: int, count: int,
     from ibal.tools.udaddy import run as udaddy
 
     port = 7340 + connections
-    lines: dict[str, list[str]] = {"server": [], "client": []}
-    opts = {"connections": connections, "count": count, "size": size, "port": port,
-            "timeout": WAIT}  # fmt: skip
-    srv = ServerThread(lambda listening: udaddy(
-        al, UdaddyOptions(bind=A, **opts),  # type: ignore[arg-type]
-        out=lines["server"].append, listening=listening))  # fmt: skip
-    srv.wait_listening(WAIT)
-    client = udaddy(al, UdaddyOptions(server=A, bind=B, **opts),  # type: ignore[arg-type]
-                    out=lines["client"].append)  # fmt: skip
-    server = srv.result(WAIT)
+    server, client, lines = _both_ends(al, udaddy, UdaddyOptions, connections=connections,
+                                       count=count, size=size, port=port)  # fmt: skip
     want = [[bytes([i]) * size for i in range(count)]] * connections
     assert server.received == want == client.received
     assert lines["client"] == ["udaddy: starting client", "udaddy: connecting",
@@ -306,16 +317,8 @@ def test_ibal_ucmatose_both_ends(al: AccessLayer, connections: int, count: int,
     from ibal.tools.cmatose import CmatoseOptions
     from ibal.tools.cmatose import run as cmatose
 
-    opts = {"connections": connections, "count": count, "size": size, "port": 7350 + count,
-            "timeout": WAIT}  # fmt: skip
-    lines: dict[str, list[str]] = {"server": [], "client": []}
-    srv = ServerThread(lambda listening: cmatose(
-        al, CmatoseOptions(bind=A, **opts),  # type: ignore[arg-type]
-        out=lines["server"].append, listening=listening))  # fmt: skip
-    srv.wait_listening(WAIT)
-    client = cmatose(al, CmatoseOptions(server=A, bind=B, **opts),  # type: ignore[arg-type]
-                     out=lines["client"].append)  # fmt: skip
-    server = srv.result(WAIT)
+    server, client, lines = _both_ends(al, cmatose, CmatoseOptions, connections=connections,
+                                       count=count, size=size, port=7350 + count)  # fmt: skip
     want = [[bytes([i]) * size for i in range(count)]] * connections
     assert server.received == want == client.received
     assert lines["client"] == ["cmatose: starting client", "cmatose: connecting",
