@@ -45,17 +45,17 @@ def qp_state_machine_md() -> str:
 
 
 def mapping_md() -> str:
-    """docs/mapping.md from ``ibal.al.compat.IBAL_MAPPING``."""
-    from ibal.al.compat import IBAL_MAPPING
+    """docs/mapping.md from ``ibal.compat.IBAL_MAPPING``."""
+    from ibal.compat import IBAL_MAPPING
 
     done = sum(1 for row in IBAL_MAPPING if row[2] == "done")
     lines = [
         "# `ib_al.h` → ibal",
         "",
-        "Generated from `ibal.al.compat.IBAL_MAPPING` by `python -m ibal.docgen`; do not edit.",
+        "Generated from `ibal.compat.IBAL_MAPPING` by `python -m ibal.docgen`; do not edit.",
         "",
         f"Every entry of the IBAL access-layer reference ({len(IBAL_MAPPING)} entries; "
-        f"{done} done). The C spelling also exists as a function in `ibal.al.compat`",
+        f"{done} done). The C spelling also exists as a function in `ibal.compat`",
         "where it is done.",
         "",
         "| IBAL | ibal | status |",

@@ -2,7 +2,7 @@
 
 See ``docs/api.md``.  Every handle is an :class:`~ibal.al.obj.AlObject`;
 callbacks run on the manager's callback queues (``mgr.queues``); upper layers
-join the object tree with :class:`Dependent`; ``ibal.al.compat`` has the C
+join the object tree with :class:`Dependent`; ``ibal.compat`` (above every layer) has the C
 spellings.
 """
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from al_fakes import FakeCi
 
-from ibal.al import AccessLayer, Ca, Cq, PnpClass, QpCreate, compat
-from ibal.al.compat import IBAL_MAPPING, ib_sync_destroy
+from ibal import compat
+from ibal.al import AccessLayer, Ca, Cq, PnpClass, QpCreate
+from ibal.compat import IBAL_MAPPING, ib_sync_destroy
 from ibal.status import InvalidPdHandle, InvalidQpHandle
 from ibal.types import AccessFlags, AvAttr, DgrmInfo, QpType, SendWr, UdDest
 

@@ -191,7 +191,7 @@ def test_map_refuses_bad_page_lists(env: tuple[Ca, Limited]) -> None:
 
 
 def test_compat_spellings(env: tuple[Ca, Limited]) -> None:
-    from ibal.al import compat as c
+    from ibal import compat as c
 
     ca, _ = env
     pd = c.ib_alloc_pd(ca)

@@ -9,7 +9,7 @@ import pytest
 from al_fakes import FakeCi
 
 from ibal.al import AccessLayer, AlManager, Ca, Cq, Pd, QpCreate, in_callback
-from ibal.al.compat import ib_sync_destroy
+from ibal.compat import ib_sync_destroy
 from ibal.status import (
     InvalidAlHandle,
     InvalidCaHandle,

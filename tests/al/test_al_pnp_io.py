@@ -297,7 +297,7 @@ def test_port_down_and_ca_removal_take_what_was_reached_through_them(
 
 
 def test_ib_reject_ioc_spelling(mgr: AlManager, al: AccessLayer) -> None:
-    from ibal.al.compat import ib_reject_ioc
+    from ibal.compat import ib_reject_ioc
 
     seen: list[PnpEvent] = []
 

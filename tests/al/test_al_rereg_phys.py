@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 import ibal
+from ibal import compat as c
 from ibal.al import AccessLayer, Ca
-from ibal.al import compat as c
 from ibal.status import InvalidMrHandle, InvalidParameter, InvalidPdHandle, ResourceBusy
 from ibal.testing.helpers import active_port, make_pair, wait_wc
 from ibal.types import AccessFlags, BindWr, MrModMask, PhysCreate, QpType, WcStatus

@@ -124,7 +124,7 @@ def test_refusals(mgr: AlManager, segment: shared_memory.SharedMemory) -> None:
 
 
 def test_compat_spelling(segment: shared_memory.SharedMemory) -> None:
-    from ibal.al import compat
+    from ibal import compat
 
     with ibal.open_al(providers={"mock": {"cas": 1}}) as al:
         ca = compat.ib_open_ca(al, al.get_ca_guids()[0])

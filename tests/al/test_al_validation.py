@@ -305,7 +305,7 @@ def test_bad_av_in_a_list_posts_the_ones_before(w: World, ci: FakeCi) -> None:
 
 
 def test_compat_wrong_type_raises_the_verbs_error(w: World) -> None:
-    from ibal.al import compat
+    from ibal import compat
 
     cases: list[tuple[Callable[..., object], tuple[Any, ...], type[IbError]]] = [
         (compat.ib_close_al, (w.ca,), InvalidAlHandle),

@@ -294,7 +294,7 @@ def test_records_are_frozen_and_keyword_only() -> None:
 def test_mapping_rows_name_real_records() -> None:
     import re
 
-    from ibal.al.compat import IBAL_MAPPING
+    from ibal.compat import IBAL_MAPPING
 
     rows = [(n, s) for n, s, st in IBAL_MAPPING if st == "done" and "ibal.cm.records" in s]
     assert len(rows) == 37  # 18 request/record pairs, ib_cm_listen_t and _failover_t, 3 listen

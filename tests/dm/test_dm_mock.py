@@ -272,7 +272,7 @@ def test_forged_and_unsupported_requests(world: World) -> None:
 
 
 def test_c_spellings(world: World) -> None:
-    from ibal.al import compat
+    from ibal import compat
 
     w = world
     ioc = compat.ib_create_ioc(w.ca1, profile(0x77))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from mad_world import GET, GET_RESP, VENDOR, Net, mad
 
-from ibal.al import compat
+from ibal import compat
 from ibal.mad import MadElement, MadSvc
 from ibal.status import InvalidHandle, InvalidParameter, InvalidPdHandle, InvalidSetting
 from ibal.testing.helpers import wait_until

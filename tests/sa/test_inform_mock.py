@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from ibal.al import AccessLayer, AlManager, compat
+from ibal import compat
+from ibal.al import AccessLayer, AlManager
 from ibal.clock import ManualClock
 from ibal.mad import sa as sa_tables
 from ibal.mad.consts import Method, SaAttr

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from ibal.al import AccessLayer, AlManager, Ca, Cq, Dependent, Pd, Qp, QpCreate, compat
+from ibal import compat
+from ibal.al import AccessLayer, AlManager, Ca, Cq, Dependent, Pd, Qp, QpCreate
 from ibal.clock import ManualClock
 from ibal.mad.consts import Method, SaAttr
 from ibal.providers.mock import MockFabric, MockProvider

@@ -107,7 +107,7 @@ def test_sync_runs_the_callback_before_return(world: SaWorld) -> None:
 
 
 def test_path_by_port_guids_uses_the_subnet_prefix(world: SaWorld) -> None:
-    from ibal.al import compat
+    from ibal import compat
 
     h_query = compat.ib_query(world.al, QueryReq(
         QueryType.PATH_REC_BY_PORT_GUIDS, GuidPair(0x11, 0x22), port_guid=world.client_guid,

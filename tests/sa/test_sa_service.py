@@ -340,7 +340,7 @@ def test_service_record_round_trips() -> None:
 
 
 def test_gids_and_ports_that_are_not_here_raise(al: AccessLayer, port_guid: int) -> None:
-    from ibal.al import compat
+    from ibal import compat
     from ibal.sa import RegSvcReq, reg_svc, register_service
     from ibal.status import InvalidAlHandle, InvalidGid, InvalidGuid, NotFound
 

@@ -27,6 +27,22 @@ from ibal.al.pd import Pd
 from ibal.al.pnp import PnpCallback, PnpClass, PnpRec, PnpRegistration
 from ibal.al.qp import Qp, QpCreate
 from ibal.al.srq import Srq
+from ibal.cm.api import (
+    cm_apr,
+    cm_cancel,
+    cm_drep,
+    cm_dreq,
+    cm_handoff,
+    cm_lap,
+    cm_listen,
+    cm_mra,
+    cm_rej,
+    cm_rep,
+    cm_req,
+    cm_rtu,
+    force_apm,
+)
+from ibal.dm.ioc import Ioc, SvcEntryHandle, create_ioc
 from ibal.mad import (
     MadElement,
     MadPool,
@@ -37,6 +53,19 @@ from ibal.mad import (
     put_mad,
     reg_mad_svc,
 )
+from ibal.sa.inform import ib_subscribe as subscribe_req
+from ibal.sa.inform import ib_unsubscribe as unsubscribe
+from ibal.sa.mcast import join_mcast_req, leave_mcast
+from ibal.sa.query import (
+    cancel_query,
+    get_query_node_rec,
+    get_query_path_rec,
+    get_query_portinfo_rec,
+    get_query_result,
+    get_query_svc_rec,
+    query,
+)
+from ibal.sa.service import dereg_svc, reg_svc
 from ibal.status import InvalidHandle, InvalidParameter
 from ibal.types import (
     AccessFlags,
@@ -141,17 +170,12 @@ def ib_local_mad(h_ca: Ca, port_num: int, mad_in: bytes) -> bytes:
 
 
 # ---------------------------------------------------------------------- SA service registration
-# ibal.sa is imported where called: the access layer does not depend on the SA layer.
 def ib_reg_svc(h_al: AccessLayer, p_reg_svc_req: Any) -> Any:
     """``ibal.sa.reg_svc``: returns the ``ServiceRegistration`` (``h_reg_svc``)."""
-    from ibal.sa.service import reg_svc
-
     return reg_svc(_h(h_al, AccessLayer), p_reg_svc_req)
 
 
 def ib_dereg_svc(h_reg_svc: Any, pfn_destroy_cb: DestroyArg = None) -> None:
-    from ibal.sa.service import dereg_svc
-
     if isinstance(pfn_destroy_cb, _SyncDestroy):
         dereg_svc(h_reg_svc, wait=True)
     else:
@@ -161,51 +185,35 @@ def ib_dereg_svc(h_reg_svc: Any, pfn_destroy_cb: DestroyArg = None) -> None:
 # ---------------------------------------------------------------------- SA queries
 def ib_query(h_al: AccessLayer, p_query_req: Any) -> Any:
     """``ibal.sa.query``: returns the ``Query`` (``h_query``)."""
-    from ibal.sa.query import query
-
     return query(_h(h_al, AccessLayer), p_query_req)
 
 
 def ib_cancel_query(h_al: AccessLayer, h_query: Any) -> None:
-    from ibal.sa.query import cancel_query
-
     cancel_query(_h(h_al, AccessLayer), h_query)
 
 
 def ib_get_query_result(p_result_mad: bytes, result_index: int) -> bytes:
-    from ibal.sa.query import get_query_result
-
     return get_query_result(p_result_mad, result_index)
 
 
 def ib_get_query_node_rec(p_result_mad: bytes, result_index: int) -> dict[str, Any]:
-    from ibal.sa.query import get_query_node_rec
-
     return get_query_node_rec(p_result_mad, result_index)
 
 
 def ib_get_query_path_rec(p_result_mad: bytes, result_index: int) -> dict[str, Any]:
-    from ibal.sa.query import get_query_path_rec
-
     return get_query_path_rec(p_result_mad, result_index)
 
 
 def ib_get_query_portinfo_rec(p_result_mad: bytes, result_index: int) -> dict[str, Any]:
-    from ibal.sa.query import get_query_portinfo_rec
-
     return get_query_portinfo_rec(p_result_mad, result_index)
 
 
 def ib_get_query_svc_rec(p_result_mad: bytes, result_index: int) -> dict[str, Any]:
-    from ibal.sa.query import get_query_svc_rec
-
     return get_query_svc_rec(p_result_mad, result_index)
 
 
 # ---------------------------------------------------------------------- IOC (ibal.dm)
 def _ioc(h_ioc: object) -> Any:
-    from ibal.dm.ioc import Ioc
-
     if not isinstance(h_ioc, Ioc):
         raise InvalidHandle(f"expected an IOC handle, got {type(h_ioc).__name__}")
     return h_ioc
@@ -213,8 +221,6 @@ def _ioc(h_ioc: object) -> Any:
 
 def ib_create_ioc(h_ca: Ca, p_ioc_profile: Any) -> Any:
     """``ibal.dm.create_ioc``: returns the ``Ioc`` (``h_ioc``)."""
-    from ibal.dm.ioc import create_ioc
-
     return create_ioc(h_ca, p_ioc_profile)
 
 
@@ -232,8 +238,6 @@ def ib_add_svc_entry(h_ioc: Any, p_svc_entry: Any) -> Any:
 
 
 def ib_remove_svc_entry(h_svc: Any) -> None:
-    from ibal.dm.ioc import SvcEntryHandle
-
     if not isinstance(h_svc, SvcEntryHandle):
         raise InvalidHandle(f"expected a service entry handle, got {type(h_svc).__name__}")
     h_svc.remove()
@@ -287,17 +291,12 @@ def ib_get_mad_buf(p_mad_element: MadElement) -> bytearray:
 
 
 # ---------------------------------------------------------------------- SA services
-# ibal.sa is imported where called: the access layer does not depend on the SA layer.
 def ib_join_mcast(h_qp: Qp, p_mcast_req: Any) -> Any:
     """``ibal.sa.join_mcast_req``: returns the ``McastMembership`` (``h_mcast``)."""
-    from ibal.sa.mcast import join_mcast_req
-
     return join_mcast_req(_h(h_qp, Qp), p_mcast_req)
 
 
 def ib_leave_mcast(h_mcast: Any, pfn_destroy_cb: DestroyArg = None) -> None:
-    from ibal.sa.mcast import leave_mcast
-
     if isinstance(pfn_destroy_cb, _SyncDestroy):
         leave_mcast(h_mcast, wait=True)
     else:
@@ -575,102 +574,70 @@ def ib_reject_ioc(h_al: AccessLayer, h_ioc_event: PnpRec) -> None:
 
 
 # ---------------------------------------------------------------------- SA subscriptions
-# ibal.sa is imported where called: the access layer does not depend on the SA layer.
 def ib_subscribe(h_al: AccessLayer, p_sub_req: Any) -> Any:
     """``ibal.sa.ib_subscribe``: returns the ``Subscription`` (``h_sub``)."""
-    from ibal.sa.inform import ib_subscribe as subscribe_req
-
     return subscribe_req(_h(h_al, AccessLayer), p_sub_req)
 
 
 def ib_unsubscribe(h_sub: Any, pfn_destroy_cb: DestroyArg = None) -> None:
-    from ibal.sa.inform import ib_unsubscribe as unsubscribe
-
     if isinstance(pfn_destroy_cb, _SyncDestroy):
         unsubscribe(h_sub, wait=True)
     else:
         unsubscribe(h_sub, pfn_destroy_cb)
 
 
-# ibal.cm is imported where called: the access layer does not depend on the CM.
 def ib_cm_listen(h_al: AccessLayer, p_cm_listen: Any, pfn_listen_err_cb: Any,
                  listen_context: Any = None) -> Any:  # fmt: skip
     """``ibal.cm.api.cm_listen``: returns the listen handle (``h_cm_listen``)."""
-    from ibal.cm.api import cm_listen
-
     return cm_listen(_h(h_al, AccessLayer), p_cm_listen, pfn_listen_err_cb, listen_context)
 
 
 def ib_cm_cancel(h_cm_listen: Any, pfn_destroy_cb: DestroyArg = None) -> None:
-    from ibal.cm.api import cm_cancel
-
     cm_cancel(h_cm_listen, None if isinstance(pfn_destroy_cb, _SyncDestroy) else pfn_destroy_cb)
 
 
 def ib_cm_req(p_cm_req: Any) -> Any:
     """``ibal.cm.api.cm_req``: returns the connection handle."""
-    from ibal.cm.api import cm_req
-
     return cm_req(p_cm_req)
 
 
 def ib_cm_rep(h_cm_req: Any, p_cm_rep: Any) -> None:
-    from ibal.cm.api import cm_rep
-
     cm_rep(h_cm_req, p_cm_rep)
 
 
 def ib_cm_rtu(h_cm_rep: Any, p_cm_rtu: Any) -> None:
-    from ibal.cm.api import cm_rtu
-
     cm_rtu(h_cm_rep, p_cm_rtu)
 
 
 def ib_cm_rej(h_cm: Any, p_cm_rej: Any) -> None:
-    from ibal.cm.api import cm_rej
-
     cm_rej(h_cm, p_cm_rej)
 
 
 def ib_cm_mra(h_cm: Any, p_cm_mra: Any) -> None:
-    from ibal.cm.api import cm_mra
-
     cm_mra(h_cm, p_cm_mra)
 
 
 def ib_cm_handoff(h_cm_req: Any, svc_id: int) -> Any:
-    from ibal.cm.api import cm_handoff
-
     return cm_handoff(h_cm_req, svc_id)
 
 
 def ib_cm_dreq(p_cm_dreq: Any) -> None:
-    from ibal.cm.api import cm_dreq
-
     cm_dreq(p_cm_dreq)
 
 
 def ib_cm_drep(h_cm_dreq: Any, p_cm_drep: Any) -> None:
-    from ibal.cm.api import cm_drep
-
     cm_drep(h_cm_dreq, p_cm_drep)
 
 
 def ib_cm_lap(p_cm_lap: Any) -> None:
-    from ibal.cm.api import cm_lap
-
     cm_lap(p_cm_lap)
 
 
 def ib_cm_apr(h_cm_lap: Any, p_cm_apr: Any) -> None:
-    from ibal.cm.api import cm_apr
-
     cm_apr(h_cm_lap, p_cm_apr)
 
 
 def ib_force_apm(h_qp: Qp) -> None:
-    from ibal.cm.api import force_apm
-
     force_apm(_h(h_qp, Qp))
 
 
@@ -804,7 +771,7 @@ _DONE: dict[str, str] = {
     "ib_async_event_rec_t": "ibal.types.AsyncEventRec",
     "ib_pfn_event_cb_t": "event_cb(AsyncEventRec)",
     "ib_pfn_destroy_cb_t": "destroy_cb(context)",
-    "ib_sync_destroy": "wait=True (ibal.al.compat.ib_sync_destroy)",
+    "ib_sync_destroy": "wait=True (ibal.compat.ib_sync_destroy)",
     "ib_subscribe": "ibal.sa.subscribe(al, trap, port_guid, ...) -> Subscription / "
     "ibal.sa.ib_subscribe(al, SubReq)",
     "ib_unsubscribe": "sub.unsubscribe(destroy_cb, wait=) / ibal.sa.ib_unsubscribe(sub, cb)",
