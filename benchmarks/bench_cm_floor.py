@@ -48,8 +48,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from ibal.cm.wire import TABLES  # noqa: E402
-from ibal.mad.consts import CmAttr  # noqa: E402
-from ibal.mad.header import MAD_HEADER  # noqa: E402
+from ibal.wire.mad.consts import CmAttr  # noqa: E402
+from ibal.wire.mad.header import MAD_HEADER  # noqa: E402
 
 HOST = "127.0.0.1"
 CLIENT_PORT, SERVER_PORT = 18515, 18516

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ibal.mad import sa, smp
+from ibal.wire.mad import sa, smp
 
 _PI = struct.Struct(">QQHHIHHBBBBBBBBBBBBBBBBHHHBBBBHHB3s")
 _PR = struct.Struct(">Q16s16sHHIBBHHBBBB6s")

@@ -15,8 +15,8 @@ import argparse
 import time
 from collections.abc import Sequence
 
-from ibal.providers.rxe.core import QpCore
-from ibal.providers.rxe.qp import QpConfig
+from ibal.transport.core import QpCore
+from ibal.transport.qp import QpConfig
 from ibal.types import AccessFlags, QpState, QpType, SendOpt, SendWr, Sge, WrType
 
 WINDOW = 32

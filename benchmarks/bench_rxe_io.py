@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ibal.providers.rxe import io, mmsg
 from ibal.providers.rxe.io import DeviceIO, RxMode
-from ibal.providers.rxe.packet import Opcode, Packet
+from ibal.wire.packet import Opcode, Packet
 
 A = ipaddress.ip_address("127.0.0.2")
 B = ipaddress.ip_address("127.0.0.3")

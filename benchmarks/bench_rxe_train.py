@@ -27,11 +27,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_rxe_core import KEY, VADDR, Memory, NoRecv
 
-from ibal.providers.rxe.core import QpCore
 from ibal.providers.rxe.io import DeviceIO
-from ibal.providers.rxe.packet import Train
-from ibal.providers.rxe.qp import QpConfig
+from ibal.transport.core import QpCore
+from ibal.transport.qp import QpConfig
 from ibal.types import QpState, QpType, SendOpt, SendWr, Sge, WrType
+from ibal.wire.packet import Train
 
 SRC = ipaddress.ip_address("127.0.0.156")
 DST = bytes([127, 0, 0, 157])

@@ -44,9 +44,9 @@ def inner(src: int, dst: int, queries: int, windows: list[int]) -> None:
     """Under umad2sim: open the AL and the SA port once, then time windows of requests."""
     t0 = time.perf_counter()
     import ibal
-    from ibal.mad import sa
-    from ibal.mad.consts import Method, SaAttr
     from ibal.sa import SaPort
+    from ibal.wire.mad import sa
+    from ibal.wire.mad.consts import Method, SaAttr
 
     t_import = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -74,8 +74,8 @@ def inner(src: int, dst: int, queries: int, windows: list[int]) -> None:
 def _window(port: Any, w: int, queries: int, data: bytes, mask: int,
             want: tuple[int, int]) -> dict[str, float]:  # fmt: skip
     """``queries`` PathRecord requests, ``w`` in flight (each answer sends the next)."""
-    from ibal.mad import sa
-    from ibal.mad.consts import Method, SaAttr
+    from ibal.wire.mad import sa
+    from ibal.wire.mad.consts import Method, SaAttr
 
     lock = threading.Lock()
     done = threading.Event()

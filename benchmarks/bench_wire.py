@@ -17,7 +17,8 @@ import zlib
 from collections.abc import Callable
 
 from ibal.providers.rxe import wire
-from ibal.providers.rxe.packet import Opcode, Packet
+from ibal.wire import iba
+from ibal.wire.packet import Opcode, Packet
 
 _BTH = struct.Struct(">III")
 
@@ -53,7 +54,7 @@ def main() -> None:
     s = args.seconds
     src, dst = bytes((10, 0, 0, 1)), bytes((10, 0, 0, 2))
     vals = (4, False, False, 0, 0, 0xFFFF, False, False, 0x11, True, 1234)
-    bth = wire.BTH.pack(*vals)
+    bth = iba.BTH.pack(*vals)
 
     def pkt(op: Opcode, size: int) -> tuple[Packet, int, bytes]:
         p = Packet(op, 0x11, 1234, bytes(size), ack_req=True)
@@ -65,16 +66,16 @@ def main() -> None:
     big, bprefix, braw = pkt(Opcode.RC_RDMA_WRITE_FIRST, 4096)
     noop = per_call_ns(lambda: None, s)
     rows = [
-        ("BTH unpack (table)", per_call_ns(lambda: wire.BTH.unpack(bth), s),
+        ("BTH unpack (table)", per_call_ns(lambda: iba.BTH.unpack(bth), s),
          per_call_ns(lambda: hand_unpack(bth), s)),
-        ("BTH pack (table)", per_call_ns(lambda: wire.BTH.pack(*vals), s),
+        ("BTH pack (table)", per_call_ns(lambda: iba.BTH.pack(*vals), s),
          per_call_ns(lambda: hand_pack(*vals), s)),
         ("BTH pack+unpack (table)",
-         per_call_ns(lambda: wire.BTH.unpack(wire.BTH.pack(*vals)), s),
+         per_call_ns(lambda: iba.BTH.unpack(iba.BTH.pack(*vals)), s),
          per_call_ns(lambda: hand_unpack(hand_pack(*vals)), s)),
-        ("decode SEND_ONLY 64 B", per_call_ns(lambda: wire.decode(sraw), s), None),
+        ("decode SEND_ONLY 64 B", per_call_ns(lambda: iba.decode(sraw), s), None),
         ("decode+ICRC SEND_ONLY 64 B",
-         per_call_ns(lambda: (wire.icrc_ok(sraw, sprefix), wire.decode(sraw)), s), None),
+         per_call_ns(lambda: (wire.icrc_ok(sraw, sprefix), iba.decode(sraw)), s), None),
         ("encode+ICRC SEND_ONLY 64 B", per_call_ns(lambda: wire.encode(small, sprefix), s), None),
         ("encode+ICRC WRITE_FIRST 4 KiB",
          per_call_ns(lambda: wire.encode(big, bprefix), s),

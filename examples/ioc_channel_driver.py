@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ibal.al import AccessLayer, Ca, Cq, Pd, PnpClass, PnpEvent, PnpRec, Qp, QpCreate
-from ibal.mad.sa import PATH_RECORD
+from ibal.wire.mad.sa import PATH_RECORD
 from ibal.types import AccessFlags, QpMod, QpState, QpType
 
 log = logging.getLogger("ioc_channel_driver")

@@ -861,8 +861,8 @@ def saquery(
     """saquery: [QUERY] [ARG]: NR [lid], PIR [[lid]/[port]/[options]], SR, PR, MCMR,
     LR [[from_lid]/[port]] [[to_lid]/[port]], GIR [[lid]/[block]], IIR [gid], CPI
     (NodeRecords by default)."""
-    from ibal.mad.consts import SaAttr
     from ibal.tools import saquery as saq
+    from ibal.wire.mad.consts import SaAttr
 
     p = saq.Params()
     for name in _SAQ_NUMS:

@@ -97,13 +97,13 @@ def _mad_mapping_lines() -> list[str]:
 
 
 def rmpp_state_machine_md() -> str:
-    """docs/rmpp-state-machine.md from ``ibal.mad.rmpp.TRANSITIONS``."""
-    from ibal.mad.rmpp import TRANSITIONS
+    """docs/rmpp-state-machine.md from ``ibal.transport.rmpp.TRANSITIONS``."""
+    from ibal.transport.rmpp import TRANSITIONS
 
     lines = [
         "# The RMPP state machines",
         "",
-        "Generated from `ibal.mad.rmpp.TRANSITIONS` by `python -m ibal.docgen`; do not edit.",
+        "Generated from `ibal.transport.rmpp.TRANSITIONS` by `python -m ibal.docgen`; do not edit.",
         "",
         "The sender and the receiver refuse any state change this table lacks",
         "(`RmppError`); see docs/mad.md, section RMPP, for what they do.",

@@ -34,7 +34,6 @@ from ibal.al.mad_sends import SendCqContext, SendRing
 from ibal.al.mr import pin_buffer
 from ibal.al.timer import Timer
 from ibal.ci.interface import ChannelInterface
-from ibal.mad.tid import Pending
 from ibal.status import (
     IbError,
     InvalidHandle,
@@ -72,6 +71,7 @@ from ibal.types import (
     mad_is_response,
     mad_vendor_oui,
 )
+from ibal.wire.mad.tid import Pending
 
 if TYPE_CHECKING:
     from ibal.al.cica import CiCa

@@ -50,10 +50,10 @@ from ibal.cm.records import (
     CmRtuRec,
     ListenErrRec,
 )
-from ibal.mad.cm import AprStatus, CmAttr, RejReason
 from ibal.status import InvalidParameter, InvalidState, Status
 from ibal.types import QpType
 from ibal.wire.fields import Value
+from ibal.wire.mad.cm import AprStatus, CmAttr, RejReason
 
 __all__ = [
     "cm_apr", "cm_cancel", "cm_drep", "cm_dreq", "cm_handoff", "cm_lap", "cm_listen", "cm_mra",

@@ -23,10 +23,10 @@ import random
 from dataclasses import dataclass
 from typing import Final
 
-from ibal.mad.consts import CmAttr
 from ibal.status import InvalidParameter
 from ibal.types import Gid
 from ibal.wire.fields import F, FieldError, Kind, R, Table
+from ibal.wire.mad.consts import CmAttr
 
 __all__ = [
     "CMA_HDR_IP4", "CMA_HDR_IP6", "CMA_HDR_SIZE", "CMA_VERSION", "RDMA_UDP_QKEY",

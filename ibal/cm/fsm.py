@@ -5,10 +5,10 @@ threads and reads no clock: :meth:`Cep.handle` takes an event and ``now``
 (seconds, the AL timer clock) and returns the actions the I/O layer
 (``ibal.cm.service``) carries out, in order.  Messages travel as the 232-byte
 CM data area (MAD bytes 24..255): API events carry the bytes ``ibal.cm.wire``
-built, received messages come with their fields decoded by ``ibal.mad.cm``.
+built, received messages come with their fields decoded by ``ibal.wire.mad.cm``.
 The few messages the machine must originate itself (REJ Timeout, REJ
 StaleConn, the DREP answering a crossing DREQ, what :class:`Destroy` sends)
-are encoded here with the same ``ibal.mad.cm`` tables and carry no private
+are encoded here with the same ``ibal.wire.mad.cm`` tables and carry no private
 data.
 
 Every state change is a row of :data:`TRANSITIONS`; ``python -m ibal.docgen``
@@ -22,11 +22,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ibal.mad import cm
-from ibal.mad.cm import CmAttr, MessageMraed, RejReason
 from ibal.status import InvalidParameter, InvalidState, Status, Unsupported
 from ibal.types import QpState
 from ibal.wire.fields import Value
+from ibal.wire.mad import cm
+from ibal.wire.mad.cm import CmAttr, MessageMraed, RejReason
 
 __all__ = [
     "LAP_TRANSITIONS", "TRANSITIONS", "Action", "ApiEvent", "ArmTimer", "CancelTimer", "Cep",

@@ -38,7 +38,6 @@ from ibal.cm.records import (
     check_path,
 )
 from ibal.cm.service import CmAgent, agent_of
-from ibal.mad.cm import AprStatus, CmAttr, MessageMraed, SidrStatus
 from ibal.status import (
     IbError,
     InvalidParameter,
@@ -60,6 +59,7 @@ from ibal.types import (
     QpType,
 )
 from ibal.wire.fields import Value
+from ibal.wire.mad.cm import AprStatus, CmAttr, MessageMraed, SidrStatus
 
 __all__ = [
     "Deliver", "accept", "apr", "disconnect", "force_apm", "handoff", "lap", "listen", "mra",

@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Protocol
 
 from ibal.al import Dependent
 from ibal.mad import MadElement, MadService, MadSvc, put_mad, reg_mad_svc
-from ibal.mad import header as mad_header
-from ibal.mad.cm import CM_CLASS, CM_CLASS_VERSION
-from ibal.mad.consts import Method
 from ibal.status import IbError, ResourceBusy
 from ibal.types import LinkLayer, MadAddr, QpType
+from ibal.wire.mad import header as mad_header
+from ibal.wire.mad.cm import CM_CLASS, CM_CLASS_VERSION
+from ibal.wire.mad.consts import Method
 
 if TYPE_CHECKING:
     from ibal.al import Ca, Timer
-    from ibal.mad.consts import CmAttr
+    from ibal.wire.mad.consts import CmAttr
 
 __all__ = ["CmPort"]
 

@@ -38,9 +38,6 @@ from ibal.cm.cma import (
 from ibal.cm.ops import DEFAULT_ACCESS as CM_DEFAULT_ACCESS
 from ibal.cm.ops import port_pkey_index
 from ibal.cm.simple import Connection, Incoming, Listener
-from ibal.mad import sa
-from ibal.mad.cm import RejReason, SidrStatus
-from ibal.mad.consts import CmAttr, Method, SaAttr
 from ibal.sa import user_query
 from ibal.status import (
     IbError,
@@ -63,6 +60,9 @@ from ibal.types import (
     QpState,
 )
 from ibal.wire.fields import FieldError
+from ibal.wire.mad import sa
+from ibal.wire.mad.cm import RejReason, SidrStatus
+from ibal.wire.mad.consts import CmAttr, Method, SaAttr
 
 __all__ = [
     "RdmaConnection", "RdmaIncoming", "RdmaListener", "RdmaRoute", "UdPeer", "connect",
@@ -83,7 +83,7 @@ class RdmaRoute:
     port_guid: int
     sgid_index: int
     path: dict[str, Any]
-    """The PathRecord's fields (``ibal.mad.sa.PATH_RECORD``): MTU, rate, hop limit..."""
+    """The PathRecord's fields (``ibal.wire.mad.sa.PATH_RECORD``): MTU, rate, hop limit..."""
 
     @property
     def sgid(self) -> Gid:

@@ -5,7 +5,7 @@ pairs (``p_req_pdata``/``req_length``, ``p_ari``/``ari_length`` ...) are one
 ``bytes`` value, handles are the objects the CM API hands out, ``IB_FLAGS_SYNC``
 is :attr:`AlFlags.SYNC`.  Paths (``ib_path_rec_t``) are PathRecords by field
 name, as :func:`ibal.sa.query.path_records` and :mod:`ibal.sa.roce` give them
-(``ibal.mad.sa.PATH_RECORD`` names: ``sgid``, ``dgid``, ``slid``, ``dlid``,
+(``ibal.wire.mad.sa.PATH_RECORD`` names: ``sgid``, ``dgid``, ``slid``, ``dlid``,
 ``p_key``, ``mtu``, ``packet_life_time`` ...).
 
 Requests check themselves with ``validate()`` (called by the CM API before
@@ -21,16 +21,16 @@ import enum
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from ibal.mad.cm import (
+from ibal.records import record
+from ibal.status import InvalidParameter, InvalidSetting, Status
+from ibal.types import AccessFlags, QpType
+from ibal.wire.mad.cm import (
     PRIVATE_DATA_SIZE,
     AprStatus,
     CmAttr,
     RejReason,
     SidrStatus,
 )
-from ibal.records import record
-from ibal.status import InvalidParameter, InvalidSetting, Status
-from ibal.types import AccessFlags, QpType
 
 __all__ = [
     "ALL_CAS",
@@ -108,7 +108,7 @@ class CmFailover(enum.IntEnum):
 
 
 #: ``ib_cm_data_sizes_t`` (CM class version 2): ``IB_REQ_PDATA_SIZE`` ... in bytes,
-#: read from the message tables of :mod:`ibal.mad.cm` (the private data field of each).
+#: read from the message tables of :mod:`ibal.wire.mad.cm` (the private data field of each).
 REQ_PDATA_SIZE: Final = PRIVATE_DATA_SIZE[CmAttr.REQ]  # 92
 REP_PDATA_SIZE: Final = PRIVATE_DATA_SIZE[CmAttr.REP]  # 196
 RTU_PDATA_SIZE: Final = PRIVATE_DATA_SIZE[CmAttr.RTU]  # 224
@@ -130,7 +130,7 @@ PDATA_MAX: Final[Mapping[CmAttr, int]] = dict(PRIVATE_DATA_SIZE)
 _MSG_NAME = {a: a.name for a in CmAttr}
 
 PathRec = Mapping[str, Any]
-"""``ib_path_rec_t``: a PathRecord by ``ibal.mad.sa.PATH_RECORD`` field name (a decoded
+"""``ib_path_rec_t``: a PathRecord by ``ibal.wire.mad.sa.PATH_RECORD`` field name (a decoded
 dict, an ``ibal.sa.query.Record`` or ``ibal.sa.roce.RocePath.record``)."""
 
 #: The PathRecord fields a CM path uses (``raw_traffic``, ``reversible``, selectors ...

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from ibal.cm import fsm, wire
 from ibal.cm.dispatch import Arrival, as_int, same_sender, sender_key
-from ibal.mad import cm as cmw
-from ibal.mad.cm import CmAttr, MessageMraed, RejReason
-from ibal.mad.consts import Method
 from ibal.status import IbError
 from ibal.types import MadAddr
 from ibal.wire.fields import FieldError
+from ibal.wire.mad import cm as cmw
+from ibal.wire.mad.cm import CmAttr, MessageMraed, RejReason
+from ibal.wire.mad.consts import Method
 
 if TYPE_CHECKING:
     from ibal.cm.port import CmPort

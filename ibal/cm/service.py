@@ -36,10 +36,10 @@ from ibal.cm import fsm
 from ibal.cm.dispatch import ListenLike, ListenTable, as_int, form_tid, same_sender
 from ibal.cm.port import CmPort
 from ibal.cm.router import OPENERS, CmRouter
-from ibal.mad.cm import CmAttr
 from ibal.status import IbError, InvalidParameter, InvalidState, NotFound, Status
 from ibal.types import DEFAULT_PKEY, Gid, Grh, LinkLayer, LinkState, MadAddr, PortAttr
 from ibal.wire.fields import Value
+from ibal.wire.mad.cm import CmAttr
 
 if TYPE_CHECKING:
     from ibal.al import PnpRec, PnpRegistration

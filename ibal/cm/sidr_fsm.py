@@ -24,10 +24,10 @@ from ibal.cm.fsm import (
     Upcall,
     UpcallKind,
 )
-from ibal.mad import cm
-from ibal.mad.cm import CmAttr, SidrStatus
 from ibal.status import InvalidParameter, InvalidState, Status
 from ibal.wire.fields import Value
+from ibal.wire.mad import cm
+from ibal.wire.mad.cm import CmAttr, SidrStatus
 
 __all__ = [
     "SIDR_TRANSITIONS", "SendSidrRep", "SendSidrReq", "SidrCep", "SidrEvent", "SidrState",

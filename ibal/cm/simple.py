@@ -35,10 +35,10 @@ from ibal.cm import fsm, ops
 from ibal.cm.conn import CmConn
 from ibal.cm.listens import ListenHandle
 from ibal.cm.records import CmDreq, CmListen, CmRej, CmRep, CmReq
-from ibal.mad.cm import RejReason, SidrStatus
 from ibal.status import IbError, InvalidState, Status, Timeout
 from ibal.types import QpType
 from ibal.wire.fields import Value
+from ibal.wire.mad.cm import RejReason, SidrStatus
 
 if TYPE_CHECKING:
     import asyncio

@@ -2,7 +2,7 @@
 
 - ``build_*``: a request record plus the local facts the CM knows (comm IDs,
   CA GUID, QPN, PSN, the CA's ACK delay) -> the 232-byte MAD data area of the
-  message, through the field tables of :mod:`ibal.mad.cm` (:func:`mad` wraps it
+  message, through the field tables of :mod:`ibal.wire.mad.cm` (:func:`mad` wraps it
   in a 256-byte MAD with a TID);
 - ``*_rec`` / :func:`to_rec`: decoded message fields -> the IBAL record the
   callback gets (handles and contexts left for the CM to fill);
@@ -52,19 +52,6 @@ from ibal.cm.records import (
     check_path,
     check_pdata,
 )
-from ibal.mad import header as H
-from ibal.mad.cm import (
-    CM_CLASS,
-    MAD_DATA,
-    TABLES,
-    AprStatus,
-    CmAttr,
-    MessageMraed,
-    RejReason,
-    SidrStatus,
-    TransportType,
-)
-from ibal.mad.consts import Method
 from ibal.status import InvalidParameter, InvalidSetting
 from ibal.types import (
     PERMISSIVE_LID,
@@ -81,6 +68,19 @@ from ibal.types import (
     QpType,
 )
 from ibal.wire.fields import FieldError, Value
+from ibal.wire.mad import header as H
+from ibal.wire.mad.cm import (
+    CM_CLASS,
+    MAD_DATA,
+    TABLES,
+    AprStatus,
+    CmAttr,
+    MessageMraed,
+    RejReason,
+    SidrStatus,
+    TransportType,
+)
+from ibal.wire.mad.consts import Method
 
 __all__ = [
     "MAD_DATA",
@@ -283,7 +283,7 @@ def _path_record(fields: Fields, prefix: str, *, receiver: bool, pkey: int, mtu:
 def path_from_req(
     req: Fields, prefix: str = "primary", *, passive: bool = True
 ) -> dict[str, Value]:
-    """The PathRecord (``ibal.mad.sa.PATH_RECORD`` names) of a REQ's primary or
+    """The PathRecord (``ibal.wire.mad.sa.PATH_RECORD`` names) of a REQ's primary or
     alternate path, ``sgid`` being the passive side's GID (``passive``) or the
     active side's.  ``packet_life_time`` is the REQ's local ACK timeout - 1."""
     return _path_record(req, prefix, receiver=passive, pkey=int(req["pkey"]),

@@ -44,10 +44,10 @@ from ibal.al import (
 from ibal.dm.answer import Drop, answer
 from ibal.dm.iou import IoUnit, io_unit, units_of
 from ibal.mad import MadElement, MadService, MadSvc, put_mad, reg_mad_svc
-from ibal.mad.consts import Method, MgmtClass
-from ibal.mad.dm import DM_CLASS_VERSION
 from ibal.status import IbError, InvalidCaHandle, Unsupported
 from ibal.types import CaMod, PortAttrMod, PortCap, QpType
+from ibal.wire.mad.consts import Method, MgmtClass
+from ibal.wire.mad.dm import DM_CLASS_VERSION
 
 if TYPE_CHECKING:
     from ibal.al import AlManager

@@ -21,12 +21,12 @@ I/O layer).  What it answers (IBA vol. 1 16.3):
 
 from __future__ import annotations
 
-from ibal.mad import dm
-from ibal.mad import header as H
-from ibal.mad.consts import MAD_SIZE, Method, MgmtClass
-from ibal.mad.consts import MadStatus as M
 from ibal.records import record
 from ibal.wire.fields import FieldError
+from ibal.wire.mad import dm
+from ibal.wire.mad import header as H
+from ibal.wire.mad.consts import MAD_SIZE, Method, MgmtClass
+from ibal.wire.mad.consts import MadStatus as M
 
 __all__ = ["RESP_TIME_VALUE", "Drop", "ExportedIoc", "Reply", "UnitView", "answer",
            "class_port_info"]  # fmt: skip

@@ -24,7 +24,6 @@ import threading
 from ibal.al import Ca, Dependent
 from ibal.dm.answer import ExportedIoc
 from ibal.dm.iou import IoUnit, io_unit
-from ibal.mad import dm
 from ibal.status import InsufficientResources, InvalidCaHandle, InvalidParameter, InvalidState
 from ibal.types import (
     IOC_ID_STRING_SIZE,
@@ -34,6 +33,7 @@ from ibal.types import (
     SvcEntry,
 )
 from ibal.wire.fields import Value
+from ibal.wire.mad import dm
 
 __all__ = ["Ioc", "SvcEntryHandle", "create_ioc", "profile_values"]
 

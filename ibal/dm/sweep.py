@@ -17,7 +17,7 @@ Rules:
   counted and dropped); at most ``window`` requests are in flight.
 * An answer is matched by the low 32 bits of its TID (the transport owns the
   high half), then checked: a DM GetResp of the attribute and modifier asked,
-  decodable by the :mod:`ibal.mad.dm` tables.  One that fails is malformed:
+  decodable by the :mod:`ibal.wire.mad.dm` tables.  One that fails is malformed:
   counted in :attr:`Sweep.stats`, dropped, and the request keeps waiting.
 * An answer with a non-zero status ends its request as failed (no retry).
 * An I/O unit whose IOUnitInfo fails on every one of its targets is
@@ -43,13 +43,13 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from ibal.mad import dm
-from ibal.mad import header as H
-from ibal.mad.consts import Method
 from ibal.records import record
 from ibal.status import InvalidParameter
 from ibal.types import IOC_ID_STRING_SIZE, SVC_NAME_SIZE, IocInfo, IocProfile, IouInfo, SvcEntry
 from ibal.wire.fields import FieldError, Value
+from ibal.wire.mad import dm
+from ibal.wire.mad import header as H
+from ibal.wire.mad.consts import Method
 
 __all__ = [
     "AddIoc",

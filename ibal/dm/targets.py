@@ -31,10 +31,7 @@ from typing import Any
 
 from ibal.al import Ca, Dependent
 from ibal.dm.sweep import Target
-from ibal.mad import MadElement, MadService, MadSvc, put_mad, reg_mad_svc, sa
-from ibal.mad.consts import Method, MgmtClass, SaAttr
-from ibal.mad.dm import DM_CLASS_VERSION
-from ibal.mad.smp import CapabilityMask
+from ibal.mad import MadElement, MadService, MadSvc, put_mad, reg_mad_svc
 from ibal.records import record
 from ibal.sa.port import SaPort
 from ibal.sa.txn import SaAnswer
@@ -52,6 +49,10 @@ from ibal.types import (
     WcStatus,
 )
 from ibal.wire.fields import FieldError
+from ibal.wire.mad import sa
+from ibal.wire.mad.consts import Method, MgmtClass, SaAttr
+from ibal.wire.mad.dm import DM_CLASS_VERSION
+from ibal.wire.mad.smp import CapabilityMask
 
 __all__ = ["ENHANCED_COMP_MASK", "PEERS_ENV", "DmPort", "RocePeer", "TargetSearch", "parse_peers",
            "source_gid"]

@@ -1,9 +1,9 @@
-"""Management datagrams: field tables, dumps, MAD pools and services (docs/mad.md).
+"""MAD pools and services (docs/mad.md), built on the access layer's public API.
 
-The wire layer (consts, header, smp, sa, perf, dump) imports nothing from
-``ibal.al``.  The service names exported here (pools, elements, services,
-RMPP sessions, IBMF transactions) build on the access layer's public API;
-they load on first use, so the tables stay importable without it.
+The MAD formats (class tables, headers, dumps, RMPP headers, TIDs) are
+:mod:`ibal.wire.mad`; RMPP's sender and receiver are :mod:`ibal.transport.rmpp`.
+The names exported here load on first use, so a tool that needs only the
+diagnostic client (:mod:`ibal.mad.rpc`) does not pay for the services' imports.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ built on the AL's public API only: a UD QP, one CQ, one registered buffer
 (receive slots with their 40-byte GRH area, send slots) and an AV per send,
 all owned here.  Receives stay posted; requests go to ``recv_cb``;
 responses are matched to their request by TID (the sans-IO
-:class:`~ibal.mad.tid.Pending`) and time out and retry on the AL's timers,
+:class:`~ibal.wire.mad.tid.Pending`) and time out and retry on the AL's timers,
 so a ``ManualClock`` steps them.
 
 Threads: ``send_cb`` and ``recv_cb`` run on AL callback threads (the CQ's
@@ -37,7 +37,6 @@ from ibal.al.mad_port import read_mad_slot
 from ibal.mad.pool import ElementState, MadElement
 from ibal.mad.service import MadService
 from ibal.mad.svc import svc_oui
-from ibal.mad.tid import Pending
 from ibal.status import (
     IbError,
     InsufficientResources,
@@ -69,6 +68,7 @@ from ibal.types import (
     is_int,
     mad_vendor_oui,
 )
+from ibal.wire.mad.tid import Pending
 
 GRH_LEN = 40
 _SLOT = GRH_LEN + MAD_SIZE

@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ibal.mad import smp
-from ibal.mad.consts import DR_DIRECTION, SmpAttr
 from ibal.records import record
+from ibal.wire.mad import smp
+from ibal.wire.mad.consts import DR_DIRECTION, SmpAttr
 
 __all__ = [
     "DiscNode",
@@ -255,8 +255,8 @@ def sweep(
     in_flight)`` is called on the caller's thread about every 0.1 s and at the
     end.  Returns the engine (its ``topology`` and ``failed`` queries).
     """
-    from ibal.mad.consts import Method, MgmtClass
     from ibal.mad.rpc import PortId, Reply, Request
+    from ibal.wire.mad.consts import Method, MgmtClass
 
     if window < 1:
         raise ValueError("window must be at least 1")

@@ -1,4 +1,5 @@
-"""RMPP for a MAD service: :class:`RmppSessions` over :class:`~ibal.mad.rmpp_io.RmppTransfers`.
+"""RMPP for a MAD service: :class:`RmppSessions` over
+:class:`~ibal.transport.rmpp_io.RmppTransfers`.
 
 ``enable_rmpp(service, timers)`` plugs the sans-IO sender/receiver into a
 service's RMPP seam.  An RMPP element is laid out as one long MAD: the 24-byte
@@ -17,10 +18,11 @@ import threading
 from collections.abc import Callable, Hashable
 
 from ibal.mad.pool import MadElement
-from ibal.mad.rmpp import RMPP_DATA, Complete, Deliver, Fail, RmppSender, RmppStatus
-from ibal.mad.rmpp_io import Result, RmppTransfers, Timers
 from ibal.mad.service import MadService
+from ibal.transport.rmpp import Complete, Deliver, Fail, RmppSender
+from ibal.transport.rmpp_io import Result, RmppTransfers, Timers
 from ibal.types import MadAddr, WcStatus
+from ibal.wire.mad.rmpp import RMPP_DATA, RmppStatus
 
 RMPP_DATA_OFFSET = RMPP_DATA  # the common header (24) and the RMPP header (12)
 

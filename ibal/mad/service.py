@@ -27,9 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ibal.al import SYNC_DESTROY, AliasQp, Ca, MadAgent
-from ibal.mad.consts import MadStatus
 from ibal.mad.pool import ElementState, MadElement, MadPool, PoolKey
-from ibal.mad.rmpp import RMPP_DATA, RMPP_VERSION, RmppFlags, RmppHeader, RmppType
 from ibal.mad.svc import (
     RMPP_CLASSES,
     TID_LO,
@@ -44,7 +42,6 @@ from ibal.mad.svc import (
     rmpp_active,
     unserved_attr,
 )
-from ibal.mad.tid import Pending
 from ibal.status import (
     IbError,
     InvalidHandle,
@@ -61,6 +58,9 @@ from ibal.types import (
     WcStatus,
     mad_error_reply,
 )
+from ibal.wire.mad.consts import MadStatus
+from ibal.wire.mad.rmpp import RMPP_DATA, RMPP_VERSION, RmppFlags, RmppHeader, RmppType
+from ibal.wire.mad.tid import Pending
 
 
 @dataclass(eq=False)
@@ -188,7 +188,7 @@ class MadService:
             low = int.from_bytes(e.mad[TID_LO], "big")
             if e.rmpp_version and self.rmpp is None and not self.transport_rmpp:
                 raise Unsupported(
-                    "RMPP transfers need ibal.mad.rmpp sessions (service.rmpp is not set)"
+                    "RMPP transfers need ibal.transport.rmpp sessions (service.rmpp is not set)"
                 )
             if (e.rmpp_version and not self.transport_rmpp and self.alias.segments_rmpp
                     and self.svc.mgmt_class not in RMPP_CLASSES):

@@ -13,14 +13,14 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ibal.mad.consts import Method, MgmtClass, is_vendor_range2
-from ibal.mad.header import header
 from ibal.mad.pool import ElementState, MadElement
-from ibal.mad.rmpp import RMPP_DATA, is_rmpp
 from ibal.status import InvalidParameter, InvalidSetting
 from ibal.types import MAD_SIZE, OPENIB_OUI, MadAddr, WcStatus, is_int
+from ibal.wire.mad.consts import Method, MgmtClass, is_vendor_range2
+from ibal.wire.mad.header import header
+from ibal.wire.mad.rmpp import RMPP_DATA, is_rmpp
 
-# The common header's fields come from ibal.mad.header's table; the TID's low half (the
+# The common header's fields come from ibal.wire.mad.header's table; the TID's low half (the
 # caller's) and the reserved 16 bits are slices the table has no field for.
 CLASS = 1
 TID_LO = slice(12, 16)
@@ -83,7 +83,7 @@ class RmppSessions(Protocol):
     has ``rmpp_version`` != 0 (:meth:`start`) and every received MAD whose RMPP
     header is active (:meth:`feed`, with its sender), keyed by the transaction
     (peer, TID).  :class:`ibal.mad.rmpp_service.TransferSessions` is the one over
-    ``ibal.mad.rmpp``.
+    ``ibal.transport.rmpp``.
     ``send`` puts one segment or ACK on the wire through the service's agent
     (no retries: RMPP times its own).  Whole messages and failures come back
     through the callbacks the sessions object was made with.

@@ -17,8 +17,6 @@ from ipaddress import IPv4Address
 from typing import Any, Final
 
 from ibal.al import AccessLayer
-from ibal.mad.consts import Method, SaAttr
-from ibal.mad.sa import SERVICE_RECORD, component_mask
 from ibal.sa.service import (
     RegSvcCallback,
     ServiceRecord,
@@ -27,6 +25,8 @@ from ibal.sa.service import (
 )
 from ibal.status import InvalidParameter, Status, error_class
 from ibal.types import Gid
+from ibal.wire.mad.consts import Method, SaAttr
+from ibal.wire.mad.sa import SERVICE_RECORD, component_mask
 
 __all__ = [
     "ATS_IPV4_OFFSET",

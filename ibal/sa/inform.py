@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ibal.al import Dependent
 from ibal.al.obj import DestroyCallback
 from ibal.al.stash import StashKey
-from ibal.mad.consts import Method, SaAttr
 from ibal.sa import inform_fsm as fsm
 from ibal.sa.inform_fsm import ALL_TRAPS, InformInfo, Notice, SubPhase
 from ibal.sa.port import SaPort
@@ -42,6 +41,7 @@ from ibal.sa.waitable import FirstOutcome
 from ibal.status import IbError, InvalidAlHandle, InvalidHandle, InvalidParameter, Status, Timeout
 from ibal.types import MadAddr
 from ibal.wire.fields import FieldError
+from ibal.wire.mad.consts import Method, SaAttr
 
 if TYPE_CHECKING:
     from ibal.al import AccessLayer

@@ -22,16 +22,16 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from ibal.mad.sa import (
+from ibal.sa.backoff import Backoff
+from ibal.status import Status
+from ibal.wire.fields import Buffer, FieldError
+from ibal.wire.mad.sa import (
     INFORM_INFO,
     NOTICE,
     TRAP_64_65_DETAILS,
     TRAP_128_DETAILS,
     TRAP_144_DETAILS,
 )
-from ibal.sa.backoff import Backoff
-from ibal.status import Status
-from ibal.wire.fields import Buffer, FieldError
 
 __all__ = [
     "ALL_LIDS",

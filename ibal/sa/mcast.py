@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from ibal.al import Ca, Dependent, McastAttachment, Qp
 from ibal.al.obj import DestroyCallback
 from ibal.al.stash import StashKey
-from ibal.mad.consts import Method, SaAttr
 from ibal.sa import mcast_fsm as fsm
 from ibal.sa.mcast_fsm import JoinState, McastPhase, MemberRec, Scope
 from ibal.sa.port import SaPort
@@ -45,6 +44,7 @@ from ibal.status import (
     Status,
 )
 from ibal.types import Gid, QpType
+from ibal.wire.mad.consts import Method, SaAttr
 
 if TYPE_CHECKING:
     from ibal.al import AccessLayer

@@ -1,7 +1,7 @@
 """Multicast membership as a sans-IO state machine (IBA 15.2.5.17, MCMemberRecord).
 
 :class:`MemberRec` is ``ib_member_rec_t``: one MCMemberRecord, encoded and
-decoded through :data:`ibal.mad.sa.MCMEMBER_RECORD`.  :class:`McastMachine`
+decoded through :data:`ibal.wire.mad.sa.MCMEMBER_RECORD`.  :class:`McastMachine`
 is one membership's life: ``JOINING -> JOINED -> LEAVING -> LEFT``.  It does no
 I/O: each input (:meth:`~McastMachine.join`, :meth:`~McastMachine.answer`,
 :meth:`~McastMachine.reregister`, :meth:`~McastMachine.retry_due`,
@@ -29,11 +29,11 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ibal.mad.sa import MCMEMBER_RECORD, component_mask
 from ibal.sa.backoff import Backoff
 from ibal.status import Status
 from ibal.types import Gid
 from ibal.wire.fields import FieldError
+from ibal.wire.mad.sa import MCMEMBER_RECORD, component_mask
 
 ZERO_GID = Gid(0)
 

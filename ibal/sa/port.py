@@ -49,9 +49,6 @@ from typing import TYPE_CHECKING, Any
 from ibal.al import AccessLayer, Dependent, PnpClass, PnpOrder, StashKey, in_callback
 from ibal.al.dispatcher import call_user
 from ibal.mad import MadElement, MadService, MadSvc, enable_rmpp, put_mad, reg_mad_svc
-from ibal.mad import header as mad_header
-from ibal.mad.consts import Method, MgmtClass, SaAttr
-from ibal.mad.sa import NOTICE
 from ibal.sa.reports import ReportHub, hub_of
 from ibal.sa.txn import (
     SA_DATA,
@@ -76,6 +73,9 @@ from ibal.status import (
     Unsupported,
 )
 from ibal.types import QP1_WELL_KNOWN_QKEY, LinkLayer, LinkState, MadAddr, QpType, WcStatus, is_int
+from ibal.wire.mad import header as mad_header
+from ibal.wire.mad.consts import Method, MgmtClass, SaAttr
+from ibal.wire.mad.sa import NOTICE
 
 if TYPE_CHECKING:
     import asyncio

@@ -29,9 +29,6 @@ from typing import Any
 
 from ibal.al import AccessLayer, StashKey, in_callback
 from ibal.al.dispatcher import call_user
-from ibal.mad import header as mad_header
-from ibal.mad import sa
-from ibal.mad.consts import MadStatus, Method, SaAttr
 from ibal.sa.port import SaPort, SaRequest
 from ibal.sa.txn import SA_DATA, SaAnswer
 from ibal.status import (
@@ -47,6 +44,9 @@ from ibal.status import (
 )
 from ibal.types import AlFlags, Gid, is_int
 from ibal.wire.fields import F, FieldError, Kind, Table
+from ibal.wire.mad import header as mad_header
+from ibal.wire.mad import sa
+from ibal.wire.mad.consts import MadStatus, Method, SaAttr
 
 __all__ = [
     "GidPair", "GuidPair", "LidPair", "Query", "QueryRec", "QueryReq", "QueryResult",
@@ -681,7 +681,7 @@ async def path_records_async(al: AccessLayer, src: Any, dst: Any, **kw: Any) -> 
 def user_query(al: AccessLayer, method: int, attr_id: int, comp_mask: int = 0,
                record: bytes = b"", *, port_guid: int | None = None, timeout_ms: int = 1000,
                retry_cnt: int = 3, callback: Callback = None) -> Any:  # fmt: skip
-    """Any SA attribute, method and component mask; records decoded where ``ibal.mad.sa``
+    """Any SA attribute, method and component mask; records decoded where ``ibal.wire.mad.sa``
     has the attribute's table (else ``Record.raw`` only)."""
     spec = _user_spec(method, attr_id, comp_mask, record)
     return _run(al, spec, port_guid, timeout_ms, retry_cnt, callback)

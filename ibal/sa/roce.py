@@ -39,9 +39,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from ibal.mad import sa
-from ibal.mad.consts import MadStatus, Method, MgmtClass, SaAttr
-from ibal.mad.header import SA_HEADER, SA_HEADER_OFFSET, build
 from ibal.sa.roce_net import (
     IpAddress,
     IpStack,
@@ -55,6 +52,9 @@ from ibal.sa.txn import SaAnswer
 from ibal.status import Status
 from ibal.types import DEFAULT_PKEY, Gid, GidEntry, GidType, LinkLayer, PortAttr
 from ibal.wire.fields import FieldError, Value
+from ibal.wire.mad import sa
+from ibal.wire.mad.consts import MadStatus, Method, MgmtClass, SaAttr
+from ibal.wire.mad.header import SA_HEADER, SA_HEADER_OFFSET, build
 
 __all__ = [
     "PACKET_LIFE_TIME", "ROCE_HEADER_BYTES", "NeedNeighbour", "PathError", "PathQuery",

@@ -32,8 +32,6 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ibal.al import AccessLayer, Dependent, PnpClass, PnpEvent, PnpRec, in_callback
 from ibal.al.dispatcher import call_user, log
-from ibal.mad.consts import Method, SaAttr
-from ibal.mad.sa import SERVICE_RECORD, component_mask
 from ibal.sa.service_fsm import (
     INFINITE_LEASE,
     Action,
@@ -56,6 +54,8 @@ from ibal.status import (
     error_class,
 )
 from ibal.types import ZERO_GID, Gid, is_int
+from ibal.wire.mad.consts import Method, SaAttr
+from ibal.wire.mad.sa import SERVICE_RECORD, component_mask
 
 if TYPE_CHECKING:
 
@@ -100,7 +100,8 @@ def _gid(value: object) -> Gid:
 
 @dataclass(frozen=True)
 class ServiceRecord:
-    """``ib_service_record_t`` (IBA 15.2.5.14); ``encode``/``decode`` use ``ibal.mad.sa``'s table.
+    """``ib_service_record_t`` (IBA 15.2.5.14); ``encode``/``decode`` use
+    ``ibal.wire.mad.sa``'s table.
 
     ``service_name`` is up to 64 bytes (NUL-padded on the wire; :attr:`name`
     reads it as text); ``service_lease`` is in seconds, ``INFINITE_LEASE``

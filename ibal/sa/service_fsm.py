@@ -23,9 +23,9 @@ import enum
 from dataclasses import dataclass
 from typing import Final
 
-from ibal.mad.consts import Method
-from ibal.mad.sa import SERVICE_RECORD, component_mask
 from ibal.status import Status
+from ibal.wire.mad.consts import Method
+from ibal.wire.mad.sa import SERVICE_RECORD, component_mask
 
 INFINITE_LEASE: Final = 0xFFFFFFFF
 """ServiceLease meaning "never expires" (no renewal)."""

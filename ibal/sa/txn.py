@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ibal.mad import header as mad_header
-from ibal.mad.consts import MAD_SIZE, Method, MgmtClass
-from ibal.mad.rmpp import RMPP_DATA, RmppFlags, RmppHeader
 from ibal.status import Status
 from ibal.wire.fields import Buffer, FieldError
+from ibal.wire.mad import header as mad_header
+from ibal.wire.mad.consts import MAD_SIZE, Method, MgmtClass
+from ibal.wire.mad.rmpp import RMPP_DATA, RmppFlags, RmppHeader
 
 __all__ = [
     "SA_DATA",

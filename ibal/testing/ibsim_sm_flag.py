@@ -38,10 +38,11 @@ import os
 from typing import Any
 
 from ibal.al import Ca, Dependent
-from ibal.mad import MadElement, MadService, MadSvc, header, put_mad, reg_mad_svc, smp
-from ibal.mad.consts import MAD_SIZE, Method, MgmtClass, SmpAttr
+from ibal.mad import MadElement, MadService, MadSvc, put_mad, reg_mad_svc
 from ibal.status import IbError, InvalidPort
 from ibal.types import QpType
+from ibal.wire.mad import header, smp
+from ibal.wire.mad.consts import MAD_SIZE, Method, MgmtClass, SmpAttr
 
 __all__ = ["ISSM_DEVICE", "SmFlag", "hold_sm_flag"]
 

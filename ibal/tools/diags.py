@@ -2,7 +2,7 @@
 
 Each command is a function of a :class:`~ibal.mad.rpc.MadClient` returning
 the text the real tool prints for the same target (field names and value
-formats from :mod:`ibal.mad.dump`, the topology from
+formats from :mod:`ibal.wire.mad.dump`, the topology from
 :mod:`ibal.mad.discover`); :mod:`ibal.cli` only opens the port and prints.
 """
 
@@ -13,8 +13,6 @@ import time
 from collections.abc import Sequence
 from typing import IO, Final
 
-from ibal.mad import smp
-from ibal.mad.consts import PerfAttr, SmpAttr
 from ibal.mad.discover import (
     Sweep,
     ibnetdiscover_list,
@@ -24,6 +22,8 @@ from ibal.mad.discover import (
     sweep,
 )
 from ibal.mad.rpc import MadClient, MadError, PortId, smp_request
+from ibal.wire.mad import smp
+from ibal.wire.mad.consts import PerfAttr, SmpAttr
 
 __all__ = ["SMPQUERY_OPS", "discover", "ibroute", "perfquery", "sminfo", "smpquery"]
 
@@ -43,7 +43,7 @@ def op_name(op: str) -> str:
 
 def smpquery(client: MadClient, op: str, to: PortId, port: int = 0) -> str:
     """What ``smpquery OP TARGET [PORT]`` prints."""
-    from ibal.mad import dump  # not at import: discover needs none of it (~50 ms)
+    from ibal.wire.mad import dump
 
     name = op_name(op)
     get = client.smp_get
@@ -75,7 +75,7 @@ def smpquery(client: MadClient, op: str, to: PortId, port: int = 0) -> str:
 def sminfo(client: MadClient, to: PortId | None = None) -> str:
     """What ``sminfo [TARGET]`` prints: the SMInfo of TARGET, by default of the SM the
     local port names (its PortInfo's MasterSMLID)."""
-    from ibal.mad import dump
+    from ibal.wire.mad import dump
 
     if to is None:
         pi = smp.PORT_INFO.decode(client.smp_get(SmpAttr.PORT_INFO, PortId(dr_path=())))
@@ -114,7 +114,7 @@ def ibroute(
     ibroute asks each destination LID in turn; here every valid LID is asked at once
     (``window`` SMPs in flight), which reads the same answers sooner.
     """
-    from ibal.mad import dump
+    from ibal.wire.mad import dump
 
     ni, nd, si = _check_switch(client, to)
     if multicast:
@@ -164,7 +164,7 @@ def perfquery(
     client: MadClient, lid: int, port: int, *, extended: bool = False, reset: bool = False
 ) -> str:
     """What ``perfquery [-x] [-r] LID PORT`` prints (``-r``: reset after reading)."""
-    from ibal.mad import dump, perf
+    from ibal.wire.mad import dump, perf
 
     cpi = perf.CLASS_PORT_INFO.decode(client.perf_get(PerfAttr.CLASS_PORT_INFO, lid))
     cap, cap2 = int(cpi["capability_mask"]), int(cpi["capability_mask2"])

@@ -4,7 +4,7 @@ The same query names and arguments (``NR [lid]``, ``PIR [[lid]/[port]/[options]]
 ``SR``, ``PR``, ``MCMR``, ``LR``, ``GIR``, ``IIR``, ``CPI``; ``-p``,
 ``--src-to-dst SRC:DST``, ``--sgid-to-dgid``, ``-N``, ``-c``, ``-S``, ``-I``,
 ``-x``, ``-s``, ``-g``, ``-m`` and the record selectors) and the same
-dumps (:mod:`ibal.mad.dump`), so the output diffs cleanly against saquery's.
+dumps (:mod:`ibal.wire.mad.dump`), so the output diffs cleanly against saquery's.
 As saquery, every record query is a SubnAdmGetTable, ClassPortInfo a
 SubnAdmGet, and a LID argument may be a node name (found in all NodeRecords).
 
@@ -23,10 +23,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from ibal.mad import dump, sa
-from ibal.mad.consts import MadStatus, Method, SaAttr
 from ibal.tools.common import ToolError
 from ibal.wire.fields import Table
+from ibal.wire.mad import dump, sa
+from ibal.wire.mad.consts import MadStatus, Method, SaAttr
 
 if TYPE_CHECKING:
     from ibal.al import AccessLayer

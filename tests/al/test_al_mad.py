@@ -432,8 +432,8 @@ def test_an_smp_no_agent_serves_is_answered_by_the_cas_sma(
     answers SMPs before they reach a QP0, so this feeds the transport as its receive
     path would.)"""
     from ibal.al import mad_port
-    from ibal.mad import header
-    from ibal.mad.consts import Method, MgmtClass, SmpAttr
+    from ibal.wire.mad import header
+    from ibal.wire.mad.consts import Method, MgmtClass, SmpAttr
 
     a, b = world.a, world.b
     a.pd.get_spl_qp(a.port.port_guid, QpType.QP0_ALIAS)

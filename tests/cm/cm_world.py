@@ -21,15 +21,16 @@ from ibal.clock import ManualClock
 from ibal.cm import api
 from ibal.cm.conn import CmConn
 from ibal.cm.records import CmListen, CmRep, CmReq, CmRtu
-from ibal.mad import MadElement, MadService, MadSvc, cm, put_mad, reg_mad_svc
-from ibal.mad import header as mad_header
-from ibal.mad.cm import CM_CLASS, CmAttr, CmMessage, parse_cm
-from ibal.mad.consts import Method
+from ibal.mad import MadElement, MadService, MadSvc, put_mad, reg_mad_svc
 from ibal.providers.mock import MockFabric, MockProvider
 from ibal.providers.mock.packets import Packet
 from ibal.sa.query import Record
 from ibal.status import Status
 from ibal.types import AccessFlags, MadAddr, PortAttr, QpState, QpType
+from ibal.wire.mad import cm
+from ibal.wire.mad import header as mad_header
+from ibal.wire.mad.cm import CM_CLASS, CmAttr, CmMessage, parse_cm
+from ibal.wire.mad.consts import Method
 
 WAIT = 10.0
 ACCESS = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.RDMA_READ

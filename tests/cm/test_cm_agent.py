@@ -14,8 +14,8 @@ import pytest
 from cm_world import CmWorld, RawCm, cm_world, req
 
 from ibal.cm.service import CmAgent, agent_of
-from ibal.mad import cm
-from ibal.mad.cm import CmAttr, MessageMraed, RejReason, SidrStatus
+from ibal.wire.mad import cm
+from ibal.wire.mad.cm import CmAttr, MessageMraed, RejReason, SidrStatus
 
 pytest.importorskip("ibal.providers.mock", reason="the mock provider is not installed")
 

@@ -24,9 +24,9 @@ from ibal.cm.records import (
     CmReq,
     CmRtu,
 )
-from ibal.mad.cm import AprStatus, RejReason
 from ibal.status import InvalidParameter, InvalidQpState, InvalidSetting, Status, Unsupported
 from ibal.types import QpState
+from ibal.wire.mad.cm import AprStatus, RejReason
 
 pytest.importorskip("ibal.providers.mock", reason="the mock provider is not installed")
 

@@ -15,10 +15,10 @@ import ibal.sa
 from ibal.al import Ca
 from ibal.cm import api
 from ibal.cm.records import CmApr, CmLap
-from ibal.mad.cm import AprStatus
 from ibal.providers.mock.packets import PacketOp
 from ibal.status import InvalidParameter, InvalidQpHandle, InvalidQpState, Status
 from ibal.types import ApmState, AsyncEvent, QpState, QpType, RecvWr, SendWr, WcStatus, WrType
+from ibal.wire.mad.cm import AprStatus
 
 pytest.importorskip("ibal.providers.mock", reason="the mock provider is not installed")
 

@@ -1,6 +1,6 @@
 """ibal.cm.fsm: every transition of the CM connection machine, stepped by hand.
 
-Messages are real 232-byte CM data areas encoded with the ``ibal.mad.cm``
+Messages are real 232-byte CM data areas encoded with the ``ibal.wire.mad.cm``
 tables and decoded back the way the I/O layer does; timers are fired by
 stepping ``now`` to the ``ArmTimer`` the machine asked for.
 """
@@ -48,10 +48,10 @@ from ibal.cm.fsm import (
     cm_ms,
     retransmit_ms,
 )
-from ibal.mad import cm
-from ibal.mad.cm import CmAttr, MessageMraed, RejReason
 from ibal.status import InvalidParameter, InvalidState, Status, Unsupported
 from ibal.types import QpState
+from ibal.wire.mad import cm
+from ibal.wire.mad.cm import CmAttr, MessageMraed, RejReason
 
 S = CmState
 A_ID, P_ID = 0x6EC0C56D, 0x1234ABCD  # comm IDs: active, passive

@@ -46,10 +46,10 @@ from ibal.cm.fsm import (
     TimerFired,
     Upcall,
 )
-from ibal.mad import cm
-from ibal.mad.cm import CmAttr, MessageMraed, RejReason
 from ibal.status import InvalidState, Unsupported
 from ibal.types import QpState
+from ibal.wire.mad import cm
+from ibal.wire.mad.cm import CmAttr, MessageMraed, RejReason
 
 T = TypeVar("T")
 Choose = Callable[[Sequence[T]], T]

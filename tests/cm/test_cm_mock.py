@@ -17,9 +17,9 @@ from cm_world import WAIT, CmWorld, cm_world, path
 from ibal.cm import Connection, ConnectionRejected, connect, listen
 from ibal.cm.fsm import CmState
 from ibal.cm.service import agent_of
-from ibal.mad.cm import RejReason
 from ibal.status import InvalidSetting, Timeout
 from ibal.types import QpState, RecvWr, SendWr, WcStatus, WrType
+from ibal.wire.mad.cm import RejReason
 
 pytest.importorskip("ibal.providers.mock", reason="the mock provider is not installed")
 

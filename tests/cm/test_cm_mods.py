@@ -18,7 +18,6 @@ import ibal
 from ibal.al import AccessLayer, QpCreate
 from ibal.cm import records as R
 from ibal.cm import wire as W
-from ibal.mad.cm import CmAttr, RejReason
 from ibal.qp_fsm import check_modify
 from ibal.status import InvalidParameter
 from ibal.types import (
@@ -37,6 +36,7 @@ from ibal.types import (
     WcStatus,
     WrType,
 )
+from ibal.wire.mad.cm import CmAttr, RejReason
 
 QP = object()
 ACCESS = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.RDMA_READ

@@ -15,10 +15,10 @@ from ibal.cm import ConnectionRejected, connect, listen, ops, resolve_service, w
 from ibal.cm.fsm import CmState, Upcall, UpcallKind
 from ibal.cm.records import CmMra
 from ibal.cm.service import agent_of
-from ibal.mad import cm
-from ibal.mad.cm import CmAttr, RejReason, SidrStatus
 from ibal.status import InvalidSetting, InvalidState, Timeout
 from ibal.types import AvAttr, QpState, QpType, RecvWr, SendWr, UdDest, WcStatus, WrType
+from ibal.wire.mad import cm
+from ibal.wire.mad.cm import CmAttr, RejReason, SidrStatus
 
 pytest.importorskip("ibal.providers.mock", reason="the mock provider is not installed")
 

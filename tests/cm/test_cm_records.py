@@ -11,9 +11,9 @@ import pytest
 
 from ibal.cm import records as R
 from ibal.cm import wire as W
-from ibal.mad.cm import CmAttr, MessageMraed
 from ibal.status import InvalidParameter, InvalidSetting, Status
 from ibal.types import AccessFlags, QpType
+from ibal.wire.mad.cm import CmAttr, MessageMraed
 
 QP = object()  # a stand-in handle: records keep it, they never touch it
 

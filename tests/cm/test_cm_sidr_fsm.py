@@ -19,9 +19,9 @@ from ibal.cm.fsm import (
 )
 from ibal.cm.sidr_fsm import SIDR_TRANSITIONS, SendSidrRep, SendSidrReq, SidrCep, SidrEvent
 from ibal.cm.sidr_fsm import SidrState as D
-from ibal.mad import cm
-from ibal.mad.cm import CmAttr, SidrStatus
 from ibal.status import InvalidParameter, InvalidState, Status
+from ibal.wire.mad import cm
+from ibal.wire.mad.cm import CmAttr, SidrStatus
 
 RID = 0x5A5A0001
 SID = 0x0000000001110000 + 4791  # RDMA_PS_UDP service ID (roce-wire.md 3.3)

@@ -2,7 +2,7 @@
 
 The byte offsets asserted here are the ones of roce-wire.md 3.2 (Linux
 ``ibta_vol1_c12.h``; IBA vol. 1 12.6 for LAP/APR/MRA), read with ``struct``
-straight from the 232-byte data area, independent of ``ibal.mad.cm``'s tables.
+straight from the 232-byte data area, independent of ``ibal.wire.mad.cm``'s tables.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 
 from ibal.cm import records as R
 from ibal.cm import wire as W
-from ibal.mad import cm
-from ibal.mad import header as H
-from ibal.mad.cm import CmAttr, MessageMraed, RejReason
-from ibal.mad.sa import PATH_RECORD
 from ibal.sa.query import Record
 from ibal.status import InvalidParameter, InvalidSetting
 from ibal.types import QpType
+from ibal.wire.mad import cm
+from ibal.wire.mad import header as H
+from ibal.wire.mad.cm import CmAttr, MessageMraed, RejReason
+from ibal.wire.mad.sa import PATH_RECORD
 
 QP = object()
 GID_A = IPv6Address("::ffff:10.1.16.61")

@@ -9,10 +9,10 @@ import pytest
 
 from ibal.cm import cma
 from ibal.cm.cma import CmaHeader, PortSpace
-from ibal.mad import cm
-from ibal.mad.consts import CmAttr
 from ibal.types import Gid
 from ibal.wire.fields import FieldError
+from ibal.wire.mad import cm
+from ibal.wire.mad.consts import CmAttr
 
 V4 = ipaddress.IPv4Address
 V6 = ipaddress.IPv6Address

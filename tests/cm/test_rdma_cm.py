@@ -20,7 +20,6 @@ import pytest
 
 from ibal.al import AccessLayer, AlManager, Pd, QpCreate
 from ibal.cm import cma, rdma, simple
-from ibal.mad.cm import RejReason
 from ibal.status import InvalidParameter, InvalidSetting, Timeout
 from ibal.testing.helpers import ServerThread
 from ibal.tools.common import ExchangeOptions, ExchangeResult
@@ -37,6 +36,7 @@ from ibal.types import (
     WcStatus,
     WrType,
 )
+from ibal.wire.mad.cm import RejReason
 
 A, B = "127.0.0.61", "127.0.0.62"
 WAIT = 20.0

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from ibal.lab import Lab, LabSession  # noqa: E402
 from ibal.providers.rxe import wire  # noqa: E402
-from ibal.providers.rxe.packet import HDR_LEN, ICRC_LEN, Opcode, Packet  # noqa: E402
+from ibal.wire.packet import HDR_LEN, ICRC_LEN, Opcode, Packet  # noqa: E402
 from ibal.wire.pcap import LINKTYPE_ETHERNET, PcapWriter  # noqa: E402
 
 OUT = HERE / "rxe-golden" / "kernel-rxe-requests.pcap"  # and ...-responses.pcap

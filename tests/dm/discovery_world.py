@@ -13,8 +13,8 @@ from ibal.dm.agent import DmService
 from ibal.dm.answer import ExportedIoc
 from ibal.dm.discovery import Discovery, SweepHandle
 from ibal.dm.iou import IoUnit, io_unit
-from ibal.mad import dm
 from ibal.providers.mock import MockFabric, MockProvider
+from ibal.wire.mad import dm
 
 WAIT = 10.0
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from ibal.al import AccessLayer, Ca
 from ibal.mad import MadService, MadSvc, put_mad, reg_mad_svc, transact
-from ibal.mad import header as H
-from ibal.mad.consts import Method, MgmtClass
 from ibal.types import MadAddr, QpType
+from ibal.wire.mad import header as H
+from ibal.wire.mad.consts import Method, MgmtClass
 
 WAIT = 10.0
 

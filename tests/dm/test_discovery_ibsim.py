@@ -29,8 +29,8 @@ import json, sys
 import ibal
 from ibal.dm.discovery import Discovery
 from ibal.dm.targets import TargetSearch
-from ibal.mad import sa
-from ibal.mad.smp import CapabilityMask
+from ibal.wire.mad import sa
+from ibal.wire.mad.smp import CapabilityMask
 
 al = ibal.open_al()
 disc = Discovery.start(al.manager, interval=None, timeout=0.3, retries=1)

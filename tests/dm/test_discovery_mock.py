@@ -19,12 +19,12 @@ from discovery_world import Events, World, exported, make_world
 from ibal.al import PnpClass, PnpEvent
 from ibal.dm.discovery import ENHANCED_COMP_MASK, Discovery
 from ibal.dm.ioc import create_ioc
-from ibal.mad import sa
-from ibal.mad.consts import Method, SaAttr
-from ibal.mad.smp import CapabilityMask
 from ibal.sa.port import SaPort
 from ibal.status import InvalidParameter, InvalidState
 from ibal.types import IocInfo, IocProfile, SvcEntry
+from ibal.wire.mad import sa
+from ibal.wire.mad.consts import Method, SaAttr
+from ibal.wire.mad.smp import CapabilityMask
 from ibal.wire.pcap import WIRESHARK_IB_PREF, close_captures
 from ibal.wire.tshark import tshark_path
 

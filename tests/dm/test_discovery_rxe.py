@@ -21,8 +21,8 @@ from ibal.dm.agent import DmService
 from ibal.dm.answer import ExportedIoc
 from ibal.dm.discovery import Discovery, RocePeer, SweepHandle
 from ibal.dm.iou import IoUnit, io_unit
-from ibal.mad import dm, sa
 from ibal.types import Gid, LinkLayer, PortCap, SvcEntry
+from ibal.wire.mad import dm, sa
 
 WAIT = 20.0
 A, B = "127.0.12.2", "127.0.12.3"

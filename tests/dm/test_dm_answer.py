@@ -3,7 +3,7 @@
 Offsets below are the spec's (DM data at MAD byte 64; IOUnitInfo: ChangeID
 64-65, MaxControllers 66, DiagDeviceID/OptionROM the low bits of 67,
 ControllerList 68-195, slot 1 the high nibble of 68), written as raw bytes,
-not read through ``ibal.mad.dm``'s tables.
+not read through ``ibal.wire.mad.dm``'s tables.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import struct
 import pytest
 
 from ibal.dm.answer import Drop, ExportedIoc, Reply, UnitView, answer
-from ibal.mad import header as H
-from ibal.mad.consts import Method, MgmtClass
+from ibal.wire.mad import header as H
+from ibal.wire.mad.consts import Method, MgmtClass
 
 PROFILE = bytes(range(128))
 NAME = b"svc".ljust(40, b"\0")
@@ -137,8 +137,8 @@ def test_junk_in_reserved_and_class_specific_not_echoed() -> None:
 
 
 def test_dm_tables_sit_at_iba_offsets() -> None:
-    """ibal.mad.dm's tables against IBA 16.3.3 (bit offsets from the attribute's start)."""
-    from ibal.mad import dm
+    """ibal.wire.mad.dm's tables against IBA 16.3.3 (bit offsets from the attribute's start)."""
+    from ibal.wire.mad import dm
 
     raw = dm.IO_UNIT_INFO.encode({"change_id": 0xA1B2, "max_controllers": 5,
                                   "diag_device_id": True, "option_rom": False})  # fmt: skip

@@ -2,7 +2,7 @@
 
 A DM client on another CA's port reads what two AL instances registered on one
 CA; every field is checked at IBA 16.3's raw offsets (DM data at MAD byte 64),
-not through ``ibal.mad.dm``'s tables.  The capability bit is read back through
+not through ``ibal.wire.mad.dm``'s tables.  The capability bit is read back through
 the SA's PortInfoRecords and the SMA.
 """
 
@@ -18,9 +18,6 @@ from dm_world import DmClient, status
 from ibal.al import AccessLayer, AlManager, Ca
 from ibal.dm import DmService, Ioc, create_ioc
 from ibal.dm.iou import DEFAULT_MAX_CONTROLLERS
-from ibal.mad import header as H
-from ibal.mad import smp
-from ibal.mad.consts import Method, MgmtClass, SmpAttr
 from ibal.providers.mock import MockFabric, MockProvider
 from ibal.sa import port_info_records
 from ibal.status import (
@@ -31,6 +28,9 @@ from ibal.status import (
     InvalidState,
 )
 from ibal.types import IocProfile, MadAddr, PortCap, SvcEntry
+from ibal.wire.mad import header as H
+from ibal.wire.mad import smp
+from ibal.wire.mad.consts import Method, MgmtClass, SmpAttr
 
 DM_BIT = int(PortCap.IS_DEV_MGMT_SUPPORTED)
 

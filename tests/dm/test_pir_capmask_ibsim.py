@@ -19,9 +19,9 @@ CODE = """
 import json, sys
 import ibal
 from ibal.dm.discovery import ENHANCED_COMP_MASK
-from ibal.mad import sa
-from ibal.mad.consts import Method, SaAttr
-from ibal.mad.smp import CapabilityMask
+from ibal.wire.mad import sa
+from ibal.wire.mad.consts import Method, SaAttr
+from ibal.wire.mad.smp import CapabilityMask
 from ibal.sa import SaPort
 
 al = ibal.open_al()

@@ -30,11 +30,11 @@ from ibal.dm.sweep import (
     diff,
 )
 from ibal.dm.targets import RocePeer, parse_peers
-from ibal.mad import dm
-from ibal.mad import header as H
-from ibal.mad.consts import Method, MgmtClass
 from ibal.status import InvalidParameter
 from ibal.types import Gid, IouInfo, SvcEntry
+from ibal.wire.mad import dm
+from ibal.wire.mad import header as H
+from ibal.wire.mad.consts import Method, MgmtClass
 
 LOCAL_CA, LOCAL_PORT = 0xA0, 0xA1
 

@@ -21,9 +21,9 @@ from ibal.al.connect import ConnectOptions, Endpoint, transitions
 from ibal.cm import cma
 from ibal.cm.rdma import RdmaRoute
 from ibal.mad import MadElement, MadService, MadSvc, put_mad, reg_mad_svc
-from ibal.mad.cm import CM_CLASS, CmAttr, CmMessage, TransportType, cm_mad, parse_cm
-from ibal.mad.consts import Method
 from ibal.types import AccessFlags, Gid, Grh, MadAddr, Mtu, QpState, QpType
+from ibal.wire.mad.cm import CM_CLASS, CmAttr, CmMessage, TransportType, cm_mad, parse_cm
+from ibal.wire.mad.consts import Method
 
 WAIT = 30.0
 ACCESS = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE

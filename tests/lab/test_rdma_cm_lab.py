@@ -33,11 +33,7 @@ from ibal.cm.service import agent_of
 from ibal.lab import LabSession
 from ibal.lab.pytest_plugin import lab_requires
 from ibal.lab.vm import GuestJob
-from ibal.mad import cm
-from ibal.mad.cm import RejReason
-from ibal.mad.consts import CmAttr
 from ibal.providers.rxe.provider import RxeProvider
-from ibal.providers.rxe.wire import BTH, DETH
 from ibal.status import InvalidState, Timeout
 from ibal.testing.helpers import ServerThread
 from ibal.tools.cmatose import CmatoseOptions
@@ -53,6 +49,10 @@ from ibal.types import (
     Gid,
     QpType,
 )
+from ibal.wire.iba import BTH, DETH
+from ibal.wire.mad import cm
+from ibal.wire.mad.cm import RejReason
+from ibal.wire.mad.consts import CmAttr
 
 pytestmark = pytest.mark.lab
 

@@ -10,7 +10,7 @@ import pytest
 from ibal.lab import LabSession
 from ibal.lab.pytest_plugin import lab_requires
 from ibal.providers.rxe import wire
-from ibal.providers.rxe.packet import Opcode, rnr_nak_syndrome
+from ibal.wire.packet import Opcode, rnr_nak_syndrome
 
 pytestmark = pytest.mark.lab
 

@@ -21,7 +21,7 @@ from ibal.lab import LabSession
 from ibal.lab.pytest_plugin import lab_requires
 from ibal.providers.rxe import wire
 from ibal.providers.rxe.io import DeviceIO
-from ibal.providers.rxe.packet import Opcode, Packet
+from ibal.wire.packet import Opcode, Packet
 
 pytestmark = pytest.mark.lab
 

@@ -8,13 +8,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
-from ibal.providers.rxe.packet import Packet
-from ibal.providers.rxe.wire import (
-    capture_frame,
-    encode_bytes,
-    icrc_prefix_ipv4,
-    ip_bytes,
-)
+from ibal.providers.rxe.wire import capture_frame, encode_bytes, icrc_prefix_ipv4, ip_bytes
+from ibal.wire.packet import Packet
 from ibal.wire.pcap import LINKTYPE_ETHERNET, PcapWriter
 from ibal.wire.tshark import tshark_path
 

@@ -1,7 +1,7 @@
 """Run under umad2sim (ibsim): SubnAdmGetTable(NodeRecord) to OpenSM, RMPP header decoded.
 
 ibsim has no RMPP, so OpenSM's answer arrives as the one MAD OpenSM hands
-its MAD layer; this prints (one JSON line) what :mod:`ibal.mad.rmpp` makes
+its MAD layer; this prints (one JSON line) what :mod:`ibal.transport.rmpp` makes
 of its RMPP header, and the MAD itself, for ``test_rmpp_ibsim.py``.
 """
 
@@ -12,9 +12,9 @@ import queue
 import struct
 import sys
 
-from ibal.mad.rmpp import RmppFlags, RmppHeader, RmppType, is_rmpp
 from ibal.providers.rdma_core import umad
 from ibal.types import QP1_WELL_KNOWN_QKEY, MadAddr, MadAgentSpec, MadRecv, MadSend, MadSendDone
+from ibal.wire.mad.rmpp import RmppFlags, RmppHeader, RmppType, is_rmpp
 
 WAIT = 20.0
 

@@ -12,18 +12,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ibal.clock import ManualClock
-from ibal.mad.rmpp import (
-    Action,
-    Arm,
-    Complete,
-    Deliver,
-    Fail,
-    RmppHeader,
-    RmppReceiver,
-    RmppSender,
-    RmppType,
-    Send,
-)
+from ibal.transport.rmpp import Action, Arm, Complete, Deliver, Fail, RmppReceiver, RmppSender, Send
+from ibal.wire.mad.rmpp import RmppHeader, RmppType
 
 LATENCY = 0.001
 SA_LIKE_HEADER = bytes([1, 0x03, 2, 0x12]) + bytes(4) + (0x1234).to_bytes(8, "big") + bytes(8)

@@ -274,7 +274,7 @@ def test_modify_to_another_pkey_changes_the_partition() -> None:
 
 
 def test_pending_table_matches_by_tid_and_class() -> None:
-    from ibal.mad.tid import Pending
+    from ibal.wire.mad.tid import Pending
 
     p: Pending[str] = Pending(VENDOR)
     k = p.add("req", 0x42, retries=1)

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ibal.mad import cm, dm
-from ibal.mad.rmpp import RMPP_HEADER
 from ibal.wire.fields import FieldError, Kind, Table, Value
+from ibal.wire.mad import cm, dm
+from ibal.wire.mad.rmpp import RMPP_HEADER
 
 
 def values_of(table: Table) -> st.SearchStrategy[dict[str, Value]]:

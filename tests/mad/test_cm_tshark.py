@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from mad_frames import tshark_fields
 
-from ibal.mad import cm
-from ibal.mad.rmpp import RmppHeader, RmppSender
+from ibal.transport.rmpp import RmppSender
 from ibal.wire.fields import Kind, Table, Value
+from ibal.wire.mad import cm
+from ibal.wire.mad.rmpp import RmppHeader
 from ibal.wire.tshark import tshark_path
 
 pytestmark = pytest.mark.skipif(

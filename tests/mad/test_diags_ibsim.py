@@ -1,11 +1,11 @@
 """ibal.mad dumps against infiniband-diags on the same ibsim + OpenSM fabric.
 
 ``umad_query_probe.py`` (on ``Host``, under ``libumad2sim.so``) fetches raw
-MADs built with :func:`ibal.mad.header.build`: NodeInfo, NodeDescription,
+MADs built with :func:`ibal.wire.mad.header.build`: NodeInfo, NodeDescription,
 PortInfo, SwitchInfo, P_KeyTable (directed route and LID routed), PortCounters,
 PortCountersExtended and the PMA's ClassPortInfo, and single-record SA
 answers from OpenSM (NodeRecord, PortInfoRecord, PathRecord).  The test
-dumps them with :mod:`ibal.mad.dump` and compares the text with what
+dumps them with :mod:`ibal.wire.mad.dump` and compares the text with what
 ``smpquery``, ``perfquery`` and ``saquery`` print for the same target, header
 lines included.  Counters are read by the probe and the tool at different
 moments, so the packet/data counters (which the queries themselves move) are
@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
-from ibal.mad import dump, header, perf, sa, smp
-from ibal.mad.consts import MgmtClass, PerfAttr, SaAttr, SmpAttr
 from ibal.testing.ibsim import Fabric
+from ibal.wire.mad import dump, header, perf, sa, smp
+from ibal.wire.mad.consts import MgmtClass, PerfAttr, SaAttr, SmpAttr
 
 PROBE = Path(__file__).with_name("umad_query_probe.py")
 REPO = Path(__file__).resolve().parents[2]

@@ -257,8 +257,8 @@ def test_perfquery_prints_the_counters_and_resets_them(extended: bool) -> None:
 
 
 def test_perfquery_counts_the_smps_and_mads_a_port_dropped() -> None:
-    from ibal.mad.consts import Method, MgmtClass, SmpAttr
     from ibal.mad.rpc import Request
+    from ibal.wire.mad.consts import Method, MgmtClass, SmpAttr
 
     fabric = ring_fabric()
     s0, s1 = fabric.switch, fabric.switches[1]
@@ -309,9 +309,9 @@ def test_cli_diags_select_the_mock_provider() -> None:
 
 
 def test_mad_layer_takes_intenum_classes_and_refuses_bools() -> None:
-    from ibal.mad.consts import MgmtClass
     from ibal.status import InvalidParameter
     from ibal.types import QpType
+    from ibal.wire.mad.consts import MgmtClass
 
     fabric = MockFabric(seed=2)
     fabric.add_ca()

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ibal.mad import smp
-from ibal.mad.consts import SmpAttr
 from ibal.mad.discover import Query, Sweep, ibnetdiscover_text, parse_ibnetdiscover
+from ibal.wire.mad import smp
+from ibal.wire.mad.consts import SmpAttr
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ibal.mad import dump, sa, smp
+from ibal.wire.mad import dump, sa, smp
 
 
 def test_link_width_and_speed_lists() -> None:

@@ -45,7 +45,7 @@ def test_every_call_of_the_seeds_is_listed() -> None:
 
 
 def test_resolve_reports_the_missing_part() -> None:
-    assert resolve("ibal.mad.header.build").__name__ == "build"  # type: ignore[attr-defined]
+    assert resolve("ibal.wire.mad.header.build").__name__ == "build"  # type: ignore[attr-defined]
     # the package's export, not its submodule of the same name (which it must not import)
     assert callable(resolve("ibal.mad.transact"))
     from ibal.mad import transact
@@ -62,6 +62,6 @@ def test_transact_is_the_function_after_its_module_loads() -> None:
     assert transact.__module__ == "ibal.mad.transaction"
     assert resolve("ibal.mad.pool.MadElement.mad").name == "mad"  # type: ignore[attr-defined]
     with pytest.raises(LookupError, match="'nope'"):
-        resolve("ibal.mad.header.nope")
+        resolve("ibal.wire.mad.header.nope")
     with pytest.raises(LookupError, match="'no_such_module'"):
         resolve("ibal.mad.no_such_module.thing")

@@ -7,19 +7,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rmpp_sim import SA_LIKE_HEADER, Sim
 
-from ibal.mad.rmpp import (
+from ibal.transport.rmpp import TRANSITIONS, Fail, RmppReceiver, RmppSender, Send, State
+from ibal.wire.mad.rmpp import (
     RMPP_HEADER,
     SEGMENT_AREA,
-    TRANSITIONS,
-    Fail,
     RmppFlags,
     RmppHeader,
-    RmppReceiver,
-    RmppSender,
     RmppStatus,
     RmppType,
-    Send,
-    State,
     with_rmpp,
 )
 

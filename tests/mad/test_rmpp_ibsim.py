@@ -1,4 +1,4 @@
-"""What OpenSM puts in the RMPP header of a GetTable answer, decoded by ibal.mad.rmpp.
+"""What OpenSM puts in the RMPP header of a GetTable answer, decoded by ibal.transport.rmpp.
 
 OpenSM sets only the Active flag and leaves version, type, segment number and
 PayloadLength to the kernel MAD layer that segments for it; ibsim has no such
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from ibal.mad.rmpp import RmppHeader, RmppReceiver, RmppStatus, RmppType, Send, State
 from ibal.testing.ibsim import Fabric
+from ibal.transport.rmpp import RmppReceiver, Send, State
+from ibal.wire.mad.rmpp import RmppHeader, RmppStatus, RmppType
 
 PROBE = Path(__file__).with_name("rmpp_ibsim_probe.py")
 REPO = Path(__file__).resolve().parents[2]

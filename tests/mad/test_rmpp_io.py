@@ -12,8 +12,9 @@ from rmpp_sim import SA_LIKE_HEADER
 
 from ibal.al.timer import TimerService
 from ibal.clock import ManualClock
-from ibal.mad.rmpp import Complete, Deliver, Fail, RmppSender, RmppStatus
-from ibal.mad.rmpp_io import Result, RmppTransfers
+from ibal.transport.rmpp import Complete, Deliver, Fail, RmppSender
+from ibal.transport.rmpp_io import Result, RmppTransfers
+from ibal.wire.mad.rmpp import RmppStatus
 
 LATENCY = 0.002
 

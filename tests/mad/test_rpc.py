@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from ibal.mad import header, smp
-from ibal.mad.consts import MgmtClass, SmpAttr
 from ibal.mad.rpc import MadClient, MadError, PortId, Request, parse_dr_path, parse_portid
+from ibal.wire.mad import header, smp
+from ibal.wire.mad.consts import MgmtClass, SmpAttr
 
 
 class Clock:

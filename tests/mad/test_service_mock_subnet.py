@@ -10,20 +10,11 @@ from dataclasses import dataclass
 import pytest
 
 from ibal.al import AlManager, Ca
-from ibal.mad import (
-    MadElement,
-    MadService,
-    MadSvc,
-    header,
-    perf,
-    put_mad,
-    reg_mad_svc,
-    smp,
-    transact,
-)
-from ibal.mad.consts import Method, MgmtClass, PerfAttr, SmpAttr
+from ibal.mad import MadElement, MadService, MadSvc, put_mad, reg_mad_svc, transact
 from ibal.providers.mock import MockFabric, MockProvider
 from ibal.types import QP1_WELL_KNOWN_QKEY, AsyncEvent, MadAddr, QpType
+from ibal.wire.mad import header, perf, smp
+from ibal.wire.mad.consts import Method, MgmtClass, PerfAttr, SmpAttr
 
 WAIT = 10.0
 TO_FAR = [1, 2, 2, 2]  # mock0 port 1, sw0 port 2, sw1 port 2, sw2 port 2

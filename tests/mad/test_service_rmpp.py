@@ -1,4 +1,4 @@
-"""RMPP transfers through MAD services (ibal.mad.rmpp behind the service's seam).
+"""RMPP transfers through MAD services (ibal.transport.rmpp behind the service's seam).
 
 On umad (tests/mad/test_service_lab_umad.py) the kernel's MAD layer runs RMPP,
 not ``service.rmpp`` (``service.transport_rmpp``; docs/mad.md), and the tests

@@ -1,4 +1,4 @@
-"""The seam where RMPP sessions (ibal.mad.rmpp) plug into a MAD service."""
+"""The seam where RMPP sessions (ibal.transport.rmpp) plug into a MAD service."""
 
 from __future__ import annotations
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ibal.mad import header, perf, sa, smp
-from ibal.mad.consts import DR_DIRECTION, MadStatus, Method, MgmtClass, SaAttr, SmpAttr
 from ibal.wire.fields import FieldError, Kind, Table
+from ibal.wire.mad import header, perf, sa, smp
+from ibal.wire.mad.consts import DR_DIRECTION, MadStatus, Method, MgmtClass, SaAttr, SmpAttr
 
 TABLES: list[Table] = [
     header.MAD_HEADER, header.DR_HEADER, header.SMP, header.DR_SMP, header.SA_HEADER,
@@ -178,7 +178,8 @@ def test_the_wire_layer_does_not_import_the_access_layer() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, ibal.mad.dump, ibal.mad.sa, ibal.mad.perf, ibal.mad.header; "
+    code = ("import sys, ibal.wire.mad.dump, ibal.wire.mad.sa, ibal.wire.mad.perf, "
+            "ibal.wire.mad.header; "
             "print(sorted(m for m in sys.modules if m.startswith('ibal.al')))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

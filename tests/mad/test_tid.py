@@ -1,4 +1,4 @@
-"""ibal.mad.tid.Pending as its three users drive it: keyed by the TID low half
+"""ibal.wire.mad.tid.Pending as its three users drive it: keyed by the TID low half
 (the AL's special-QP transport, the MAD service) and ended by whoever comes first."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from mad_world import GET_RESP, VENDOR, mad
 
-from ibal.mad.tid import Pending
 from ibal.status import InvalidParameter
+from ibal.wire.mad.tid import Pending
 
 
 def test_low_half_keys_fresh_tids_skip_outstanding_and_zero() -> None:

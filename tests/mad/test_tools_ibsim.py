@@ -277,8 +277,8 @@ IPOIB_BROADCAST = bytes.fromhex("ff12401bffff000000000000ffffffff")  # OpenSM's 
 def _join(fabric: Fabric, node: str, sm_lid: int) -> None:
     """``node``'s port joins the IPoIB broadcast group as a full member (SubnAdmSet of an
     MCMemberRecord to OpenSM's SA)."""
-    from ibal.mad import header, sa, smp
-    from ibal.mad.consts import MgmtClass, SaAttr, SmpAttr
+    from ibal.wire.mad import header, sa, smp
+    from ibal.wire.mad.consts import MgmtClass, SaAttr, SmpAttr
 
     def probe(reqs: list[dict[str, Any]]) -> dict[str, bytes]:
         r = subprocess.run([sys.executable, str(QUERY_PROBE)], input=json.dumps(reqs),

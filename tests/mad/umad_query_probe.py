@@ -2,9 +2,9 @@
 
 stdin: a JSON list of requests ``{"name", "class", "method", "attr", "mod",
 "lid", "dr_path", "data", "comp_mask"}`` (data hex); each MAD is built with
-:func:`ibal.mad.header.build`.  stdout: one JSON object, name -> the
+:func:`ibal.wire.mad.header.build`.  stdout: one JSON object, name -> the
 response MAD in hex (or ``null`` when none came).  ``test_diags_ibsim.py``
-dumps them with :mod:`ibal.mad.dump` and compares with infiniband-diags.
+dumps them with :mod:`ibal.wire.mad.dump` and compares with infiniband-diags.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import queue
 import sys
 from typing import Any
 
-from ibal.mad import header
-from ibal.mad.consts import CLASS_VERSION, MgmtClass
 from ibal.providers.rdma_core import umad
 from ibal.types import QP1_WELL_KNOWN_QKEY, MadAddr, MadAgentSpec, MadRecv, MadSend, MadSendDone
+from ibal.wire.mad import header
+from ibal.wire.mad.consts import CLASS_VERSION, MgmtClass
 
 WAIT = 20.0
 CA = "ibsim0"

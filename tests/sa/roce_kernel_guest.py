@@ -126,11 +126,11 @@ def kernel_path(src: str, dst: str) -> dict[str, object]:
 
 def ibal_path(src: str, dst: str) -> dict[str, object]:
     import ibal
-    from ibal.mad import sa
-    from ibal.mad.consts import Method
     from ibal.sa.roce import RoceResolver
     from ibal.sa.roce_net import NetlinkIpStack
     from ibal.types import Gid as G
+    from ibal.wire.mad import sa
+    from ibal.wire.mad.consts import Method
 
     with ibal.open_al(providers=["rdma_core"]) as al, NetlinkIpStack() as net:
         ca = al.open_ca(al.get_ca_guids()[0])

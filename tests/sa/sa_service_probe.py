@@ -25,11 +25,11 @@ WAIT = 30.0
 
 def main() -> int:
     import ibal
-    from ibal.mad.consts import Method, SaAttr
-    from ibal.mad.sa import SERVICE_RECORD, component_mask
     from ibal.sa.ats import ats_address, lookup_address, register_address
     from ibal.sa.port import SaPort
     from ibal.sa.service import RegSvcRec, ServiceRecord, ServiceRegistration, register_service
+    from ibal.wire.mad.consts import Method, SaAttr
+    from ibal.wire.mad.sa import SERVICE_RECORD, component_mask
 
     al = ibal.open_al()
     regs: dict[str, ServiceRegistration] = {}

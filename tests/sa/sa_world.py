@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from ibal.al import AccessLayer, AlManager
 from ibal.clock import ManualClock
 from ibal.mad import MadElement, MadService, MadSvc, enable_rmpp, put_mad, reg_mad_svc
-from ibal.mad.consts import Method, MgmtClass
 from ibal.providers.mock import MockFabric, MockProvider
 from ibal.types import PortAttr, QpType
+from ibal.wire.mad.consts import Method, MgmtClass
 
 WAIT = 10.0
 SA_METHODS = frozenset({Method.GET, Method.SET, Method.GET_TABLE, Method.DELETE})
@@ -87,8 +87,8 @@ class AgentSa:
 
     def report(self, to_lid: int, notice: bytes, tid: int = 0x77) -> None:
         """Send an SA Report (a request: its ReportResp comes to :attr:`report_resps`)."""
-        from ibal.mad import header
         from ibal.types import MadAddr
+        from ibal.wire.mad import header
 
         e = self.service.pool_key.get_mad()
         e.mad[:] = header.build(MgmtClass.SUBN_ADM, Method.REPORT, 0x0002, tid=tid, data=notice)

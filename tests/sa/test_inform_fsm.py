@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from ibal.mad import sa
 from ibal.sa.inform_fsm import (
     ArmRetry,
     Cancel,
@@ -19,6 +18,7 @@ from ibal.sa.inform_fsm import (
 )
 from ibal.status import Status
 from ibal.wire.fields import FieldError
+from ibal.wire.mad import sa
 
 GID_A = bytes.fromhex("fe800000000000000000000000100005")
 SM_GID = bytes.fromhex("fe800000000000000000000000100001")

@@ -19,8 +19,6 @@ import pytest
 from ibal import compat
 from ibal.al import AccessLayer, AlManager
 from ibal.clock import ManualClock
-from ibal.mad import sa as sa_tables
-from ibal.mad.consts import Method, SaAttr
 from ibal.providers.mock import MockFabric, MockProvider
 from ibal.sa.inform import (
     FLAGS_SYNC,
@@ -35,6 +33,8 @@ from ibal.sa.inform import (
 from ibal.sa.inform_fsm import InformInfo, SubPhase
 from ibal.status import InvalidAlHandle, InvalidHandle, InvalidParameter, Status, Timeout
 from ibal.types import AsyncEvent, EventRecord, MadAddr
+from ibal.wire.mad import sa as sa_tables
+from ibal.wire.mad.consts import Method, SaAttr
 
 WAIT = 10.0
 GID_A = bytes.fromhex("fe800000000000000000000000100005")

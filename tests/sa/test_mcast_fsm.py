@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from ibal.mad.sa import MCMEMBER_RECORD, component_bits
 from ibal.sa.mcast_fsm import (
     LEAVE_MASK,
     ArmRetry,
@@ -23,6 +22,7 @@ from ibal.sa.mcast_fsm import (
 )
 from ibal.status import Status
 from ibal.types import Gid
+from ibal.wire.mad.sa import MCMEMBER_RECORD, component_bits
 
 MGID = Gid("ff12:401b:ffff::1")
 PORT_GID = Gid("fe80::2:c903:0:1")

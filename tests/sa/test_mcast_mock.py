@@ -18,7 +18,6 @@ import pytest
 from ibal import compat
 from ibal.al import AccessLayer, AlManager, Ca, Cq, Dependent, Pd, Qp, QpCreate
 from ibal.clock import ManualClock
-from ibal.mad.consts import Method, SaAttr
 from ibal.providers.mock import MockFabric, MockProvider
 from ibal.sa.mcast import (
     JoinState,
@@ -55,6 +54,7 @@ from ibal.types import (
     UdDest,
     WrType,
 )
+from ibal.wire.mad.consts import Method, SaAttr
 
 WAIT = 10.0
 MGID = Gid("ff12:401b:ffff::db8:1")

@@ -10,9 +10,6 @@ import pytest
 
 from ibal.al.timer import TimerService
 from ibal.clock import ManualClock
-from ibal.mad import sa
-from ibal.mad.consts import MadStatus, Method, SaAttr
-from ibal.mad.header import SA_HEADER, SA_HEADER_OFFSET, header
 from ibal.sa import roce
 from ibal.sa.roce import (
     NeedNeighbour,
@@ -36,6 +33,9 @@ from ibal.sa.roce_net import (
 )
 from ibal.status import InvalidState, Status
 from ibal.types import Gid, GidEntry, GidType, LinkLayer, LinkState, Mtu, PortAttr
+from ibal.wire.mad import sa
+from ibal.wire.mad.consts import MadStatus, Method, SaAttr
+from ibal.wire.mad.header import SA_HEADER, SA_HEADER_OFFSET, header
 
 ip = ipaddress.ip_address
 MAC_A = bytes.fromhex("02aa00000001")

@@ -24,8 +24,6 @@ import pytest
 
 import ibal.sa
 from ibal.al import AccessLayer, AlManager, Ca
-from ibal.mad import sa
-from ibal.mad.consts import MadStatus, Method, SaAttr
 from ibal.providers.rxe.provider import RxeProvider
 from ibal.sa import GidPair, QueryRec, QueryReq, QueryType, SaPort
 from ibal.sa.roce import RoceAnswer, RoceResolver
@@ -33,6 +31,8 @@ from ibal.sa.roce_net import NetlinkIpStack
 from ibal.status import Status, Unsupported
 from ibal.testing.helpers import active_port
 from ibal.types import Gid, Mtu, PortAttr
+from ibal.wire.mad import sa
+from ibal.wire.mad.consts import MadStatus, Method, SaAttr
 
 _CLONE_NEWNET = 0x40000000
 WAIT = 20.0

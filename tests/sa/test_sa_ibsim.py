@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from ibal.mad import dump, sa
-from ibal.mad.consts import Method, SaAttr
 from ibal.testing.ibsim import Fabric
 from ibal.types import Gid
+from ibal.wire.mad import dump, sa
+from ibal.wire.mad.consts import Method, SaAttr
 
 PROBE = Path(__file__).with_name("sa_ibsim_probe.py")
 REPO = Path(__file__).resolve().parents[2]

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import pytest
 from sa_world import WAIT, Reply, SaWorld, sa_world
 
-from ibal.mad import header, sa
-from ibal.mad.consts import MadStatus, Method, SaAttr
 from ibal.sa import SaAnswer, SaPort
 from ibal.status import InvalidGuid, InvalidParameter, Status
 from ibal.types import MadAddr
+from ibal.wire.mad import header, sa
+from ibal.wire.mad.consts import MadStatus, Method, SaAttr
 
 NR_MASK = sa.component_mask(sa.NODE_RECORD, ["lid"])
 

@@ -15,10 +15,10 @@ import pytest
 from sa_world import WAIT, Reply, SaWorld, sa_world
 
 from ibal.al import PnpClass, PnpEvent, PnpRec
-from ibal.mad import header, sa
-from ibal.mad.consts import Method, SaAttr
 from ibal.sa import SaAnswer, SaPort
 from ibal.status import Status
+from ibal.wire.mad import header, sa
+from ibal.wire.mad.consts import Method, SaAttr
 
 NR_MASK = sa.component_mask(sa.NODE_RECORD, ["lid"])
 

@@ -10,8 +10,6 @@ from collections.abc import Iterator
 import pytest
 from sa_world import WAIT, Reply, SaWorld, sa_world
 
-from ibal.mad import header, sa
-from ibal.mad.consts import MadStatus, Method, SaAttr
 from ibal.sa import (
     GuidPair,
     LidPair,
@@ -31,6 +29,8 @@ from ibal.sa import (
 )
 from ibal.status import Error, InvalidGuid, InvalidIndex, InvalidParameter, RemoteError, Status
 from ibal.types import AlFlags
+from ibal.wire.mad import header, sa
+from ibal.wire.mad.consts import MadStatus, Method, SaAttr
 
 NODE_GUID_BIT = sa.component_mask(sa.NODE_RECORD, ["node_guid"])
 

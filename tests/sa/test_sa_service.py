@@ -13,8 +13,6 @@ import pytest
 import ibal
 from ibal.al import AccessLayer, PnpClass
 from ibal.clock import ManualClock
-from ibal.mad.consts import Method, SaAttr
-from ibal.mad.sa import SERVICE_RECORD
 from ibal.sa.service import (
     Attempt,
     RegSvcRec,
@@ -25,6 +23,8 @@ from ibal.sa.service import (
 from ibal.sa.txn import SaAnswer
 from ibal.status import InvalidHandle, InvalidParameter, RemoteError, Status
 from ibal.types import AsyncEvent, Gid
+from ibal.wire.mad.consts import Method, SaAttr
+from ibal.wire.mad.sa import SERVICE_RECORD
 
 pytest.importorskip("ibal.providers.mock", reason="the mock provider is not installed")
 
@@ -365,8 +365,8 @@ def test_gids_and_ports_that_are_not_here_raise(al: AccessLayer, port_guid: int)
 def test_register_service_sets_the_ports_gid_and_a_mask_of_what_was_given(
     al: AccessLayer, port_guid: int
 ) -> None:
-    from ibal.mad.sa import component_mask
     from ibal.sa import SaPort, register_service
+    from ibal.wire.mad.sa import component_mask
 
     sa = SaPort.open(al, port_guid)
     sent: list[tuple[int, bytes, int]] = []
@@ -394,8 +394,8 @@ def test_register_service_sets_the_ports_gid_and_a_mask_of_what_was_given(
 
 
 def test_ats_records_carry_the_address_at_servicedata8_12() -> None:
-    from ibal.mad.sa import component_mask
     from ibal.sa.ats import ATS_NAME, ATS_SERVICE_ID, ats_address, ats_query
+    from ibal.wire.mad.sa import component_mask
 
     data, mask = ats_query("192.168.7.9")
     r = ServiceRecord.decode(data)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from ibal.mad.consts import Method
-from ibal.mad.sa import SERVICE_RECORD, component_mask
 from ibal.sa.service_fsm import (
     INFINITE_LEASE,
     MIN_RETRY,
@@ -17,6 +15,8 @@ from ibal.sa.service_fsm import (
     ServiceLease,
 )
 from ibal.status import Status
+from ibal.wire.mad.consts import Method
+from ibal.wire.mad.sa import SERVICE_RECORD, component_mask
 
 NAMES = ["service_id", "service_gid", "service_p_key", "service_lease", "service_name"]
 MASK = component_mask(SERVICE_RECORD, NAMES)

@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from ibal.mad import dump
-from ibal.mad.sa import SERVICE_RECORD
 from ibal.testing.ibsim import Fabric
 from ibal.types import Gid
+from ibal.wire.mad import dump
+from ibal.wire.mad.sa import SERVICE_RECORD
 
 PROBE = Path(__file__).with_name("sa_service_probe.py")
 REPO = Path(__file__).resolve().parents[2]

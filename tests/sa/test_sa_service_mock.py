@@ -11,10 +11,10 @@ import pytest
 import ibal
 from ibal.al import AccessLayer
 from ibal.clock import ManualClock
-from ibal.mad.consts import Method, SaAttr
-from ibal.mad.sa import SERVICE_RECORD, component_mask
 from ibal.sa import SaPort, ServiceRecord, register_service
 from ibal.status import Status
+from ibal.wire.mad.consts import Method, SaAttr
+from ibal.wire.mad.sa import SERVICE_RECORD, component_mask
 
 BY_NAME = component_mask(SERVICE_RECORD, ["service_name"])
 

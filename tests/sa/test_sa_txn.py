@@ -6,9 +6,6 @@ import itertools
 
 import pytest
 
-from ibal.mad import header, sa
-from ibal.mad.consts import MadStatus, Method, MgmtClass, SaAttr
-from ibal.mad.rmpp import RmppFlags, RmppType, with_rmpp
 from ibal.mad.service import transport_message
 from ibal.sa.txn import (
     Abandon,
@@ -21,6 +18,9 @@ from ibal.sa.txn import (
 )
 from ibal.status import Status
 from ibal.wire.fields import FieldError
+from ibal.wire.mad import header, sa
+from ibal.wire.mad.consts import MadStatus, Method, MgmtClass, SaAttr
+from ibal.wire.mad.rmpp import RmppFlags, RmppType, with_rmpp
 
 
 def node_record(lid: int) -> bytes:

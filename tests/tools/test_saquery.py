@@ -14,13 +14,13 @@ import pytest
 from click.testing import CliRunner
 
 from ibal import cli
-from ibal.mad import dump, sa
-from ibal.mad.consts import MadStatus, Method, SaAttr
-from ibal.mad.rmpp import RmppFlags, with_rmpp
 from ibal.mad.service import transport_message
 from ibal.sa import SaAnswer
 from ibal.status import Status
 from ibal.tools import saquery as saq
+from ibal.wire.mad import dump, sa
+from ibal.wire.mad.consts import MadStatus, Method, SaAttr
+from ibal.wire.mad.rmpp import RmppFlags, with_rmpp
 
 NODES = {lid: sa.NODE_RECORD.encode(lid=lid, node_type=1, num_ports=1, port_guid=0x100 + lid,
                                     node_string=f"node{lid}".encode().ljust(64, b"\0"))
@@ -159,7 +159,7 @@ def test_failed_answers_are_errors(answer: SaAnswer, words: str) -> None:
 def test_a_one_mad_answer_written_short_is_whole() -> None:
     """OpenSM under umad2sim: one MAD, RMPP Active only, its exact length (no kernel RMPP
     to add the Last flag): whole.  At 256 bytes without Last it is a first segment alone."""
-    from ibal.mad import header
+    from ibal.wire.mad import header
 
     mad = header.build(0x03, Method.GET_TABLE_RESP, SaAttr.PATH_RECORD, tid=1, data=PATH)
     mad = with_rmpp(bytes(mad), version=0, type=0, resp_time=0, flags=RmppFlags.ACTIVE,

@@ -18,11 +18,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
-from ibal.mad.consts import Method, MgmtClass, SaAttr
 from ibal.mad.rpc.portid import PortId
 from ibal.mad.rpc.request import MadError, Reply, Request, build_mad, smp
 from ibal.records import record
 from ibal.status import IbError
+from ibal.wire.mad.consts import Method, MgmtClass, SaAttr
 
 __all__ = ["DEFAULT_RETRIES", "DEFAULT_TIMEOUT_MS", "MadClient", "MadPort"]
 
@@ -369,7 +369,7 @@ class MadClient:
 
     def resolve_guid(self, port_guid: int) -> PortId:
         """A port GUID's LID, asked of the SA (a NodeRecord by PortGUID), as ``-G`` does."""
-        from ibal.mad import sa
+        from ibal.wire.mad import sa
 
         mask = sa.component_mask(sa.NODE_RECORD, ["port_guid"])
         rec = self.sa_get(SaAttr.NODE_RECORD, sa.NODE_RECORD.encode(port_guid=port_guid), mask)

@@ -39,7 +39,7 @@ class PortId:
 
     def __str__(self) -> str:
         """How infiniband-diags names it (``Lid 2``, ``DR path slid 65535; dlid 65535; 0,1``)."""
-        from ibal.mad.dump import portid_str
+        from ibal.wire.mad.dump import portid_str
 
         if self.dr_path is None:
             return portid_str(self.lid)

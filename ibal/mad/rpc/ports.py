@@ -51,8 +51,8 @@ class AlMadPort:
         agent = self._agents.get(mgmt_class)
         if agent is not None:
             return agent
-        from ibal.mad.consts import CLASS_VERSION
         from ibal.types import QpType
+        from ibal.wire.mad.consts import CLASS_VERSION
 
         alias = self._aliases.get(qp)
         if alias is None:
@@ -135,9 +135,9 @@ class ServiceMadPort(AlMadPort):
         if service is not None:
             return service
         from ibal.mad import reg_mad_svc
-        from ibal.mad.consts import CLASS_VERSION
         from ibal.mad.svc import MadSvc
         from ibal.types import QpType
+        from ibal.wire.mad.consts import CLASS_VERSION
 
         alias = self._aliases.get(qp)
         if alias is None:

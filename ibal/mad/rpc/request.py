@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ibal.mad import header
-from ibal.mad.consts import DR_DIRECTION, MadStatus, Method, MgmtClass
 from ibal.mad.rpc.portid import PortId
 from ibal.records import record
+from ibal.wire.mad import header
+from ibal.wire.mad.consts import DR_DIRECTION, MadStatus, Method, MgmtClass
 
 __all__ = ["MadError", "Reply", "Request", "build_mad", "smp", "smp_request"]
 

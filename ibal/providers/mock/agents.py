@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ibal.mad.consts import MAD_SIZE, MgmtClass
 from ibal.providers.mock import pma, smi
 from ibal.providers.mock.topology import MockPort, Switch
 from ibal.types import QpType
+from ibal.wire.mad.consts import MAD_SIZE, MgmtClass
 
 if TYPE_CHECKING:
     from ibal.providers.mock.fabric import MockFabric

@@ -18,7 +18,6 @@ from ibal.ci.interface import (
     CompletionCallback,
     Handle,
 )
-from ibal.mad.consts import MgmtClass
 from ibal.providers.mock import pma, smi
 from ibal.providers.mock.objects import (
     MockAv,
@@ -60,6 +59,7 @@ from ibal.types import (
     PortAttrMod,
     PortCap,
 )
+from ibal.wire.mad.consts import MgmtClass
 
 if TYPE_CHECKING:
     pass

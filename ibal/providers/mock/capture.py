@@ -23,7 +23,7 @@ from ibal.types import QpType
 from ibal.wire.pcap import LINKTYPE_INFINIBAND, PcapWriter, capture_for
 
 if TYPE_CHECKING:
-    from ibal.providers.rxe.packet import Packet as IbPacket
+    from ibal.wire.packet import Packet as IbPacket
 
 _LRH: Final = struct.Struct(">BBHHH")
 LNH_IBA_LOCAL: Final = 2
@@ -57,7 +57,7 @@ def _crc16_vcrc(data: bytes) -> int:
 
 def ib_packets(m: MockPacket) -> list[IbPacket]:
     """The IB transport packets one mock message stands for."""
-    from ibal.providers.rxe.packet import Packet as IbPacket
+    from ibal.wire.packet import Packet as IbPacket
 
     base = _BASE.get(m.transport, 0x00)
     op = m.op
@@ -121,7 +121,7 @@ def ib_packets(m: MockPacket) -> list[IbPacket]:
 
 def ib_frame(m: MockPacket, p: IbPacket) -> bytes:
     """One IB packet, LRH to VCRC."""
-    from ibal.providers.rxe.wire import encode_headers
+    from ibal.wire.iba import encode_headers
 
     hdr = encode_headers(p)
     body = bytes(hdr) + bytes(p.payload) + bytes(p.pad)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from ibal.mad.consts import MgmtClass
 from ibal.providers.mock.agents import claims
 from ibal.providers.mock.engine_core import (
     _OK,
@@ -37,6 +36,7 @@ from ibal.types import (
     QpType,
     WcStatus,
 )
+from ibal.wire.mad.consts import MgmtClass
 
 _SUBN_ADM = int(MgmtClass.SUBN_ADM)
 

@@ -26,8 +26,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ibal.mad import perf
-from ibal.mad.consts import (
+from ibal.providers.mock.packets import Packet, PacketOp
+from ibal.providers.mock.topology import PM_RAW
+from ibal.types import QpType
+from ibal.wire.mad import perf
+from ibal.wire.mad.consts import (
     PM_ALL_PORT_SELECT,
     PM_EXT_WIDTH_NOIETF_SUP,
     MadStatus,
@@ -35,10 +38,7 @@ from ibal.mad.consts import (
     MgmtClass,
     PerfAttr,
 )
-from ibal.mad.header import CLASS_PORT_INFO, PERF_DATA, respond
-from ibal.providers.mock.packets import Packet, PacketOp
-from ibal.providers.mock.topology import PM_RAW
-from ibal.types import QpType
+from ibal.wire.mad.header import CLASS_PORT_INFO, PERF_DATA, respond
 
 if TYPE_CHECKING:
     from ibal.providers.mock.topology import MockPort, Switch

@@ -11,8 +11,8 @@ from the SM port's QP1 like any datagram.  Behaviour follows OpenSM
   GetTable with none: success, no record.  Errors echo the request with the
   status (Set/Get -> GetResp, GetTable -> GetTableResp with AttributeOffset 0).
 - A component mask with bits past the record's components: ERR_REQ_INVALID.
-- Every GetTableResp goes out with RMPP (:mod:`ibal.mad.rmpp` through
-  :mod:`ibal.mad.rmpp_io`), retransmitted on the fabric clock until ACKed.
+- Every GetTableResp goes out with RMPP (:mod:`ibal.transport.rmpp` through
+  :mod:`ibal.transport.rmpp_io`), retransmitted on the fabric clock until ACKed.
 - Notices (traps 64/65 as ports enter and leave the subnet, 128 when a link
   changes state, 66/67 as multicast groups come and go) go to matching
   subscribers as Reports, resent every :attr:`SaAgent.report_timeout`
@@ -30,16 +30,17 @@ from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from ibal.clock import Clock
-from ibal.mad import sa
-from ibal.mad.consts import MAD_SIZE, MadStatus, Method, MgmtClass, SaAttr
-from ibal.mad.header import CLASS_PORT_INFO, SA_DATA, SA_HEADER_OFFSET, build
-from ibal.mad.rmpp import Complete, RmppHeader, RmppSender, RmppType, is_rmpp
-from ibal.mad.rmpp_io import Result, RmppTransfers
 from ibal.providers.mock import sa_records as rec
 from ibal.providers.mock.sa_state import Groups, Services, Subscriptions
 from ibal.providers.mock.topology import Link, MockPort, Switch
+from ibal.transport.rmpp import Complete, RmppSender
+from ibal.transport.rmpp_io import Result, RmppTransfers
 from ibal.types import QP1_WELL_KNOWN_QKEY
 from ibal.wire.fields import FieldError, Table
+from ibal.wire.mad import sa
+from ibal.wire.mad.consts import MAD_SIZE, MadStatus, Method, MgmtClass, SaAttr
+from ibal.wire.mad.header import CLASS_PORT_INFO, SA_DATA, SA_HEADER_OFFSET, build
+from ibal.wire.mad.rmpp import RmppHeader, RmppType, is_rmpp
 
 if TYPE_CHECKING:
     from ibal.providers.mock.fabric import MockFabric
@@ -110,7 +111,7 @@ class _EngineClock:
 
 
 class _EngineTimers:
-    """The :class:`~ibal.mad.rmpp_io.Timers` shape over the fabric's timer heap."""
+    """The :class:`~ibal.transport.rmpp_io.Timers` shape over the fabric's timer heap."""
 
     def __init__(self, fabric: MockFabric) -> None:
         self.fabric = fabric

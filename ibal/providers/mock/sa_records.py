@@ -2,7 +2,7 @@
 
 The SA knows the subnet as its SM swept it: the end ports and switches
 reachable from the SM port over live links (:func:`sweep`).  Records are
-built as the field tables of :mod:`ibal.mad.sa` encode them, from the same
+built as the field tables of :mod:`ibal.wire.mad.sa` encode them, from the same
 attribute builders the SMAs answer with (:mod:`ibal.providers.mock.sma`), so
 a NodeRecord holds exactly the NodeInfo an SMP would read.
 
@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING
 
-from ibal.mad import sa, smp
-from ibal.mad.sa import component_bits
 from ibal.providers.mock import sma
 from ibal.providers.mock.topology import MockPort, Switch
 from ibal.types import LinkState, Mtu
 from ibal.wire.fields import Table, Value
+from ibal.wire.mad import sa, smp
+from ibal.wire.mad.sa import component_bits
 
 if TYPE_CHECKING:
     from ibal.providers.mock.fabric import MockFabric

@@ -25,8 +25,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ibal.mad import sa
-from ibal.mad.consts import MadStatus
 from ibal.providers.mock.sa_records import (
     LINK_RATE,
     RATE_GBPS,
@@ -37,6 +35,8 @@ from ibal.providers.mock.sa_records import (
     select,
 )
 from ibal.wire.fields import Table, Value
+from ibal.wire.mad import sa
+from ibal.wire.mad.consts import MadStatus
 
 INFINITE_LEASE = 0xFFFF_FFFF
 FIRST_MLID = 0xC000

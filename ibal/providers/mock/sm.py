@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ibal.mad.smp import SmState
 from ibal.providers.mock.topology import Link, MockPort, Switch
 from ibal.types import LinkState
+from ibal.wire.mad.smp import SmState
 
 if TYPE_CHECKING:
     from ibal.providers.mock.fabric import MockFabric

@@ -1,7 +1,7 @@
 """Subnet management agents of the mock fabric: one per CA port and per switch.
 
 An agent answers SubnGet and the SubnSet an SM uses (IBA vol. 1 14.2.5)
-with the attribute tables of :mod:`ibal.mad.smp`.  :func:`answer` takes an
+with the attribute tables of :mod:`ibal.wire.mad.smp`.  :func:`answer` takes an
 SMP that reached the agent (LID-routed, or directed-route at the end of its
 path: :mod:`ibal.providers.mock.smi` walks the path) and returns the GetResp;
 the DR hop pointer and paths are the SMI's business.
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ibal.mad import smp
-from ibal.mad.consts import MadStatus, Method, MgmtClass, SmpAttr
-from ibal.mad.header import SMP_DATA, SMP_DATA_SIZE, respond
 from ibal.providers.mock.topology import MockPort, Switch
 from ibal.types import DEFAULT_PKEY, AsyncEvent, LinkState, Mtu
 from ibal.wire.fields import FieldError
+from ibal.wire.mad import smp
+from ibal.wire.mad.consts import MadStatus, Method, MgmtClass, SmpAttr
+from ibal.wire.mad.header import SMP_DATA, SMP_DATA_SIZE, respond
 
 if TYPE_CHECKING:
     from ibal.providers.mock.ca import MockCa

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ibal.mad.consts import MgmtClass
 from ibal.providers.mock import sma
 from ibal.providers.mock.pma import VL15_DROPPED
 from ibal.providers.mock.sm import link_peer
 from ibal.providers.mock.topology import MockPort, Switch
+from ibal.wire.mad.consts import MgmtClass
 
 if TYPE_CHECKING:
     from ibal.providers.mock.fabric import MockFabric

@@ -8,17 +8,14 @@ change between two snapshots raises (what the kernel raises for a verbs
 device: PORT_ACTIVE / PORT_DOWN when the port enters or leaves ACTIVE,
 LID_CHANGE, SM_CHANGE, PKEY_CHANGE, GID_CHANGE, CLIENT_REREGISTER).
 
-PortInfo's layout is :data:`ibal.mad.smp.PORT_INFO`; the SMPs are built
-with :func:`ibal.mad.header.build`.
+PortInfo's layout is :data:`ibal.wire.mad.smp.PORT_INFO`; the SMPs are built
+with :func:`ibal.wire.mad.header.build`.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from ibal.mad import header as H
-from ibal.mad.consts import DR_DIRECTION, Method, MgmtClass, SmpAttr
-from ibal.mad.smp import PORT_INFO
 from ibal.providers.rdma_core import consts as C
 from ibal.types import (
     AsyncEvent,
@@ -29,6 +26,9 @@ from ibal.types import (
     PortAttr,
     PortCap,
 )
+from ibal.wire.mad import header as H
+from ibal.wire.mad.consts import DR_DIRECTION, Method, MgmtClass, SmpAttr
+from ibal.wire.mad.smp import PORT_INFO
 
 ATTR_PORT_INFO: Final = SmpAttr.PORT_INFO
 ATTR_PKEY_TABLE: Final = SmpAttr.PKEY_TABLE

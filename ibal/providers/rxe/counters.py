@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from ibal.providers.rxe.qp import Counters
+from ibal.transport.qp import Counters
 
 #: Kernel rxe's counters in its order (``rxe_hw_counters.c``), same meaning here.
 HW_COUNTERS: Final = (
@@ -58,7 +58,7 @@ IO_DROPS: Final = (
 class DeviceCounters(Counters):
     """Counters of one device; attribute increments, per-reason drops, a snapshot.
 
-    A :class:`~ibal.providers.rxe.qp.Counters` (what the transport core of
+    A :class:`~ibal.transport.qp.Counters` (what the transport core of
     every QP of the device counts into) with kernel rxe's other counters and
     the socket layer's.
     """
@@ -108,6 +108,6 @@ class DeviceCounters(Counters):
 
 def known_drop_reasons() -> tuple[str, ...]:
     """The codec's :class:`~ibal.providers.rxe.wire.DropReason` values and the socket layer's."""
-    from ibal.providers.rxe.wire import DropReason
+    from ibal.wire.iba import DropReason
 
     return (*(r.value for r in DropReason), *IO_DROPS)

@@ -26,7 +26,6 @@ from ibal.providers.rxe import netif
 from ibal.providers.rxe.counters import DeviceCounters
 from ibal.providers.rxe.io import ROCE_PORT, DeviceIO, RxMode
 from ibal.providers.rxe.netif import EventKind, Interface, IpAddress, NetEvent
-from ibal.providers.rxe.packet import Packet
 from ibal.providers.rxe.settings import ENV_DEVICES, config_path
 from ibal.types import (
     DEFAULT_PKEY,
@@ -40,6 +39,7 @@ from ibal.types import (
     PortAttr,
     PortCap,
 )
+from ibal.wire.packet import Packet
 
 DEFAULT_NETDEV: Final = "lo"
 

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ibal.providers.rxe.cq import Cq
-from ibal.providers.rxe.packet import Packet, Train
 from ibal.providers.rxe.qps import Qp, Srq, is_multicast_ip
 from ibal.types import AsyncEvent, EventRecord, QpState, Wc
+from ibal.wire.packet import Packet, Train
 
 TIMER_TICK = 0.001
 """Timers run at most once per tick, as kernel rxe's run at jiffy resolution (its

@@ -46,9 +46,10 @@ from ibal.netns import NetNs
 from ibal.providers.rxe import mmsg, wire
 from ibal.providers.rxe.counters import DeviceCounters
 from ibal.providers.rxe.netif import IpAddress
-from ibal.providers.rxe.packet import Packet, Train
 from ibal.providers.rxe.rx import RxDecoder
+from ibal.wire import iba
 from ibal.wire.fields import Buffer
+from ibal.wire.packet import Packet, Train
 from ibal.wire.pcap import PcapWriter
 
 ROCE_PORT: Final = wire.ROCE_V2_PORT
@@ -376,8 +377,8 @@ class DeviceIO:
         """
         with self._lock:
             ep = self._endpoint_for(src, dst)
-            hdr = wire.encode_headers(pkt)
-            plen = len(hdr) + len(pkt.payload) + pkt.pad + wire.ICRC_LEN
+            hdr = iba.encode_headers(pkt)
+            plen = len(hdr) + len(pkt.payload) + pkt.pad + iba.ICRC_LEN
             prefix, udp = self._tx_headers(ep, dst, sport, plen)
             b4 = hdr[4]
             hdr[4] = 0xFF  # BTH byte 4 counts as ones in the ICRC
@@ -414,10 +415,10 @@ class DeviceIO:
         with self._lock:
             ep = self._endpoint_for(src, dst)
             head = train.head
-            hdr = wire.encode_headers(head)
+            hdr = iba.encode_headers(head)
             hlen = len(hdr)
             mtu = train.mtu
-            plen = hlen + mtu + head.pad + wire.ICRC_LEN
+            plen = hlen + mtu + head.pad + iba.ICRC_LEN
             prefix, udp = self._tx_headers(ep, dst, sport, plen)
             b4 = hdr[4]
             hdr[4] = 0xFF  # the ICRC's view of the BTH; the slot gets the real byte back

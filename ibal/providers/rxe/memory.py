@@ -4,7 +4,7 @@
 objects.  A key is a 24-bit index and a random low byte (the "key" byte of
 IBA 10.6.3.1, which rxe draws at random too), so a stale or guessed key
 does not reach a newer region.  :class:`QpMemory` is the transport core's
-:class:`~ibal.providers.rxe.qp.MemoryAccess` for one QP: every translation
+:class:`~ibal.transport.qp.MemoryAccess` for one QP: every translation
 checks the key, the protection domain, the access rights and the bounds, and
 answers ``None`` when any of them fails.
 
@@ -151,7 +151,7 @@ def _slice(mr: Mr, addr: int, length: int) -> memoryview | None:
 
 
 class QpMemory:
-    """The :class:`~ibal.providers.rxe.qp.MemoryAccess` of one QP (its PD's keys)."""
+    """The :class:`~ibal.transport.qp.MemoryAccess` of one QP (its PD's keys)."""
 
     __slots__ = ("keys", "owner", "pd")
 

@@ -20,9 +20,7 @@ from ibal.ci import QpCreated, SrqCreated
 from ibal.providers import checks
 from ibal.providers.checks import REMOTE
 from ibal.providers.rxe import wire
-from ibal.providers.rxe.core import QpCore
 from ibal.providers.rxe.memory import Mr, Mw, QpMemory
-from ibal.providers.rxe.qp import QpConfig
 from ibal.providers.rxe.qps import (
     Av,
     Qp,
@@ -44,6 +42,8 @@ from ibal.status import (
     Unsupported,
     post_error,
 )
+from ibal.transport.core import QpCore
+from ibal.transport.qp import QpConfig
 from ibal.types import (
     DEFAULT_PKEY,
     QP1_WELL_KNOWN_QKEY,

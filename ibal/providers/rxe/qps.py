@@ -1,10 +1,10 @@
 """QPs, SRQs and AVs of an rxe CA: the objects around the transport core.
 
-A :class:`Qp` owns a :class:`~ibal.providers.rxe.core.QpCore` (the
-protocol), its :class:`~ibal.providers.rxe.qp.QpConfig` (what ``modify_qp``
+A :class:`Qp` owns a :class:`~ibal.transport.core.QpCore` (the
+protocol), its :class:`~ibal.transport.qp.QpConfig` (what ``modify_qp``
 set) and the attributes ``query_qp`` reports that the core does not need.
 Receive WRs wait in a :class:`RecvQueue` or a :class:`Srq`, the core's
-:class:`~ibal.providers.rxe.qp.RecvSource`.  An :class:`Av` turns a GID into
+:class:`~ibal.transport.qp.RecvSource`.  An :class:`Av` turns a GID into
 the IP address the socket layer sends to (the core's ``UdAv``).
 
 Threading: used under the CA lock.
@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from ipaddress import IPv6Address
 from typing import Any
 
-from ibal.providers.rxe.core import QpCore
 from ibal.providers.rxe.cq import Cq
 from ibal.providers.rxe.memory import Pd, Resource
-from ibal.providers.rxe.qp import QpConfig
+from ibal.transport.core import QpCore
+from ibal.transport.qp import QpConfig
 from ibal.types import (
     AccessFlags,
     ApmState,

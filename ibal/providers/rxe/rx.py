@@ -15,7 +15,8 @@ from typing import Final
 
 from ibal.providers.rxe import mmsg, wire
 from ibal.providers.rxe.counters import DeviceCounters
-from ibal.providers.rxe.packet import Packet
+from ibal.wire import iba
+from ibal.wire.packet import Packet
 from ibal.wire.pcap import PcapWriter
 
 
@@ -64,7 +65,7 @@ class RxDecoder:
         # structure first, then the ICRC, in kernel rxe's order (rxe_recv.c)
         try:
             p = _decode(udp)
-        except wire.Malformed as e:
+        except iba.Malformed as e:
             c.drop(e.reason.value)
             return
         if zlib.crc32(udp[_BTH_LEN : n - 4], crc) != int.from_bytes(udp[n - 4 :], "little"):
@@ -139,8 +140,8 @@ class RxDecoder:
 
 
 _BTH_LEN: Final = 12
-_MIN_PACKET: Final = _BTH_LEN + wire.ICRC_LEN
+_MIN_PACKET: Final = _BTH_LEN + iba.ICRC_LEN
 _SEED: Final = wire.ICRC_SEED
-_SHORT: Final = wire.DropReason.SHORT.value
-_BAD_ICRC: Final = wire.DropReason.BAD_ICRC.value
-_decode: Final = wire.decode
+_SHORT: Final = iba.DropReason.SHORT.value
+_BAD_ICRC: Final = iba.DropReason.BAD_ICRC.value
+_decode: Final = iba.decode

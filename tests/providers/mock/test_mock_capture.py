@@ -12,7 +12,6 @@ from mockenv import UD_QKEY, connect, open_node, ud_ready
 from ibal.providers.mock import MockFabric
 from ibal.providers.mock.capture import ib_frame, ib_packets
 from ibal.providers.mock.packets import Packet, PacketOp
-from ibal.providers.rxe import wire
 from ibal.types import (
     AccessFlags,
     AvAttr,
@@ -27,6 +26,7 @@ from ibal.types import (
     WcStatus,
     WrType,
 )
+from ibal.wire import iba
 from ibal.wire.pcap import LINKTYPE_INFINIBAND, close_captures, read_pcap
 from ibal.wire.tshark import WIRESHARK_IB_PREF, tshark_decode, tshark_path
 
@@ -84,7 +84,7 @@ def test_mock_capture_writes_ib_frames_tshark_decodes(tmp_path: Path) -> None:
     # the frames' transport headers decode with the RoCEv2 codec (payload after LRH[+GRH])
     for r in records:
         start = 48 if r.data[1] & 3 == 3 else 8
-        p = wire.decode(r.data[start:-2])
+        p = iba.decode(r.data[start:-2])
         assert ((r.data[4] << 8 | r.data[5]) & 0x7FF) * 4 == len(r.data) - 2  # PktLen
         assert p.pkey == 0xFFFF
     if tshark_path() is None:
@@ -161,7 +161,7 @@ def test_send_with_invalidate_carries_the_ieth(tmp_path: Path) -> None:
         fabric.close()
         close_captures()
     _, records = read_pcap(tmp_path / "inv-ib.pcap")
-    sends = [wire.decode(r.data[8:-2]) for r in records if r.data[8] != 0x11]
+    sends = [iba.decode(r.data[8:-2]) for r in records if r.data[8] != 0x11]
     assert [p.opcode for p in sends] == [0x00, 0x01, 0x16, 0x17]
     assert [p.inv_rkey for p in sends if p.opcode in (0x16, 0x17)] == rkeys
     exe = tshark_path()

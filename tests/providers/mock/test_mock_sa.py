@@ -14,19 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from ibal.al import AlManager, Ca
-from ibal.mad import (
-    MadElement,
-    MadService,
-    MadSvc,
-    enable_rmpp,
-    put_mad,
-    reg_mad_svc,
-    sa,
-    transact,
-)
-from ibal.mad.consts import MadStatus, Method, MgmtClass, SaAttr
-from ibal.mad.header import SA_DATA, build, header
-from ibal.mad.rmpp import RMPP_DATA
+from ibal.mad import MadElement, MadService, MadSvc, enable_rmpp, put_mad, reg_mad_svc, transact
 from ibal.providers.mock import MockFabric, MockProvider
 from ibal.testing.helpers import GRH_BYTES, UD_QKEY, make_side, wait_wc
 from ibal.types import (
@@ -42,6 +30,10 @@ from ibal.types import (
     WcStatus,
 )
 from ibal.wire.fields import Table
+from ibal.wire.mad import sa
+from ibal.wire.mad.consts import MadStatus, Method, MgmtClass, SaAttr
+from ibal.wire.mad.header import SA_DATA, build, header
+from ibal.wire.mad.rmpp import RMPP_DATA
 
 WAIT = 10.0
 SA_HEADER_SIZE = 20
@@ -554,7 +546,7 @@ def test_bad_class_version_and_unknown_attribute(net: Net) -> None:
     resp = c.ask(Method.SET, SaAttr.NODE_RECORD)
     assert status(resp) == MadStatus.METHOD_ATTR_UNSUPPORTED
     resp = c.ask(Method.GET, SaAttr.CLASS_PORT_INFO)
-    from ibal.mad.header import CLASS_PORT_INFO
+    from ibal.wire.mad.header import CLASS_PORT_INFO
     cpi = CLASS_PORT_INFO.decode(resp[SA_DATA:])
     assert (cpi["class_version"], cpi["resp_time_value"]) == (2, 0x10)
 

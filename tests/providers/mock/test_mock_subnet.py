@@ -8,8 +8,6 @@ import pytest
 from mockenv import UD_QKEY, Node, connect, open_node, special_ready, ud_ready
 
 from ibal.ci import Handle
-from ibal.mad import dump, header, perf, smp
-from ibal.mad.consts import MadStatus, Method, MgmtClass, PerfAttr, SmpAttr
 from ibal.providers.mock import MockFabric
 from ibal.providers.mock.capture import ib_frame, ib_packets
 from ibal.providers.mock.packets import Packet, PacketOp
@@ -27,6 +25,8 @@ from ibal.types import (
     UdDest,
     WrType,
 )
+from ibal.wire.mad import dump, header, perf, smp
+from ibal.wire.mad.consts import MadStatus, Method, MgmtClass, PerfAttr, SmpAttr
 
 # mock0, mock1 on sw0 ports 1, 2; sw0:3 - sw1:1; sw1:2 - sw2:1; sw2:2 - far
 TO_FAR = [1, 3, 2, 2]

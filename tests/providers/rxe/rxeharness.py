@@ -12,9 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ibal.providers.rxe import wire
-from ibal.providers.rxe.core import QpCore
-from ibal.providers.rxe.packet import Packet, Train
-from ibal.providers.rxe.qp import Counters, QpConfig
+from ibal.transport.core import QpCore
+from ibal.transport.qp import Counters, QpConfig
 from ibal.types import (
     AccessFlags,
     AsyncEvent,
@@ -28,6 +27,8 @@ from ibal.types import (
     Wc,
     WrType,
 )
+from ibal.wire import iba
+from ibal.wire.packet import Packet, Train
 
 RW = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.RDMA_READ | AccessFlags.ATOMIC
 
@@ -191,7 +192,7 @@ class Wire:
         for n in (self.a, self.b):
             for pkt in self._poll(n):
                 if self.codec:  # through the real encoder and decoder
-                    q = wire.decode(wire.encode_bytes(pkt, 0))
+                    q = iba.decode(wire.encode_bytes(pkt, 0))
                     q.src_ip, q.dst_ip, q.src_port = pkt.src_ip, pkt.dst_ip, pkt.src_port
                     pkt = q
                 else:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ibal.providers.rxe import packet as pk
 from ibal.providers.rxe import wire
-from ibal.providers.rxe.packet import Opcode, Packet
+from ibal.wire import packet as pk
+from ibal.wire.packet import Opcode, Packet
 from ibal.wire.pcap import LINKTYPE_ETHERNET, close_captures, read_pcap
 from ibal.wire.tshark import tshark_decode, tshark_path
 

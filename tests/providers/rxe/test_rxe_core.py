@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 from rxeharness import RW, Av, Wire, connect, send_wr
 
-from ibal.providers.rxe import packet as P
-from ibal.providers.rxe.packet import Opcode, Packet
 from ibal.transport.psn import PSN_MASK
 from ibal.types import (
     AccessFlags,
@@ -20,6 +18,8 @@ from ibal.types import (
     WcType,
     WrType,
 )
+from ibal.wire import packet as P
+from ibal.wire.packet import Opcode, Packet
 
 
 def pattern(n: int, seed: int = 1) -> bytes:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from netns_util import Netns, netns
 
-from ibal.providers.rxe import netif, wire
+from ibal.providers.rxe import netif
 from ibal.providers.rxe.counters import DeviceCounters
 from ibal.providers.rxe.device import (
     RXE_LIMITS,
@@ -26,9 +26,10 @@ from ibal.providers.rxe.device import (
     parse_devices,
     startup_specs,
 )
-from ibal.providers.rxe.packet import Opcode, Packet
-from ibal.providers.rxe.qp import Counters
+from ibal.transport.qp import Counters
 from ibal.types import AsyncEvent, Gid, GidType, LinkLayer, LinkState, Mtu
+from ibal.wire import iba
+from ibal.wire.packet import Opcode, Packet
 
 WAIT = 20.0  # generous: events come from the kernel through a thread
 
@@ -328,7 +329,7 @@ def test_counters_have_kernel_rxe_names_and_every_drop_reason() -> None:
         "retry_rnr_exceeded_err", "completer_retry_err", "send_err", "link_downed",
         "rdma_sends", "rdma_recvs",
     ]  # fmt: skip
-    for reason in wire.DropReason:
+    for reason in iba.DropReason:
         assert snap[f"drop_{reason.value}"] == 0
     assert snap["drop_no_consumer"] == snap["drop_handler_error"] == 0
     c.sent_pkts += 3

@@ -19,8 +19,8 @@ import pytest
 from rxeharness import RW, Node, Region, make_node
 
 from ibal.providers.rxe import wire
-from ibal.providers.rxe.packet import GSI_QKEY, Opcode, Packet, rnr_nak_syndrome
 from ibal.types import QpState, QpType
+from ibal.wire.packet import GSI_QKEY, Opcode, Packet, rnr_nak_syndrome
 from ibal.wire.pcap import LINKTYPE_ETHERNET, read_pcap
 from ibal.wire.tshark import tshark_decode, tshark_path
 

@@ -20,8 +20,9 @@ from netns_util import need_ip, netns
 
 from ibal.providers.rxe import wire
 from ibal.providers.rxe.io import DeviceIO, RxMode
-from ibal.providers.rxe.packet import Opcode, Packet
 from ibal.testing.helpers import wait_until
+from ibal.wire import iba
+from ibal.wire.packet import Opcode, Packet
 from ibal.wire.pcap import LINKTYPE_ETHERNET, PcapWriter, read_pcap
 
 A = ipaddress.ip_address("127.0.0.2")
@@ -157,7 +158,7 @@ def test_a_device_in_another_process() -> None:
 def _good(psn: int = 7) -> bytes:
     """A valid datagram from A to B as a plain UDP socket would carry it (ID 0 assumed)."""
     p = Packet(Opcode.RC_SEND_ONLY, 0x11, psn, b"hello")
-    hdr = wire.encode_headers(p)
+    hdr = iba.encode_headers(p)
     n = len(hdr) + 5 + p.pad + 4
     return wire.encode_bytes(p, wire.icrc_prefix_ipv4(A.packed, B.packed, n, 0xC001))
 

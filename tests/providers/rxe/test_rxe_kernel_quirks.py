@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from rxeharness import connect
 
-from ibal.providers.rxe import packet as P
-from ibal.providers.rxe.packet import Opcode, Packet
 from ibal.types import AsyncEvent, QpState
+from ibal.wire import packet as P
+from ibal.wire.packet import Opcode, Packet
 
 MTU = 256
 

@@ -16,7 +16,6 @@ from netns_util import need_root
 
 from ibal.al import AlManager, Ca, QpCreate
 from ibal.providers.rxe import wire
-from ibal.providers.rxe.packet import Opcode, Packet
 from ibal.providers.rxe.provider import RxeProvider
 from ibal.testing.helpers import (
     active_port,
@@ -41,6 +40,8 @@ from ibal.types import (
     WcType,
     WrType,
 )
+from ibal.wire import iba
+from ibal.wire.packet import Opcode, Packet
 
 DEVICES = "rxe_l0=127.0.0.12,rxe_l1=127.0.0.13"
 A_IP, B_IP = "127.0.0.12", "127.0.0.13"
@@ -151,8 +152,8 @@ def _forge(
         while True:
             d = rng.randbytes(rng.randrange(0, 200))
             try:
-                wire.decode(d)
-            except wire.Malformed as e:
+                iba.decode(d)
+            except iba.Malformed as e:
                 return d, e.reason.value
             if not wire.icrc_ok(d, wire.icrc_prefix_ipv4(_ip(src), _ip(B_IP), len(d), sport)):
                 return d, "bad_icrc"
@@ -178,7 +179,7 @@ def _forge(
             "old_psn": "duplicate",
             "wrong_source": "wrong_source",
         }[kind]
-    n = len(wire.encode_headers(p)) + len(p.payload) + p.pad + 4
+    n = len(iba.encode_headers(p)) + len(p.payload) + p.pad + 4
     out = bytearray(wire.encode_bytes(p, wire.icrc_prefix_ipv4(_ip(src), _ip(B_IP), n, sport)))
     if kind == "bad_icrc":
         out[-1 - i % 4] ^= 0x5A

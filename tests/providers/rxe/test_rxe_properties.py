@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rxeharness import Wire, connect, send_wr
 
-from ibal.providers.rxe.packet import Packet
 from ibal.transport.psn import PSN_MASK
 from ibal.types import QpType, WcStatus, WrType
+from ibal.wire.packet import Packet
 
 OPS = st.lists(
     st.tuples(st.sampled_from(["send", "write", "write_imm", "read", "fetch_add"]),

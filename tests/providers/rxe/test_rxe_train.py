@@ -19,9 +19,10 @@ from rxeharness import Wire, connect, send_wr
 
 from ibal.providers.rxe import wire
 from ibal.providers.rxe.io import DeviceIO
-from ibal.providers.rxe.packet import Opcode, Packet, Train
-from ibal.providers.rxe.qp import RXE_MAX_UNACKED_PSNS
+from ibal.transport.qp import RXE_MAX_UNACKED_PSNS
 from ibal.types import QpType, WcStatus, WrType
+from ibal.wire import iba
+from ibal.wire.packet import Opcode, Packet, Train
 from ibal.wire.pcap import PcapWriter
 
 
@@ -111,7 +112,7 @@ def test_send_train_puts_the_same_bytes_on_the_wire(tmp_path: Path) -> None:
         # the sender's ICRC covers RoCEv2's port whatever port the test device uses
         prefix = wire.icrc_prefix_ipv4(f[26:30], f[30:34], len(f) - 42, 0xC001)
         assert wire.icrc_ok(f[42:], prefix)
-    pkts = [wire.decode(f[42:]) for f in got]
+    pkts = [iba.decode(f[42:]) for f in got]
     assert [p.psn for p in pkts] == [0xFFFFFE, 0xFFFFFF, 0, 1, 2, 3, 4]
     assert [p.ack_req for p in pkts] == [False, False, False, True, False, False, False]
 

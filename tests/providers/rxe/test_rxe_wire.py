@@ -9,11 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ibal.providers.rxe import packet as pk
 from ibal.providers.rxe import wire
-from ibal.providers.rxe.packet import Opcode, Packet
-from ibal.providers.rxe.wire import DropReason, Malformed
+from ibal.wire import iba
+from ibal.wire import packet as pk
 from ibal.wire.fields import Kind
+from ibal.wire.iba import DropReason, Malformed
+from ibal.wire.packet import Opcode, Packet
 from ibal.wire.pcap import read_pcap
 
 REPO = Path(__file__).resolve().parents[3]
@@ -42,7 +43,7 @@ def packets(draw: st.DrawFn) -> Packet:
     op = draw(st.sampled_from(list(Opcode)))
     payload = draw(st.binary(max_size=70)) if pk.OP_FLAGS[op] & pk.PAYLOAD else b""
     p = Packet(op, payload=payload)
-    for t in wire.FORMATS[op].headers:  # type: ignore[union-attr]
+    for t in iba.FORMATS[op].headers:  # type: ignore[union-attr]
         for f in t.values:
             if f.name == "pad":
                 continue
@@ -66,7 +67,7 @@ def test_every_opcode_round_trips_with_its_icrc(p: Packet, v6: bool) -> None:
     raw = wire.encode_bytes(p, prefix)
     assert len(raw) == udp_payload_len(p)
     assert raw[1] >> 4 & 3 == -len(p.payload) & 3
-    q = wire.decode(raw)
+    q = iba.decode(raw)
     want = p.fields()
     want["pad"] = -len(p.payload) & 3
     assert q.fields() == want
@@ -101,7 +102,7 @@ def test_icrc_ignores_exactly_the_masked_bytes() -> None:
 
 def _reason(raw: bytes) -> DropReason:
     with pytest.raises(Malformed) as e:
-        wire.decode(raw)
+        iba.decode(raw)
     return e.value.reason
 
 
@@ -117,7 +118,7 @@ def test_malformed_packets_raise_their_reason() -> None:
     # pad count 3 with one payload byte
     one = wire.encode_bytes(Packet(Opcode.RC_SEND_ONLY, 1, 2, b"a"), 0)
     short_pad = one[:1] + bytes((one[1] & 0xCF,)) + one[2:12] + one[12:13] + one[-4:]
-    assert wire.decode(short_pad).payload.tobytes() == b"a"
+    assert iba.decode(short_pad).payload.tobytes() == b"a"
     assert _reason(one[:12] + one[-4:]) is DropReason.BAD_PAD
     # an RDMA WRITE FIRST is cut inside its RETH; an ACK carrying payload
     w = Packet(Opcode.RC_RDMA_WRITE_FIRST, 1, 2, b"x" * 8)
@@ -140,7 +141,7 @@ def test_malformed_packets_raise_their_reason() -> None:
 @given(st.binary(max_size=120))
 def test_garbage_never_escapes_as_another_error(data: bytes) -> None:
     try:
-        p = wire.decode(data)
+        p = iba.decode(data)
     except Malformed:
         return
     assert p.opcode in set(Opcode)
@@ -148,7 +149,7 @@ def test_garbage_never_escapes_as_another_error(data: bytes) -> None:
 
 
 def test_header_sequences_follow_rxe_order() -> None:
-    names = {op: tuple(t.name for t in wire.FORMATS[op].headers) for op in Opcode}  # type: ignore[union-attr]
+    names = {op: tuple(t.name for t in iba.FORMATS[op].headers) for op in Opcode}  # type: ignore[union-attr]
     assert names[Opcode.RC_RDMA_WRITE_ONLY_IMM] == ("BTH", "RETH", "ImmDt")
     assert names[Opcode.UD_SEND_ONLY_IMM] == ("BTH", "DETH", "ImmDt")
     assert names[Opcode.RC_ATOMIC_ACKNOWLEDGE] == ("BTH", "AETH", "AtomicAckETH")
@@ -156,8 +157,8 @@ def test_header_sequences_follow_rxe_order() -> None:
     assert names[Opcode.RC_SEND_ONLY_INV] == ("BTH", "IETH")
     assert names[Opcode.RC_RDMA_READ_RESPONSE_MIDDLE] == ("BTH",)
     assert names[Opcode.UC_SEND_LAST_IMM] == ("BTH", "ImmDt")
-    sizes = {t.name: t.size for t in (wire.BTH, wire.RETH, wire.AETH, wire.DETH, wire.IMMDT,
-                                      wire.IETH, wire.ATOMIC_ETH, wire.ATOMIC_ACK_ETH)}  # fmt: skip
+    sizes = {t.name: t.size for t in (iba.BTH, iba.RETH, iba.AETH, iba.DETH, iba.IMMDT,
+                                      iba.IETH, iba.ATOMIC_ETH, iba.ATOMIC_ACK_ETH)}  # fmt: skip
     assert sizes == {"BTH": 12, "RETH": 16, "AETH": 4, "DETH": 8, "ImmDt": 4, "IETH": 4,
                      "AtomicETH": 28, "AtomicAckETH": 8}  # fmt: skip
 
@@ -165,7 +166,7 @@ def test_header_sequences_follow_rxe_order() -> None:
 def test_dump_names_the_fields() -> None:
     p = Packet(Opcode.UD_SEND_ONLY, 1, 5, b"\0" * 3, ack_req=True)
     p.qkey, p.src_qpn = pk.GSI_QKEY, 1
-    text = wire.dump(wire.encode_bytes(p, 0))
+    text = iba.dump(wire.encode_bytes(p, 0))
     assert "Opcode: UD_SEND_ONLY (0x64)" in text
     assert "Destination Queue Pair: 0x000001" in text
     assert "Queue Key: 0x80010000" in text
@@ -223,6 +224,6 @@ def test_real_kernel_rxe_frames_decode_and_reencode_byte_exact() -> None:
 
 def test_real_kernel_rxe_ud_ports_follow_the_qp_hash() -> None:
     for f in _capture_frames():
-        p = wire.decode(f.udp_payload)
+        p = iba.decode(f.udp_payload)
         if p.opcode == Opcode.UD_SEND_ONLY:
             assert f.sport == wire.qp_udp_sport(p.src_qpn), hex(p.src_qpn)

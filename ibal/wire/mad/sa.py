@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from functools import cache
 from typing import Final
 
-from ibal.mad.header import embed
-from ibal.mad.smp import GUID_INFO, NODE_DESCRIPTION, NODE_INFO, PORT_INFO
 from ibal.wire.fields import F, FieldError, Kind, R, Table
+from ibal.wire.mad.header import embed
+from ibal.wire.mad.smp import GUID_INFO, NODE_DESCRIPTION, NODE_INFO, PORT_INFO
 
 __all__ = [
     "GUID_INFO_RECORD",

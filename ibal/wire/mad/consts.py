@@ -166,7 +166,7 @@ class SaAttr(enum.IntEnum):
 
 
 class CmAttr(enum.IntEnum):
-    """Communication management messages (class 0x07); :mod:`ibal.mad.cm` has their tables."""
+    """Communication management messages (class 0x07); :mod:`ibal.wire.mad.cm` has their tables."""
 
     CLASS_PORT_INFO = 0x0001
     REQ = 0x0010
@@ -183,7 +183,7 @@ class CmAttr(enum.IntEnum):
 
 
 class DmAttr(enum.IntEnum):
-    """Device management attributes (class 0x06); :mod:`ibal.mad.dm` has their tables."""
+    """Device management attributes (class 0x06); :mod:`ibal.wire.mad.dm` has their tables."""
 
     CLASS_PORT_INFO = 0x0001
     NOTICE = 0x0002

@@ -1,6 +1,6 @@
 """The completer: responses and timers -> completions, retries and QP errors.
 
-It works on the :class:`~ibal.providers.rxe.requester.Requester`'s send queue
+It works on the :class:`~ibal.transport.requester.Requester`'s send queue
 (rxe ``rxe_comp.c`` rules, roce-wire.md 2.7-2.9):
 
 * a response for PSN ``r`` implicitly acknowledges every SEND/WRITE before
@@ -16,14 +16,14 @@ It works on the :class:`~ibal.providers.rxe.requester.Requester`'s send queue
 
 from __future__ import annotations
 
-from ibal.providers.rxe import packet as P
-from ibal.providers.rxe.packet import Packet
-from ibal.providers.rxe.qp import Counters, QpConfig, SendWqe
-from ibal.providers.rxe.requester import Requester
 from ibal.transport.psn import PSN_MASK, psn_diff
+from ibal.transport.qp import Counters, QpConfig, SendWqe
+from ibal.transport.requester import Requester
 from ibal.transport.rules import NAK_WC_STATUS
 from ibal.transport.timers import INFINITE_RETRY, ack_timeout_seconds, rnr_seconds
 from ibal.types import QpState, WcStatus, WrType
+from ibal.wire import packet as P
+from ibal.wire.packet import Packet
 
 _RTS = QpState.RTS
 _SQD = QpState.SQD

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from ibal.providers.rxe import packet as P
-from ibal.providers.rxe.packet import Packet, Train
-from ibal.providers.rxe.qp import QpConfig
 from ibal.transport.psn import PSN_MASK
+from ibal.transport.qp import QpConfig
+from ibal.wire import packet as P
+from ibal.wire.packet import Packet, Train
 
 _MIDDLE = P.Opcode.RC_RDMA_READ_RESPONSE_MIDDLE
 _ACKNOWLEDGE = P.Opcode.RC_ACKNOWLEDGE

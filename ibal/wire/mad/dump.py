@@ -18,10 +18,10 @@ import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
-from ibal.mad import header, perf, sa, smp
-from ibal.mad.consts import PM_EXT_WIDTH_SUPPORTED, PM_PC_XMIT_WAIT_SUP
-from ibal.mad.smp import CapabilityMask, CapabilityMask2
 from ibal.wire.fields import Buffer, Table, Value
+from ibal.wire.mad import header, perf, sa, smp
+from ibal.wire.mad.consts import PM_EXT_WIDTH_SUPPORTED, PM_PC_XMIT_WAIT_SUP
+from ibal.wire.mad.smp import CapabilityMask, CapabilityMask2
 
 __all__ = [
     "IBROUTE_MAX_LID", "LidInfo", "field_line", "fields", "format_value", "ibroute",

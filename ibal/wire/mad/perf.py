@@ -1,14 +1,14 @@
 """Performance management attributes (IBA vol. 1 16.1.3) as field tables.
 
-ClassPortInfo is common to all classes: :data:`ibal.mad.header.CLASS_PORT_INFO`.
+ClassPortInfo is common to all classes: :data:`ibal.wire.mad.header.CLASS_PORT_INFO`.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from ibal.mad.header import CLASS_PORT_INFO
 from ibal.wire.fields import F, R, Table
+from ibal.wire.mad.header import CLASS_PORT_INFO
 
 __all__ = ["CLASS_PORT_INFO", "PORT_COUNTERS", "PORT_COUNTERS_EXT"]
 

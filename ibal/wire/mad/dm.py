@@ -2,7 +2,7 @@
 
 DM MADs carry 40 reserved bytes after the common header; attribute data
 starts at MAD byte 64 (192 bytes).  ClassPortInfo is the common one
-(``ibal.mad.header``).  Attribute modifiers: IOControllerProfile takes the
+(``ibal.wire.mad.header``).  Attribute modifiers: IOControllerProfile takes the
 controller slot (1-based); ServiceEntries takes slot << 16 | last << 8 | first
 and answers at most four entries (:func:`service_entries_modifier`).
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import enum
 
-from ibal.mad import header as H
-from ibal.mad.consts import CLASS_VERSION, Method, MgmtClass
-from ibal.mad.consts import DmAttr as DmAttr  # one definition, re-exported with the tables
 from ibal.wire.fields import F, Field, FieldError, Kind, R, Table, Value
+from ibal.wire.mad import header as H
+from ibal.wire.mad.consts import CLASS_VERSION, Method, MgmtClass
+from ibal.wire.mad.consts import DmAttr as DmAttr  # one definition, re-exported with the tables
 
 DM_CLASS = MgmtClass.DEV_MGT
 DM_CLASS_VERSION = CLASS_VERSION[DM_CLASS]

@@ -13,10 +13,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ibal.mad import header as H
-from ibal.mad.consts import CLASS_VERSION, Method, MgmtClass
-from ibal.mad.consts import CmAttr as CmAttr  # one definition, re-exported with the tables
 from ibal.wire.fields import F, Field, FieldError, Kind, R, Table, Value
+from ibal.wire.mad import header as H
+from ibal.wire.mad.consts import CLASS_VERSION, Method, MgmtClass
+from ibal.wire.mad.consts import CmAttr as CmAttr  # one definition, re-exported with the tables
 
 CM_CLASS = MgmtClass.COMM_MGT
 CM_CLASS_VERSION = CLASS_VERSION[CM_CLASS]

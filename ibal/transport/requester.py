@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from ibal.providers.rxe import packet as P
-from ibal.providers.rxe.packet import Packet, Train
-from ibal.providers.rxe.qp import (
+from ibal.transport.psn import PSN_MASK, psn_diff
+from ibal.transport.qp import (
     MAX_MSG,
     RXE_MAX_PKT_PER_ACK,
     RXE_MAX_UNACKED_PSNS,
@@ -23,7 +22,6 @@ from ibal.providers.rxe.qp import (
     QpConfig,
     SendWqe,
 )
-from ibal.transport.psn import PSN_MASK, psn_diff
 from ibal.transport.rules import effective_qkey
 from ibal.transport.timers import ack_timeout_seconds
 from ibal.transport.wc import make_wc
@@ -37,6 +35,8 @@ from ibal.types import (
     WcStatus,
     WrType,
 )
+from ibal.wire import packet as P
+from ibal.wire.packet import Packet, Train
 
 _OK = WcStatus.SUCCESS
 _FLUSHED = WcStatus.WR_FLUSHED_ERR

@@ -6,13 +6,13 @@ and counted; the sender's completion is not affected (roce-wire.md 2.9-2.10).
 
 from __future__ import annotations
 
-from ibal.providers.rxe import packet as P
-from ibal.providers.rxe.packet import Packet
-from ibal.providers.rxe.qp import Counters, MemoryAccess, Output, QpConfig, RecvSource
-from ibal.providers.rxe.responder import resolve_recv
+from ibal.transport.qp import Counters, MemoryAccess, Output, QpConfig, RecvSource
+from ibal.transport.responder import resolve_recv
 from ibal.transport.rules import build_grh
 from ibal.transport.wc import make_wc
 from ibal.types import NetworkHeader, QpType, RecvOpt, WcStatus, WcType
+from ibal.wire import packet as P
+from ibal.wire.packet import Packet
 
 GRH_LEN = 40
 _GRH_OPT = RecvOpt.GRH_VALID

@@ -3,7 +3,7 @@
 The driver (the provider's socket layer, or a test harness) calls:
 
 * :meth:`QpCore.post_send` for each send WR (receive WRs stay in the
-  provider's queue, reached through :class:`~ibal.providers.rxe.qp.RecvSource`);
+  provider's queue, reached through :class:`~ibal.transport.qp.RecvSource`);
 * :meth:`QpCore.receive` for each packet whose destination QPN is this QP
   (ICRC, IP addresses and QPN lookup are the caller's);
 * :meth:`QpCore.poll` to take the packets to send now (responses first);
@@ -17,17 +17,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ibal.providers.rxe import packet as P
-from ibal.providers.rxe.completer import Completer
-from ibal.providers.rxe.packet import Packet, Train
-from ibal.providers.rxe.qp import Counters, MemoryAccess, Output, QpConfig, RecvSource
-from ibal.providers.rxe.requester import Requester
-from ibal.providers.rxe.responder import Responder
-from ibal.providers.rxe.uc import UcResponder
-from ibal.providers.rxe.ud import UdResponder
+from ibal.transport.completer import Completer
+from ibal.transport.qp import Counters, MemoryAccess, Output, QpConfig, RecvSource
+from ibal.transport.requester import Requester
+from ibal.transport.responder import Responder
 from ibal.transport.rules import pkey_match
+from ibal.transport.uc import UcResponder
+from ibal.transport.ud import UdResponder
 from ibal.transport.wc import make_wc
 from ibal.types import AsyncEvent, QpState, QpType, RecvOpt, SendWr, WcStatus, WcType
+from ibal.wire import packet as P
+from ibal.wire.packet import Packet, Train
 
 _RTR = QpState.RTR
 _RTS = QpState.RTS

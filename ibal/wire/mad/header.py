@@ -15,7 +15,7 @@ table                     bytes      what
 :data:`CLASS_PORT_INFO`   data       ClassPortInfo, common to all GSI classes
 ========================  =========  ==============================================
 
-Bytes 24..35 of an SA MAD are the RMPP header (:mod:`ibal.mad.rmpp`).
+Bytes 24..35 of an SA MAD are the RMPP header (:mod:`ibal.transport.rmpp`).
 
 Helpers: :func:`build` a request, :func:`respond` to one, :func:`header`
 reads the common header as a :class:`Header` with one ``unpack``.
@@ -26,14 +26,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
-from ibal.mad.consts import (
+from ibal.wire.fields import Buffer, F, Field, FieldError, Kind, R, Table
+from ibal.wire.mad.consts import (
     CLASS_VERSION,
     DR_DIRECTION,
     MAD_SIZE,
     MgmtClass,
     response_method,
 )
-from ibal.wire.fields import Buffer, F, Field, FieldError, Kind, R, Table
 
 __all__ = [
     "CLASS_PORT_INFO",

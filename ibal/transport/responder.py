@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ibal.providers.rxe import packet as P
-from ibal.providers.rxe.packet import Packet
-from ibal.providers.rxe.qp import MAX_MSG, Counters, MemoryAccess, Output, QpConfig, RecvSource
-from ibal.providers.rxe.responses import ResponseQueue
 from ibal.transport.psn import PSN_MASK, packets_for, psn_diff
+from ibal.transport.qp import MAX_MSG, Counters, MemoryAccess, Output, QpConfig, RecvSource
+from ibal.transport.responses import ResponseQueue
 from ibal.transport.rules import NakCode, atomic_result
 from ibal.transport.wc import make_wc
 from ibal.types import AccessFlags, AsyncEvent, QpType, RecvOpt, Sge, WcStatus, WcType
+from ibal.wire import packet as P
+from ibal.wire.packet import Packet
 
 _OK = WcStatus.SUCCESS
 _RECV = WcType.RECV

@@ -1,13 +1,13 @@
-"""The thin I/O around :mod:`ibal.mad.rmpp`: a send function, a timer service, results.
+"""The thin I/O around :mod:`ibal.transport.rmpp`: a send function, a timer service, results.
 
 The MAD service owns addressing and TID matching; it hands this module an
 opaque ``key`` per transaction (peer, class, TID...) and a ``send`` function
 for that peer.  :class:`RmppTransfers` keeps one machine per key, turns its
-:class:`~ibal.mad.rmpp.Arm` actions into timers (any object with the
+:class:`~ibal.transport.rmpp.Arm` actions into timers (any object with the
 :class:`Timers` shape, e.g. ``ibal.al.timer.TimerService``), its
-:class:`~ibal.mad.rmpp.Send` actions into ``send`` calls, and reports
-:class:`~ibal.mad.rmpp.Deliver`, :class:`~ibal.mad.rmpp.Complete` and
-:class:`~ibal.mad.rmpp.Fail` to the caller's ``on_result``.
+:class:`~ibal.transport.rmpp.Send` actions into ``send`` calls, and reports
+:class:`~ibal.transport.rmpp.Deliver`, :class:`~ibal.transport.rmpp.Complete` and
+:class:`~ibal.transport.rmpp.Fail` to the caller's ``on_result``.
 
 Threads: ``feed`` runs on the service's receive thread, timer expiries on the
 timer service's callback thread; one lock per transfer serialises them.
@@ -23,22 +23,20 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ibal.clock import Clock
-from ibal.mad.rmpp import (
+from ibal.transport.rmpp import (
     Action,
     Arm,
     Complete,
     Deliver,
     Fail,
     RmppCounters,
-    RmppHeader,
     RmppReceiver,
     RmppSender,
-    RmppType,
     Send,
     State,
-    is_rmpp,
 )
 from ibal.wire.fields import Buffer
+from ibal.wire.mad.rmpp import RmppHeader, RmppType, is_rmpp
 
 Result = Deliver | Complete | Fail
 SendFn = Callable[[bytes], None]

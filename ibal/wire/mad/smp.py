@@ -1,7 +1,7 @@
 """Subnet management attributes (IBA vol. 1 14.2.5) as field tables, and their encodings.
 
 Each table covers the attribute as it sits in an SMP's 64-byte data area.
-Field names are the IBA names in snake case; :mod:`ibal.mad.dump` maps them to
+Field names are the IBA names in snake case; :mod:`ibal.wire.mad.dump` maps them to
 the names infiniband-diags prints.  The tables take any value that fits the
 field; the enums below name the values (a peer may send codes newer than
 ours, which must still decode).

@@ -8,12 +8,12 @@ that fails locally (too small, bad L_Key) completes in error and ends the QP.
 
 from __future__ import annotations
 
-from ibal.providers.rxe import packet as P
-from ibal.providers.rxe.packet import Packet
-from ibal.providers.rxe.responder import RecvTarget, Responder
 from ibal.transport.psn import PSN_MASK, psn_diff
+from ibal.transport.responder import RecvTarget, Responder
 from ibal.transport.wc import make_wc
 from ibal.types import AccessFlags, RecvOpt, WcStatus, WcType
+from ibal.wire import packet as P
+from ibal.wire.packet import Packet
 
 _OK = WcStatus.SUCCESS
 _RECV_WRITE = WcType.RECV_RDMA_WRITE
