@@ -135,7 +135,7 @@ def cm_state_machine_md() -> str:
         "`ibal.cm.sidr_fsm.SIDR_TRANSITIONS` by `python -m ibal.docgen`; do not edit.",
         "",
         "One `Cep` per connection endpoint, sans-IO: `handle(event, now)` returns the",
-        "actions (`Transmit`, `ArmTimer`/`CancelTimer`, `Upcall`, `ModifyQp`,",
+        "actions (`Transmit`, `ArmTimer`/`CancelTimer`, `Deliver`, `ModifyQp`,",
         "`EnterTimewait`, `Release`, `Drop`) for the I/O layer to carry out in order.",
         "A trigger is the event (`send X`: an API call carrying the message bytes;",
         "`recv X`: a received message; `timeout`: the armed timer; `QP established`:",

@@ -97,7 +97,7 @@ def _qp_context(conn: CmConn) -> Any:
     return getattr(conn.qp, "context", None)
 
 
-def _deliver(conn: CmConn, up: fsm.Upcall) -> None:
+def _deliver(conn: CmConn, up: fsm.Deliver) -> None:
     """Misc queue: an upcall as IBAL's record, to the callback the requests named."""
     f = up.fields
     cbs = _cbs(conn)

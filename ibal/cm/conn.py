@@ -74,7 +74,7 @@ class CmConn(Dependent):
         self.cep: CepIo | None = None
         self.qp: Qp | None = None
         self._link: _QpLink | None = None
-        self.deliver: Callable[[CmConn, fsm.Upcall], object] | None = None
+        self.deliver: Callable[[CmConn, fsm.Deliver], object] | None = None
         """The API layer's upcall handler (misc queue)."""
         self.mods_for: ModsFor | None = None
         """The API layer's QP attribute derivation: the QpMods that reach a target state."""
@@ -152,14 +152,14 @@ class CmConn(Dependent):
             log.info("%r: QP to %s failed: %s", self, target.name, exc)
             self.info["qp_error"] = exc
 
-    def cm_upcall(self, cep: CepIo, upcall: fsm.Upcall) -> None:
+    def cm_upcall(self, cep: CepIo, upcall: fsm.Deliver) -> None:
         """Under the agent's lock: queue the callback on the misc queue (dropped once dying)."""
         if self.deliver is None:
             return
         if not self.post_callback(self._run_upcall, upcall):
             self._sync_release()
 
-    def _run_upcall(self, upcall: fsm.Upcall) -> None:
+    def _run_upcall(self, upcall: fsm.Deliver) -> None:
         self.info["answered"] = True
         try:
             if self.deliver is not None:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ibal import sansio
 from ibal.status import InvalidParameter, InvalidState, Status, Unsupported
 from ibal.types import QpState
 from ibal.wire.fields import Value
@@ -29,11 +30,43 @@ from ibal.wire.mad import cm
 from ibal.wire.mad.cm import CmAttr, MessageMraed, RejReason
 
 __all__ = [
-    "LAP_TRANSITIONS", "TRANSITIONS", "Action", "ApiEvent", "ArmTimer", "CancelTimer", "Cep",
-    "CmState", "Destroy", "Drop", "EnterTimewait", "Event", "LapState", "Link", "ModifyQp",
-    "QpEstablished", "RecvMsg", "Release", "RetransmitTimer", "SendApr", "SendDrep", "SendDreq",
-    "SendLap", "SendMra", "SendRej", "SendRep", "SendReq", "SendRtu", "StaleConn", "TimerFired",
-    "Transmit", "Upcall", "UpcallKind", "build_rej", "cm_ms", "event_key", "retransmit_ms",
+    "LAP_TRANSITIONS",
+    "TRANSITIONS",
+    "Action",
+    "ApiEvent",
+    "ArmTimer",
+    "CancelTimer",
+    "Cep",
+    "CmState",
+    "Deliver",
+    "Destroy",
+    "Drop",
+    "EnterTimewait",
+    "Event",
+    "LapState",
+    "Link",
+    "ModifyQp",
+    "QpEstablished",
+    "RecvMsg",
+    "Release",
+    "RetransmitTimer",
+    "SendApr",
+    "SendDrep",
+    "SendDreq",
+    "SendLap",
+    "SendMra",
+    "SendRej",
+    "SendRep",
+    "SendReq",
+    "SendRtu",
+    "StaleConn",
+    "TimerFired",
+    "Transmit",
+    "UpcallKind",
+    "build_rej",
+    "cm_ms",
+    "event_key",
+    "retransmit_ms",
 ]  # fmt: skip
 
 
@@ -196,7 +229,7 @@ Event = ApiEvent | RecvMsg | TimerFired | QpEstablished | StaleConn | Destroy
 
 
 @dataclass(frozen=True, slots=True)
-class Transmit:
+class Transmit(sansio.Transmit):
     """Send this CM message (the I/O layer adds the MAD header: TID, address)."""
 
     attr: CmAttr
@@ -204,7 +237,7 @@ class Transmit:
 
 
 @dataclass(frozen=True, slots=True)
-class ArmTimer:
+class ArmTimer(sansio.ArmTimer):
     """(Re)arm the endpoint's one timer for ``at``; deliver ``TimerFired(generation)``."""
 
     at: float
@@ -212,12 +245,12 @@ class ArmTimer:
 
 
 @dataclass(frozen=True, slots=True)
-class CancelTimer:
+class CancelTimer(sansio.CancelTimer):
     """Disarm the timer (a late ``TimerFired`` is ignored by generation anyway)."""
 
 
 class UpcallKind(enum.StrEnum):
-    """Which user callback an :class:`Upcall` is (IBAL's ``pfn_cm_*_cb``)."""
+    """Which user callback a :class:`Deliver` is (IBAL's ``pfn_cm_*_cb``)."""
 
     REQ = "req"
     REP = "rep"  # also the REQ's time-out (fields None, status TIMEOUT)
@@ -234,7 +267,7 @@ class UpcallKind(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Upcall:
+class Deliver(sansio.Deliver):
     """Deliver a callback: the received message's fields, or None for a time-out."""
 
     kind: UpcallKind
@@ -270,7 +303,7 @@ class Drop:
 
 
 Action = (
-    Transmit | ArmTimer | CancelTimer | Upcall | ModifyQp | EnterTimewait | Release | Drop
+    Transmit | ArmTimer | CancelTimer | Deliver | ModifyQp | EnterTimewait | Release | Drop
 )  # fmt: skip
 
 
@@ -681,7 +714,7 @@ class Cep:
         else:
             acts = self._enter(to, acts, now)
         if self._muted:
-            acts = [a for a in acts if not isinstance(a, Upcall)]
+            acts = [a for a in acts if not isinstance(a, Deliver)]
         return acts
 
     # -- helpers
@@ -740,7 +773,7 @@ class Cep:
             self.lap_state = L.IDLE
         if to in _QP_DEAD and self._qp_bound and not self._qp_error:
             self._qp_error = True
-            at = next((i for i, a in enumerate(acts) if isinstance(a, Upcall)), len(acts))
+            at = next((i for i, a in enumerate(acts) if isinstance(a, Deliver)), len(acts))
             acts.insert(at, ModifyQp(QpState.ERROR))
         if to is S.TIMEWAIT:
             until = now + self.timewait_ms / 1000
@@ -799,19 +832,19 @@ class Cep:
         if self.state in _PRE_REP + _WAIT_RTU:
             kind = UpcallKind.REP if self.state in _PRE_REP else UpcallKind.RTU
             rej = self._rej(RejReason.TIMEOUT, ari=self.link.guid_ari())
-            return "retries exhausted", [rej, Upcall(kind, None, None, timeout)]
+            return "retries exhausted", [rej, Deliver(kind, None, None, timeout)]
         if self.state is S.DREQ_SENT:
-            return "retries exhausted", [Upcall(UpcallKind.DREP, None, None, timeout)]
-        return "retries exhausted", [Upcall(UpcallKind.APR, None, None, timeout)]  # LAP
+            return "retries exhausted", [Deliver(UpcallKind.DREP, None, None, timeout)]
+        return "retries exhausted", [Deliver(UpcallKind.APR, None, None, timeout)]  # LAP
 
     def _on_established(self) -> tuple[str, list[Action]]:
         if self.state is S.ESTABLISHED:
             return "", []
         return "", [*self._cancel(), ModifyQp(QpState.RTS),
-                    Upcall(UpcallKind.RTU, None, None, Status.SUCCESS)]  # fmt: skip
+                    Deliver(UpcallKind.RTU, None, None, Status.SUCCESS)]  # fmt: skip
 
     def _on_stale(self, now: float) -> tuple[str, list[Action]]:
-        up = Upcall(UpcallKind.STALE, None, None, Status.SUCCESS)
+        up = Deliver(UpcallKind.STALE, None, None, Status.SUCCESS)
         if self.state is S.ESTABLISHED:
             return "", [*self._cancel(), *self._dreq(now), up]
         rejected = MessageMraed.REP if self.state in _GOT_REP else MessageMraed.OTHER
@@ -837,7 +870,7 @@ class Cep:
 
     def _on_req(self, ev: RecvMsg, now: float) -> tuple[str, list[Action]]:
         f = ev.fields
-        up = Upcall(UpcallKind.REQ, ev.attr, f, Status.SUCCESS)
+        up = Deliver(UpcallKind.REQ, ev.attr, f, Status.SUCCESS)
         st = self.state
         if st is S.LISTEN:
             self.link.learn_req(f)
@@ -866,7 +899,7 @@ class Cep:
     def _on_rep(self, ev: RecvMsg, now: float) -> tuple[str, list[Action]]:
         if self.state in _PRE_REP:
             self.link.learn_peer(ev.fields)
-            return "", [*self._cancel(), Upcall(UpcallKind.REP, ev.attr, ev.fields,
+            return "", [*self._cancel(), Deliver(UpcallKind.REP, ev.attr, ev.fields,
                                                 Status.SUCCESS)]  # fmt: skip
         if self.state is S.MRA_REP_SENT:
             return "duplicate", self._resend(CmAttr.MRA)
@@ -876,11 +909,11 @@ class Cep:
 
     def _on_rtu(self, ev: RecvMsg, now: float) -> tuple[str, list[Action]]:
         return "", [*self._cancel(), ModifyQp(QpState.RTS),
-                    Upcall(UpcallKind.RTU, ev.attr, ev.fields, Status.SUCCESS)]  # fmt: skip
+                    Deliver(UpcallKind.RTU, ev.attr, ev.fields, Status.SUCCESS)]  # fmt: skip
 
     def _on_rej(self, ev: RecvMsg, now: float) -> tuple[str, list[Action]]:
         stale = ev.fields.get("reason") == RejReason.STALE_CONN
-        up = Upcall(UpcallKind.REJ, ev.attr, ev.fields, Status.SUCCESS)
+        up = Deliver(UpcallKind.REJ, ev.attr, ev.fields, Status.SUCCESS)
         return ("stale connection" if stale else ""), [*self._cancel(), up]
 
     def _on_mra(self, ev: RecvMsg, now: float) -> tuple[str, list[Action]]:
@@ -892,7 +925,7 @@ class Cep:
         # The peer promised an answer within its service timeout: wait that long
         # (plus a path ACK time) before resending.
         wait = cm_ms(_num(ev.fields, "service_timeout") or 0) + cm_ms(self.link.ack_timeout)
-        up = Upcall(UpcallKind.MRA, ev.attr, ev.fields, Status.SUCCESS)
+        up = Deliver(UpcallKind.MRA, ev.attr, ev.fields, Status.SUCCESS)
         return "", [self.timer.stretch(wait, now), up]
 
     def _on_dreq(self, ev: RecvMsg, now: float) -> tuple[str, list[Action]]:
@@ -901,27 +934,27 @@ class Cep:
         if mine is not None and qpn is not None and qpn != mine:
             raise _Dropped(f"DREQ for QPN {qpn:#x}, this connection's is {mine:#x}")
         if self.state is S.DREQ_SENT:
-            up = Upcall(UpcallKind.DREP, ev.attr, ev.fields, Status.SUCCESS)
+            up = Deliver(UpcallKind.DREP, ev.attr, ev.fields, Status.SUCCESS)
             return "crossing", [*self._cancel(), self._drep(), up]
         if self.state is S.TIMEWAIT:
             return "duplicate", [self._resend(CmAttr.DREP)[0] if CmAttr.DREP in self._sent
                                  else self._drep()]  # fmt: skip
-        return "", [*self._cancel(), Upcall(UpcallKind.DREQ, ev.attr, ev.fields,
+        return "", [*self._cancel(), Deliver(UpcallKind.DREQ, ev.attr, ev.fields,
                                             Status.SUCCESS)]  # fmt: skip
 
     def _on_drep(self, ev: RecvMsg, now: float) -> tuple[str, list[Action]]:
         if self.state is S.TIMEWAIT:
             return "late", []
-        return "", [*self._cancel(), Upcall(UpcallKind.DREP, ev.attr, ev.fields,
+        return "", [*self._cancel(), Deliver(UpcallKind.DREP, ev.attr, ev.fields,
                                             Status.SUCCESS)]  # fmt: skip
 
     def _on_lap(self, ev: RecvMsg, now: float) -> tuple[str, list[Action]]:
         if self.lap_state is L.MRA_LAP_SENT:
             return "duplicate", self._resend(CmAttr.MRA)
-        return "", [Upcall(UpcallKind.LAP, ev.attr, ev.fields, Status.SUCCESS)]
+        return "", [Deliver(UpcallKind.LAP, ev.attr, ev.fields, Status.SUCCESS)]
 
     def _on_apr(self, ev: RecvMsg, now: float) -> tuple[str, list[Action]]:
-        return "", [*self._cancel(), Upcall(UpcallKind.APR, ev.attr, ev.fields, Status.SUCCESS)]
+        return "", [*self._cancel(), Deliver(UpcallKind.APR, ev.attr, ev.fields, Status.SUCCESS)]
 
 
 _RECV: dict[CmAttr, Callable[[Cep, RecvMsg, float], tuple[str, list[Action]]]] = {

@@ -8,7 +8,7 @@ does not allow), builds the message with ``ibal.cm.wire``, moves the QP
 where the machine expects it moved before the message leaves, and feeds the
 connection's machine; the agent does the rest (``ibal.cm.service``).
 ``deliver(conn, upcall)`` runs on the AL's misc queue for every callback of
-the connection (an ``fsm.Upcall``; the API layers turn it into records).
+the connection (an ``fsm.Deliver``; the API layers turn it into records).
 """
 
 from __future__ import annotations
@@ -62,11 +62,11 @@ from ibal.wire.fields import Value
 from ibal.wire.mad.cm import AprStatus, CmAttr, MessageMraed, SidrStatus
 
 __all__ = [
-    "Deliver", "accept", "apr", "disconnect", "force_apm", "handoff", "lap", "listen", "mra",
+    "DeliverFn", "accept", "apr", "disconnect", "force_apm", "handoff", "lap", "listen", "mra",
     "reject", "reply_disconnect", "request", "rtu", "sidr_reply", "sidr_request",
 ]  # fmt: skip
 
-Deliver = Callable[[CmConn, fsm.Upcall], object]
+DeliverFn = Callable[[CmConn, fsm.Deliver], object]
 DEFAULT_ACCESS = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.RDMA_READ
 _CONNECTED = frozenset({QpType.RC, QpType.UC})
 S = fsm.CmState
@@ -155,7 +155,7 @@ def _mods(conn: CmConn, target: QpState) -> list[QpMod]:
 # ---------------------------------------------------------------- active side
 
 
-def request(al: AccessLayer, req: CmReq, *, deliver: Deliver, context: Any = None) -> CmConn:
+def request(al: AccessLayer, req: CmReq, *, deliver: DeliverFn, context: Any = None) -> CmConn:
     """Send a REQ for ``req.qp`` (RC/UC, RESET or INIT: moved to INIT) over
     ``req.primary_path`` to ``req.svc_id``; the connection's callbacks go to ``deliver``."""
     if not isinstance(req, CmReq):
@@ -317,7 +317,7 @@ def handoff(conn: CmConn, service_id: int) -> CmConn:
         conn.cep = None  # the endpoint is the new handle's now
         with contextlib.suppress(IbError):
             conn.destroy()
-        new.cm_upcall(cep, fsm.Upcall(fsm.UpcallKind.REQ, CmAttr.REQ, fields, Status.SUCCESS))
+        new.cm_upcall(cep, fsm.Deliver(fsm.UpcallKind.REQ, CmAttr.REQ, fields, Status.SUCCESS))
     assert isinstance(new, CmConn)
     return new
 
@@ -464,7 +464,7 @@ def force_apm(qp: Qp) -> None:
 # ---------------------------------------------------------------- SIDR
 
 
-def sidr_request(al: AccessLayer, req: CmReq, *, deliver: Deliver,
+def sidr_request(al: AccessLayer, req: CmReq, *, deliver: DeliverFn,
                  context: Any = None) -> CmConn:  # fmt: skip
     """Send a SIDR_REQ (``req.qp_type`` UD) for ``req.svc_id`` over ``req.primary_path``;
     the SIDR_REP (or a time-out) comes as the ``sidr_rep`` upcall."""

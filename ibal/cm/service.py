@@ -61,7 +61,7 @@ class CepUser(Protocol):
 
     def cm_modify(self, cep: CepIo, target: Any) -> None: ...
 
-    def cm_upcall(self, cep: CepIo, upcall: fsm.Upcall) -> None: ...
+    def cm_upcall(self, cep: CepIo, upcall: fsm.Deliver) -> None: ...
 
 
 class ListenUser(ListenLike, Protocol):
@@ -370,7 +370,7 @@ class CmAgent:
             cep.port.arm(cep, a.at)
         elif kind is fsm.CancelTimer:
             cep.port.arm(cep, None)
-        elif kind is fsm.Upcall:
+        elif kind is fsm.Deliver:
             user = cep.user
             if user is not None:
                 user.cm_upcall(cep, a)

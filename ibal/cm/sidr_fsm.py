@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ibal.cm.fsm import (
     Action,
+    Deliver,
     Destroy,
     Drop,
     RecvMsg,
@@ -21,7 +22,6 @@ from ibal.cm.fsm import (
     RetransmitTimer,
     TimerFired,
     Transmit,
-    Upcall,
     UpcallKind,
 )
 from ibal.status import InvalidParameter, InvalidState, Status
@@ -140,7 +140,7 @@ class SidrCep:
         if to is D.CLOSED:
             acts.append(Release())
         if self._muted:
-            acts = [a for a in acts if not isinstance(a, Upcall)]
+            acts = [a for a in acts if not isinstance(a, Deliver)]
         return acts
 
     def _check_api(self, event: SendSidrReq | SendSidrRep, key: str, allowed: bool) -> None:
@@ -165,7 +165,7 @@ class SidrCep:
             resend = self.timer.fired(now)
             if resend:
                 return "retries left", resend
-            return "retries exhausted", [Upcall(UpcallKind.SIDR_REP, None, None, Status.TIMEOUT)]
+            return "retries exhausted", [Deliver(UpcallKind.SIDR_REP, None, None, Status.TIMEOUT)]
         if isinstance(event, Destroy):
             self._muted = True
             if self.state is D.SIDR_REQ_RCVD:
@@ -180,6 +180,6 @@ class SidrCep:
         if self.state is D.LISTEN:
             sid = event.fields.get("service_id")
             self._service_id = sid if isinstance(sid, int) else 0
-            return "", [Upcall(UpcallKind.SIDR_REQ, event.attr, event.fields, Status.SUCCESS)]
-        up = Upcall(UpcallKind.SIDR_REP, event.attr, event.fields, Status.SUCCESS)
+            return "", [Deliver(UpcallKind.SIDR_REQ, event.attr, event.fields, Status.SUCCESS)]
+        up = Deliver(UpcallKind.SIDR_REP, event.attr, event.fields, Status.SUCCESS)
         return "", [*self.timer.cancel(), up]

@@ -215,7 +215,7 @@ class Connection:
         self.established.set(InvalidState("the connection was closed"))
 
     # ------------------------------------------------------------------ upcalls
-    def _deliver(self, handle: CmConn, up: fsm.Upcall) -> None:
+    def _deliver(self, handle: CmConn, up: fsm.Deliver) -> None:
         """Misc queue: the connection's callbacks, answered the simple way."""
         self.handle = handle  # set already, or the request's upcall beat its return
         f = up.fields or {}
@@ -357,7 +357,7 @@ class Listener:
 
     def _on_request(self, listen: ListenHandle, handle: CmConn, fields: dict[str, Value]) -> None:
         # Under the agent's lock: only wire the upcall; the REQ upcall follows on misc.
-        def deliver(h: CmConn, up: fsm.Upcall) -> None:
+        def deliver(h: CmConn, up: fsm.Deliver) -> None:
             if up.kind in (K.REQ, K.SIDR_REQ):
                 incoming = Incoming(h, dict(up.fields or fields))
                 if self._callback is not None:
@@ -411,7 +411,7 @@ class _SidrWait:
         self.reply: SidrReply | None = None
         self.callback = callback
 
-    def deliver(self, handle: CmConn, up: fsm.Upcall) -> None:
+    def deliver(self, handle: CmConn, up: fsm.Deliver) -> None:
         f = up.fields
         result: SidrReply | BaseException
         if up.status is not Status.SUCCESS or f is None:

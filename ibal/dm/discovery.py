@@ -47,9 +47,9 @@ from ibal.dm.sweep import (
     RemoveIoc,
     RemoveIou,
     RemovePath,
-    Send,
     Sweep,
     Target,
+    Transmit,
     diff,
 )
 from ibal.dm.targets import (
@@ -316,7 +316,7 @@ class Discovery:
                 actions = sweep.on_send_failed(arg, now)
             failed: list[int] = []
             for a in actions:
-                if isinstance(a, Send):
+                if isinstance(a, Transmit):
                     where = a.addr
                     assert isinstance(where, tuple)
                     dm_port, addr = where

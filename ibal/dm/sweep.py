@@ -8,7 +8,7 @@ gave) and asks every I/O unit, through its first target, with DM Gets
 lists PRESENT, then ServiceEntries in fours.  It is a pure machine: events
 in (:meth:`Sweep.start`, :meth:`Sweep.on_answer`, :meth:`Sweep.on_timer`,
 :meth:`Sweep.on_send_failed`, each with the clock's time), actions out
-(:class:`Send`, :class:`ArmTimer`, :class:`Done`).
+(:class:`Transmit`, :class:`ArmTimer`, :class:`Done`).
 
 Rules:
 
@@ -43,6 +43,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
+from ibal import sansio
 from ibal.records import record
 from ibal.status import InvalidParameter
 from ibal.types import IOC_ID_STRING_SIZE, SVC_NAME_SIZE, IocInfo, IocProfile, IouInfo, SvcEntry
@@ -63,9 +64,9 @@ __all__ = [
     "RemoveIoc",
     "RemoveIou",
     "RemovePath",
-    "Send",
     "Sweep",
     "Target",
+    "Transmit",
     "diff",
     "profile_of",
 ]
@@ -102,7 +103,7 @@ class IocPath:
 
 
 @record(frozen=True)
-class Send:
+class Transmit(sansio.Transmit):
     """Send ``mad`` (a DM Get, TID low half ``tid``) to ``addr``."""
 
     tid: int
@@ -111,7 +112,7 @@ class Send:
 
 
 @record(frozen=True)
-class ArmTimer:
+class ArmTimer(sansio.ArmTimer):
     """Call :meth:`Sweep.on_timer` at ``at`` (``None``: no timer needed)."""
 
     at: float | None
@@ -164,7 +165,7 @@ class Done:
     found: Found
 
 
-Action = Send | ArmTimer | Done
+Action = Transmit | ArmTimer | Done
 
 
 @record(frozen=True)
@@ -387,7 +388,7 @@ class Sweep:
             self._flight[req.tid] = req
             self.stats["sent"] += 1
             mad = dm.dm_mad(req.attr, req.tid, modifier=req.mod)
-            out.append(Send(req.tid, req.unit.target.addr, mad))
+            out.append(Transmit(req.tid, req.unit.target.addr, mad))
         if not self._flight and not self._waiting and not self.done:
             self.done = True
             self.found = self._result()

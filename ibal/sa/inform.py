@@ -270,9 +270,9 @@ class Subscription(Dependent):
                 self._busy = outer
 
     def _do(self, act: fsm.Action) -> None:
-        if isinstance(act, fsm.SendSet):
+        if isinstance(act, fsm.TransmitSet):
             self._send(act)
-        elif isinstance(act, fsm.Cancel):
+        elif isinstance(act, fsm.CancelRequest):
             req = self._requests.pop(act.tag, None)
             if req is not None:
                 with contextlib.suppress(IbError):
@@ -284,14 +284,14 @@ class Subscription(Dependent):
                 self.post_callback(self._callback, rec)
         elif isinstance(act, fsm.Deliver):
             self._deliver(act.notice)
-        elif isinstance(act, fsm.ArmRetry):
+        elif isinstance(act, fsm.ArmTimer):
             with contextlib.suppress(IbError):
                 self.call_later(act.delay, self._input, self._machine.retry_due)
-        elif isinstance(act, fsm.Finished):
+        elif isinstance(act, fsm.Finish):
             self.unsubscribe_status = act.status
             self._unpin()
 
-    def _send(self, act: fsm.SendSet) -> None:
+    def _send(self, act: fsm.TransmitSet) -> None:
         tag = act.tag
 
         def answered(ans: SaAnswer) -> None:

@@ -6,8 +6,8 @@ attribute, IBA 13.4.8.3 / 15.2.5.12) and :class:`Notice` a decoded Notice
 :class:`InformMachine` never sends, sleeps or reads a clock: its methods take
 events (``subscribe()``, ``answer(tag, ...)``, ``report(notice)``,
 ``reregister()``, ``retry_due()``, ``unsubscribe()``) and return actions
-(:class:`SendSet`, :class:`Cancel`, :class:`SubDone`, :class:`Deliver`,
-:class:`ArmRetry`, :class:`Finished`) for :mod:`ibal.sa.inform` to carry out.
+(:class:`TransmitSet`, :class:`CancelRequest`, :class:`SubDone`, :class:`Deliver`,
+:class:`ArmTimer`, :class:`Finish`) for :mod:`ibal.sa.inform` to carry out.
 
 Ordering rules it keeps (ib_al.h ``ib_subscribe``/``ib_unsubscribe``):
 ``SubDone`` comes before any ``Deliver`` (a Report that arrives while the
@@ -22,6 +22,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from ibal import sansio
 from ibal.sa.backoff import Backoff
 from ibal.status import Status
 from ibal.wire.fields import Buffer, FieldError
@@ -39,16 +40,16 @@ __all__ = [
     "ALL_TRAPS",
     "ALL_TYPES",
     "Action",
-    "ArmRetry",
-    "Cancel",
+    "ArmTimer",
+    "CancelRequest",
     "Deliver",
-    "Finished",
+    "Finish",
     "InformInfo",
     "InformMachine",
     "Notice",
-    "SendSet",
     "SubDone",
     "SubPhase",
+    "TransmitSet",
 ]
 
 ALL_TRAPS = 0xFFFF
@@ -205,7 +206,7 @@ class SubPhase(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class SendSet:
+class TransmitSet(sansio.Transmit):
     """SubnAdmSet(InformInfo) with this record; ``answer(tag, ...)`` follows."""
 
     tag: int
@@ -214,7 +215,7 @@ class SendSet:
 
 
 @dataclass(frozen=True, slots=True)
-class Cancel:
+class CancelRequest(sansio.CancelRequest):
     """Give up the request of ``tag`` (its answer, if any, is ignored)."""
 
     tag: int
@@ -229,28 +230,28 @@ class SubDone:
 
 
 @dataclass(frozen=True, slots=True)
-class Deliver:
+class Deliver(sansio.Deliver):
     """A matching Report for the report callback."""
 
     notice: Notice
 
 
 @dataclass(frozen=True, slots=True)
-class ArmRetry:
+class ArmTimer(sansio.ArmTimer):
     """Call ``retry_due()`` after ``delay`` seconds (a renewal the SA did not take)."""
 
     delay: float
 
 
 @dataclass(frozen=True, slots=True)
-class Finished:
+class Finish(sansio.Finish):
     """Nothing more will happen; ``status`` is the unsubscribe Set's outcome
     (``SUCCESS`` when none was needed)."""
 
     status: Status
 
 
-Action = SendSet | Cancel | SubDone | Deliver | ArmRetry | Finished
+Action = TransmitSet | CancelRequest | SubDone | Deliver | ArmTimer | Finish
 
 
 class InformMachine:
@@ -353,7 +354,7 @@ class InformMachine:
         dropped, self._held = len(self._held), []
         self.dropped_reports += dropped
         if phase in (SubPhase.NEW, SubPhase.FAILED) or (shared and phase is not SubPhase.GONE):
-            acts: list[Action] = [] if self._inflight is None else [Cancel(self._inflight)]
+            acts: list[Action] = [] if self._inflight is None else [CancelRequest(self._inflight)]
             self._inflight = None
             return [*acts, *self._finish(Status.SUCCESS)]
         if phase in (SubPhase.UNSUBSCRIBING, SubPhase.GONE):
@@ -364,11 +365,11 @@ class InformMachine:
         return [self._send(False)]
 
     # ------------------------------------------------------------------ internals
-    def _send(self, subscribe: bool) -> SendSet:
+    def _send(self, subscribe: bool) -> TransmitSet:
         self._tag += 1
         self._inflight = self._tag
         self._inflight_sub = subscribe
-        return SendSet(self._tag, subscribe, self.info.encode(subscribe))
+        return TransmitSet(self._tag, subscribe, self.info.encode(subscribe))
 
     def _confirmed(self, records: tuple[bytes, ...]) -> bool:
         """The SA echoes the InformInfo it took: same trap and filter (no record: trust it).
@@ -404,8 +405,8 @@ class InformMachine:
         if self._retry_armed:
             return []
         self._retry_armed = True
-        return [ArmRetry(self._backoff.next())]
+        return [ArmTimer(self._backoff.next())]
 
     def _finish(self, status: Status) -> list[Action]:
         self.phase = SubPhase.GONE
-        return [Finished(status)]
+        return [Finish(status)]

@@ -196,7 +196,7 @@ class McastMembership(Dependent):
 
     # ------------------------------------------------------------------ the machine's actions
     def _input(self, step: Callable[[], list[fsm.Action]]) -> None:
-        reports: list[fsm.Report] = []
+        reports: list[fsm.Deliver] = []
         with self._mlock:
             steps = [step]
             while steps:
@@ -215,11 +215,11 @@ class McastMembership(Dependent):
         with contextlib.suppress(IbError):
             self.destroy()
 
-    def _do(self, act: fsm.Action, reports: list[fsm.Report]) -> None:
-        if isinstance(act, fsm.SendSet | fsm.SendDelete):
-            method = Method.SET if isinstance(act, fsm.SendSet) else Method.DELETE
+    def _do(self, act: fsm.Action, reports: list[fsm.Deliver]) -> None:
+        if isinstance(act, fsm.TransmitSet | fsm.TransmitDelete):
+            method = Method.SET if isinstance(act, fsm.TransmitSet) else Method.DELETE
             self._send(method, act.tag, act.record, act.comp_mask)
-        elif isinstance(act, fsm.Cancel):
+        elif isinstance(act, fsm.CancelRequest):
             req = self._requests.pop(act.tag, None)
             if req is not None:
                 with contextlib.suppress(IbError):
@@ -231,12 +231,12 @@ class McastMembership(Dependent):
             if att is not None:
                 with contextlib.suppress(IbError):  # gone with its QP already
                     att.detach()
-        elif isinstance(act, fsm.Report):
+        elif isinstance(act, fsm.Deliver):
             reports.append(act)
-        elif isinstance(act, fsm.ArmRetry):
+        elif isinstance(act, fsm.ArmTimer):
             with contextlib.suppress(IbError):
                 self.call_later(act.delay, self._input, self._machine.retry_due)
-        elif isinstance(act, fsm.Finished):
+        elif isinstance(act, fsm.Finish):
             self._finished(act)
 
     def _send(self, method: int, tag: int, record: bytes, comp_mask: int) -> None:
@@ -257,16 +257,16 @@ class McastMembership(Dependent):
             return
         self._requests[tag] = req
 
-    def _attach_qp(self, act: fsm.Attach, reports: list[fsm.Report]) -> None:
+    def _attach_qp(self, act: fsm.Attach, reports: list[fsm.Deliver]) -> None:
         if self._qp is None:
             return
         try:
             self._attachment = self._qp.attach_mcast(act.mgid, act.mlid)
         except IbError as exc:
             # Joined at the SA but the QP cannot receive: report it; the user leaves.
-            reports.append(fsm.Report(exc.status))
+            reports.append(fsm.Deliver(exc.status))
 
-    def _finished(self, act: fsm.Finished) -> None:
+    def _finished(self, act: fsm.Finish) -> None:
         if self._machine.record is None and self.alive:
             self._end = True  # the first join failed: the membership never existed
             return
@@ -281,7 +281,7 @@ class McastMembership(Dependent):
         if pin is not None:
             pin.__exit__(None, None, None)
 
-    def _deliver(self, rep: fsm.Report) -> None:
+    def _deliver(self, rep: fsm.Deliver) -> None:
         ok = rep.status is Status.SUCCESS
         rec = McastRec(
             context=self.context,

@@ -8,12 +8,12 @@ I/O: each input (:meth:`~McastMachine.join`, :meth:`~McastMachine.answer`,
 :meth:`~McastMachine.leave`) returns the actions the I/O layer
 (:mod:`ibal.sa.mcast`) carries out, in order:
 
-* :class:`SendSet` / :class:`SendDelete`: an SA request (``tag`` names it;
-  an answer carrying another tag is stale and ignored), :class:`Cancel` one;
+* :class:`TransmitSet` / :class:`TransmitDelete`: an SA request (``tag`` names it;
+  an answer carrying another tag is stale and ignored), :class:`CancelRequest` one;
 * :class:`Attach` / :class:`Detach`: the UD QP joins or leaves ``(mgid, mlid)``;
-* :class:`Report`: the membership's callback (join result, rejoin, error);
-* :class:`ArmRetry`: call :meth:`~McastMachine.retry_due` after ``delay`` s;
-* :class:`Finished`: the leave is over (the Delete's outcome).
+* :class:`Deliver`: the membership's callback (join result, rejoin, error);
+* :class:`ArmTimer`: call :meth:`~McastMachine.retry_due` after ``delay`` s;
+* :class:`Finish`: the leave is over (the Delete's outcome).
 
 A join that fails the first time reports and ends (``LEFT``).  A *re*join (the
 port's SM asked clients to re-register, the SM or the port's LID changed) that
@@ -29,6 +29,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ibal import sansio
 from ibal.sa.backoff import Backoff
 from ibal.status import Status
 from ibal.types import Gid
@@ -126,7 +127,7 @@ LEAVE_MASK = component_mask(MCMEMBER_RECORD, JOIN_COMPONENTS)
 
 
 @dataclass(frozen=True, slots=True)
-class SendSet:
+class TransmitSet(sansio.Transmit):
     """SubnAdmSet(MCMemberRecord): join (or create) the group."""
 
     tag: int
@@ -135,7 +136,7 @@ class SendSet:
 
 
 @dataclass(frozen=True, slots=True)
-class SendDelete:
+class TransmitDelete(sansio.Transmit):
     """SubnAdmDelete(MCMemberRecord): leave."""
 
     tag: int
@@ -144,7 +145,7 @@ class SendDelete:
 
 
 @dataclass(frozen=True, slots=True)
-class Cancel:
+class CancelRequest(sansio.CancelRequest):
     """Cancel the request ``tag`` (its answer will be stale)."""
 
     tag: int
@@ -164,7 +165,7 @@ class Detach:
 
 
 @dataclass(frozen=True, slots=True)
-class Report:
+class Deliver(sansio.Deliver):
     """Tell the membership's callback: a join's (or rejoin's) outcome."""
 
     status: Status
@@ -174,21 +175,23 @@ class Report:
 
 
 @dataclass(frozen=True, slots=True)
-class ArmRetry:
+class ArmTimer(sansio.ArmTimer):
     """Call ``retry_due()`` after ``delay`` seconds."""
 
     delay: float
 
 
 @dataclass(frozen=True, slots=True)
-class Finished:
+class Finish(sansio.Finish):
     """The leave is over: ``status`` is the Delete's outcome (SUCCESS, TIMEOUT, ...)."""
 
     status: Status
     mad_status: int = 0
 
 
-Action = SendSet | SendDelete | Cancel | Attach | Detach | Report | ArmRetry | Finished
+Action = (
+    TransmitSet | TransmitDelete | CancelRequest | Attach | Detach | Deliver | ArmTimer | Finish
+)
 
 
 class McastMachine:
@@ -236,7 +239,7 @@ class McastMachine:
         self._pending = None
         if self.phase is McastPhase.LEAVING:
             self.phase = McastPhase.LEFT
-            return [Finished(status, mad_status)]
+            return [Finish(status, mad_status)]
         if self.phase is not McastPhase.JOINING:
             return []
         rec: MemberRec | None = None
@@ -257,7 +260,7 @@ class McastMachine:
             return []
         out: list[Action] = []
         if self._pending is not None:
-            out.append(Cancel(self._pending))
+            out.append(CancelRequest(self._pending))
             self._pending = None
         self._waiting = False
         self.phase = McastPhase.JOINING
@@ -265,7 +268,7 @@ class McastMachine:
         return out
 
     def retry_due(self) -> list[Action]:
-        """The back-off armed by :class:`ArmRetry` ran out."""
+        """The back-off armed by :class:`ArmTimer` ran out."""
         if not self._waiting or self.phase is not McastPhase.JOINING:
             return []
         self._waiting = False
@@ -278,25 +281,25 @@ class McastMachine:
             return []
         out: list[Action] = []
         if self._pending is not None:
-            out.append(Cancel(self._pending))
+            out.append(CancelRequest(self._pending))
             self._pending = None
         self._waiting = False
         if self.attached is not None:
             out.append(Detach())
             self.attached = None
         if not self._ever_joined and self._started:
-            out.append(Report(Status.CANCELED))
+            out.append(Deliver(Status.CANCELED))
         if not self._started:
             self.phase = McastPhase.LEFT
-            return [*out, Finished(Status.SUCCESS)]
+            return [*out, Finish(Status.SUCCESS)]
         self.phase = McastPhase.LEAVING
         self._tag += 1
         self._pending = self._tag
-        out.append(SendDelete(self._tag, self._leave_record().encode(), LEAVE_MASK))
+        out.append(TransmitDelete(self._tag, self._leave_record().encode(), LEAVE_MASK))
         return out
 
     # ------------------------------------------------------------------ internals
-    def _send_set(self) -> SendSet:
+    def _send_set(self) -> TransmitSet:
         self._tag += 1
         self._pending = self._tag
         req, mask = self.request, self.comp_mask
@@ -306,7 +309,7 @@ class McastMachine:
             # signature (0xA01B), so if the group is gone the next try asks anew.
             req = dataclasses.replace(req, mgid=self.record.mgid)
             mask &= ~self._create_only
-        return SendSet(self._tag, req.encode(), mask)
+        return TransmitSet(self._tag, req.encode(), mask)
 
     def _leave_record(self) -> MemberRec:
         mgid = self.record.mgid if self.record is not None else self.request.mgid
@@ -328,7 +331,7 @@ class McastMachine:
                 out.append(Detach())
             out.append(Attach(*target))
             self.attached = target
-        out.append(Report(Status.SUCCESS, 0, rec, rejoin))
+        out.append(Deliver(Status.SUCCESS, 0, rec, rejoin))
         return out
 
     def _failed(self, status: Status, mad_status: int) -> list[Action]:
@@ -336,12 +339,12 @@ class McastMachine:
             return []  # only ours cancel, and they are stale by then
         if not self._ever_joined:
             self.phase = McastPhase.LEFT
-            return [Report(status, mad_status), Finished(status, mad_status)]
+            return [Deliver(status, mad_status), Finish(status, mad_status)]
         if status is Status.REMOTE_ERROR and self.request.mgid == ZERO_GID and not self._recreate:
             self._recreate = True  # the assigned group is gone: let the SA assign again
-            return [Report(status, mad_status, None, True), self._send_set()]
+            return [Deliver(status, mad_status, None, True), self._send_set()]
         self._waiting = True
-        return [Report(status, mad_status, None, True), ArmRetry(self._backoff.next())]
+        return [Deliver(status, mad_status, None, True), ArmTimer(self._backoff.next())]
 
 
 __all__ = [
@@ -349,18 +352,18 @@ __all__ = [
     "JOIN_COMPONENTS",
     "LEAVE_MASK",
     "Action",
-    "ArmRetry",
+    "ArmTimer",
     "Attach",
-    "Cancel",
+    "CancelRequest",
+    "Deliver",
     "Detach",
-    "Finished",
+    "Finish",
     "JoinState",
     "McastMachine",
     "McastPhase",
     "MemberRec",
-    "Report",
     "Scope",
-    "SendDelete",
-    "SendSet",
+    "TransmitDelete",
+    "TransmitSet",
     "join_mask",
 ]

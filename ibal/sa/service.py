@@ -35,13 +35,13 @@ from ibal.al.dispatcher import call_user, log
 from ibal.sa.service_fsm import (
     INFINITE_LEASE,
     Action,
-    Arm,
+    ArmTimer,
     Attempt,
-    Cancel,
-    Finished,
-    Report,
-    Send,
+    CancelRequest,
+    Deliver,
+    Finish,
     ServiceLease,
+    Transmit,
 )
 from ibal.sa.txn import SaRequester
 from ibal.sa.waitable import FirstOutcome
@@ -381,21 +381,21 @@ class ServiceRegistration(Dependent):
                 log.exception("ibal: service registration %r", self)
 
     def _do(self, a: Action) -> None:
-        if isinstance(a, Send):
+        if isinstance(a, Transmit):
             self._send(a)
-        elif isinstance(a, Cancel):
+        elif isinstance(a, CancelRequest):
             req = self._requests.pop(a.token, None)
             if req is not None:
                 with contextlib.suppress(IbError):
                     req.cancel()
-        elif isinstance(a, Arm):
+        elif isinstance(a, ArmTimer):
             self._arm(a.at)
-        elif isinstance(a, Report):
+        elif isinstance(a, Deliver):
             self._report(a)
-        elif isinstance(a, Finished):
+        elif isinstance(a, Finish):
             self._finished(a)
 
-    def _send(self, a: Send) -> None:
+    def _send(self, a: Transmit) -> None:
         token = a.token
         self.stats["set" if a.method == Method.SET else "delete"] += 1
 
@@ -433,7 +433,7 @@ class ServiceRegistration(Dependent):
         if rec.event in _REREGISTER_EVENTS and rec.guid == self.port_guid:
             self._feed(self._machine.reregister)
 
-    def _report(self, a: Report) -> None:
+    def _report(self, a: Deliver) -> None:
         record = ServiceRecord.decode(a.record)
         if a.status is Status.SUCCESS:
             self.record = record
@@ -453,7 +453,7 @@ class ServiceRegistration(Dependent):
         if first:
             self._first.set(rec)
 
-    def _finished(self, a: Finished) -> None:
+    def _finished(self, a: Finish) -> None:
         self.deleted, self.deleted_mad_status = a.deleted, a.mad_status
         self._arm(None)
         if self.alive:  # the first Set failed: the registration ends by itself

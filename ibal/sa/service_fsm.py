@@ -4,8 +4,8 @@
 request it asked for, its ``timer`` firing, ``reregister`` (the SM forgot
 registrations: PnP ``CLIENT_REREGISTER`` / ``SM_CHANGE``) and ``stop`` --
 each with the current time, and returns the actions the I/O layer performs
-(:class:`Send`, :class:`Cancel`, :class:`Arm`, :class:`Report`,
-:class:`Finished`).  :mod:`ibal.sa.service` drives it on the AL's timers and
+(:class:`Transmit`, :class:`CancelRequest`, :class:`ArmTimer`, :class:`Deliver`,
+:class:`Finish`).  :mod:`ibal.sa.service` drives it on the AL's timers and
 ``SaPort``; the unit tests drive it with numbers.
 
 Lease renewal: the SA drops a ServiceRecord ``ServiceLease`` seconds after
@@ -23,6 +23,7 @@ import enum
 from dataclasses import dataclass
 from typing import Final
 
+from ibal import sansio
 from ibal.status import Status
 from ibal.wire.mad.consts import Method
 from ibal.wire.mad.sa import SERVICE_RECORD, component_mask
@@ -55,7 +56,7 @@ class Phase(enum.Enum):
 
 # ---------------------------------------------------------------------- actions
 @dataclass(frozen=True)
-class Send:
+class Transmit(sansio.Transmit):
     """Send ``method`` (SET or DELETE) of ``record`` with ``comp_mask``; answer with ``token``."""
 
     token: int
@@ -65,21 +66,21 @@ class Send:
 
 
 @dataclass(frozen=True)
-class Cancel:
+class CancelRequest(sansio.CancelRequest):
     """Cancel the request sent with ``token`` (its answer is then ignored)."""
 
     token: int
 
 
 @dataclass(frozen=True)
-class Arm:
+class ArmTimer(sansio.ArmTimer):
     """Fire ``timer`` at clock time ``at``; ``None`` disarms."""
 
     at: float | None
 
 
 @dataclass(frozen=True)
-class Report:
+class Deliver(sansio.Deliver):
     """Tell the user: the outcome of a Set (``mad_status`` is the SA's, with REMOTE_ERROR)."""
 
     attempt: Attempt
@@ -89,7 +90,7 @@ class Report:
 
 
 @dataclass(frozen=True)
-class Finished:
+class Finish(sansio.Finish):
     """Nothing more will happen; ``deleted`` is the Delete's status (``None``: none sent)."""
 
     deleted: Status | None
@@ -99,7 +100,7 @@ class Finished:
     """The SA's MAD status for the Delete (with ``REMOTE_ERROR``)."""
 
 
-Action = Send | Cancel | Arm | Report | Finished
+Action = Transmit | CancelRequest | ArmTimer | Deliver | Finish
 
 
 def lease_of(record: bytes) -> int:
@@ -148,18 +149,18 @@ class ServiceLease:
         self._token += 1
         self._inflight = self._token
         self._sent_at = now
-        out.append(Send(self._token, method, self.record, self.comp_mask))
+        out.append(Transmit(self._token, method, self.record, self.comp_mask))
 
     def _set(self, attempt: Attempt, now: float, out: list[Action]) -> None:
         self._attempt = attempt
         self.phase = Phase.SETTING
         self.renew_at = None
-        out.append(Arm(None))
+        out.append(ArmTimer(None))
         self._send(Method.SET, now, out)
 
     def _arm(self, at: float | None, out: list[Action]) -> None:
         self.renew_at = at
-        out.append(Arm(at))
+        out.append(ArmTimer(at))
 
     # ------------------------------------------------------------------ events
     def start(self, now: float) -> list[Action]:
@@ -180,7 +181,7 @@ class ServiceLease:
         out: list[Action] = []
         if self.phase is Phase.DELETING:
             self.phase = Phase.DONE
-            out.append(Finished(status, self._registered, mad_status))
+            out.append(Finish(status, self._registered, mad_status))
             return out
         if self.phase is not Phase.SETTING:  # pragma: no cover  (in flight means one of two)
             return out
@@ -200,14 +201,14 @@ class ServiceLease:
             else:
                 self.expires = None
             if attempt is Attempt.REGISTER or self._failing:
-                out.append(Report(attempt, status, 0, self.answered))
+                out.append(Deliver(attempt, status, 0, self.answered))
             self._failing = False
         else:
-            out.append(Report(attempt, status, mad_status, self.answered))
+            out.append(Deliver(attempt, status, mad_status, self.answered))
             self._failing = True
             if attempt is Attempt.REGISTER:  # IBAL: a failed registration is gone
                 self.phase = Phase.DONE
-                out.append(Finished(None, False))
+                out.append(Finish(None, False))
                 return out
             self.phase = Phase.ACTIVE
             self._arm(self._retry_at(now), out)
@@ -250,14 +251,14 @@ class ServiceLease:
             return out
         if self.phase is Phase.NEW:
             self.phase = Phase.DONE
-            out.append(Finished(None, False))
+            out.append(Finish(None, False))
             return out
         self._arm(None, out)
         self._again = False
         if self.phase is Phase.SETTING and self._inflight is not None:
-            out.append(Cancel(self._inflight))
+            out.append(CancelRequest(self._inflight))
             if self._attempt is Attempt.REGISTER:  # IBAL: the first outcome is CANCELED
-                out.append(Report(Attempt.REGISTER, Status.CANCELED, 0, self.answered))
+                out.append(Deliver(Attempt.REGISTER, Status.CANCELED, 0, self.answered))
         # The SA may have processed a Set whose answer we did not see: always Delete.
         self.phase = Phase.DELETING
         self.expires = None
@@ -270,13 +271,13 @@ __all__ = [
     "MIN_RETRY",
     "RENEW_AT",
     "Action",
-    "Arm",
+    "ArmTimer",
     "Attempt",
-    "Cancel",
-    "Finished",
+    "CancelRequest",
+    "Deliver",
+    "Finish",
     "Phase",
-    "Report",
-    "Send",
     "ServiceLease",
+    "Transmit",
     "lease_of",
 ]

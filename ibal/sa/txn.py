@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ibal import sansio
 from ibal.status import Status
 from ibal.wire.fields import Buffer, FieldError
 from ibal.wire.mad import header as mad_header
@@ -166,14 +167,14 @@ class Abandon:
 
 
 @dataclass(frozen=True, slots=True)
-class ArmTimer:
+class ArmTimer(sansio.ArmTimer):
     """Call ``on_timer`` at clock time ``at`` (``None``: disarm)."""
 
     at: float | None
 
 
 @dataclass(frozen=True, slots=True)
-class Finish:
+class Finish(sansio.Finish):
     """The transaction ended: deliver ``answer`` (exactly once)."""
 
     answer: SaAnswer

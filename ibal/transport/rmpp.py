@@ -7,8 +7,9 @@ either side ends the transfer with ABORT (a protocol error, with a status) or
 the receiver with STOP (no resources).
 
 The machines are pure: :meth:`RmppSender.start`, ``handle(mad, now)`` and
-``on_timer(now)`` return a list of actions (:class:`Send`, :class:`Arm`,
-:class:`Deliver`, :class:`Complete`, :class:`Fail`) and never block, sleep or
+``on_timer(now)`` return a list of actions in :mod:`ibal.sansio`'s vocabulary
+(:class:`Transmit`, :class:`ArmTimer`, :class:`CancelTimer`, :class:`Deliver`,
+and the outcomes :class:`Complete` and :class:`Fail`) and never block, sleep or
 touch a socket; :mod:`ibal.transport.rmpp_io` drives them over a send function and
 a timer service.  Every state change goes through :data:`TRANSITIONS`, the
 table ``python -m ibal.docgen`` draws docs/rmpp-state-machine.md from.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from ibal import sansio
 from ibal.wire.fields import Buffer
 from ibal.wire.mad.consts import MAD_SIZE, RESPONSE_BIT, is_vendor_range2
 from ibal.wire.mad.rmpp import (
@@ -50,21 +52,26 @@ from ibal.wire.mad.rmpp import (
 
 
 @dataclass(frozen=True, slots=True)
-class Send:
+class Transmit(sansio.Transmit):
     """Send this 256-byte MAD to the peer."""
 
     mad: bytes
 
 
 @dataclass(frozen=True, slots=True)
-class Arm:
-    """Call ``on_timer`` at ``at`` (replaces the machine's earlier deadline; None: disarm)."""
+class ArmTimer(sansio.ArmTimer):
+    """Call ``on_timer`` at ``at`` (replaces the machine's earlier deadline)."""
 
-    at: float | None
+    at: float
 
 
 @dataclass(frozen=True, slots=True)
-class Deliver:
+class CancelTimer(sansio.CancelTimer):
+    """Disarm the machine's deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver(sansio.Deliver):
     """The reassembled message: common header and class header of segment 1, and the data."""
 
     header: bytes
@@ -73,21 +80,21 @@ class Deliver:
 
 
 @dataclass(frozen=True, slots=True)
-class Complete:
+class Complete(sansio.Finish):
     """The sender's message is acknowledged in full (``switch``: the peer answered with DATA)."""
 
     switch: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class Fail:
+class Fail(sansio.Finish):
     """The transfer ended unsuccessfully; ``sent`` says whether this end sent the ABORT/STOP."""
 
     status: RmppStatus
     sent: bool
 
 
-Action = Send | Arm | Deliver | Complete | Fail
+Action = Transmit | ArmTimer | CancelTimer | Deliver | Complete | Fail
 
 
 # -- the transition table -----------------------------------------------------
@@ -283,14 +290,14 @@ class RmppSender(_Machine):
         out: list[Action] = []
         top = min(self.window_last, self.count)
         while self.next_seg <= top:
-            out.append(Send(self.segment(self.next_seg)))
+            out.append(Transmit(self.segment(self.next_seg)))
             self.counters.sent += 1
             self.high_sent = max(self.high_sent, self.next_seg)
             self.next_seg += 1
         if self.next_seg > self.count and self.state is State.SENDING:
             self._move(State.WAIT_LAST_ACK)
         self._resp_deadline = now + self.resp_timeout
-        out.append(Arm(self._deadline()))
+        out.append(ArmTimer(self._deadline()))
         return out
 
     def _abort(self, status: RmppStatus, ref: bytes) -> list[Action]:
@@ -298,7 +305,7 @@ class RmppSender(_Machine):
         self._move(State.FAILED)
         base = bytearray(MAD_SIZE)
         base[:COMMON_HEADER_SIZE] = ref[:COMMON_HEADER_SIZE]
-        return [Send(_control(base, RmppType.ABORT, status)), Arm(None), Fail(status, True)]
+        return [Transmit(_control(base, RmppType.ABORT, status)), CancelTimer(), Fail(status, True)]
 
     def handle(self, mad: Buffer, now: float) -> list[Action]:
         """A MAD of this transaction from the peer (ACK, STOP, ABORT, or DATA of a response)."""
@@ -324,7 +331,7 @@ class RmppSender(_Machine):
                 # double-sided: the response's first segment acknowledges the request
                 self.status = RmppStatus.NORMAL
                 self._move(State.COMPLETE)
-                return [Arm(None), Complete(switch=True)]
+                return [CancelTimer(), Complete(switch=True)]
             # a late segment of the other direction (a request we are answering)
             self.counters.dropped += 1
             return []
@@ -333,7 +340,7 @@ class RmppSender(_Machine):
     def _fail_remote(self, h: RmppHeader) -> list[Action]:
         self.status = _remote_status(h)
         self._move(State.FAILED)
-        return [Arm(None), Fail(self.status, False)]
+        return [CancelTimer(), Fail(self.status, False)]
 
     def _ack(self, h: RmppHeader, now: float) -> list[Action]:
         seg, wl = h.segment_number, h.payload_length
@@ -352,19 +359,19 @@ class RmppSender(_Machine):
         if seg == self.count:
             self.status = RmppStatus.NORMAL
             self._move(State.COMPLETE)
-            return [Arm(None), Complete()]
+            return [CancelTimer(), Complete()]
         if self.state is State.WAIT_LAST_ACK and self.next_seg <= self.count:
             self._move(State.SENDING)
         return self._pump(now)
 
     def on_timer(self, now: float) -> list[Action]:
-        """The deadline from the last :class:`Arm` came: resend, or give up."""
+        """The deadline from the last :class:`ArmTimer` came: resend, or give up."""
         if self.state not in (State.SENDING, State.WAIT_LAST_ACK) or self._start is None:
             return []
         if now >= self._start + self.total_timeout:
             return self._abort(RmppStatus.TOTAL_TIME_TOO_LONG, self.header)
         if now < self._resp_deadline:
-            return [Arm(self._deadline())]
+            return [ArmTimer(self._deadline())]
         if self.tries >= self.retries:
             return self._abort(RmppStatus.TOO_MANY_RETRIES, self.header)
         self.tries += 1
@@ -423,13 +430,14 @@ class RmppReceiver(_Machine):
         if kind == RmppType.ABORT and status != RmppStatus.TOTAL_TIME_TOO_LONG:
             self.counters.malformed += 1
         self._move(State.FAILED)
-        return [Send(_control(_reply_header(ref), kind, status)), Arm(None), Fail(status, True)]
+        reply = _control(_reply_header(ref), kind, status)
+        return [Transmit(reply), CancelTimer(), Fail(status, True)]
 
     def start(self, now: float) -> list[Action]:
         """Arm the total transaction time-out (call once, before the first ``handle``)."""
         self.created = now
         self._deadline = now + self.total_timeout
-        return [Arm(self._deadline)]
+        return [ArmTimer(self._deadline)]
 
     def handle(self, mad: Buffer, now: float) -> list[Action]:
         """A MAD of this transaction from the sender."""
@@ -446,13 +454,13 @@ class RmppReceiver(_Machine):
         if self.state is State.DONE:
             if bad is None and h.type == RmppType.DATA and h.segment_number < self.expected:
                 self.counters.duplicates += 1
-                return [Send(self._last_ack(mad))]
+                return [Transmit(self._last_ack(mad))]
             self.counters.dropped += 1
             return []
         if h.type in (RmppType.ABORT, RmppType.STOP):
             self.status = _remote_status(h)
             self._move(State.FAILED)
-            return [Arm(None), Fail(self.status, False)]
+            return [CancelTimer(), Fail(self.status, False)]
         if bad is not None:
             return self._abort(bad, mad)
         return self._data(h, mad, now)
@@ -465,7 +473,7 @@ class RmppReceiver(_Machine):
             return self._abort(RmppStatus.INCONSISTENT_FIRST_SEGMENT, mad)
         if seg < self.expected:
             self.counters.duplicates += 1
-            return [Send(self._last_ack(mad))] if self.expected > 1 else []
+            return [Transmit(self._last_ack(mad))] if self.expected > 1 else []
         if seg > self.window_last:
             return self._abort(RmppStatus.SEGMENT_TOO_BIG, mad)
         if seg > self.expected:
@@ -502,20 +510,20 @@ class RmppReceiver(_Machine):
             self._deadline = now + self.linger
             msg = Deliver(self.header, self.class_header, b"".join(self.chunks))
             self.chunks = []
-            return [Send(self._last_ack(mad)), msg, Arm(self._deadline)]
+            return [Transmit(self._last_ack(mad)), msg, ArmTimer(self._deadline)]
         self._move(State.RECEIVING)
         if seg == self.window_last:
             self.window_last = seg + self.window
-            return [Send(self._last_ack(mad))]
+            return [Transmit(self._last_ack(mad))]
         return []
 
     def on_timer(self, now: float) -> list[Action]:
         """Total time-out while receiving (ABORT), or the end of the linger time."""
         if now < self._deadline or self.state in (State.FAILED, State.CLOSED):
-            return [] if self.state in (State.FAILED, State.CLOSED) else [Arm(self._deadline)]
+            return [] if self.state in (State.FAILED, State.CLOSED) else [ArmTimer(self._deadline)]
         if self.state is State.DONE:
             self._move(State.CLOSED)
-            return [Arm(None)]
+            return [CancelTimer()]
         return self._abort(RmppStatus.TOTAL_TIME_TOO_LONG, self.ref or bytes(MAD_SIZE))
 
 

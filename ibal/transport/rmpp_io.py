@@ -3,9 +3,9 @@
 The MAD service owns addressing and TID matching; it hands this module an
 opaque ``key`` per transaction (peer, class, TID...) and a ``send`` function
 for that peer.  :class:`RmppTransfers` keeps one machine per key, turns its
-:class:`~ibal.transport.rmpp.Arm` actions into timers (any object with the
-:class:`Timers` shape, e.g. ``ibal.al.timer.TimerService``), its
-:class:`~ibal.transport.rmpp.Send` actions into ``send`` calls, and reports
+:class:`~ibal.transport.rmpp.ArmTimer` and ``CancelTimer`` actions into
+timers (any object with the :class:`Timers` shape, e.g. ``ibal.al.timer.TimerService``), its
+:class:`~ibal.transport.rmpp.Transmit` actions into ``send`` calls, and reports
 :class:`~ibal.transport.rmpp.Deliver`, :class:`~ibal.transport.rmpp.Complete` and
 :class:`~ibal.transport.rmpp.Fail` to the caller's ``on_result``.
 
@@ -25,15 +25,16 @@ from typing import Any, Protocol
 from ibal.clock import Clock
 from ibal.transport.rmpp import (
     Action,
-    Arm,
+    ArmTimer,
+    CancelTimer,
     Complete,
     Deliver,
     Fail,
     RmppCounters,
     RmppReceiver,
     RmppSender,
-    Send,
     State,
+    Transmit,
 )
 from ibal.wire.fields import Buffer
 from ibal.wire.mad.rmpp import RmppHeader, RmppType, is_rmpp
@@ -140,13 +141,13 @@ class RmppTransfers:
     def _run(self, t: _Transfer, actions: list[Action]) -> bool:
         switch = False
         for act in actions:
-            if isinstance(act, Send):
+            if isinstance(act, Transmit):
                 t.send(act.mad)
-            elif isinstance(act, Arm):
+            elif isinstance(act, ArmTimer | CancelTimer):
                 if t.timer is not None:
                     t.timer.cancel()
                     t.timer = None
-                if act.at is not None:
+                if isinstance(act, ArmTimer):
                     t.timer = self.timers.call_at(act.at, self._fire, t, owner=self)
             else:
                 if isinstance(act, Complete) and act.switch:

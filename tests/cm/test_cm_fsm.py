@@ -21,6 +21,7 @@ from ibal.cm.fsm import (
     CancelTimer,
     Cep,
     CmState,
+    Deliver,
     Destroy,
     Drop,
     EnterTimewait,
@@ -42,7 +43,6 @@ from ibal.cm.fsm import (
     StaleConn,
     TimerFired,
     Transmit,
-    Upcall,
     UpcallKind,
     build_rej,
     cm_ms,
@@ -215,7 +215,7 @@ def test_active_connect_req_rep_rtu() -> None:
     assert d.cep.state is S.REQ_SENT
     rep = as_recv(rep_msg(), CmAttr.REP)
     acts = d(rep, at=1.0)
-    assert acts == [CancelTimer(), Upcall(UpcallKind.REP, CmAttr.REP, rep.fields, Status.SUCCESS)]
+    assert acts == [CancelTimer(), Deliver(UpcallKind.REP, CmAttr.REP, rep.fields, Status.SUCCESS)]
     assert (d.cep.state, d.cep.remote_comm_id, d.cep.remote_qpn) == (S.REP_RCVD, P_ID, P_QPN)
     assert d.cep.remote_ca_guid == P_GUID
     assert d(SendRtu(rtu_msg())) == [Transmit(CmAttr.RTU, rtu_msg())]
@@ -237,7 +237,7 @@ def test_req_resent_each_timeout_then_rej_timeout_and_rep_upcall_timeout() -> No
     assert rej["remote_comm_id"] == 0 and rej["message_rejected"] == MessageMraed.OTHER
     assert rej["reject_info_length"] == 8 and rej["ari"][:8] == A_GUID.to_bytes(8, "big")
     assert acts[1:] == [
-        ModifyQp(QpState.ERROR), Upcall(UpcallKind.REP, None, None, Status.TIMEOUT), Release(),
+        ModifyQp(QpState.ERROR), Deliver(UpcallKind.REP, None, None, Status.TIMEOUT), Release(),
     ]  # fmt: skip
     assert d.cep.state is S.CLOSED
 
@@ -248,7 +248,7 @@ def test_mra_of_req_stretches_the_timer_by_its_service_timeout() -> None:
     acts = d(mra, at=1.0)
     stretched = 1.0 + (cm_ms(24) + cm_ms(ACK)) / 1000  # 65.536 s + 0.512 s
     assert acts == [ArmTimer(stretched, d.cep.generation),
-                    Upcall(UpcallKind.MRA, CmAttr.MRA, mra.fields, Status.SUCCESS)]  # fmt: skip
+                    Deliver(UpcallKind.MRA, CmAttr.MRA, mra.fields, Status.SUCCESS)]  # fmt: skip
     assert d.cep.state is S.MRA_REQ_RCVD
     # the timer armed before the MRA is stale now
     assert d(TimerFired(d.cep.generation - 1), at=RTX_S) == []
@@ -257,7 +257,7 @@ def test_mra_of_req_stretches_the_timer_by_its_service_timeout() -> None:
     assert isinstance(acts[1], ArmTimer) and acts[1].at == pytest.approx(2 * stretched - 1.0)
     acts = d.fire()
     assert fields_of(acts[0])["reason"] == RejReason.TIMEOUT
-    assert Upcall(UpcallKind.REP, None, None, Status.TIMEOUT) in acts
+    assert Deliver(UpcallKind.REP, None, None, Status.TIMEOUT) in acts
     assert d.cep.state is S.CLOSED
 
 
@@ -265,7 +265,7 @@ def test_rep_after_mra_establishes() -> None:
     d = active()
     d(as_recv(mra_msg(P_ID, A_ID, MessageMraed.REQ), CmAttr.MRA))
     acts = d(as_recv(rep_msg(), CmAttr.REP))
-    assert acts[0] == CancelTimer() and isinstance(acts[1], Upcall)
+    assert acts[0] == CancelTimer() and isinstance(acts[1], Deliver)
     assert d.cep.state is S.REP_RCVD
     d(SendMra(mra_msg(A_ID, P_ID, MessageMraed.REP)))
     assert d.cep.state is S.MRA_REP_SENT
@@ -310,7 +310,7 @@ def test_passive_connect_req_mra_rep_rtu() -> None:
     d = Drive(Cep(P_ID, active=False, now=0.0))
     assert d.cep.state is S.LISTEN
     req = as_recv(req_msg(), CmAttr.REQ)
-    assert d(req) == [Upcall(UpcallKind.REQ, CmAttr.REQ, req.fields, Status.SUCCESS)]
+    assert d(req) == [Deliver(UpcallKind.REQ, CmAttr.REQ, req.fields, Status.SUCCESS)]
     assert (d.cep.state, d.cep.remote_comm_id, d.cep.remote_qpn) == (S.REQ_RCVD, A_ID, A_QPN)
     assert d.cep.timewait_ms == 512
     mra = mra_msg(P_ID, A_ID, MessageMraed.REQ)
@@ -323,7 +323,7 @@ def test_passive_connect_req_mra_rep_rtu() -> None:
     assert d(req) == [Transmit(CmAttr.REP, rep_msg())]  # duplicate REQ: the REP again
     rtu = as_recv(rtu_msg(), CmAttr.RTU)
     assert d(rtu) == [CancelTimer(), ModifyQp(QpState.RTS),
-                      Upcall(UpcallKind.RTU, CmAttr.RTU, rtu.fields, Status.SUCCESS)]  # fmt: skip
+                      Deliver(UpcallKind.RTU, CmAttr.RTU, rtu.fields, Status.SUCCESS)]  # fmt: skip
     assert d.cep.state is S.ESTABLISHED
 
 
@@ -342,7 +342,7 @@ def test_rep_resent_then_rej_timeout_and_rtu_upcall_timeout() -> None:
         RejReason.TIMEOUT, P_ID, A_ID)  # fmt: skip
     assert rej["ari"][:8] == P_GUID.to_bytes(8, "big")
     assert acts[1:] == [
-        ModifyQp(QpState.ERROR), Upcall(UpcallKind.RTU, None, None, Status.TIMEOUT), Release(),
+        ModifyQp(QpState.ERROR), Deliver(UpcallKind.RTU, None, None, Status.TIMEOUT), Release(),
     ]  # fmt: skip
     assert d.cep.state is S.CLOSED
 
@@ -355,7 +355,7 @@ def test_mra_of_rep_then_rtu_and_timeouts() -> None:
     assert d.cep.state is S.MRA_REP_RCVD
     assert d.fire()[0] == Transmit(CmAttr.REP, rep_msg())
     acts = d.fire()
-    assert Upcall(UpcallKind.RTU, None, None, Status.TIMEOUT) in acts
+    assert Deliver(UpcallKind.RTU, None, None, Status.TIMEOUT) in acts
     assert d.cep.state is S.CLOSED
     d = passive_rep_sent()
     d(mra)
@@ -370,7 +370,7 @@ def test_data_before_rtu_establishes() -> None:
             d(as_recv(mra_msg(A_ID, P_ID, MessageMraed.REP), CmAttr.MRA))
         acts = d(QpEstablished())
         assert acts == [CancelTimer(), ModifyQp(QpState.RTS),
-                        Upcall(UpcallKind.RTU, None, None, Status.SUCCESS)]  # fmt: skip
+                        Deliver(UpcallKind.RTU, None, None, Status.SUCCESS)]  # fmt: skip
         assert d.cep.state is S.ESTABLISHED
         # the RTU that follows is a duplicate; a later established event nothing
         assert d(QpEstablished()) == []
@@ -435,7 +435,7 @@ def test_rej_received_before_establishment(stale: bool) -> None:
         acts = d(rej)
         want: list[Action] = [CancelTimer()] if timer else []
         want += [ModifyQp(QpState.ERROR)] if qp else []
-        want.append(Upcall(UpcallKind.REJ, CmAttr.REJ, rej.fields, Status.SUCCESS))
+        want.append(Deliver(UpcallKind.REJ, CmAttr.REJ, rej.fields, Status.SUCCESS))
         assert acts[: len(want)] == want
         assert acts[len(want)] == (EnterTimewait(d.now + TIMEWAIT_S) if stale else Release())
         assert d.cep.state is after
@@ -459,7 +459,7 @@ def test_rej_received_without_our_comm_id_only_for_timeout() -> None:
     d = passive_rep_sent()
     acts = d(as_recv(build_rej(A_ID, 0, RejReason.TIMEOUT, ari=A_GUID.to_bytes(8, "big")),
                      CmAttr.REJ))  # fmt: skip
-    assert isinstance(acts[2], Upcall) and d.cep.state is S.CLOSED
+    assert isinstance(acts[2], Deliver) and d.cep.state is S.CLOSED
     d = passive_rep_sent()
     acts = d(as_recv(build_rej(A_ID, 0, RejReason.NO_QP), CmAttr.REJ))
     assert acts == [Drop(f"REJ for comm ID 0x0, this is {P_ID:#x}")]
@@ -475,7 +475,7 @@ def test_rej_received_after_rep_enters_timewait(stale: bool) -> None:
         rej = as_recv(build_rej(P_ID, A_ID, reason), CmAttr.REJ)
         acts = d(rej, at=5.0)
         assert acts == [ModifyQp(QpState.ERROR),
-                        Upcall(UpcallKind.REJ, CmAttr.REJ, rej.fields, Status.SUCCESS),
+                        Deliver(UpcallKind.REJ, CmAttr.REJ, rej.fields, Status.SUCCESS),
                         EnterTimewait(5.0 + TIMEWAIT_S),
                         ArmTimer(5.0 + TIMEWAIT_S, d.cep.generation)]  # fmt: skip
         assert d.cep.state is S.TIMEWAIT
@@ -494,7 +494,7 @@ def test_dreq_drep_timewait_release() -> None:
     assert d.fire()[0] == Transmit(CmAttr.DREQ, dreq)  # resent
     drep = as_recv(drep_msg(P_ID, A_ID), CmAttr.DREP)
     acts = d(drep, at=12.0)
-    assert acts == [CancelTimer(), Upcall(UpcallKind.DREP, CmAttr.DREP, drep.fields,
+    assert acts == [CancelTimer(), Deliver(UpcallKind.DREP, CmAttr.DREP, drep.fields,
                                           Status.SUCCESS),
                     EnterTimewait(12.0 + TIMEWAIT_S),
                     ArmTimer(12.0 + TIMEWAIT_S, d.cep.generation)]  # fmt: skip
@@ -509,7 +509,7 @@ def test_dreq_timeout_gives_drep_upcall_timeout_and_timewait() -> None:
     d(SendDreq(dreq_msg(A_ID, P_ID, P_QPN), RTX_MS, 1), at=0.0)
     d.fire()
     acts = d.fire()
-    assert acts[0] == Upcall(UpcallKind.DREP, None, None, Status.TIMEOUT)
+    assert acts[0] == Deliver(UpcallKind.DREP, None, None, Status.TIMEOUT)
     assert isinstance(acts[1], EnterTimewait) and d.cep.state is S.TIMEWAIT
 
 
@@ -518,7 +518,7 @@ def test_dreq_received_drep_sent_and_duplicate_dreq_in_timewait_resends_it() -> 
     dreq = as_recv(dreq_msg(A_ID, P_ID, P_QPN), CmAttr.DREQ)
     acts = d(dreq)
     assert acts == [ModifyQp(QpState.ERROR),
-                    Upcall(UpcallKind.DREQ, CmAttr.DREQ, dreq.fields, Status.SUCCESS)]  # fmt: skip
+                    Deliver(UpcallKind.DREQ, CmAttr.DREQ, dreq.fields, Status.SUCCESS)]  # fmt: skip
     assert d.cep.state is S.DREQ_RCVD
     assert d(dreq) == [Drop("unexpected DREQ in DREQ rcvd")]  # answer pending
     drep = drep_msg(P_ID, A_ID)[:8] + b"\x42" * 224  # our own private data
@@ -556,7 +556,7 @@ def test_crossing_dreqs_both_answer_and_enter_timewait() -> None:
         drep = fields_of(acts[1])
         assert acts[1].attr is CmAttr.DREP  # type: ignore[union-attr]
         assert (drep["local_comm_id"], drep["remote_comm_id"]) == (d.cep.local_comm_id, peer)
-        assert isinstance(acts[2], Upcall) and acts[2].kind is UpcallKind.DREP
+        assert isinstance(acts[2], Deliver) and acts[2].kind is UpcallKind.DREP
         assert acts[2].status is Status.SUCCESS and acts[2].attr is CmAttr.DREQ
         assert isinstance(acts[3], EnterTimewait) and d.cep.state is S.TIMEWAIT
     # each DREP lands in TIMEWAIT: nothing more to do
@@ -583,7 +583,7 @@ def test_stale_established_connection_is_disconnected() -> None:
     assert (dreq["local_comm_id"], dreq["remote_comm_id"], dreq["remote_qpn"]) == (
         P_ID, A_ID, A_QPN)  # fmt: skip
     assert acts[1:] == [ArmTimer(7.0 + RTX_S, d.cep.generation), ModifyQp(QpState.ERROR),
-                        Upcall(UpcallKind.STALE, None, None, Status.SUCCESS)]  # fmt: skip
+                        Deliver(UpcallKind.STALE, None, None, Status.SUCCESS)]  # fmt: skip
     assert d.cep.state is S.DREQ_SENT
     assert d.fire()[0] == acts[0]  # the machine's DREQ is retransmitted like the user's
 
@@ -604,7 +604,7 @@ def test_stale_half_open_connection_is_rejected() -> None:
         rej = next(fields_of(a) for a in acts if isinstance(a, Transmit))
         assert (rej["reason"], rej["message_rejected"], rej["remote_comm_id"]) == (
             RejReason.STALE_CONN, rejected, peer)  # fmt: skip
-        assert Upcall(UpcallKind.STALE, None, None, Status.SUCCESS) in acts
+        assert Deliver(UpcallKind.STALE, None, None, Status.SUCCESS) in acts
         assert ModifyQp(QpState.ERROR) in acts and d.cep.state is S.TIMEWAIT
 
 
@@ -639,7 +639,7 @@ def test_peer_to_peer_crossing_reqs_smaller_side_becomes_passive() -> None:
     assert hi(relay(lo_req)) == []  # greater CA GUID: stays active, ignores the REQ
     assert hi.cep.state is S.REQ_SENT and hi.cep.active
     acts = lo(relay(hi_req))
-    assert acts[0] == CancelTimer() and isinstance(acts[1], Upcall)
+    assert acts[0] == CancelTimer() and isinstance(acts[1], Deliver)
     assert acts[1].kind is UpcallKind.REQ
     assert lo.cep.state is S.REQ_RCVD and not lo.cep.active and lo.cep.remote_comm_id == A_ID
     rep = lo(SendRep(rep_msg(P_ID, A_ID, guid=0x10, qpn=9), RTX_MS, 2))[0]
@@ -655,7 +655,7 @@ def test_peer_to_peer_crossing_reqs_smaller_side_becomes_passive() -> None:
 def test_peer_to_peer_same_guid_compares_qpn() -> None:
     d = active(p2p=True)  # A_GUID, A_QPN
     acts = d(as_recv(req_msg(P_ID, guid=A_GUID, qpn=A_QPN + 1), CmAttr.REQ))
-    assert d.cep.state is S.REQ_RCVD and isinstance(acts[-1], Upcall)
+    assert d.cep.state is S.REQ_RCVD and isinstance(acts[-1], Deliver)
     d = active(p2p=True)
     assert d(as_recv(req_msg(P_ID, guid=A_GUID, qpn=A_QPN - 1), CmAttr.REQ)) == []
     acts = d(as_recv(req_msg(P_ID, guid=A_GUID, qpn=A_QPN), CmAttr.REQ))
@@ -684,7 +684,7 @@ def test_lap_sent_resent_mra_stretched_then_apr() -> None:
     assert d.cep.lap_state is LapState.MRA_LAP_RCVD
     assert d.fire()[0] == Transmit(CmAttr.LAP, lap)
     apr = as_recv(apr_msg(), CmAttr.APR)
-    assert d(apr) == [CancelTimer(), Upcall(UpcallKind.APR, CmAttr.APR, apr.fields,
+    assert d(apr) == [CancelTimer(), Deliver(UpcallKind.APR, CmAttr.APR, apr.fields,
                                             Status.SUCCESS)]  # fmt: skip
     assert (d.cep.state, d.cep.lap_state) == (S.ESTABLISHED, LapState.IDLE)
     d(SendLap(lap, RTX_MS, 2))
@@ -697,14 +697,14 @@ def test_lap_timeout_gives_apr_upcall_timeout_connection_stays() -> None:
         d(SendLap(lap_msg(), RTX_MS, 0))
         if mra:
             d(as_recv(mra_msg(P_ID, A_ID, MessageMraed.LAP), CmAttr.MRA))
-        assert d.fire() == [Upcall(UpcallKind.APR, None, None, Status.TIMEOUT)]
+        assert d.fire() == [Deliver(UpcallKind.APR, None, None, Status.TIMEOUT)]
         assert (d.cep.state, d.cep.lap_state) == (S.ESTABLISHED, LapState.IDLE)
 
 
 def test_lap_received_mra_duplicate_apr() -> None:
     d = passive_established()
     lap = as_recv(lap_msg(), CmAttr.LAP)
-    assert d(lap) == [Upcall(UpcallKind.LAP, CmAttr.LAP, lap.fields, Status.SUCCESS)]
+    assert d(lap) == [Deliver(UpcallKind.LAP, CmAttr.LAP, lap.fields, Status.SUCCESS)]
     assert d.cep.lap_state is LapState.LAP_RCVD
     assert d(lap) == [Drop("unexpected LAP in established (LAP rcvd)")]
     mra = mra_msg(P_ID, A_ID, MessageMraed.LAP)
@@ -763,7 +763,7 @@ def test_destroy_leaves_politely_without_upcalls() -> None:
             rej = next(fields_of(a) for a in acts if isinstance(a, Transmit))
             assert (rej["reason"], rej["message_rejected"]) == (
                 RejReason.CONSUMER_DEFINED, rejected)  # fmt: skip
-            assert not any(isinstance(a, Upcall) for a in acts)
+            assert not any(isinstance(a, Deliver) for a in acts)
             assert d.cep.state is (S.TIMEWAIT if make is active_rep_rcvd else S.CLOSED)
 
 
@@ -773,7 +773,7 @@ def test_destroy_established_sends_dreq_and_mutes_the_drep() -> None:
     assert fields_of(acts[0])["remote_qpn"] == P_QPN and d.cep.state is S.DREQ_SENT
     assert d(Destroy()) == []
     acts = d(as_recv(drep_msg(P_ID, A_ID), CmAttr.DREP))
-    assert not any(isinstance(a, Upcall) for a in acts) and d.cep.state is S.TIMEWAIT
+    assert not any(isinstance(a, Deliver) for a in acts) and d.cep.state is S.TIMEWAIT
     assert d(Destroy()) == []
     assert d.fire() == [Release()]
 

@@ -26,6 +26,7 @@ from ibal.cm.fsm import (
     CancelTimer,
     Cep,
     CmState,
+    Deliver,
     Destroy,
     Drop,
     Event,
@@ -44,7 +45,6 @@ from ibal.cm.fsm import (
     SendRtu,
     StaleConn,
     TimerFired,
-    Upcall,
 )
 from ibal.status import InvalidState, Unsupported
 from ibal.types import QpState
@@ -188,7 +188,7 @@ class Walk:
             if a == ModifyQp(QpState.ERROR):
                 assert not self.failed_qp, "QP failed twice"
                 self.failed_qp = True
-            assert not (self.muted and isinstance(a, Upcall)), "upcall after destroy"
+            assert not (self.muted and isinstance(a, Deliver)), "upcall after destroy"
             self.released = self.released or isinstance(a, Release)
         assert (cep.state is CmState.CLOSED) == self.released
         if self.armed is not None:

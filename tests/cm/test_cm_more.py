@@ -12,7 +12,7 @@ from cm_world import WAIT, CmWorld, RawCm, cm_world, path, req
 import ibal
 import ibal.sa
 from ibal.cm import ConnectionRejected, connect, listen, ops, resolve_service, wire
-from ibal.cm.fsm import CmState, Upcall, UpcallKind
+from ibal.cm.fsm import CmState, Deliver, UpcallKind
 from ibal.cm.records import CmMra
 from ibal.cm.service import agent_of
 from ibal.status import InvalidSetting, InvalidState, Timeout
@@ -77,13 +77,13 @@ def test_mra_stretches_the_requesters_wait(world: CmWorld) -> None:
     """The listener MRAs (service timeout 4.096 us * 2^22, ~17 s) and answers 10 s
     later: the REQ (2*64+256 ms a try, 2 retries) would have timed out long before."""
     lst = listen(world.a.al, SVC)
-    ups: list[Upcall] = []
+    ups: list[Deliver] = []
     cb = connect(world.b.al, world.b.qp(), path(world.b, world.a), SVC, callback=lambda c: None,
                  remote_resp_timeout=16, max_cm_retries=2)  # fmt: skip
     inner = cb.handle.deliver
     assert inner is not None
 
-    def spy(h: object, up: Upcall) -> None:
+    def spy(h: object, up: Deliver) -> None:
         ups.append(up)
         inner(h, up)  # type: ignore[arg-type]
 

@@ -8,13 +8,13 @@ from ibal.cm.fsm import (
     Action,
     ArmTimer,
     CancelTimer,
+    Deliver,
     Destroy,
     Drop,
     RecvMsg,
     Release,
     TimerFired,
     Transmit,
-    Upcall,
     UpcallKind,
 )
 from ibal.cm.sidr_fsm import SIDR_TRANSITIONS, SendSidrRep, SendSidrReq, SidrCep, SidrEvent
@@ -81,7 +81,7 @@ def test_sidr_req_then_matching_rep() -> None:
     assert d(other) == [Drop(f"SIDR_REP for request ID {RID + 1:#x}, this is {RID:#x}")]
     rep = as_recv(sidr_rep(), CmAttr.SIDR_REP)
     acts = d(rep, at=1.0)
-    assert acts == [CancelTimer(), Upcall(UpcallKind.SIDR_REP, CmAttr.SIDR_REP, rep.fields,
+    assert acts == [CancelTimer(), Deliver(UpcallKind.SIDR_REP, CmAttr.SIDR_REP, rep.fields,
                                           Status.SUCCESS), Release()]  # fmt: skip
     assert rep.fields["qpn"] == 0x33 and d.cep.state is D.CLOSED
     assert d(rep) == [Drop("unexpected SIDR_REP in closed")]
@@ -95,7 +95,7 @@ def test_sidr_req_resent_then_timeout_upcall() -> None:
         assert acts == [Transmit(CmAttr.SIDR_REQ, sidr_req()),
                         ArmTimer((n + 1) * 4.096, d.cep.generation)]  # fmt: skip
     acts = d.fire()
-    assert acts == [Upcall(UpcallKind.SIDR_REP, None, None, Status.TIMEOUT), Release()]
+    assert acts == [Deliver(UpcallKind.SIDR_REP, None, None, Status.TIMEOUT), Release()]
     assert d.cep.state is D.CLOSED
     assert d(TimerFired(d.cep.generation)) == []
 
@@ -103,7 +103,7 @@ def test_sidr_req_resent_then_timeout_upcall() -> None:
 def test_sidr_responder() -> None:
     d = Drive(SidrCep(RID, active=False, now=0.0))
     req = as_recv(sidr_req(), CmAttr.SIDR_REQ)
-    assert d(req) == [Upcall(UpcallKind.SIDR_REQ, CmAttr.SIDR_REQ, req.fields, Status.SUCCESS)]
+    assert d(req) == [Deliver(UpcallKind.SIDR_REQ, CmAttr.SIDR_REQ, req.fields, Status.SUCCESS)]
     assert d.cep.state is D.SIDR_REQ_RCVD
     assert d(req) == [Drop("unexpected SIDR_REQ in SIDR_REQ rcvd")]
     with pytest.raises(InvalidParameter, match="request ID"):

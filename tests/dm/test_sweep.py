@@ -24,9 +24,9 @@ from ibal.dm.sweep import (
     RemoveIoc,
     RemoveIou,
     RemovePath,
-    Send,
     Sweep,
     Target,
+    Transmit,
     diff,
 )
 from ibal.dm.targets import RocePeer, parse_peers
@@ -93,7 +93,7 @@ class Net:
                     return a.found, now
                 if isinstance(a, ArmTimer):
                     due = a.at
-                elif isinstance(a, Send):
+                elif isinstance(a, Transmit):
                     assert isinstance(a.addr, str)
                     h = H.header(a.mad)
                     assert (h.mgmt_class, h.method, h.tid) == (MgmtClass.DEV_MGT, Method.GET, a.tid)
@@ -267,11 +267,11 @@ def test_error_statuses_end_a_request_without_retry() -> None:
     net = Net({"u1": listed})
     s = Sweep([target(1, "u1")])
     actions = s.start(0.0)
-    [first] = [a for a in actions if isinstance(a, Send)]
+    [first] = [a for a in actions if isinstance(a, Transmit)]
     r = answer(first.mad, listed)
     assert isinstance(r, Reply)
     actions = s.on_answer(r.mad, 0.0)
-    sends = [a for a in actions if isinstance(a, Send)]
+    sends = [a for a in actions if isinstance(a, Transmit)]
     assert len(sends) == 2
     for a in sends:
         r = answer(a.mad, now_gone)
@@ -286,7 +286,7 @@ def test_error_statuses_end_a_request_without_retry() -> None:
 def test_malformed_answers_are_dropped_and_counted() -> None:
     u = unit(ioc(0x11, 1))
     s = Sweep([target(1, "u1")], timeout=1.0)
-    [send] = [a for a in s.start(0.0) if isinstance(a, Send)]
+    [send] = [a for a in s.start(0.0) if isinstance(a, Transmit)]
     good = answer(send.mad, u)
     assert isinstance(good, Reply)
     forged = [
@@ -302,13 +302,13 @@ def test_malformed_answers_are_dropped_and_counted() -> None:
     assert s.stats["malformed"] == len(forged) and not s.done
     # A profile answer with IOC GUID 0 makes no sense: malformed, the request keeps waiting.
     actions = s.on_answer(good.mad, 0.2)
-    [psend] = [a for a in actions if isinstance(a, Send)]
+    [psend] = [a for a in actions if isinstance(a, Transmit)]
     bad = bytearray(H.respond(psend.mad, data=profile(0, 1)))
     assert s.on_answer(bytes(bad), 0.3) == [] and s.stats["malformed"] == len(forged) + 1
     right = answer(psend.mad, u)
     assert isinstance(right, Reply)
     for a in s.on_answer(right.mad, 0.4):
-        if isinstance(a, Send):
+        if isinstance(a, Transmit):
             r = answer(a.mad, u)
             assert isinstance(r, Reply)
             s.on_answer(r.mad, 0.5)
@@ -357,18 +357,18 @@ def test_the_gets_on_the_wire_byte_by_byte() -> None:
     no data; the modifiers at bytes 20..23 (ServiceEntries: slot, last, first)."""
     u = unit(None, ioc(0x22, 6))
     s = Sweep([target(1, "u1")], tids=iter(range(0x51, 0x60)))
-    [a] = [x for x in s.start(0.0) if isinstance(x, Send)]
+    [a] = [x for x in s.start(0.0) if isinstance(x, Transmit)]
     m = a.mad
     assert len(m) == 256 and m[0:4] == b"\x01\x06\x01\x01" and m[4:8] == bytes(4)
     assert m[8:16] == (0x51).to_bytes(8, "big") and m[16:18] == b"\x00\x10"
     assert m[18:20] == bytes(2) and m[20:24] == bytes(4) and m[24:256] == bytes(232)
     r = answer(m, u)
     assert isinstance(r, Reply)
-    [p] = [x for x in s.on_answer(r.mad, 0.0) if isinstance(x, Send)]
+    [p] = [x for x in s.on_answer(r.mad, 0.0) if isinstance(x, Transmit)]
     assert p.mad[16:18] == b"\x00\x11" and p.mad[20:24] == b"\x00\x00\x00\x02"  # slot 2
     r = answer(p.mad, u)
     assert isinstance(r, Reply)
-    e1, e2 = [x for x in s.on_answer(r.mad, 0.0) if isinstance(x, Send)]
+    e1, e2 = [x for x in s.on_answer(r.mad, 0.0) if isinstance(x, Transmit)]
     assert e1.mad[16:18] == b"\x00\x12" and e1.mad[20:24] == b"\x00\x02\x03\x00"  # 0..3
     assert e2.mad[20:24] == b"\x00\x02\x05\x04"  # entries 4..5
     assert [x.mad[8:16] for x in (e1, e2)] == [(0x53).to_bytes(8, "big"), (0x54).to_bytes(8, "big")]

@@ -12,7 +12,17 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ibal.clock import ManualClock
-from ibal.transport.rmpp import Action, Arm, Complete, Deliver, Fail, RmppReceiver, RmppSender, Send
+from ibal.transport.rmpp import (
+    Action,
+    ArmTimer,
+    CancelTimer,
+    Complete,
+    Deliver,
+    Fail,
+    RmppReceiver,
+    RmppSender,
+    Transmit,
+)
 from ibal.wire.mad.rmpp import RmppHeader, RmppType
 
 LATENCY = 0.001
@@ -61,11 +71,13 @@ class Sim:
 
     def apply(self, side: Side, actions: list[Action]) -> None:
         for act in actions:
-            if isinstance(act, Send):
+            if isinstance(act, Transmit):
                 assert len(act.mad) == 256
                 self._transmit("a" if side is self.a else "b", act.mad)
-            elif isinstance(act, Arm):
+            elif isinstance(act, ArmTimer):
                 side.deadline = act.at
+            elif isinstance(act, CancelTimer):
+                side.deadline = None
             elif isinstance(act, Deliver):
                 side.delivered.append(act)
             elif isinstance(act, Complete):

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rmpp_sim import SA_LIKE_HEADER, Sim
 
-from ibal.transport.rmpp import TRANSITIONS, Fail, RmppReceiver, RmppSender, Send, State
+from ibal.transport.rmpp import TRANSITIONS, Fail, RmppReceiver, RmppSender, State, Transmit
 from ibal.wire.mad.rmpp import (
     RMPP_HEADER,
     SEGMENT_AREA,
@@ -190,7 +190,7 @@ def _rx() -> RmppReceiver:
 
 
 def _abort_status(actions: list[object]) -> tuple[int, int]:
-    (send,) = [a for a in actions if isinstance(a, Send)]
+    (send,) = [a for a in actions if isinstance(a, Transmit)]
     h = RmppHeader.of(send.mad)
     return h.type, h.status
 

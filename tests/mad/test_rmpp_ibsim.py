@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ibal.testing.ibsim import Fabric
-from ibal.transport.rmpp import RmppReceiver, Send, State
+from ibal.transport.rmpp import RmppReceiver, State, Transmit
 from ibal.wire.mad.rmpp import RmppHeader, RmppStatus, RmppType
 
 PROBE = Path(__file__).with_name("rmpp_ibsim_probe.py")
@@ -43,7 +43,7 @@ def test_opensm_first_segment_header(ibsim_fabric: Fabric) -> None:
     rx = RmppReceiver(class_header_size=20)
     rx.start(0.0)
     acts = rx.handle(mad, 0.0)
-    (send,) = [a for a in acts if isinstance(a, Send)]
+    (send,) = [a for a in acts if isinstance(a, Transmit)]
     h = RmppHeader.of(send.mad)
     assert (h.type, h.status) == (RmppType.ABORT, RmppStatus.UNSUPPORTED_VERSION)
     assert send.mad[8:16] == mad[8:16] and send.mad[3] == 0x12  # same TID, back to the SA

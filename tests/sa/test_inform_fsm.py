@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 
 from ibal.sa.inform_fsm import (
-    ArmRetry,
-    Cancel,
+    ArmTimer,
+    CancelRequest,
     Deliver,
-    Finished,
+    Finish,
     InformInfo,
     InformMachine,
     Notice,
-    SendSet,
     SubDone,
     SubPhase,
+    TransmitSet,
 )
 from ibal.status import Status
 from ibal.wire.fields import FieldError
@@ -38,10 +38,10 @@ def notice(trap: int, *, lid: int = 1, gid: bytes = SM_GID, subject: bytes = GID
     return Notice.decode(raw)
 
 
-def started(info: InformInfo | None = None) -> tuple[InformMachine, SendSet]:
+def started(info: InformInfo | None = None) -> tuple[InformMachine, TransmitSet]:
     m = InformMachine(info or InformInfo(trap_number=64))
     acts = m.subscribe()
-    assert len(acts) == 1 and isinstance(acts[0], SendSet)
+    assert len(acts) == 1 and isinstance(acts[0], TransmitSet)
     return m, acts[0]
 
 
@@ -60,10 +60,10 @@ def test_the_set_carries_the_informinfo_with_subscribe_1_then_0() -> None:
         2, 0xFFFF, 1, 18)  # fmt: skip
     m.answer(s.tag, Status.SUCCESS)
     (u,) = m.unsubscribe()
-    assert isinstance(u, SendSet) and not u.subscribe
+    assert isinstance(u, TransmitSet) and not u.subscribe
     assert sa.INFORM_INFO.decode(u.record)["subscribe"] == 0
     assert u.record[:23] + u.record[24:] == s.record[:23] + s.record[24:]  # only Subscribe
-    assert m.answer(u.tag, Status.SUCCESS) == [Finished(Status.SUCCESS)]
+    assert m.answer(u.tag, Status.SUCCESS) == [Finish(Status.SUCCESS)]
     assert m.phase is SubPhase.GONE
 
 
@@ -82,7 +82,7 @@ def test_a_failed_subscribe_drops_held_reports_and_delivers_none_later() -> None
     assert m.phase is SubPhase.FAILED
     assert m.report(notice(64)) == []
     assert m.dropped_reports == 2
-    assert m.unsubscribe() == [Finished(Status.SUCCESS)]  # nothing to undo at the SA
+    assert m.unsubscribe() == [Finish(Status.SUCCESS)]  # nothing to undo at the SA
 
 
 def test_timeout_is_the_outcome_when_no_sa_answers() -> None:
@@ -111,7 +111,7 @@ def test_no_report_after_unsubscribe() -> None:
     m = active()
     (u,) = m.unsubscribe()
     assert m.report(notice(64)) == []
-    assert m.answer(u.tag, Status.TIMEOUT) == [Finished(Status.TIMEOUT)]
+    assert m.answer(u.tag, Status.TIMEOUT) == [Finish(Status.TIMEOUT)]
     assert m.report(notice(64)) == []
     assert m.dropped_reports == 2
 
@@ -120,27 +120,27 @@ def test_unsubscribe_before_the_answer_undoes_a_subscribe_the_sa_took() -> None:
     m, s = started()
     assert m.unsubscribe() == []  # the Set may still be taken: wait for its answer
     (u,) = m.answer(s.tag, Status.SUCCESS)
-    assert isinstance(u, SendSet) and not u.subscribe  # no SubDone, no report
-    assert m.answer(u.tag, Status.SUCCESS) == [Finished(Status.SUCCESS)]
+    assert isinstance(u, TransmitSet) and not u.subscribe  # no SubDone, no report
+    assert m.answer(u.tag, Status.SUCCESS) == [Finish(Status.SUCCESS)]
 
 
 def test_unsubscribe_before_a_failed_answer_ends_at_once() -> None:
     m, s = started()
     m.unsubscribe()
-    assert m.answer(s.tag, Status.TIMEOUT) == [Finished(Status.SUCCESS)]
+    assert m.answer(s.tag, Status.TIMEOUT) == [Finish(Status.SUCCESS)]
 
 
 def test_reregister_renews_and_a_refused_renewal_backs_off() -> None:
     m = active()
     (r,) = m.reregister()
-    assert isinstance(r, SendSet) and r.subscribe
+    assert isinstance(r, TransmitSet) and r.subscribe
     assert m.reregister() == []  # one Set at a time: the second one follows
     (r2,) = m.answer(r.tag, Status.SUCCESS)
-    assert isinstance(r2, SendSet) and r2.subscribe and m.renewals == 1
-    assert m.answer(r2.tag, Status.TIMEOUT) == [ArmRetry(1.0)]
+    assert isinstance(r2, TransmitSet) and r2.subscribe and m.renewals == 1
+    assert m.answer(r2.tag, Status.TIMEOUT) == [ArmTimer(1.0)]
     assert m.phase is SubPhase.ACTIVE and m.last_renew_status is Status.TIMEOUT
     (r3,) = m.retry_due()
-    assert m.answer(r3.tag, Status.REMOTE_ERROR, 0x0100) == [ArmRetry(2.0)]
+    assert m.answer(r3.tag, Status.REMOTE_ERROR, 0x0100) == [ArmTimer(2.0)]
     (r4,) = m.retry_due()
     assert m.answer(r4.tag, Status.SUCCESS) == [] and m.renewals == 2
     assert m.report(notice(64)) == [Deliver(notice(64))]  # still delivering throughout
@@ -151,7 +151,7 @@ def test_reregister_during_the_first_set_renews_after_it() -> None:
     assert m.reregister() == []
     acts = m.answer(s.tag, Status.SUCCESS)
     assert acts[0] == SubDone(Status.SUCCESS)
-    assert isinstance(acts[1], SendSet) and acts[1].subscribe
+    assert isinstance(acts[1], TransmitSet) and acts[1].subscribe
 
 
 def test_unsubscribe_during_a_renewal_follows_it() -> None:
@@ -159,7 +159,7 @@ def test_unsubscribe_during_a_renewal_follows_it() -> None:
     (r,) = m.reregister()
     assert m.unsubscribe() == []
     (u,) = m.answer(r.tag, Status.SUCCESS)
-    assert isinstance(u, SendSet) and not u.subscribe
+    assert isinstance(u, TransmitSet) and not u.subscribe
     assert m.retry_due() == []
 
 
@@ -203,7 +203,7 @@ def test_informinfo_round_trip_and_range_checks() -> None:
 
 def test_unsubscribe_of_a_shared_record_sends_nothing() -> None:
     m = active()
-    assert m.unsubscribe(shared=True) == [Finished(Status.SUCCESS)]
+    assert m.unsubscribe(shared=True) == [Finish(Status.SUCCESS)]
     m2, s = started()
-    assert m2.unsubscribe(shared=True) == [Cancel(s.tag), Finished(Status.SUCCESS)]
+    assert m2.unsubscribe(shared=True) == [CancelRequest(s.tag), Finish(Status.SUCCESS)]
     assert m2.answer(s.tag, Status.SUCCESS) == []

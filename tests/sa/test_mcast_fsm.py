@@ -6,18 +6,18 @@ import pytest
 
 from ibal.sa.mcast_fsm import (
     LEAVE_MASK,
-    ArmRetry,
+    ArmTimer,
     Attach,
-    Cancel,
+    CancelRequest,
+    Deliver,
     Detach,
-    Finished,
+    Finish,
     JoinState,
     McastMachine,
     McastPhase,
     MemberRec,
-    Report,
-    SendDelete,
-    SendSet,
+    TransmitDelete,
+    TransmitSet,
     join_mask,
 )
 from ibal.status import Status
@@ -63,22 +63,22 @@ def test_record_round_trip_and_masks() -> None:
 def test_join_attach_report_then_leave_detach_delete() -> None:
     m = machine(JoinState.NON)
     (send,) = m.join()
-    assert isinstance(send, SendSet) and send.comp_mask == LEAVE_MASK
+    assert isinstance(send, TransmitSet) and send.comp_mask == LEAVE_MASK
     assert MemberRec.decode(send.record).join_state is JoinState.NON
     assert m.phase is McastPhase.JOINING
     acts = m.answer(send.tag, Status.SUCCESS, 0, [answer_rec(send.record, 0xC005)])
     assert acts[0] == Attach(MGID, 0xC005)
-    assert isinstance(acts[1], Report) and acts[1].status is Status.SUCCESS
+    assert isinstance(acts[1], Deliver) and acts[1].status is Status.SUCCESS
     assert acts[1].record is not None and acts[1].record.mlid == 0xC005 and not acts[1].rejoin
     assert m.phase is McastPhase.JOINED
     acts = m.leave()
     assert acts[0] == Detach()
     delete = acts[1]
-    assert isinstance(delete, SendDelete) and delete.comp_mask == LEAVE_MASK
+    assert isinstance(delete, TransmitDelete) and delete.comp_mask == LEAVE_MASK
     left = MemberRec.decode(delete.record)
     assert (left.mgid, left.port_gid, left.join_state) == (MGID, PORT_GID, JoinState.NON)
     assert m.phase is McastPhase.LEAVING and m.leave() == []
-    assert m.answer(delete.tag, Status.SUCCESS) == [Finished(Status.SUCCESS)]
+    assert m.answer(delete.tag, Status.SUCCESS) == [Finish(Status.SUCCESS)]
     assert m.phase is McastPhase.LEFT
 
 
@@ -87,8 +87,8 @@ def test_first_join_error_reports_and_ends() -> None:
     (send,) = m.join()
     acts = m.answer(send.tag, Status.REMOTE_ERROR, SA_REMOTE_ERR_REQ_INVALID)
     assert acts == [
-        Report(Status.REMOTE_ERROR, SA_REMOTE_ERR_REQ_INVALID),
-        Finished(Status.REMOTE_ERROR, SA_REMOTE_ERR_REQ_INVALID),
+        Deliver(Status.REMOTE_ERROR, SA_REMOTE_ERR_REQ_INVALID),
+        Finish(Status.REMOTE_ERROR, SA_REMOTE_ERR_REQ_INVALID),
     ]
     assert m.phase is McastPhase.LEFT and m.attached is None
     assert m.reregister() == [] and m.leave() == []
@@ -97,14 +97,14 @@ def test_first_join_error_reports_and_ends() -> None:
 def test_success_without_a_record_is_an_error() -> None:
     m = machine()
     (send,) = m.join()
-    assert m.answer(send.tag, Status.SUCCESS, 0, [b"short"])[0] == Report(Status.ERROR)
+    assert m.answer(send.tag, Status.SUCCESS, 0, [b"short"])[0] == Deliver(Status.ERROR)
 
 
 def test_stale_answers_are_ignored() -> None:
     m = machine()
     (first,) = m.join()
     cancel, second = m.reregister()  # e.g. SM change while the first join was out
-    assert cancel == Cancel(first.tag) and isinstance(second, SendSet)
+    assert cancel == CancelRequest(first.tag) and isinstance(second, TransmitSet)
     assert m.answer(first.tag, Status.SUCCESS, 0, [answer_rec(first.record, 0xC001)]) == []
     assert m.answer(first.tag, Status.CANCELED) == []
     acts = m.answer(second.tag, Status.SUCCESS, 0, [answer_rec(second.record, 0xC002)])
@@ -116,10 +116,10 @@ def test_rejoin_keeps_attachment_or_moves_it_and_says_rejoin() -> None:
     (send,) = m.join()
     m.answer(send.tag, Status.SUCCESS, 0, [answer_rec(send.record, 0xC001)])
     (again,) = m.reregister()
-    assert isinstance(again, SendSet) and m.phase is McastPhase.JOINING
+    assert isinstance(again, TransmitSet) and m.phase is McastPhase.JOINING
     assert m.attached == (MGID, 0xC001)  # traffic keeps flowing meanwhile
     acts = m.answer(again.tag, Status.SUCCESS, 0, [answer_rec(again.record, 0xC001)])
-    assert acts == [Report(Status.SUCCESS, 0, m.record, True)]  # same MLID: no re-attach
+    assert acts == [Deliver(Status.SUCCESS, 0, m.record, True)]  # same MLID: no re-attach
     (again,) = m.reregister()
     acts = m.answer(again.tag, Status.SUCCESS, 0, [answer_rec(again.record, 0xC007)])
     assert acts[:2] == [Detach(), Attach(MGID, 0xC007)] and m.attached == (MGID, 0xC007)
@@ -133,17 +133,17 @@ def test_rejoin_failure_retries_with_doubling_backoff() -> None:
     delays = []
     for _ in range(4):
         report, arm = m.answer(send.tag, Status.TIMEOUT)
-        assert report == Report(Status.TIMEOUT, 0, None, True)
-        assert isinstance(arm, ArmRetry)
+        assert report == Deliver(Status.TIMEOUT, 0, None, True)
+        assert isinstance(arm, ArmTimer)
         delays.append(arm.delay)
         assert m.phase is McastPhase.JOINING and m.attached == (MGID, 0xC001)
         (send,) = m.retry_due()
-        assert isinstance(send, SendSet)
+        assert isinstance(send, TransmitSet)
     assert delays == [1.0, 2.0, 4.0, 4.0]
     assert m.answer(send.tag, Status.SUCCESS, 0, [answer_rec(send.record, 0xC001)])[-1].rejoin
     (send,) = m.reregister()
-    assert m.answer(send.tag, Status.TIMEOUT)[1] == ArmRetry(1.0)  # success reset it
-    assert m.retry_due() != [] and m.retry_due() == []  # one retry per ArmRetry
+    assert m.answer(send.tag, Status.TIMEOUT)[1] == ArmTimer(1.0)  # success reset it
+    assert m.retry_due() != [] and m.retry_due() == []  # one retry per ArmTimer
 
 
 def test_leave_while_rejoin_waits_stops_retrying() -> None:
@@ -153,20 +153,20 @@ def test_leave_while_rejoin_waits_stops_retrying() -> None:
     (send,) = m.reregister()
     m.answer(send.tag, Status.TIMEOUT)
     acts = m.leave()
-    assert acts[0] == Detach() and isinstance(acts[1], SendDelete)
+    assert acts[0] == Detach() and isinstance(acts[1], TransmitDelete)
     assert m.retry_due() == [] and m.reregister() == []
-    assert m.answer(acts[1].tag, Status.TIMEOUT) == [Finished(Status.TIMEOUT)]
+    assert m.answer(acts[1].tag, Status.TIMEOUT) == [Finish(Status.TIMEOUT)]
 
 
 def test_leave_before_the_join_answered_cancels_and_still_deletes() -> None:
     m = machine()
     (send,) = m.join()
     cancel, report, delete = m.leave()
-    assert cancel == Cancel(send.tag) and report == Report(Status.CANCELED)
-    assert isinstance(delete, SendDelete)
+    assert cancel == CancelRequest(send.tag) and report == Deliver(Status.CANCELED)
+    assert isinstance(delete, TransmitDelete)
     assert m.answer(send.tag, Status.SUCCESS, 0, [answer_rec(send.record, 0xC001)]) == []
     assert m.answer(delete.tag, Status.REMOTE_ERROR, SA_REMOTE_ERR_REQ_INVALID) == [
-        Finished(Status.REMOTE_ERROR, SA_REMOTE_ERR_REQ_INVALID)
+        Finish(Status.REMOTE_ERROR, SA_REMOTE_ERR_REQ_INVALID)
     ]
 
 
@@ -188,8 +188,8 @@ def test_sa_assigned_mgid_is_the_one_rejoined_and_left() -> None:
     assert m.attached == (assigned, 0xC003)
     (again,) = m.reregister()
     report, anew = m.answer(again.tag, Status.REMOTE_ERROR, SA_REMOTE_ERR_REQ_INVALID)
-    assert report == Report(Status.REMOTE_ERROR, SA_REMOTE_ERR_REQ_INVALID, None, True)
-    assert isinstance(anew, SendSet) and anew.comp_mask == send.comp_mask
+    assert report == Deliver(Status.REMOTE_ERROR, SA_REMOTE_ERR_REQ_INVALID, None, True)
+    assert isinstance(anew, TransmitSet) and anew.comp_mask == send.comp_mask
     assert MemberRec.decode(anew.record).mgid == zero
     other = Gid("ff12:a01b:ffff::c0:fff0")
     acts = m.answer(anew.tag, Status.SUCCESS, 0, [answer_rec(anew.record, 0xC004, other)])
@@ -198,7 +198,7 @@ def test_sa_assigned_mgid_is_the_one_rejoined_and_left() -> None:
     assert MemberRec.decode(again.record).mgid == other  # that one from now on
     m.answer(again.tag, Status.SUCCESS, 0, [answer_rec(again.record, 0xC004, other)])
     delete = m.leave()[1]
-    assert isinstance(delete, SendDelete) and MemberRec.decode(delete.record).mgid == other
+    assert isinstance(delete, TransmitDelete) and MemberRec.decode(delete.record).mgid == other
 
 
 def test_bad_join_state_is_refused() -> None:
