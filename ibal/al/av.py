@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ibal.al import ranges
 from ibal.al.obj import CaObject
 from ibal.status import InvalidAvHandle, InvalidParameter, InvalidPort
 from ibal.types import AvAttr
@@ -17,6 +18,9 @@ def check_av_attr(attr: object, cica: CiCa) -> AvAttr:
     """``attr`` as an ``AvAttr`` whose port exists on the CA (eager, as decided)."""
     if not isinstance(attr, AvAttr):
         raise InvalidParameter("an AvAttr is required")
+    if type(attr.port_num) is not int:
+        raise InvalidPort(f"port_num must be an int, not {attr.port_num!r:.40}")
+    ranges.check_av(attr)
     if cica.port(attr.port_num) is None:
         raise InvalidPort(f"CA {cica.name} has no port {attr.port_num}")
     return attr

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ibal import qp_fsm
+from ibal.al import ranges
 from ibal.al.av import Av
 from ibal.al.cq import Cq
 from ibal.al.dispatcher import log
@@ -226,6 +227,7 @@ class Qp(QpWork):
         self._check()
         if not isinstance(mod, QpMod):
             raise InvalidParameter("a QpMod is required")
+        ranges.check_qp_mod(mod)
         with self._modify_lock:
             if mod.current_state is not None and mod.current_state is not self._qp_state:
                 self._resync()

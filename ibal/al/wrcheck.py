@@ -2,9 +2,11 @@
 
 Providers may assume what the contract types say (a ``SendWr`` with ``Sge``
 entries of ints); a wrong object must come back as an ibal status, not as an
-``AttributeError`` from inside a provider, and must never be queued.  The
-checks are type tests only (values are the provider's to judge), one pass
-over the list, a few attribute loads per work request.
+``AttributeError`` from inside a provider, and must never be queued.  Numeric
+fields must also fit their wire widths (:mod:`ibal.al.ranges`): a key of
+2**32 would otherwise stop a provider that packs it, or be truncated by one
+that does not.  One pass over the list, a few attribute loads per request;
+opcodes and lengths against the CA's limits stay the provider's to judge.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ibal.al import ranges
 from ibal.status import PostError, Status, post_error
 from ibal.types import BASE_WR_TYPES, BindWr, RecvWr, SendWr, Sge, UdDest, WrType
 
@@ -45,7 +48,7 @@ def _sgl_problem(sgl: Any) -> str | None:
             return f"sg_list holds {type(g).__name__}, not Sge"
         if not _ints(g.addr, g.length, g.lkey):
             return "Sge addr, length and lkey must be ints"
-    return None
+    return ranges.sgl_problem(sgl)
 
 
 def _send_problem(wr: Any) -> str | None:
@@ -68,7 +71,7 @@ def _send_problem(wr: Any) -> str | None:
         not isinstance(ud, UdDest) or not _ints(ud.remote_qp, ud.remote_qkey, ud.pkey_index)
     ):
         return "ud must be a UdDest with int remote_qp, remote_qkey and pkey_index"
-    return _sgl_problem(wr.sg_list)
+    return _sgl_problem(wr.sg_list) or ranges.send_problem(wr)
 
 
 def _recv_problem(wr: Any) -> str | None:
@@ -76,6 +79,8 @@ def _recv_problem(wr: Any) -> str | None:
         return f"{type(wr).__name__} is not a RecvWr"
     if not _ints(wr.wr_id):
         return "wr_id must be an int"
+    if not 0 <= wr.wr_id <= ranges.U64:
+        return f"RecvWr.wr_id {wr.wr_id} out of range 0..{ranges.U64:#x}"
     return _sgl_problem(wr.sg_list)
 
 
@@ -102,17 +107,22 @@ def recv_list(wrs: Any) -> tuple[Sequence[RecvWr], PostError | None]:
 
 def _plain_sends(wrs: Sequence[Any]) -> bool:
     """The common case in one tight pass: well-formed, connected, version-1 opcodes."""
-    try:  # ``|`` raises TypeError unless ints
+    try:  # ``|`` raises TypeError unless ints; a negative or too wide one shifts to nonzero
         for wr in wrs:
             if type(wr) is not SendWr or not isinstance(wr.opcode, int):
                 raise TypeError
             if not isinstance(wr.send_opt, int):  # enums: | on them is slow
                 raise TypeError
-            _ = wr.wr_id | wr.imm | wr.remote_addr | wr.rkey | wr.compare_add | wr.swap
-            for g in wr.sg_list:
-                if type(g) is not Sge:
+            if (wr.wr_id | wr.remote_addr | wr.compare_add | wr.swap) >> 64 or (
+                wr.imm | wr.rkey | wr.invalidate_rkey
+            ) >> 32:
+                raise TypeError
+            sgl = wr.sg_list
+            if type(sgl) is not list and type(sgl) is not tuple:
+                raise TypeError  # a generator would be used up here
+            for g in sgl:
+                if type(g) is not Sge or g.addr >> 64 or (g.length | g.lkey) >> 32:
                     raise TypeError
-                _ = g.addr | g.length | g.lkey
             if wr.ud is not None or wr.opcode > _LAST_BASE:
                 raise TypeError  # UD and invalidate/bind requests take the careful path
         return True
@@ -138,13 +148,14 @@ def first_bad_recv(wrs: Sequence[Any]) -> PostError | None:
     """The error for the first malformed receive work request, or ``None``."""
     try:
         for wr in wrs:
-            if type(wr) is not RecvWr:
+            if type(wr) is not RecvWr or wr.wr_id >> 64:
                 raise TypeError
-            _ = wr.wr_id | 0
-            for g in wr.sg_list:
-                if type(g) is not Sge:
+            sgl = wr.sg_list
+            if type(sgl) is not list and type(sgl) is not tuple:
+                raise TypeError
+            for g in sgl:
+                if type(g) is not Sge or g.addr >> 64 or (g.length | g.lkey) >> 32:
                     raise TypeError
-                _ = g.addr | g.length | g.lkey
         return None
     except (TypeError, AttributeError):
         pass

@@ -52,6 +52,7 @@ IO_DROPS: Final = (
     "not_roce",  # raw path: not UDP to port 4791 of this device (filter race)
     "ip_options",  # raw path: IPv4 header with options (rxe never sends them)
     "handler_error",  # the CA layer's callback raised
+    "qp_fault",  # a QP core raised on a work request (the QP goes to ERROR, the thread lives)
 )
 
 

@@ -79,7 +79,7 @@ class Engine:
             for pkt in packets:
                 self._dispatch(pkt, now, touched, True)
             for qp in touched:
-                self._pump(qp, now)
+                self._guarded_pump(qp, now)
             self._run_local(now)
             self._flush()
 
@@ -110,9 +110,27 @@ class Engine:
         with self._lock:
             now = time.monotonic()
             self._own = self.io.own
-            self._pump(qp, now)
+            self._guarded_pump(qp, now)
             self._run_local(now)
             self._flush()
+
+    def _guarded_pump(self, qp: Qp, now: float, timer: bool = False) -> None:
+        """:meth:`_pump` (after the core's timer when ``timer``); a core that raises
+        goes to ERROR with QP_FATAL, so one QP's broken work request cannot stop the
+        thread that serves every QP of the device (the timer thread above all)."""
+        try:
+            if timer:
+                qp.core.handle_timer(now)
+            self._pump(qp, now)
+        except Exception:
+            self.counters.drop("qp_fault")
+            self._deadlines.pop(qp, None)
+            try:
+                qp.core.to_error()
+                qp.core.out.events.append(AsyncEvent.QP_FATAL)
+                self.deliver(qp)
+            except Exception:
+                self.counters.drop("qp_fault")
 
     def _pump(self, qp: Qp, now: float) -> None:
         core = qp.core
@@ -178,7 +196,7 @@ class Engine:
             while local:
                 self._dispatch(local.popleft(), now, touched, False)
             for qp in touched:
-                self._pump(qp, now)
+                self._guarded_pump(qp, now)
 
     def _loop_mcast(self, pkt: Packet, dst: bytes) -> None:
         """This device's own members of a group get the datagram locally, as the IP
@@ -259,8 +277,7 @@ class Engine:
                     for qp in due:
                         self._deadlines.pop(qp, None)
                         if qp.alive:
-                            qp.core.handle_timer(now)
-                            self._pump(qp, now)
+                            self._guarded_pump(qp, now, timer=True)
                     self._run_local(now)
                     self._flush()
                     self._timer_wake = now + TIMER_TICK
