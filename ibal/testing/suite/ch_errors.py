@@ -19,6 +19,7 @@ from ibal.testing.helpers import (
     wait_wc,
     wait_wcs,
 )
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, deviation, require_opcode
 from ibal.types import (
     AccessFlags,
@@ -67,6 +68,7 @@ class ErrorCompletionChecks(ConformanceBase):
         pair.b.buf = buf
         return pair
 
+    @rules("iba:rnr.exceeded", "iba:retry.error-state")
     def test_rnr_retry_exceeded(self, ca: Ca, port: PortAttr) -> None:
         """IBA 9.7.5.2.8: an RC SEND with no receive posted and rnr_retry 0 → RNR_RETRY_ERR; QP to
         ERROR."""
@@ -76,6 +78,7 @@ class ErrorCompletionChecks(ConformanceBase):
         assert (wc.wr_id, wc.status, wc.qp_num) == (9, WcStatus.RNR_RETRY_ERR, pair.a.qp.num)
         wait_until(lambda: pair.a.qp.query().state is QpState.ERROR, "requester QP in ERROR")
 
+    @rules("iba:retry.exceeded")
     def test_transport_retry_exceeded(self, ca: Ca, port: PortAttr) -> None:
         """IBA 9.7.6.1.3: no ACK within the local ACK timeout and retry_cnt 0 →
         TIMEOUT_RETRY_ERR."""
@@ -85,6 +88,7 @@ class ErrorCompletionChecks(ConformanceBase):
         assert (wc.wr_id, wc.status) == (3, WcStatus.TIMEOUT_RETRY_ERR)
         assert pair.b.get(0, 7) == bytes(7)
 
+    @rules("ci:74", "iba:mp.rkey", "iba:mp.untouched")
     def test_bad_rkey_is_remote_access_error(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 74 / IBA 9.7.5.1.3: an unknown R_Key → REM_ACCESS_ERR; remote memory
         untouched."""
@@ -94,6 +98,7 @@ class ErrorCompletionChecks(ConformanceBase):
         assert (wc.wr_id, wc.status) == (4, WcStatus.REM_ACCESS_ERR)
         assert pair.b.get(0, 9) == bytes(9)
 
+    @rules("iba:mp.remote-bounds", "iba:mp.untouched")
     def test_write_beyond_region_is_remote_access_error(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.6.3: an RDMA WRITE past the end of the remote region → REM_ACCESS_ERR."""
         pair = self._rc(ca, port)
@@ -103,6 +108,7 @@ class ErrorCompletionChecks(ConformanceBase):
         assert (wc.wr_id, wc.status) == (5, WcStatus.REM_ACCESS_ERR)
         assert pair.b.get(len(pair.b.buf) - 16, 16) == bytes(16)
 
+    @rules("ci:74", "iba:mp.remote-rights")
     def test_write_without_remote_write_right(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 74: an MR registered without RDMA_WRITE refuses remote writes
         (REM_ACCESS_ERR)."""
@@ -110,6 +116,7 @@ class ErrorCompletionChecks(ConformanceBase):
         pair.write(b"no", wr_id=6)
         assert wait_wc(pair.a.cq).status is WcStatus.REM_ACCESS_ERR
 
+    @rules("ci:74", "iba:mp.remote-rights")
     def test_read_without_remote_read_right(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 74: an MR registered without RDMA_READ refuses remote reads
         (REM_ACCESS_ERR)."""
@@ -119,6 +126,7 @@ class ErrorCompletionChecks(ConformanceBase):
         wc = wait_wc(pair.a.cq)
         assert (wc.wr_id, wc.status) == (7, WcStatus.REM_ACCESS_ERR)
 
+    @rules("ci:74", "iba:mp.remote-rights", "iba:at.rights")
     def test_atomic_without_remote_atomic_right(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 74: an MR registered without ATOMIC refuses atomics (REM_ACCESS_ERR)."""
         require_opcode(ca.capabilities, QpType.RC, WrType.FETCH_ADD)
@@ -126,6 +134,7 @@ class ErrorCompletionChecks(ConformanceBase):
         wc = pair.atomic(WrType.FETCH_ADD, remote_off=0, local_off=0, compare_add=1)
         assert wc.status is WcStatus.REM_ACCESS_ERR
 
+    @rules("ci:74", "iba:mp.remote-rights", "iba:mp.untouched")
     def test_local_only_mr_has_no_remote_access(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 74: an rkey is meaningful only with remote rights; local-only MRs
         refuse."""
@@ -154,6 +163,7 @@ class ErrorCompletionChecks(ConformanceBase):
         assert wc.wr_id == wr_id
         assert_local_error(ca.capabilities, wc.status, WcStatus.LOCAL_PROTECTION_ERR)
 
+    @rules("iba:mp.lkey")
     def test_bad_lkey_is_local_protection_error(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.6.3: an SGE with an unknown L_Key → LOCAL_PROTECTION_ERR (an xfail on a CA
         declaring the precise_local_errors deviation)."""
@@ -161,6 +171,7 @@ class ErrorCompletionChecks(ConformanceBase):
         bad = Sge(addr=pair.a.mr.vaddr, length=8, lkey=pair.a.mr.lkey ^ 0x00FF_FF00)
         self._write_from(ca, pair, bad, wr_id=10)
 
+    @rules("iba:mp.local-bounds")
     def test_sge_beyond_region_is_local_protection_error(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.6.3: an SGE running past its region's end → LOCAL_PROTECTION_ERR (an xfail on
         a CA declaring the precise_local_errors deviation)."""
@@ -168,6 +179,7 @@ class ErrorCompletionChecks(ConformanceBase):
         bad = Sge(addr=pair.a.mr.vaddr + len(pair.a.buf) - 4, length=64, lkey=pair.a.mr.lkey)
         self._write_from(ca, pair, bad, wr_id=11)
 
+    @rules("iba:mp.local-pd")
     def test_lkey_of_other_pd_is_local_protection_error(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.2.3: an MR of another PD cannot be used by the QP → LOCAL_PROTECTION_ERR (or
         an xfail on a CA declaring the precise_local_errors deviation)."""
@@ -175,6 +187,7 @@ class ErrorCompletionChecks(ConformanceBase):
         other = ca.alloc_pd().reg_mem(bytearray(64), AccessFlags.LOCAL_WRITE)
         self._write_from(ca, pair, Sge(other.vaddr, 8, other.lkey), wr_id=12)
 
+    @rules("iba:mp.remote-pd", "iba:mp.untouched")
     def test_rkey_of_other_pd_is_remote_access_error(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.2.3: an R_Key whose MR is in another PD than the responder QP → REM_ACCESS_ERR."""
         pair = self._rc(ca, port)
@@ -185,6 +198,7 @@ class ErrorCompletionChecks(ConformanceBase):
         assert (wc.wr_id, wc.status) == (13, WcStatus.REM_ACCESS_ERR)
         assert bytes(buf[:8]) == bytes(8)
 
+    @rules("iba:wc.length")
     def test_receive_too_small_is_length_error(self, ca: Ca, port: PortAttr) -> None:
         """IBA 9.9.3: a message longer than the receive → LOCAL_LEN_ERR there (an xfail on a CA
         declaring the precise_local_errors deviation), REM_INVALID_REQ_ERR at the sender."""
@@ -198,6 +212,7 @@ class ErrorCompletionChecks(ConformanceBase):
         assert sent.wr_id == 21
         assert sent.status in (WcStatus.REM_INVALID_REQ_ERR, WcStatus.REM_OP_ERR)
 
+    @rules("iba:wc.length")
     def test_ud_receive_too_small_is_length_error(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.2.4: a datagram longer than the receive buffer → LOCAL_LEN_ERR at the receiver
         only (or an xfail on a CA declaring the precise_local_errors deviation)."""
@@ -210,6 +225,7 @@ class ErrorCompletionChecks(ConformanceBase):
         assert recv.wr_id == 30
         assert_local_error(ca.capabilities, recv.status, WcStatus.LOCAL_LEN_ERR)
 
+    @rules("iba:wc.flush")
     def test_failure_flushes_later_sends(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.8.3: after an error completion, the WRs behind it complete with WR_FLUSHED_ERR, in
         order."""
@@ -235,6 +251,7 @@ class ErrorCompletionChecks(ConformanceBase):
         ]
         assert all(w.qp_num == pair.a.qp.num for w in wcs)
 
+    @rules("iba:wc.errors-complete")
     def test_unsignaled_failures_and_flushes_complete(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.8.3 / ci-contract §3.3: an unsignaled WR that fails, and the unsignaled WRs
         flushed behind it, still complete (errors are always reported); in order."""
@@ -261,6 +278,7 @@ class ErrorCompletionChecks(ConformanceBase):
             (3, WcStatus.WR_FLUSHED_ERR),
         ]
 
+    @rules("iba:wc.errors-complete")
     def test_unsignaled_sends_flushed_by_error_state_complete(
         self, ca: Ca, port: PortAttr
     ) -> None:
@@ -286,6 +304,7 @@ class ErrorCompletionChecks(ConformanceBase):
         assert [w.wr_id for w in wcs] == [20, 21, 22]
         assert {w.status for w in wcs} <= {WcStatus.WR_FLUSHED_ERR, WcStatus.TIMEOUT_RETRY_ERR}
 
+    @rules("iba:rnr.infinite")
     def test_rnr_retry_7_retries_until_a_receive_is_posted(self, ca: Ca, port: PortAttr) -> None:
         """IBA 9.7.5.2.8 / 11.2.4.2: rnr_retry_cnt 7 means retry for ever: a SEND to a QP with no
         receive waits (no completion) and succeeds once the receive is posted."""
@@ -308,6 +327,7 @@ class ErrorCompletionChecks(ConformanceBase):
         assert (got.wr_id, got.status, got.length) == (31, WcStatus.SUCCESS, 8)
         assert pair.b.get(0, 8) == b"patience"
 
+    @rules("iba:qps.error-flush")
     def test_error_state_flushes_posted_receives(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.3.1: moving a QP to ERROR completes every posted receive with WR_FLUSHED_ERR, in
         order."""
@@ -321,6 +341,7 @@ class ErrorCompletionChecks(ConformanceBase):
             (50 + i, WcStatus.WR_FLUSHED_ERR) for i in range(4)
         ]
 
+    @rules("ci:84", "al:56")
     def test_dereg_mr_with_posted_receive(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 84 / access-layer rule 56: a WR whose region was deregistered completes
         LOCAL_PROTECTION_ERR (or an xfail on a CA declaring the precise_local_errors deviation)."""
@@ -336,6 +357,7 @@ class ErrorCompletionChecks(ConformanceBase):
         assert_local_error(ca.capabilities, recv.status, WcStatus.LOCAL_PROTECTION_ERR)
         assert bytes(buf[:4]) == bytes(4)
 
+    @rules("doc:IBA 9.9.3")
     def test_uc_bad_rkey_silently_dropped(self, ca: Ca, caps: Capabilities, port: PortAttr) -> None:
         """IBA 9.9.3 (unreliable connected): a write the responder refuses is dropped; the requester
         succeeds."""
@@ -346,6 +368,7 @@ class ErrorCompletionChecks(ConformanceBase):
         assert (wc.wr_id, wc.status) == (70, WcStatus.SUCCESS)
         assert pair.b.get(0, 7) == bytes(7)
 
+    @rules("iba:at.alignment")
     def test_misaligned_atomic_refused(self, ca: Ca, port: PortAttr) -> None:
         """IBA 9.4.5: an atomic on an address not 8-byte aligned fails (at post, or as a remote
         invalid request completion)."""
@@ -373,6 +396,7 @@ class ErrorCompletionChecks(ConformanceBase):
             WcStatus.LOCAL_OP_ERR,
         )
 
+    @rules("iba:wc.isolation")
     def test_error_completion_on_second_qp_does_not_affect_first(
         self, ca: Ca, port: PortAttr
     ) -> None:
@@ -385,6 +409,7 @@ class ErrorCompletionChecks(ConformanceBase):
         assert wait_wc(good.a.cq).status is WcStatus.SUCCESS
         assert good.b.get(100, 10) == b"still fine"
 
+    @rules("doc:qp-state-machine")
     def test_failed_qp_reusable_after_reset(self, ca: Ca, port: PortAttr) -> None:
         """ibal.qp_fsm: a QP in ERROR can be reset and connected again to move data."""
         pair = self._rc(ca, port)
