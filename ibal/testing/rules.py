@@ -162,10 +162,6 @@ GAPS: dict[str, str] = {
     "al:33": "CQ wait objects (h_wait_obj) are a C/Windows artefact; ibal has callbacks",
     "al:43": "alias QPs (ib_get_spl_qp alias) belong to the MAD layer, not a provider",
     "al:113": "ib_ioc_* belongs to ibal.dm, tested in tests/dm against its real peers",
-    "iba:mp.local-write": "no check yet",
-    "iba:at.bounds": "no check yet",
-    "iba:mc.qkey": "no check yet",
-    "iba:cq.per-cq": "no check yet",
 }
 """Enumerated rules with no check, and why."""
 

@@ -201,6 +201,27 @@ class CqChecks(ConformanceBase):
         finish(src, cq)
         assert len(log) == 1
 
+    @rules("ci:97", "iba:cq.per-cq")
+    def test_arm_of_one_cq_ignores_another(self, ca: Ca, port: PortAttr) -> None:
+        """ci-contract rule 97: an armed CQ gets no callback for another CQ's completions; its
+        own next completion fires it, with its own handle."""
+        log = CallbackLog()
+        armed = ca.create_cq(64, comp_cb=log)
+        other = ca.create_cq(64, comp_cb=log)
+        busy = Source(ca, port, send_cq=other, recv_cq=other)
+        mine = Source(ca, port, send_cq=armed, recv_cq=armed)
+        armed.rearm()
+        busy.fire(2)
+        wait_wcs(other, 4)
+        barrier(ca)
+        assert len(log) == 0, "arming one CQ fired the callback for another's completion"
+        mine.fire(1)
+        log.wait(1)
+        wait_wcs(armed, 2)
+        finish(busy)
+        finish(mine)
+        assert [entry[0] for entry in log.snapshot()] == [armed]
+
     @rules("al:28", "iba:cq.no-arm")
     def test_no_callback_without_rearm(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 28: without a rearm, no completion callback fires."""

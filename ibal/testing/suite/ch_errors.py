@@ -10,6 +10,7 @@ from ibal.status import InvalidParameter, PostError
 from ibal.testing.helpers import (
     GRH_BYTES,
     RcTiming,
+    atomic_result_ok,
     av_to,
     qp_access,
     to_init,
@@ -424,3 +425,96 @@ class ErrorCompletionChecks(ConformanceBase):
         wc = wait_wc(pair.a.cq)
         assert (wc.wr_id, wc.status) == (90, WcStatus.SUCCESS)
         assert pair.b.get(40, 5) == b"again"
+
+    # ------------------------------------------------ IBA memory protection and atomics
+    def _refused_atomic(self, ca: Ca, port: PortAttr, peer: tuple[Ca, PortAttr], off: int) -> None:
+        """A FETCH_ADD at ``off`` from B's region start (outside it) → REM_ACCESS_ERR, the
+        region's ends untouched; a fresh pair, since the failure takes the QP to ERROR."""
+        pair = self.pair(ca, port, peer, QpType.RC, timing=FAST)
+        n = len(pair.b.buf)
+        pair.b.put(0, b"\x11" * 8)
+        pair.b.put(n - 8, b"\x22" * 8)
+        pair.a.put(0, b"\x33" * 8)
+        pair.a.qp.post_send(SendWr(wr_id=77, opcode=WrType.FETCH_ADD, sg_list=[pair.a.sge(0, 8)],
+                                   remote_addr=pair.b.mr.vaddr + off, rkey=pair.b.mr.rkey,
+                                   compare_add=1))  # fmt: skip
+        wc = wait_wc(pair.a.cq)
+        assert (wc.wr_id, wc.status) == (77, WcStatus.REM_ACCESS_ERR), (
+            f"atomic at region offset {off} completed {wc.status.name}"
+        )
+        assert pair.b.get(0, 8) == b"\x11" * 8 and pair.b.get(n - 8, 8) == b"\x22" * 8
+        assert pair.a.get(0, 8) == b"\x33" * 8, "a refused atomic wrote its local buffer"
+
+    @rules("iba:at.bounds", "iba:at.fetch-add", "iba:mp.untouched")
+    def test_atomic_at_both_ends_of_region(
+        self, ca: Ca, port: PortAttr, peer: tuple[Ca, PortAttr]
+    ) -> None:
+        """IBA 10.6.3: FETCH_ADD on a region's first and last 8 bytes works; 8 bytes before its
+        start or at its end → REM_ACCESS_ERR and nothing changes."""
+        require_opcode(ca.capabilities, QpType.RC, WrType.FETCH_ADD)
+        pair = self.pair(ca, port, peer, QpType.RC, timing=FAST)
+        n = len(pair.b.buf)
+        for wr_id, off in ((70, 0), (71, n - 8)):
+            init = struct.pack("<Q", 0xFFFF_FFFF_FFFF_FFF0 + wr_id % 2)
+            pair.b.put(off, init)
+            wc = pair.atomic(WrType.FETCH_ADD, remote_off=off, local_off=64, compare_add=0x20,
+                             wr_id=wr_id)  # fmt: skip
+            assert (wc.wr_id, wc.status) == (wr_id, WcStatus.SUCCESS), wc.status.name
+            assert atomic_result_ok(init, pair.a.get(64, 8), pair.b.get(off, 8),
+                                    lambda v: v + 0x20), f"FETCH_ADD at offset {off}"  # fmt: skip
+        self._refused_atomic(ca, port, peer, -8)
+        self._refused_atomic(ca, port, peer, n)
+
+    @rules("iba:mp.local-write")
+    def test_receive_into_region_without_local_write_fails(
+        self, ca: Ca, port: PortAttr, peer: tuple[Ca, PortAttr]
+    ) -> None:
+        """IBA 10.6.3: a receive whose buffer is registered without LOCAL_WRITE completes with a
+        local protection error, the sender with an error; no byte lands."""
+        pair = self.pair(ca, port, peer, QpType.RC, timing=FAST)
+        caps = pair.caps
+        ro = bytearray(256)
+        mr = pair.b.pd.reg_mem(ro, AccessFlags(0))
+        pair.b.qp.post_recv(RecvWr(wr_id=41, sg_list=[Sge(addr=mr.vaddr, length=64, lkey=mr.lkey)]))
+        pair.a.put(0, b"must not land")
+        pair.a.qp.post_send(SendWr(wr_id=42, sg_list=[pair.a.sge(0, 13)]))
+        sent, got = wait_wc(pair.a.cq), wait_wc(pair.b.cq)
+        assert got.wr_id == 41 and got.status is not WcStatus.SUCCESS, got.status.name
+        assert sent.wr_id == 42 and sent.status is not WcStatus.SUCCESS, sent.status.name
+        assert ro == bytes(256), "the receive wrote a region without LOCAL_WRITE"
+        assert_local_error(caps, got.status, WcStatus.LOCAL_PROTECTION_ERR)
+
+    @rules("iba:mp.local-write")
+    def test_read_into_region_without_local_write_fails(
+        self, ca: Ca, port: PortAttr, peer: tuple[Ca, PortAttr]
+    ) -> None:
+        """IBA 10.6.3: an RDMA READ whose local buffer lacks LOCAL_WRITE completes with a local
+        protection error; the buffer stays as it was."""
+        require_opcode(ca.capabilities, QpType.RC, WrType.RDMA_READ)
+        pair = self.pair(ca, port, peer, QpType.RC, timing=FAST)
+        pair.b.put(0, b"secret bytes")
+        ro = bytearray(64)
+        mr = pair.a.pd.reg_mem(ro, AccessFlags(0))
+        pair.a.qp.post_send(SendWr(wr_id=43, opcode=WrType.RDMA_READ,
+                                   sg_list=[Sge(addr=mr.vaddr, length=12, lkey=mr.lkey)],
+                                   remote_addr=pair.b.remote(0), rkey=pair.b.mr.rkey))  # fmt: skip
+        wc = wait_wc(pair.a.cq)
+        assert wc.wr_id == 43 and wc.status is not WcStatus.SUCCESS, wc.status.name
+        assert ro == bytes(64), "the READ response landed in a region without LOCAL_WRITE"
+        assert_local_error(pair.caps, wc.status, WcStatus.LOCAL_PROTECTION_ERR)
+
+    @rules("iba:mp.dead-keys", "iba:mp.untouched")
+    def test_deregistered_region_key_refused_remotely(
+        self, ca: Ca, port: PortAttr, peer: tuple[Ca, PortAttr]
+    ) -> None:
+        """IBA 10.6.2: an RDMA WRITE through the R_Key of a deregistered region →
+        REM_ACCESS_ERR; its old memory is untouched."""
+        pair = self.pair(ca, port, peer, QpType.RC, timing=FAST)
+        buf = bytearray(256)
+        mr = pair.b.pd.reg_mem(buf, AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE)
+        rkey, addr = mr.rkey, mr.vaddr
+        mr.dereg()
+        pair.write(b"stale key", rkey=rkey, remote_addr=addr, wr_id=90)
+        wc = wait_wc(pair.a.cq)
+        assert (wc.wr_id, wc.status) == (90, WcStatus.REM_ACCESS_ERR), wc.status.name
+        assert buf == bytes(256), "a deregistered region's R_Key still wrote its memory"

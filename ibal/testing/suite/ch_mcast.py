@@ -82,7 +82,9 @@ class McastChecks(ConformanceBase):
         side.qp.init_dgrm_svc(DgrmInfo(port_guid=port.port_guid, qkey=UD_QKEY))
         return side
 
-    def _mcast_send(self, sender: Side, port: PortAttr, data: bytes, wr_id: int = 1) -> None:
+    def _mcast_send(
+        self, sender: Side, port: PortAttr, data: bytes, wr_id: int = 1, qkey: int = UD_QKEY
+    ) -> None:
         mgid, sgid_index = group_for(port)
         av = sender.pd.create_av(
             AvAttr(port_num=port.port_num, dlid=MLID, grh=Grh(dgid=mgid, sgid_index=sgid_index))
@@ -92,7 +94,7 @@ class McastChecks(ConformanceBase):
             SendWr(
                 wr_id=wr_id,
                 sg_list=[sender.sge(0, len(data))],
-                ud=UdDest(av=av, remote_qp=0xFFFFFF, remote_qkey=UD_QKEY),
+                ud=UdDest(av=av, remote_qp=0xFFFFFF, remote_qkey=qkey),
             )
         )
         assert wait_wc(sender.cq).status is WcStatus.SUCCESS
@@ -187,6 +189,19 @@ class McastChecks(ConformanceBase):
         wc = wait_wc(r.cq)
         assert (wc.wr_id, wc.src_qp) == (6, sender.qp.num)
         assert r.get(GRH_BYTES, 7) == b"unicast"
+
+    @rules("iba:mc.qkey")
+    def test_group_datagram_with_wrong_qkey_dropped(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 10.2.4: a group datagram whose Q_Key is not the attached QP's is dropped; the
+        next one with the right Q_Key takes the receive."""
+        r, sender = self._ud(ca, port), self._ud(ca, port)
+        r.qp.attach_mcast(group_for(port)[0], MLID)
+        r.recv(7, 0, GRH_BYTES + 64)
+        self._mcast_send(sender, port, b"wrong key", 1, qkey=UD_QKEY ^ 0x1)
+        self._mcast_send(sender, port, b"right key", 2)
+        wc = wait_wc(r.cq)
+        assert (wc.wr_id, wc.status, wc.length) == (7, WcStatus.SUCCESS, GRH_BYTES + 9)
+        assert r.get(GRH_BYTES, 9) == b"right key", "the wrong Q_Key's datagram was delivered"
 
     @rules("doc:api.md")
     def test_destroy_attached_qp_detaches(self, ca: Ca, port: PortAttr) -> None:
