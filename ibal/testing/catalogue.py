@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ibal.testing.rules import GAPS, IBA, NUMBERED, enumerated, known, marked
+from ibal.testing.rules import AL_ENFORCED, GAPS, IBA, NUMBERED, enumerated, known, marked
 
 BEGIN = "<!-- BEGIN GENERATED: python -m ibal.testing.catalogue -->"
 END = "<!-- END GENERATED -->"
@@ -50,6 +50,8 @@ class Check:
     summary: str
     variants: int
     ids: tuple[str, ...] = ()
+    direct: bool = False
+    """It calls the provider's ChannelInterface itself (takes a raw-CI fixture)."""
 
     def rules(self, source: str) -> list[int]:
         """The numbered rules of ``source`` ("ci-contract" or "access-layer") it checks."""
@@ -58,6 +60,10 @@ class Check:
             if src == source:
                 out += [int(n) for n in re.split(r"\s*,\s*", nums)]
         return out
+
+
+_DIRECT = {"raw_cis", "raw", "rawca", "provider_factory"}
+"""Fixtures that hand a check the provider with no access layer in between."""
 
 
 def _variants(fn: object) -> int:
@@ -79,7 +85,9 @@ def checks() -> list[Check]:
                 continue
             doc = " ".join((inspect.getdoc(fn) or "").split())
             reference, _, summary = doc.partition(": ")
-            out.append(Check(cls.chapter, name, reference, summary, _variants(fn), marked(fn)))
+            direct = bool(_DIRECT & set(inspect.signature(fn).parameters))
+            out.append(Check(cls.chapter, name, reference, summary, _variants(fn), marked(fn),
+                             direct))  # fmt: skip
     return out
 
 
@@ -99,6 +107,9 @@ def rule_problems(found: Iterable[Check]) -> list[str]:
            if r not in proved and r not in GAPS]  # fmt: skip
     bad += [f"{r}: listed in GAPS but proved by {proved[r]}" for r in GAPS if r in proved]
     bad += [f"{r}: GAPS names an unknown rule" for r in GAPS if r not in enumerated()]
+    direct = {i for c in found if c.direct for i in c.ids}
+    bad += [f"{r}: the access layer enforces it ({where}) and no direct CI check proves it"
+            for r, where in AL_ENFORCED.items() if r not in direct]  # fmt: skip
     return bad
 
 
@@ -184,6 +195,25 @@ def _rule_tables(found: list[Check]) -> list[str]:
     for name, (group, section, text) in IBA.items():
         cells = row(f"iba:{name}", "").split(" | ", 1)[1]
         lines.append(f"| `{name}` | {group} | {section} | {text} | {cells}")
+    direct: dict[str, list[str]] = {}
+    for c in found:
+        for i in c.ids:
+            if c.direct:
+                direct.setdefault(i, []).append(c.name)
+    lines += [
+        "",
+        "### The provider on its own: rules the access layer also enforces",
+        "",
+        "A check through the access layer cannot see a provider break these (the access layer",
+        "refuses first), so each has a check calling the provider's `ChannelInterface`",
+        "directly (`ibal.testing.rules.AL_ENFORCED`).",
+        "",
+        "| rule | where the access layer enforces it | direct checks |",
+        "|---|---|---|",
+    ]
+    for r, where in AL_ENFORCED.items():
+        names = ", ".join(f"`{t}`" for t in direct.get(r, [])) or "**none**"
+        lines.append(f"| {r} | {where} | {names} |")
     docs = sorted(r for r in proved if r.startswith("doc:"))
     lines += [
         "",

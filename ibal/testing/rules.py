@@ -177,6 +177,31 @@ for _first, _last, _what in (
         GAPS[f"al:{_n}"] = f"{_what}: {_LATER}"
 del _first, _last, _what, _n
 
+AL_ENFORCED: dict[str, str] = {
+    "ci:26": "ibal.al.ca: modify_ca's port",
+    "ci:27": "ibal.al.ca: modify_ca's unknown bits",
+    "ci:39": "ibal.al.av: an AV's port",
+    "ci:46": "ibal.al.qp: queue depths against query_ca",
+    "ci:47": "ibal.al.qp: SGE counts against query_ca",
+    "ci:48": "ibal.al.pd: the QP type against Capabilities.qp_types",
+    "ci:52": "ibal.al.pd: get_spl_qp's port",
+    "ci:55": "ibal.qp_fsm: every modify_qp transition",
+    "ci:56": "ibal.al.qp: the P_Key index against the port's table",
+    "ci:58": "ibal.al.mr / ibal.al.qp: atomic rights against Capabilities.atomics",
+    "ci:66": "ibal.al.cq: a CQ's size against max_cqes",
+    "ci:75": "ibal.al.mr: remote write and atomic need local write",
+    "ci:81": "ibal.al.mr: the re-registration mask",
+    "ci:87": "ibal.al.mr: bind_mw's QP type",
+    "ci:90": "ibal.al.qp: post_send's QP state",
+    "ci:92": "ibal.al.qp_work: invalidate opcodes against Capabilities.opcodes",
+    "ci:93": "ibal.al.qp: post_recv in RESET",
+    "ci:98": "ibal.al.cq: rearm_n's count",
+    "ci:99": "ibal.al.qp: attach_mcast's QP type, GID and LID",
+}
+"""Provider rules the access layer also enforces (so a check through it cannot see the
+provider break them): rule id -> where.  Each needs a check calling the provider's
+``ChannelInterface`` directly."""
+
 _ID = re.compile(r"^(ci|al):(\d+)$|^iba:([a-z0-9.-]+)$|^doc:.+$")
 
 
