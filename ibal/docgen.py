@@ -1,7 +1,8 @@
 """Generate the documentation pages that are derived from code tables.
 
-``python -m ibal.docgen`` rewrites them; ``tests/test_docs.py`` fails when a page
-is stale, so the docs cannot drift from the tables they describe.
+``python -m ibal.docgen`` rewrites them (and the generated part of pages listed in
+:data:`SECTIONS`, such as the conformance rule -> checks table); ``tests/test_docs.py``
+fails when a page is stale, so the docs cannot drift from the tables they describe.
 """
 
 from __future__ import annotations
@@ -207,10 +208,27 @@ PAGES: dict[str, Callable[[], str]] = {
 }
 
 
+def _conformance_md(text: str) -> str:
+    """docs/conformance.md with its generated part (checks, rule -> checks, gaps) redone."""
+    from ibal.testing.catalogue import updated
+
+    return updated(text)
+
+
+SECTIONS: dict[str, Callable[[str], str]] = {
+    "conformance.md": _conformance_md,
+}
+"""Pages with a generated part between markers: name -> the page's text made current."""
+
+
 def main() -> int:
     for name, render in PAGES.items():
         (DOCS / name).write_text(render())
         print(f"wrote docs/{name}")
+    for name, update in SECTIONS.items():
+        path = DOCS / name
+        path.write_text(update(path.read_text()))
+        print(f"wrote docs/{name} (generated part)")
     return 0
 
 

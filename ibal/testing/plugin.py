@@ -65,6 +65,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{CHAPTER_MARKER}(name): the ibal conformance chapter a check belongs to"
     )
+    config.addinivalue_line(
+        "markers", "ibal_rules(*ids): the rules a conformance check proves (ibal.testing.rules)"
+    )
     if config.getoption("ibal_provider", None) and config.args_source is not (
         pytest.Config.ArgsSource.ARGS
     ):

@@ -22,6 +22,20 @@ def test_every_check_names_its_rule() -> None:
     assert catalogue.problems(catalogue.checks()) == []
 
 
+def test_every_rule_is_proved_or_a_gap_with_a_reason() -> None:
+    assert catalogue.rule_problems(catalogue.checks()) == []
+
+
+def test_rules_marker_refuses_unknown_ids() -> None:
+    from ibal.testing.rules import rules
+
+    for bad in ("ci:0", "ci:101", "al:115", "iba:no-such-statement", "ci-contract 5"):
+        with pytest.raises(ValueError, match="unknown rule ids"):
+            rules(bad)
+    with pytest.raises(ValueError):
+        rules()
+
+
 def test_conformance_page_is_current() -> None:
     text = catalogue.DOC.read_text()
     assert catalogue.updated(text) == text, "docs/conformance.md is stale: " + (

@@ -396,6 +396,8 @@ class QpVerbs(CaState):
 
     def _local_wqe(self, qp: Qp, wr: SendWr, i: int) -> tuple[SendWr, Callable[[], WcStatus]]:
         """LOCAL_INV or a type 2 BIND_MW: its shape checked now, its effect run in queue order."""
+        if wr.opcode not in _OPCODES[qp.qp_type]:  # UD has SEND only (kernel rxe's opcode mask)
+            raise post_error(Status.INVALID_WR_TYPE, i, f"{wr.opcode!r} on a {qp.qp_type.name} QP")
         opt = int(wr.send_opt) | (int(SendOpt.SIGNALED) if qp.sq_signaled else 0)
         snap = SendWr(wr_id=wr.wr_id, opcode=wr.opcode, send_opt=SendOpt(opt))
         mem = qp.core.mem

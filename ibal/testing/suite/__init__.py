@@ -17,6 +17,7 @@ from ibal.testing.suite.ch_contract import ContractChecks
 from ibal.testing.suite.ch_cq import CqChecks
 from ibal.testing.suite.ch_data import DataPathChecks
 from ibal.testing.suite.ch_destroy import DestroyChecks
+from ibal.testing.suite.ch_direct import DirectChecks
 from ibal.testing.suite.ch_errors import ErrorCompletionChecks
 from ibal.testing.suite.ch_events import EventChecks
 from ibal.testing.suite.ch_fmr import FmrChecks
@@ -36,6 +37,7 @@ from ibal.testing.suite.ch_srq import SrqChecks
 CHAPTERS: tuple[type[ConformanceBase], ...] = (
     CaChecks,
     ContractChecks,
+    DirectChecks,
     PdChecks,
     AvChecks,
     CqChecks,
@@ -87,6 +89,7 @@ class ProviderConformance(
     CqChecks,
     AvChecks,
     PdChecks,
+    DirectChecks,
     ContractChecks,
     CaChecks,
 ):

@@ -18,6 +18,7 @@ from ibal.testing.helpers import (
     wait_until,
     wait_wcs,
 )
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase
 from ibal.types import AccessFlags, PortAttr, QpType, SendWr, WcStatus, WrType
 
@@ -63,6 +64,7 @@ def writes(pair: Pair, first_id: int, count: int, dst: int) -> list[SendWr]:
 class ThreadChecks(ConformanceBase):
     chapter = "thread safety"
 
+    @rules("doc:api.md", "doc:ci-contract §0")
     def test_threads_posting_on_separate_qps(self, ca: Ca, port: PortAttr) -> None:
         """api.md / ci-contract §0: verbs may be called from several threads; each QP's WRs all
         complete."""
@@ -78,6 +80,7 @@ class ThreadChecks(ConformanceBase):
 
         assert run_threads(4, work) == []
 
+    @rules("doc:ci-contract §0")
     def test_threads_posting_on_one_qp(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract §0: concurrent posts to one QP neither lose nor duplicate work requests."""
         pair = self.loop(ca, port, QpType.RC, sq_depth=256, cq_size=1024)
@@ -94,6 +97,7 @@ class ThreadChecks(ConformanceBase):
             mine = [w.wr_id for w in got if w.wr_id // 1000 == i]
             assert mine == sorted(mine)
 
+    @rules("doc:ci-contract §0")
     def test_threads_creating_and_destroying(self, ca: Ca) -> None:
         """ci-contract §0: concurrent create/destroy of PDs, CQs and MRs keeps every object
         valid."""
@@ -111,6 +115,7 @@ class ThreadChecks(ConformanceBase):
         assert run_threads(4, work) == []
         ca.close(wait=True)
 
+    @rules("doc:ci-contract §0")
     def test_threads_polling_one_cq(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract §0: two threads polling one CQ see every completion exactly once."""
         cq = ca.create_cq(512)
@@ -131,6 +136,7 @@ class ThreadChecks(ConformanceBase):
         assert run_threads(2, work) == []
         assert sorted(seen) == ids
 
+    @rules("doc:ci-contract §2.10")
     def test_callback_may_poll_and_rearm(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract §2.10 pattern: a completion callback polls, rearms and polls again without
         deadlock."""
@@ -157,6 +163,7 @@ class ThreadChecks(ConformanceBase):
         assert done.wait(self.timeout), f"callbacks consumed {len(got)} of 50"
         assert got == ids
 
+    @rules("ci:62")
     def test_destroy_while_another_thread_posts(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 62 / api.md: a QP destroyed under a posting thread refuses further posts
         cleanly."""
@@ -197,6 +204,7 @@ class ThreadChecks(ConformanceBase):
 class AsyncioChecks(ConformanceBase):
     chapter = "asyncio"
 
+    @rules("doc:api.md")
     def test_poll_async_returns_completion(self, ca: Ca, port: PortAttr) -> None:
         """api.md: await cq.poll_async() returns once a completion arrives."""
         cq = ca.create_cq(64)
@@ -210,6 +218,7 @@ class AsyncioChecks(ConformanceBase):
 
         assert asyncio.run(main()) == [1]
 
+    @rules("doc:api.md")
     def test_poll_async_waits_for_min_entries(self, ca: Ca, port: PortAttr) -> None:
         """api.md: poll_async(min_entries=n) collects at least n completions, in order."""
         cq = ca.create_cq(64)
@@ -226,6 +235,7 @@ class AsyncioChecks(ConformanceBase):
         got = asyncio.run(main())
         assert got[:5] == [1, 2, 3, 4, 5]
 
+    @rules("doc:api.md")
     def test_poll_async_timeout_returns_what_it_has(self, ca: Ca) -> None:
         """api.md (poll_async): on timeout it returns the completions it has (none here)."""
         cq = ca.create_cq(8)
@@ -235,6 +245,7 @@ class AsyncioChecks(ConformanceBase):
             return  # raising on timeout is the other acceptable reading
         assert got == []
 
+    @rules("doc:api.md")
     def test_poll_async_two_cqs_concurrently(self, ca: Ca, port: PortAttr) -> None:
         """api.md: several poll_async waits run side by side in one event loop."""
         c1, c2 = ca.create_cq(32), ca.create_cq(32)
@@ -252,6 +263,7 @@ class AsyncioChecks(ConformanceBase):
         assert len(r1) >= 2 and len(r2) >= 3
         assert {w.qp_num for w in r1} == {s1.a.qp.num} and {w.qp_num for w in r2} == {s2.a.qp.num}
 
+    @rules("doc:api.md")
     def test_destroy_async_completes(self, ca: Ca) -> None:
         """api.md: await obj.destroy_async() returns when the destroy is complete."""
         pd = ca.alloc_pd()
@@ -266,6 +278,7 @@ class AsyncioChecks(ConformanceBase):
             cq.poll()
         ca.close(wait=True)
 
+    @rules("doc:api.md")
     def test_poll_async_on_destroyed_cq_raises(self, ca: Ca) -> None:
         """api.md: poll_async on a destroyed CQ → IB_INVALID_CQ_HANDLE."""
         cq = ca.create_cq(8)
@@ -273,6 +286,7 @@ class AsyncioChecks(ConformanceBase):
         with pytest.raises(InvalidCqHandle):
             asyncio.run(cq.poll_async(1, timeout=1))
 
+    @rules("doc:api.md")
     def test_poll_async_woken_by_destroy(self, ca: Ca) -> None:
         """api.md: a poll_async waiting on a CQ that gets destroyed ends with
         IB_INVALID_CQ_HANDLE."""

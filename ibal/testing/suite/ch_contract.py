@@ -35,6 +35,7 @@ from ibal.status import (
 )
 from ibal.testing.backdoor import CollectingRegistrar
 from ibal.testing.helpers import GRH_BYTES, UD_QKEY, CallbackLog, active_port, wait_until
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, require, require_qp_type
 from ibal.types import (
     AccessFlags,
@@ -231,6 +232,7 @@ class ContractChecks(ConformanceBase):
         finally:
             ca.close()
 
+    @rules("ci:3")
     def test_ci_registration_accepts_reentrant_calls(
         self, provider_factory: Callable[[], Provider]
     ) -> None:
@@ -244,11 +246,13 @@ class ContractChecks(ConformanceBase):
         finally:
             provider.stop()
 
+    @rules("ci:15")
     def test_ci_second_open_raises_resource_busy(self, raw: RawCa) -> None:
         """ci-contract rule 15: a second ci_open_ca on an open CA → IB_RESOURCE_BUSY."""
         with pytest.raises(ResourceBusy):
             raw.ci.open_ca(lambda c: None, lambda r: None, "second")
 
+    @rules("ci:11", "ci:16")
     def test_ci_open_again_after_close(self, raw_cis: list[ChannelInterface]) -> None:
         """ci-contract rules 11, 16: ci_open_ca gives a handle, and succeeds again once ci_close_ca
         returned."""
@@ -259,6 +263,7 @@ class ContractChecks(ConformanceBase):
         assert ci.query_ca(h2).ca_guid == ci.guid
         ci.close_ca(h2)
 
+    @rules("ci:13")
     def test_ci_open_without_callbacks_raises_invalid_parameter(
         self, raw_cis: list[ChannelInterface]
     ) -> None:
@@ -272,6 +277,7 @@ class ContractChecks(ConformanceBase):
         h = ci.open_ca(lambda c: None, lambda r: None, None)  # nothing was left open
         ci.close_ca(h)
 
+    @rules("ci:33")
     def test_ci_allocate_pd_on_closed_ca_raises_invalid_ca_handle(
         self, raw_cis: list[ChannelInterface]
     ) -> None:
@@ -282,6 +288,7 @@ class ContractChecks(ConformanceBase):
         with pytest.raises(InvalidCaHandle):
             ci.allocate_pd(h, PdType.NORMAL)
 
+    @rules("ci:17")
     def test_ci_close_twice_raises_invalid_ca_handle(self, raw_cis: list[ChannelInterface]) -> None:
         """ci-contract rule 17: ci_close_ca on a closed handle → IB_INVALID_CA_HANDLE."""
         ci = raw_cis[0]
@@ -290,6 +297,7 @@ class ContractChecks(ConformanceBase):
         with pytest.raises(InvalidCaHandle):
             ci.close_ca(h)
 
+    @rules("ci:24")
     def test_ci_query_closed_ca_raises_invalid_ca_handle(
         self, raw_cis: list[ChannelInterface]
     ) -> None:
@@ -300,6 +308,7 @@ class ContractChecks(ConformanceBase):
         with pytest.raises(InvalidCaHandle):
             ci.query_ca(h)
 
+    @rules("ci:18")
     def test_ci_close_with_pd_raises_resource_busy(self, raw: RawCa) -> None:
         """ci-contract rule 18: ci_close_ca while a PD is allocated → IB_RESOURCE_BUSY, CA stays
         open."""
@@ -308,11 +317,13 @@ class ContractChecks(ConformanceBase):
             raw.ci.close_ca(raw.h)
         assert raw.ci.query_ca(raw.h).ca_guid == raw.ci.guid
 
+    @rules("ci:35")
     def test_ci_allocate_pd_accepts_every_type(self, raw: RawCa) -> None:
         """ci-contract rule 35: every ib_pd_type_t value is accepted (the type is a hint)."""
         for pd_type in PdType:
             raw.pd(pd_type)
 
+    @rules("ci:36")
     def test_ci_deallocate_busy_pd_raises_resource_busy(self, raw: RawCa) -> None:
         """ci-contract rule 36: deallocating a PD with an MR → IB_RESOURCE_BUSY; the PD stays
         usable."""
@@ -322,6 +333,7 @@ class ContractChecks(ConformanceBase):
             raw.ci.deallocate_pd(h_pd)
         raw.mr(h_pd, bytearray(64))  # still usable
 
+    @rules("ci:37")
     def test_ci_deallocate_pd_twice_raises_invalid_pd_handle(self, raw: RawCa) -> None:
         """ci-contract rule 37: a freed PD handle → IB_INVALID_PD_HANDLE."""
         h_pd = raw.ci.allocate_pd(raw.h, PdType.NORMAL)
@@ -329,6 +341,7 @@ class ContractChecks(ConformanceBase):
         with pytest.raises(InvalidPdHandle):
             raw.ci.deallocate_pd(h_pd)
 
+    @rules("ci:43")
     def test_ci_destroy_av_twice_raises_invalid_av_handle(self, raw: RawCa) -> None:
         """ci-contract rule 43: after ci_destroy_av, the handle → IB_INVALID_AV_HANDLE."""
         h_pd = raw.pd()
@@ -340,6 +353,7 @@ class ContractChecks(ConformanceBase):
         with pytest.raises(InvalidAvHandle):
             raw.ci.destroy_av(h_av)
 
+    @rules("ci:39")
     def test_ci_create_av_bad_port_eager_or_deferred(self, raw: RawCa) -> None:
         """ci-contract rule 39: a bad AV port → IB_INVALID_PORT now, or IB_WCS_LOCAL_OP_ERR when
         used."""
@@ -374,6 +388,7 @@ class ContractChecks(ConformanceBase):
         (wc,) = raw.poll(cq.handle)
         assert (wc.wr_id, wc.status) == (7, WcStatus.LOCAL_OP_ERR)
 
+    @rules("ci:50")
     def test_ci_create_qp_starts_in_reset(self, raw: RawCa) -> None:
         """ci-contract rule 50: create_qp gives a QP number, granted sizes ≥ asked, state RESET."""
         h_pd = raw.pd()
@@ -387,6 +402,7 @@ class ContractChecks(ConformanceBase):
         assert qp.attr.caps.sq_depth >= 8 and qp.attr.caps.rq_depth >= 8
         assert raw.ci.query_qp(qp.handle).state is QpState.RESET
 
+    @rules("ci:46", "ci:49")
     def test_ci_failed_create_qp_leaves_nothing(self, raw: RawCa) -> None:
         """ci-contract rules 46, 49: too deep a QP → IB_INVALID_MAX_WRS and no QP left on the PD."""
         h_pd = raw.ci.allocate_pd(raw.h, PdType.NORMAL)
@@ -405,6 +421,7 @@ class ContractChecks(ConformanceBase):
             )
         raw.ci.deallocate_pd(h_pd)  # not busy: nothing was created
 
+    @rules("ci:59")
     def test_ci_modify_qp_returns_new_state(self, raw: RawCa) -> None:
         """ci-contract rule 59: after a successful modify_qp, query_qp reports the requested
         state."""
@@ -428,6 +445,7 @@ class ContractChecks(ConformanceBase):
         else:
             assert q.access == AccessFlags.LOCAL_WRITE
 
+    @rules("ci:60", "ci:64")
     def test_ci_destroyed_qp_raises_invalid_qp_handle(self, raw: RawCa) -> None:
         """ci-contract rules 60, 64: a destroyed QP handle → IB_INVALID_QP_HANDLE."""
         h_pd = raw.pd()
@@ -440,6 +458,7 @@ class ContractChecks(ConformanceBase):
         with pytest.raises(InvalidQpHandle):
             raw.ci.destroy_qp(created.handle)
 
+    @rules("ci:90")
     def test_ci_post_send_in_reset_raises_invalid_qp_state(self, raw: RawCa) -> None:
         """ci-contract rule 90: the provider refuses sends in RESET with pp_failed at the first
         WR."""
@@ -453,6 +472,7 @@ class ContractChecks(ConformanceBase):
             raw.ci.post_send(qp.handle, [SendWr(sg_list=[Sge(keys.vaddr, 4, keys.lkey)])])
         assert isinstance(info.value, PostError) and info.value.failed_index == 0
 
+    @rules("ci:93")
     def test_ci_post_recv_in_reset_raises_invalid_qp_state(self, raw: RawCa) -> None:
         """ci-contract rule 93: the provider refuses receives in RESET with pp_failed at the
         first WR (the access layer's own check must not be the only one)."""
@@ -467,6 +487,7 @@ class ContractChecks(ConformanceBase):
         assert isinstance(info.value, PostError) and info.value.failed_index == 0
         assert raw.ci.poll_cq(cq.handle, 4) == []
 
+    @rules("ci:90")
     def test_ci_post_send_in_init_raises_invalid_qp_state(self, raw: RawCa) -> None:
         """ci-contract rule 90: sends are refused before RTS (INIT), at the provider too."""
         h_pd = raw.pd()
@@ -485,17 +506,20 @@ class ContractChecks(ConformanceBase):
             raw.ci.post_send(qp.handle, [SendWr(sg_list=[Sge(keys.vaddr, 4, keys.lkey)])])
         assert isinstance(info.value, PostError) and info.value.failed_index == 0
 
+    @rules("ci:65", "ci:67")
     def test_ci_create_cq_size_at_least_requested(self, raw: RawCa) -> None:
         """ci-contract rules 65, 67: granted CQ size ≥ requested; query_cq reports the same."""
         cq = raw.cq(size=33)
         assert cq.size >= 33
         assert raw.ci.query_cq(cq.handle) == cq.size
 
+    @rules("ci:66")
     def test_ci_create_cq_too_large_raises_invalid_cq_size(self, raw: RawCa) -> None:
         """ci-contract rule 66: a CQ larger than the CA maximum → IB_INVALID_CQ_SIZE."""
         with pytest.raises(InvalidCqSize):
             raw.ci.create_cq(raw.h, raw.attr.max_cqes + 1, None)
 
+    @rules("ci:71")
     def test_ci_destroy_cq_in_use_raises_resource_busy(self, raw: RawCa) -> None:
         """ci-contract rule 71: destroying a CQ a QP uses → IB_RESOURCE_BUSY; the CQ keeps
         working."""
@@ -508,6 +532,7 @@ class ContractChecks(ConformanceBase):
         assert raw.ci.query_cq(cq.handle) == cq.size
         assert raw.ci.poll_cq(cq.handle, 4) == []
 
+    @rules("ci:78")
     def test_ci_deregister_mr_twice_raises_invalid_mr_handle(self, raw: RawCa) -> None:
         """ci-contract rule 78: a deregistered MR handle → IB_INVALID_MR_HANDLE."""
         h_pd = raw.pd()
@@ -520,6 +545,7 @@ class ContractChecks(ConformanceBase):
         with pytest.raises(InvalidMrHandle):
             raw.ci.deregister_mr(keys.handle)
 
+    @rules("ci:10")
     def test_ci_keys_are_32_bit(self, raw: RawCa) -> None:
         """ci-contract rule 10: L_Keys and R_Keys are 32-bit values, distinct per region."""
         h_pd = raw.pd()
@@ -531,6 +557,7 @@ class ContractChecks(ConformanceBase):
         assert a.lkey != b.lkey and a.rkey != b.rkey
         assert a.length == 64
 
+    @rules("doc:ci-contract §3.2")
     def test_ci_completion_upcall_carries_cq_context(self, raw: RawCa) -> None:
         """ci-contract §3.2: an armed CQ's next completion upcalls completion_cb(cq_context)
         (over UD, or RC on a CA without UD: the upcall is not optional)."""
@@ -576,6 +603,7 @@ class ContractChecks(ConformanceBase):
         wcs = raw.poll(cq.handle, 2)
         assert sorted(w.wr_id for w in wcs) == [1, 2]
 
+    @rules("doc:ci-contract §3.1")
     def test_ci_async_event_carries_context(self, raw: RawCa) -> None:
         """ci-contract §3.1: async events carry qp_context for QP events, ca_context for port
         events."""
@@ -596,6 +624,7 @@ class ContractChecks(ConformanceBase):
             (AsyncEvent.PORT_ACTIVE, "ca-context"),
         ]
 
+    @rules("ci:85")
     def test_ci_fmr_verbs(self, raw: RawCa) -> None:
         """ci-contract rule 85: alloc maps nothing; map gives keys (new ones each map) and counts
         towards max_maps (IB_INSUFFICIENT_RESOURCES after); unmap resets; dealloc of a mapped FMR
@@ -625,6 +654,7 @@ class ContractChecks(ConformanceBase):
         with pytest.raises(InvalidFmrHandle):
             ci.map_phys_fmr(h_fmr, page[:1], 0)
 
+    @rules("ci:8")
     @pytest.mark.parametrize("capability", sorted(_CAPABILITY_PROBES))
     def test_ci_capability_agrees_with_verb(self, raw: RawCa, capability: str) -> None:
         """ci-contract rule 8: a capability declared absent means its verb raises IB_UNSUPPORTED,

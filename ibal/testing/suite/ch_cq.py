@@ -16,6 +16,7 @@ from ibal.status import (
     Unsupported,
 )
 from ibal.testing.helpers import CallbackLog, Source, drain, settle, wait_until, wait_wcs
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, require
 from ibal.types import PortAttr, SendOpt, WcType
 
@@ -41,6 +42,7 @@ def finish(src: Source, *cqs: Cq) -> None:
 class CqChecks(ConformanceBase):
     chapter = "CQ & notification"
 
+    @rules("ci:65", "al:25", "al:26")
     def test_create_cq_size_at_least_requested(self, ca: Ca) -> None:
         """ci-contract rule 65 / access-layer rules 25, 26: granted size ≥ asked; query reports
         it."""
@@ -48,18 +50,21 @@ class CqChecks(ConformanceBase):
         assert cq.size >= 17
         assert cq.query() == cq.size
 
+    @rules("ci:66", "al:25")
     def test_create_cq_above_max_raises_invalid_cq_size(self, ca: Ca) -> None:
         """ci-contract rule 66 / access-layer rule 25: a size above the CA maximum →
         IB_INVALID_CQ_SIZE."""
         with pytest.raises(InvalidCqSize):
             ca.create_cq(ca.query().max_cqes + 1)
 
+    @rules("ci:94")
     def test_poll_empty_cq_returns_empty_list(self, ca: Ca) -> None:
         """ci-contract rule 94 / decisions: polling an empty CQ gives [] (IB_NOT_FOUND)."""
         cq = ca.create_cq(8)
         assert cq.poll() == []
         assert cq.poll(1) == []
 
+    @rules("ci:95", "al:31", "al:32", "iba:wc.order")
     def test_poll_returns_at_most_max_then_rest_in_order(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 95 / access-layer rules 31, 32: ≤ max per poll, in completion order; the
         rest next."""
@@ -85,6 +90,7 @@ class CqChecks(ConformanceBase):
     def _count_ready(cq: Cq, n: int) -> bool:
         return bool(cq.peek() >= n)
 
+    @rules("ci:96", "al:30")
     def test_peek_counts_without_consuming(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -103,6 +109,7 @@ class CqChecks(ConformanceBase):
         assert len(cq.poll(8)) == 3
         assert cq.peek() == 0
 
+    @rules("al:26", "al:27")
     def test_modify_cq_grows(self, ca: Ca, caps: Capabilities) -> None:
         """access-layer rules 26, 27: ib_modify_cq gives a size ≥ asked, which query then
         reports."""
@@ -115,6 +122,7 @@ class CqChecks(ConformanceBase):
         assert new >= 64
         assert cq.query() == new == cq.size
 
+    @rules("ci:68", "al:27")
     def test_modify_cq_below_queued_raises_overflow(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -132,6 +140,7 @@ class CqChecks(ConformanceBase):
         assert cq.query() == size
         assert [w.wr_id for w in wait_wcs(cq, 6)] == ids
 
+    @rules("ci:69", "al:27")
     def test_modify_cq_above_max_raises_invalid_cq_size(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 69 / access-layer rule 27: a size the CA cannot support →
         IB_INVALID_CQ_SIZE."""
@@ -141,6 +150,7 @@ class CqChecks(ConformanceBase):
             cq.modify(ca.query().max_cqes + 1)
         assert cq.query() == cq.size
 
+    @rules("ci:70")
     def test_modify_cq_keeps_completions(self, ca: Ca, caps: Capabilities, port: PortAttr) -> None:
         """ci-contract rule 70: resizing with entries queued and WRs outstanding loses no
         completion."""
@@ -152,6 +162,7 @@ class CqChecks(ConformanceBase):
         ids += src.fire(4)
         assert [w.wr_id for w in wait_wcs(cq, 8)] == ids
 
+    @rules("al:28")
     def test_comp_cb_gets_cq_and_context(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 28: pfn_comp_cb(h_cq, cq_context) for the armed CQ."""
         log = CallbackLog()
@@ -165,6 +176,7 @@ class CqChecks(ConformanceBase):
         got_cq, got_ctx = log.snapshot()[0]
         assert got_cq is cq and got_ctx is token
 
+    @rules("doc:api.md")
     def test_comp_cb_runs_on_dispatcher_thread(self, ca: Ca, port: PortAttr) -> None:
         """api.md: completion callbacks never run on the caller's stack (nor the provider's)."""
         log = CallbackLog()
@@ -175,6 +187,7 @@ class CqChecks(ConformanceBase):
         log.wait(1)
         assert log.threads[0] != threading.get_ident()
 
+    @rules("ci:97", "al:28", "iba:cq.arm-once")
     def test_rearm_fires_exactly_once(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 97 / access-layer rule 28: one arm → one callback, however many
         completions follow."""
@@ -188,6 +201,28 @@ class CqChecks(ConformanceBase):
         finish(src, cq)
         assert len(log) == 1
 
+    @rules("ci:97", "iba:cq.per-cq")
+    def test_arm_of_one_cq_ignores_another(self, ca: Ca, port: PortAttr) -> None:
+        """ci-contract rule 97: an armed CQ gets no callback for another CQ's completions; its
+        own next completion fires it, with its own handle."""
+        log = CallbackLog()
+        armed = ca.create_cq(64, comp_cb=log)
+        other = ca.create_cq(64, comp_cb=log)
+        busy = Source(ca, port, send_cq=other, recv_cq=other)
+        mine = Source(ca, port, send_cq=armed, recv_cq=armed)
+        armed.rearm()
+        busy.fire(2)
+        wait_wcs(other, 4)
+        barrier(ca)
+        assert len(log) == 0, "arming one CQ fired the callback for another's completion"
+        mine.fire(1)
+        log.wait(1)
+        wait_wcs(armed, 2)
+        finish(busy)
+        finish(mine)
+        assert [entry[0] for entry in log.snapshot()] == [armed]
+
+    @rules("al:28", "iba:cq.no-arm")
     def test_no_callback_without_rearm(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 28: without a rearm, no completion callback fires."""
         log = CallbackLog()
@@ -204,6 +239,7 @@ class CqChecks(ConformanceBase):
         finish(src, cq)
         assert len(log) == 1
 
+    @rules("ci:97", "iba:cq.arm-present")
     def test_entries_present_at_arm_do_not_fire(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -225,6 +261,7 @@ class CqChecks(ConformanceBase):
         finish(src, cq)
         assert len(log) == 2
 
+    @rules("ci:97", "al:28", "iba:cq.solicited")
     def test_rearm_solicited_ignores_unsolicited(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -246,6 +283,7 @@ class CqChecks(ConformanceBase):
         assert len(log) == 1
         assert all(w.wc_type is WcType.RECV for w in first + last)
 
+    @rules("ci:98", "al:29")
     def test_rearm_n_fires_after_n(self, ca: Ca, caps: Capabilities, port: PortAttr) -> None:
         """ci-contract rule 98 / access-layer rule 29: the callback comes after N new completions,
         once."""
@@ -269,6 +307,7 @@ class CqChecks(ConformanceBase):
         finish(src, cq)
         assert len(log) == 1
 
+    @rules("ci:98", "al:29")
     def test_rearm_n_bad_count_raises_invalid_parameter(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 98 / access-layer rule 29: n < 1 or n > CQ size →
         IB_INVALID_PARAMETER."""
@@ -279,6 +318,7 @@ class CqChecks(ConformanceBase):
         with pytest.raises(InvalidParameter):
             cq.rearm_n(cq.size + 1)
 
+    @rules("ci:71", "al:34")
     def test_destroy_cq_in_use_raises_resource_busy(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 71 / access-layer rule 34: destroying a CQ a QP uses → IB_RESOURCE_BUSY;
         it keeps working."""
@@ -289,6 +329,7 @@ class CqChecks(ConformanceBase):
         ids = src.fire(2)
         assert [w.wr_id for w in wait_wcs(cq, 2)] == ids
 
+    @rules("ci:72")
     def test_destroy_cq_twice_raises_invalid_cq_handle(self, ca: Ca) -> None:
         """ci-contract rule 72: a destroyed CQ handle → IB_INVALID_CQ_HANDLE."""
         cq = ca.create_cq(8)
@@ -300,6 +341,7 @@ class CqChecks(ConformanceBase):
         with pytest.raises(InvalidCqHandle):
             cq.rearm()
 
+    @rules("al:34", "al:114")
     def test_destroy_cq_callback_after_last_comp_cb(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rules 34, 114: the destroy callback runs after the running completion
         callback returns."""
@@ -331,6 +373,7 @@ class CqChecks(ConformanceBase):
         assert order == ["comp", "destroy"]
         assert done.snapshot() == [("cq",)]
 
+    @rules("ci:72")
     def test_no_comp_cb_after_destroy(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 72: after destroy, pending notifications are discarded; no callback
         follows."""
@@ -346,6 +389,7 @@ class CqChecks(ConformanceBase):
         assert events[-1] == "destroy"
         assert events.count("comp") <= 1
 
+    @rules("ci:62")
     def test_completions_survive_qp_destroy(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 62: completions already in the CQ stay pollable after their QP is
         destroyed."""

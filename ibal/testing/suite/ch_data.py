@@ -21,6 +21,7 @@ from ibal.testing.helpers import (
     wait_wc,
     wait_wcs,
 )
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, require_opcode, require_qp_type
 from ibal.types import (
     DgrmInfo,
@@ -50,6 +51,7 @@ class DataPathChecks(ConformanceBase):
     chapter = "data path"
 
     # ----------------------------------------------------- any transport
+    @rules("ci:50")
     def test_completions_go_to_their_own_cqs(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 50 / IBA 10.2.4: a QP's send completions go to its send CQ and its
         receive completions to its receive CQ, never to the other."""
@@ -83,6 +85,7 @@ class DataPathChecks(ConformanceBase):
             assert (got.wr_id, got.wc_type, got.qp_num) == (base + 1, WcType.RECV, dst.qp.num)
             assert src.cq.poll(4) == [] and dst.extra["send_cq"].poll(4) == []
 
+    @rules("iba:wc.fields")
     def test_wr_id_keeps_64_bits(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract §2.9 (``ib_send_wr_t.wr_id`` is 64 bits): send and receive completions
         return the consumer's wr_id unchanged, all 64 bits."""
@@ -94,6 +97,7 @@ class DataPathChecks(ConformanceBase):
         assert (sent.wr_id, got.wr_id) == (big, other)
 
     # ---------------------------------------------------------------- RC
+    @rules("doc:ci-contract §2.9", "doc:access-layer §5.9")
     def test_rc_send_lands(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """ci-contract §2.9 / access-layer §5.9: an RC SEND lands; both completions name WR, QP,
         length."""
@@ -115,6 +119,7 @@ class DataPathChecks(ConformanceBase):
         assert not got.recv_opt & RecvOpt.IMMEDIATE
         assert pair.b.get(256, 13) == b"hello, fabric"
 
+    @rules("iba:wc.fields")
     def test_rc_send_with_immediate(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """access-layer §5.9: SEND with immediate delivers the 32-bit value and flags it in
         recv_opt."""
@@ -130,6 +135,7 @@ class DataPathChecks(ConformanceBase):
     def _skip_imm(caps: Capabilities) -> None:
         pytest.skip(f"provider lacks immediate: {caps.reason('immediate')}")
 
+    @rules("doc:access-layer §5.9")
     def test_rc_rdma_write_lands_without_consuming_receive(
         self, ca: Ca, port: PortAttr, peer: Peer
     ) -> None:
@@ -146,6 +152,7 @@ class DataPathChecks(ConformanceBase):
         _, got = pair.send(b"after", recv_id=999, dst_off=5000)
         assert got.wr_id == 77, "the RDMA WRITE consumed a receive"
 
+    @rules("iba:wc.fields")
     def test_rc_rdma_write_with_immediate_consumes_receive(
         self, ca: Ca, port: PortAttr, peer: Peer
     ) -> None:
@@ -165,6 +172,7 @@ class DataPathChecks(ConformanceBase):
         assert pair.b.get(2100, 8) == b"imm-wrt!"
         assert pair.b.get(6000, 8) == b"\x00" * 8, "write-with-imm data went to the receive buffer"
 
+    @rules("doc:access-layer §5.9")
     def test_rc_rdma_read_fetches(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """access-layer §5.9: RDMA READ copies remote bytes into the local SGE; completion says
         RDMA_READ."""
@@ -181,6 +189,7 @@ class DataPathChecks(ConformanceBase):
         )
         assert pair.a.get(512, 12) == b"read back me"
 
+    @rules("doc:IBA 9.4.3")
     def test_rc_rdma_read_spanning_several_mtus(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """IBA 9.4.3: a READ longer than the path MTU arrives whole (multi-packet response)."""
         require_opcode(ca.capabilities, QpType.RC, WrType.RDMA_READ)
@@ -193,6 +202,7 @@ class DataPathChecks(ConformanceBase):
         assert wc.status is WcStatus.SUCCESS and wc.length == n
         assert pair.a.get(n + 64, n) == data
 
+    @rules("iba:at.fetch-add")
     def test_rc_fetch_and_add(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """access-layer §5.9: FETCH_ADD returns the old 8 bytes and leaves old + add remotely."""
         require_opcode(ca.capabilities, QpType.RC, WrType.FETCH_ADD)
@@ -203,6 +213,7 @@ class DataPathChecks(ConformanceBase):
         assert (wc.wc_type, wc.status) == (WcType.FETCH_ADD, WcStatus.SUCCESS)
         assert atomic_result_ok(init, pair.a.get(1536, 8), pair.b.get(3584, 8), lambda v: v + 1)
 
+    @rules("iba:at.cmp-swap")
     def test_rc_compare_swap_hit(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """access-layer §5.9: COMPARE_SWAP with a matching compare value swaps and returns the old
         value."""
@@ -217,6 +228,7 @@ class DataPathChecks(ConformanceBase):
         assert pair.a.get(1544, 8) == struct.pack("<Q", old)
         assert pair.b.get(3592, 8) == struct.pack("<Q", new)
 
+    @rules("iba:at.cmp-swap")
     def test_rc_compare_swap_miss(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """access-layer §5.9: COMPARE_SWAP with another compare value leaves memory, returns the
         value."""
@@ -235,6 +247,7 @@ class DataPathChecks(ConformanceBase):
         assert pair.a.get(1552, 8) == struct.pack("<Q", cur)
         assert pair.b.get(3600, 8) == struct.pack("<Q", cur)
 
+    @rules("doc:ci-contract §2.9")
     def test_rc_send_gathers_sges(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """ci-contract §2.9: a send with several SGEs is one message, the SGEs concatenated."""
         pair = self.pair(ca, port, peer, QpType.RC, sq_sge=3)
@@ -248,6 +261,7 @@ class DataPathChecks(ConformanceBase):
         _, got = pair.wait_pair()
         assert got.length == 9 and pair.b.get(4000, 9) == b"abcdefghi"
 
+    @rules("doc:ci-contract §2.9")
     def test_rc_receive_scatters_sges(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """ci-contract §2.9: a receive with several SGEs fills them in order."""
         pair = self.pair(ca, port, peer, QpType.RC, rq_sge=2)
@@ -258,6 +272,7 @@ class DataPathChecks(ConformanceBase):
         assert got.length == 10
         assert pair.b.get(1000, 4) == b"0123" and pair.b.get(2000, 6) == b"456789"
 
+    @rules("doc:IBA 9.7")
     def test_rc_send_spanning_several_mtus(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """IBA 9.7: a SEND longer than the path MTU is segmented and reassembled intact."""
         pair = self.pair(ca, port, peer, QpType.RC, buf_size=9 * 4096)
@@ -266,6 +281,7 @@ class DataPathChecks(ConformanceBase):
         _, got = pair.send(data, dst_off=n + 64, recv_len=n + 16)
         assert got.length == n and pair.b.get(n + 64, n) == data
 
+    @rules("iba:wc.order")
     def test_rc_messages_arrive_in_order(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """IBA 9.5 (RC ordering): 32 sends complete, and land, in posting order."""
         pair = self.pair(ca, port, peer, QpType.RC, sq_depth=64, rq_depth=64)
@@ -281,6 +297,7 @@ class DataPathChecks(ConformanceBase):
         for i in range(32):
             assert pair.b.get(4096 + 32 * i, 4) == struct.pack("<I", i)
 
+    @rules("doc:ci-contract §2.9")
     def test_rc_bidirectional_traffic(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """ci-contract §2.9: both ends of a connection send at once and each gets the other's
         data."""
@@ -296,6 +313,7 @@ class DataPathChecks(ConformanceBase):
         assert pair.a.get(2000, 6) == b"from B" and pair.b.get(2000, 6) == b"from A"
 
     # ---------------------------------------------------------------- UC
+    @rules("doc:access-layer §5.9")
     def test_uc_send_lands(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """access-layer §5.9: a UC SEND lands with the same completion fields as RC."""
         pair = self.pair(ca, port, peer, QpType.UC)
@@ -304,6 +322,7 @@ class DataPathChecks(ConformanceBase):
         assert (got.wc_type, got.length, got.qp_num) == (WcType.RECV, 15, pair.b.qp.num)
         assert pair.b.get(64, 15) == b"unreliable conn"
 
+    @rules("doc:access-layer §5.9")
     def test_uc_rdma_write_lands(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """access-layer §5.9 (IBA table 81): UC supports RDMA WRITE."""
         require_opcode(ca.capabilities, QpType.UC, WrType.RDMA_WRITE)
@@ -314,6 +333,7 @@ class DataPathChecks(ConformanceBase):
         # UC completes when the data left (IBA 9.8.3); on another CA it lands a moment later
         wait_until(lambda: pair.b.get(700, 8) == b"uc write", "the UC write at B")
 
+    @rules("doc:access-layer §5.9")
     def test_uc_rdma_write_with_immediate(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """access-layer §5.9: UC WRITE with immediate completes a receive with the value."""
         require_opcode(ca.capabilities, QpType.UC, WrType.RDMA_WRITE)
@@ -327,6 +347,7 @@ class DataPathChecks(ConformanceBase):
         assert pair.b.get(720, 5) == b"ucimm"
 
     # ---------------------------------------------------------------- UD
+    @rules("doc:decisions")
     def test_ud_send_lands_after_grh_space(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """decisions (UD receive buffers): data lands after 40 GRH bytes; length counts them; src_qp
         set."""
@@ -338,6 +359,7 @@ class DataPathChecks(ConformanceBase):
         assert got.src_qp == pair.a.qp.num and got.qp_num == pair.b.qp.num
         assert pair.b.get(GRH_BYTES, 9) == b"datagram!"
 
+    @rules("doc:access-layer §5.9")
     def test_ud_send_with_immediate(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """access-layer §5.9: a UD SEND with immediate carries the value."""
         if not ca.capabilities.immediate:
@@ -346,6 +368,7 @@ class DataPathChecks(ConformanceBase):
         _, got = pair.send(b"udimm", opt=SendOpt.SIGNALED | SendOpt.IMMEDIATE, imm=IMM)
         assert got.imm == IMM and got.recv_opt & RecvOpt.IMMEDIATE
 
+    @rules("iba:wc.fields")
     def test_ud_completion_reports_source(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """ci-contract §2.10 (ib_wc_t recv.ud): the receive names the sender's QP, LID and P_Key
         index."""
@@ -358,6 +381,7 @@ class DataPathChecks(ConformanceBase):
         else:
             assert got.recv_opt & RecvOpt.GRH_VALID, "RoCE datagrams always carry a GRH"
 
+    @rules("al:68")
     def test_ud_wrong_qkey_dropped(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """access-layer rule 68: a UD QP accepts only datagrams whose Q_Key matches its own."""
         pair = self.pair(ca, port, peer, QpType.UD)
@@ -388,6 +412,7 @@ class DataPathChecks(ConformanceBase):
         """Two send completions from A, then the rest from B."""
         return wait_wcs(pair.a.cq, 2) + wait_wcs(pair.b.cq, n - 2)
 
+    @rules("doc:IBA 10.2.4")
     def test_ud_full_mtu_datagram(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """IBA 10.2.4: a datagram of exactly the path MTU is delivered whole."""
         pair = self.pair(ca, port, peer, QpType.UD, buf_size=3 * 4096)
@@ -397,6 +422,7 @@ class DataPathChecks(ConformanceBase):
         assert got.length == GRH_BYTES + n
         assert pair.b.get(n + 64 + GRH_BYTES, n) == data
 
+    @rules("doc:ci-contract §2.3")
     def test_ud_one_qp_reaches_two_destinations(self, ca: Ca, port: PortAttr, peer: Peer) -> None:
         """ci-contract §2.3: one UD QP sends to several QPs by naming each in the WR."""
         pair = self.pair(ca, port, peer, QpType.UD)

@@ -26,6 +26,7 @@ from ibal.testing.helpers import (
     mr_access,
     wait_wcs,
 )
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, Fabric, traced
 from ibal.types import (
     AccessFlags,
@@ -59,6 +60,7 @@ def index_of(calls: list[Call], name: str, handle: Any) -> int:
 class DestroyChecks(ConformanceBase):
     chapter = "destroy ordering & cascade"
 
+    @rules("doc:access-layer §4.3", "doc:ci-contract §3.4")
     @traced
     def test_cascade_destroys_children_first(self, fabric: Fabric, ca: Ca, port: PortAttr) -> None:
         """access-layer §4.3 / ci-contract §3.4: a cascade frees QPs (newest first), MWs, MRs, AVs,
@@ -103,6 +105,7 @@ class DestroyChecks(ConformanceBase):
             srq_idx = index_of(calls, "destroy_srq", h_srq)
             assert max(q_idx) < srq_idx < pd_idx
 
+    @rules("al:9", "al:10")
     @traced
     def test_close_ca_callback_after_provider_frees(
         self, fabric: Fabric, ca: Ca, port: PortAttr
@@ -134,6 +137,7 @@ class DestroyChecks(ConformanceBase):
         src.fire(1)
         return cq
 
+    @rules("al:3")
     def test_close_al_waits_for_running_callback(
         self, al: AccessLayer, ca: Ca, port: PortAttr
     ) -> None:
@@ -165,6 +169,7 @@ class DestroyChecks(ConformanceBase):
         assert after_close == []
         assert al.closed
 
+    @rules("al:4")
     def test_close_al_from_callback_raises_invalid_state(
         self, al: AccessLayer, ca: Ca, port: PortAttr
     ) -> None:
@@ -185,6 +190,7 @@ class DestroyChecks(ConformanceBase):
         assert len(errors) == 1 and isinstance(errors[0], InvalidState)
         assert not al.closed
 
+    @rules("doc:decisions")
     def test_waiting_destroy_from_callback_returns(self, ca: Ca, port: PortAttr) -> None:
         """decisions: destroy(wait=True) of another object inside a completion callback returns
         once its destroy callback (on the teardown queue) ran."""
@@ -208,6 +214,7 @@ class DestroyChecks(ConformanceBase):
         with pytest.raises(InvalidPdHandle):
             victim.reg_mem(bytearray(16), AccessFlags.LOCAL_WRITE)
 
+    @rules("doc:decisions")
     def test_waiting_destroy_of_own_object_from_its_callback_raises_invalid_state(
         self, ca: Ca, port: PortAttr
     ) -> None:
@@ -230,6 +237,7 @@ class DestroyChecks(ConformanceBase):
         cq.query()  # still valid
         ca.query()
 
+    @rules("al:114")
     def test_async_destroy_from_callback_allowed(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 114: a non-waiting destroy inside a callback works; its callback
         follows."""
@@ -243,6 +251,7 @@ class DestroyChecks(ConformanceBase):
         destroyed.wait(1)
         assert destroyed.snapshot() == [("victim",)]
 
+    @rules("doc:api.md")
     def test_handle_invalid_as_soon_as_destroy_returns(self, ca: Ca, port: PortAttr) -> None:
         """api.md: after an asynchronous destroy returns, the handle is already invalid."""
         src = Source(ca, port)
@@ -250,6 +259,7 @@ class DestroyChecks(ConformanceBase):
         with pytest.raises(InvalidQpHandle):
             src.a.qp.query()
 
+    @rules("doc:access-layer §4.4")
     def test_destroy_callbacks_run_off_callers_thread(self, ca: Ca) -> None:
         """access-layer §4.4: destroy callbacks run on a system (dispatcher) thread."""
         log = CallbackLog()
@@ -257,6 +267,7 @@ class DestroyChecks(ConformanceBase):
         log.wait(1)
         assert log.threads[0] != threading.get_ident()
 
+    @rules("al:41", "al:114")
     @traced
     def test_qp_event_callback_finishes_before_destroy_callback(
         self, fabric: Fabric, ca: Ca
@@ -298,6 +309,7 @@ class DestroyChecks(ConformanceBase):
         done.wait(1)
         assert order == ["event", "destroy"]
 
+    @rules("ci:62")
     def test_no_completion_after_qp_destroy_returns(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 62: once destroy_qp returned, its outstanding WRs never complete."""
         cq = ca.create_cq(1024)
@@ -335,6 +347,7 @@ class DestroyChecks(ConformanceBase):
             rkey=src.b.mr.rkey,
         )
 
+    @rules("al:10", "al:20")
     def test_cascade_returns_every_provider_resource(
         self, fabric: Fabric, ca: Ca, port: PortAttr
     ) -> None:
@@ -349,6 +362,7 @@ class DestroyChecks(ConformanceBase):
         src.recv_cq.destroy(wait=True)
         assert self.resources_of(fabric, ca.guid) == before
 
+    @rules("ci:49")
     def test_failed_verb_leaves_nothing_behind(self, raw_cis: list[ChannelInterface]) -> None:
         """ci-contract rule 49 / ibal.ci.interface: a verb that fails creates nothing at the
         provider (called on the CI directly: the access layer refuses these arguments first)."""
@@ -384,6 +398,7 @@ class DestroyChecks(ConformanceBase):
         finally:
             raw.close()
 
+    @rules("al:2")
     def test_close_al_returns_every_provider_resource(
         self, fabric: Fabric, al: AccessLayer, ca: Ca, port: PortAttr
     ) -> None:

@@ -22,6 +22,7 @@ from ibal.testing.helpers import (
     wait_wc,
     wait_wcs,
 )
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import (
     ConformanceBase,
     Fabric,
@@ -98,6 +99,7 @@ class EventChecks(ConformanceBase):
         )
         return next(e[0] for e in log.snapshot() if e[0].code in codes)
 
+    @rules("doc:IBA 11.6.3.1", "doc:ci-contract §3.1")
     def test_bad_rkey_raises_wq_access_error_at_responder(self, ca: Ca, port: PortAttr) -> None:
         """IBA 11.6.3.1 (Local Access Violation WQ Error) / ci-contract §3.1: an RDMA WRITE with
         an unknown R_Key raises WQ_ACCESS_ERROR on the responder QP, with its context and handle
@@ -109,6 +111,7 @@ class EventChecks(ConformanceBase):
             rec = self._event(log, AsyncEvent.WQ_ACCESS_ERROR)
         assert (rec.context, rec.handle) == ("responder", pair.b.qp)
 
+    @rules("doc:IBA 11.6.3.1")
     def test_refused_request_raises_wq_error_at_responder(self, ca: Ca, port: PortAttr) -> None:
         """IBA 11.6.3.1 (Invalid Request / Local Access Violation WQ Error): an RDMA WRITE to a
         QP whose access flags refuse remote writes is refused (remote memory untouched) and raises
@@ -126,6 +129,7 @@ class EventChecks(ConformanceBase):
             rec = self._event(log, AsyncEvent.WQ_REQ_ERROR, AsyncEvent.WQ_ACCESS_ERROR)
         assert (rec.context, rec.handle) == ("responder", pair.b.qp)
 
+    @rules("iba:qps.rtr")
     def test_first_receive_in_rtr_raises_comm_est(self, ca: Ca, port: PortAttr) -> None:
         """IBA 11.6.2 (Communication Established): the first message a QP in RTR receives raises
         QP_COMM on it, with its context (a natural event: no injection)."""
@@ -149,6 +153,7 @@ class EventChecks(ConformanceBase):
         )
         ca_log.wait(seen + 1, what="the barrier port event")
 
+    @rules("al:38")
     @traced
     def test_qp_event_reaches_qp_callback(
         self, fabric: Fabric, al: AccessLayer, port: PortAttr
@@ -174,6 +179,7 @@ class EventChecks(ConformanceBase):
         self._barrier(tr, ca_log, port)
         assert all(e[0].code is not AsyncEvent.QP_FATAL for e in ca_log.snapshot())
 
+    @rules("doc:ci-contract §3.1")
     @traced
     def test_cq_event_reaches_cq_callback(self, fabric: Fabric, ca: Ca) -> None:
         """ci-contract §3.1: a CQ event reaches the CQ's event callback with cq_context and
@@ -186,6 +192,7 @@ class EventChecks(ConformanceBase):
         rec = log.snapshot()[0][0]
         assert (rec.code, rec.context, rec.handle) == (AsyncEvent.CQ_ERROR, "cq-ctx", cq)
 
+    @rules("doc:ci-contract §3.1")
     @traced
     def test_srq_event_reaches_srq_callback(self, fabric: Fabric, ca: Ca) -> None:
         """ci-contract §3.1: an SRQ event reaches the SRQ's event callback with srq_context."""
@@ -198,6 +205,7 @@ class EventChecks(ConformanceBase):
         rec = log.snapshot()[0][0]
         assert (rec.code, rec.context, rec.handle) == (AsyncEvent.SRQ_CATAS_ERROR, "srq-ctx", srq)
 
+    @rules("al:8")
     @traced
     def test_port_event_reaches_every_ca_handle(
         self, fabric: Fabric, al: AccessLayer, port: PortAttr
@@ -226,6 +234,7 @@ class EventChecks(ConformanceBase):
         finally:
             other.close()
 
+    @rules("doc:api.md", "doc:ci-contract §3.2")
     @traced
     def test_event_callback_runs_off_callers_thread(self, fabric: Fabric, ca: Ca) -> None:
         """api.md / ci-contract §3.2: event callbacks run on the dispatcher, not the injecting
@@ -237,6 +246,7 @@ class EventChecks(ConformanceBase):
         log.wait(1)
         assert log.threads[0] != threading.get_ident()
 
+    @rules("ci:63", "al:41")
     @traced
     def test_no_qp_event_after_destroy(
         self, fabric: Fabric, al: AccessLayer, port: PortAttr
@@ -254,6 +264,7 @@ class EventChecks(ConformanceBase):
         self._barrier(tr, ca_log, port)
         assert len(log) == 0
 
+    @rules("al:8")
     @traced
     def test_event_without_callback_is_dropped(
         self, fabric: Fabric, al: AccessLayer, port: PortAttr
@@ -268,6 +279,7 @@ class EventChecks(ConformanceBase):
         self._barrier(tr, ca_log, port)
         assert qp.query().qp_num == qp.num  # the AL kept going
 
+    @rules("doc:ci-contract §3.1")
     def test_sq_drained_event(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract §3.1 (IB_AE_SQ_DRAINED): RTS→SQD with sqd_event reports the drained SQ to the
         QP."""
@@ -288,6 +300,7 @@ class EventChecks(ConformanceBase):
         rec = log.snapshot()[0][0]
         assert (rec.code, rec.context, rec.handle) == (AsyncEvent.SQ_DRAINED, "sqd", qp)
 
+    @rules("doc:ci-contract §3.1")
     def test_cq_overrun_raises_cq_error(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract §3.1 (IB_AE_CQ_ERROR): more completions than the CQ holds → a CQ error
         event."""

@@ -20,6 +20,7 @@ from ibal.status import (
     ResourceBusy,
 )
 from ibal.testing.helpers import wait_wc
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase
 from ibal.types import AccessFlags, FmrCreate, PortAttr, QpType, WcStatus
 
@@ -50,6 +51,7 @@ class FmrChecks(ConformanceBase):
         assert wc.wr_id == wr_id
         return wc.status
 
+    @rules("ci:85", "al:62")
     def test_fmr_map_lands_across_pages(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 85 / access-layer rule 62: a map gives vaddr, lkey and rkey for
         the page list; a write across a page boundary lands in both pages."""
@@ -64,6 +66,7 @@ class FmrChecks(ConformanceBase):
         assert self._fmr_write(pair, fmr, PAGE - 20, data) is WcStatus.SUCCESS
         assert bytes(buf[2 * PAGE - 20 : 2 * PAGE + 20]) == data
 
+    @rules("al:62", "iba:mp.dead-keys")
     def test_fmr_remap_new_keys_stale_rkey_refused(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 62: each map gives new keys; the previous mapping's R_Key is
         refused remotely (REM_ACCESS_ERR) and its pages are not touched."""
@@ -79,6 +82,7 @@ class FmrChecks(ConformanceBase):
         assert status is WcStatus.REM_ACCESS_ERR
         assert bytes(buf[: 2 * PAGE]) == bytes(2 * PAGE)
 
+    @rules("al:62", "iba:mp.dead-keys")
     def test_fmr_unmap_revokes_rkey(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 62: after an unmap the mapping's R_Key is refused remotely."""
         pair = self.loop(ca, port, QpType.RC)
@@ -92,6 +96,7 @@ class FmrChecks(ConformanceBase):
         assert wait_wc(pair.a.cq).status is WcStatus.REM_ACCESS_ERR
         assert bytes(buf[:4]) == bytes(4)
 
+    @rules("al:62")
     def test_fmr_max_maps_then_unmap(self, ca: Ca) -> None:
         """access-layer rule 62 / api.md: max_maps maps, then IB_INSUFFICIENT_RESOURCES until an
         unmap; the mapping in place survives the refusal."""
@@ -106,6 +111,7 @@ class FmrChecks(ConformanceBase):
         fmr.map(pages_of(buf, 2, 1))
         assert fmr.mapped
 
+    @rules("al:62")
     def test_fmr_too_many_pages_invalid_parameter(self, ca: Ca) -> None:
         """access-layer rule 62: more pages than max_pages → IB_INVALID_PARAMETER; an empty
         list too."""
@@ -117,6 +123,7 @@ class FmrChecks(ConformanceBase):
             fmr.map([])
         assert not fmr.mapped
 
+    @rules("al:62")
     def test_fmr_short_page_or_misaligned_vaddr_invalid_parameter(self, ca: Ca) -> None:
         """access-layer rule 62: a page shorter than page_size, or a requested address not on a
         page boundary → IB_INVALID_PARAMETER."""
@@ -126,6 +133,7 @@ class FmrChecks(ConformanceBase):
         with pytest.raises(InvalidParameter):
             fmr.map([bytearray(PAGE)], vaddr=PAGE + 8)
 
+    @rules("ci:85", "al:62")
     def test_fmr_create_checks_limits_and_access(self, ca: Ca) -> None:
         """ci-contract rule 85 / access-layer rule 62: an unsupported page size or zero limits →
         IB_INVALID_PARAMETER; remote write without local write → IB_INVALID_PERMISSION."""
@@ -137,6 +145,7 @@ class FmrChecks(ConformanceBase):
         with pytest.raises(InvalidPermission):
             pd.create_fmr(FmrCreate(4, 4, PAGE, AccessFlags.RDMA_WRITE))
 
+    @rules("al:62")
     def test_fmr_destroy_mapped_resource_busy(self, ca: Ca) -> None:
         """access-layer rule 62: destroying a mapped FMR → IB_RESOURCE_BUSY; after unmap it goes,
         and the handle is then invalid."""
@@ -149,6 +158,7 @@ class FmrChecks(ConformanceBase):
         with pytest.raises(InvalidFmrHandle):
             fmr.map([bytearray(PAGE)])
 
+    @rules("al:62")
     def test_fmr_pd_dealloc_takes_mapped_fmr(self, ca: Ca) -> None:
         """access-layer rule 62 / decisions (cascade): deallocating the PD unmaps and destroys
         its FMRs."""
@@ -160,6 +170,7 @@ class FmrChecks(ConformanceBase):
         with pytest.raises(InvalidFmrHandle):
             fmr.unmap()
 
+    @rules("ci:85")
     def test_fmr_native_when_declared(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 85: a CA declaring fmr runs the FMR verbs itself (the access layer
         emulates them only for CAs that lack them)."""

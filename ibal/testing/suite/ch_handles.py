@@ -17,6 +17,7 @@ from ibal.status import (
     InvalidSrqHandle,
 )
 from ibal.testing.helpers import UD_QKEY, av_to, make_side
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, Fabric, post_raises, require, require_qp_type
 from ibal.types import (
     AccessFlags,
@@ -51,6 +52,7 @@ class HandleChecks(ConformanceBase):
     def _type(caps: Capabilities) -> QpType:
         return next(t for t in (QpType.RC, QpType.UD, QpType.UC) if t in caps.qp_types)
 
+    @rules("al:36")
     def test_foreign_cq_in_create_qp(self, ca: Ca, caps: Capabilities, foreign: Ca) -> None:
         """api.md / access-layer rule 36: a CQ of another AL instance → IB_INVALID_CQ_HANDLE."""
         from ibal.al import QpCreate
@@ -59,6 +61,7 @@ class HandleChecks(ConformanceBase):
         with pytest.raises(InvalidCqHandle):
             ca.alloc_pd().create_qp(QpCreate(self._type(caps), send_cq=theirs, recv_cq=mine))
 
+    @rules("ci:92")
     def test_foreign_av_in_send(self, ca: Ca, port: PortAttr, foreign: Ca) -> None:
         """api.md / ci-contract rule 92: an AV of another AL instance → IB_INVALID_AV_HANDLE."""
         require_qp_type(ca.capabilities, QpType.UD)
@@ -74,6 +77,7 @@ class HandleChecks(ConformanceBase):
                 )
             )
 
+    @rules("ci:81")
     def test_foreign_pd_in_rereg(self, ca: Ca, caps: Capabilities, foreign: Ca) -> None:
         """api.md / ci-contract rule 81: re-registering into another AL's PD →
         IB_INVALID_PD_HANDLE."""
@@ -82,6 +86,7 @@ class HandleChecks(ConformanceBase):
         with pytest.raises(InvalidPdHandle):
             mr.rereg(MrModMask.PD, pd=foreign.alloc_pd())
 
+    @rules("al:60")
     def test_foreign_mr_in_bind(self, ca: Ca, port: PortAttr, foreign: Ca) -> None:
         """api.md / access-layer rule 60: binding a window to another AL's MR →
         IB_INVALID_MR_HANDLE."""
@@ -103,6 +108,7 @@ class HandleChecks(ConformanceBase):
                 ),
             )
 
+    @rules("al:60")
     def test_foreign_qp_in_bind(self, ca: Ca, port: PortAttr, foreign: Ca) -> None:
         """api.md / access-layer rule 60: binding on another AL's QP → IB_INVALID_QP_HANDLE."""
         require(ca.capabilities, "mw_types")
@@ -122,11 +128,13 @@ class HandleChecks(ConformanceBase):
                 ),
             )
 
+    @rules("al:18")
     def test_foreign_handle_in_ci_call(self, ca: Ca, foreign: Ca) -> None:
         """access-layer rule 18: a handle that does not belong to the caller → IB_INVALID_HANDLE."""
         with pytest.raises(InvalidHandle):
             ca.ci_call(CiOp(command=0), [foreign.alloc_pd()])
 
+    @rules("doc:api.md")
     @pytest.mark.parametrize("slot", ["send_cq", "recv_cq"])
     def test_wrong_type_as_cq(self, ca: Ca, caps: Capabilities, slot: str) -> None:
         """api.md: a PD passed where a CQ belongs → IB_INVALID_CQ_HANDLE."""
@@ -137,6 +145,7 @@ class HandleChecks(ConformanceBase):
         with pytest.raises(InvalidCqHandle):
             pd.create_qp(QpCreate(self._type(caps), **kw))
 
+    @rules("doc:api.md")
     def test_wrong_type_as_pd(self, ca: Ca, caps: Capabilities) -> None:
         """api.md: a CQ passed where a PD belongs → IB_INVALID_PD_HANDLE."""
         require(caps, "modify_mr")
@@ -144,6 +153,7 @@ class HandleChecks(ConformanceBase):
         with pytest.raises(InvalidPdHandle):
             mr.rereg(MrModMask.PD, pd=cast(Any, ca.create_cq(8)))
 
+    @rules("al:36")
     def test_wrong_type_as_srq(self, ca: Ca, caps: Capabilities) -> None:
         """api.md / access-layer rule 36: a CQ passed as the SRQ → IB_INVALID_SRQ_HANDLE."""
         from ibal.al import QpCreate
@@ -152,6 +162,7 @@ class HandleChecks(ConformanceBase):
         with pytest.raises(InvalidSrqHandle):
             pd.create_qp(QpCreate(self._type(caps), send_cq=cq, recv_cq=cq, srq=cast(Any, cq)))
 
+    @rules("doc:api.md")
     def test_wrong_type_as_qp(self, ca: Ca, caps: Capabilities, port: PortAttr) -> None:
         """api.md: a CQ passed where a QP belongs → IB_INVALID_QP_HANDLE."""
         require(caps, "mw_types")
@@ -169,6 +180,7 @@ class HandleChecks(ConformanceBase):
                 ),
             )
 
+    @rules("doc:IBA 10.2", "doc:access-layer §4.3")
     def test_cq_of_other_ca_refused(self, al: AccessLayer, ca: Ca, caps: Capabilities) -> None:
         """IBA 10.2 / access-layer §4.3: a QP's CQs must be on its own CA → IB_INVALID_CQ_HANDLE."""
         from ibal.al import QpCreate

@@ -14,6 +14,7 @@ import pytest
 
 from ibal.status import InvalidParameter, Unsupported
 from ibal.testing.helpers import wait_wc
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import (
     ConformanceBase,
     deviation,
@@ -84,6 +85,7 @@ class InvalidateChecks(ConformanceBase):
         return wc.status
 
     # ------------------------------------------------------------ not supported
+    @rules("doc:decisions")
     def test_type2_window_or_unsupported(self, ca: Ca, caps: Capabilities) -> None:
         """decisions (type 2 windows): a CA without them answers create_mw(2) IB_UNSUPPORTED."""
         pd = ca.alloc_pd()
@@ -94,6 +96,7 @@ class InvalidateChecks(ConformanceBase):
         mw = pd.create_mw(2)
         assert mw.mw_type == 2 and 0 <= mw.rkey < 1 << 32
 
+    @rules("al:49")
     def test_unlisted_opcodes_refused_unsupported(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 49: an invalidate/bind opcode the CA does not list fails the post
         with IB_UNSUPPORTED and posts nothing (a CA of contract version 1 never sees it)."""
@@ -116,12 +119,14 @@ class InvalidateChecks(ConformanceBase):
         assert pair.a.cq.poll(4) == []
 
     # ------------------------------------------------------------ type 2 windows
+    @rules("iba:mp.unbound-window")
     def test_type2_window_refuses_access_until_bound(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.6.7.2: a type 2 window's R_Key is invalid until a BIND_MW validates it."""
         pair, mw = self._inv_setup(ca, port)
         assert self._inv_write(pair, mw.rkey, 1024, b"too soon") is WcStatus.REM_ACCESS_ERR
         assert pair.b.get(1024, 8) == bytes(8)
 
+    @rules("doc:IBA 10.6.7.2")
     def test_type2_bind_then_remote_write_lands(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.6.7.2: a BIND_MW work request gives the window the new R_Key; a WRITE through
         it lands inside the window's range."""
@@ -130,6 +135,7 @@ class InvalidateChecks(ConformanceBase):
         assert self._inv_write(pair, rkey, 1100, b"through type 2") is WcStatus.SUCCESS
         assert pair.b.get(1100, 14) == b"through type 2"
 
+    @rules("iba:mp.window-bounds")
     def test_type2_window_refuses_outside_range(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.6.7: a WRITE past a type 2 window's range, inside the region, is refused (an
         xfail on a CA declaring the mw_bounds_check deviation)."""
@@ -140,6 +146,7 @@ class InvalidateChecks(ConformanceBase):
             assert status is WcStatus.REM_ACCESS_ERR, f"write past the window: {status.name}"
             assert pair.b.get(1536, 12) == bytes(12), "bytes landed outside the window"
 
+    @rules("doc:IBA 10.6.7.2")
     def test_type2_window_refuses_bind_verb(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.6.7.2: type 2 windows are bound only by work requests; ib_bind_mw refuses one."""
         pair, mw = self._inv_setup(ca, port)
@@ -147,6 +154,7 @@ class InvalidateChecks(ConformanceBase):
         with pytest.raises(InvalidParameter):
             mw.bind(pair.b.qp, BindWr(mr, mr.vaddr, 64, WIN, current_rkey=mw.rkey))
 
+    @rules("doc:IBA 10.6.7.2")
     def test_type2_bind_must_keep_the_index(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.6.7.2: a type 2 bind may change only the key byte; another index completes
         MEM_WINDOW_BIND_ERR (an xfail on a CA declaring mw_bind_rkey_index)."""
@@ -167,6 +175,7 @@ class InvalidateChecks(ConformanceBase):
             assert (wc.wr_id, wc.status) == (61, WcStatus.MEM_WINDOW_BIND_ERR)
 
     # ------------------------------------------------------------ local invalidate
+    @rules("iba:mp.dead-keys")
     def test_local_invalidate_then_write_fails(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.6.7.2: LOCAL_INV completes as LOCAL_INV and the window's R_Key stops working."""
         pair, mw = self._inv_setup(ca, port, WrType.LOCAL_INV)
@@ -178,6 +187,7 @@ class InvalidateChecks(ConformanceBase):
         assert self._inv_write(pair, rkey, 1200, b"after") is WcStatus.REM_ACCESS_ERR
         assert pair.b.get(1200, 5) == bytes(5)
 
+    @rules("iba:mp.dead-keys")
     def test_local_invalidate_then_rebind(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.6.7.2: an invalidated type 2 window binds again under a newer key; the old
         key stays dead."""
@@ -201,6 +211,7 @@ class InvalidateChecks(ConformanceBase):
         assert pair.b.get(2048, 7) == b"rebound"
         assert self._inv_write(pair, old, 2100, b"stale", wr_id=11) is WcStatus.REM_ACCESS_ERR
 
+    @rules("doc:decisions")
     def test_local_invalidate_of_a_region_key_fails(self, ca: Ca, port: PortAttr) -> None:
         """decisions (invalidate): regions registered the ordinary way cannot be invalidated (as
         in IBA and kernel rxe); the LOCAL_INV completes in error."""
@@ -212,6 +223,7 @@ class InvalidateChecks(ConformanceBase):
         assert wc.wr_id == 65 and wc.status is not WcStatus.SUCCESS
 
     # ------------------------------------------------------------ send with invalidate
+    @rules("iba:mp.dead-keys")
     def test_send_with_invalidate(self, ca: Ca, port: PortAttr) -> None:
         """IBA 9.4.1.1.4: after a SEND with invalidate the receive completes with
         RecvOpt.INVALIDATE and the R_Key, the bytes land, and a later WRITE with that R_Key
@@ -236,6 +248,7 @@ class InvalidateChecks(ConformanceBase):
         assert self._inv_write(pair, rkey, 1100, b"stale key") is WcStatus.REM_ACCESS_ERR
         assert pair.b.get(1100, 9) == bytes(9)
 
+    @rules("doc:decisions")
     def test_send_with_invalidate_of_a_region_fails(self, ca: Ca, port: PortAttr) -> None:
         """decisions (invalidate): a SEND with invalidate naming a key the receiver cannot
         invalidate (a region's) completes the receive REM_INVALID_REQ_ERR (kernel rxe's class

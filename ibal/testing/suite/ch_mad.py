@@ -10,6 +10,7 @@ import pytest
 
 from ibal.status import InvalidParameter, ResourceBusy
 from ibal.testing.helpers import is_roce, wait_wc
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, require_qp_type
 from ibal.types import (
     MAD_SIZE,
@@ -97,6 +98,7 @@ class MadChecks(ConformanceBase):
             )
         return ca.alloc_pd().get_spl_qp(port.port_guid, QpType.QP1_ALIAS)
 
+    @rules("al:76", "al:78", "al:79")
     def test_request_and_response_between_two_agents_of_a_port(
         self, alias: AliasQp, port: PortAttr
     ) -> None:
@@ -119,6 +121,7 @@ class MadChecks(ConformanceBase):
         assert answer.mad == bytes(resp)
         assert client_in.order == ["done", "recv"], "the response overtook the send completion"
 
+    @rules("al:64", "al:74", "al:76")
     def test_requests_reach_the_agent_of_their_class(
         self, alias: AliasQp, ca: Ca, port: PortAttr
     ) -> None:
@@ -135,6 +138,7 @@ class MadChecks(ConformanceBase):
         assert _tid_low(b_in.recvs.get(timeout=WAIT).mad) == 2
         assert _tid_low(a_in.recvs.get(timeout=WAIT).mad) == 1
 
+    @rules("doc:IBA 9.6.1.1")
     def test_qp1_drops_a_mad_with_the_wrong_qkey(
         self, alias: AliasQp, ca: Ca, port: PortAttr
     ) -> None:
@@ -153,6 +157,7 @@ class MadChecks(ConformanceBase):
         sender.send(MadSend(_mad(VENDOR, GET, 8), _self_addr(port)))
         assert _tid_low(server_in.recvs.get(timeout=WAIT).mad) == 8, "QP1 took a bad Q_Key"
 
+    @rules("al:75")
     def test_second_agent_for_a_method_raises_resource_busy(self, alias: AliasQp) -> None:
         """access-layer rule 75 / decisions: a (class, version, method) already served on
         the port → IB_RESOURCE_BUSY."""
@@ -161,6 +166,7 @@ class MadChecks(ConformanceBase):
         with pytest.raises(ResourceBusy):
             inbox.agent(alias, VENDOR, {GET})
 
+    @rules("doc:decisions")
     def test_malformed_sends_raise_invalid_parameter(
         self, alias: AliasQp, port: PortAttr
     ) -> None:
@@ -173,6 +179,7 @@ class MadChecks(ConformanceBase):
             with pytest.raises(InvalidParameter):
                 agent.send(bad)
 
+    @rules("al:78")
     def test_send_many_sends_each_once(self, alias: AliasQp, port: PortAttr) -> None:
         """access-layer rule 78 for a batch (``MadAgent.send_many``: the provider's
         ``send_mad_many``, or the AL's loop over ``send_mad``): every MAD reaches the

@@ -27,6 +27,7 @@ from ibal.testing.helpers import (
     make_side,
     wait_wc,
 )
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, require, require_qp_type
 from ibal.testing.suite.ch_contract import RawCa
 from ibal.types import (
@@ -81,7 +82,9 @@ class McastChecks(ConformanceBase):
         side.qp.init_dgrm_svc(DgrmInfo(port_guid=port.port_guid, qkey=UD_QKEY))
         return side
 
-    def _mcast_send(self, sender: Side, port: PortAttr, data: bytes, wr_id: int = 1) -> None:
+    def _mcast_send(
+        self, sender: Side, port: PortAttr, data: bytes, wr_id: int = 1, qkey: int = UD_QKEY
+    ) -> None:
         mgid, sgid_index = group_for(port)
         av = sender.pd.create_av(
             AvAttr(port_num=port.port_num, dlid=MLID, grh=Grh(dgid=mgid, sgid_index=sgid_index))
@@ -91,11 +94,12 @@ class McastChecks(ConformanceBase):
             SendWr(
                 wr_id=wr_id,
                 sg_list=[sender.sge(0, len(data))],
-                ud=UdDest(av=av, remote_qp=0xFFFFFF, remote_qkey=UD_QKEY),
+                ud=UdDest(av=av, remote_qp=0xFFFFFF, remote_qkey=qkey),
             )
         )
         assert wait_wc(sender.cq).status is WcStatus.SUCCESS
 
+    @rules("ci:8")
     def test_multicast_without_capability_unsupported(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -115,6 +119,7 @@ class McastChecks(ConformanceBase):
         with pytest.raises(Unsupported):
             side.qp.attach_mcast(MGID, MLID)
 
+    @rules("ci:99")
     def test_attach_on_rc_raises_invalid_service_type(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -125,12 +130,14 @@ class McastChecks(ConformanceBase):
         with pytest.raises(InvalidServiceType):
             side.qp.attach_mcast(MGID, MLID)
 
+    @rules("ci:99")
     def test_attach_unicast_gid_raises_invalid_gid(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 99: a GID that is not multicast → IB_INVALID_GID."""
         side = self._ud(ca, port)
         with pytest.raises(InvalidGid):
             side.qp.attach_mcast(Gid("fe80::1"), MLID)
 
+    @rules("ci:99")
     def test_attach_unicast_lid_raises_invalid_lid(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 99: a LID outside the multicast range → IB_INVALID_LID (InfiniBand)."""
         side = self._ud(ca, port)
@@ -140,6 +147,7 @@ class McastChecks(ConformanceBase):
         with pytest.raises(InvalidLid):
             side.qp.attach_mcast(MGID, 0x0042)
 
+    @rules("ci:99")
     def test_detach_twice_raises_invalid_mcast_handle(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 99: detaching a detached attachment → IB_INVALID_MCAST_HANDLE."""
         side = self._ud(ca, port)
@@ -148,6 +156,7 @@ class McastChecks(ConformanceBase):
         with pytest.raises(InvalidMcastHandle):
             m.detach()
 
+    @rules("iba:mc.fanout")
     def test_multicast_reaches_every_attached_qp(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract §2.11: a datagram to the group reaches each attached QP, with the sender as
         src_qp."""
@@ -161,6 +170,7 @@ class McastChecks(ConformanceBase):
             assert (wc.wr_id, wc.status, wc.src_qp) == (5, WcStatus.SUCCESS, sender.qp.num)
             assert r.get(GRH_BYTES, 12) == b"to the group"
 
+    @rules("iba:mc.detach")
     def test_detached_qp_stops_receiving(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract §2.11: after detach, group traffic no longer reaches the QP."""
         r, sender = self._ud(ca, port), self._ud(ca, port)
@@ -180,6 +190,20 @@ class McastChecks(ConformanceBase):
         assert (wc.wr_id, wc.src_qp) == (6, sender.qp.num)
         assert r.get(GRH_BYTES, 7) == b"unicast"
 
+    @rules("iba:mc.qkey")
+    def test_group_datagram_with_wrong_qkey_dropped(self, ca: Ca, port: PortAttr) -> None:
+        """IBA 10.2.4: a group datagram whose Q_Key is not the attached QP's is dropped; the
+        next one with the right Q_Key takes the receive."""
+        r, sender = self._ud(ca, port), self._ud(ca, port)
+        r.qp.attach_mcast(group_for(port)[0], MLID)
+        r.recv(7, 0, GRH_BYTES + 64)
+        self._mcast_send(sender, port, b"wrong key", 1, qkey=UD_QKEY ^ 0x1)
+        self._mcast_send(sender, port, b"right key", 2)
+        wc = wait_wc(r.cq)
+        assert (wc.wr_id, wc.status, wc.length) == (7, WcStatus.SUCCESS, GRH_BYTES + 9)
+        assert r.get(GRH_BYTES, 9) == b"right key", "the wrong Q_Key's datagram was delivered"
+
+    @rules("doc:api.md")
     def test_destroy_attached_qp_detaches(self, ca: Ca, port: PortAttr) -> None:
         """api.md (cascade): destroying an attached QP detaches it first; the attachment goes
         invalid."""
@@ -189,6 +213,7 @@ class McastChecks(ConformanceBase):
         with pytest.raises(InvalidMcastHandle):
             m.detach()
 
+    @rules("ci:61")
     def test_ci_destroy_attached_qp_raises_resource_busy(
         self, raw_cis: list[ChannelInterface]
     ) -> None:
@@ -222,11 +247,13 @@ class SpecialQpChecks(ConformanceBase):
         """A :class:`SplMaker` on any CA: for the rules that hold with or without special QPs."""
         return SplMaker(ca, port)
 
+    @rules("al:63")
     def test_qp1_has_number_1(self, spl: SplMaker) -> None:
         """access-layer rule 63: ib_get_spl_qp(QP1) gives the GSI QP, number 1."""
         qp = spl.get(QpType.QP1)
         assert qp.num == 1 and qp.qp_type is QpType.QP1
 
+    @rules("al:63")
     def test_qp0_has_number_0(self, spl: SplMaker, caps: Capabilities) -> None:
         """access-layer rule 63: ib_get_spl_qp(QP0) gives the SMI QP, number 0."""
         if QpType.QP0 not in caps.special_qps:
@@ -234,28 +261,33 @@ class SpecialQpChecks(ConformanceBase):
         qp = spl.get(QpType.QP0)
         assert qp.num == 0
 
+    @rules("ci:51")
     def test_second_qp1_raises_resource_busy(self, spl: SplMaker) -> None:
         """ci-contract rule 51: the port's QP1 exists already → IB_RESOURCE_BUSY."""
         spl.get(QpType.QP1)
         with pytest.raises(ResourceBusy):
             spl.get(QpType.QP1)
 
+    @rules("ci:51")
     def test_qp1_available_again_after_destroy(self, spl: SplMaker) -> None:
         """ci-contract rule 51: once destroyed, the port's QP1 can be obtained again."""
         spl.get(QpType.QP1).destroy(wait=True)
         assert spl.get(QpType.QP1).num == 1
 
+    @rules("ci:52", "al:63")
     def test_unknown_port_guid_refused(self, any_spl: SplMaker) -> None:
         """ci-contract rule 52 / access-layer rule 63: a port GUID with no port → IB_INVALID_PORT
         (or NOT_FOUND), on any CA."""
         with pytest.raises((InvalidPort, NotFound)):
             any_spl.get(QpType.QP1, port_guid=any_spl.port.port_guid ^ 0x5555_0000)
 
+    @rules("al:63")
     def test_regular_type_raises_invalid_setting(self, any_spl: SplMaker) -> None:
         """access-layer rule 63: a type that is not special → IB_INVALID_SETTING, on any CA."""
         with pytest.raises(InvalidSetting):
             any_spl.get(QpType.UD)
 
+    @rules("ci:53")
     def test_raw_types_match_capability(self, any_spl: SplMaker, caps: Capabilities) -> None:
         """ci-contract rule 53: raw IPv6/Ethertype QPs without CA support → IB_UNSUPPORTED;
         special QP types the CA declares are granted."""
@@ -266,18 +298,21 @@ class SpecialQpChecks(ConformanceBase):
                 with pytest.raises(Unsupported):
                     any_spl.get(raw)
 
+    @rules("al:65")
     def test_send_before_init_dgrm_svc_raises_invalid_qp_state(self, spl: SplMaker) -> None:
         """access-layer rule 65: QP0/QP1 must go through ib_init_dgrm_svc before sending."""
         qp = spl.get(QpType.QP1)
         with pytest.raises(InvalidQpState):
             qp.post_send(SendWr(wr_id=1, sg_list=[spl.mr.sge(0, MAD_SIZE)]))
 
+    @rules("al:66")
     def test_qp1_init_dgrm_svc_without_info(self, spl: SplMaker) -> None:
         """access-layer rule 66: DgrmInfo may be omitted for QP0/QP1; the QP reaches RTS."""
         qp = spl.get(QpType.QP1)
         qp.init_dgrm_svc()
         assert qp.query().state is QpState.RTS
 
+    @rules("al:65", "al:67")
     def test_qp1_loopback_mad(self, spl: SplMaker) -> None:
         """access-layer rules 65, 67: a MAD sent to the port's own QP1 arrives from source QP 1."""
         qp = spl.get(QpType.QP1)

@@ -20,6 +20,7 @@ from ibal.status import (
     Unsupported,
 )
 from ibal.testing.helpers import wait_wc
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, require, require_opcode
 from ibal.types import (
     AccessFlags,
@@ -60,6 +61,7 @@ class MrChecks(ConformanceBase):
         return wc.status
 
     # ---------------------------------------------------------- virtual
+    @rules("ci:74")
     def test_reg_mem_reports_keys_and_bounds(self, ca: Ca) -> None:
         """decisions (reg_mem) / ci-contract rule 74: vaddr is the buffer's address, length its
         size."""
@@ -69,6 +71,7 @@ class MrChecks(ConformanceBase):
         assert mr.length == 3000
         assert 0 <= mr.lkey < 1 << 32 and 0 <= mr.rkey < 1 << 32
 
+    @rules("ci:78", "al:58")
     def test_query_mr_matches_registration(self, ca: Ca) -> None:
         """ci-contract rule 78 / access-layer rule 58: query gives PD, bounds, access and keys."""
         pd = ca.alloc_pd()
@@ -83,6 +86,7 @@ class MrChecks(ConformanceBase):
     @pytest.mark.parametrize(
         "right", [AccessFlags.RDMA_WRITE, AccessFlags.ATOMIC], ids=lambda f: f.name
     )
+    @rules("ci:75", "al:52")
     def test_remote_right_without_local_write_refused(
         self, ca: Ca, caps: Capabilities, right: AccessFlags
     ) -> None:
@@ -93,12 +97,14 @@ class MrChecks(ConformanceBase):
         with pytest.raises(InvalidPermission):
             ca.alloc_pd().reg_mem(bytearray(64), right | AccessFlags.RDMA_READ)
 
+    @rules("ci:74")
     def test_regions_get_distinct_keys(self, ca: Ca) -> None:
         """ci-contract rule 74: every registration has its own L_Key and R_Key."""
         pd = ca.alloc_pd()
         mrs = [pd.reg_mem(bytearray(64), REMOTE) for _ in range(4)]
         assert len({m.lkey for m in mrs}) == 4 and len({m.rkey for m in mrs}) == 4
 
+    @rules("ci:78", "al:56")
     def test_dereg_then_use_raises_invalid_mr_handle(self, ca: Ca) -> None:
         """ci-contract rule 78 / access-layer rule 56: a deregistered MR → IB_INVALID_MR_HANDLE."""
         mr = ca.alloc_pd().reg_mem(bytearray(64), LW)
@@ -108,6 +114,7 @@ class MrChecks(ConformanceBase):
         with pytest.raises(InvalidMrHandle):
             mr.dereg()
 
+    @rules("doc:api.md")
     def test_mr_sge_addresses_region(self, ca: Ca) -> None:
         """api.md: mr.sge(offset, length) is an SGE at vaddr + offset with the region's L_Key."""
         mr = ca.alloc_pd().reg_mem(bytearray(512), LW)
@@ -116,6 +123,7 @@ class MrChecks(ConformanceBase):
         whole = mr.sge()
         assert (whole.addr, whole.length) == (mr.vaddr, 512)
 
+    @rules("doc:decisions")
     def test_memoryview_slice_registers_that_slice(self, ca: Ca, port: PortAttr) -> None:
         """decisions (reg_mem): any writable buffer registers; a slice's bytes land in the
         parent."""
@@ -127,6 +135,7 @@ class MrChecks(ConformanceBase):
         assert bytes(parent[520:534]) == b"into the slice"
         assert parent[:512] == bytes(512)
 
+    @rules("doc:decisions")
     def test_mmap_buffer_registers(self, ca: Ca, port: PortAttr) -> None:
         """decisions (reg_mem): an anonymous mmap registers and receives RDMA writes."""
         pair = self._writer(ca, port)
@@ -140,6 +149,7 @@ class MrChecks(ConformanceBase):
             region.close()
 
     # ---------------------------------------------------------- re-registration
+    @rules("ci:8")
     def test_rereg_without_capability_unsupported(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 8: re-registration is optional; without it ib_rereg_mem →
         IB_UNSUPPORTED."""
@@ -151,6 +161,7 @@ class MrChecks(ConformanceBase):
         with pytest.raises(Unsupported):
             mr.rereg(MrModMask.ACCESS, access=REMOTE)
 
+    @rules("ci:80", "al:57", "iba:mp.dead-keys")
     def test_rereg_access_revokes_remote_write(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -168,6 +179,7 @@ class MrChecks(ConformanceBase):
         assert self._write_status(pair, mr, 16, b"after", 2) is WcStatus.REM_ACCESS_ERR
         assert bytes(buf[16:21]) == bytes(5)
 
+    @rules("al:57")
     def test_rereg_access_grants_remote_read(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -182,6 +194,7 @@ class MrChecks(ConformanceBase):
         wc = wait_wc(pair.a.cq)
         assert wc.status is WcStatus.SUCCESS and pair.a.get(900, 12) == b"readable now"
 
+    @rules("ci:80")
     def test_rereg_pd_moves_region(self, ca: Ca, caps: Capabilities, port: PortAttr) -> None:
         """ci-contract rule 80: mask PD only moves the MR to the new PD with new keys."""
         require(caps, "modify_mr")
@@ -194,6 +207,7 @@ class MrChecks(ConformanceBase):
         assert bytes(buf[:8]) == b"new home"
         assert self._write_status(old_pair, mr, 32, b"old pd", 2) is WcStatus.REM_ACCESS_ERR
 
+    @rules("al:57")
     def test_rereg_addr_moves_to_new_buffer(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -208,6 +222,7 @@ class MrChecks(ConformanceBase):
         assert self._write_status(pair, mr, 300, b"moved") is WcStatus.SUCCESS
         assert bytes(new[300:305]) == b"moved" and old == bytearray(128)
 
+    @rules("ci:81", "al:57")
     def test_rereg_bad_mask_raises_invalid_parameter(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 81 / access-layer rule 57: an empty or unknown mask →
         IB_INVALID_PARAMETER; MR unchanged."""
@@ -220,6 +235,7 @@ class MrChecks(ConformanceBase):
             mr.rereg(cast(MrModMask, 0x40), access=REMOTE)
         assert (mr.lkey, mr.rkey) == keys and mr.query().access == LW
 
+    @rules("ci:81")
     def test_rereg_to_freed_pd_raises_invalid_pd_handle(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 81: mask PD with a bad PD → IB_INVALID_PD_HANDLE; MR still valid."""
         require(caps, "modify_mr")
@@ -231,6 +247,7 @@ class MrChecks(ConformanceBase):
             mr.rereg(MrModMask.PD, pd=gone)
         assert mr.query().pd is pd
 
+    @rules("ci:75")
     def test_rereg_remote_without_local_write_refused(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 75: re-registration to remote write without local write →
         IB_INVALID_PERMISSION."""
@@ -241,6 +258,7 @@ class MrChecks(ConformanceBase):
         assert mr.query().access == LW
 
     # ---------------------------------------------------------- physical
+    @rules("ci:77", "al:53")
     def test_reg_phys_pages_look_contiguous(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -255,6 +273,7 @@ class MrChecks(ConformanceBase):
         assert self._write_status(pair, mr, 4096 - 16, data) is WcStatus.SUCCESS
         assert bytes(pages[0][-16:]) == data[:16] and bytes(pages[1][:16]) == data[16:]
 
+    @rules("al:53")
     def test_reg_phys_buf_offset(self, ca: Ca, caps: Capabilities, port: PortAttr) -> None:
         """access-layer rule 53: buf_offset says where in the first page the region starts."""
         require(caps, "phys_mr")
@@ -264,6 +283,7 @@ class MrChecks(ConformanceBase):
         assert self._write_status(pair, mr, 0, b"offset") is WcStatus.SUCCESS
         assert bytes(page[100:106]) == b"offset"
 
+    @rules("ci:76")
     def test_reg_phys_bad_page_size_raises_invalid_parameter(
         self, ca: Ca, caps: Capabilities
     ) -> None:
@@ -272,6 +292,7 @@ class MrChecks(ConformanceBase):
         with pytest.raises(InvalidParameter):
             ca.alloc_pd().reg_phys(PhysCreate([memoryview(bytearray(3000))], 3000, 3000, LW))
 
+    @rules("ci:76")
     def test_reg_phys_length_beyond_pages_raises_invalid_parameter(
         self, ca: Ca, caps: Capabilities
     ) -> None:
@@ -280,6 +301,7 @@ class MrChecks(ConformanceBase):
         with pytest.raises(InvalidParameter):
             ca.alloc_pd().reg_phys(PhysCreate([memoryview(bytearray(4096))], 4096, 8192, LW))
 
+    @rules("ci:75")
     def test_reg_phys_remote_without_local_write_refused(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 75: physical remote write without local write →
         IB_INVALID_PERMISSION."""
@@ -289,6 +311,7 @@ class MrChecks(ConformanceBase):
                 PhysCreate([memoryview(bytearray(4096))], 4096, 4096, AccessFlags.RDMA_WRITE)
             )
 
+    @rules("ci:78")
     def test_reg_phys_query_matches(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 78: query of a physical region reports its bounds, access and keys."""
         require(caps, "phys_mr")
@@ -298,6 +321,7 @@ class MrChecks(ConformanceBase):
         assert (a.pd, a.lkey, a.rkey, a.access) == (pd, mr.lkey, mr.rkey, REMOTE)
         assert a.local_lb == mr.vaddr
 
+    @rules("ci:8")
     def test_reg_phys_without_capability_unsupported(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 8: a CA without physical registration → IB_UNSUPPORTED."""
         create = PhysCreate([memoryview(bytearray(4096))], 4096, 4096, LW)
@@ -307,6 +331,7 @@ class MrChecks(ConformanceBase):
         with pytest.raises(Unsupported):
             ca.alloc_pd().reg_phys(create)
 
+    @rules("ci:77", "al:57")
     def test_rereg_phys_moves_region_to_pages(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -327,6 +352,7 @@ class MrChecks(ConformanceBase):
         assert wait_wc(pair.a.cq).status is WcStatus.REM_ACCESS_ERR
         assert old_buf == bytearray(256)
 
+    @rules("al:57")
     def test_rereg_phys_access_and_pd(self, ca: Ca, caps: Capabilities) -> None:
         """access-layer rule 57: ACCESS takes the PhysCreate's rights, PD alone needs no
         PhysCreate; each gives new keys."""
@@ -340,6 +366,7 @@ class MrChecks(ConformanceBase):
         mr.rereg_phys(MrModMask.PD, pd=other)
         assert mr.query().pd is other and mr.pd is other
 
+    @rules("ci:75", "ci:76", "al:57")
     def test_rereg_phys_bad_arguments(self, ca: Ca, caps: Capabilities) -> None:
         """access-layer rule 57 / ci-contract rule 75, 76: a bad mask or a missing PhysCreate →
         IB_INVALID_PARAMETER, a bad page size too; remote write without local write →
@@ -360,6 +387,7 @@ class MrChecks(ConformanceBase):
                                                        AccessFlags.RDMA_WRITE))  # fmt: skip
         assert (mr.lkey, mr.rkey, mr.vaddr) == keys and mr.query().lkey == keys[0]
 
+    @rules("ci:8")
     def test_rereg_phys_without_capability_unsupported(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 8: a CA without physical registration → IB_UNSUPPORTED for
         ib_rereg_phys."""
@@ -373,6 +401,7 @@ class MrChecks(ConformanceBase):
             mr.rereg_phys(MrModMask.ADDR, create)
 
     # ---------------------------------------------------------- shared memory (shmid)
+    @rules("al:55")
     def test_reg_shmid_registrations_share_pages(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 55: two registrations of one shmid (a POSIX shared-memory
         segment, mapped twice) reach the same pages: a write through one is read through the
@@ -396,6 +425,7 @@ class MrChecks(ConformanceBase):
             seg.unlink()
 
     # ---------------------------------------------------------- shared
+    @rules("ci:82", "al:54")
     def test_reg_shared_writes_reach_same_pages(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -411,6 +441,7 @@ class MrChecks(ConformanceBase):
         assert self._write_status(pair, shared, 40, b"via shared") is WcStatus.SUCCESS
         assert bytes(buf[40:50]) == b"via shared"
 
+    @rules("ci:83", "al:54")
     def test_dereg_original_with_shared_raises_resource_busy(
         self, ca: Ca, caps: Capabilities
     ) -> None:
@@ -426,6 +457,7 @@ class MrChecks(ConformanceBase):
         shared.dereg()
         mr.dereg()
 
+    @rules("ci:82")
     def test_reg_shared_from_deregistered_raises_invalid_mr_handle(
         self, ca: Ca, caps: Capabilities
     ) -> None:
@@ -437,6 +469,7 @@ class MrChecks(ConformanceBase):
         with pytest.raises(InvalidMrHandle):
             mr.reg_shared(pd, LW)
 
+    @rules("al:54")
     def test_reg_shared_into_other_pd(self, ca: Ca, caps: Capabilities, port: PortAttr) -> None:
         """access-layer rule 54: a shared MR may live in another PD and serves that PD's QPs."""
         require(caps, "shared_mr")
@@ -448,6 +481,7 @@ class MrChecks(ConformanceBase):
         assert self._write_status(second, shared, 0, b"pd two") is WcStatus.SUCCESS
         assert bytes(buf[:6]) == b"pd two"
 
+    @rules("ci:8")
     def test_reg_shared_without_capability_unsupported(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 8: a CA without shared regions → IB_UNSUPPORTED."""
         pd = ca.alloc_pd()

@@ -17,6 +17,7 @@ from ibal.status import (
     Unsupported,
 )
 from ibal.testing.helpers import Side, connect, make_pair, make_side, wait_wc
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, deviation, require, require_qp_type
 from ibal.types import (
     AccessFlags,
@@ -83,6 +84,7 @@ class MwChecks(ConformanceBase):
         assert wc.wr_id == wr_id
         return wc.status
 
+    @rules("ci:8")
     def test_create_mw_without_capability_unsupported(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 8: a CA without windows answers ib_create_mw with IB_UNSUPPORTED."""
         pd = ca.alloc_pd()
@@ -93,6 +95,7 @@ class MwChecks(ConformanceBase):
         with pytest.raises(Unsupported):
             pd.create_mw()
 
+    @rules("ci:86", "al:59", "iba:mp.unbound-window")
     def test_unbound_window_refuses_access(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 86 / access-layer rule 59: a new window's R_Key is unusable until
         bound."""
@@ -102,6 +105,7 @@ class MwChecks(ConformanceBase):
         )
         assert pair.b.get(1024, 8) == bytes(8)
 
+    @rules("ci:87", "al:60")
     def test_bind_returns_new_rkey_and_completion(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 87 / access-layer rule 60: bind returns the new R_Key; a signaled bind
         completes."""
@@ -110,6 +114,7 @@ class MwChecks(ConformanceBase):
         assert rkey == mw.rkey and 0 <= rkey < 1 << 32
         assert mw.query()[1] == rkey
 
+    @rules("al:60")
     def test_bound_window_allows_access_in_range(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 60: remote access through the bound window lands in the MR's bytes."""
         pair, mw = self._mw_setup(ca, port)
@@ -119,6 +124,7 @@ class MwChecks(ConformanceBase):
         )
         assert pair.b.get(1100, 18) == b"through the window"
 
+    @rules("iba:mp.window-bounds")
     def test_bound_window_refuses_outside_range(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.6.7: access outside the bound range → REM_ACCESS_ERR even inside the MR (an
         xfail on a CA declaring the mw_bounds_check deviation, never a skip)."""
@@ -129,12 +135,14 @@ class MwChecks(ConformanceBase):
             assert status is WcStatus.REM_ACCESS_ERR, f"write past the window: {status.name}"
             assert pair.b.get(1532, 11) == bytes(11), "bytes landed outside the window"
 
+    @rules("iba:mp.window-rights")
     def test_bound_window_enforces_its_rights(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.6.7: a window bound for RDMA READ only refuses RDMA WRITE."""
         pair, mw = self._mw_setup(ca, port)
         rkey = self._bind(pair, mw, access=AccessFlags.RDMA_READ)
         assert self._write(pair, rkey, pair.b.remote(1024), b"ro") is WcStatus.REM_ACCESS_ERR
 
+    @rules("ci:88", "iba:mp.unbound-window")
     def test_zero_length_bind_invalidates(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 88: bind with length 0 unbinds; the window refuses access again."""
         pair, mw = self._mw_setup(ca, port)
@@ -148,6 +156,7 @@ class MwChecks(ConformanceBase):
         assert new == mw.rkey
         assert self._write(pair, new, pair.b.remote(1024), b"no", 2) is WcStatus.REM_ACCESS_ERR
 
+    @rules("ci:88")
     def test_rebind_to_another_region(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 88: a bound window may be re-bound to a different MR of the PD."""
         pair, mw = self._mw_setup(ca, port)
@@ -160,6 +169,7 @@ class MwChecks(ConformanceBase):
         assert self._write(pair, rkey, other.vaddr + 10, b"rebound") is WcStatus.SUCCESS
         assert bytes(other_buf[10:17]) == b"rebound"
 
+    @rules("al:61")
     def test_query_mw_reports_pd_and_current_rkey(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 61: ib_query_mw gives the PD and the current R_Key (changed by
         binds)."""
@@ -169,6 +179,7 @@ class MwChecks(ConformanceBase):
         rkey = self._bind(pair, mw)
         assert mw.query() == (pair.b.pd, rkey)
 
+    @rules("ci:89", "iba:mp.dead-keys")
     def test_destroyed_window_key_refused(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 89: after destroy, remote access with the window's last R_Key fails."""
         pair, mw = self._mw_setup(ca, port)
@@ -176,6 +187,7 @@ class MwChecks(ConformanceBase):
         mw.destroy()
         assert self._write(pair, rkey, pair.b.remote(1024), b"gone") is WcStatus.REM_ACCESS_ERR
 
+    @rules("ci:89", "al:61")
     def test_destroy_mw_twice_raises_invalid_mw_handle(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 89 / access-layer rule 61: destroy is synchronous; later use →
         IB_INVALID_MW_HANDLE."""
@@ -187,6 +199,7 @@ class MwChecks(ConformanceBase):
         with pytest.raises(InvalidMwHandle):
             mw.destroy()
 
+    @rules("ci:87", "al:60")
     def test_bind_on_ud_qp_raises_invalid_service_type(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -203,6 +216,7 @@ class MwChecks(ConformanceBase):
                 BindWr(mr=side.mr, addr=side.mr.vaddr, length=64, access=WIN, current_rkey=mw.rkey),
             )
 
+    @rules("al:60")
     def test_bind_with_wrong_current_rkey_raises_invalid_rkey(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 60: a current_rkey that is not the window's → IB_INVALID_RKEY."""
         pair, mw = self._mw_setup(ca, port)
@@ -218,6 +232,7 @@ class MwChecks(ConformanceBase):
                 ),
             )
 
+    @rules("al:60")
     def test_bind_with_deregistered_mr_raises_invalid_mr_handle(
         self, ca: Ca, port: PortAttr
     ) -> None:
@@ -228,6 +243,7 @@ class MwChecks(ConformanceBase):
         with pytest.raises(InvalidMrHandle):
             mw.bind(pair.b.qp, BindWr(mr=dead, addr=0, length=64, access=WIN, current_rkey=mw.rkey))
 
+    @rules("doc:ci-contract §2.8")
     def test_bind_beyond_region_refused(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract §2.8: a bind range outside the MR fails (at once or as
         MEM_WINDOW_BIND_ERR)."""
@@ -247,6 +263,7 @@ class MwChecks(ConformanceBase):
         wc = wait_wc(pair.b.cq)
         assert (wc.wr_id, wc.status) == (53, WcStatus.MEM_WINDOW_BIND_ERR)
 
+    @rules("doc:ci-contract §2.8")
     def test_bind_needs_mw_bind_right_on_region(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract §2.8: binding to an MR registered without MW_BIND → IB_INVALID_PERMISSION (or
         bind error)."""
@@ -262,6 +279,7 @@ class MwChecks(ConformanceBase):
         wc = wait_wc(pair.b.cq)
         assert (wc.wr_id, wc.status) == (54, WcStatus.MEM_WINDOW_BIND_ERR)
 
+    @rules("ci:83", "al:56")
     def test_dereg_mr_with_bound_window_raises_resource_busy(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 83 / access-layer rule 56: dereg with a window bound → IB_RESOURCE_BUSY;
         MR stays valid."""
@@ -273,6 +291,7 @@ class MwChecks(ConformanceBase):
         pair.write(b"still registered", dst_off=64)
         assert wait_wc(pair.a.cq).status is WcStatus.SUCCESS
 
+    @rules("ci:79", "al:57")
     def test_rereg_mr_with_bound_window_raises_resource_busy(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 79 / access-layer rule 57: re-registration with a window bound →
         IB_RESOURCE_BUSY."""
@@ -284,6 +303,7 @@ class MwChecks(ConformanceBase):
             pair.b.mr.rereg(MrModMask.ACCESS, access=AccessFlags.LOCAL_WRITE)
         assert (pair.b.mr.lkey, pair.b.mr.rkey) == keys
 
+    @rules("al:60")
     def test_window_usable_through_any_qp_of_its_pd(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 60: the bound window serves every QP of the same PD, not only the
         binding one."""
@@ -308,6 +328,7 @@ class MwChecks(ConformanceBase):
         assert wait_wc(a2.cq).status is WcStatus.SUCCESS
         assert pair.b.get(1200, 9) == b"second qp"
 
+    @rules("doc:ci-contract §2.8")
     def test_unsignaled_bind_gives_no_completion(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract §2.8: with selective signaling, an unsignaled bind produces no CQ entry."""
         require(ca.capabilities, "mw_types")
@@ -328,6 +349,7 @@ class MwChecks(ConformanceBase):
         assert self._write(pair, rkey, pair.b.remote(8), b"bound") is WcStatus.SUCCESS
         assert pair.b.cq.poll() == []  # the bind ran (the write got through) but did not complete
 
+    @rules("iba:mp.window-pd")
     def test_bind_on_qp_of_other_pd_refused(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.6.7: the binding QP must be in the window's PD."""
         pair, mw = self._mw_setup(ca, port)

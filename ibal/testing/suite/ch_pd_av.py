@@ -16,6 +16,7 @@ from ibal.status import (
     InvalidQpHandle,
 )
 from ibal.testing.helpers import UD_QKEY, CallbackLog, av_to, make_side, wait_wc
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, post_raises, require_qp_type
 from ibal.types import (
     AccessFlags,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 class PdChecks(ConformanceBase):
     chapter = "PD"
 
+    @rules("ci:35", "al:19")
     def test_alloc_pd_accepts_every_type(self, ca: Ca) -> None:
         """ci-contract rule 35 / access-layer rule 19: every ib_pd_type_t is accepted."""
         pds = [ca.alloc_pd(t) for t in (PdType.NORMAL, PdType.UD)]
@@ -45,11 +47,13 @@ class PdChecks(ConformanceBase):
             assert pd.ca is ca
             pd.dealloc(wait=True)
 
+    @rules("al:19")
     def test_alloc_pd_invalid_type_raises_invalid_parameter(self, ca: Ca) -> None:
         """access-layer rule 19: an invalid pd_type → IB_INVALID_PARAMETER."""
         with pytest.raises(InvalidParameter):
             ca.alloc_pd(cast(PdType, 77))
 
+    @rules("al:20")
     def test_pd_keeps_context(self, ca: Ca) -> None:
         """access-layer rule 20: the PD context is what its destroy callback receives."""
         token = object()
@@ -60,6 +64,7 @@ class PdChecks(ConformanceBase):
         log.wait(1)
         assert log.snapshot()[0][0] is token
 
+    @rules("al:20", "al:114")
     def test_dealloc_pd_destroy_cb_once(self, ca: Ca) -> None:
         """access-layer rules 20, 114: ib_dealloc_pd's callback runs exactly once,
         asynchronously."""
@@ -70,6 +75,7 @@ class PdChecks(ConformanceBase):
         ca.alloc_pd().dealloc(wait=True)  # barrier: later destroys are done
         assert log.snapshot() == [("pd",)]
 
+    @rules("ci:37")
     def test_dealloc_pd_twice_raises_invalid_pd_handle(self, ca: Ca) -> None:
         """ci-contract rule 37: deallocating a freed PD → IB_INVALID_PD_HANDLE."""
         pd = ca.alloc_pd()
@@ -77,6 +83,7 @@ class PdChecks(ConformanceBase):
         with pytest.raises(InvalidPdHandle):
             pd.dealloc()
 
+    @rules("al:20")
     def test_dealloc_pd_cascades_to_children(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -92,6 +99,7 @@ class PdChecks(ConformanceBase):
             av.query()
         side.cq.destroy(wait=True)  # no longer busy: the QP went with the PD
 
+    @rules("al:114")
     def test_dealloc_pd_with_wait_returns_after_callback(self, ca: Ca) -> None:
         """access-layer rule 114: with wait=True the call returns after the destroy callback ran."""
         pd = ca.alloc_pd(context=5)
@@ -99,6 +107,7 @@ class PdChecks(ConformanceBase):
         pd.dealloc(log, wait=True)
         assert log.snapshot() == [(5,)]
 
+    @rules("doc:api.md")
     def test_pd_objects_unusable_after_dealloc_returns(self, ca: Ca) -> None:
         """api.md: an asynchronously destroyed handle is invalid as soon as the call returns."""
         pd = ca.alloc_pd()
@@ -106,6 +115,7 @@ class PdChecks(ConformanceBase):
         with pytest.raises(InvalidPdHandle):
             pd.reg_mem(bytearray(16), AccessFlags.LOCAL_WRITE)
 
+    @rules("ci:38", "ci:44", "ci:73")
     def test_create_on_freed_pd_raises_invalid_pd_handle(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rules 38, 44, 73: AV, QP or MR on a freed PD → IB_INVALID_PD_HANDLE."""
         from ibal.al import QpCreate
@@ -124,6 +134,7 @@ class PdChecks(ConformanceBase):
 class AvChecks(ConformanceBase):
     chapter = "AV"
 
+    @rules("ci:40", "al:22")
     def test_query_av_returns_attributes_and_pd(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 40 / access-layer rule 22: query gives the attributes and the PD."""
         pd = ca.alloc_pd()
@@ -132,6 +143,7 @@ class AvChecks(ConformanceBase):
         assert (got.port_num, got.dlid, got.sl) == (port.port_num, port.lid, 2)
         assert av.pd is pd
 
+    @rules("ci:40")
     def test_av_with_grh_round_trips(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 40: a GRH given at create is reported by query."""
         if not port.gids:
@@ -147,6 +159,7 @@ class AvChecks(ConformanceBase):
             0x123,
         )
 
+    @rules("ci:42", "al:22")
     def test_modify_av_reflected_in_query(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 42 / access-layer rule 22: after modify_av, query reports the new
         values."""
@@ -156,6 +169,7 @@ class AvChecks(ConformanceBase):
         av.modify(replace(base, sl=5))
         assert av.query().sl == 5
 
+    @rules("al:21")
     def test_create_av_bad_port_raises_invalid_port(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 21 / decisions: the AL validates an AV port eagerly →
         IB_INVALID_PORT."""
@@ -166,6 +180,7 @@ class AvChecks(ConformanceBase):
         with pytest.raises(InvalidPort):
             pd.create_av(replace(base, port_num=0))
 
+    @rules("al:22")
     def test_modify_av_bad_port_raises_invalid_port(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 22: ib_modify_av with a bad port → IB_INVALID_PORT; AV unchanged."""
         pd = ca.alloc_pd()
@@ -175,6 +190,7 @@ class AvChecks(ConformanceBase):
             av.modify(replace(base, port_num=ca.query().num_ports + 1))
         assert av.query().port_num == port.port_num
 
+    @rules("ci:43", "al:23")
     def test_destroyed_av_raises_invalid_av_handle(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 43 / access-layer rule 23: destroy is synchronous; later use →
         INVALID_AV_HANDLE."""
@@ -189,6 +205,7 @@ class AvChecks(ConformanceBase):
             av.destroy()
         pd.dealloc(wait=True)
 
+    @rules("ci:92")
     def test_post_send_with_destroyed_av(self, ca: Ca, caps: Capabilities, port: PortAttr) -> None:
         """ci-contract rule 92: a UD send naming a destroyed AV → IB_INVALID_AV_HANDLE at that
         WR."""
@@ -215,6 +232,7 @@ class AvChecks(ConformanceBase):
         wc = wait_wc(side.cq)
         assert (wc.wr_id, wc.status) == (1, WcStatus.SUCCESS)
 
+    @rules("ci:92")
     def test_av_of_other_pd_refused_in_send(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -236,6 +254,7 @@ class AvChecks(ConformanceBase):
         wc = wait_wc(side.cq)
         assert wc.wr_id == 9 and wc.status in (WcStatus.LOCAL_PROTECTION_ERR, WcStatus.LOCAL_OP_ERR)
 
+    @rules("doc:api.md")
     def test_create_av_wrong_handle_type(self, ca: Ca, port: PortAttr) -> None:
         """api.md: a wrong-type handle passed as AV in a WR → IB_INVALID_AV_HANDLE."""
         require_qp_type(ca.capabilities, QpType.UD)

@@ -29,6 +29,7 @@ from ibal.testing.helpers import (
     wait_wc,
     wait_wcs,
 )
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, post_raises, require, require_qp_type
 from ibal.types import (
     DgrmInfo,
@@ -73,6 +74,7 @@ class PostChecks(ConformanceBase):
     @pytest.mark.parametrize(
         "state", [QpState.RESET, QpState.INIT, QpState.RTR], ids=lambda s: s.name
     )
+    @rules("ci:90", "al:37", "al:50")
     def test_post_send_outside_rts_raises_invalid_qp_state(
         self, ca: Ca, port: PortAttr, state: QpState
     ) -> None:
@@ -88,12 +90,14 @@ class PostChecks(ConformanceBase):
             )
         assert drain(side.cq) == []
 
+    @rules("ci:93", "al:50")
     def test_post_recv_in_reset_raises_invalid_qp_state(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 93 / access-layer rule 50: receives in RESET → IB_INVALID_QP_STATE."""
         side = self._side_in(ca, port, QpState.RESET)
         with post_raises(InvalidQpState, 0):
             side.recv(1)
 
+    @rules("ci:93")
     @pytest.mark.parametrize("state", [QpState.INIT, QpState.RTR], ids=lambda s: s.name)
     def test_post_recv_allowed_before_rts(self, ca: Ca, port: PortAttr, state: QpState) -> None:
         """ci-contract rule 93 / decisions: receives are accepted from INIT on (IBA 1.2)."""
@@ -102,6 +106,7 @@ class PostChecks(ConformanceBase):
         side.recv(2)
         assert side.qp.query().state is state
 
+    @rules("iba:qps.error-flush")
     def test_post_recv_in_error_completes_flushed(self, ca: Ca, port: PortAttr) -> None:
         """decisions / qp-state-machine: a QP in ERROR accepts receives and flushes them
         (WR_FLUSHED_ERR)."""
@@ -110,6 +115,7 @@ class PostChecks(ConformanceBase):
         wc = wait_wc(side.cq)
         assert (wc.wr_id, wc.status, wc.qp_num) == (41, WcStatus.WR_FLUSHED_ERR, side.qp.num)
 
+    @rules("ci:91", "al:48", "al:49")
     def test_post_send_beyond_sq_depth_posts_prefix(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 91 / access-layer rules 48, 49: beyond free SQ slots →
         IB_INSUFFICIENT_RESOURCES at the first unposted WR; the WRs before it were posted."""
@@ -139,6 +145,7 @@ class PostChecks(ConformanceBase):
         assert {w.status for w in got} <= {WcStatus.WR_FLUSHED_ERR, WcStatus.TIMEOUT_RETRY_ERR}
         assert drain(pair.a.cq) == []
 
+    @rules("ci:93", "al:48")
     def test_post_recv_beyond_rq_depth_posts_prefix(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -155,6 +162,7 @@ class PostChecks(ConformanceBase):
         flushed = wait_wcs(side.cq, depth)
         assert sorted(w.wr_id for w in flushed) == list(range(depth))
 
+    @rules("ci:92", "al:48", "al:49")
     def test_post_send_too_many_sges_at_that_wr(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 92 / access-layer rules 48, 49: num_ds > sq_sge → IB_INVALID_MAX_SGE;
         earlier WRs run."""
@@ -199,6 +207,7 @@ class PostChecks(ConformanceBase):
         )
         assert wait_wc(pair.a.cq).wr_id == 9  # WR 3 was never posted
 
+    @rules("al:49")
     def test_post_recv_too_many_sges(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 49: a receive with more SGEs than rq_sge → IB_INVALID_MAX_SGE."""
         side = self._side_in(ca, port, QpState.INIT)
@@ -208,6 +217,7 @@ class PostChecks(ConformanceBase):
                 RecvWr(wr_id=1, sg_list=[side.sge(8 * i, 8) for i in range(sges + 1)])
             )
 
+    @rules("ci:92", "al:49")
     def test_post_send_unknown_opcode_raises_invalid_wr_type(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 92 / access-layer rule 49: an unknown wr_type → IB_INVALID_WR_TYPE."""
         pair = self.loop(ca, port, QpType.RC)
@@ -226,6 +236,7 @@ class PostChecks(ConformanceBase):
         ],
         ids=lambda v: v.name,
     )
+    @rules("al:49")
     def test_opcode_not_in_transport_refused(
         self, ca: Ca, port: PortAttr, qp_type: QpType, opcode: WrType
     ) -> None:
@@ -246,6 +257,7 @@ class PostChecks(ConformanceBase):
             )
         assert getattr(info.value, "failed_index", 0) == 0
 
+    @rules("al:49")
     def test_atomics_refused_without_capability(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -267,6 +279,7 @@ class PostChecks(ConformanceBase):
                 )
             )
 
+    @rules("ci:92")
     def test_ud_send_without_address_refused(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 92: a UD send without an AV → IB_INVALID_AV_HANDLE (or
         IB_INVALID_PARAMETER)."""
@@ -274,6 +287,7 @@ class PostChecks(ConformanceBase):
         with pytest.raises((InvalidAvHandle, InvalidParameter)):
             pair.a.qp.post_send(SendWr(wr_id=1, sg_list=[pair.a.sge(0, 8)], ud=None))
 
+    @rules("al:51")
     def test_post_accepts_one_wr_or_a_sequence(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 51: one WR may be posted alone; a sequence posts each in order."""
         pair = self.loop(ca, port, QpType.RC)
@@ -294,6 +308,7 @@ class PostChecks(ConformanceBase):
         assert [w.wr_id for w in wait_wcs(pair.a.cq, 3)] == [1, 2, 3]
         assert [w.wr_id for w in wait_wcs(pair.b.cq, 3)] == [10, 11, 12]
 
+    @rules("al:48", "iba:wc.order")
     def test_receives_consumed_in_post_order(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 48: receive WRs are consumed in list order, each filling its own
         buffer."""
@@ -310,6 +325,7 @@ class PostChecks(ConformanceBase):
         for i in range(3):
             assert pair.b.get(1024 + 64 * i, 16) == bytes([0x41 + i]) * 16
 
+    @rules("iba:wc.signaling")
     def test_unsignaled_wr_gives_no_completion(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract §2.9 (IBA selective signaling): with sq_signaled off, only SIGNALED WRs
         complete."""
@@ -321,6 +337,7 @@ class PostChecks(ConformanceBase):
         assert pair.b.get(0, 5) == b"quiet"
         assert drain(pair.a.cq) == []
 
+    @rules("iba:wc.signaling")
     def test_all_signaled_qp_completes_every_wr(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract §2.9: with sq_signaled on, a WR without the SIGNALED option still
         completes."""
@@ -329,6 +346,7 @@ class PostChecks(ConformanceBase):
         pair.write(b"two", wr_id=2, opt=SendOpt.NONE)
         assert [w.wr_id for w in wait_wcs(pair.a.cq, 2)] == [1, 2]
 
+    @rules("doc:ci-contract §2.9")
     def test_inline_data_copied_at_post(self, ca: Ca, caps: Capabilities, port: PortAttr) -> None:
         """ci-contract §2.9: an INLINE send carries the bytes as they were at post time."""
         require(caps, "inline_data")
@@ -344,6 +362,7 @@ class PostChecks(ConformanceBase):
         assert all(w.status is WcStatus.SUCCESS for w in wcs)
         assert pair.b.get(512, 16) == b"inline payload!!"
 
+    @rules("al:41")
     def test_post_on_destroyed_qp_raises_invalid_qp_handle(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 41: posting on a destroyed QP → IB_INVALID_QP_HANDLE."""
         pair = self.loop(ca, port, QpType.RC)
@@ -353,6 +372,7 @@ class PostChecks(ConformanceBase):
         with pytest.raises(InvalidQpHandle):
             pair.a.qp.post_recv(RecvWr(wr_id=1, sg_list=[pair.a.sge(0, 4)]))
 
+    @rules("iba:qps.sqd")
     def test_sends_posted_in_sqd_run_after_resume(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -367,6 +387,7 @@ class PostChecks(ConformanceBase):
         assert wc.status is WcStatus.SUCCESS
         assert pair.b.get(300, 13) == b"queued in SQD"
 
+    @rules("doc:ci-contract §2.9")
     def test_zero_sge_send_is_zero_length(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract §2.9: a SEND with no SGE is a zero-length message."""
         pair = self.loop(ca, port, QpType.RC)
@@ -375,6 +396,7 @@ class PostChecks(ConformanceBase):
         _, recv = pair.wait_pair()
         assert (recv.wr_id, recv.length, recv.status) == (7, 0, WcStatus.SUCCESS)
 
+    @rules("doc:IBA 10.2.4")
     def test_ud_post_to_qp_in_init_sender_succeeds(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.2.4 (unreliable): a UD send completes successfully even when nobody receives
         it."""
@@ -384,6 +406,7 @@ class PostChecks(ConformanceBase):
         wc = wait_wc(pair.a.cq)
         assert (wc.wr_id, wc.status, wc.wc_type) == (4, WcStatus.SUCCESS, WcType.SEND)
 
+    @rules("al:68")
     def test_ud_qkey_in_wr_used(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 68: the Q_Key in the WR is the one the receiving QP checks."""
         pair = self.loop(ca, port, QpType.UD)

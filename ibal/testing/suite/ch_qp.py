@@ -34,6 +34,7 @@ from ibal.testing.helpers import (
     to_rts,
     wait_wc,
 )
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, require, require_qp_type
 from ibal.types import (
     AccessFlags,
@@ -89,6 +90,7 @@ class QpChecks(ConformanceBase):
         return qp
 
     # ------------------------------------------------------------ create
+    @rules("ci:50", "al:37", "iba:qps.reset")
     @pytest.mark.parametrize("qp_type", TRANSPORTS, ids=lambda t: t.name)
     def test_create_qp_starts_in_reset(self, ca: Ca, qp_type: QpType) -> None:
         """ci-contract rule 50 / access-layer rule 37: a new QP has a number, its type, state
@@ -99,6 +101,7 @@ class QpChecks(ConformanceBase):
         assert attr.qp_type is qp_type and qp.qp_type is qp_type
         assert attr.qp_num == qp.num and 1 < qp.num < 1 << 24
 
+    @rules("ci:50")
     def test_create_qp_grants_requested_sizes(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 50: the granted depths and SGE counts are at least those asked for."""
         attr = ca.query()
@@ -108,6 +111,7 @@ class QpChecks(ConformanceBase):
         assert got.sq_depth >= 10 and got.rq_depth >= 12
         assert got.sq_sge >= sge and got.rq_sge >= sge
 
+    @rules("ci:50")
     def test_qp_numbers_are_unique(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 50: every QP gets its own number, never 0 or 1 (the special QPs)."""
         qp_type = any_qp_type(caps)
@@ -115,6 +119,7 @@ class QpChecks(ConformanceBase):
         assert len(set(nums)) == 6
         assert not {0, 1} & set(nums)
 
+    @rules("al:40")
     def test_query_qp_reports_creation_handles(self, ca: Ca, caps: Capabilities) -> None:
         """access-layer rule 40: query reports type, depths and the PD and CQ handles used at
         creation."""
@@ -133,6 +138,7 @@ class QpChecks(ConformanceBase):
         assert attr.sq_signaled is False
         assert qp.context is token
 
+    @rules("ci:45", "al:36")
     def test_create_qp_with_destroyed_cq_raises_invalid_cq_handle(
         self, ca: Ca, caps: Capabilities
     ) -> None:
@@ -151,6 +157,7 @@ class QpChecks(ConformanceBase):
         pd.dealloc(wait=True)
         good.destroy(wait=True)  # the failed creates left nothing pinning it
 
+    @rules("ci:46", "al:36")
     def test_create_qp_too_deep_raises_invalid_max_wrs(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 46 / access-layer rule 36: depth above the CA limit →
         IB_INVALID_MAX_WRS."""
@@ -160,6 +167,7 @@ class QpChecks(ConformanceBase):
         with pytest.raises(InvalidMaxWrs):
             self._qp(ca, any_qp_type(caps), rq_depth=max_wrs + 1)
 
+    @rules("ci:47", "al:36")
     def test_create_qp_too_many_sges_raises_invalid_max_sge(
         self, ca: Ca, caps: Capabilities
     ) -> None:
@@ -171,6 +179,7 @@ class QpChecks(ConformanceBase):
         with pytest.raises(InvalidMaxSge):
             self._qp(ca, any_qp_type(caps), rq_sge=max_sges + 1)
 
+    @rules("ci:48")
     def test_create_qp_unsupported_transport_refused(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 48: an unsupported transport (RD) → IB_INVALID_SERVICE_TYPE or
         IB_UNSUPPORTED."""
@@ -187,6 +196,7 @@ class QpChecks(ConformanceBase):
     @pytest.mark.parametrize(
         "qp_type", [QpType.QP0, QpType.QP1, QpType.RAW_ETHER], ids=lambda t: t.name
     )
+    @rules("al:35")
     def test_create_qp_special_type_raises_invalid_setting(self, ca: Ca, qp_type: QpType) -> None:
         """access-layer rule 35 / decisions: special QP types come from get_spl_qp; create_qp →
         IB_INVALID_SETTING."""
@@ -197,6 +207,7 @@ class QpChecks(ConformanceBase):
         with pytest.raises(InvalidSetting):
             pd.create_qp(QpCreate(qp_type, send_cq=cq, recv_cq=cq))
 
+    @rules("al:36")
     def test_create_qp_with_destroyed_srq_raises_invalid_srq_handle(
         self, ca: Ca, caps: Capabilities
     ) -> None:
@@ -212,6 +223,7 @@ class QpChecks(ConformanceBase):
             pd.create_qp(QpCreate(any_qp_type(caps), send_cq=cq, recv_cq=cq, srq=srq))
 
     # ------------------------------------------------------------ transitions
+    @rules("ci:59", "al:39", "iba:qps.transitions")
     def test_rc_walks_reset_init_rtr_rts(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 59 / access-layer rule 39: each successful modify leaves the QP in the
         asked state."""
@@ -237,6 +249,7 @@ class QpChecks(ConformanceBase):
         ],
         ids=lambda s: s.name,
     )
+    @rules("ci:55", "iba:qps.transitions")
     def test_illegal_transition_raises_invalid_qp_state(
         self, ca: Ca, port: PortAttr, start: QpState, target: QpState
     ) -> None:
@@ -247,6 +260,7 @@ class QpChecks(ConformanceBase):
             qp.modify(QpMod(target))
         assert qp.query().state is start
 
+    @rules("doc:decisions", "doc:qp-state-machine")
     def test_missing_required_attribute_raises_invalid_parameter(
         self, ca: Ca, port: PortAttr
     ) -> None:
@@ -257,6 +271,7 @@ class QpChecks(ConformanceBase):
             qp.modify(QpMod(QpState.INIT, pkey_index=0, access=AccessFlags.LOCAL_WRITE))
         assert qp.query().state is QpState.RESET
 
+    @rules("doc:decisions", "doc:qp-state-machine")
     def test_unexpected_attribute_raises_invalid_setting(self, ca: Ca, port: PortAttr) -> None:
         """decisions / ibal.qp_fsm: an attribute the transition does not take →
         IB_INVALID_SETTING."""
@@ -273,6 +288,7 @@ class QpChecks(ConformanceBase):
             )
         assert qp.query().state is QpState.RESET
 
+    @rules("doc:decisions", "doc:qp-state-machine")
     def test_wrong_current_state_raises_invalid_qp_state(self, ca: Ca, port: PortAttr) -> None:
         """decisions / ibal.qp_fsm: a current_state that is not the real state →
         IB_INVALID_QP_STATE."""
@@ -282,6 +298,7 @@ class QpChecks(ConformanceBase):
         qp.modify(QpMod(QpState.RTS, current_state=QpState.RTS))
         assert qp.query().state is QpState.RTS
 
+    @rules("ci:56", "al:39")
     def test_bad_pkey_index_raises_invalid_pkey(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 56 / access-layer rule 39: a P_Key index out of range →
         IB_INVALID_PKEY."""
@@ -297,6 +314,7 @@ class QpChecks(ConformanceBase):
             )
         assert qp.query().state is QpState.RESET
 
+    @rules("ci:59")
     def test_bad_port_refused(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 59 / IBA 11.2.5: RESET→INIT on a port the CA lacks is refused; still
         RESET."""
@@ -315,6 +333,7 @@ class QpChecks(ConformanceBase):
     @pytest.mark.parametrize(
         "start", [QpState.INIT, QpState.RTR, QpState.RTS], ids=lambda s: s.name
     )
+    @rules("iba:qps.transitions")
     def test_any_state_to_error_then_reset(self, ca: Ca, port: PortAttr, start: QpState) -> None:
         """ibal.qp_fsm: every state may go to ERROR and to RESET, and RESET→INIT works again."""
         qp = self._rc_at(ca, port, start)
@@ -325,6 +344,7 @@ class QpChecks(ConformanceBase):
         to_init(qp, port.port_num, AccessFlags.LOCAL_WRITE)
         assert qp.query().state is QpState.INIT
 
+    @rules("iba:qps.reset")
     def test_reset_discards_posted_receives(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.3.1 (Reset): a QP moved to RESET forgets its posted receives without completing
         them; after reconnecting, a message consumes only a receive posted since."""
@@ -344,6 +364,7 @@ class QpChecks(ConformanceBase):
         assert (wait_wc(a.cq).wr_id, b.cq.poll(4)) == (3, [])
         assert b.get(64, 5) == b"fresh" and b.get(0, 5) == bytes(5)
 
+    @rules("ci:59")
     def test_init_to_init_changes_access(self, ca: Ca, port: PortAttr) -> None:
         """ibal.qp_fsm / ci-contract rule 59: INIT→INIT updates the access rights query reports."""
         qp = self._rc_at(ca, port, QpState.INIT)
@@ -352,6 +373,7 @@ class QpChecks(ConformanceBase):
         assert got.state is QpState.INIT
         assert got.access & AccessFlags.RDMA_READ and not got.access & AccessFlags.RDMA_WRITE
 
+    @rules("ci:59")
     def test_connected_attributes_reported(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 59: query reports the path, remote QP, PSNs and retry counts that were
         set."""
@@ -389,6 +411,7 @@ class QpChecks(ConformanceBase):
         assert a.local_ack_timeout == 9 and a.rnr_nak_timeout == 3
         assert a.primary_av is not None and a.primary_av.dlid == port.lid
 
+    @rules("ci:59")
     def test_ud_qkey_and_port_reported(self, ca: Ca, port: PortAttr) -> None:
         """ci-contract rule 59: a UD QP reports the Q_Key, port and P_Key index it was given."""
         qp = self._qp(ca, QpType.UD)
@@ -401,6 +424,7 @@ class QpChecks(ConformanceBase):
             QpState.INIT,
         )
 
+    @rules("ci:58")
     def test_atomic_access_matches_capability(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -421,6 +445,7 @@ class QpChecks(ConformanceBase):
         qp.modify(mod)
         assert qp.query().access & AccessFlags.ATOMIC
 
+    @rules("iba:qps.sqd")
     def test_rts_to_sqd_and_back(self, ca: Ca, caps: Capabilities, port: PortAttr) -> None:
         """ibal.qp_fsm: RTS→SQD→RTS when the CA supports SQD."""
         require(caps, "sqd")
@@ -430,6 +455,7 @@ class QpChecks(ConformanceBase):
         qp.modify(QpMod(QpState.RTS))
         assert qp.query().state is QpState.RTS
 
+    @rules("ci:57", "al:39")
     def test_invalid_apm_state_raises_invalid_apm_state(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -444,6 +470,7 @@ class QpChecks(ConformanceBase):
             qp.modify(QpMod(QpState.RTS, apm_state=99))  # type: ignore[arg-type]
         assert qp.query().state is QpState.RTS
 
+    @rules("doc:api.md")
     def test_qp_state_tracks_last_modify(self, ca: Ca, port: PortAttr) -> None:
         """api.md: qp.state is the state of the last successful modify (no provider call)."""
         qp = self._rc_at(ca, port, QpState.RTR)
@@ -456,6 +483,7 @@ class QpChecks(ConformanceBase):
         assert seen == [QpState.RTR, QpState.RTR, QpState.ERROR]
 
     # ------------------------------------------------------------ datagram service
+    @rules("al:66")
     def test_init_dgrm_svc_brings_ud_to_rts(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 66: ib_init_dgrm_svc binds a UD QP to the port and moves it to RTS."""
         qp = self._qp(ca, QpType.UD)
@@ -463,6 +491,7 @@ class QpChecks(ConformanceBase):
         a = qp.query()
         assert (a.state, a.qkey, a.port_num) == (QpState.RTS, UD_QKEY, port.port_num)
 
+    @rules("al:66")
     @pytest.mark.parametrize("qp_type", [QpType.RC, QpType.UC], ids=lambda t: t.name)
     def test_init_dgrm_svc_on_connected_qp_raises_invalid_parameter(
         self, ca: Ca, port: PortAttr, qp_type: QpType
@@ -473,12 +502,14 @@ class QpChecks(ConformanceBase):
             qp.init_dgrm_svc(DgrmInfo(port_guid=port.port_guid, qkey=UD_QKEY))
         assert qp.query().state is QpState.RESET
 
+    @rules("al:66")
     def test_init_dgrm_svc_without_info_raises_invalid_parameter(self, ca: Ca) -> None:
         """access-layer rule 66: no DgrmInfo for a UD QP → IB_INVALID_PARAMETER."""
         qp = self._qp(ca, QpType.UD)
         with pytest.raises(InvalidParameter):
             qp.init_dgrm_svc(None)
 
+    @rules("al:66")
     def test_init_dgrm_svc_twice_raises_invalid_qp_state(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 66: a QP not in a state that allows it → IB_INVALID_QP_STATE."""
         qp = self._qp(ca, QpType.UD)
@@ -487,6 +518,7 @@ class QpChecks(ConformanceBase):
             qp.init_dgrm_svc(DgrmInfo(port_guid=port.port_guid, qkey=UD_QKEY))
         assert qp.query().state is QpState.RTS
 
+    @rules("al:66")
     def test_init_dgrm_svc_unknown_port_guid(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 66: a port GUID that is not on the QP's CA is refused; still RESET."""
         qp = self._qp(ca, QpType.UD)
@@ -495,6 +527,7 @@ class QpChecks(ConformanceBase):
         assert qp.query().state is QpState.RESET
 
     # ------------------------------------------------------------ destroy
+    @rules("al:41")
     def test_destroy_qp_callback_once_with_context(self, ca: Ca, caps: Capabilities) -> None:
         """access-layer rule 41: ib_destroy_qp returns at once; destroy_cb(qp_context) runs exactly
         once."""
@@ -509,6 +542,7 @@ class QpChecks(ConformanceBase):
         cq.destroy(wait=True)  # barrier; also proves the QP no longer pins the CQ
         assert log.snapshot() == [("qp-ctx",)]
 
+    @rules("al:41")
     def test_destroyed_qp_raises_invalid_qp_handle(
         self, ca: Ca, caps: Capabilities, port: PortAttr
     ) -> None:
@@ -524,6 +558,7 @@ class QpChecks(ConformanceBase):
         with pytest.raises(InvalidQpHandle):
             side.qp.destroy()
 
+    @rules("doc:qp-state-machine", "doc:IBA 11.2.5")
     def test_rc_retry_attributes_accepted_at_limits(self, ca: Ca, port: PortAttr) -> None:
         """ibal.qp_fsm / IBA 11.2.5: 3-bit retry counts accept 0 and 7 (7 = infinite RNR retry)."""
         for retry, rnr in ((0, 0), (7, 7)):

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from ibal.al.qp_work import DRAIN_RECV_WR_ID, DRAIN_SEND_WR_ID
 from ibal.testing.helpers import RcTiming, Side, wait_until, wait_wc, wait_wcs
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, deviation, require_qp_type
 from ibal.types import (
     PortAttr,
@@ -48,6 +49,7 @@ def state(qp: Qp) -> QpState:
 class QpStateChecks(ConformanceBase):
     chapter = "QP state"
 
+    @rules("iba:wc.flush", "iba:qps.error-flush")
     def test_post_send_in_error_flushes_signaled_and_unsignaled(
         self, ca: Ca, port: PortAttr
     ) -> None:
@@ -63,6 +65,7 @@ class QpStateChecks(ConformanceBase):
         ]
         assert state(a.qp) is QpState.ERROR and a.qp.query().state is QpState.ERROR
 
+    @rules("iba:retry.error-state")
     def test_rc_error_completion_moves_the_state_to_error(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.8.3 / api.md: polling an RC error completion moves ``qp.state`` to ERROR at
         once (no query); the provider agrees; a send posted then flushes."""
@@ -76,6 +79,7 @@ class QpStateChecks(ConformanceBase):
         a.qp.post_send(SendWr(wr_id=11, sg_list=[a.sge(0, 8)]))
         assert (lambda w: (w.wr_id, w.status))(wait_wc(a.cq)) == (11, FLUSH)
 
+    @rules("iba:qps.sqe")
     def test_ud_send_error_enters_sqe_and_recovers_to_rts(self, ca: Ca, port: PortAttr) -> None:
         """IBA 10.8.3 / ibal.qp_fsm: a UD send error puts the QP in SQE, where a receive posted
         before the error stays and takes a datagram; sends posted in SQE flush;
@@ -106,6 +110,7 @@ class QpStateChecks(ConformanceBase):
         assert (send.wr_id, send.status, recv.wr_id, recv.status) == (
             3, WcStatus.SUCCESS, 30, WcStatus.SUCCESS)  # fmt: skip
 
+    @rules("iba:qps.error-flush")
     def test_drain_flushes_everything_posted(self, ca: Ca, port: PortAttr) -> None:
         """api.md / IBA 10.8.3: ``qp.drain()`` moves the QP to ERROR and returns only when every
         WR posted before it has completed; the markers are not among the completions."""
@@ -121,6 +126,7 @@ class QpStateChecks(ConformanceBase):
         assert not {DRAIN_SEND_WR_ID, DRAIN_RECV_WR_ID} & {w.wr_id for w in wcs}
         assert b.cq.poll() == []
 
+    @rules("doc:api.md")
     def test_drain_of_a_datagram_qp(self, ca: Ca, port: PortAttr) -> None:
         """api.md: ``drain`` works on UD QPs too (its marker send carries a throwaway AV)."""
         require_qp_type(ca.capabilities, QpType.UD)
@@ -130,6 +136,7 @@ class QpStateChecks(ConformanceBase):
         assert [(w.wr_id, w.status) for w in wcs] == [(5, FLUSH)]
         assert state(pair.b.qp) is QpState.ERROR
 
+    @rules("doc:qp-state-machine")
     def test_drain_after_an_error_then_reset(self, ca: Ca, port: PortAttr) -> None:
         """ibal.qp_fsm: a QP an error completion put in ERROR drains (nothing left to flush)
         and goes back to RESET."""

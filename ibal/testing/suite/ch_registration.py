@@ -20,6 +20,7 @@ from ibal.status import (
 )
 from ibal.testing.backdoor import TracingCi
 from ibal.testing.helpers import CallbackLog, Source, active_port, wait_wcs
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, Fabric, require, traced
 from ibal.types import AsyncEvent, EventRecord, LinkState, PortAttr
 
@@ -53,11 +54,13 @@ class RegistrationChecks(ConformanceBase):
     chapter = "registration, hot-plug & PnP"
 
     # ------------------------------------------------------------ register / deregister
+    @rules("ci:1")
     def test_register_none_raises_invalid_parameter(self, fabric: Fabric) -> None:
         """ci-contract rule 1: ib_register_ca(None) → IB_INVALID_PARAMETER."""
         with pytest.raises(InvalidParameter):
             fabric.manager.register_ca(None)  # type: ignore[arg-type]
 
+    @rules("ci:2")
     def test_register_same_guid_raises_duplicate_ca(self, fabric: Fabric) -> None:
         """ci-contract rule 2: registering a GUID that is registered → IB_DUPLICATE_CA."""
         guid, ci = next(iter(fabric.registrar.raw.items()))
@@ -65,6 +68,7 @@ class RegistrationChecks(ConformanceBase):
             fabric.manager.register_ca(ci)
         assert guid in fabric.manager.open_al().get_ca_guids()
 
+    @rules("ci:4")
     def test_register_other_version_raises_unsupported(self, fabric: Fabric) -> None:
         """ci-contract rule 4 / decisions: an interface of another contract version →
         IB_UNSUPPORTED."""
@@ -79,11 +83,13 @@ class RegistrationChecks(ConformanceBase):
         finally:
             other.close()
 
+    @rules("ci:5")
     def test_deregister_unknown_guid_raises_not_found(self, fabric: Fabric) -> None:
         """ci-contract rule 5: ib_deregister_ca of an unregistered GUID → IB_NOT_FOUND."""
         with pytest.raises(NotFound):
             fabric.manager.deregister_ca(max(fabric.registrar.raw) + 0x777)
 
+    @rules("ci:6")
     @traced
     def test_deregister_frees_everything_then_closes(
         self, fabric: Fabric, ca: Ca, port: PortAttr
@@ -108,6 +114,7 @@ class RegistrationChecks(ConformanceBase):
             assert names.count(destroy) == counts[create], f"{destroy}: {names}"
         assert names[-1] == "close_ca"
 
+    @rules("ci:7")
     def test_deregistration_leaves_no_provider_resources(
         self, fabric: Fabric, ca: Ca, port: PortAttr
     ) -> None:
@@ -117,6 +124,7 @@ class RegistrationChecks(ConformanceBase):
         fabric.registrar.deregister_ca(ca.guid)
         assert not any(self.resources_of(fabric, ca.guid).values())
 
+    @rules("doc:ci-contract §3.4", "doc:decisions")
     def test_deregistered_ca_handles_invalid(self, fabric: Fabric, al: AccessLayer, ca: Ca) -> None:
         """ci-contract §3.4 / decisions: after deregistration the CA is gone and its handles
         invalid."""
@@ -131,6 +139,7 @@ class RegistrationChecks(ConformanceBase):
         with pytest.raises(InvalidCqHandle):
             cq.poll()
 
+    @rules("ci:7", "ci:16")
     def test_reregister_after_deregister(self, fabric: Fabric, al: AccessLayer) -> None:
         """ci-contract rules 7, 16: a withdrawn CA registers again and moves data."""
         self.require_reregistration()
@@ -146,6 +155,7 @@ class RegistrationChecks(ConformanceBase):
         assert [w.wr_id for w in wait_wcs(src.send_cq, 2)] == ids
 
     # ------------------------------------------------------------ PnP
+    @rules("al:112")
     def test_pnp_replays_cas_then_reg_complete(self, al: AccessLayer) -> None:
         """access-layer rule 112: registration replays one CA_ADD per CA, then REG_COMPLETE."""
         log = PnpLog()
@@ -159,6 +169,7 @@ class RegistrationChecks(ConformanceBase):
             assert rec.ca_guid == guid and rec.ca_attr is not None and rec.ca_attr.ca_guid == guid
             assert rec.pnp_context == "pnp-ctx" and rec.context is None
 
+    @rules("al:112")
     def test_pnp_port_add_followed_by_state(self, al: AccessLayer) -> None:
         """access-layer rule 112: each PORT_ADD is followed by an event stating the port's state."""
         state_event = {
@@ -183,6 +194,7 @@ class RegistrationChecks(ConformanceBase):
             ]
         assert all(rec.port_attr is not None for _, _, rec in entries[:-1])
 
+    @rules("al:112")
     def test_pnp_reg_sync_returns_after_replay(self, al: AccessLayer) -> None:
         """access-layer rule 112: with FLAG_REG_SYNC, reg_pnp returns after the replay was
         delivered."""
@@ -190,17 +202,20 @@ class RegistrationChecks(ConformanceBase):
         al.reg_pnp(PnpClass.CA | PnpClass.FLAG_REG_SYNC, log)
         assert len(log) >= len(al.get_ca_guids())
 
+    @rules("al:112")
     def test_pnp_one_class_per_registration(self, al: AccessLayer) -> None:
         """access-layer rule 112: only one class may be given → else IB_INVALID_PARAMETER."""
         with pytest.raises(InvalidParameter):
             al.reg_pnp(PnpClass.CA | PnpClass.PORT, PnpLog())
 
+    @rules("al:112")
     def test_pnp_record_names_its_registration(self, al: AccessLayer) -> None:
         """access-layer rule 112: the record's h_pnp is the handle reg_pnp returned."""
         log = PnpLog()
         reg = al.reg_pnp(PnpClass.CA | PnpClass.FLAG_REG_SYNC, log)
         assert all(e[2].registration is reg for e in log.snapshot())
 
+    @rules("al:112", "al:114")
     def test_pnp_dereg_is_a_fence(self, fabric: Fabric, al: AccessLayer) -> None:
         """access-layer rules 112, 114: after dereg returns no callback runs;
         destroy_cb(pnp_context) once."""
@@ -216,6 +231,7 @@ class RegistrationChecks(ConformanceBase):
         assert len(log) == seen
         assert done.snapshot() == [("ctx",)]
 
+    @rules("al:112")
     def test_pnp_device_context_kept_until_remove(self, fabric: Fabric, al: AccessLayer) -> None:
         """access-layer rule 112: a context stored by the callback comes back with later events."""
         token = object()
@@ -233,6 +249,7 @@ class RegistrationChecks(ConformanceBase):
         removes = [e[2] for e in log.snapshot() if e[0] is PnpEvent.CA_REMOVE]
         assert removes[0].guid == guid and removes[0].context is token
 
+    @rules("al:112")
     def test_pnp_rejecting_callback_gets_no_more_events(
         self, fabric: Fabric, al: AccessLayer
     ) -> None:
@@ -248,6 +265,7 @@ class RegistrationChecks(ConformanceBase):
         al.reg_pnp(PnpClass.CA | PnpClass.FLAG_REG_SYNC, PnpLog())  # barrier
         assert PnpEvent.CA_REMOVE not in refusing.events()
 
+    @rules("al:112")
     def test_pnp_add_in_order_remove_in_reverse(self, fabric: Fabric, al: AccessLayer) -> None:
         """access-layer rule 112: ADD events reach registrations in order, REMOVE events in
         reverse."""
@@ -268,6 +286,7 @@ class RegistrationChecks(ConformanceBase):
             ("second", PnpEvent.CA_ADD),
         ]
 
+    @rules("al:112")
     def test_pnp_ports_removed_before_ca(self, fabric: Fabric, al: AccessLayer) -> None:
         """access-layer rule 112: a CA removal produces PORT_REMOVE events before CA_REMOVE."""
         order: list[tuple[str, Any]] = []
@@ -281,6 +300,7 @@ class RegistrationChecks(ConformanceBase):
         cas.wait_for(lambda es: any(e[0] is PnpEvent.CA_REMOVE for e in es), "CA_REMOVE")
         assert order == [("port", PnpEvent.PORT_REMOVE)] * n_ports + [("ca", PnpEvent.CA_REMOVE)]
 
+    @rules("al:112")
     def test_pnp_hotplug_add_reaches_registration(self, fabric: Fabric, al: AccessLayer) -> None:
         """access-layer rule 112 / design-anchors 6: a CA registered later raises CA_ADD, then its
         ports."""
@@ -297,6 +317,7 @@ class RegistrationChecks(ConformanceBase):
         assert new[0::2] == [PnpEvent.PORT_ADD] * n
         assert all(e[2].ca_guid == guid for e in ports.snapshot()[seen:])
 
+    @rules("doc:design-anchors")
     @traced
     def test_pnp_port_down_from_provider_event(
         self, fabric: Fabric, al: AccessLayer, ca: Ca, port: PortAttr
@@ -314,6 +335,7 @@ class RegistrationChecks(ConformanceBase):
         event, guid, _ = log.snapshot()[seen]
         assert (event, guid) == (PnpEvent.PORT_DOWN, port.port_guid)
 
+    @rules("al:2")
     def test_closed_al_gets_no_more_pnp(self, fabric: Fabric, al: AccessLayer) -> None:
         """access-layer rule 2: closing the AL ends its PnP registrations."""
         mine = PnpLog()
@@ -331,6 +353,7 @@ class RegistrationChecks(ConformanceBase):
         finally:
             other.close()
 
+    @rules("doc:access-layer §4.4")
     def test_pnp_callbacks_run_off_callers_thread(self, al: AccessLayer) -> None:
         """access-layer §4.4: PnP callbacks run on a system thread, not the registering one."""
         log = PnpLog()

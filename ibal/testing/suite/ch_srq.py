@@ -25,6 +25,7 @@ from ibal.testing.helpers import (
     wait_wc,
     wait_wcs,
 )
+from ibal.testing.rules import rules
 from ibal.testing.suite.base import (
     ConformanceBase,
     deviation,
@@ -89,6 +90,7 @@ class SrqChecks(ConformanceBase):
             ud = UdDest(av=a.av, remote_qp=b.qp.num, remote_qkey=UD_QKEY)
         a.qp.post_send(SendWr(wr_id=wr_id, sg_list=[a.sge(0, len(data))], ud=ud))
 
+    @rules("ci:8")
     def test_srq_without_capability_unsupported(self, ca: Ca, caps: Capabilities) -> None:
         """ci-contract rule 8 / decisions: SRQ verbs are optional; without them → IB_UNSUPPORTED."""
         pd = ca.alloc_pd()
@@ -98,6 +100,7 @@ class SrqChecks(ConformanceBase):
         with pytest.raises(Unsupported):
             pd.create_srq(SrqAttr(max_wr=4))
 
+    @rules("al:46")
     def test_create_srq_query_reports_attributes(self, ca: Ca, caps: Capabilities) -> None:
         """access-layer rule 46: query reports granted sizes ≥ asked and the limit."""
         require(caps, "srq")
@@ -105,6 +108,7 @@ class SrqChecks(ConformanceBase):
         a = srq.query()
         assert a.max_wr >= 20 and a.max_sge >= 1 and a.srq_limit == 0
 
+    @rules("al:44")
     def test_srq_feeds_qp_receives(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 44: a message to a QP on an SRQ consumes the SRQ's receive."""
         srq, a, b = self._srq_setup(ca, port)
@@ -119,6 +123,7 @@ class SrqChecks(ConformanceBase):
         )
         assert b.get(512, 7) == b"via srq"
 
+    @rules("al:44")
     def test_srq_shared_by_two_qps(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 44: two QPs draw from one SRQ, in the SRQ's order."""
         srq, a1, b1 = self._srq_setup(ca, port)
@@ -134,6 +139,7 @@ class SrqChecks(ConformanceBase):
         assert (second.wr_id, second.qp_num) == (81, b2.qp.num)
         assert b1.get(0, 5) == b"first" and b1.get(64, 6) == b"second"
 
+    @rules("al:44")
     def test_srq_serves_ud_qp(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 44: an SRQ can be attached to a UD QP."""
         srq, a, b = self._srq_setup(ca, port, QpType.UD)
@@ -143,11 +149,13 @@ class SrqChecks(ConformanceBase):
         assert (got.wr_id, got.src_qp) == (90, a.qp.num)
         assert b.get(GRH_BYTES, 6) == b"ud srq"
 
+    @rules("al:40")
     def test_qp_query_names_its_srq(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 40: query reports the SRQ handle used at creation."""
         srq, _, b = self._srq_setup(ca, port)
         assert b.qp.query().srq is srq
 
+    @rules("al:46")
     def test_modify_srq_changes_only_the_limit(self, ca: Ca, caps: Capabilities) -> None:
         """access-layer rule 46: only the fields the mask selects change."""
         require(caps, "srq")
@@ -157,6 +165,7 @@ class SrqChecks(ConformanceBase):
         after = srq.query()
         assert after.srq_limit == 4 and after.max_wr == before.max_wr
 
+    @rules("al:46")
     def test_modify_srq_limit_above_depth_raises_invalid_setting(
         self, ca: Ca, caps: Capabilities
     ) -> None:
@@ -168,6 +177,7 @@ class SrqChecks(ConformanceBase):
             srq.modify(SrqAttr(srq_limit=depth + 100), SrqAttrMask.LIMIT)
         assert srq.query().srq_limit == 0
 
+    @rules("doc:IBA 11.6.3", "doc:access-layer §4.4")
     def test_srq_limit_event(self, ca: Ca, port: PortAttr) -> None:
         """IBA 11.6.3 / access-layer §4.4: the SRQ limit event reaches the SRQ's callback with its
         context."""
@@ -182,6 +192,7 @@ class SrqChecks(ConformanceBase):
         rec = events.snapshot()[0][0]
         assert (rec.code, rec.context, rec.handle) == (AsyncEvent.SRQ_LIMIT_REACHED, "srq-ctx", srq)
 
+    @rules("al:45")
     def test_destroy_srq_in_use_raises_resource_busy(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 45: destroying an SRQ with QPs bound → IB_RESOURCE_BUSY; it keeps
         working."""
@@ -192,6 +203,7 @@ class SrqChecks(ConformanceBase):
         self._send(a, b, b"alive")
         assert wait_wc(b.cq).wr_id == 5
 
+    @rules("al:45")
     def test_destroy_srq_callback_with_context(self, ca: Ca, caps: Capabilities) -> None:
         """access-layer rule 45: an unused SRQ is destroyed asynchronously; destroy_cb(srq_context)
         once."""
@@ -205,6 +217,7 @@ class SrqChecks(ConformanceBase):
         with pytest.raises(InvalidSrqHandle):
             srq.query()
 
+    @rules("al:47")
     def test_post_srq_recv_beyond_depth(self, ca: Ca, caps: Capabilities) -> None:
         """access-layer rule 47: exceeding the SRQ depth → IB_INSUFFICIENT_RESOURCES at the first WR
         not posted."""
@@ -216,6 +229,7 @@ class SrqChecks(ConformanceBase):
         with post_raises(InsufficientResources, depth):
             srq.post_recv([RecvWr(wr_id=i, sg_list=[mr.sge(0, 16)]) for i in range(depth + 1)])
 
+    @rules("al:49")
     def test_post_srq_recv_too_many_sges(self, ca: Ca, caps: Capabilities) -> None:
         """access-layer rule 49: more SGEs than the SRQ's max_sge → IB_INVALID_MAX_SGE."""
         require(caps, "srq")
@@ -226,6 +240,7 @@ class SrqChecks(ConformanceBase):
         with post_raises(InvalidMaxSge, 0):
             srq.post_recv(RecvWr(wr_id=1, sg_list=[mr.sge(16 * i, 16) for i in range(sges + 1)]))
 
+    @rules("doc:decisions")
     def test_post_to_destroyed_srq_raises_invalid_srq_handle(
         self, ca: Ca, caps: Capabilities
     ) -> None:
@@ -238,6 +253,7 @@ class SrqChecks(ConformanceBase):
         with pytest.raises(InvalidSrqHandle):
             srq.post_recv(RecvWr(wr_id=1, sg_list=[mr.sge(0, 16)]))
 
+    @rules("doc:IBA 11.6.3.2")
     def test_qp_on_srq_in_error_raises_last_wqe_reached(self, ca: Ca, port: PortAttr) -> None:
         """IBA 11.6.3.2 (Last WQE Reached): a QP on an SRQ that goes to ERROR reports its last WQE
         to the QP's event callback, with its context (a natural event: no injection)."""
@@ -257,6 +273,7 @@ class SrqChecks(ConformanceBase):
         rec = next(e[0] for e in events.snapshot() if e[0].code is last_wqe)
         assert (rec.context, rec.handle) == ("on-srq", b.qp)
 
+    @rules("al:42")
     def test_qp_on_srq_destroyed_without_error_state(self, ca: Ca, port: PortAttr) -> None:
         """access-layer rule 42: destroying a QP on an SRQ without draining it first is allowed."""
         srq, _, b = self._srq_setup(ca, port)
