@@ -1,0 +1,62 @@
+"""The administrator's tools against infiniband-diags on the small ibsim + OpenSM fabric.
+
+Each ``ibal`` tool and the C tool of the same name run as node ``Host`` with the
+same arguments; the texts must be the same, and each ``--json`` output must
+validate against its schema and say what the text says.  Skips naming the
+missing Debian packages (fails with ``IBAL_LAB_REQUIRED=1``): the
+``ibsim_module_fabric`` fixture.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ibal.testing.ibsim import Fabric
+from tests.tools.admin_ibsim import ibal, lids, tool, valid
+
+
+@pytest.mark.timeout(600)
+def test_node_lists_match_the_scripts(ibsim_module_fabric: Fabric, tmp_path: Path) -> None:
+    fabric = ibsim_module_fabric
+    topo = tmp_path / "fabric.topo"
+    topo.write_text(tool(fabric, ["ibnetdiscover"]))
+    names = ["ibhosts", "ibswitches", "ibrouters", "ibnodes"]
+    cases = [[n] for n in names] + [[n, str(topo)] for n in names]
+    ours = ibal(fabric, [*cases, *([n, "--json"] for n in names)])
+    for args, res in zip(cases, ours, strict=False):
+        assert res["stdout"] == tool(fabric, args), args
+    hosts = ours[0]["stdout"]
+    assert hosts.count("Ca\t: 0x") == 3 and '"Host"' in hosts and ours[2]["stdout"] == ""
+    for name, res, text in zip(names, ours[len(cases):], ours[:4], strict=True):
+        data = valid(name, res["stdout"])
+        assert [int(n["NodeGUID"], 16) for n in data["nodes"]] == [
+            int(line.split()[2], 16) for line in text["stdout"].splitlines()]  # fmt: skip
+    (switch,) = valid("ibswitches", ours[len(cases) + 1]["stdout"])["nodes"]
+    assert (switch["NodeDescription"], switch["NumPorts"], switch["LID"]) == ("Switch1", 8,
+                                                                            lids(fabric)["switch"])
+    # a file that is not there: a clear error, as the script's cat fails
+    bad = ibal(fabric, [["ibhosts", str(tmp_path / "none")]], ok=False)[0]
+    assert bad["code"] == 1 and "No such file" in bad["stderr"]
+
+
+@pytest.mark.timeout(600)
+def test_ibaddr_and_smpdump_match(ibsim_module_fabric: Fabric) -> None:
+    fabric = ibsim_module_fabric
+    sw, sm = (str(v) for v in (lids(fabric)["switch"], lids(fabric)["sm"]))
+    addr = [[], [sw], ["-l"], ["-g"], ["-L", sm], ["-g", "-L", sw], ["-D", "0,1"]]
+    dumps = [["-D", "0", "0x11"], [sw, "0x15", "1"], ["-D", "0,1", "0x12"], [sm, "0x10"],
+             ["-s", sw, "0x10"], [sw, "0x11"]]  # fmt: skip
+    cases = [["ibaddr", *a] for a in addr] + [["smpdump", *a] for a in dumps]
+    ours = ibal(fabric, cases)
+    for args, res in zip(cases, ours, strict=True):
+        assert res["stdout"] == tool(fabric, args), args
+    assert ours[-6]["stdout"].endswith("SMP status: 0x8000\n")  # DR: the D bit
+    js = ibal(fabric, [["ibaddr", "--json", sw], ["smpdump", "--json", sw, "0x11"]])
+    info = valid("ibaddr", js[0]["stdout"])
+    lid, end = info["LID"], info["LIDEnd"]
+    assert ours[1]["stdout"] == f"GID {info['GID']} LID start 0x{lid:x} end 0x{end:x}\n"
+    raw = valid("smpdump", js[1]["stdout"])
+    assert (raw["AttributeID"], raw["Status"]) == (0x11, 0)
+    assert bytes.fromhex(raw["Data"]).hex() == "".join(ours[-1]["stdout"].split())
