@@ -75,7 +75,7 @@ def emit_json(data: Any) -> None:
 
 # commands of one family print one shape
 _SCHEMA_OF = {"ibhosts": "nodes", "ibswitches": "nodes", "ibrouters": "nodes",
-              "ibnodes": "nodes"}  # fmt: skip
+              "ibnodes": "nodes", "ibstatus": "ibstat"}  # fmt: skip
 
 
 def schema(command: str) -> dict[str, Any]:

@@ -58,3 +58,20 @@ def test_on_roce_the_tools_say_they_have_no_meaning(args: list[str]) -> None:
                                   "devices=rxe_adm0=127.0.0.1"])  # fmt: skip
     assert r.exit_code == 1, r.output
     assert r.output.count("\n") == 1 and "no meaning on RoCE" in r.output
+
+
+def test_ibstat_and_ibstatus_describe_a_roce_port() -> None:
+    """ibstat and ibstatus have a meaning on RoCE (the C tools show Ethernet ports too)."""
+    opts = ["--provider", "rxe", "-o", "devices=rxe_adm1=127.0.0.1"]
+    r = CliRunner().invoke(main, ["ibstat", *opts, "--json"])
+    assert r.exit_code == 0, r.output
+    (ca,) = json.loads(r.output)["cas"]
+    jsonschema.validate(json.loads(r.output), schema("ibstat"))
+    (port,) = ca["ports"]
+    assert (ca["CAName"], port["LinkLayer"], port["PortState"]) == ("rxe_adm1", "Ethernet",
+                                                                    "Active")
+    r = CliRunner().invoke(main, ["ibstatus", "rxe_adm1:1", *opts])
+    assert r.exit_code == 0, r.output
+    assert "\tlink_layer:\t Ethernet\n" in r.output and "\tstate:\t\t 4: ACTIVE\n" in r.output
+    r = CliRunner().invoke(main, ["ibstatus", "nosuch", *opts])
+    assert r.exit_code == 1 and "device 'nosuch'" in r.output

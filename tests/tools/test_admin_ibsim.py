@@ -9,12 +9,15 @@ missing Debian packages (fails with ``IBAL_LAB_REQUIRED=1``): the
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from ibal.testing.helpers import wait_until
 from ibal.testing.ibsim import Fabric
-from tests.tools.admin_ibsim import ibal, lids, tool, valid
+from tests.tools.admin_ibsim import NODE, ibal, lids, tool, valid
 
 
 @pytest.mark.timeout(600)
@@ -60,3 +63,47 @@ def test_ibaddr_and_smpdump_match(ibsim_module_fabric: Fabric) -> None:
     raw = valid("smpdump", js[1]["stdout"])
     assert (raw["AttributeID"], raw["Status"]) == (0x11, 0)
     assert bytes.fromhex(raw["Data"]).hex() == "".join(ours[-1]["stdout"].split())
+
+
+_NOT_OURS = re.compile(r"^\s*(CA type|Hardware version|Link layer|link_layer):.*$", re.M)
+
+
+def _masked(text: str) -> str:
+    """What umad2sim's fake sysfs says and the CA's attributes do not: masked
+    (docs/tools.md, ibstat: the CA type, hardware version, and a missing link_layer file)."""
+    return _NOT_OURS.sub(lambda m: m.group(1), text)
+
+
+@pytest.mark.timeout(600)
+def test_ibstat_and_ibstatus_match(ibsim_module_fabric: Fabric, tmp_path: Path) -> None:
+    fabric = ibsim_module_fabric
+    cases = [[], ["-l"], ["-s"], ["-p"], ["ibsim0"], ["ibsim0", "1"]]
+    ours = ibal(fabric, [["ibstat", *a] for a in cases] + [["ibstatus"], ["ibstatus", "ibsim0:1"],
+                                                          ["ibstat", "--json"]])  # fmt: skip
+    for args, res in zip(cases, ours, strict=False):
+        theirs = tool(fabric, ["ibstat", *args])
+        assert _masked(res["stdout"]) == _masked(theirs), args
+    # ibstatus is a script over /sys/class/infiniband: run it over the fake sysfs umad2sim
+    # gives its clients (what ibstat above read), that of a client that stays running
+    (ca,) = valid("ibstat", ours[-1]["stdout"])["cas"]
+    server = subprocess.Popen(["ibping", "-S"], env=fabric.env_for(NODE), cwd=fabric.workdir,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        state = fabric.workdir / f"sys-{server.pid}/sys/class/infiniband/ibsim0/ports/1/state"
+        wait_until(lambda: state.exists() and state.read_text().strip() != "", "ibping's sysfs")
+        sysfs = state.parents[3]
+        script = tmp_path / "ibstatus"
+        text = Path("/usr/sbin/ibstatus").read_text()
+        script.write_text(re.sub(r"^infiniband_base=.*$", f'infiniband_base="{sysfs}"', text,
+                                 flags=re.M))  # fmt: skip
+        theirs_all = [subprocess.run(["sh", str(script), *a], capture_output=True, text=True,
+                                     timeout=30, check=True).stdout
+                      for a in ([], ["ibsim0:1"])]  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    for theirs, res in zip(theirs_all, ours[len(cases):], strict=False):
+        assert "4: ACTIVE" in theirs and _masked(res["stdout"]) == _masked(theirs)
+    (port,) = ca["ports"]
+    assert (ca["CAName"], port["PortState"], port["LID"]) == ("ibsim0", "Active",
+                                                            lids(fabric)["host"])
