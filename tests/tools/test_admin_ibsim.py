@@ -107,3 +107,53 @@ def test_ibstat_and_ibstatus_match(ibsim_module_fabric: Fabric, tmp_path: Path) 
     (port,) = ca["ports"]
     assert (ca["CAName"], port["PortState"], port["LID"]) == ("ibsim0", "Active",
                                                             lids(fabric)["host"])
+
+
+_LINK_OPTS = [[], ["-l"], ["-d"], ["-p"], ["--switches-only"], ["--cas-only"], ["-D", "0,1"],
+              ["-D", "0"], ["-l", "-p", "--switches-only"]]  # fmt: skip
+
+
+@pytest.mark.timeout(600)
+def test_iblinkinfo_matches(ibsim_module_fabric: Fabric) -> None:
+    fabric = ibsim_module_fabric
+    ours = ibal(fabric, [["iblinkinfo", *a] for a in _LINK_OPTS] + [["iblinkinfo", "--json"]])
+    for args, res in zip(_LINK_OPTS, ours, strict=False):
+        assert res["stdout"] == tool(fabric, ["iblinkinfo", *args]), args
+    assert ours[2]["stdout"].count("Down/ Polling") == 5  # Switch1's ports 4..8
+    data = valid("iblinkinfo", ours[-1]["stdout"])
+    links = {(n["NodeDescription"], p["PortNum"], p["remote"]["NodeDescription"])
+             for n in data["nodes"] for p in n["ports"] if p["remote"]}  # fmt: skip
+    assert ("Host", 1, "Switch1") in links and ("Switch1", 3, "Peer") in links
+    assert len(links) == 6  # three links, each seen from both ends
+
+
+@pytest.mark.timeout(600)
+def test_ibqueryerrors_matches_and_clears(ibsim_fabric: Fabric, tmp_path: Path) -> None:
+    """Counters set on ibsim's console: the same report, options included; ``-k`` clears
+    them (ibqueryerrors then finds nothing); exit status 1 while a port is over."""
+    fabric = ibsim_fabric
+    clean = ibal(fabric, [["ibqueryerrors"]])[0]
+    assert clean["stdout"] == tool(fabric, ["ibqueryerrors"])
+    assert "0 ports have errors" in clean["stdout"]
+    fabric.console('PerformanceSet "Switch1"[2] PortCounters.SymbolErrorCounter=5')
+    fabric.console('PerformanceSet "Host"[1] PortCounters.LinkDownedCounter=3')
+    thresholds = tmp_path / "thresholds"
+    thresholds.write_text("# a comment\nSymbolErrorCounter=10\nLinkDownedCounter=1\n")
+    host_guid = valid("ibaddr", ibal(fabric, [["ibaddr", "--json"]])[0]["stdout"])["PortGUID"]
+    cases = [[], ["-r", "-s", "LinkDownedCounter"], ["--switch"], ["--ca"], ["-c"],
+             ["-G", host_guid], ["-D", "0,1"], ["--threshold-file", str(thresholds)]]  # fmt: skip
+    ours = ibal(fabric, [["ibqueryerrors", *a] for a in cases] + [["ibqueryerrors", "--json"]],
+                ok=False)  # fmt: skip
+    for args, res in zip(cases, ours, strict=False):
+        assert res["code"] == 1, (args, res["stderr"])
+        assert res["stdout"] == tool(fabric, ["ibqueryerrors", *args], ok=False), args
+    assert "[SymbolErrorCounter == 5]" in ours[0]["stdout"]
+    assert "[LinkDownedCounter == 3]" in ours[0]["stdout"]
+    assert "Link info:" in ours[1]["stdout"] and "Host" not in ours[2]["stdout"]
+    data = valid("ibqueryerrors", ours[-1]["stdout"])
+    bad = {(n["NodeDescription"], p["PortNum"]): p["counters"] for n in data["nodes"]
+           for p in n["ports"]}  # fmt: skip
+    assert bad == {("Switch1", 2): {"SymbolErrorCounter": 5}, ("Host", 1): {"LinkDownedCounter": 3}}
+    assert ibal(fabric, [["ibqueryerrors", "-k"]], ok=False)[0]["code"] == 1
+    after = tool(fabric, ["ibqueryerrors"])  # exit 0: nothing left over
+    assert "0 bad nodes found" in after and "0 ports have errors" in after
