@@ -157,3 +157,21 @@ def test_ibqueryerrors_matches_and_clears(ibsim_fabric: Fabric, tmp_path: Path) 
     assert ibal(fabric, [["ibqueryerrors", "-k"]], ok=False)[0]["code"] == 1
     after = tool(fabric, ["ibqueryerrors"])  # exit 0: nothing left over
     assert "0 bad nodes found" in after and "0 ports have errors" in after
+
+
+@pytest.mark.timeout(600)
+def test_ibtracert_matches(ibsim_module_fabric: Fabric) -> None:
+    fabric = ibsim_module_fabric
+    ls = lids(fabric)
+    host, sw, sm = (str(ls[k]) for k in ("host", "switch", "sm"))
+    peer = next(str(v) for v in range(1, 6) if str(v) not in (host, sw, sm))
+    cases = [[host, peer], [peer, sm], [sw, peer], ["-n", sm, peer], [host, host], [sm, sw],
+             [sw, sw]]  # fmt: skip
+    ours = ibal(fabric, [["ibtracert", *a] for a in cases] + [["ibtracert", "--json", host, peer]])
+    for args, res in zip(cases, ours, strict=False):
+        assert res["stdout"] == tool(fabric, ["ibtracert", *args]), args
+    hops = valid("ibtracert", ours[-1]["stdout"])["hops"]
+    assert [h["NodeType"] for h in hops] == ["CA", "Switch", "CA"]
+    assert [h["OutPort"] for h in hops] == [None, 1, 3]  # Host's port 1, Switch1's port 3
+    bad = ibal(fabric, [["ibtracert", host, "60"]], ok=False)[0]  # no such LID
+    assert bad["code"] == 1 and "failed to find route" in bad["stderr"]
