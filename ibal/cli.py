@@ -103,7 +103,9 @@ class _Main(click.Group):
         return name, cmd, rest
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), "lab"})
+        from ibal.tools.commands import LAZY
+
+        return sorted({*super().list_commands(ctx), "lab", *LAZY})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name == "lab" and "lab" not in self.commands:
@@ -112,7 +114,34 @@ class _Main(click.Group):
             except ImportError:  # the lab is optional at import time
                 return None
             self.add_command(lab)
+        if cmd_name not in self.commands:
+            from ibal.tools.commands import LAZY
+
+            lazy = LAZY.get(cmd_name)
+            if lazy is not None:  # the tool's module only when the tool is run
+                import importlib
+
+                self.add_command(getattr(importlib.import_module(lazy.module), lazy.attr),
+                                 cmd_name)  # fmt: skip
         return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands under headings of what they are for, none of the lazy ones imported."""
+        from ibal.tools.commands import GROUPS, LAZY, group_of
+
+        rows: dict[str, list[tuple[str, str]]] = {}
+        for name in self.list_commands(ctx):
+            if name in LAZY:
+                text = LAZY[name].help
+            else:
+                cmd = self.commands.get(name) if name != "lab" else None
+                text = cmd.get_short_help_str(80) if cmd else "The kernel-rxe lab VM."
+            rows.setdefault(group_of(name), []).append((name, text))
+        order = {n: i for _, names in GROUPS for i, n in enumerate(names)}
+        for title in [t for t, _ in GROUPS] + ["Other"]:
+            if title in rows:
+                with formatter.section(title):
+                    formatter.write_dl(sorted(rows[title], key=lambda r: order.get(r[0], 99)))
 
 
 @click.group(cls=_Main)
@@ -668,6 +697,15 @@ def _target(client: Any, text: str, directed: bool, by_guid: bool) -> Any:
         raise click.ClickException(f"can't resolve destination port {text}: {exc}") from exc
 
 
+# For the tools' own modules (ibal.tools.commands: loaded after this one).
+diag_options = _diag_options
+mad_client = _mad_client
+resolve_target = _target
+open_al = _open
+tool_providers = _tool_providers
+parse_options = _parse_options
+
+
 @main.command()
 @click.argument("op")
 @click.argument("target")
@@ -922,7 +960,9 @@ def run() -> None:
     try:
         main()
     except SystemExit as exc:
-        if main.resolved in _FAST_EXIT:
+        from ibal.tools.commands import LAZY
+
+        if main.resolved in _FAST_EXIT or main.resolved in LAZY:
             _exit_now(exc.code)
         raise
 

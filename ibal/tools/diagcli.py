@@ -1,0 +1,85 @@
+"""What the infiniband-diags commands share on the command line: the port, ``--json``, RoCE.
+
+A diagnostic runs on a :class:`~ibal.mad.rpc.MadClient` from :func:`fabric_client`,
+which also refuses, in one line and exit status 1, a port whose link layer is
+Ethernet: SMPs, subnet managers and LIDs have no meaning on RoCE.  ``--json``
+output follows ``ibal/tools/schemas/<command>.schema.json`` (:func:`schema`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from ibal import cli
+from ibal.mad.rpc import MadClient
+
+__all__ = ["SCHEMAS", "emit_json", "fabric_client", "fabric_options", "guid", "schema"]
+
+SCHEMAS = Path(__file__).with_name("schemas")
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def fabric_options(via: str = "service") -> Callable[[_F], _F]:
+    """``-C``, ``-P``, ``-t``, ``--via``, ``--provider``, ``-o`` and ``--json``."""
+
+    def wrap(fn: _F) -> _F:
+        fn = click.option("--json", "as_json", is_flag=True,
+                          help="Machine-readable output (schema: docs/tools.md).")(fn)  # fmt: skip
+        out: _F = cli.diag_options(fn, via=via)
+        return out
+
+    return wrap
+
+
+def _link_layer(client: MadClient) -> str:
+    port = client.port
+    ca = getattr(port, "ca", None)
+    if ca is None:
+        return "InfiniBand"
+    for p in ca.query().ports:
+        if p.port_num == getattr(port, "port_num", None):
+            return str(p.link_layer.value)
+    return "InfiniBand"
+
+
+@contextmanager
+def fabric_client(tool: str, kw: dict[str, Any]) -> Iterator[MadClient]:
+    """The command's MAD client (``kw``: the common options' values, taken out of it).
+
+    ``tool`` names the command in the RoCE refusal.
+    """
+    args = [kw.pop(k) for k in ("providers", "options", "ca_name", "port_num", "timeout_ms",
+                                "via")]  # fmt: skip
+    with cli.mad_client(*args) as client:
+        if _link_layer(client) == "Ethernet":
+            raise click.ClickException(
+                f"{tool}: no meaning on RoCE (the port is Ethernet: no subnet manager, "
+                "no SMPs, no LIDs)")  # fmt: skip
+        yield client
+
+
+def guid(value: int) -> str:
+    """A GUID in JSON: 16 hex digits (64-bit numbers do not survive every JSON reader)."""
+    return f"0x{value:016x}"
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+# commands of one family print one shape
+_SCHEMA_OF = {"ibhosts": "nodes", "ibswitches": "nodes", "ibrouters": "nodes",
+              "ibnodes": "nodes", "ibstatus": "ibstat"}  # fmt: skip
+
+
+def schema(command: str) -> dict[str, Any]:
+    """The JSON Schema ``command --json`` output validates against."""
+    name = _SCHEMA_OF.get(command, command)
+    out: dict[str, Any] = json.loads((SCHEMAS / f"{name}.schema.json").read_text())
+    return out

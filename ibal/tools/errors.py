@@ -1,0 +1,297 @@
+"""``ibal ibqueryerrors``: the error counters of every port of the fabric over a threshold.
+
+A sweep (:func:`ibal.tools.links.read_links`), then per node the PMA's
+ClassPortInfo and PortCounters, as infiniband-diags' ``ibqueryerrors`` asks
+them: one AllPortSelect read for a node whose PMA claims it (each port only
+when that read shows an error), else each port.  Thresholds come from the
+same file format (``name=value`` lines, default
+``/etc/infiniband-diags/error_thresholds``); ``-k``/``-K`` clear the
+counters after the read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import click
+
+from ibal.mad.consts import PerfAttr
+from ibal.mad.discover import DiscNode
+from ibal.mad.rpc import MadClient, MadError
+from ibal.records import record
+from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
+from ibal.tools.links import Fabric, link_text, port_lid, read_links, remote_text
+
+__all__ = ["ERROR_COUNTERS", "Report", "check_errors", "ibqueryerrors_cmd", "read_thresholds"]
+
+# libibmad's names of PortCounters' error counters, in its order, and the table's fields
+ERROR_COUNTERS: Final = (
+    ("SymbolErrorCounter", "symbol_error_counter"),
+    ("LinkErrorRecoveryCounter", "link_error_recovery_counter"),
+    ("LinkDownedCounter", "link_downed_counter"),
+    ("PortRcvErrors", "port_rcv_errors"),
+    ("PortRcvRemotePhysicalErrors", "port_rcv_remote_physical_errors"),
+    ("PortRcvSwitchRelayErrors", "port_rcv_switch_relay_errors"),
+    ("PortXmitDiscards", "port_xmit_discards"),
+    ("PortXmitConstraintErrors", "port_xmit_constraint_errors"),
+    ("PortRcvConstraintErrors", "port_rcv_constraint_errors"),
+    ("LocalLinkIntegrityErrors", "local_link_integrity_errors"),
+    ("ExcessiveBufferOverrunErrors", "excessive_buffer_overrun_errors"),
+    ("VL15Dropped", "vl15_dropped"),
+    ("PortXmitWait", "port_xmit_wait"),
+)
+DEFAULT_THRESHOLDS: Final = Path("/etc/infiniband-diags/error_thresholds")
+_ALL_PORTS: Final = 0xFF
+_CAP_ALL_PORT_SELECT: Final = 1 << 8
+_CAP_EXT_WIDTH: Final = 1 << 9
+_CAP_EXT_WIDTH_NOIETF: Final = 1 << 10
+_CAP_XMIT_WAIT: Final = 1 << 12
+_TYPE_FLAG: Final = {1: "ca", 2: "switch", 3: "router"}
+
+
+def read_thresholds(path: Path) -> tuple[dict[str, int], str | None]:
+    """The thresholds a file sets, and the summary's "Thresholds:" text (``None``: no file)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return {}, None
+    names = {n for n, _ in ERROR_COUNTERS}
+    out: dict[str, int] = {}
+    text = "Thresholds: "
+    for line in lines:
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.partition("=")
+        if name in names:
+            try:
+                out[name] = int(value.strip() or "0", 0)
+            except ValueError:
+                out[name] = 0
+            text += f"[{name} = {out[name]}]"
+    return out, text
+
+
+@record
+class Report:
+    """What one run found: the text's lines and the same as data."""
+
+    lines: list[str]
+    nodes: list[dict[str, Any]]
+    nodes_checked: int = 0
+    bad_nodes: int = 0
+    ports_checked: int = 0
+    bad_ports: int = 0
+    pma_failures: int = 0
+
+
+def _over(pc: dict[str, Any], cap: int, suppressed: set[str],
+          thresholds: dict[str, int]) -> list[tuple[str, int]]:  # fmt: skip
+    found = []
+    for name, fld in ERROR_COUNTERS:
+        if name in suppressed:
+            continue
+        value = int(pc[fld])
+        if name == "PortXmitWait" and not cap & _CAP_XMIT_WAIT:
+            value = 0  # not claimed by the PMA: cleared, as ibqueryerrors does
+        if value > thresholds.get(name, 0):
+            found.append((name, value))
+    return found
+
+
+def _node_lid(node: DiscNode) -> int:
+    if node.is_switch:
+        return node.lid
+    first = next((p for n, p in sorted(node.ports.items()) if n), None)
+    return first.lid if first else 0
+
+
+def check_errors(
+    client: MadClient, fab: Fabric, nodes: Sequence[DiscNode], *, suppressed: set[str],
+    thresholds: dict[str, int], types: set[str], report_port: bool = False,
+    clear_errors: bool = False, clear_counts: bool = False,
+) -> Report:  # fmt: skip
+    """Read every node's counters and report the ports over a threshold."""
+    from ibal.mad import perf
+
+    rep = Report([], [])
+
+    def one(node: DiscNode) -> None:
+        if types and _TYPE_FLAG.get(node.node_type) not in types:
+            return
+        lid = _node_lid(node)
+        name = node.desc
+        head = False
+        bad_ports: list[dict[str, Any]] = []
+        start = 0 if node.is_switch and node.enhanced_port0 else 1
+        try:
+            cpi = perf.CLASS_PORT_INFO.decode(client.perf_get(PerfAttr.CLASS_PORT_INFO, lid,
+                                                              mod=0))  # fmt: skip
+            cap = int(cpi["capability_mask"])
+        except MadError:
+            rep.pma_failures += 1
+            cap = 0
+
+        def read(port: int) -> dict[str, Any] | None:
+            sel = perf.PORT_COUNTERS.encode(port_select=port)
+            try:
+                return dict(perf.PORT_COUNTERS.decode(client.perf_get(PerfAttr.PORT_COUNTERS,
+                                                                      lid, sel)))  # fmt: skip
+            except MadError:
+                rep.pma_failures += 1
+                return None
+
+        def show(port: int, found: list[tuple[str, int]]) -> None:
+            nonlocal head
+            if not head:
+                p0 = node.ports.get(0)
+                rep.lines.append(f"Errors for 0x{p0.guid if p0 else node.port_guid:x} "
+                                 f"\"{name}\"" if node.is_switch else f"Errors for \"{name}\"")
+                head = True
+                rep.bad_nodes += 1
+            text = "".join(f" [{n} == {v}]" for n, v in found)
+            if port == _ALL_PORTS:
+                p0 = node.ports.get(0)
+                rep.lines.append(f"   GUID 0x{p0.guid if p0 else node.port_guid:x} port ALL:"
+                                 f"{text}")  # fmt: skip
+                return
+            pg = node.ports[port].guid
+            rep.lines.append(f"   GUID 0x{pg:x} port {port}:{text}")
+            if report_port and (node.guid, port) in fab.info:
+                rep.lines.append(_link_info(fab, node, port))
+            rep.bad_ports += 1
+            bad_ports.append({"PortNum": port, "PortGUID": guid(pg),
+                              "counters": dict(found)})  # fmt: skip
+
+        all_ports = bool(cap & _CAP_ALL_PORT_SELECT)
+        per_port = True
+        if all_ports:
+            pc = read(_ALL_PORTS)
+            found = _over(pc, cap, suppressed, thresholds) if pc is not None else []
+            if pc is not None and not found:
+                rep.ports_checked += node.num_ports
+                per_port = False
+            elif found:
+                show(_ALL_PORTS, found)
+        if per_port:
+            for port in range(start, node.num_ports + 1):
+                if port not in node.ports:
+                    continue
+                pc = read(port)
+                if pc is not None:
+                    found = _over(pc, cap, suppressed, thresholds)
+                    if found:
+                        show(port, found)
+                rep.ports_checked += 1
+                if not all_ports:
+                    _clear(client, lid, port, cap, clear_errors, clear_counts)
+        rep.nodes_checked += 1
+        if all_ports:
+            _clear(client, lid, _ALL_PORTS, cap, clear_errors, clear_counts)
+        if bad_ports:
+            rep.nodes.append({"NodeType": {1: "CA", 2: "Switch", 3: "Router"}.get(
+                node.node_type, "??"), "NodeGUID": guid(node.guid), "NodeDescription": name,
+                "LID": lid, "ports": bad_ports})  # fmt: skip
+
+    for node in nodes:
+        one(node)
+    return rep
+
+
+def _link_info(fab: Fabric, node: DiscNode, port: int) -> str:
+    """``-r``'s line: the port's link as iblinkinfo shows it, the far end's GUID first."""
+    link = link_text(fab, node, port, fab.info[(node.guid, port)], False)
+    remote = remote_text(fab, node, port, with_guid=True)
+    return f"       Link info: {port_lid(node, port):6d}{port:4d}[  ] =={link}==>  {remote}"
+
+
+def _clear(client: MadClient, lid: int, port: int, cap: int, errors: bool, counts: bool) -> None:
+    from ibal.mad import perf
+
+    mask = 0
+    if errors:
+        mask |= 0xFFF | (0x10000 if cap & _CAP_XMIT_WAIT else 0)
+    if counts:
+        mask |= 0xF000
+    if mask:
+        data = perf.PORT_COUNTERS.encode(port_select=port, counter_select=mask & 0xFFFF,
+                                         counter_select2=mask >> 16)  # fmt: skip
+        client.perf_set(PerfAttr.PORT_COUNTERS, lid, data)
+    if counts and cap & (_CAP_EXT_WIDTH | _CAP_EXT_WIDTH_NOIETF):
+        ext = 0xFF if cap & _CAP_EXT_WIDTH else 0x0F
+        data = perf.PORT_COUNTERS_EXT.encode(port_select=port, counter_select=ext)
+        client.perf_set(PerfAttr.PORT_COUNTERS_EXT, lid, data)
+
+
+def summary(rep: Report, thresholds_text: str | None, suppressed: Sequence[str]) -> list[str]:
+    out = ["", f"## Summary: {rep.nodes_checked} nodes checked, {rep.bad_nodes} bad nodes found",
+           f"##          {rep.ports_checked} ports checked, {rep.bad_ports} ports have errors "
+           "beyond threshold", f"## {thresholds_text if thresholds_text is not None else '(null)'}"]
+    if rep.pma_failures:
+        out.append(f"##          {rep.pma_failures} PMA query failures")
+    out.append("## Suppressed:" + "".join(f" {s}" for s in suppressed))
+    return out
+
+
+@click.command("ibqueryerrors")
+@click.option("-s", "--suppress", metavar="ERR1,ERR2,...", help="Suppress the errors listed.")
+@click.option("-c", "--suppress-common", is_flag=True, help="Suppress PortRcvSwitchRelayErrors.")
+@click.option("-G", "--port-guid", "port_guid", metavar="GUID",
+              help="Only the node with this port GUID.")  # fmt: skip
+@click.option("-S", "port_guid_s", metavar="GUID", help="Same as -G.")
+@click.option("-D", "--Direct", "dr_path", metavar="DR_PATH", help="Only the node at DR_PATH.")
+@click.option("--skip-sl", is_flag=True, help="Accepted (the PMA is asked on SL 0 anyway).")
+@click.option("-r", "--report-port", is_flag=True, help="Add each bad port's link.")
+@click.option("--threshold-file", type=click.Path(path_type=Path), default=DEFAULT_THRESHOLDS,
+              show_default=True, help="Thresholds (name=value lines).")  # fmt: skip
+@click.option("--switch", "only_switch", is_flag=True, help="Switches only.")
+@click.option("--ca", "only_ca", is_flag=True, help="CAs only.")
+@click.option("--router", "only_router", is_flag=True, help="Routers only.")
+@click.option("-k", "--clear-errors", is_flag=True, help="Clear the error counters after reading.")
+@click.option("-K", "--clear-counts", is_flag=True, help="Clear the data counters after reading.")
+@click.option("-R", "nop", is_flag=True, hidden=True)
+@fabric_options(via="agent")
+def ibqueryerrors_cmd(suppress: str | None, suppress_common: bool, port_guid: str | None,
+                      port_guid_s: str | None, dr_path: str | None, skip_sl: bool,
+                      report_port: bool, threshold_file: Path, only_switch: bool,
+                      only_ca: bool, only_router: bool, clear_errors: bool, clear_counts: bool,
+                      nop: bool, as_json: bool, **kw: Any) -> None:  # fmt: skip
+    """ibqueryerrors: the ports of the fabric whose error counters are over a threshold."""
+    from ibal.mad import smp
+    from ibal.mad.consts import SmpAttr
+    from ibal.mad.rpc import PortId, parse_dr_path
+
+    names = {n for n, _ in ERROR_COUNTERS} | {"QP1Dropped"}
+    suppressed = [s for s in (suppress or "").split(",") if s in names]
+    if suppress_common:
+        suppressed.append("PortRcvSwitchRelayErrors")
+    thresholds, thr_text = read_thresholds(threshold_file)
+    types = {t for t, on in (("switch", only_switch), ("ca", only_ca),
+                             ("router", only_router)) if on}  # fmt: skip
+    label = port_guid or port_guid_s
+    with fabric_client("ibqueryerrors", kw) as client:
+        fab = read_links(client)
+        nodes = fab.nodes()
+        target = int(label, 0) if label else None
+        if dr_path is not None:
+            ni = smp.NODE_INFO.decode(client.smp_get(SmpAttr.NODE_INFO,
+                                                     PortId(dr_path=parse_dr_path(dr_path))))
+            target = int(ni["port_guid"])
+        if target is not None:
+            nodes = [n for n in nodes if any(p.guid == target for p in n.ports.values())][:1]
+        rep = check_errors(client, fab, nodes, suppressed=set(suppressed),
+                           thresholds=thresholds, types=types, report_port=report_port,
+                           clear_errors=clear_errors, clear_counts=clear_counts)  # fmt: skip
+    if target is not None and not nodes:
+        click.echo(f"Failed to find node: {label or dr_path}", err=True)
+    if as_json:
+        emit_json({"NodesChecked": rep.nodes_checked, "BadNodes": rep.bad_nodes,
+                   "PortsChecked": rep.ports_checked, "BadPorts": rep.bad_ports,
+                   "PMAQueryFailures": rep.pma_failures, "Thresholds": thresholds,
+                   "Suppressed": suppressed, "nodes": rep.nodes})  # fmt: skip
+    else:
+        text = rep.lines + summary(rep, thr_text, suppressed)
+        click.echo("".join(line + "\n" for line in text), nl=False)
+    if rep.bad_ports:
+        raise SystemExit(1)

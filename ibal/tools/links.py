@@ -1,0 +1,270 @@
+"""``ibal iblinkinfo``: every link of the fabric, both ends, as infiniband-diags prints it.
+
+A directed-route sweep (:func:`ibal.mad.discover.sweep`), then each port's
+whole PortInfo (widths and speeds supported, HOQ life, VL stall count), many
+in flight: :func:`read_links`.  :func:`iblinkinfo_text` is the C tool's layout
+(nodes newest first, as libibnetdisc lists them; "Could be" when both ends
+support more than the link runs at).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, Final
+
+import click
+
+from ibal.mad import smp
+from ibal.mad.consts import SmpAttr
+from ibal.mad.discover import DiscNode, Topology, sweep
+from ibal.mad.rpc import MadClient, MadError, PortId, smp_request
+from ibal.records import record
+from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
+
+__all__ = ["Fabric", "iblinkinfo_cmd", "iblinkinfo_json", "iblinkinfo_text", "link_text",
+           "port_lid", "read_links", "remote_text"]  # fmt: skip
+
+_CAP_EXT_SPEEDS: Final = int(smp.CapabilityMask.IS_EXTENDED_SPEEDS_SUPPORTED)
+_DOWN: Final = 1
+_TYPE: Final = {1: "CA", 2: "Switch", 3: "Router"}
+
+
+@record
+class Fabric:
+    """A topology and every discovered port's PortInfo, by (node GUID, port)."""
+
+    topology: Topology
+    info: dict[tuple[int, int], dict[str, Any]]
+
+    def nodes(self) -> list[DiscNode]:
+        """libibnetdisc's order: the last found first."""
+        return list(reversed(self.topology.nodes.values()))
+
+    def port0(self, node: DiscNode) -> dict[str, Any] | None:
+        return self.info.get((node.guid, 0)) if node.is_switch else None
+
+    def capmask(self, node: DiscNode, port: int) -> int:
+        """A switch's ports carry their node's port-0 CapabilityMask."""
+        pi = self.port0(node) if node.is_switch else self.info.get((node.guid, port))
+        return int(pi["capability_mask"]) if pi else 0
+
+
+def read_links(client: MadClient, *, window: int = 64) -> Fabric:
+    """Sweep the fabric, then read the PortInfo of every port found."""
+    engine = sweep(client, window=window)
+    topo = engine.topology
+    if topo.root is None:
+        raise MadError("discover failed: the local port did not answer NodeInfo")
+    keys = [(n.guid, p) for n in topo.nodes.values() for p in sorted(n.ports)]
+    reqs = [smp_request(SmpAttr.PORT_INFO, PortId(dr_path=topo.nodes[g].path), p)
+            for g, p in keys]  # fmt: skip
+    info = {}
+    for key, rep in zip(keys, client.call_many(reqs, window=window), strict=True):
+        if rep.ok:
+            info[key] = dict(smp.PORT_INFO.decode(rep.data))
+    return Fabric(topo, info)
+
+
+def _style(name: str, value: int) -> str:
+    from ibal.mad import dump
+
+    return dump.STYLES[name](value)
+
+
+def _max_width(v: int) -> int:
+    """The widest width of a LinkWidthSupported mask (12X, 8X, 4X, 2X, else 1X)."""
+    for bit in (8, 4, 2, 16):
+        if v & bit:
+            return bit
+    return 1
+
+
+def _top_bit(v: int) -> int:
+    return 1 << (v.bit_length() - 1) if v else 1
+
+
+def _could_be(fab: Fabric, node: DiscNode, pn: int, far: DiscNode, fpn: int) -> tuple[str, str]:
+    """The "Could be" width and speed of a link, from both ends' PortInfo."""
+    me, them = fab.info.get((node.guid, pn)), fab.info.get((far.guid, fpn))
+    if me is None or them is None:
+        return "", ""
+    width = speed = ""
+    mw = _max_width(int(me["link_width_supported"]) & int(them["link_width_supported"]))
+    if not mw & int(me["link_width_active"]):
+        width = f"Could be {_style('linkwidth', mw)}"
+    ext = (fab.capmask(node, pn) & fab.capmask(far, fpn) & _CAP_EXT_SPEEDS
+           and me["link_speed_ext_supported"] and them["link_speed_ext_supported"])  # fmt: skip
+    if ext:
+        ms = _top_bit(int(me["link_speed_ext_supported"]) & int(them["link_speed_ext_supported"]))
+        if not ms & int(me["link_speed_ext_active"]):
+            speed = f"Could be {_style('linkspeedext', ms)}"
+        return width, speed
+    ms = _top_bit(int(me["link_speed_supported"]) & int(them["link_speed_supported"]))
+    if not ms & int(me["link_speed_active"]):
+        speed = f"Could be {_style('linkspeed', ms)}"
+    return width, speed
+
+
+def link_text(fab: Fabric, node: DiscNode, pn: int, pi: dict[str, Any], extra: bool) -> str:
+    """The ``(4X 2.5 Gbps Active/  LinkUp)`` part of a port's line."""
+    state, phys = int(pi["port_state"]), int(pi["port_phys_state"])
+    st, ph = _style("portstate", state), _style("physportstate", phys)
+    if state == _DOWN:  # C14-24.2.1: only the states are valid on a down port
+        return f"(              {st:>6s}/{ph:>8s})"
+    esp = int(pi["link_speed_ext_active"]) if fab.capmask(node, pn) & _CAP_EXT_SPEEDS else 0
+    speed = _style("linkspeedext", esp) if esp else _style("linkspeed",
+                                                           int(pi["link_speed_active"]))
+    width = _style("linkwidth", int(pi["link_width_active"]))
+    text = f"({width:>3s} {speed:>18s} {st:>6s}/{ph:>8s})"
+    if extra:
+        text += f" (HOQ:{int(pi['hoq_life'])} VL_Stall:{int(pi['vl_stall_count'])})"
+    return text
+
+
+def port_lid(node: DiscNode, pn: int) -> int:
+    """A port's LID as the tools show it: a switch's ports show the switch's."""
+    if node.is_switch:
+        return node.lid
+    p = node.ports.get(pn)
+    return p.lid if p else 0
+
+
+def remote_text(fab: Fabric, node: DiscNode, pn: int, *, with_guid: bool) -> str:
+    """What is at the far end of a port's link (``with_guid``: its port GUID first)."""
+    port = node.ports[pn]
+    pi = fab.info[(node.guid, pn)]
+    if port.remote is not None:
+        far = fab.topology.nodes[port.remote[0]]
+        fpn = port.remote[1]
+        fport = far.ports.get(fpn)
+        width, speed = _could_be(fab, node, pn, far, fpn)
+        rguid = f"0x{fport.guid if fport else 0:016x} " if with_guid else ""
+        return (f"{rguid}{port_lid(far, fpn):6d} {fpn:4d}[  ] \"{far.desc}\" "
+                f"({width} {speed})")  # fmt: skip
+    if int(pi["port_state"]) == _DOWN:
+        return '           [  ] "" ( )'
+    return '    "Port not available"'
+
+
+def _port_line(fab: Fabric, node: DiscNode, pn: int, *, line_mode: bool, extra: bool) -> str:
+    port = node.ports[pn]
+    pi = fab.info.get((node.guid, pn))
+    if pi is None:
+        return ""
+    link = link_text(fab, node, pn, pi, extra)
+    remote = remote_text(fab, node, pn, with_guid=line_mode)
+    if line_mode:
+        head = f"0x{port.guid:016x} \"{node.desc:>30s}\" "
+    else:
+        head = "      " + ("" if node.is_switch else f"0x{port.guid:016x} ")
+    return f"{head}{port_lid(node, pn):6d} {pn:4d}[  ] =={link}==>  {remote}\n"
+
+
+def _ports(node: DiscNode) -> Iterator[int]:
+    return (p for p in range(1, node.num_ports + 1) if p in node.ports)
+
+
+def iblinkinfo_text(fab: Fabric, nodes: Iterable[DiscNode], *, down_only: bool = False,
+                    line_mode: bool = False, extra: bool = False) -> str:  # fmt: skip
+    """iblinkinfo's text for ``nodes`` (``-d``: down ports only; ``-l``: one line each;
+    ``-p``: HOQ life and VL stall count)."""
+    out = []
+    for node in nodes:
+        head = False
+        for pn in _ports(node):
+            pi = fab.info.get((node.guid, pn))
+            if down_only and (pi is None or int(pi["port_state"]) != _DOWN):
+                continue
+            if not head and not line_mode:
+                if node.is_switch:
+                    p0 = node.ports.get(0)
+                    pg = p0.guid if p0 and p0.guid else node.port_guid
+                    out.append(f"Switch: 0x{pg:016x} {node.desc}:\n")
+                else:
+                    out.append(f"{_TYPE.get(node.node_type, '??')}: {node.desc}:\n")
+                head = True
+            out.append(_port_line(fab, node, pn, line_mode=line_mode, extra=extra))
+    return "".join(out)
+
+
+def iblinkinfo_json(fab: Fabric, nodes: Iterable[DiscNode]) -> dict[str, Any]:
+    """The same ports as data (schema ``iblinkinfo.schema.json``)."""
+    out = []
+    for node in nodes:
+        ports = []
+        for pn in _ports(node):
+            pi = fab.info.get((node.guid, pn))
+            if pi is None:
+                continue
+            port = node.ports[pn]
+            entry: dict[str, Any] = {
+                "PortNum": pn, "PortGUID": guid(port.guid), "LID": port_lid(node, pn),
+                "PortState": _style("portstate", int(pi["port_state"])),
+                "PortPhysicalState": _style("physportstate", int(pi["port_phys_state"])),
+                "LinkWidthActive": _style("linkwidth", int(pi["link_width_active"])),
+                "LinkSpeedActive": _style("linkspeed", int(pi["link_speed_active"])),
+                "LinkSpeedExtActive": _style("linkspeedext", int(pi["link_speed_ext_active"])),
+                "LinkWidthSupported": int(pi["link_width_supported"]),
+                "LinkSpeedSupported": int(pi["link_speed_supported"]),
+                "HOQLife": int(pi["hoq_life"]), "VLStallCount": int(pi["vl_stall_count"]),
+                "remote": None,
+            }  # fmt: skip
+            if port.remote is not None:
+                far = fab.topology.nodes[port.remote[0]]
+                fport = far.ports.get(port.remote[1])
+                entry["remote"] = {"NodeGUID": guid(far.guid), "NodeDescription": far.desc,
+                                   "PortNum": port.remote[1],
+                                   "PortGUID": guid(fport.guid if fport else 0),
+                                   "LID": port_lid(far, port.remote[1])}  # fmt: skip
+            ports.append(entry)
+        out.append({"NodeType": _TYPE.get(node.node_type, "??"), "NodeGUID": guid(node.guid),
+                    "NodeDescription": node.desc, "NumPorts": node.num_ports,
+                    "ports": ports})  # fmt: skip
+    return {"nodes": out}
+
+
+@click.command("iblinkinfo")
+@click.option("-S", "--switch", "by_guid", metavar="GUID", help="Only the node of this port GUID.")
+@click.option("-G", "--port-guid", "port_guid", metavar="GUID", help="Same as -S.")
+@click.option("-D", "--Direct", "dr_path", metavar="DR_PATH", help="Only the node at DR_PATH.")
+@click.option("-a", "--all", "all_nodes", is_flag=True, help="With -S/-D: every node all the same.")
+@click.option("-d", "--down", is_flag=True, help="Only down links.")
+@click.option("-l", "--line", "line_mode", is_flag=True, help="One line per link.")
+@click.option("-p", "--additional", is_flag=True, help="HOQ life and VL stall count too.")
+@click.option("--switches-only", is_flag=True, help="Only switches.")
+@click.option("--cas-only", is_flag=True, help="Only CAs.")
+@click.option("--outstanding_smps", "window", type=int, default=64, show_default=True,
+              help="SMPs in flight.")  # fmt: skip
+@click.option("-R", "nop", is_flag=True, hidden=True)
+@fabric_options(via="agent")
+def iblinkinfo_cmd(by_guid: str | None, port_guid: str | None, dr_path: str | None,
+                   all_nodes: bool, down: bool, line_mode: bool, additional: bool,
+                   switches_only: bool, cas_only: bool, window: int, nop: bool,
+                   as_json: bool, **kw: Any) -> None:  # fmt: skip
+    """iblinkinfo: every port of the fabric, its link and what is at the other end."""
+    label = by_guid or port_guid
+    with fabric_client("iblinkinfo", kw) as client:
+        fab = read_links(client, window=window)
+        target = None
+        if dr_path is not None and not all_nodes:
+            from ibal.mad.rpc import parse_dr_path
+
+            ni = smp.NODE_INFO.decode(client.smp_get(SmpAttr.NODE_INFO,
+                                                     PortId(dr_path=parse_dr_path(dr_path))))
+            target = int(ni["port_guid"])
+    if label is not None and not all_nodes:
+        target = int(label, 0)
+    nodes = fab.nodes()
+    if target is not None:
+        nodes = [n for n in nodes if n.port_guid == target or
+                 any(p.guid == target for p in n.ports.values())][:1]  # fmt: skip
+        if not nodes:
+            raise click.ClickException(f"Failed to find port: {label or dr_path}")
+    if switches_only or cas_only:
+        want = 2 if switches_only else 1
+        nodes = [n for n in nodes if n.node_type == want]
+    if as_json:
+        emit_json(iblinkinfo_json(fab, nodes))
+        return
+    click.echo(iblinkinfo_text(fab, nodes, down_only=down, line_mode=line_mode,
+                               extra=additional), nl=False)  # fmt: skip

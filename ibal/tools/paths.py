@@ -1,0 +1,193 @@
+"""``ibal ibtracert``: the unicast route from one port to another, hop by hop.
+
+As infiniband-diags' ``ibtracert``: from the source port, each switch's
+LinearForwardingTable entry for the destination LID names the next out port;
+each hop is reached by directed route from the source (LID routed to the
+source, then directed: a path that starts anywhere in the subnet), and asked
+its NodeInfo, NodeDescription and PortInfo.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import click
+
+from ibal.mad import smp
+from ibal.mad.consts import SmpAttr
+from ibal.mad.rpc import MadClient, MadError, PortId
+from ibal.records import record
+from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
+
+__all__ = ["Hop", "ibtracert_cmd", "trace", "trace_text"]
+
+MAX_HOPS: Final = 63
+_TYPES: Final = {1: "ca", 2: "switch", 3: "router"}
+
+
+@record
+class Hop:
+    """A node on the route, as reached: what its NodeInfo and PortInfo said."""
+
+    node_guid: int
+    node_type: int
+    num_ports: int
+    port_guid: int
+    port_num: int
+    lid: int
+    lmc: int
+    state: int
+    desc: str
+    out_port: int = 0  # the port of the previous hop that led here
+
+
+def _printable(raw: bytes) -> str:
+    text = raw.split(b"\0", 1)[0].decode("latin-1")
+    return "".join(c if c.isprintable() else " " for c in text)
+
+
+def _node(client: MadClient, to: PortId) -> Hop:
+    ni = smp.NODE_INFO.decode(client.smp_get(SmpAttr.NODE_INFO, to))
+    nd = bytes(client.smp_get(SmpAttr.NODE_DESC, to))
+    pi = smp.PORT_INFO.decode(client.smp_get(SmpAttr.PORT_INFO, to, 0))
+    return Hop(int(ni["node_guid"]), int(ni["node_type"]), int(ni["num_ports"]),
+               int(ni["port_guid"]), int(ni["local_port_num"]), int(pi["lid"]), int(pi["lmc"]),
+               int(pi["port_state"]), _printable(nd))  # fmt: skip
+
+
+def _lookup(client: MadClient, to: PortId, hop: Hop, lid: int) -> int:
+    """The switch's out port for ``lid`` (its LFT entry); ``MadError`` if it has none."""
+    si = smp.SWITCH_INFO.decode(client.smp_get(SmpAttr.SWITCH_INFO, to))
+    cap, top = int(si["linear_fdb_cap"]), int(si["linear_fdb_top"])
+    out = -1
+    if not (lid >= cap and lid > top):
+        out = client.smp_get(SmpAttr.LINEAR_FT, to, lid // 64)[lid % 64]
+    if out < 0 or out > hop.num_ports:
+        raise MadError(f'Bad forwarding table entry found at: node "{hop.desc}" lid entry '
+                       f"{lid} is {out} (top {top})")  # fmt: skip
+    return out
+
+
+def _inactive(hop: Hop) -> bool:
+    # a switch's base port 0 counts as active
+    return hop.state != 4 and hop.node_type != smp.NodeType.SWITCH
+
+
+def _route(client: MadClient, base: tuple[int, ...], lid: int,
+           target: Hop) -> tuple[list[Hop], tuple[int, ...]]:  # fmt: skip
+    """The hops from the node at DR path ``base`` to the port ``target`` (LID ``lid``),
+    and the DR path of the last one."""
+    path = list(base)
+
+    def at() -> PortId:
+        return PortId(dr_path=tuple(path))
+
+    first = hop = _node(client, at())
+    hops = [first]
+    next_out = _lookup(client, at(), hop, lid) if hop.node_type == smp.NodeType.SWITCH else 0
+    for _ in range(MAX_HOPS):
+        if _inactive(hop):
+            raise MadError(f'Bad port state found: node "{hop.desc}" port {hop.port_num} '
+                           f"state {hop.state}")  # fmt: skip
+        if hop.port_guid == target.port_guid:
+            return hops, tuple(path)
+        if hop.node_type == smp.NodeType.SWITCH:
+            out = next_out
+            path.append(out)
+            nxt = _node(client, at())
+            if out == 0:
+                if nxt.port_guid != target.port_guid:
+                    raise MadError(f'Bad forwarding table entry found at: node "{hop.desc}" '
+                                   f"lid entry {lid} is 0")  # fmt: skip
+                return hops, tuple(path)
+        else:
+            out = hop.port_num
+            if hop is not first:
+                raise MadError(f"can't continue: reached CA or router port "
+                               f"{hop.port_guid:x}, lid {hop.lid}")  # fmt: skip
+            if path:  # a CA reached by directed route: back one hop, to its switch
+                entered = path.pop()
+                nxt = _node(client, at())
+                nxt.port_num = entered
+            else:
+                path.append(out)
+                nxt = _node(client, at())
+        if nxt.node_type == smp.NodeType.SWITCH:
+            next_out = _lookup(client, at(), nxt, lid)
+        if _inactive(nxt):
+            raise MadError(f'Bad out port state found: node "{hop.desc}" outport {out} '
+                           f"state {nxt.state}")  # fmt: skip
+        nxt.out_port = out
+        hops.append(nxt)
+        hop = nxt
+    raise MadError(f"no route found after {MAX_HOPS} hops")
+
+
+def trace(client: MadClient, src: PortId, dst: PortId) -> list[Hop]:
+    """The route from ``src`` to ``dst`` (LIDs or DR paths), source first.
+
+    As ibtracert: a source given by LID is first found by following the route to it
+    from the local port; every hop is then reached by directed route."""
+    if src.directed:
+        base = tuple(src.dr_path or ())
+    else:
+        _, base = _route(client, (), src.lid, _node(client, src))
+    target = _node(client, dst)
+    lid = target.lid if dst.directed else dst.lid
+    return _route(client, base, lid, target)[0]
+
+
+def _end(prompt: str, h: Hop, brief: bool) -> str:
+    port = 0 if h.node_type == smp.NodeType.SWITCH else h.port_num
+    if brief:
+        return f"{prompt} {{0x{h.node_guid:016x}}}[{port}]"
+    return (f"{prompt} {_TYPES.get(h.node_type, '???')} {{0x{h.node_guid:016x}}} portnum {port} "
+            f"lid {h.lid}-{h.lid + (1 << h.lmc) - 1} \"{h.desc}\"")  # fmt: skip
+
+
+def trace_text(hops: list[Hop], *, brief: bool = False) -> str:
+    """ibtracert's lines (``brief``: ``-n``, GUIDs and ports only)."""
+    lines = [_end("From", hops[0], brief)]
+    for h in hops[1:]:
+        if brief:
+            lines.append(f"[{h.out_port}] -> {{0x{h.port_guid:016x}}}[{h.port_num}]")
+        else:
+            lines.append(f"[{h.out_port}] -> {_TYPES.get(h.node_type, '???')} port "
+                         f"{{0x{h.port_guid:016x}}}[{h.port_num}] lid "
+                         f"{h.lid}-{h.lid + (1 << h.lmc) - 1} \"{h.desc}\"")  # fmt: skip
+    lines.append(_end("To", hops[-1], brief))
+    return "".join(line + "\n" for line in lines)
+
+
+def _json(hops: list[Hop]) -> dict[str, Any]:
+    return {"hops": [{"NodeType": {1: "CA", 2: "Switch", 3: "Router"}.get(h.node_type, "??"),
+                      "NodeGUID": guid(h.node_guid), "PortGUID": guid(h.port_guid),
+                      "PortNum": h.port_num, "LID": h.lid, "LMC": h.lmc,
+                      "NodeDescription": h.desc, "OutPort": h.out_port or None}
+                     for h in hops]}  # fmt: skip
+
+
+@click.command("ibtracert")
+@click.argument("src")
+@click.argument("dst")
+@click.option("-n", "--no_info", "brief", is_flag=True, help="GUIDs and ports only.")
+@click.option("-m", "mlid", help="Multicast LID: not supported (refused).")
+@click.option("-G", "--Guid", "by_guid", is_flag=True, help="SRC and DST are port GUIDs.")
+@fabric_options()
+def ibtracert_cmd(src: str, dst: str, brief: bool, mlid: str | None, by_guid: bool,
+                  as_json: bool, **kw: Any) -> None:  # fmt: skip
+    """ibtracert: the unicast route from port SRC to port DST (LIDs, or -G port GUIDs)."""
+    from ibal import cli
+
+    if mlid is not None:
+        raise click.ClickException("ibtracert -m (a multicast route) is not supported")
+    with fabric_client("ibtracert", kw) as client:
+        ends = [cli.resolve_target(client, t, False, by_guid) for t in (src, dst)]
+        try:
+            hops = trace(client, *ends)
+        except MadError as exc:
+            raise click.ClickException(f"{exc}; failed to find route") from exc
+    if as_json:
+        emit_json(_json(hops))
+        return
+    click.echo(trace_text(hops, brief=brief), nl=False)

@@ -1,0 +1,77 @@
+"""The administrator's tools on the command line, without a fabric: registration, help,
+schemas, and the refusal on RoCE ports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import click
+import jsonschema
+import pytest
+from click.testing import CliRunner
+
+from ibal.cli import main
+from ibal.tools.commands import GROUPS, LAZY
+from ibal.tools.diagcli import SCHEMAS, schema
+
+
+def test_help_lists_every_command_under_its_heading_and_imports_no_tool() -> None:
+    code = ("import sys; from ibal.cli import main\n"
+            "try: main(['--help'])\n"
+            "except SystemExit: pass\n"
+            "print([m for m in sys.modules if m.startswith('ibal.tools.')])")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    text, imported = r.stdout.rsplit("\n", 2)[0], r.stdout.strip().splitlines()[-1]
+    assert imported == "['ibal.tools.commands']"
+    heads = {ln[:-1] for ln in text.splitlines() if ln[:1].isupper() and ln.endswith(":")}
+    known = {*LAZY, *main.commands, "lab"}
+    listed = {t for t, names in GROUPS if any(n in known for n in names)}
+    assert heads - {"Options"} == listed
+    for name in LAZY:  # each under the heading of its group, with its one line
+        title = next(t for t, names in GROUPS if name in names)
+        section = text.split(title + ":", 1)[1].split("\n\n", 1)[0]
+        assert f"  {name} " in section, name
+
+
+@pytest.mark.parametrize("name", sorted(LAZY))
+def test_each_lazy_command_loads_with_its_name(name: str) -> None:
+    cmd = main.get_command(click.Context(main), name)
+    assert isinstance(cmd, click.Command) and cmd.name == name
+    assert "--json" in {o for p in cmd.params for o in getattr(p, "opts", [])}
+
+
+def test_every_schema_is_a_valid_json_schema() -> None:
+    files = sorted(SCHEMAS.glob("*.schema.json"))
+    assert files
+    for f in files:
+        jsonschema.Draft202012Validator.check_schema(json.loads(f.read_text()))
+    for name in LAZY:
+        assert schema(name)["type"] == "object"
+
+
+@pytest.mark.parametrize("args", [["ibhosts"], ["ibaddr"], ["smpdump", "1", "0x11"]])
+def test_on_roce_the_tools_say_they_have_no_meaning(args: list[str]) -> None:
+    r = CliRunner().invoke(main, [*args, "--provider", "rxe", "-o",
+                                  "devices=rxe_adm0=127.0.0.1"])  # fmt: skip
+    assert r.exit_code == 1, r.output
+    assert r.output.count("\n") == 1 and "no meaning on RoCE" in r.output
+
+
+def test_ibstat_and_ibstatus_describe_a_roce_port() -> None:
+    """ibstat and ibstatus have a meaning on RoCE (the C tools show Ethernet ports too)."""
+    opts = ["--provider", "rxe", "-o", "devices=rxe_adm1=127.0.0.1"]
+    r = CliRunner().invoke(main, ["ibstat", *opts, "--json"])
+    assert r.exit_code == 0, r.output
+    (ca,) = json.loads(r.output)["cas"]
+    jsonschema.validate(json.loads(r.output), schema("ibstat"))
+    (port,) = ca["ports"]
+    assert (ca["CAName"], port["LinkLayer"], port["PortState"]) == ("rxe_adm1", "Ethernet",
+                                                                    "Active")
+    r = CliRunner().invoke(main, ["ibstatus", "rxe_adm1:1", *opts])
+    assert r.exit_code == 0, r.output
+    assert "\tlink_layer:\t Ethernet\n" in r.output and "\tstate:\t\t 4: ACTIVE\n" in r.output
+    r = CliRunner().invoke(main, ["ibstatus", "nosuch", *opts])
+    assert r.exit_code == 1 and "device 'nosuch'" in r.output

@@ -1,0 +1,177 @@
+"""The administrator's tools against infiniband-diags on the small ibsim + OpenSM fabric.
+
+Each ``ibal`` tool and the C tool of the same name run as node ``Host`` with the
+same arguments; the texts must be the same, and each ``--json`` output must
+validate against its schema and say what the text says.  Skips naming the
+missing Debian packages (fails with ``IBAL_LAB_REQUIRED=1``): the
+``ibsim_module_fabric`` fixture.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ibal.testing.helpers import wait_until
+from ibal.testing.ibsim import Fabric
+from tests.tools.admin_ibsim import NODE, ibal, lids, tool, valid
+
+
+@pytest.mark.timeout(600)
+def test_node_lists_match_the_scripts(ibsim_module_fabric: Fabric, tmp_path: Path) -> None:
+    fabric = ibsim_module_fabric
+    topo = tmp_path / "fabric.topo"
+    topo.write_text(tool(fabric, ["ibnetdiscover"]))
+    names = ["ibhosts", "ibswitches", "ibrouters", "ibnodes"]
+    cases = [[n] for n in names] + [[n, str(topo)] for n in names]
+    ours = ibal(fabric, [*cases, *([n, "--json"] for n in names)])
+    for args, res in zip(cases, ours, strict=False):
+        assert res["stdout"] == tool(fabric, args), args
+    hosts = ours[0]["stdout"]
+    assert hosts.count("Ca\t: 0x") == 3 and '"Host"' in hosts and ours[2]["stdout"] == ""
+    for name, res, text in zip(names, ours[len(cases):], ours[:4], strict=True):
+        data = valid(name, res["stdout"])
+        assert [int(n["NodeGUID"], 16) for n in data["nodes"]] == [
+            int(line.split()[2], 16) for line in text["stdout"].splitlines()]  # fmt: skip
+    (switch,) = valid("ibswitches", ours[len(cases) + 1]["stdout"])["nodes"]
+    assert (switch["NodeDescription"], switch["NumPorts"], switch["LID"]) == ("Switch1", 8,
+                                                                            lids(fabric)["switch"])
+    # a file that is not there: a clear error, as the script's cat fails
+    bad = ibal(fabric, [["ibhosts", str(tmp_path / "none")]], ok=False)[0]
+    assert bad["code"] == 1 and "No such file" in bad["stderr"]
+
+
+@pytest.mark.timeout(600)
+def test_ibaddr_and_smpdump_match(ibsim_module_fabric: Fabric) -> None:
+    fabric = ibsim_module_fabric
+    sw, sm = (str(v) for v in (lids(fabric)["switch"], lids(fabric)["sm"]))
+    addr = [[], [sw], ["-l"], ["-g"], ["-L", sm], ["-g", "-L", sw], ["-D", "0,1"]]
+    dumps = [["-D", "0", "0x11"], [sw, "0x15", "1"], ["-D", "0,1", "0x12"], [sm, "0x10"],
+             ["-s", sw, "0x10"], [sw, "0x11"]]  # fmt: skip
+    cases = [["ibaddr", *a] for a in addr] + [["smpdump", *a] for a in dumps]
+    ours = ibal(fabric, cases)
+    for args, res in zip(cases, ours, strict=True):
+        assert res["stdout"] == tool(fabric, args), args
+    assert ours[-6]["stdout"].endswith("SMP status: 0x8000\n")  # DR: the D bit
+    js = ibal(fabric, [["ibaddr", "--json", sw], ["smpdump", "--json", sw, "0x11"]])
+    info = valid("ibaddr", js[0]["stdout"])
+    lid, end = info["LID"], info["LIDEnd"]
+    assert ours[1]["stdout"] == f"GID {info['GID']} LID start 0x{lid:x} end 0x{end:x}\n"
+    raw = valid("smpdump", js[1]["stdout"])
+    assert (raw["AttributeID"], raw["Status"]) == (0x11, 0)
+    assert bytes.fromhex(raw["Data"]).hex() == "".join(ours[-1]["stdout"].split())
+
+
+_NOT_OURS = re.compile(r"^\s*(CA type|Hardware version|Link layer|link_layer):.*$", re.M)
+
+
+def _masked(text: str) -> str:
+    """What umad2sim's fake sysfs says and the CA's attributes do not: masked
+    (docs/tools.md, ibstat: the CA type, hardware version, and a missing link_layer file)."""
+    return _NOT_OURS.sub(lambda m: m.group(1), text)
+
+
+@pytest.mark.timeout(600)
+def test_ibstat_and_ibstatus_match(ibsim_module_fabric: Fabric, tmp_path: Path) -> None:
+    fabric = ibsim_module_fabric
+    cases = [[], ["-l"], ["-s"], ["-p"], ["ibsim0"], ["ibsim0", "1"]]
+    ours = ibal(fabric, [["ibstat", *a] for a in cases] + [["ibstatus"], ["ibstatus", "ibsim0:1"],
+                                                          ["ibstat", "--json"]])  # fmt: skip
+    for args, res in zip(cases, ours, strict=False):
+        theirs = tool(fabric, ["ibstat", *args])
+        assert _masked(res["stdout"]) == _masked(theirs), args
+    # ibstatus is a script over /sys/class/infiniband: run it over the fake sysfs umad2sim
+    # gives its clients (what ibstat above read), that of a client that stays running
+    (ca,) = valid("ibstat", ours[-1]["stdout"])["cas"]
+    server = subprocess.Popen(["ibping", "-S"], env=fabric.env_for(NODE), cwd=fabric.workdir,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        state = fabric.workdir / f"sys-{server.pid}/sys/class/infiniband/ibsim0/ports/1/state"
+        wait_until(lambda: state.exists() and state.read_text().strip() != "", "ibping's sysfs")
+        sysfs = state.parents[3]
+        script = tmp_path / "ibstatus"
+        text = Path("/usr/sbin/ibstatus").read_text()
+        script.write_text(re.sub(r"^infiniband_base=.*$", f'infiniband_base="{sysfs}"', text,
+                                 flags=re.M))  # fmt: skip
+        theirs_all = [subprocess.run(["sh", str(script), *a], capture_output=True, text=True,
+                                     timeout=30, check=True).stdout
+                      for a in ([], ["ibsim0:1"])]  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    for theirs, res in zip(theirs_all, ours[len(cases):], strict=False):
+        assert "4: ACTIVE" in theirs and _masked(res["stdout"]) == _masked(theirs)
+    (port,) = ca["ports"]
+    assert (ca["CAName"], port["PortState"], port["LID"]) == ("ibsim0", "Active",
+                                                            lids(fabric)["host"])
+
+
+_LINK_OPTS = [[], ["-l"], ["-d"], ["-p"], ["--switches-only"], ["--cas-only"], ["-D", "0,1"],
+              ["-D", "0"], ["-l", "-p", "--switches-only"]]  # fmt: skip
+
+
+@pytest.mark.timeout(600)
+def test_iblinkinfo_matches(ibsim_module_fabric: Fabric) -> None:
+    fabric = ibsim_module_fabric
+    ours = ibal(fabric, [["iblinkinfo", *a] for a in _LINK_OPTS] + [["iblinkinfo", "--json"]])
+    for args, res in zip(_LINK_OPTS, ours, strict=False):
+        assert res["stdout"] == tool(fabric, ["iblinkinfo", *args]), args
+    assert ours[2]["stdout"].count("Down/ Polling") == 5  # Switch1's ports 4..8
+    data = valid("iblinkinfo", ours[-1]["stdout"])
+    links = {(n["NodeDescription"], p["PortNum"], p["remote"]["NodeDescription"])
+             for n in data["nodes"] for p in n["ports"] if p["remote"]}  # fmt: skip
+    assert ("Host", 1, "Switch1") in links and ("Switch1", 3, "Peer") in links
+    assert len(links) == 6  # three links, each seen from both ends
+
+
+@pytest.mark.timeout(600)
+def test_ibqueryerrors_matches_and_clears(ibsim_fabric: Fabric, tmp_path: Path) -> None:
+    """Counters set on ibsim's console: the same report, options included; ``-k`` clears
+    them (ibqueryerrors then finds nothing); exit status 1 while a port is over."""
+    fabric = ibsim_fabric
+    clean = ibal(fabric, [["ibqueryerrors"]])[0]
+    assert clean["stdout"] == tool(fabric, ["ibqueryerrors"])
+    assert "0 ports have errors" in clean["stdout"]
+    fabric.console('PerformanceSet "Switch1"[2] PortCounters.SymbolErrorCounter=5')
+    fabric.console('PerformanceSet "Host"[1] PortCounters.LinkDownedCounter=3')
+    thresholds = tmp_path / "thresholds"
+    thresholds.write_text("# a comment\nSymbolErrorCounter=10\nLinkDownedCounter=1\n")
+    host_guid = valid("ibaddr", ibal(fabric, [["ibaddr", "--json"]])[0]["stdout"])["PortGUID"]
+    cases = [[], ["-r", "-s", "LinkDownedCounter"], ["--switch"], ["--ca"], ["-c"],
+             ["-G", host_guid], ["-D", "0,1"], ["--threshold-file", str(thresholds)]]  # fmt: skip
+    ours = ibal(fabric, [["ibqueryerrors", *a] for a in cases] + [["ibqueryerrors", "--json"]],
+                ok=False)  # fmt: skip
+    for args, res in zip(cases, ours, strict=False):
+        assert res["code"] == 1, (args, res["stderr"])
+        assert res["stdout"] == tool(fabric, ["ibqueryerrors", *args], ok=False), args
+    assert "[SymbolErrorCounter == 5]" in ours[0]["stdout"]
+    assert "[LinkDownedCounter == 3]" in ours[0]["stdout"]
+    assert "Link info:" in ours[1]["stdout"] and "Host" not in ours[2]["stdout"]
+    data = valid("ibqueryerrors", ours[-1]["stdout"])
+    bad = {(n["NodeDescription"], p["PortNum"]): p["counters"] for n in data["nodes"]
+           for p in n["ports"]}  # fmt: skip
+    assert bad == {("Switch1", 2): {"SymbolErrorCounter": 5}, ("Host", 1): {"LinkDownedCounter": 3}}
+    assert ibal(fabric, [["ibqueryerrors", "-k"]], ok=False)[0]["code"] == 1
+    after = tool(fabric, ["ibqueryerrors"])  # exit 0: nothing left over
+    assert "0 bad nodes found" in after and "0 ports have errors" in after
+
+
+@pytest.mark.timeout(600)
+def test_ibtracert_matches(ibsim_module_fabric: Fabric) -> None:
+    fabric = ibsim_module_fabric
+    ls = lids(fabric)
+    host, sw, sm = (str(ls[k]) for k in ("host", "switch", "sm"))
+    peer = next(str(v) for v in range(1, 6) if str(v) not in (host, sw, sm))
+    cases = [[host, peer], [peer, sm], [sw, peer], ["-n", sm, peer], [host, host], [sm, sw],
+             [sw, sw]]  # fmt: skip
+    ours = ibal(fabric, [["ibtracert", *a] for a in cases] + [["ibtracert", "--json", host, peer]])
+    for args, res in zip(cases, ours, strict=False):
+        assert res["stdout"] == tool(fabric, ["ibtracert", *args]), args
+    hops = valid("ibtracert", ours[-1]["stdout"])["hops"]
+    assert [h["NodeType"] for h in hops] == ["CA", "Switch", "CA"]
+    assert [h["OutPort"] for h in hops] == [None, 1, 3]  # Host's port 1, Switch1's port 3
+    bad = ibal(fabric, [["ibtracert", host, "60"]], ok=False)[0]  # no such LID
+    assert bad["code"] == 1 and "failed to find route" in bad["stderr"]
