@@ -39,7 +39,7 @@ from ibal.types import AccessFlags, QpType, RecvWr, SendOpt, SendWr, Sge, WcStat
 from ibal.ulp.nvme import wire as w
 
 __all__ = ["BlockDevice", "Controller", "ControllerLost", "HostOptions", "HostQueue",
-           "NvmeStatusError", "discover"]  # fmt: skip
+           "NvmeStatusError", "discover", "fabrics_connect"]  # fmt: skip
 
 _RECV = 1 << 32  # wr_id tag of a receive (low bits: its response slot)
 _SEND = 2 << 32
@@ -92,7 +92,9 @@ class HostQueue:
     """One NVMe/RDMA queue: its own PD, CQ, RC QP and registered slots (see the module)."""
 
     def __init__(self, al: AccessLayer, route: rdma.RdmaRoute, qid: int, size: int,
-                 max_io: int, opts: HostOptions) -> None:  # fmt: skip
+                 max_io: int, opts: HostOptions, *, claim: int | None = None) -> None:  # fmt: skip
+        """``claim``: the queue size the connect request states, if not ``size`` (a host
+        that overruns its queue, for testing targets)."""
         self.qid, self.size, self.max_io, self.timeout = qid, size, max_io, opts.timeout
         self.lost: str | None = None
         self.invalidated: list[int] = []  # R_Keys the target's SEND_WITH_INV named
@@ -117,7 +119,8 @@ class HostQueue:
             rdma.init_qp(self.qp, route)
             for i in range(size):
                 self._post_recv(i)
-            pdata = w.CM_REQ.encode(recfmt=0, qid=qid, hrqsize=size, hsqsize=size - 1)
+            said = self.claimed = size if claim is None else claim
+            pdata = w.CM_REQ.encode(recfmt=0, qid=qid, hrqsize=said, hsqsize=said - 1)
             try:
                 self.conn = rdma.connect(al, route.dst, opts.port, self.qp, pdata, route=route,
                                          timeout=opts.timeout, resp_res=4, init_depth=1,
@@ -300,6 +303,16 @@ def _rej_text(exc: ConnectionRejected) -> str:
 
 
 
+def fabrics_connect(q: HostQueue, opts: HostOptions, subnqn: str, cntlid: int,
+                    kato_ms: int) -> int:  # fmt: skip
+    """The Fabrics Connect of queue ``q`` (``cntlid`` 0xFFFF for a new controller on an
+    admin queue); returns the controller ID."""
+    data = w.connect_data(opts.hostid, cntlid, subnqn, opts.hostnqn)
+    c, _ = q.call(lambda cid, sgl: w.connect_command(cid, q.qid, q.claimed - 1, kato_ms, sgl),
+                  f"Connect (queue {q.qid})", data=data)  # fmt: skip
+    return c.result & 0xFFFF
+
+
 class Controller:
     """An NVMe controller on a target, through an admin queue and ``io_queues`` I/O queues."""
 
@@ -325,8 +338,7 @@ class Controller:
 
     def _start(self) -> None:
         kato = 0 if self.discovery else self.opts.kato_ms
-        res = self._connect(self.admin, w.CNTLID_DYNAMIC, kato)
-        self.cntlid = res & 0xFFFF
+        self.cntlid = self._connect(self.admin, w.CNTLID_DYNAMIC, kato)
         self.cap = self.property_get(w.Property.CAP)
         self.vs = self.property_get(w.Property.VS)
         cc = w.CC_EN | 6 << 16 | 4 << 20  # 64-byte SQEs, 16-byte CQEs, 4 KiB pages
@@ -354,10 +366,7 @@ class Controller:
             self._connect(q, self.cntlid, kato)
 
     def _connect(self, q: HostQueue, cntlid: int, kato: int) -> int:
-        data = w.connect_data(self.opts.hostid, cntlid, self.subnqn, self.opts.hostnqn)
-        c, _ = q.call(lambda cid, sgl: w.connect_command(cid, q.qid, q.size - 1, kato, sgl),
-                      f"Connect (queue {q.qid})", data=data)  # fmt: skip
-        return c.result
+        return fabrics_connect(q, self.opts, self.subnqn, cntlid, kato)
 
     # ------------------------------------------------------------ admin commands
 
