@@ -1,0 +1,196 @@
+"""ibal's NVMe/RDMA host (ibal.ulp.nvme, userspace rxe on the tap's address) against
+Linux's ``nvmet-rdma`` target in the lab guest (kernel rdma_cm and kernel rxe on eth0).
+
+The guest's target is configured through configfs: one subsystem, allowing any host,
+with one namespace backed by a file in the guest's tmpfs, on an RDMA port at the
+guest's address.  What the host writes is compared with that file as the guest reads it.
+One ``--net`` guest for the module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import random
+import shutil
+from collections.abc import Iterator
+
+import pytest
+
+from ibal.al import AccessLayer, AlManager
+from ibal.lab import LabSession
+from ibal.lab.pytest_plugin import lab_requires
+from ibal.providers.rxe.provider import RxeProvider
+from ibal.ulp.nvme import wire as w
+from ibal.ulp.nvme.host import Controller, ControllerLost, HostOptions, NvmeStatusError, discover
+
+pytestmark = pytest.mark.lab
+
+NQN = "nqn.2026-12.org.ibal:lab-target"
+IMG = "/run/nvmet-lab.img"
+IMG_MIB = 4
+BLOCK = 4096  # nvmet's file backend takes the block size of the file (tmpfs: 4 KiB)
+
+
+def require(tool: str, package: str) -> None:
+    """Skip naming the Debian package (fail with IBAL_LAB_REQUIRED=1) when ``tool`` is
+    missing: the guest runs this machine's userspace."""
+    if shutil.which(tool) is None:
+        reason = f"{tool} missing (install with: apt-get install -y {package})"
+        if os.environ.get("IBAL_LAB_REQUIRED", "") not in ("", "0"):
+            pytest.fail(f"{reason} (IBAL_LAB_REQUIRED is set)", pytrace=False)
+        pytest.skip(reason)
+
+
+TARGET_UP = """set -e
+modprobe nvmet-rdma
+mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
+S=/sys/kernel/config/nvmet/subsystems/{nqn}
+P=/sys/kernel/config/nvmet/ports/1
+if [ ! -e $S ]; then
+  dd if=/dev/zero of={img} bs=1M count={mib} status=none
+  mkdir -p $S/namespaces/1
+  echo 1 > $S/attr_allow_any_host
+  echo -n {img} > $S/namespaces/1/device_path
+  echo 1 > $S/namespaces/1/buffered_io
+  echo 1 > $S/namespaces/1/enable
+fi
+mkdir -p $P
+if [ ! -e $P/subsystems/{nqn} ]; then
+  echo rdma > $P/addr_trtype
+  echo ipv4 > $P/addr_adrfam
+  echo {addr} > $P/addr_traddr
+  echo 4420 > $P/addr_trsvcid
+  ln -s $S $P/subsystems/{nqn}
+fi
+"""
+TARGET_DOWN = """P=/sys/kernel/config/nvmet/ports/1
+rm -f $P/subsystems/{nqn}
+"""
+
+
+def _addrs(s: LabSession) -> tuple[str, str]:
+    cfg = s.net_config
+    assert cfg is not None
+    return cfg.host_ip, cfg.guest_ip
+
+
+def target_up(s: LabSession) -> None:
+    _, guest_ip = _addrs(s)
+    r = s.run(TARGET_UP.format(nqn=NQN, img=IMG, mib=IMG_MIB, addr=guest_ip), timeout=120)
+    assert r.returncode == 0, r.stderr_text + r.stdout_text
+
+
+def guest_sha(s: LabSession, offset: int, length: int) -> str:
+    """SHA-256 of ``length`` bytes of the target's backing file, read in the guest."""
+    py = (f"import hashlib;f=open({IMG!r},'rb');f.seek({offset});"
+          f"print(hashlib.sha256(f.read({length})).hexdigest())")  # fmt: skip
+    r = s.run(["/usr/bin/python3", "-c", py], timeout=120)
+    assert r.returncode == 0, r.stderr_text
+    return r.stdout_text.strip()
+
+
+@contextlib.contextmanager
+def host_al(s: LabSession) -> Iterator[AccessLayer]:
+    """ibal's rxe on the tap's address, in the lab's namespace."""
+    if os.geteuid() != 0:
+        pytest.skip("the rxe provider's raw sockets need root")
+    host_ip, _ = _addrs(s)
+    with s.in_netns():  # the device's sockets live in the namespace
+        mgr = AlManager()
+        mgr.add_provider(RxeProvider({"devices": f"rxe0={host_ip}"}))
+    try:
+        yield mgr.open_al()
+    finally:
+        mgr.close()
+
+
+def _lab(s: LabSession) -> None:
+    lab_requires("net")
+    target_up(s)
+
+
+@pytest.mark.timeout(400)
+def test_host_discovers_connects_writes_and_reads_back(ibal_lab_module_net: LabSession) -> None:
+    """Discovery log page, admin + two I/O queues, Identify, Keep Alive, WRITE with keyed
+    SGLs at queue depth 8 on both queues, READ back, FLUSH; the guest's file matches."""
+    s = ibal_lab_module_net
+    _lab(s)
+    _, guest_ip = _addrs(s)
+    with host_al(s) as al:
+        entries = discover(al, guest_ip)
+        mine = [e for e in entries if e.subnqn == NQN]
+        assert mine and mine[0].trtype == "rdma" and mine[0].traddr == guest_ip
+        assert mine[0].trsvcid == "4420" and mine[0].adrfam == "ipv4"
+
+        opts = HostOptions(io_queues=2, queue_size=16, kato_ms=2000)
+        with Controller(al, guest_ip, NQN, opts) as ctrl:
+            assert len(ctrl.io) == 2
+            assert w.nstr(ctrl.id_ctrl["subnqn"]) == NQN
+            assert int(ctrl.id_ctrl["cntlid"]) == ctrl.cntlid
+            assert ctrl.active_namespaces() == [1]
+            dev = ctrl.namespace(1)
+            assert dev.block == BLOCK and dev.size == IMG_MIB << 20
+            ctrl.keep_alive()
+            assert ctrl.keep_alives >= 1
+
+            rnd = random.Random(23)
+            chunk = 16 * 1024  # 4 blocks per command
+            n = 16
+            pattern = rnd.randbytes(chunk * n)
+            base = (1 << 20) // BLOCK  # 1 MiB in
+            cids = []
+            for i in range(n):  # 8 outstanding on each queue
+                qid = 1 + i % 2
+                data = pattern[i * chunk : (i + 1) * chunk]
+                cids.append((qid, ctrl.submit_write(1, base + i * chunk // BLOCK, data, BLOCK,
+                                                    qid)))  # fmt: skip
+            for qid, cid in cids:
+                ctrl.complete(cid, qid)
+            ctrl.flush(1)
+            reads = []
+            for i in range(n):
+                qid = 1 + i % 2
+                reads.append((qid, ctrl.submit_read(1, base + i * chunk // BLOCK, chunk // BLOCK,
+                                                    BLOCK, qid)))  # fmt: skip
+            back = b"".join(ctrl.complete(cid, qid, chunk) for qid, cid in reads)
+            assert back == pattern
+            # the block device: an unaligned write, read back through it
+            dev.seek(3 * BLOCK + 100)
+            dev.write(b"ibal nvme host")
+            dev.seek(3 * BLOCK + 90)
+            assert dev.read(30) == bytes(10) + b"ibal nvme host" + bytes(6)
+            dev.flush()
+            # past the namespace's end: the target's status.  Linux's file backend maps
+            # its -ENOSPC to Capacity Exceeded where the base specification says LBA Out
+            # of Range (ibal's target answers that); either way with DNR.
+            with pytest.raises(NvmeStatusError) as ei:
+                ctrl.read(1, dev.blocks - 1, 2, BLOCK)
+            assert ei.value.code == w.Sc.CAP_EXCEEDED and ei.value.nvme_status & w.DNR
+        assert ctrl.registered() == []
+    assert guest_sha(s, base * BLOCK, len(pattern)) == hashlib.sha256(pattern).hexdigest()
+    assert guest_sha(s, 3 * BLOCK + 100, 14) == hashlib.sha256(b"ibal nvme host").hexdigest()
+
+
+@pytest.mark.timeout(400)
+def test_target_going_away_is_a_clear_error(ibal_lab_module_net: LabSession) -> None:
+    """The guest removes the subsystem from its port mid-run: nvmet disconnects the
+    queues; the host's next command raises ControllerLost and nothing stays registered."""
+    s = ibal_lab_module_net
+    _lab(s)
+    _, guest_ip = _addrs(s)
+    with host_al(s) as al:
+        ctrl = Controller(al, guest_ip, NQN, HostOptions(io_queues=1, queue_size=4,
+                                                         kato_ms=2000, timeout=10))  # fmt: skip
+        try:
+            assert ctrl.read(1, 0, 1, BLOCK) is not None
+            r = s.run(TARGET_DOWN.format(nqn=NQN), timeout=60)
+            assert r.returncode == 0, r.stderr_text
+            with pytest.raises(ControllerLost):
+                for _ in range(50):  # bounded: the port's removal disconnects its queues
+                    ctrl.read(1, 0, 1, BLOCK)
+        finally:
+            ctrl.close()
+        assert ctrl.registered() == []
+    target_up(s)
