@@ -29,7 +29,13 @@ class OptionalBuildExt(build_ext):
         except Exception as e:
             self._skip(e)
 
+    _warned = False
+
     def _skip(self, e: Exception) -> None:
+        # a failed extension also fails the editable install's copy step: one warning
+        if self._warned:
+            return
+        self._warned = True
         print(
             f"WARNING: ibal's compiled rxe engine was not built ({e}); "
             "ibal installs as pure Python",
