@@ -201,7 +201,7 @@ class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
                                    gid_table=gids, cap=self._port_cap)
         return dataclasses.replace(
             self.device.ca_attr(), ca_guid=self.guid, system_image_guid=self.guid,
-            fw_version=FW_VERSION, ports=(port,),
+            fw_version=f"{FW_VERSION} ({self.device.engine} engine)", ports=(port,),
         )  # fmt: skip
 
     # -------------------------------------------------------------- upcalls

@@ -255,6 +255,7 @@ class Device:
             self._deliver, self.counters, port=spec.port, rx_mode=spec.rx_mode,
             capture=capture, name=spec.name,
         )  # fmt: skip
+        self.engine = self.io.engine
         try:
             self._apply(iface, initial=True)
         except BaseException:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, NamedTuple
 
 from ibal.netns import NetNs
-from ibal.providers.rxe import mmsg, wire
+from ibal.providers.rxe import fastpath, mmsg, wire
 from ibal.providers.rxe.counters import DeviceCounters
 from ibal.providers.rxe.netif import IpAddress
 from ibal.providers.rxe.rx import RxDecoder
@@ -249,7 +249,11 @@ class DeviceIO:
         max_datagram: int = 65536,
         capture: PcapWriter | None = None,
         name: str = "rxe",
+        engine: fastpath.Engine | None = None,
     ) -> None:
+        self.engine: fastpath.Engine = fastpath.choose() if engine is None else engine
+        """Which code does the byte work: ``c`` (fastpath.c) or ``python``."""
+        self._crc32 = fastpath.payload_crc32(self.engine)
         self.on_packets = on_packets
         self.counters = counters if counters is not None else DeviceCounters()
         self.port = port
@@ -258,7 +262,7 @@ class DeviceIO:
         self.capture = capture
         self.name = name
         self._ring = mmsg.RecvRing(batch, max_datagram)
-        self._decoder = RxDecoder(self._ring, self.counters, capture)
+        self._decoder = RxDecoder(self._ring, self.counters, capture, self._crc32)
         self._endpoints: dict[IpAddress, _Endpoint] = {}
         self.own: frozenset[bytes] = frozenset()
         """The raw addresses (4 or 16 bytes) of this device: packets to them loop back."""
@@ -386,7 +390,7 @@ class DeviceIO:
             hdr[4] = b4
             payload = pkt.payload
             if payload:
-                crc = zlib.crc32(payload, crc)
+                crc = self._crc32(payload, crc)
             trailer = bytes(pkt.pad)
             if trailer:
                 crc = zlib.crc32(trailer, crc)
@@ -435,7 +439,7 @@ class DeviceIO:
             ackreq = 0x80000000 if train.reliable else 0
             pack_word = _BTH_WORD2.pack_into
             pack_crc = _ICRC.pack_into
-            crc32 = zlib.crc32
+            crc32 = self._crc32
             body = 8 + hlen
             end = body + mtu
             cap = self.capture

@@ -13,7 +13,7 @@ from __future__ import annotations
 import zlib
 from typing import Final
 
-from ibal.providers.rxe import mmsg, wire
+from ibal.providers.rxe import fastpath, mmsg, wire
 from ibal.providers.rxe.counters import DeviceCounters
 from ibal.wire import iba
 from ibal.wire.packet import Packet
@@ -24,9 +24,11 @@ class RxDecoder:
     """Decodes and checks the datagrams of a receive ring (used by one receive thread)."""
 
     def __init__(
-        self, ring: mmsg.RecvRing, counters: DeviceCounters, capture: PcapWriter | None
-    ) -> None:
+        self, ring: mmsg.RecvRing, counters: DeviceCounters, capture: PcapWriter | None,
+        crc32: fastpath.Crc32 = zlib.crc32,
+    ) -> None:  # fmt: skip
         self.ring = ring
+        self._crc32 = crc32  # the engine's (fastpath.payload_crc32)
         self.counters = counters
         self.capture = capture
         # (source, destination, port, length) -> (ICRC prefix, rebuilt IP header), UDP path
@@ -68,7 +70,7 @@ class RxDecoder:
         except iba.Malformed as e:
             c.drop(e.reason.value)
             return
-        if zlib.crc32(udp[_BTH_LEN : n - 4], crc) != int.from_bytes(udp[n - 4 :], "little"):
+        if self._crc32(udp[_BTH_LEN : n - 4], crc) != int.from_bytes(udp[n - 4 :], "little"):
             c.drop(_BAD_ICRC)
             return
         p.src_ip = src

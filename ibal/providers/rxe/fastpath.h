@@ -1,0 +1,24 @@
+/* The declarations of fastpath.c; also the cffi cdef (so: plain declarations only). */
+struct rxe_bench_stats {
+    uint64_t calls, datagrams, packets, bytes, bad_icrc, short_;
+};
+struct rxe_ring;
+
+void rxe_init(void);
+int rxe_crc_clmul(void);
+uint32_t rxe_crc32(uint32_t crc, const uint8_t *p, size_t n);
+uint32_t rxe_icrc_prefix_ipv4(const uint8_t *src, const uint8_t *dst, uint32_t udp_payload_len,
+                              uint32_t sport, uint32_t ident, uint32_t frag, uint32_t dport);
+uint32_t rxe_icrc(const uint8_t *udp_payload, size_t len, uint32_t prefix);
+int64_t rxe_send_train(int fd, const uint8_t *src_ip, const uint8_t *dst_ip, uint32_t sport,
+                       uint32_t dport, const uint8_t *bth, uint32_t psn, const uint8_t *payload,
+                       uint32_t mtu, uint32_t n, uint32_t id0, uint8_t *scratch);
+struct rxe_ring *rxe_ring_new(uint32_t depth, uint32_t size);
+void rxe_ring_free(struct rxe_ring *r);
+void rxe_land_datagram(const uint8_t *d, uint32_t len, int raw, uint32_t seg,
+                       const uint8_t *peer_ip, uint32_t peer_port, const uint8_t *local_ip,
+                       uint32_t gro, uint8_t *mem, uint64_t memlen, uint32_t mtu,
+                       struct rxe_bench_stats *st);
+void rxe_crc_use_clmul(int on);
+int rxe_recv_bench(int fd, struct rxe_ring *r, int raw, uint32_t seg, const uint8_t *local_ip,
+                   uint8_t *mem, uint64_t memlen, uint32_t mtu, struct rxe_bench_stats *st);
