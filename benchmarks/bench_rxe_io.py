@@ -38,8 +38,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ibal.netns import setns
-from ibal.providers.rxe import fastpath, io, mmsg, wire
+from ibal.providers.rxe import fastpath, io, mmsg
 from ibal.providers.rxe.io import DeviceIO, RxMode
+from ibal.wire import iba
 from ibal.wire.packet import Opcode, Packet
 
 A = ipaddress.ip_address("127.0.0.2")
@@ -229,7 +230,7 @@ def _c_sender(src: str, dst: str, seconds: float, ns: str | None) -> None:
     sport = s.getsockname()[1]
     mem = bytearray(os.urandom(TRAIN * PAYLOAD))
     payload = ffi.from_buffer(mem)
-    bth = bytes(wire.encode_headers(Packet(Opcode.RC_RDMA_WRITE_MIDDLE, 0x12, 0, memoryview(b""))))
+    bth = bytes(iba.encode_headers(Packet(Opcode.RC_RDMA_WRITE_MIDDLE, 0x12, 0, memoryview(b""))))
     scratch = ffi.new("uint8_t[]", 16 * fastpath.MAX_TRAIN)
     a, b = socket.inet_aton(src), socket.inet_aton(dst)
     fd = s.fileno()

@@ -4,89 +4,24 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
-from ibal.al import AccessLayer, AlManager
-from ibal.al.manager import SIMULATED_SKIPPED, start_default_providers
-from ibal.status import IbError
+from ibal.al import AlManager
+from ibal.al.manager import SIMULATED_SKIPPED
+from ibal.tools.cliopts import (
+    PROVIDER_HELP,
+    console,
+    diag_options,
+    err_console,
+    mad_client,
+    open_al,
+    parse_options,
+    resolve_target,
+    tool_providers,
+)
 from ibal.types import CaAttr, PortAttr
-
-if TYPE_CHECKING:  # rich is imported by the commands that print tables (~0.1 s)
-    from rich.console import Console
-
-
-class _LazyConsole:
-    """A console made at first use, so ``COLUMNS`` set by a caller (or test) is honoured."""
-
-    def __getattr__(self, name: str) -> object:
-        from rich.console import Console
-
-        return getattr(Console(), name)
-
-
-class _LazyErrConsole:
-    def __getattr__(self, name: str) -> object:
-        from rich.console import Console
-
-        return getattr(Console(stderr=True), name)
-
-
-console: Console = _LazyConsole()  # type: ignore[assignment]
-err_console: Console = _LazyErrConsole()  # type: ignore[assignment]
-"""Errors and notes: standard error, so a script reading the tables is not misled."""
-
-
-def _parse_options(pairs: tuple[str, ...]) -> dict[str, object]:
-    options: dict[str, object] = {}
-    if not pairs:
-        return options
-    import json  # ~2 ms: only when there are options
-
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{pair!r} is not KEY=VALUE")
-        try:
-            options[key] = json.loads(value)
-        except ValueError:
-            options[key] = value
-    return options
-
-
-@contextmanager
-def _open(
-    providers: tuple[str, ...], options: dict[str, object]
-) -> Iterator[tuple[AlManager, AccessLayer]]:
-    """Start the named providers (default: what ``ibal.open_al()`` starts) and open an AL.
-
-    A provider named with ``-p`` that cannot start, or finds no device, is an
-    error (``click.ClickException``: message on stderr, exit status 1); of the
-    default set, those are only recorded in ``mgr.unavailable``.
-    """
-    mgr = AlManager()
-    if providers:
-        for name in providers:
-            try:
-                mgr.start_provider(name, options)
-            except (IbError, ValueError, TypeError) as exc:
-                detail = exc.detail if isinstance(exc, IbError) else ""
-                mgr.unavailable[name] = detail or str(exc)
-        failed = [f"{n}: {r}" for n, r in sorted(mgr.unavailable.items()) if n in providers]
-        if failed:
-            mgr.close()
-            raise click.ClickException("; ".join(f"provider {f}" for f in failed))
-    else:
-        start_default_providers(mgr)
-    al = mgr.open_al()
-    try:
-        yield mgr, al
-    finally:
-        al.close()
-        mgr.close()
 
 
 class _Main(click.Group):
@@ -158,7 +93,7 @@ def main() -> None:
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
 def devices(providers: tuple[str, ...], options: tuple[str, ...]) -> None:
     """List the CAs every provider registered (like ibv_devices)."""
-    with _open(providers, _parse_options(options)) as (mgr, al):
+    with open_al(providers, parse_options(options)) as (mgr, al):
         from rich.table import Table
 
         table = Table(title="CAs")
@@ -183,7 +118,7 @@ def devices(providers: tuple[str, ...], options: tuple[str, ...]) -> None:
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
 def info(ca_name: str | None, providers: tuple[str, ...], options: tuple[str, ...]) -> None:
     """Show CA and port attributes (like ibv_devinfo / ibstat)."""
-    with _open(providers, _parse_options(options)) as (mgr, al):
+    with open_al(providers, parse_options(options)) as (mgr, al):
         shown = 0
         for guid in al.get_ca_guids():
             ca = al.open_ca(guid)
@@ -285,7 +220,7 @@ def conformance(
         extra += ["-k", keyword]
     if exitfirst:
         extra.append("-x")
-    sys.exit(run_cli(provider, _parse_options(options), extra, console))
+    sys.exit(run_cli(provider, parse_options(options), extra, console))
 
 
 @main.command()
@@ -346,7 +281,7 @@ def events(providers: tuple[str, ...], options: tuple[str, ...], classes: str,
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with _open(providers, _parse_options(options)) as (mgr, al):
+        with open_al(providers, parse_options(options)) as (mgr, al):
             names = ",".join(c.name.lower() for c in chosen if c.name)
             err_console.print(f"monitor: PnP events of {names} on {len(mgr.ca_guids)} CA(s)"
                               + (", current state first" if replay else ""))
@@ -354,19 +289,6 @@ def events(providers: tuple[str, ...], options: tuple[str, ...], classes: str,
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-
-
-def _tool_providers(providers: tuple[str, ...]) -> tuple[str, ...]:
-    """``--provider`` names, else ``IBAL_PROVIDERS`` (comma separated), else the defaults."""
-    import os
-
-    if providers:
-        return providers
-    env = os.environ.get("IBAL_PROVIDERS", "")
-    return tuple(n.strip() for n in env.split(",") if n.strip())
-
-
-_PROVIDER_HELP = "Provider to run on (repeatable; default IBAL_PROVIDERS, else the real ones)."
 
 
 @main.command()
@@ -381,7 +303,7 @@ _PROVIDER_HELP = "Provider to run on (repeatable; default IBAL_PROVIDERS, else t
 @click.option("-e", "--events", is_flag=True, help="Sleep on completion events, do not poll.")
 @click.option("-g", "--gid-idx", "gid_index", type=int, help="Local GID index (RoCE: 1 = IPv4).")
 @click.option("--ud", is_flag=True, help="Unreliable datagram (ibv_ud_pingpong), not RC.")
-@click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
+@click.option("--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
 @click.argument("servername", required=False)
 def pingpong(
@@ -410,7 +332,7 @@ def pingpong(
         servername=servername, port=port, device=device, ib_port=ib_port, size=size, mtu=mtu,
         rx_depth=rx_depth, iters=iters, sl=sl, gid_index=gid_index, use_event=events, ud=ud,
     )  # fmt: skip
-    with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+    with open_al(tool_providers(providers), parse_options(options)) as (_, al):
         try:
             run(al, opts, out=lambda line: click.echo(line))
         except PingpongError as exc:
@@ -430,7 +352,7 @@ def pingpong(
 @click.option("-P", "persistent", is_flag=True,
               help="Persistent server: serve clients until SIGINT/SIGTERM, each on a thread.")
 @click.option("-d", "debug", is_flag=True, help="Accepted for rping's sake.")
-@click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
+@click.option("--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
 def rping(
     server: bool | None,
@@ -464,7 +386,7 @@ def rping(
     if persistent:  # a signal ends the listen; clients being served finish first
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-    with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+    with open_al(tool_providers(providers), parse_options(options)) as (_, al):
         try:
             run(al, opts, out=click.echo, err=lambda line: click.echo(line, err=True),
                 stop=stop)  # fmt: skip
@@ -478,7 +400,7 @@ def rping(
 @click.option("-c", "connections", type=int, default=100, show_default=True, help="Connections.")
 @click.option("-p", "port", type=int, default=7471, show_default=True, help="Port.")
 @click.option("-t", "timeout_ms", type=int, default=2000, show_default=True, help="Timeout (ms).")
-@click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
+@click.option("--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
 def cmtime(server: str | None, bind: str | None, connections: int, port: int, timeout_ms: int,
            providers: tuple[str, ...], options: tuple[str, ...]) -> None:  # fmt: skip
@@ -491,7 +413,7 @@ def cmtime(server: str | None, bind: str | None, connections: int, port: int, ti
 
     from ibal.tools.cmtime import CmtimeError, CmtimeOptions, CmtimeServer, run_client
 
-    with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+    with open_al(tool_providers(providers), parse_options(options)) as (_, al):
         if server is None:
             with CmtimeServer(al, port, addr=bind) as srv:
                 with contextlib.suppress(KeyboardInterrupt):
@@ -515,7 +437,7 @@ def cmtime(server: str | None, bind: str | None, connections: int, port: int, ti
 @click.option("-S", "size", type=int, default=100, show_default=True, help="Message size.")
 @click.option("-P", "port_space", type=click.Choice(["udp"], case_sensitive=False),
               default="udp", help="Port space (udp; ipoib is not supported).")
-@click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
+@click.option("--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
 def udaddy(server: str | None, bind: str | None, connections: int, count: int, size: int,
            port_space: str, providers: tuple[str, ...],
@@ -528,7 +450,7 @@ def udaddy(server: str | None, bind: str | None, connections: int, count: int, s
 
     opts = UdaddyOptions(server=server, bind=bind, connections=connections, count=count,
                          size=size)  # fmt: skip
-    with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+    with open_al(tool_providers(providers), parse_options(options)) as (_, al):
         try:
             run(al, opts, out=click.echo)
         except UdaddyError as exc:
@@ -542,7 +464,7 @@ def udaddy(server: str | None, bind: str | None, connections: int, count: int, s
 @click.option("-c", "connections", type=int, default=1, show_default=True, help="Nodes.")
 @click.option("-C", "count", type=int, default=10, show_default=True, help="Messages.")
 @click.option("-S", "size", type=int, default=100, show_default=True, help="Message size.")
-@click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
+@click.option("--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
 def mckey(group: str, sender: bool, bind: str | None, connections: int, count: int, size: int,
           providers: tuple[str, ...], options: tuple[str, ...]) -> None:  # fmt: skip
@@ -555,7 +477,7 @@ def mckey(group: str, sender: bool, bind: str | None, connections: int, count: i
 
     opts = MckeyOptions(group=group, sender=sender, bind=bind, connections=connections,
                         count=count, size=size)  # fmt: skip
-    with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+    with open_al(tool_providers(providers), parse_options(options)) as (_, al):
         try:
             run(al, opts, out=click.echo)
         except MckeyError as exc:
@@ -569,7 +491,7 @@ def mckey(group: str, sender: bool, bind: str | None, connections: int, count: i
 @click.option("-C", "count", type=int, default=10, show_default=True, help="Messages each way.")
 @click.option("-S", "size", type=int, default=100, show_default=True, help="Message size.")
 @click.option("-p", "port", type=int, default=7471, show_default=True, help="Port.")
-@click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
+@click.option("--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
 def ucmatose(server: str | None, bind: str | None, connections: int, count: int, size: int,
              port: int, providers: tuple[str, ...], options: tuple[str, ...]) -> None:  # fmt: skip
@@ -581,7 +503,7 @@ def ucmatose(server: str | None, bind: str | None, connections: int, count: int,
 
     opts = CmatoseOptions(server=server, bind=bind, connections=connections, count=count,
                           size=size, port=port)  # fmt: skip
-    with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+    with open_al(tool_providers(providers), parse_options(options)) as (_, al):
         try:
             run(al, opts, out=click.echo)
         except CmatoseError as exc:
@@ -604,7 +526,7 @@ _PERFTESTS = ["write_bw", "read_bw", "send_bw", "send_lat", "write_lat"]
 @click.option("-m", "--mtu", type=int, help="Path MTU [default: the port's active MTU].")
 @click.option("-x", "--gid-index", type=int, help="Local GID index (RoCE: 1 = IPv4).")
 @click.option("-F", "--CPU-freq", "cpu_freq", is_flag=True, help="Accepted for perftest's sake.")
-@click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
+@click.option("--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
 @click.argument("servername", required=False)
 def perftest(
@@ -635,75 +557,11 @@ def perftest(
         iters=iters, tx_depth=tx_depth, rx_depth=rx_depth, cq_mod=cq_mod, mtu=mtu,
         gid_index=gid_index,
     )  # fmt: skip
-    with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+    with open_al(tool_providers(providers), parse_options(options)) as (_, al):
         try:
             run(al, opts, out=lambda line: click.echo(line))
         except PerftestError as exc:
             raise click.ClickException(str(exc)) from exc
-
-
-_DIAG_OPTS = [
-    click.option("-C", "--Ca", "ca_name", help="CA name or GUID [default: the first with an "
-                 "active port]."),
-    click.option("-P", "--Port", "port_num", type=int, help="CA port [default: the first active]."),
-    click.option("-t", "--timeout", "timeout_ms", type=int, default=500, show_default=True,
-                 help="Response time-out per try (ms)."),
-    click.option("--via", type=click.Choice(["service", "agent"]), default="service",
-                 show_default=True, help="MADs through the MAD service or bare AL agents."),
-    click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP),
-    click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE."),
-]  # fmt: skip
-
-
-def _diag_options(fn: Any, via: str = "service") -> Any:
-    for opt in reversed(_DIAG_OPTS):
-        fn = opt(fn)
-    if via != "service":  # the --via default of this command
-        param = next(p for p in fn.__click_params__ if p.name == "via")
-        param.default = via
-    return fn
-
-
-@contextmanager
-def _mad_client(
-    providers: tuple[str, ...], options: tuple[str, ...], ca_name: str | None,
-    port_num: int | None, timeout_ms: int, via: str,
-) -> Iterator[Any]:  # fmt: skip
-    """A :class:`~ibal.mad.rpc.MadClient` on the chosen port (errors: exit status 1)."""
-    from ibal.mad.rpc import MadClient, MadError, pick_port
-
-    with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
-        try:
-            port = pick_port(al, ca_name, port_num, via=via)
-        except MadError as exc:
-            raise click.ClickException(str(exc)) from exc
-        client = MadClient(port, timeout_ms=timeout_ms)
-        try:
-            yield client
-        except MadError as exc:
-            raise click.ClickException(str(exc)) from exc
-        finally:
-            client.close()
-
-
-def _target(client: Any, text: str, directed: bool, by_guid: bool) -> Any:
-    from ibal.mad.rpc import parse_portid
-
-    try:
-        if by_guid:
-            return client.resolve_guid(int(text, 16))
-        return parse_portid(text, directed=directed)
-    except ValueError as exc:
-        raise click.ClickException(f"can't resolve destination port {text}: {exc}") from exc
-
-
-# For the tools' own modules (ibal.tools.commands: loaded after this one).
-diag_options = _diag_options
-mad_client = _mad_client
-resolve_target = _target
-open_al = _open
-tool_providers = _tool_providers
-parse_options = _parse_options
 
 
 @main.command()
@@ -712,7 +570,7 @@ parse_options = _parse_options
 @click.argument("port", type=int, default=0)
 @click.option("-D", "--Direct", "directed", is_flag=True, help="TARGET is a DR path (0,1,3).")
 @click.option("-G", "--Guid", "by_guid", is_flag=True, help="TARGET is a port GUID (via the SA).")
-@_diag_options
+@diag_options
 def smpquery(
     op: str, target: str, port: int, directed: bool, by_guid: bool, ca_name: str | None,
     port_num: int | None, timeout_ms: int, via: str, providers: tuple[str, ...],
@@ -721,8 +579,9 @@ def smpquery(
     """smpquery: OP is nodeinfo, portinfo, nodedesc, switchinfo, pkeys or guids."""
     from ibal.tools.diags import smpquery as run
 
-    with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
-        click.echo(run(client, op, _target(client, target, directed, by_guid), port), nl=False)
+    with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+        to = resolve_target(client, target, directed, by_guid)
+        click.echo(run(client, op, to, port), nl=False)
 
 
 @main.command()
@@ -731,7 +590,7 @@ def smpquery(
 @click.option("-x", "--extended", is_flag=True, help="PortCountersExtended.")
 @click.option("-r", "--reset_after_read", "reset", is_flag=True, help="Reset after reading.")
 @click.option("-G", "--Guid", "by_guid", is_flag=True, help="TARGET is a port GUID (via the SA).")
-@_diag_options
+@diag_options
 def perfquery(
     target: str | None, port: int | None, extended: bool, reset: bool, by_guid: bool,
     ca_name: str | None, port_num: int | None, timeout_ms: int, via: str,
@@ -740,10 +599,10 @@ def perfquery(
     """perfquery: port counters of TARGET's PORT [default: this port]."""
     from ibal.tools.diags import perfquery as run
 
-    with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+    with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
         lid = client.port.lid
         if target is not None:
-            lid = _target(client, target, False, by_guid).lid
+            lid = resolve_target(client, target, False, by_guid).lid
         if port is None:  # as perfquery: this port, or port 0 of a named target
             port = client.port.port_num if target is None else 0
         click.echo(run(client, lid, port, extended=extended, reset=reset), nl=False)
@@ -752,7 +611,7 @@ def perfquery(
 @main.command()
 @click.argument("target", required=False)
 @click.option("-G", "--Guid", "by_guid", is_flag=True, help="TARGET is a port GUID (via the SA).")
-@_diag_options
+@diag_options
 def sminfo(
     target: str | None, by_guid: bool, ca_name: str | None, port_num: int | None,
     timeout_ms: int, via: str, providers: tuple[str, ...], options: tuple[str, ...],
@@ -760,8 +619,8 @@ def sminfo(
     """sminfo: the SMInfo of the subnet manager [default: the SM this port names]."""
     from ibal.tools.diags import sminfo as run
 
-    with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
-        to = None if target is None else _target(client, target, False, by_guid)
+    with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+        to = None if target is None else resolve_target(client, target, False, by_guid)
         click.echo(run(client, to), nl=False)
 
 
@@ -782,7 +641,7 @@ def _lid_arg(text: str | None) -> int:
               help="The multicast forwarding table (MLIDs).")  # fmt: skip
 @click.option("-D", "--Direct", "directed", is_flag=True, help="TARGET is a DR path (0,1,3).")
 @click.option("-G", "--Guid", "by_guid", is_flag=True, help="TARGET is a port GUID (via the SA).")
-@_diag_options
+@diag_options
 def ibroute(
     target: str, start: str | None, end: str | None, all_lids: bool, no_dests: bool,
     multicast: bool, directed: bool, by_guid: bool, ca_name: str | None,
@@ -794,8 +653,8 @@ def ibroute(
     from ibal.tools.diags import ibroute as run
 
     first, last = _lid_arg(start), _lid_arg(end)
-    with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
-        to = _target(client, target, directed, by_guid)
+    with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+        to = resolve_target(client, target, directed, by_guid)
         click.echo(run(client, to, first, last, all_lids=all_lids, no_dests=no_dests,
                        multicast=multicast), nl=False)  # fmt: skip
 
@@ -816,7 +675,7 @@ def ibroute(
 @click.option("-R", "--Router_list", "list_routers", is_flag=True,
               help="List the connected routers.")  # fmt: skip
 @click.option("-p", "--ports", is_flag=True, help="A ports report.")
-@functools.partial(_diag_options, via="agent")
+@functools.partial(diag_options, via="agent")
 def discover(
     window: int, progress: bool | None, show: bool, group: bool, list_all: bool,
     list_cas: bool, list_switches: bool, list_routers: bool, ports: bool,
@@ -830,7 +689,7 @@ def discover(
     # -l (all three) takes precedence over a single type
     types = ((1, 2, 3) if list_all else (1,) if list_cas else (2,) if list_switches
              else (3,) if list_routers else ())  # fmt: skip
-    with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+    with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
         click.echo(run(client, window=window, progress=progress, show=show, group=group,
                        list_types=types, ports=ports), nl=False)  # fmt: skip
 
@@ -890,7 +749,7 @@ def _saquery_options(fn: Any) -> Any:
 @click.option("-P", "--Port", "port_num", type=int, help="CA port [default: the first active].")
 @click.option("-t", "--timeout", "timeout_ms", type=int, default=1000, show_default=True,
               help="Response time-out per try (ms).")  # fmt: skip
-@click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
+@click.option("--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
 def saquery(
     args: tuple[str, ...], ca_name: str | None, port_num: int | None, timeout_ms: int,
@@ -937,7 +796,7 @@ def saquery(
                           ("mcmembers", saq.Command.MCMEMBERS)):  # fmt: skip
             if kw[flag]:
                 opts.command = cmd
-        with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
+        with open_al(tool_providers(providers), parse_options(options)) as (_, al):
             port = saq.open_port(al, ca_name, port_num)
             try:
                 text = saq.saquery(saq.port_asker(port, timeout_ms), opts)

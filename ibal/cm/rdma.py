@@ -66,10 +66,25 @@ from ibal.wire.mad.consts import CmAttr, Method, SaAttr
 
 __all__ = [
     "RdmaConnection", "RdmaIncoming", "RdmaListener", "RdmaRoute", "UdPeer", "connect",
-    "init_qp", "listen", "resolve_route", "resolve_udp", "roce_ports",
+    "init_qp", "listen", "port_with_gid", "resolve_route", "resolve_udp", "roce_ports",
 ]  # fmt: skip
 
 log = logging.getLogger("ibal.cm")
+
+
+def port_with_gid(al: AccessLayer, gid: Gid,
+                  error: type[Exception] = NotFound) -> tuple[int, int]:  # fmt: skip
+    """The (CA GUID, port number) that has ``gid``: where an rdma_cm request to that
+    address came in (``rdma_bind_addr``'s device look-up); ``error`` if none has it."""
+    for guid in al.get_ca_guids():
+        ca = al.open_ca(guid)
+        try:
+            port = ca.query().port_of_gid(gid.packed)
+        finally:
+            ca.close()
+        if port is not None:
+            return guid, port.port_num
+    raise error(f"no port has GID {gid}")
 
 
 @dataclass(frozen=True)

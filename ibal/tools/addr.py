@@ -13,10 +13,10 @@ from typing import Any
 
 import click
 
-from ibal.mad import header, smp
-from ibal.mad.consts import SmpAttr
 from ibal.mad.rpc import MadClient, MadError, PortId, smp_request
 from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
+from ibal.wire.mad import header, smp
+from ibal.wire.mad.consts import SmpAttr
 
 __all__ = ["ibaddr", "ibaddr_cmd", "ibaddr_text", "smpdump_cmd", "smpdump_text"]
 
@@ -55,11 +55,11 @@ def ibaddr_text(info: dict[str, Any], *, show_gid: bool, show_lid: int) -> str:
 def ibaddr_cmd(target: str | None, gid_show: bool, lid_show: bool, lid_dec: bool,
                directed: bool, by_guid: bool, as_json: bool, **kw: Any) -> None:  # fmt: skip
     """ibaddr: the GID and LID range of TARGET's port [default: this port]."""
-    from ibal import cli
+    from ibal.tools import cliopts
 
     with fabric_client("ibaddr", kw) as client:
-        to = PortId(dr_path=()) if target is None else cli.resolve_target(client, target, directed,
-                                                                     by_guid)  # fmt: skip
+        to = (PortId(dr_path=()) if target is None
+              else cliopts.resolve_target(client, target, directed, by_guid))  # fmt: skip
         info = ibaddr(client, to)
     if as_json:
         emit_json({**info, "PortGUID": guid(info["PortGUID"])})
@@ -99,11 +99,11 @@ def _num(text: str, what: str) -> int:
 def smpdump_cmd(target: str, attr: str, mod: str, string: bool, directed: bool, as_json: bool,
                 **kw: Any) -> None:  # fmt: skip
     """smpdump: SubnGet(ATTR, MOD) of TARGET (a LID, or with -D a DR path), its data in hex."""
-    from ibal import cli
+    from ibal.tools import cliopts
 
     attr_id, attr_mod = _num(attr, "attribute"), _num(mod, "modifier")
     with fabric_client("smpdump", kw) as client:
-        to = cli.resolve_target(client, target, directed, False)
+        to = cliopts.resolve_target(client, target, directed, False)
         rep = client.call(smp_request(attr_id, to, attr_mod))
         if rep.mad is None:
             raise MadError(rep.error())

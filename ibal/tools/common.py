@@ -13,7 +13,7 @@ from typing import ClassVar, Protocol, TypeVar
 
 from ibal.al import AccessLayer, Ca, Cq, Pd
 from ibal.status import IbError
-from ibal.types import Gid, Mtu, Wc, WcStatus, WcType
+from ibal.types import Mtu, Wc, WcStatus, WcType
 
 R = TypeVar("R")
 
@@ -105,21 +105,6 @@ def find_ca(al: AccessLayer, device: str | None, error: type[ToolError] = ToolEr
             return ca
         ca.close(wait=True)
     raise error(f"IB device {device} not found")
-
-
-def port_with_gid(al: AccessLayer, gid: Gid,
-                  error: type[ToolError] = ToolError) -> tuple[int, int]:  # fmt: skip
-    """The (CA GUID, port number) that has ``gid``: where an rdma_cm request to that
-    address came in."""
-    for guid in al.get_ca_guids():
-        ca = al.open_ca(guid)
-        try:
-            port = ca.query().port_of_gid(gid.packed)
-        finally:
-            ca.close()
-        if port is not None:
-            return guid, port.port_num
-    raise error(f"no port has GID {gid}")
 
 
 def listen(port: int = DEFAULT_PORT) -> socket.socket:

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import click
 
-from ibal import cli
 from ibal.mad.rpc import MadClient
+from ibal.tools import cliopts
 
 __all__ = ["SCHEMAS", "emit_json", "fabric_client", "fabric_options", "guid", "schema"]
 
@@ -31,7 +31,7 @@ def fabric_options(via: str = "service") -> Callable[[_F], _F]:
     def wrap(fn: _F) -> _F:
         fn = click.option("--json", "as_json", is_flag=True,
                           help="Machine-readable output (schema: docs/tools.md).")(fn)  # fmt: skip
-        out: _F = cli.diag_options(fn, via=via)
+        out: _F = cliopts.diag_options(fn, via=via)
         return out
 
     return wrap
@@ -56,7 +56,7 @@ def fabric_client(tool: str, kw: dict[str, Any]) -> Iterator[MadClient]:
     """
     args = [kw.pop(k) for k in ("providers", "options", "ca_name", "port_num", "timeout_ms",
                                 "via")]  # fmt: skip
-    with cli.mad_client(*args) as client:
+    with cliopts.mad_client(*args) as client:
         if _link_layer(client) == "Ethernet":
             raise click.ClickException(
                 f"{tool}: no meaning on RoCE (the port is Ethernet: no subnet manager, "

@@ -17,12 +17,12 @@ from typing import Any, Final
 
 import click
 
-from ibal.mad.consts import PerfAttr
 from ibal.mad.discover import DiscNode
 from ibal.mad.rpc import MadClient, MadError
 from ibal.records import record
 from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
 from ibal.tools.links import Fabric, link_text, port_lid, read_links, remote_text
+from ibal.wire.mad.consts import PerfAttr
 
 __all__ = ["ERROR_COUNTERS", "Report", "check_errors", "ibqueryerrors_cmd", "read_thresholds"]
 
@@ -113,7 +113,7 @@ def check_errors(
     clear_errors: bool = False, clear_counts: bool = False,
 ) -> Report:  # fmt: skip
     """Read every node's counters and report the ports over a threshold."""
-    from ibal.mad import perf
+    from ibal.wire.mad import perf
 
     rep = Report([], [])
 
@@ -207,7 +207,7 @@ def _link_info(fab: Fabric, node: DiscNode, port: int) -> str:
 
 
 def _clear(client: MadClient, lid: int, port: int, cap: int, errors: bool, counts: bool) -> None:
-    from ibal.mad import perf
+    from ibal.wire.mad import perf
 
     mask = 0
     if errors:
@@ -258,9 +258,9 @@ def ibqueryerrors_cmd(suppress: str | None, suppress_common: bool, port_guid: st
                       only_ca: bool, only_router: bool, clear_errors: bool, clear_counts: bool,
                       nop: bool, as_json: bool, **kw: Any) -> None:  # fmt: skip
     """ibqueryerrors: the ports of the fabric whose error counters are over a threshold."""
-    from ibal.mad import smp
-    from ibal.mad.consts import SmpAttr
     from ibal.mad.rpc import PortId, parse_dr_path
+    from ibal.wire.mad import smp
+    from ibal.wire.mad.consts import SmpAttr
 
     names = {n for n, _ in ERROR_COUNTERS} | {"QP1Dropped"}
     suppressed = [s for s in (suppress or "").split(",") if s in names]

@@ -77,9 +77,9 @@ def _lanes(text: str) -> int:
 
 def _from_sma(ca: Any, attr: Any) -> dict[str, Any] | None:
     """The port's PortInfo from its own SMA; ``None`` if it does not answer."""
-    from ibal.mad import smp
-    from ibal.mad.consts import SmpAttr
     from ibal.mad.rpc import AlMadPort, MadClient, MadError, PortId
+    from ibal.wire.mad import smp
+    from ibal.wire.mad.consts import SmpAttr
 
     client = MadClient(AlMadPort(ca, attr.port_num, attr.port_guid, attr.lid, attr.sm_lid,
                                  owns_ca=False), timeout_ms=200, retries=1)  # fmt: skip
@@ -211,9 +211,10 @@ def _json(cas: Sequence[CaStatus]) -> dict[str, Any]:
 
 
 def _open(kw: dict[str, Any]) -> Any:
-    from ibal import cli
+    from ibal.tools import cliopts
 
-    return cli.open_al(cli.tool_providers(kw["providers"]), cli.parse_options(kw["options"]))
+    providers = cliopts.tool_providers(kw["providers"])
+    return cliopts.open_al(providers, cliopts.parse_options(kw["options"]))
 
 
 _COMMON = [

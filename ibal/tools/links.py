@@ -14,12 +14,12 @@ from typing import Any, Final
 
 import click
 
-from ibal.mad import smp
-from ibal.mad.consts import SmpAttr
 from ibal.mad.discover import DiscNode, Topology, sweep
 from ibal.mad.rpc import MadClient, MadError, PortId, smp_request
 from ibal.records import record
 from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
+from ibal.wire.mad import smp
+from ibal.wire.mad.consts import SmpAttr
 
 __all__ = ["Fabric", "iblinkinfo_cmd", "iblinkinfo_json", "iblinkinfo_text", "link_text",
            "port_lid", "read_links", "remote_text"]  # fmt: skip
@@ -66,7 +66,7 @@ def read_links(client: MadClient, *, window: int = 64) -> Fabric:
 
 
 def _style(name: str, value: int) -> str:
-    from ibal.mad import dump
+    from ibal.wire.mad import dump
 
     return dump.STYLES[name](value)
 

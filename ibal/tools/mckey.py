@@ -19,12 +19,12 @@ from typing import ClassVar
 
 from ibal.al import AccessLayer, Ca
 from ibal.cm.cma import gid_of, ip_address
+from ibal.cm.rdma import port_with_gid
 from ibal.tools.common import (
     ExchangeOptions,
     ExchangeResult,
     ToolError,
     close_nodes,
-    port_with_gid,
     run_checked,
 )
 from ibal.tools.udaddy import UdEnd

@@ -13,11 +13,11 @@ from typing import Any, Final
 
 import click
 
-from ibal.mad import smp
-from ibal.mad.consts import SmpAttr
 from ibal.mad.rpc import MadClient, MadError, PortId
 from ibal.records import record
 from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
+from ibal.wire.mad import smp
+from ibal.wire.mad.consts import SmpAttr
 
 __all__ = ["Hop", "ibtracert_cmd", "trace", "trace_text"]
 
@@ -177,12 +177,12 @@ def _json(hops: list[Hop]) -> dict[str, Any]:
 def ibtracert_cmd(src: str, dst: str, brief: bool, mlid: str | None, by_guid: bool,
                   as_json: bool, **kw: Any) -> None:  # fmt: skip
     """ibtracert: the unicast route from port SRC to port DST (LIDs, or -G port GUIDs)."""
-    from ibal import cli
+    from ibal.tools import cliopts
 
     if mlid is not None:
         raise click.ClickException("ibtracert -m (a multicast route) is not supported")
     with fabric_client("ibtracert", kw) as client:
-        ends = [cli.resolve_target(client, t, False, by_guid) for t in (src, dst)]
+        ends = [cliopts.resolve_target(client, t, False, by_guid) for t in (src, dst)]
         try:
             hops = trace(client, *ends)
         except MadError as exc:

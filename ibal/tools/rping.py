@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ibal.al import AccessLayer, Cq, Pd, Qp, QpCreate
+from ibal.cm.rdma import port_with_gid
 from ibal.status import IbError, Timeout
-from ibal.tools.common import ToolError, port_with_gid
+from ibal.tools.common import ToolError
 from ibal.tools.rping_proto import (
     DEFAULT_PORT,
     DEFAULT_SIZE,

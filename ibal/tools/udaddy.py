@@ -19,12 +19,12 @@ from typing import ClassVar
 
 from ibal.al import AccessLayer, Ca, Cq, Pd, Qp, QpCreate
 from ibal.cm.cma import RDMA_UDP_QKEY, PortSpace, gid_of
+from ibal.cm.rdma import port_with_gid
 from ibal.tools.common import (
     ExchangeOptions,
     ExchangeResult,
     ToolError,
     close_nodes,
-    port_with_gid,
     run_checked,
     wait_one,
 )

@@ -23,8 +23,8 @@ from collections import Counter, deque
 
 from ibal.al import AccessLayer, QpCreate
 from ibal.cm import rdma
+from ibal.cm.rdma import port_with_gid
 from ibal.status import IbError, Timeout
-from ibal.tools.common import port_with_gid
 from ibal.types import (
     AccessFlags,
     Gid,

@@ -26,15 +26,16 @@ from hypothesis import strategies as st
 from netns_util import need_root
 
 from ibal.providers.rxe import fastpath, io, mmsg, wire
-from ibal.providers.rxe.packet import Opcode, Packet
 from ibal.status import InvalidSetting, Unsupported
+from ibal.wire import iba
+from ibal.wire.packet import Opcode, Packet
 
 A = socket.inet_aton("127.0.0.2")
 B = socket.inet_aton("127.0.0.3")
 ROOT = Path(__file__).resolve().parents[3]
 MTU = 1024
 SEG = 12 + MTU + 4
-BTH = bytes(wire.encode_headers(Packet(Opcode.RC_RDMA_WRITE_MIDDLE, 0x12, 0, memoryview(b""))))
+BTH = bytes(iba.encode_headers(Packet(Opcode.RC_RDMA_WRITE_MIDDLE, 0x12, 0, memoryview(b""))))
 
 
 def need_c() -> tuple[Any, Any]:
@@ -127,7 +128,7 @@ def test_send_train_leaves_as_the_twin_says_and_the_reference_accepts_it(
     for k, d in enumerate(got):
         # the reference checks segment k's ICRC over IP ID k
         assert wire.icrc_ok(d, wire.icrc_prefix_ipv4(A, B, len(d), sport, ident=k, dport=dport))
-        p = wire.decode(d)
+        p = iba.decode(d)
         assert p.opcode == Opcode.RC_RDMA_WRITE_MIDDLE
         assert p.psn == (0xFFFFFE + k) & 0xFFFFFF
         assert bytes(p.payload) == payload[k * MTU : (k + 1) * MTU]

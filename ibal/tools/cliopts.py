@@ -1,0 +1,164 @@
+"""What the ``ibal`` commands share: provider start-up, ``-o`` options, the diagnostics'
+common options and MAD client, the consoles.
+
+It sits in the tools' layer so that the tools' own command modules and
+:mod:`ibal.cli` (which only dispatches) use one copy; nothing here imports a tool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ibal.al import AccessLayer, AlManager
+from ibal.al.manager import start_default_providers
+from ibal.status import IbError
+
+if TYPE_CHECKING:  # rich is imported by the commands that print tables (~0.1 s)
+    from rich.console import Console
+
+__all__ = [
+    "DIAG_OPTS", "PROVIDER_HELP", "console", "diag_options", "err_console", "mad_client",
+    "open_al", "parse_options", "resolve_target", "tool_providers",
+]  # fmt: skip
+
+
+class _LazyConsole:
+    """A console made at first use, so ``COLUMNS`` set by a caller (or test) is honoured."""
+
+    def __getattr__(self, name: str) -> object:
+        from rich.console import Console
+
+        return getattr(Console(), name)
+
+
+class _LazyErrConsole:
+    def __getattr__(self, name: str) -> object:
+        from rich.console import Console
+
+        return getattr(Console(stderr=True), name)
+
+
+console: Console = _LazyConsole()  # type: ignore[assignment]
+err_console: Console = _LazyErrConsole()  # type: ignore[assignment]
+"""Errors and notes: standard error, so a script reading the tables is not misled."""
+
+
+def parse_options(pairs: tuple[str, ...]) -> dict[str, object]:
+    options: dict[str, object] = {}
+    if not pairs:
+        return options
+    import json  # ~2 ms: only when there are options
+
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
+
+
+@contextmanager
+def open_al(
+    providers: tuple[str, ...], options: dict[str, object]
+) -> Iterator[tuple[AlManager, AccessLayer]]:
+    """Start the named providers (default: what ``ibal.open_al()`` starts) and open an AL.
+
+    A provider named with ``-p`` that cannot start, or finds no device, is an
+    error (``click.ClickException``: message on stderr, exit status 1); of the
+    default set, those are only recorded in ``mgr.unavailable``.
+    """
+    mgr = AlManager()
+    if providers:
+        for name in providers:
+            try:
+                mgr.start_provider(name, options)
+            except (IbError, ValueError, TypeError) as exc:
+                detail = exc.detail if isinstance(exc, IbError) else ""
+                mgr.unavailable[name] = detail or str(exc)
+        failed = [f"{n}: {r}" for n, r in sorted(mgr.unavailable.items()) if n in providers]
+        if failed:
+            mgr.close()
+            raise click.ClickException("; ".join(f"provider {f}" for f in failed))
+    else:
+        start_default_providers(mgr)
+    al = mgr.open_al()
+    try:
+        yield mgr, al
+    finally:
+        al.close()
+        mgr.close()
+
+
+def tool_providers(providers: tuple[str, ...]) -> tuple[str, ...]:
+    """``--provider`` names, else ``IBAL_PROVIDERS`` (comma separated), else the defaults."""
+    import os
+
+    if providers:
+        return providers
+    env = os.environ.get("IBAL_PROVIDERS", "")
+    return tuple(n.strip() for n in env.split(",") if n.strip())
+
+
+PROVIDER_HELP = "Provider to run on (repeatable; default IBAL_PROVIDERS, else the real ones)."
+
+
+DIAG_OPTS = [
+    click.option("-C", "--Ca", "ca_name", help="CA name or GUID [default: the first with an "
+                 "active port]."),
+    click.option("-P", "--Port", "port_num", type=int, help="CA port [default: the first active]."),
+    click.option("-t", "--timeout", "timeout_ms", type=int, default=500, show_default=True,
+                 help="Response time-out per try (ms)."),
+    click.option("--via", type=click.Choice(["service", "agent"]), default="service",
+                 show_default=True, help="MADs through the MAD service or bare AL agents."),
+    click.option("--provider", "providers", multiple=True, help=PROVIDER_HELP),
+    click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE."),
+]  # fmt: skip
+
+
+def diag_options(fn: Any, via: str = "service") -> Any:
+    for opt in reversed(DIAG_OPTS):
+        fn = opt(fn)
+    if via != "service":  # the --via default of this command
+        param = next(p for p in fn.__click_params__ if p.name == "via")
+        param.default = via
+    return fn
+
+
+@contextmanager
+def mad_client(
+    providers: tuple[str, ...], options: tuple[str, ...], ca_name: str | None,
+    port_num: int | None, timeout_ms: int, via: str,
+) -> Iterator[Any]:  # fmt: skip
+    """A :class:`~ibal.mad.rpc.MadClient` on the chosen port (errors: exit status 1)."""
+    from ibal.mad.rpc import MadClient, MadError, pick_port
+
+    with open_al(tool_providers(providers), parse_options(options)) as (_, al):
+        try:
+            port = pick_port(al, ca_name, port_num, via=via)
+        except MadError as exc:
+            raise click.ClickException(str(exc)) from exc
+        client = MadClient(port, timeout_ms=timeout_ms)
+        try:
+            yield client
+        except MadError as exc:
+            raise click.ClickException(str(exc)) from exc
+        finally:
+            client.close()
+
+
+def resolve_target(client: Any, text: str, directed: bool, by_guid: bool) -> Any:
+    from ibal.mad.rpc import parse_portid
+
+    try:
+        if by_guid:
+            return client.resolve_guid(int(text, 16))
+        return parse_portid(text, directed=directed)
+    except ValueError as exc:
+        raise click.ClickException(f"can't resolve destination port {text}: {exc}") from exc
