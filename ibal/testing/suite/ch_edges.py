@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from ibal.testing.helpers import Pair, atomic_result_ok, wait_wc
 from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, deviation, require, require_opcode
-from ibal.testing.suite.ch_errors import FAST, assert_local_error
+from ibal.testing.suite.ch_errors import PEER_TIMING, assert_local_error
 from ibal.types import (
     AccessFlags,
     BindWr,
@@ -129,7 +129,7 @@ class EdgeChecks(ConformanceBase):
         require_opcode(ca.capabilities, QpType.RC, WrType.RDMA_WRITE)
 
         def make() -> Rig:
-            pair = self.pair(ca, port, peer, QpType.RC, timing=FAST)
+            pair = self.pair(ca, port, peer, QpType.RC, timing=PEER_TIMING)
             buf = bytearray(GUARD * 2 + REGION)
             mr = pair.b.pd.reg_mem(memoryview(buf)[GUARD : GUARD + REGION], access)
             return Rig(pair, buf, mr)
