@@ -209,13 +209,17 @@ def _print_port(port: PortAttr) -> None:
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
 @click.option("-k", "keyword", default=None, help="Only checks matching this pytest -k expression.")
 @click.option("-x", "exitfirst", is_flag=True, help="Stop at the first failure.")
+@click.option("--cross-ca", "cross_ca", type=click.Choice(["auto", "yes", "no"]), default="auto",
+              show_default=True,
+              help="Whether the CAs share a fabric for the cross-CA checks (auto: InfiniBand by "
+                   "the port attributes, RoCE by trying).")  # fmt: skip
 def conformance(
-    provider: str, options: tuple[str, ...], keyword: str | None, exitfirst: bool
+    provider: str, options: tuple[str, ...], keyword: str | None, exitfirst: bool, cross_ca: str
 ) -> None:
     """Run the conformance suite against PROVIDER, with progress and a summary table."""
     from ibal.testing.cli import run_cli
 
-    extra = []
+    extra = [f"--ibal-cross-ca={cross_ca}"]
     if keyword:
         extra += ["-k", keyword]
     if exitfirst:

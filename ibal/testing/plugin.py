@@ -55,6 +55,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="KEY=VALUE",
         help="a provider option (repeatable); VALUE is parsed as JSON when it can be",
     )
+    group.addoption(
+        "--ibal-cross-ca",
+        dest="ibal_cross_ca",
+        default="auto",
+        choices=("auto", "yes", "no"),
+        help="whether the provider's CAs share one fabric for the cross-CA checks: auto "
+        "(InfiniBand by the port attributes, RoCE by a probe), yes or no (default auto)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

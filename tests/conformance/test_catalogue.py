@@ -72,7 +72,7 @@ def test_provider_options_reach_the_provider(
                            monkeypatch, capsys)  # fmt: skip
     assert code == 0, out[-3000:]
     assert "1 passed, 1 skipped" in out
-    assert "provider offers 1 CA(s)" in out
+    assert "cross-CA variant: the provider offers one CA" in out
 
 
 def test_run_conformance_counts_per_chapter() -> None:

@@ -18,6 +18,7 @@ from ibal.testing.suite.ch_cq import CqChecks
 from ibal.testing.suite.ch_data import DataPathChecks
 from ibal.testing.suite.ch_destroy import DestroyChecks
 from ibal.testing.suite.ch_direct import DirectChecks
+from ibal.testing.suite.ch_edges import EdgeChecks
 from ibal.testing.suite.ch_errors import ErrorCompletionChecks
 from ibal.testing.suite.ch_events import EventChecks
 from ibal.testing.suite.ch_fmr import FmrChecks
@@ -50,6 +51,7 @@ CHAPTERS: tuple[type[ConformanceBase], ...] = (
     FmrChecks,
     MwChecks,
     InvalidateChecks,
+    EdgeChecks,
     SrqChecks,
     McastChecks,
     SpecialQpChecks,
@@ -77,6 +79,7 @@ class ProviderConformance(
     SpecialQpChecks,
     McastChecks,
     SrqChecks,
+    EdgeChecks,
     InvalidateChecks,
     MwChecks,
     FmrChecks,

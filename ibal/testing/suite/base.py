@@ -19,6 +19,7 @@ import pytest
 
 from ibal.status import IbError, PostError
 from ibal.testing.backdoor import CollectingRegistrar, FabricRegistrar, TracingCi
+from ibal.testing.fabric import OPTION_CROSS_CA, Verdict, by_attributes, same_fabric
 from ibal.testing.helpers import (
     DEFAULT_TIMEOUT,
     Pair,
@@ -27,7 +28,7 @@ from ibal.testing.helpers import (
     is_roce,
     make_pair,
 )
-from ibal.types import LinkState, PortAttr, QpType, WrType
+from ibal.types import PortAttr, QpType, WrType
 
 if TYPE_CHECKING:
     from ibal.al import AccessLayer, AlManager, Ca
@@ -133,8 +134,9 @@ class ConformanceBase:
     * ``supports_reregistration``: ``False`` for providers whose CAs cannot be
       withdrawn and announced again (real hardware); those checks then skip.
     * ``cross_ca``: ``True``/``False`` says whether a provider's CAs share one
-      fabric; ``None`` decides from the port attributes (InfiniBand: same GID
-      prefix, distinct LIDs).
+      fabric; ``None`` finds out (InfiniBand: same GID prefix, distinct LIDs;
+      RoCE: a probe datagram or write between the ports).  ``--ibal-cross-ca``
+      overrides it.
     """
 
     device_required = False
@@ -239,35 +241,63 @@ class ConformanceBase:
         """The other end of a pair: the same port (loopback) or a second CA on the fabric."""
         if request.param == "loopback":
             return ca, port
-        return self.second_ca(al, ca, port)
+        return self.second_ca(al, ca, port, request.config)
 
-    def second_ca(self, al: AccessLayer, ca: Ca, port: PortAttr) -> tuple[Ca, PortAttr]:
-        """A second CA with an ACTIVE port on the same fabric as ``port``, or skip."""
-        guids = al.get_ca_guids()
-        if self.cross_ca is False:
-            pytest.skip("provider declares its CAs are not on one fabric (cross_ca = False)")
-        for guid in guids:
-            if guid == ca.guid:
-                continue
+    def cross_ca_choice(self, config: pytest.Config | None) -> bool | None:
+        """``--ibal-cross-ca`` when it forces an answer, else the class's :attr:`cross_ca`."""
+        forced = config.getoption(OPTION_CROSS_CA, None) if config is not None else None
+        if forced == "yes":
+            return True
+        if forced == "no":
+            return False
+        return self.cross_ca
+
+    def second_ca(
+        self, al: AccessLayer, ca: Ca, port: PortAttr, config: pytest.Config | None = None
+    ) -> tuple[Ca, PortAttr]:
+        """A second CA with an ACTIVE port on the same fabric as ``port``, or skip saying why."""
+        choice = self.cross_ca_choice(config)
+        forced_by = "--ibal-cross-ca=no" if choice is False and self.cross_ca is not False \
+            else "cross_ca = False"  # fmt: skip
+        if choice is False:
+            pytest.skip(f"cross-CA variant: the CAs are declared apart ({forced_by})")
+        others = [g for g in al.get_ca_guids() if g != ca.guid]
+        if not others:
+            pytest.skip("cross-CA variant: the provider offers one CA")
+        verdicts = []
+        for guid in others:
             other = al.open_ca(guid)
             p = active_port(other.query().ports)
-            if p is not None and (self.cross_ca or self.same_fabric(port, p)):
+            if p is None:
+                verdicts.append(f"{other.name} has no ACTIVE port")
+                continue
+            if choice:
                 return other, p
-        pytest.skip(
-            f"cross-CA variant needs two CAs with ACTIVE ports on one fabric; "
-            f"provider offers {len(guids)} CA(s)"
-        )
+            verdict = self.same_fabric_verdict(config, ca, port, other, p)
+            if verdict.same:
+                return other, p
+            verdicts.append(f"{ca.name} and {other.name}: {verdict.how}")
+        pytest.skip(f"cross-CA variant: no second CA on {ca.name}'s fabric ("
+                    + "; ".join(verdicts) + "); --ibal-cross-ca=yes forces it")  # fmt: skip
+
+    def same_fabric_verdict(
+        self, config: pytest.Config | None, ca: Ca, port: PortAttr, other: Ca, p: PortAttr
+    ) -> Verdict:
+        """Auto-detection: InfiniBand by the port attributes, RoCE by trying (kept per run)."""
+        try:
+            key: Any = self.provider_choice(config) if config is not None else type(self)
+            key = (key[0], repr(sorted(key[1].items()))) if isinstance(key, tuple) else key
+        except pytest.UsageError:
+            key = type(self)
+        return same_fabric(key, ca, port, other, p, self.timeout)
 
     @staticmethod
     def same_fabric(a: PortAttr, b: PortAttr) -> bool:
-        """Auto-detection: InfiniBand ports with one subnet prefix and distinct LIDs."""
+        """InfiniBand ports with one subnet prefix and distinct LIDs (RoCE: see
+        :meth:`same_fabric_verdict`, which tries)."""
         if is_roce(a) or is_roce(b):
             return False
-        if a.link_state is not LinkState.ACTIVE or b.link_state is not LinkState.ACTIVE:
-            return False
-        if not a.gids or not b.gids:
-            return False
-        return a.gids[0].packed[:8] == b.gids[0].packed[:8] and a.lid != b.lid and a.lid != 0
+        return by_attributes(a, b).same
 
     def live_resources(self, ci: ChannelInterface) -> dict[str, int] | None:
         """Backdoor: the provider's live resources on ``ci`` by kind, or ``None`` if unknown.

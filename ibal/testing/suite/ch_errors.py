@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 FAST = RcTiming(retry_cnt=0, rnr_retry_cnt=0, local_ack_timeout=8, rnr_nak_timeout=1)
 """Give up at the first NAK or timeout (about a millisecond): error paths finish fast."""
 
+PEER_TIMING = RcTiming(retry_cnt=3, rnr_retry_cnt=0, local_ack_timeout=16, rnr_nak_timeout=1)
+"""For checks that also run across two CAs: a refusal still comes back at once (a NAK), but
+the ACK timeout (about 0.27 s) must outlast a round trip between devices on a loaded host."""
+
 RNR_WINDOW = 0.05
 """Seconds a check watches for a completion that must not come (RNR retried for ever)."""
 
@@ -430,7 +434,7 @@ class ErrorCompletionChecks(ConformanceBase):
     def _refused_atomic(self, ca: Ca, port: PortAttr, peer: tuple[Ca, PortAttr], off: int) -> None:
         """A FETCH_ADD at ``off`` from B's region start (outside it) → REM_ACCESS_ERR, the
         region's ends untouched; a fresh pair, since the failure takes the QP to ERROR."""
-        pair = self.pair(ca, port, peer, QpType.RC, timing=FAST)
+        pair = self.pair(ca, port, peer, QpType.RC, timing=PEER_TIMING)
         n = len(pair.b.buf)
         pair.b.put(0, b"\x11" * 8)
         pair.b.put(n - 8, b"\x22" * 8)
@@ -452,7 +456,7 @@ class ErrorCompletionChecks(ConformanceBase):
         """IBA 10.6.3: FETCH_ADD on a region's first and last 8 bytes works; 8 bytes before its
         start or at its end → REM_ACCESS_ERR and nothing changes."""
         require_opcode(ca.capabilities, QpType.RC, WrType.FETCH_ADD)
-        pair = self.pair(ca, port, peer, QpType.RC, timing=FAST)
+        pair = self.pair(ca, port, peer, QpType.RC, timing=PEER_TIMING)
         n = len(pair.b.buf)
         for wr_id, off in ((70, 0), (71, n - 8)):
             init = struct.pack("<Q", 0xFFFF_FFFF_FFFF_FFF0 + wr_id % 2)
@@ -471,7 +475,7 @@ class ErrorCompletionChecks(ConformanceBase):
     ) -> None:
         """IBA 10.6.3: a receive whose buffer is registered without LOCAL_WRITE completes with a
         local protection error, the sender with an error; no byte lands."""
-        pair = self.pair(ca, port, peer, QpType.RC, timing=FAST)
+        pair = self.pair(ca, port, peer, QpType.RC, timing=PEER_TIMING)
         caps = pair.caps
         ro = bytearray(256)
         mr = pair.b.pd.reg_mem(ro, AccessFlags(0))
@@ -491,7 +495,7 @@ class ErrorCompletionChecks(ConformanceBase):
         """IBA 10.6.3: an RDMA READ whose local buffer lacks LOCAL_WRITE completes with a local
         protection error; the buffer stays as it was."""
         require_opcode(ca.capabilities, QpType.RC, WrType.RDMA_READ)
-        pair = self.pair(ca, port, peer, QpType.RC, timing=FAST)
+        pair = self.pair(ca, port, peer, QpType.RC, timing=PEER_TIMING)
         pair.b.put(0, b"secret bytes")
         ro = bytearray(64)
         mr = pair.a.pd.reg_mem(ro, AccessFlags(0))
@@ -509,7 +513,7 @@ class ErrorCompletionChecks(ConformanceBase):
     ) -> None:
         """IBA 10.6.2: an RDMA WRITE through the R_Key of a deregistered region →
         REM_ACCESS_ERR; its old memory is untouched."""
-        pair = self.pair(ca, port, peer, QpType.RC, timing=FAST)
+        pair = self.pair(ca, port, peer, QpType.RC, timing=PEER_TIMING)
         buf = bytearray(256)
         mr = pair.b.pd.reg_mem(buf, AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE)
         rkey, addr = mr.rkey, mr.vaddr

@@ -15,7 +15,7 @@ DEVICES = "rxe_c0=127.0.0.2,rxe_c1=127.0.0.3"
 
 
 class TestRxe(ProviderConformance):
-    cross_ca = True  # RoCE ports: the suite cannot tell a shared fabric from the GIDs
+    cross_ca = True  # known to share one, no probe (test_rxe_cross_ca.py tries the probe)
     device_required = True  # two loopback devices always open here (as root)
 
     @pytest.fixture
