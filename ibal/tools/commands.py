@@ -43,6 +43,8 @@ LAZY: Final[dict[str, Lazy]] = {
           ibqueryerrors="ibqueryerrors: the ports whose error counters are over a threshold."),
     **_in("ibal.tools.paths",
           ibtracert="ibtracert: the unicast route from one port to another, hop by hop."),
+    **_in("ibal.tools.portstate",
+          ibportstate="ibportstate: a port's state, width and speed; enable, disable, reset, set."),
     **_in("ibal.tools.addr",
           ibaddr="ibaddr: the GID and LID range of a port [default: this port].",
           smpdump="smpdump: one SMP attribute of a target, as hex words."),

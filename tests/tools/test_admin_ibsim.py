@@ -175,3 +175,56 @@ def test_ibtracert_matches(ibsim_module_fabric: Fabric) -> None:
     assert [h["OutPort"] for h in hops] == [None, 1, 3]  # Host's port 1, Switch1's port 3
     bad = ibal(fabric, [["ibtracert", host, "60"]], ok=False)[0]  # no such LID
     assert bad["code"] == 1 and "failed to find route" in bad["stderr"]
+
+
+def _field(text: str, name: str) -> str:
+    m = re.search(rf"^{name}:\.+(.*)$", text, re.M)
+    assert m, text
+    return m.group(1)
+
+
+@pytest.mark.timeout(600)
+def test_ibportstate_matches_and_changes_the_fabric(ibsim_fabric: Fabric) -> None:
+    """Queries as ibportstate prints them (a switch port with its peer, a CA by LID and by
+    DR path); a reset of an unlinked switch port by each tool, the same text; then
+    disable, enable, speed and width on Switch1's port to Peer, each seen by smpquery,
+    iblinkinfo and ibportstate."""
+    fabric = ibsim_fabric
+    host = str(lids(fabric)["host"])
+    queries = [[host, "1"], ["-D", "0", "1"], ["-D", "0,1", "2"], ["-D", "0,1", "1"]]
+    ours = ibal(fabric, [["ibportstate", *a] for a in queries])
+    for args, res in zip(queries, ours, strict=True):
+        assert res["stdout"] == tool(fabric, ["ibportstate", *args]), args
+    assert "Peer PortInfo:" in ours[2]["stdout"]
+    # each tool resets a port of its own (the first set changes what the second reads)
+    reset = ibal(fabric, [["ibportstate", "-D", "0,1", "4", "reset"]])[0]["stdout"]
+    theirs = tool(fabric, ["ibportstate", "-D", "0,1", "5", "reset"])
+    assert reset == theirs.replace(" port 5\n", " port 4\n")
+    after = reset.split("After PortInfo set:", 1)[1]
+    assert _field(after, "Lid") == "4660" and _field(after, "PhysLinkState") == "Polling"
+    # port 3 of Switch1 leads to Peer
+    ibal(fabric, [["ibportstate", "-D", "0,1", "3", "disable"]])
+    pi = tool(fabric, ["smpquery", "-D", "portinfo", "0,1", "3"])
+    assert _field(pi, "PhysLinkState") == "Disabled"
+    links = tool(fabric, ["iblinkinfo", "--switches-only"])
+    assert '3[  ] ==( 4X           2.5 Gbps Active/Disabled)==>      "Port not available"' in links
+    ibal(fabric, [["ibportstate", "-D", "0,1", "3", "enable"]])
+    assert _field(tool(fabric, ["smpquery", "-D", "portinfo", "0,1", "3"]),
+                  "PhysLinkState") == "Polling"  # fmt: skip
+    got = ibal(fabric, [["ibportstate", "-D", "0,1", "3", "speed", "1", "width", "1"],
+                        ["ibportstate", "--json", "-D", "0,1", "3", "width", "1"],
+                        ["ibportstate", "-D", "0,1", "3"]], ok=False)  # fmt: skip
+    assert [r["code"] for r in got] == [0, 0, 1]
+    theirs = tool(fabric, ["ibportstate", "-D", "0,1", "3"], ok=False)  # the peer: unreachable
+    # ibportstate prints its error on stdout, ibal on stderr
+    assert theirs.endswith("ibportstate: iberror: failed: smp query nodeinfo failed\n")
+    assert got[2]["stdout"] == theirs.rsplit("ibportstate: iberror", 1)[0]
+    assert "nodeinfo failed" in got[2]["stderr"]
+    assert _field(theirs, "LinkWidthEnabled") == "1X"
+    assert _field(theirs, "LinkSpeedEnabled") == "2.5 Gbps"
+    data = valid("ibportstate", got[1]["stdout"])
+    assert (data["PortInfo"]["LinkWidthEnabled"], data["PortInfo"]["PhysLinkState"]) == (1, 2)
+    bad = ibal(fabric, [["ibportstate", "-D", "0,1", "3", "speed", "16"],
+                        ["ibportstate", "-D", "0,1", "3", "bogus"]], ok=False)  # fmt: skip
+    assert [b["code"] for b in bad] == [1, 1]
+    assert "invalid speed value 16" in bad[0]["stderr"] and "invalid operation" in bad[1]["stderr"]
