@@ -20,7 +20,8 @@ from ibal.mad.consts import SmpAttr
 from ibal.mad.rpc import MadClient, MadError, PortId
 from ibal.tools.diagcli import emit_json, fabric_client, fabric_options
 
-__all__ = ["OPS", "VALUE_OPS", "PeerError", "apply_ops", "ibportstate_cmd", "parse_ops", "show_port_info"]
+__all__ = ["OPS", "VALUE_OPS", "PeerError", "apply_ops", "ibportstate_cmd", "parse_ops",
+           "show_port_info"]  # fmt: skip
 
 OPS: Final = ("query", "enable", "reset", "disable", "down", "arm", "active", "on", "off")
 # op: (PortInfo field, largest value, smallest) (espeed, fdr10, mkey*: not supported)
