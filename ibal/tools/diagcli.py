@@ -75,7 +75,8 @@ def emit_json(data: Any) -> None:
 
 # commands of one family print one shape
 _SCHEMA_OF = {"ibhosts": "nodes", "ibswitches": "nodes", "ibrouters": "nodes",
-              "ibnodes": "nodes", "ibstatus": "ibstat"}  # fmt: skip
+              "ibnodes": "nodes", "ibstatus": "ibstat", "dump_lfts": "dump_fts",
+              "dump_mfts": "dump_fts"}  # fmt: skip
 
 
 def schema(command: str) -> dict[str, Any]:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ibal.testing.helpers import wait_until
-from ibal.testing.ibsim import Fabric
+from ibal.testing.ibsim import Fabric, fat_tree
 from tests.tools.admin_ibsim import NODE, ibal, lids, tool, valid
 
 
@@ -228,3 +229,54 @@ def test_ibportstate_matches_and_changes_the_fabric(ibsim_fabric: Fabric) -> Non
                         ["ibportstate", "-D", "0,1", "3", "bogus"]], ok=False)  # fmt: skip
     assert [b["code"] for b in bad] == [1, 1]
     assert "invalid speed value 16" in bad[0]["stderr"] and "invalid operation" in bad[1]["stderr"]
+
+
+@pytest.mark.timeout(600)
+def test_dump_fts_matches(ibsim_module_fabric: Fabric) -> None:
+    fabric = ibsim_module_fabric
+    sw, host = str(lids(fabric)["switch"]), str(lids(fabric)["host"])
+    cases = [["dump_fts"], ["dump_fts", "-M"], ["dump_fts", "-a"], ["dump_fts", "-n", sw, host],
+             ["dump_lfts"], ["dump_lfts", "-n"], ["dump_mfts"]]  # fmt: skip
+    ours = ibal(fabric, [*cases, ["dump_fts", "--json"], ["dump_mfts", "--json"]])
+    for args, res in zip(cases, ours, strict=False):
+        assert res["stdout"] == tool(fabric, args), args
+    assert "4 valid lids dumped" in ours[0]["stdout"]
+    assert ours[4]["stdout"].endswith("replaced by dump_fts\n\n\n")
+    (table,) = valid("dump_fts", ours[-2]["stdout"])["switches"]
+    assert {r["LID"]: r["Port"] for r in table["Table"]}[int(host)] == 2  # Host: Switch1 port 2
+    assert valid("dump_mfts", ours[-1]["stdout"])["switches"][0]["Multicast"] is True
+
+
+def _sorted_blocks(text: str, head: str) -> list[str]:
+    """A multi-switch dump's per-switch blocks, sorted (the sweep's order is the answers')."""
+    return sorted(head + b for b in text.split(head) if b)
+
+
+@pytest.mark.timeout(900)
+def test_tools_match_on_a_fat_tree(ibsim_factory: Any, tmp_path: Path) -> None:
+    """Six switches, twelve hosts: dump_lfts, iblinkinfo, ibhosts/ibswitches, ibqueryerrors
+    and ibtracert between hosts on different leaves (three switch hops), against the C
+    tools.  Lines whose order depends on when answers arrived are compared sorted."""
+    tree = fat_tree(tmp_path / "fat.net", spines=2, leaves=4, hosts_per_leaf=3)
+    fabric = ibsim_factory(tree.path)
+    node = tree.hosts[0]
+    far = tree.hosts[-1]
+    addr = tool(fabric, ["ibaddr", "-L"], far)
+    far_lid = addr.split()[2]
+    me = tool(fabric, ["ibaddr", "-L"], node).split()[2]
+    cases = [["dump_lfts"], ["iblinkinfo"], ["ibhosts"], ["ibswitches"], ["ibqueryerrors"],
+             ["ibtracert", me, far_lid], ["ibtracert", far_lid, me], ["iblinkinfo", "-l"]]
+    ours = ibal(fabric, cases, node)
+    for args, res in zip(cases, ours, strict=True):
+        theirs = tool(fabric, args, node)
+        if args[0] == "dump_lfts":
+            head = "Unicast lids"
+            assert _sorted_blocks(res["stdout"], head) == _sorted_blocks(theirs, head)
+        elif args == ["iblinkinfo"]:
+            assert sorted(res["stdout"].splitlines()) == sorted(theirs.splitlines())
+        elif args[0] in ("ibtracert", "ibqueryerrors"):
+            assert res["stdout"] == theirs, args
+        else:
+            assert sorted(res["stdout"].splitlines()) == sorted(theirs.splitlines()), args
+    assert ours[5]["stdout"].count(" -> switch port ") == 3  # leaf, spine, leaf
+    assert ours[0]["stdout"].count("Unicast lids") == 6
