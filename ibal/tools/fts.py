@@ -57,7 +57,7 @@ def _run(name: str, start: str | None, end: str | None, all_lids: bool, no_dests
                           multicast=multicast)  # fmt: skip
     if as_json:
         emit_json({"switches": [{"NodeGUID": guid(n.guid), "NodeDescription": n.desc,
-                                 "LID": n.lid, "DRPath": [0, *to.dr_path],
+                                 "LID": n.lid, "DRPath": [0, *n.path],
                                  "Multicast": multicast, "Table": _rows(text, multicast)}
                                 for n, to, text in tables]})  # fmt: skip
         return
