@@ -103,6 +103,12 @@ def test_ibstat_and_ibstatus_match(ibsim_module_fabric: Fabric, tmp_path: Path) 
     finally:
         server.terminate()
         server.wait(timeout=30)
+        # a killed client keeps its ibsim slot (no goodbye from umad2sim): free it
+        for line in fabric.console("Attached").splitlines():
+            m = re.match(rf"Client (\d+): pid {server.pid} ", line)
+            if m:
+                fabric.console(f"X {m.group(1)}")
+    assert f"pid {server.pid} " not in fabric.console("Attached")
     for theirs, res in zip(theirs_all, ours[len(cases):], strict=False):
         assert "4: ACTIVE" in theirs and _masked(res["stdout"]) == _masked(theirs)
     (port,) = ca["ports"]
