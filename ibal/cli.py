@@ -156,9 +156,21 @@ def main() -> None:
     help="Only these providers (default: the non-simulated ones; -p mock for the mock).",
 )
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
-def devices(providers: tuple[str, ...], options: tuple[str, ...]) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (docs/tools.md).")
+def devices(providers: tuple[str, ...], options: tuple[str, ...], as_json: bool) -> None:
     """List the CAs every provider registered (like ibv_devices)."""
     with _open(providers, _parse_options(options)) as (mgr, al):
+        if as_json:
+            from ibal.tools.diagjson import devices_json, emit_json
+
+            rows = []
+            for guid in al.get_ca_guids():
+                ca = al.open_ca(guid)
+                rows.append((ca.name, ca.provider_name, guid, ca.query().num_ports))
+                ca.close(wait=True)
+            if not rows and providers:
+                raise click.ClickException(f"no CA from provider(s) {', '.join(providers)}")
+            return emit_json(devices_json(rows))
         from rich.table import Table
 
         table = Table(title="CAs")
@@ -181,16 +193,26 @@ def devices(providers: tuple[str, ...], options: tuple[str, ...]) -> None:
 @click.argument("ca_name", required=False)
 @click.option("-p", "--provider", "providers", multiple=True, help="Only these providers.")
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
-def info(ca_name: str | None, providers: tuple[str, ...], options: tuple[str, ...]) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (docs/tools.md).")
+def info(ca_name: str | None, providers: tuple[str, ...], options: tuple[str, ...],
+         as_json: bool) -> None:  # fmt: skip
     """Show CA and port attributes (like ibv_devinfo / ibstat)."""
     with _open(providers, _parse_options(options)) as (mgr, al):
         shown = 0
+        cas: list[Any] = []
         for guid in al.get_ca_guids():
             ca = al.open_ca(guid)
             try:
                 if ca_name and ca_name not in (ca.name, _guid(guid), hex(guid)):
                     continue
                 attr = ca.query()
+                if as_json:
+                    from ibal.tools.diagjson import info_json
+
+                    cas.append(info_json(ca.name, ca.provider_name, attr,
+                                         dict(ca.capabilities.missing())))  # fmt: skip
+                    shown += 1
+                    continue
                 _print_ca(ca.name, ca.provider_name, attr)
                 if ca.capabilities.port_counters:
                     for port in attr.ports:
@@ -210,6 +232,10 @@ def info(ca_name: str | None, providers: tuple[str, ...], options: tuple[str, ..
         if not shown:
             _print_unavailable(mgr)
             raise click.ClickException(f"no CA {ca_name or ''}".strip())
+        if as_json:
+            from ibal.tools.diagjson import emit_json
+
+            emit_json({"cas": cas})
 
 
 def _print_counters(port_num: int, counters: dict[str, int]) -> None:
@@ -606,6 +632,7 @@ _PERFTESTS = ["write_bw", "read_bw", "send_bw", "send_lat", "write_lat"]
 @click.option("-F", "--CPU-freq", "cpu_freq", is_flag=True, help="Accepted for perftest's sake.")
 @click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
+@click.option("--json", "as_json", is_flag=True, help="The result as JSON (docs/tools.md).")
 @click.argument("servername", required=False)
 def perftest(
     test: str,
@@ -622,6 +649,7 @@ def perftest(
     cpu_freq: bool,
     providers: tuple[str, ...],
     options: tuple[str, ...],
+    as_json: bool,
     servername: str | None,
 ) -> None:
     """perftest's ib_TEST (write_bw, read_bw, send_bw, send_lat, write_lat) between two ibal ends.
@@ -637,9 +665,13 @@ def perftest(
     )  # fmt: skip
     with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
         try:
-            run(al, opts, out=lambda line: click.echo(line))
+            res = run(al, opts, out=(lambda line: None) if as_json else click.echo)
         except PerftestError as exc:
             raise click.ClickException(str(exc)) from exc
+    if as_json:
+        from ibal.tools.diagjson import emit_json, perftest_json
+
+        emit_json(perftest_json(test, res.result))
 
 
 _DIAG_OPTS = [
@@ -652,6 +684,8 @@ _DIAG_OPTS = [
                  show_default=True, help="MADs through the MAD service or bare AL agents."),
     click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP),
     click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE."),
+    click.option("--json", "as_json", is_flag=True,
+                 help="Machine-readable output (schema: docs/tools.md)."),
 ]  # fmt: skip
 
 
@@ -716,13 +750,18 @@ parse_options = _parse_options
 def smpquery(
     op: str, target: str, port: int, directed: bool, by_guid: bool, ca_name: str | None,
     port_num: int | None, timeout_ms: int, via: str, providers: tuple[str, ...],
-    options: tuple[str, ...],
+    options: tuple[str, ...], as_json: bool,
 ) -> None:  # fmt: skip
     """smpquery: OP is nodeinfo, portinfo, nodedesc, switchinfo, pkeys or guids."""
     from ibal.tools.diags import smpquery as run
 
     with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
-        click.echo(run(client, op, _target(client, target, directed, by_guid), port), nl=False)
+        to = _target(client, target, directed, by_guid)
+        if as_json:
+            from ibal.tools.diagjson import emit_json, smpquery_json
+
+            return emit_json(smpquery_json(client, op, to, port))
+        click.echo(run(client, op, to, port), nl=False)
 
 
 @main.command()
@@ -735,7 +774,7 @@ def smpquery(
 def perfquery(
     target: str | None, port: int | None, extended: bool, reset: bool, by_guid: bool,
     ca_name: str | None, port_num: int | None, timeout_ms: int, via: str,
-    providers: tuple[str, ...], options: tuple[str, ...],
+    providers: tuple[str, ...], options: tuple[str, ...], as_json: bool,
 ) -> None:  # fmt: skip
     """perfquery: port counters of TARGET's PORT [default: this port]."""
     from ibal.tools.diags import perfquery as run
@@ -746,6 +785,10 @@ def perfquery(
             lid = _target(client, target, False, by_guid).lid
         if port is None:  # as perfquery: this port, or port 0 of a named target
             port = client.port.port_num if target is None else 0
+        if as_json:
+            from ibal.tools.diagjson import emit_json, perfquery_json
+
+            return emit_json(perfquery_json(client, lid, port, extended=extended, reset=reset))
         click.echo(run(client, lid, port, extended=extended, reset=reset), nl=False)
 
 
@@ -756,12 +799,17 @@ def perfquery(
 def sminfo(
     target: str | None, by_guid: bool, ca_name: str | None, port_num: int | None,
     timeout_ms: int, via: str, providers: tuple[str, ...], options: tuple[str, ...],
+    as_json: bool,
 ) -> None:  # fmt: skip
     """sminfo: the SMInfo of the subnet manager [default: the SM this port names]."""
     from ibal.tools.diags import sminfo as run
 
     with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
         to = None if target is None else _target(client, target, False, by_guid)
+        if as_json:
+            from ibal.tools.diagjson import emit_json, sminfo_json
+
+            return emit_json(sminfo_json(client, to))
         click.echo(run(client, to), nl=False)
 
 
@@ -787,7 +835,7 @@ def ibroute(
     target: str, start: str | None, end: str | None, all_lids: bool, no_dests: bool,
     multicast: bool, directed: bool, by_guid: bool, ca_name: str | None,
     port_num: int | None, timeout_ms: int, via: str, providers: tuple[str, ...],
-    options: tuple[str, ...],
+    options: tuple[str, ...], as_json: bool,
 ) -> None:  # fmt: skip
     """ibroute: the unicast (-M: multicast) forwarding table of switch TARGET [from START
     to END]."""
@@ -796,8 +844,15 @@ def ibroute(
     first, last = _lid_arg(start), _lid_arg(end)
     with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
         to = _target(client, target, directed, by_guid)
-        click.echo(run(client, to, first, last, all_lids=all_lids, no_dests=no_dests,
-                       multicast=multicast), nl=False)  # fmt: skip
+        text = run(client, to, first, last, all_lids=all_lids, no_dests=no_dests,
+                   multicast=multicast)  # fmt: skip
+        if as_json:
+            from ibal.tools.diagjson import emit_json
+            from ibal.tools.fts import table_rows
+
+            return emit_json({"Target": str(to), "Multicast": multicast,
+                              "Table": table_rows(text, multicast)})  # fmt: skip
+        click.echo(text, nl=False)
 
 
 @main.command()
@@ -816,12 +871,14 @@ def ibroute(
 @click.option("-R", "--Router_list", "list_routers", is_flag=True,
               help="List the connected routers.")  # fmt: skip
 @click.option("-p", "--ports", is_flag=True, help="A ports report.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "dot"]), default="text",
+              show_default=True, help="ibnetdiscover's text, JSON, or a Graphviz graph.")
 @functools.partial(_diag_options, via="agent")
 def discover(
     window: int, progress: bool | None, show: bool, group: bool, list_all: bool,
-    list_cas: bool, list_switches: bool, list_routers: bool, ports: bool,
+    list_cas: bool, list_switches: bool, list_routers: bool, ports: bool, fmt: str,
     ca_name: str | None, port_num: int | None, timeout_ms: int, via: str,
-    providers: tuple[str, ...], options: tuple[str, ...],
+    providers: tuple[str, ...], options: tuple[str, ...], as_json: bool,
 ) -> None:  # fmt: skip
     """ibnetdiscover: sweep the fabric by directed route and print its topology."""
     from ibal.tools.diags import discover as run
@@ -831,6 +888,11 @@ def discover(
     types = ((1, 2, 3) if list_all else (1,) if list_cas else (2,) if list_switches
              else (3,) if list_routers else ())  # fmt: skip
     with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+        if as_json or fmt != "text":
+            from ibal.tools.diagjson import discover_other
+
+            return click.echo(discover_other(client, "json" if as_json else fmt, window),
+                              nl=False)  # fmt: skip
         click.echo(run(client, window=window, progress=progress, show=show, group=group,
                        list_types=types, ports=ports), nl=False)  # fmt: skip
 

@@ -29,9 +29,7 @@ def fabric_options(via: str = "service") -> Callable[[_F], _F]:
     """``-C``, ``-P``, ``-t``, ``--via``, ``--provider``, ``-o`` and ``--json``."""
 
     def wrap(fn: _F) -> _F:
-        fn = click.option("--json", "as_json", is_flag=True,
-                          help="Machine-readable output (schema: docs/tools.md).")(fn)  # fmt: skip
-        out: _F = cli.diag_options(fn, via=via)
+        out: _F = cli.diag_options(fn, via=via)  # --json among them
         return out
 
     return wrap

@@ -17,7 +17,7 @@ from ibal.mad.discover import sweep
 from ibal.mad.rpc import MadClient, MadError, PortId
 from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
 
-__all__ = ["dump_fts", "dump_fts_cmd", "dump_lfts_cmd", "dump_mfts_cmd"]
+__all__ = ["dump_fts", "dump_fts_cmd", "dump_lfts_cmd", "dump_mfts_cmd", "table_rows"]
 
 
 def dump_fts(client: MadClient, start: int = 0, end: int = 0, *, all_lids: bool = False,
@@ -58,13 +58,13 @@ def _run(name: str, start: str | None, end: str | None, all_lids: bool, no_dests
     if as_json:
         emit_json({"switches": [{"NodeGUID": guid(n.guid), "NodeDescription": n.desc,
                                  "LID": n.lid, "DRPath": [0, *n.path],
-                                 "Multicast": multicast, "Table": _rows(text, multicast)}
+                                 "Multicast": multicast, "Table": table_rows(text, multicast)}
                                 for n, to, text in tables]})  # fmt: skip
         return
     click.echo("".join(t for _, _, t in tables) + notice, nl=False)
 
 
-def _rows(text: str, multicast: bool) -> list[dict[str, Any]]:
+def table_rows(text: str, multicast: bool) -> list[dict[str, Any]]:
     """The table's rows, from ibroute's lines: LID and out port (MLID and ports)."""
     rows: list[dict[str, Any]] = []
     for line in text.splitlines():

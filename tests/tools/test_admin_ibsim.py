@@ -286,3 +286,51 @@ def test_tools_match_on_a_fat_tree(ibsim_factory: Any, tmp_path: Path) -> None:
             assert sorted(res["stdout"].splitlines()) == sorted(theirs.splitlines()), args
     assert ours[5]["stdout"].count(" -> switch port ") == 3  # leaf, spine, leaf
     assert ours[0]["stdout"].count("Unicast lids") == 6
+
+
+@pytest.mark.timeout(600)
+def test_json_of_the_older_diagnostics_validates_and_says_what_the_text_says(
+    ibsim_module_fabric: Fabric,
+) -> None:
+    """smpquery, perfquery, sminfo, ibroute and discover with --json (and discover
+    --format json/dot) against their schemas and against what the C tools print."""
+    from ibal.mad.discover import parse_ibnetdiscover
+
+    fabric = ibsim_module_fabric
+    ls = lids(fabric)
+    sw, host, sm = str(ls["switch"]), str(ls["host"]), str(ls["sm"])
+    cmds = [["smpquery", "--json", "nodeinfo", sw], ["smpquery", "--json", "portinfo", host, "1"],
+            ["smpquery", "--json", "switchinfo", sw], ["smpquery", "--json", "nodedesc", sm],
+            ["smpquery", "--json", "pkeys", sw], ["smpquery", "--json", "guids", "-D", "0"],
+            ["perfquery", "--json", sw, "2"], ["perfquery", "--json", "-x", host, "1"],
+            ["sminfo", "--json"], ["ibroute", "--json", sw], ["discover", "--json"],
+            ["discover", "--format", "json"], ["discover", "--format", "dot"]]  # fmt: skip
+    ours = ibal(fabric, cmds)
+    data = [valid(c[0], r["stdout"]) for c, r in zip(cmds, ours, strict=True) if "dot" not in c]
+    ni, pi, si, nd, pk, gi, pc, px, smi, route, topo, topo2 = data
+    text = tool(fabric, ["smpquery", "nodeinfo", sw])
+    assert ni["fields"]["NodeGUID"] == _field(text, "Guid") and ni["fields"]["NumPorts"] == 8
+    assert pi["fields"]["LID"] == int(host) and pi["fields"]["MasterSMLID"] == int(sm)
+    assert si["fields"]["LinearFDBTop"] == int(_field(tool(fabric, ["smpquery", "switchinfo",
+                                                                    sw]), "LinearFdbTop"))
+    assert nd["fields"]["NodeString"] == "SmHca" and pk["fields"]["P_Keys"][0] == 0xFFFF
+    assert gi["fields"]["GUIDs"][0] == valid("ibaddr", ibal(fabric, [["ibaddr", "--json"]])[0][
+        "stdout"])["PortGUID"]  # fmt: skip
+    assert (pc["Attribute"], px["Attribute"]) == ("PortCounters", "PortCountersExtended")
+    assert pc["fields"]["SymbolErrorCounter"] == int(_field(tool(fabric, ["perfquery", sw, "2"]),
+                                                            "SymbolErrorCounter"))
+    assert smi["SMStateName"] == "MASTER" and smi["LID"] == int(sm)
+    lft = tool(fabric, ["ibroute", sw])
+    assert {r["LID"]: r["Port"] for r in route["Table"]} == {
+        int(ln[:6], 16): int(ln[7:10]) for ln in lft.splitlines() if ln.startswith("0x")}
+    want = parse_ibnetdiscover(tool(fabric, ["ibnetdiscover"]))
+    assert topo == topo2
+    assert {int(n["NodeGUID"], 16) for n in topo["nodes"]} == set(want["nodes"])
+    links = {frozenset(((int(x["from"]["NodeGUID"], 16), x["from"]["PortNum"]),
+                        (int(x["to"]["NodeGUID"], 16), x["to"]["PortNum"])))
+             for x in topo["links"]}  # fmt: skip
+    assert links == want["links"]
+    dot = ours[-1]["stdout"]
+    assert dot.startswith("graph fabric {\n") and dot.endswith("}\n")
+    assert dot.count(" -- ") == len(want["links"]) and dot.count("shape=box") == 1
+    assert dot.count("shape=ellipse") == 3 and 'label="4x SDR"' in dot
