@@ -91,9 +91,21 @@ def main() -> None:
     help="Only these providers (default: the non-simulated ones; -p mock for the mock).",
 )
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
-def devices(providers: tuple[str, ...], options: tuple[str, ...]) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (docs/tools.md).")
+def devices(providers: tuple[str, ...], options: tuple[str, ...], as_json: bool) -> None:
     """List the CAs every provider registered (like ibv_devices)."""
     with open_al(providers, parse_options(options)) as (mgr, al):
+        if as_json:
+            from ibal.tools.diagjson import devices_json, emit_json
+
+            rows = []
+            for guid in al.get_ca_guids():
+                ca = al.open_ca(guid)
+                rows.append((ca.name, ca.provider_name, guid, ca.query().num_ports))
+                ca.close(wait=True)
+            if not rows and providers:
+                raise click.ClickException(f"no CA from provider(s) {', '.join(providers)}")
+            return emit_json(devices_json(rows))
         from rich.table import Table
 
         table = Table(title="CAs")
@@ -116,16 +128,26 @@ def devices(providers: tuple[str, ...], options: tuple[str, ...]) -> None:
 @click.argument("ca_name", required=False)
 @click.option("-p", "--provider", "providers", multiple=True, help="Only these providers.")
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
-def info(ca_name: str | None, providers: tuple[str, ...], options: tuple[str, ...]) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (docs/tools.md).")
+def info(ca_name: str | None, providers: tuple[str, ...], options: tuple[str, ...],
+         as_json: bool) -> None:  # fmt: skip
     """Show CA and port attributes (like ibv_devinfo / ibstat)."""
     with open_al(providers, parse_options(options)) as (mgr, al):
         shown = 0
+        cas: list[Any] = []
         for guid in al.get_ca_guids():
             ca = al.open_ca(guid)
             try:
                 if ca_name and ca_name not in (ca.name, _guid(guid), hex(guid)):
                     continue
                 attr = ca.query()
+                if as_json:
+                    from ibal.tools.diagjson import info_json
+
+                    cas.append(info_json(ca.name, ca.provider_name, attr,
+                                         dict(ca.capabilities.missing())))  # fmt: skip
+                    shown += 1
+                    continue
                 _print_ca(ca.name, ca.provider_name, attr)
                 if ca.capabilities.port_counters:
                     for port in attr.ports:
@@ -145,6 +167,10 @@ def info(ca_name: str | None, providers: tuple[str, ...], options: tuple[str, ..
         if not shown:
             _print_unavailable(mgr)
             raise click.ClickException(f"no CA {ca_name or ''}".strip())
+        if as_json:
+            from ibal.tools.diagjson import emit_json
+
+            emit_json({"cas": cas})
 
 
 def _print_counters(port_num: int, counters: dict[str, int]) -> None:
@@ -209,17 +235,13 @@ def _print_port(port: PortAttr) -> None:
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
 @click.option("-k", "keyword", default=None, help="Only checks matching this pytest -k expression.")
 @click.option("-x", "exitfirst", is_flag=True, help="Stop at the first failure.")
-@click.option("--cross-ca", "cross_ca", type=click.Choice(["auto", "yes", "no"]), default="auto",
-              show_default=True,
-              help="Whether the CAs share a fabric for the cross-CA checks (auto: InfiniBand by "
-                   "the port attributes, RoCE by trying).")  # fmt: skip
 def conformance(
-    provider: str, options: tuple[str, ...], keyword: str | None, exitfirst: bool, cross_ca: str
+    provider: str, options: tuple[str, ...], keyword: str | None, exitfirst: bool
 ) -> None:
     """Run the conformance suite against PROVIDER, with progress and a summary table."""
     from ibal.testing.cli import run_cli
 
-    extra = [f"--ibal-cross-ca={cross_ca}"]
+    extra = []
     if keyword:
         extra += ["-k", keyword]
     if exitfirst:
@@ -532,6 +554,7 @@ _PERFTESTS = ["write_bw", "read_bw", "send_bw", "send_lat", "write_lat"]
 @click.option("-F", "--CPU-freq", "cpu_freq", is_flag=True, help="Accepted for perftest's sake.")
 @click.option("--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
+@click.option("--json", "as_json", is_flag=True, help="The result as JSON (docs/tools.md).")
 @click.argument("servername", required=False)
 def perftest(
     test: str,
@@ -548,6 +571,7 @@ def perftest(
     cpu_freq: bool,
     providers: tuple[str, ...],
     options: tuple[str, ...],
+    as_json: bool,
     servername: str | None,
 ) -> None:
     """perftest's ib_TEST (write_bw, read_bw, send_bw, send_lat, write_lat) between two ibal ends.
@@ -563,9 +587,13 @@ def perftest(
     )  # fmt: skip
     with open_al(tool_providers(providers), parse_options(options)) as (_, al):
         try:
-            run(al, opts, out=lambda line: click.echo(line))
+            res = run(al, opts, out=(lambda line: None) if as_json else click.echo)
         except PerftestError as exc:
             raise click.ClickException(str(exc)) from exc
+    if as_json:
+        from ibal.tools.diagjson import emit_json, perftest_json
+
+        emit_json(perftest_json(test, res.result))
 
 
 @main.command()
@@ -578,13 +606,17 @@ def perftest(
 def smpquery(
     op: str, target: str, port: int, directed: bool, by_guid: bool, ca_name: str | None,
     port_num: int | None, timeout_ms: int, via: str, providers: tuple[str, ...],
-    options: tuple[str, ...],
+    options: tuple[str, ...], as_json: bool,
 ) -> None:  # fmt: skip
     """smpquery: OP is nodeinfo, portinfo, nodedesc, switchinfo, pkeys or guids."""
     from ibal.tools.diags import smpquery as run
 
     with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
         to = resolve_target(client, target, directed, by_guid)
+        if as_json:
+            from ibal.tools.diagjson import emit_json, smpquery_json
+
+            return emit_json(smpquery_json(client, op, to, port))
         click.echo(run(client, op, to, port), nl=False)
 
 
@@ -598,7 +630,7 @@ def smpquery(
 def perfquery(
     target: str | None, port: int | None, extended: bool, reset: bool, by_guid: bool,
     ca_name: str | None, port_num: int | None, timeout_ms: int, via: str,
-    providers: tuple[str, ...], options: tuple[str, ...],
+    providers: tuple[str, ...], options: tuple[str, ...], as_json: bool,
 ) -> None:  # fmt: skip
     """perfquery: port counters of TARGET's PORT [default: this port]."""
     from ibal.tools.diags import perfquery as run
@@ -609,6 +641,10 @@ def perfquery(
             lid = resolve_target(client, target, False, by_guid).lid
         if port is None:  # as perfquery: this port, or port 0 of a named target
             port = client.port.port_num if target is None else 0
+        if as_json:
+            from ibal.tools.diagjson import emit_json, perfquery_json
+
+            return emit_json(perfquery_json(client, lid, port, extended=extended, reset=reset))
         click.echo(run(client, lid, port, extended=extended, reset=reset), nl=False)
 
 
@@ -619,12 +655,17 @@ def perfquery(
 def sminfo(
     target: str | None, by_guid: bool, ca_name: str | None, port_num: int | None,
     timeout_ms: int, via: str, providers: tuple[str, ...], options: tuple[str, ...],
+    as_json: bool,
 ) -> None:  # fmt: skip
     """sminfo: the SMInfo of the subnet manager [default: the SM this port names]."""
     from ibal.tools.diags import sminfo as run
 
     with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
         to = None if target is None else resolve_target(client, target, False, by_guid)
+        if as_json:
+            from ibal.tools.diagjson import emit_json, sminfo_json
+
+            return emit_json(sminfo_json(client, to))
         click.echo(run(client, to), nl=False)
 
 
@@ -650,7 +691,7 @@ def ibroute(
     target: str, start: str | None, end: str | None, all_lids: bool, no_dests: bool,
     multicast: bool, directed: bool, by_guid: bool, ca_name: str | None,
     port_num: int | None, timeout_ms: int, via: str, providers: tuple[str, ...],
-    options: tuple[str, ...],
+    options: tuple[str, ...], as_json: bool,
 ) -> None:  # fmt: skip
     """ibroute: the unicast (-M: multicast) forwarding table of switch TARGET [from START
     to END]."""
@@ -659,8 +700,15 @@ def ibroute(
     first, last = _lid_arg(start), _lid_arg(end)
     with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
         to = resolve_target(client, target, directed, by_guid)
-        click.echo(run(client, to, first, last, all_lids=all_lids, no_dests=no_dests,
-                       multicast=multicast), nl=False)  # fmt: skip
+        text = run(client, to, first, last, all_lids=all_lids, no_dests=no_dests,
+                   multicast=multicast)  # fmt: skip
+        if as_json:
+            from ibal.tools.diagjson import emit_json
+            from ibal.tools.fts import table_rows
+
+            return emit_json({"Target": str(to), "Multicast": multicast,
+                              "Table": table_rows(text, multicast)})  # fmt: skip
+        click.echo(text, nl=False)
 
 
 @main.command()
@@ -679,12 +727,14 @@ def ibroute(
 @click.option("-R", "--Router_list", "list_routers", is_flag=True,
               help="List the connected routers.")  # fmt: skip
 @click.option("-p", "--ports", is_flag=True, help="A ports report.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "dot"]), default="text",
+              show_default=True, help="ibnetdiscover's text, JSON, or a Graphviz graph.")
 @functools.partial(diag_options, via="agent")
 def discover(
     window: int, progress: bool | None, show: bool, group: bool, list_all: bool,
-    list_cas: bool, list_switches: bool, list_routers: bool, ports: bool,
+    list_cas: bool, list_switches: bool, list_routers: bool, ports: bool, fmt: str,
     ca_name: str | None, port_num: int | None, timeout_ms: int, via: str,
-    providers: tuple[str, ...], options: tuple[str, ...],
+    providers: tuple[str, ...], options: tuple[str, ...], as_json: bool,
 ) -> None:  # fmt: skip
     """ibnetdiscover: sweep the fabric by directed route and print its topology."""
     from ibal.tools.diags import discover as run
@@ -694,6 +744,11 @@ def discover(
     types = ((1, 2, 3) if list_all else (1,) if list_cas else (2,) if list_switches
              else (3,) if list_routers else ())  # fmt: skip
     with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+        if as_json or fmt != "text":
+            from ibal.tools.diagjson import discover_other
+
+            return click.echo(discover_other(client, "json" if as_json else fmt, window),
+                              nl=False)  # fmt: skip
         click.echo(run(client, window=window, progress=progress, show=show, group=group,
                        list_types=types, ports=ports), nl=False)  # fmt: skip
 

@@ -119,6 +119,8 @@ DIAG_OPTS = [
                  show_default=True, help="MADs through the MAD service or bare AL agents."),
     click.option("--provider", "providers", multiple=True, help=PROVIDER_HELP),
     click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE."),
+    click.option("--json", "as_json", is_flag=True,
+                 help="Machine-readable output (schema: docs/tools.md)."),
 ]  # fmt: skip
 
 

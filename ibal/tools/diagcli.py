@@ -29,9 +29,7 @@ def fabric_options(via: str = "service") -> Callable[[_F], _F]:
     """``-C``, ``-P``, ``-t``, ``--via``, ``--provider``, ``-o`` and ``--json``."""
 
     def wrap(fn: _F) -> _F:
-        fn = click.option("--json", "as_json", is_flag=True,
-                          help="Machine-readable output (schema: docs/tools.md).")(fn)  # fmt: skip
-        out: _F = cliopts.diag_options(fn, via=via)
+        out: _F = cliopts.diag_options(fn, via=via)  # --json among them
         return out
 
     return wrap
@@ -75,7 +73,8 @@ def emit_json(data: Any) -> None:
 
 # commands of one family print one shape
 _SCHEMA_OF = {"ibhosts": "nodes", "ibswitches": "nodes", "ibrouters": "nodes",
-              "ibnodes": "nodes", "ibstatus": "ibstat"}  # fmt: skip
+              "ibnodes": "nodes", "ibstatus": "ibstat", "dump_lfts": "dump_fts",
+              "dump_mfts": "dump_fts"}  # fmt: skip
 
 
 def schema(command: str) -> dict[str, Any]:

@@ -77,3 +77,65 @@ def test_ibstat_and_ibstatus_describe_a_roce_port() -> None:
     assert "\tlink_layer:\t Ethernet\n" in r.output and "\tstate:\t\t 4: ACTIVE\n" in r.output
     r = CliRunner().invoke(main, ["ibstatus", "nosuch", *opts])
     assert r.exit_code == 1 and "device 'nosuch'" in r.output
+
+
+def test_devices_and_info_json_validate_and_match_the_cas() -> None:
+    r = CliRunner().invoke(main, ["devices", "-p", "mock", "-o", "cas=3", "--json"])
+    assert r.exit_code == 0, r.output
+    devs = json.loads(r.output)
+    jsonschema.validate(devs, schema("devices"))
+    assert [d["CAName"] for d in devs["cas"]] == ["mock0", "mock1", "mock2"]
+    r = CliRunner().invoke(main, ["info", "mock1", "-p", "mock", "-o", "cas=3", "--json"])
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.output)
+    jsonschema.validate(info, schema("info"))
+    (ca,) = info["cas"]
+    assert ca["NodeGUID"] == devs["cas"][1]["NodeGUID"] and ca["ports"][0]["PortState"] == "ACTIVE"
+    assert "port_counters" in ca["NotSupported"]
+
+
+def _listening(port: int) -> bool:
+    """A TCP socket listens on ``port`` (without connecting: the server accepts one)."""
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(name) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                    return True
+    return False
+
+
+@pytest.mark.timeout(120)
+def test_perftest_json_on_two_rxe_ends() -> None:
+    """``ibal perftest --json``: both ends' results, as numbers, against the schema; the
+    server and client are two processes, each with a userspace rxe device on loopback."""
+    import socket
+
+    from ibal.testing.helpers import wait_until
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    common = ["perftest", "write_bw", "--provider", "rxe", "-s", "4096", "-n", "50", "-p",
+              str(port), "--json"]  # fmt: skip
+    server = subprocess.Popen([sys.executable, "-m", "ibal.cli", *common, "-o",
+                               "devices=rxe_pj0=127.0.0.2"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_until(lambda: _listening(port) or server.poll() is not None, "perftest server",
+                   timeout=60)  # fmt: skip
+        client = subprocess.run([sys.executable, "-m", "ibal.cli", *common, "-o",
+                                 "devices=rxe_pj1=127.0.0.3", "127.0.0.1"],
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        out, err = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert client.returncode == 0 and server.returncode == 0, (client.stderr, err)
+    mine, theirs = json.loads(client.stdout), json.loads(out)
+    for res in (mine, theirs):
+        jsonschema.validate(res, schema("perftest"))
+        assert (res["Test"], res["Bytes"], res["Iterations"]) == ("write_bw", 4096, 50)
+        assert res["BWAverageMBps"] > 0
+    assert mine == theirs  # the server prints the client's figures, as perftest's does

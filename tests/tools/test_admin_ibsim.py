@@ -12,11 +12,12 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ibal.testing.helpers import wait_until
-from ibal.testing.ibsim import Fabric
+from ibal.testing.ibsim import Fabric, fat_tree
 from tests.tools.admin_ibsim import NODE, ibal, lids, tool, valid
 
 
@@ -102,6 +103,12 @@ def test_ibstat_and_ibstatus_match(ibsim_module_fabric: Fabric, tmp_path: Path) 
     finally:
         server.terminate()
         server.wait(timeout=30)
+        # a killed client keeps its ibsim slot (no goodbye from umad2sim): free it
+        for line in fabric.console("Attached").splitlines():
+            m = re.match(rf"Client (\d+): pid {server.pid} ", line)
+            if m:
+                fabric.console(f"X {m.group(1)}")
+    assert f"pid {server.pid} " not in fabric.console("Attached")
     for theirs, res in zip(theirs_all, ours[len(cases):], strict=False):
         assert "4: ACTIVE" in theirs and _masked(res["stdout"]) == _masked(theirs)
     (port,) = ca["ports"]
@@ -175,3 +182,155 @@ def test_ibtracert_matches(ibsim_module_fabric: Fabric) -> None:
     assert [h["OutPort"] for h in hops] == [None, 1, 3]  # Host's port 1, Switch1's port 3
     bad = ibal(fabric, [["ibtracert", host, "60"]], ok=False)[0]  # no such LID
     assert bad["code"] == 1 and "failed to find route" in bad["stderr"]
+
+
+def _field(text: str, name: str) -> str:
+    m = re.search(rf"^{name}:\.+(.*)$", text, re.M)
+    assert m, text
+    return m.group(1)
+
+
+@pytest.mark.timeout(600)
+def test_ibportstate_matches_and_changes_the_fabric(ibsim_fabric: Fabric) -> None:
+    """Queries as ibportstate prints them (a switch port with its peer, a CA by LID and by
+    DR path); a reset of an unlinked switch port by each tool, the same text; then
+    disable, enable, speed and width on Switch1's port to Peer, each seen by smpquery,
+    iblinkinfo and ibportstate."""
+    fabric = ibsim_fabric
+    host = str(lids(fabric)["host"])
+    queries = [[host, "1"], ["-D", "0", "1"], ["-D", "0,1", "2"], ["-D", "0,1", "1"]]
+    ours = ibal(fabric, [["ibportstate", *a] for a in queries])
+    for args, res in zip(queries, ours, strict=True):
+        assert res["stdout"] == tool(fabric, ["ibportstate", *args]), args
+    assert "Peer PortInfo:" in ours[2]["stdout"]
+    # each tool resets a port of its own (the first set changes what the second reads)
+    reset = ibal(fabric, [["ibportstate", "-D", "0,1", "4", "reset"]])[0]["stdout"]
+    theirs = tool(fabric, ["ibportstate", "-D", "0,1", "5", "reset"])
+    assert reset == theirs.replace(" port 5\n", " port 4\n")
+    after = reset.split("After PortInfo set:", 1)[1]
+    assert _field(after, "Lid") == "4660" and _field(after, "PhysLinkState") == "Polling"
+    # port 3 of Switch1 leads to Peer
+    ibal(fabric, [["ibportstate", "-D", "0,1", "3", "disable"]])
+    pi = tool(fabric, ["smpquery", "-D", "portinfo", "0,1", "3"])
+    assert _field(pi, "PhysLinkState") == "Disabled"
+    links = tool(fabric, ["iblinkinfo", "--switches-only"])
+    assert '3[  ] ==( 4X           2.5 Gbps Active/Disabled)==>      "Port not available"' in links
+    ibal(fabric, [["ibportstate", "-D", "0,1", "3", "enable"]])
+    assert _field(tool(fabric, ["smpquery", "-D", "portinfo", "0,1", "3"]),
+                  "PhysLinkState") == "Polling"  # fmt: skip
+    got = ibal(fabric, [["ibportstate", "-D", "0,1", "3", "speed", "1", "width", "1"],
+                        ["ibportstate", "--json", "-D", "0,1", "3", "width", "1"],
+                        ["ibportstate", "-D", "0,1", "3"]], ok=False)  # fmt: skip
+    assert [r["code"] for r in got] == [0, 0, 1]
+    theirs = tool(fabric, ["ibportstate", "-D", "0,1", "3"], ok=False)  # the peer: unreachable
+    # ibportstate prints its error on stdout, ibal on stderr
+    assert theirs.endswith("ibportstate: iberror: failed: smp query nodeinfo failed\n")
+    assert got[2]["stdout"] == theirs.rsplit("ibportstate: iberror", 1)[0]
+    assert "nodeinfo failed" in got[2]["stderr"]
+    assert _field(theirs, "LinkWidthEnabled") == "1X"
+    assert _field(theirs, "LinkSpeedEnabled") == "2.5 Gbps"
+    data = valid("ibportstate", got[1]["stdout"])
+    assert (data["PortInfo"]["LinkWidthEnabled"], data["PortInfo"]["PhysLinkState"]) == (1, 2)
+    bad = ibal(fabric, [["ibportstate", "-D", "0,1", "3", "speed", "16"],
+                        ["ibportstate", "-D", "0,1", "3", "bogus"]], ok=False)  # fmt: skip
+    assert [b["code"] for b in bad] == [1, 1]
+    assert "invalid speed value 16" in bad[0]["stderr"] and "invalid operation" in bad[1]["stderr"]
+
+
+@pytest.mark.timeout(600)
+def test_dump_fts_matches(ibsim_module_fabric: Fabric) -> None:
+    fabric = ibsim_module_fabric
+    sw, host = str(lids(fabric)["switch"]), str(lids(fabric)["host"])
+    cases = [["dump_fts"], ["dump_fts", "-M"], ["dump_fts", "-a"], ["dump_fts", "-n", sw, host],
+             ["dump_lfts"], ["dump_lfts", "-n"], ["dump_mfts"]]  # fmt: skip
+    ours = ibal(fabric, [*cases, ["dump_fts", "--json"], ["dump_mfts", "--json"]])
+    for args, res in zip(cases, ours, strict=False):
+        assert res["stdout"] == tool(fabric, args), args
+    assert "4 valid lids dumped" in ours[0]["stdout"]
+    assert ours[4]["stdout"].endswith("replaced by dump_fts\n\n\n")
+    (table,) = valid("dump_fts", ours[-2]["stdout"])["switches"]
+    assert {r["LID"]: r["Port"] for r in table["Table"]}[int(host)] == 2  # Host: Switch1 port 2
+    assert valid("dump_mfts", ours[-1]["stdout"])["switches"][0]["Multicast"] is True
+
+
+def _sorted_blocks(text: str, head: str) -> list[str]:
+    """A multi-switch dump's per-switch blocks, sorted (the sweep's order is the answers')."""
+    return sorted(head + b for b in text.split(head) if b)
+
+
+@pytest.mark.timeout(900)
+def test_tools_match_on_a_fat_tree(ibsim_factory: Any, tmp_path: Path) -> None:
+    """Six switches, twelve hosts: dump_lfts, iblinkinfo, ibhosts/ibswitches, ibqueryerrors
+    and ibtracert between hosts on different leaves (three switch hops), against the C
+    tools.  Lines whose order depends on when answers arrived are compared sorted."""
+    tree = fat_tree(tmp_path / "fat.net", spines=2, leaves=4, hosts_per_leaf=3)
+    fabric = ibsim_factory(tree.path)
+    node = tree.hosts[0]
+    far = tree.hosts[-1]
+    addr = tool(fabric, ["ibaddr", "-L"], far)
+    far_lid = addr.split()[2]
+    me = tool(fabric, ["ibaddr", "-L"], node).split()[2]
+    cases = [["dump_lfts"], ["iblinkinfo"], ["ibhosts"], ["ibswitches"], ["ibqueryerrors"],
+             ["ibtracert", me, far_lid], ["ibtracert", far_lid, me], ["iblinkinfo", "-l"]]
+    ours = ibal(fabric, cases, node)
+    for args, res in zip(cases, ours, strict=True):
+        theirs = tool(fabric, args, node)
+        if args[0] == "dump_lfts":
+            head = "Unicast lids"
+            assert _sorted_blocks(res["stdout"], head) == _sorted_blocks(theirs, head)
+        elif args == ["iblinkinfo"]:
+            assert sorted(res["stdout"].splitlines()) == sorted(theirs.splitlines())
+        elif args[0] in ("ibtracert", "ibqueryerrors"):
+            assert res["stdout"] == theirs, args
+        else:
+            assert sorted(res["stdout"].splitlines()) == sorted(theirs.splitlines()), args
+    assert ours[5]["stdout"].count(" -> switch port ") == 3  # leaf, spine, leaf
+    assert ours[0]["stdout"].count("Unicast lids") == 6
+
+
+@pytest.mark.timeout(600)
+def test_json_of_the_older_diagnostics_validates_and_says_what_the_text_says(
+    ibsim_module_fabric: Fabric,
+) -> None:
+    """smpquery, perfquery, sminfo, ibroute and discover with --json (and discover
+    --format json/dot) against their schemas and against what the C tools print."""
+    from ibal.mad.discover import parse_ibnetdiscover
+
+    fabric = ibsim_module_fabric
+    ls = lids(fabric)
+    sw, host, sm = str(ls["switch"]), str(ls["host"]), str(ls["sm"])
+    cmds = [["smpquery", "--json", "nodeinfo", sw], ["smpquery", "--json", "portinfo", host, "1"],
+            ["smpquery", "--json", "switchinfo", sw], ["smpquery", "--json", "nodedesc", sm],
+            ["smpquery", "--json", "pkeys", sw], ["smpquery", "--json", "guids", "-D", "0"],
+            ["perfquery", "--json", sw, "2"], ["perfquery", "--json", "-x", host, "1"],
+            ["sminfo", "--json"], ["ibroute", "--json", sw], ["discover", "--json"],
+            ["discover", "--format", "json"], ["discover", "--format", "dot"]]  # fmt: skip
+    ours = ibal(fabric, cmds)
+    data = [valid(c[0], r["stdout"]) for c, r in zip(cmds, ours, strict=True) if "dot" not in c]
+    ni, pi, si, nd, pk, gi, pc, px, smi, route, topo, topo2 = data
+    text = tool(fabric, ["smpquery", "nodeinfo", sw])
+    assert ni["fields"]["NodeGUID"] == _field(text, "Guid") and ni["fields"]["NumPorts"] == 8
+    assert pi["fields"]["LID"] == int(host) and pi["fields"]["MasterSMLID"] == int(sm)
+    assert si["fields"]["LinearFDBTop"] == int(_field(tool(fabric, ["smpquery", "switchinfo",
+                                                                    sw]), "LinearFdbTop"))
+    assert nd["fields"]["NodeString"] == "SmHca" and pk["fields"]["P_Keys"][0] == 0xFFFF
+    assert gi["fields"]["GUIDs"][0] == valid("ibaddr", ibal(fabric, [["ibaddr", "--json"]])[0][
+        "stdout"])["PortGUID"]  # fmt: skip
+    assert (pc["Attribute"], px["Attribute"]) == ("PortCounters", "PortCountersExtended")
+    assert pc["fields"]["SymbolErrorCounter"] == int(_field(tool(fabric, ["perfquery", sw, "2"]),
+                                                            "SymbolErrorCounter"))
+    assert smi["SMStateName"] == "MASTER" and smi["LID"] == int(sm)
+    lft = tool(fabric, ["ibroute", sw])
+    assert {r["LID"]: r["Port"] for r in route["Table"]} == {
+        int(ln[:6], 16): int(ln[7:10]) for ln in lft.splitlines() if ln.startswith("0x")}
+    want = parse_ibnetdiscover(tool(fabric, ["ibnetdiscover"]))
+    assert topo == topo2
+    assert {int(n["NodeGUID"], 16) for n in topo["nodes"]} == set(want["nodes"])
+    links = {frozenset(((int(x["from"]["NodeGUID"], 16), x["from"]["PortNum"]),
+                        (int(x["to"]["NodeGUID"], 16), x["to"]["PortNum"])))
+             for x in topo["links"]}  # fmt: skip
+    assert links == want["links"]
+    dot = ours[-1]["stdout"]
+    assert dot.startswith("graph fabric {\n") and dot.endswith("}\n")
+    assert dot.count(" -- ") == len(want["links"]) and dot.count("shape=box") == 1
+    assert dot.count("shape=ellipse") == 3 and 'label="4x SDR"' in dot
