@@ -103,9 +103,13 @@ class _Main(click.Group):
         return name, cmd, rest
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), "lab"})
+        return sorted({*super().list_commands(ctx), "lab", "nvme"})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "nvme" and "nvme" not in self.commands:
+            from ibal.ulp.nvme.cli import nvme
+
+            self.add_command(nvme)
         if cmd_name == "lab" and "lab" not in self.commands:
             try:
                 from ibal.lab.cli import lab
