@@ -182,6 +182,35 @@ def test_host_discovers_connects_writes_and_reads_back(ibal_lab_module_net: LabS
 
 
 @pytest.mark.timeout(400)
+def test_host_in_capsule_and_remote_invalidation_against_nvmet(
+    ibal_lab_module_net: LabSession,
+) -> None:
+    """nvmet-rdma offers 4 KiB of in-capsule data on I/O queues: a 4 KiB write goes in the
+    capsule; with type 2 windows, nvmet answers every keyed transfer with a SEND that
+    invalidates the command's key (its NVME_SGL_FMT_INVALIDATE), so no local invalidate
+    is needed; the guest's file has both writes."""
+    s = ibal_lab_module_net
+    _lab(s)
+    _, guest_ip = _addrs(s)
+    small, big = random.Random(1).randbytes(BLOCK), random.Random(2).randbytes(8 * BLOCK)
+    with host_al(s) as al:
+        opts = HostOptions(io_queues=1, queue_size=4, remote_invalidate=True)
+        with Controller(al, guest_ip, NQN, opts) as ctrl:
+            q = ctrl.queue(1)
+            assert q.inline == 4096
+            ctrl.write(1, 600, small, BLOCK)
+            ctrl.write(1, 610, big, BLOCK)
+            assert ctrl.read(1, 610, 8, BLOCK) == big
+            assert ctrl.read(1, 600, 1, BLOCK) == small
+            assert q.in_capsule_writes == 1
+            # the I/O queue's Connect, the big write, two reads
+            assert (q.remote_invalidations, q.local_invalidations) == (4, 0)
+        assert ctrl.registered() == []
+    assert guest_sha(s, 600 * BLOCK, BLOCK) == hashlib.sha256(small).hexdigest()
+    assert guest_sha(s, 610 * BLOCK, len(big)) == hashlib.sha256(big).hexdigest()
+
+
+@pytest.mark.timeout(400)
 def test_target_going_away_is_a_clear_error(ibal_lab_module_net: LabSession) -> None:
     """The guest removes the subsystem from its port mid-run: nvmet disconnects the
     queues; the host's next command raises ControllerLost and nothing stays registered."""
