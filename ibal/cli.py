@@ -23,6 +23,12 @@ from ibal.tools.cliopts import (
 )
 from ibal.types import CaAttr, PortAttr
 
+# Command groups imported only when asked for, and their one line in ``ibal --help``.
+_GROUPS_LOADED_LATE = {
+    "lab": "The kernel-rxe lab VM.",
+    "nvme": "NVMe over Fabrics (RDMA): discover, connect, serve.",
+}
+
 
 class _Main(click.Group):
     """The ``ibal`` group; ``lab`` (and rich with it) is imported when asked for."""
@@ -40,9 +46,13 @@ class _Main(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         from ibal.tools.commands import LAZY
 
-        return sorted({*super().list_commands(ctx), "lab", *LAZY})
+        return sorted({*super().list_commands(ctx), "lab", "nvme", *LAZY})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "nvme" and "nvme" not in self.commands:
+            from ibal.ulp.nvme.cli import nvme
+
+            self.add_command(nvme)
         if cmd_name == "lab" and "lab" not in self.commands:
             try:
                 from ibal.lab.cli import lab
@@ -68,9 +78,11 @@ class _Main(click.Group):
         for name in self.list_commands(ctx):
             if name in LAZY:
                 text = LAZY[name].help
+            elif name in _GROUPS_LOADED_LATE:
+                text = _GROUPS_LOADED_LATE[name]
             else:
-                cmd = self.commands.get(name) if name != "lab" else None
-                text = cmd.get_short_help_str(80) if cmd else "The kernel-rxe lab VM."
+                cmd = self.commands.get(name)
+                text = cmd.get_short_help_str(80) if cmd else ""
             rows.setdefault(group_of(name), []).append((name, text))
         order = {n: i for _, names in GROUPS for i, n in enumerate(names)}
         for title in [t for t, _ in GROUPS] + ["Other"]:

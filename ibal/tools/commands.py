@@ -63,6 +63,7 @@ GROUPS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("Following a path, finding errors", ("ibtracert", "ibping", "ibqueryerrors")),
     ("Changing a port", ("ibportstate",)),
     ("Moving data", ("pingpong", "perftest", "rping", "cmtime", "ucmatose", "udaddy", "mckey")),
+    ("Channel drivers", ("nvme",)),
     ("Checking ibal", ("conformance", "demo", "lab")),
 )  # fmt: skip
 

@@ -1,5 +1,6 @@
 """ibal's NVMe/RDMA host (ibal.ulp.nvme, userspace rxe on the tap's address) against
-Linux's ``nvmet-rdma`` target in the lab guest (kernel rdma_cm and kernel rxe on eth0).
+Linux's ``nvmet-rdma`` target in the lab guest (kernel rdma_cm and kernel rxe on eth0),
+and Linux's ``nvme-rdma`` host (``nvme connect -t rdma``) against ibal's target.
 
 The guest's target is configured through configfs: one subsystem, allowing any host,
 with one namespace backed by a file in the guest's tmpfs, on an RDMA port at the
@@ -14,7 +15,12 @@ import hashlib
 import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +29,9 @@ from ibal.lab import LabSession
 from ibal.lab.pytest_plugin import lab_requires
 from ibal.providers.rxe.provider import RxeProvider
 from ibal.ulp.nvme import wire as w
+from ibal.ulp.nvme.controller import Namespace, Subsystem
 from ibal.ulp.nvme.host import Controller, ControllerLost, HostOptions, NvmeStatusError, discover
+from ibal.ulp.nvme.target import Target
 
 pytestmark = pytest.mark.lab
 
@@ -174,6 +182,35 @@ def test_host_discovers_connects_writes_and_reads_back(ibal_lab_module_net: LabS
 
 
 @pytest.mark.timeout(400)
+def test_host_in_capsule_and_remote_invalidation_against_nvmet(
+    ibal_lab_module_net: LabSession,
+) -> None:
+    """nvmet-rdma offers 4 KiB of in-capsule data on I/O queues: a 4 KiB write goes in the
+    capsule; with type 2 windows, nvmet answers every keyed transfer with a SEND that
+    invalidates the command's key (its NVME_SGL_FMT_INVALIDATE), so no local invalidate
+    is needed; the guest's file has both writes."""
+    s = ibal_lab_module_net
+    _lab(s)
+    _, guest_ip = _addrs(s)
+    small, big = random.Random(1).randbytes(BLOCK), random.Random(2).randbytes(8 * BLOCK)
+    with host_al(s) as al:
+        opts = HostOptions(io_queues=1, queue_size=4, remote_invalidate=True)
+        with Controller(al, guest_ip, NQN, opts) as ctrl:
+            q = ctrl.queue(1)
+            assert q.inline == 4096
+            ctrl.write(1, 600, small, BLOCK)
+            ctrl.write(1, 610, big, BLOCK)
+            assert ctrl.read(1, 610, 8, BLOCK) == big
+            assert ctrl.read(1, 600, 1, BLOCK) == small
+            assert q.in_capsule_writes == 1
+            # the I/O queue's Connect, the big write, two reads
+            assert (q.remote_invalidations, q.local_invalidations) == (4, 0)
+        assert ctrl.registered() == []
+    assert guest_sha(s, 600 * BLOCK, BLOCK) == hashlib.sha256(small).hexdigest()
+    assert guest_sha(s, 610 * BLOCK, len(big)) == hashlib.sha256(big).hexdigest()
+
+
+@pytest.mark.timeout(400)
 def test_target_going_away_is_a_clear_error(ibal_lab_module_net: LabSession) -> None:
     """The guest removes the subsystem from its port mid-run: nvmet disconnects the
     queues; the host's next command raises ControllerLost and nothing stays registered."""
@@ -194,3 +231,150 @@ def test_target_going_away_is_a_clear_error(ibal_lab_module_net: LabSession) -> 
             ctrl.close()
         assert ctrl.registered() == []
     target_up(s)
+
+
+IBAL_NQN = "nqn.2026-12.org.ibal:served"
+HOSTID = "4f1b1c2e-2323-4d4d-9a9a-0123456789ab"
+
+GUEST_HOST = """set -e
+modprobe nvme-rdma
+nvme connect -t rdma -a {addr} -s 4420 -n {nqn} -q nqn.2014-08.org.nvmexpress:uuid:{hostid} \
+    -I {hostid} -k 5
+dev=""
+for i in $(seq 1 100); do  # bounded: the namespace appears once the scan finished
+  for c in /sys/class/nvme/nvme*; do
+    if [ "$(cat $c/subsysnqn)" = "{nqn}" ] && [ -e /dev/$(basename $c)n1 ]; then
+      dev=/dev/$(basename $c)n1
+    fi
+  done
+  [ -n "$dev" ] && break
+  sleep 0.1
+done
+[ -n "$dev" ] || {{ echo "no namespace for {nqn}" >&2; exit 3; }}
+echo "dev $dev size $(blockdev --getsize64 $dev) lbs $(blockdev --getss $dev)"
+dd if={pattern} of=$dev bs=64k seek={seek} oflag=direct conv=fsync status=none
+dd if=$dev of=/run/back.bin bs=64k skip={seek} count={count} iflag=direct status=none
+cmp /run/back.bin {pattern} && echo "guest read back what it wrote"
+nvme disconnect -n {nqn}
+"""
+
+
+@pytest.mark.timeout(400)
+def test_linux_host_against_ibal_target(ibal_lab_module_net: LabSession, tmp_path: object) -> None:
+    """``nvme connect -t rdma`` in the guest to ``ibal``'s target on the host: ``dd`` with
+    O_DIRECT writes a pattern and reads it back, ``nvme disconnect``; ibal's backing file
+    holds the pattern and nothing stays registered."""
+    require("nvme", "nvme-cli")
+    lab_requires("net")
+    s = ibal_lab_module_net
+    host_ip, _ = _addrs(s)
+    pattern = random.Random(7).randbytes(512 * 1024)
+    (s.host_dir / "pattern.bin").write_bytes(pattern)
+    img = s.host_dir / "ibal-ns1.img"
+    img.write_bytes(bytes(8 << 20))
+    seek = 16  # 64 KiB units: 1 MiB in
+    with host_al(s) as al:
+        subsys = Subsystem(IBAL_NQN, [Namespace(1, path=str(img), block=BLOCK // 8)])
+        target = Target(al, subsys, host_ip)
+        try:
+            r = s.run(GUEST_HOST.format(addr=host_ip, nqn=IBAL_NQN, hostid=HOSTID,
+                                        pattern=s.guest_path(s.host_dir / "pattern.bin"),
+                                        seek=seek, count=len(pattern) // 65536),
+                      timeout=300)  # fmt: skip
+            out = r.stdout_text + r.stderr_text
+            assert r.returncode == 0, out + str(dict(target.stats))
+            assert f"size {8 << 20} lbs 512" in out and "guest read back what it wrote" in out
+            deadline = time.monotonic() + 30
+            while target.registered():  # bounded: the queues' threads see the disconnects
+                assert time.monotonic() < deadline, target.registered()
+                time.sleep(0.1)
+            assert subsys.controllers == {}
+            stats = dict(target.stats)
+        finally:
+            target.close()
+            subsys.close()
+    data = img.read_bytes()
+    assert data[seek * 65536 : seek * 65536 + len(pattern)] == pattern
+    assert stats["connects"] >= 2 and stats["writes"] >= 1
+    assert not any(k.startswith("bad:") for k in stats), stats
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _ibal(s: LabSession, *args: str) -> list[str]:
+    host_ip, _ = _addrs(s)
+    return [sys.executable, "-m", "ibal.cli", "nvme", *args, "--provider", "rxe",
+            "-o", f"devices=rxe0={host_ip}"]  # fmt: skip
+
+
+@pytest.mark.timeout(400)
+def test_cli_discover_connect_against_nvmet(ibal_lab_module_net: LabSession) -> None:
+    """``ibal nvme discover`` lists the guest's subsystem; ``ibal nvme connect --write``
+    then ``--read`` move blocks through it, and the guest's file has them."""
+    if os.geteuid() != 0:
+        pytest.skip("the rxe provider's raw sockets need root")
+    s = ibal_lab_module_net
+    _lab(s)
+    _, guest_ip = _addrs(s)
+    r = s.host_run(_ibal(s, "discover", "-a", guest_ip), timeout=120, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert f"subnqn:  {NQN}" in r.stdout and f"traddr:  {guest_ip}" in r.stdout
+    data = random.Random(11).randbytes(2 * BLOCK)
+    slba = 700
+    r = s.host_run(_ibal(s, "connect", "-a", guest_ip, "-n", NQN, "--write", str(slba)),
+                   timeout=120, input=data, cwd=REPO)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r = s.host_run(_ibal(s, "connect", "-a", guest_ip, "-n", NQN, "--read", f"{slba}:2"),
+                   timeout=120, cwd=REPO)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == data
+    assert guest_sha(s, slba * BLOCK, len(data)) == hashlib.sha256(data).hexdigest()
+
+
+GUEST_READ = """set -e
+modprobe nvme-rdma
+nvme connect -t rdma -a {addr} -s 4420 -n {nqn} -q nqn.2014-08.org.nvmexpress:uuid:{hostid} \
+    -I {hostid}
+for i in $(seq 1 100); do  # bounded: the namespace appears once the scan finished
+  for c in /sys/class/nvme/nvme*; do
+    if [ "$(cat $c/subsysnqn)" = "{nqn}" ] && [ -e /dev/$(basename $c)n1 ]; then
+      dev=/dev/$(basename $c)n1
+    fi
+  done
+  [ -n "$dev" ] && break
+  sleep 0.1
+done
+dd if=$dev bs=4k count=4 iflag=direct status=none | sha256sum
+nvme disconnect -n {nqn}
+"""
+
+
+@pytest.mark.timeout(400)
+def test_cli_serve_against_linux_host(ibal_lab_module_net: LabSession) -> None:
+    """``ibal nvme serve --file IMG --addr ADDR``: the guest's ``nvme connect`` reads the
+    file's first 16 KiB; SIGTERM ends the server with its counters."""
+    require("nvme", "nvme-cli")
+    if os.geteuid() != 0:
+        pytest.skip("the rxe provider's raw sockets need root")
+    s = ibal_lab_module_net
+    host_ip, _ = _addrs(s)
+    img = s.host_dir / "served.img"
+    head = random.Random(3).randbytes(16 * 1024)
+    img.write_bytes(head + bytes((1 << 20) - len(head)))
+    nqn = "nqn.2026-12.org.ibal:cli"
+    srv = s.host_popen(_ibal(s, "serve", "--file", str(img), "--addr", host_ip, "-n", nqn),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)  # fmt: skip
+    try:
+        assert srv.stderr is not None
+        line = srv.stderr.readline().decode()  # the server says it listens
+        assert line.startswith(f"serving {nqn}"), line
+        r = s.run(GUEST_READ.format(addr=host_ip, nqn=nqn, hostid=HOSTID), timeout=300)
+        assert r.returncode == 0, r.stderr_text
+        assert r.stdout_text.split()[0] == hashlib.sha256(head).hexdigest()
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        out, err = srv.communicate(timeout=60)
+    assert srv.returncode == 0, err.decode()
+    stats = dict(line.split(": ", 1) for line in out.decode().splitlines())
+    assert int(stats["connects"]) >= 2 and int(stats["reads"]) >= 1

@@ -104,6 +104,28 @@ def test_host_and_target_move_blocks(al: AccessLayer, target: Target, tmp_path: 
     assert target.stats["writes"] == 9 and target.stats["connects"] == 3
 
 
+def test_in_capsule_writes_and_remote_invalidation(al: AccessLayer, target: Target,
+                                                   tmp_path: Path) -> None:  # fmt: skip
+    """Writes up to the controller's in-capsule size go in the capsule; with windows, every
+    keyed transfer is answered with a SEND that invalidates the command's key."""
+    o = opts(io_queues=1, queue_size=4, remote_invalidate=True)
+    with Controller(al, TGT, NQN, o, src=HOST) as ctrl:
+        q = ctrl.queue(1)
+        assert q.inline == 4096
+        small, big = b"s" * 4096, b"b" * 8192
+        ctrl.write(1, 10, small, BLOCK)
+        ctrl.write(1, 20, big, BLOCK)
+        assert ctrl.read(1, 10, 8, BLOCK) == small
+        assert ctrl.read(1, 20, 16, BLOCK) == big
+        assert q.in_capsule_writes == 1 and target.stats["in-capsule data"] == 1
+        # the I/O queue's Connect, the big write, the two reads: each key invalidated by
+        # the target's response (the in-capsule write had no window)
+        assert (q.remote_invalidations, q.local_invalidations) == (4, 0)
+    data = (tmp_path / "ns1.img").read_bytes()
+    assert data[10 * BLOCK : 18 * BLOCK] == small and data[20 * BLOCK : 36 * BLOCK] == big
+    assert ctrl.registered() == []
+
+
 def _raw(q: HostQueue, cmd: bytes) -> w.Completion:
     cid = q.submit(lambda _cid, _sgl: cmd)
     return q.wait(cid)

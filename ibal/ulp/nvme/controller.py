@@ -364,7 +364,8 @@ class QueueMachine:
         assert ctrl is not None
         cdw10, cdw11 = int(cmd["cdw10"]), int(cmd["cdw11"])
         if op == w.AdminOpcode.IDENTIFY:
-            return self._to_host(cmd, raw, self._identify(cdw10 & 0xFF, int(cmd["nsid"])))
+            return self._to_host(cmd, raw, self._identify(cdw10 & 0xFF, int(cmd["nsid"]),
+                                                          cdw11 >> 24))  # fmt: skip
         if op == w.AdminOpcode.KEEP_ALIVE:
             ctrl.keep_alives += 1
             return Respond(self._done(cid))
@@ -403,7 +404,7 @@ class QueueMachine:
             return 0
         raise _Bad(w.Sc.INVALID_FIELD | w.DNR, "bad: feature")
 
-    def _identify(self, cns: int, nsid: int) -> bytes:
+    def _identify(self, cns: int, nsid: int, csi: int) -> bytes:
         ctrl = self.ctrl
         assert ctrl is not None
         if cns == w.Cns.CONTROLLER:
@@ -433,7 +434,9 @@ class QueueMachine:
                 raise _Bad(w.Sc.INVALID_NS | w.DNR, "bad: namespace")
             desc = w.NS_DESC.encode(nidt=w.NIDT_UUID, nidl=16) + ns.uuid.bytes
             return desc.ljust(4096, b"\0")
-        raise _Bad(w.Sc.INVALID_FIELD | w.DNR, "bad: identify CNS")
+        if cns == w.Cns.CS_CONTROLLER and csi == 0:
+            return bytes(4096)  # the NVM command set's limits: zero, none of its own
+        raise _Bad(w.Sc.INVALID_FIELD | w.DNR, f"bad: identify CNS {cns:#x}")
 
     # ------------------------------------------------------------ I/O
 

@@ -35,7 +35,19 @@ from dataclasses import dataclass, field
 from ibal.al import AccessLayer, QpCreate
 from ibal.cm import ConnectionRejected, rdma
 from ibal.status import IbError, InvalidParameter, InvalidState, RemoteError, Timeout
-from ibal.types import AccessFlags, QpType, RecvWr, SendOpt, SendWr, Sge, WcStatus, WcType, WrType
+from ibal.types import (
+    AccessFlags,
+    BindWr,
+    QpType,
+    RecvOpt,
+    RecvWr,
+    SendOpt,
+    SendWr,
+    Sge,
+    WcStatus,
+    WcType,
+    WrType,
+)
 from ibal.ulp.nvme import wire as w
 
 __all__ = ["BlockDevice", "Controller", "ControllerLost", "HostOptions", "HostQueue",
@@ -43,6 +55,13 @@ __all__ = ["BlockDevice", "Controller", "ControllerLost", "HostOptions", "HostQu
 
 _RECV = 1 << 32  # wr_id tag of a receive (low bits: its response slot)
 _SEND = 2 << 32
+_BIND = 3 << 32
+_LINV = 4 << 32
+
+
+def _next_key(rkey: int) -> int:
+    """The R_Key a window's next bind gives it: the same index, the next key byte."""
+    return (rkey & ~0xFF) | ((rkey + 1) & 0xFF)
 
 
 class NvmeStatusError(RemoteError):
@@ -76,6 +95,13 @@ class HostOptions:
     max_io: int = 128 * 1024
     timeout: float = 15.0
     port: int = w.NVMF_PORT
+    remote_invalidate: bool = False
+    """Each command's data through a type 2 memory window bound for it alone, its keyed
+    descriptor asking the target to invalidate the key (SEND with invalidate): what
+    Linux's host does with fast-registered regions.  Without it the data areas are one
+    region the target may reach for the queue's life."""
+    in_capsule: bool = True
+    """Writes that fit go in the command capsule where the controller offers it."""
 
     def __post_init__(self) -> None:
         if not self.hostnqn:
@@ -97,7 +123,9 @@ class HostQueue:
         that overruns its queue, for testing targets)."""
         self.qid, self.size, self.max_io, self.timeout = qid, size, max_io, opts.timeout
         self.lost: str | None = None
-        self.invalidated: list[int] = []  # R_Keys the target's SEND_WITH_INV named
+        self.inline = 0  # in-capsule data bytes the controller takes (set after Identify)
+        self.remote_invalidations = self.local_invalidations = self.in_capsule_writes = 0
+        self._bound: dict[int, int] = {}  # slot -> the R_Key its window is bound with
         self._free = list(range(size - 1, -1, -1))
         self._sent: set[int] = set()  # slots whose command SEND has not completed
         self._done: dict[int, w.Completion] = {}
@@ -106,16 +134,21 @@ class HostQueue:
         self.ca = al.open_ca(route.ca_guid)
         try:
             self.pd = self.ca.alloc_pd()
-            self.cq = self.ca.create_cq(3 * size + 4)
-            self.qp = self.pd.create_qp(QpCreate(QpType.RC, self.cq, self.cq, sq_depth=size + 1,
-                                                 rq_depth=size))  # fmt: skip
+            self.cq = self.ca.create_cq(5 * size + 4)
+            self.qp = self.pd.create_qp(QpCreate(QpType.RC, self.cq, self.cq,
+                                                 sq_depth=3 * size + 1, rq_depth=size,
+                                                 sq_sge=2))  # fmt: skip
             self.cmds = bytearray(size * w.SQE_SIZE)
             self.rsps = bytearray(size * w.CQE_SIZE)
             self.data = bytearray(size * max_io)
             self.cmd_mr = self.pd.reg_mem(self.cmds, AccessFlags.LOCAL_WRITE)
             self.rsp_mr = self.pd.reg_mem(self.rsps, AccessFlags.LOCAL_WRITE)
-            self.data_mr = self.pd.reg_mem(self.data, AccessFlags.LOCAL_WRITE
-                                           | AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE)
+            remote = AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE
+            windows = opts.remote_invalidate
+            self.data_mr = self.pd.reg_mem(self.data, AccessFlags.LOCAL_WRITE | (
+                AccessFlags.MW_BIND if windows else remote))  # fmt: skip
+            self.windows = [self.pd.create_mw(2) for _ in range(size)] if windows else []
+            self._keys = [mw.rkey for mw in self.windows]
             rdma.init_qp(self.qp, route)
             for i in range(size):
                 self._post_recv(i)
@@ -166,10 +199,18 @@ class HostQueue:
                     slot = self._free.pop()
                     break
             self._reap(deadline)
+        off = slot * self.max_io
+        inline = data is not None and 0 < length <= self.inline
+        wrs: list[SendWr] = []
         try:
-            sgl = self.data_sgl(slot, length)
+            if inline:
+                sgl = w.Sgl(w.SglType.DATA_OFFSET, 0, length)
+            elif self.windows and length:
+                sgl, bind = self._bind(slot, length)
+                wrs.append(bind)
+            else:
+                sgl = self.data_sgl(slot, length)
             if data is not None:
-                off = slot * self.max_io
                 self.data[off : off + length] = data
             cmd = build(slot, sgl)
         except BaseException:
@@ -179,27 +220,61 @@ class HostQueue:
         self.cmds[slot * w.SQE_SIZE : (slot + 1) * w.SQE_SIZE] = cmd
         with self._lock:
             self._sent.add(slot)
-        sge = Sge(addr=self.cmd_mr.vaddr + slot * w.SQE_SIZE, length=w.SQE_SIZE,
-                  lkey=self.cmd_mr.lkey)  # fmt: skip
+        sges = [Sge(addr=self.cmd_mr.vaddr + slot * w.SQE_SIZE, length=w.SQE_SIZE,
+                    lkey=self.cmd_mr.lkey)]  # fmt: skip
+        if inline:
+            sges.append(Sge(addr=self.data_mr.vaddr + off, length=length, lkey=self.data_mr.lkey))
+            self.in_capsule_writes += 1
+        wrs.append(SendWr(wr_id=_SEND | slot, opcode=WrType.SEND, sg_list=sges,
+                          send_opt=SendOpt.SIGNALED))  # fmt: skip
         try:
-            self.qp.post_send(SendWr(wr_id=_SEND | slot, opcode=WrType.SEND, sg_list=[sge],
-                                     send_opt=SendOpt.SIGNALED))  # fmt: skip
+            self.qp.post_send(wrs)
         except IbError as exc:
             self._lose(f"posting a command failed: {exc}")
             raise ControllerLost(self.lost or "") from exc
         return slot
 
+    def _bind(self, slot: int, length: int) -> tuple[w.Sgl, SendWr]:
+        """The BIND_MW that opens ``slot``'s window on ``length`` bytes of its data area
+        under a new key, and the descriptor that asks the target to invalidate it."""
+        if length > self.max_io:
+            raise InvalidParameter(f"{length} bytes: this queue moves at most {self.max_io}")
+        old, new = self._keys[slot], _next_key(self._keys[slot])
+        addr = self.data_mr.vaddr + slot * self.max_io
+        bind = SendWr(wr_id=_BIND | slot, opcode=WrType.BIND_MW, rkey=new, mw=self.windows[slot],
+                      bind=BindWr(self.data_mr, addr, length,
+                                  AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE, old),
+                      send_opt=SendOpt.SIGNALED)  # fmt: skip
+        self._keys[slot] = new
+        self._bound[slot] = new
+        return w.Sgl.keyed_addr(addr, length, new, invalidate=True), bind
+
     def wait(self, cid: int) -> w.Completion:
         """The completion of command ``cid``; its slot is free again (its data area keeps
-        what a read brought until the slot is reused)."""
+        what a read brought until the slot is reused).  A window the target did not
+        invalidate is invalidated here before the slot is reused (the send queue keeps
+        the LOCAL_INV before the slot's next bind)."""
         deadline = time.monotonic() + self.timeout
         while True:
             with self._lock:
                 if cid in self._done and cid not in self._sent:
                     c = self._done.pop(cid)
-                    self._free.append(cid)
-                    return c
+                    key = self._bound.pop(cid, None)
+                    if key is None:
+                        self._free.append(cid)
+                        return c
+                    break
             self._reap(deadline)
+        self.local_invalidations += 1
+        try:
+            self.qp.post_send(SendWr(wr_id=_LINV | cid, opcode=WrType.LOCAL_INV,
+                                     invalidate_rkey=key, send_opt=SendOpt.SIGNALED))
+        except IbError as exc:
+            self._lose(f"posting a local invalidate failed: {exc}")
+            raise ControllerLost(self.lost or "") from exc
+        with self._lock:
+            self._free.append(cid)
+        return c
 
     def slot_data(self, cid: int, length: int) -> bytes:
         off = cid * self.max_io
@@ -231,14 +306,16 @@ class HostQueue:
                 continue
             slot = wc.wr_id & 0xFFFFFFFF
             if wc.wc_type is WcType.RECV:
-                if wc.recv_opt & wc.recv_opt.INVALIDATE and wc.invalidated_rkey is not None:
-                    self.invalidated.append(wc.invalidated_rkey)
                 raw = bytes(self.rsps[slot * w.CQE_SIZE : (slot + 1) * w.CQE_SIZE])
                 self._post_recv(slot)
                 c = w.Completion.decode(raw)
                 with self._lock:
                     if c.command_id < self.size and c.command_id not in self._free:
                         self._done[c.command_id] = c
+                        if (wc.recv_opt & RecvOpt.INVALIDATE and wc.invalidated_rkey is not None
+                                and self._bound.get(c.command_id) == wc.invalidated_rkey):
+                            del self._bound[c.command_id]  # the target invalidated it
+                            self.remote_invalidations += 1
             elif wc.wc_type is WcType.SEND:
                 with self._lock:
                     self._sent.discard(slot)
@@ -260,6 +337,7 @@ class HostQueue:
             obj = getattr(self, name, None)
             if obj is not None and obj.alive:
                 yield obj
+        yield from (mw for mw in getattr(self, "windows", []) if mw.alive)
 
     def close(self) -> None:
         """Disconnect (if still connected) and release everything this queue registered."""
@@ -273,6 +351,12 @@ class HostQueue:
         conn = getattr(self, "conn", None)
         if conn is not None:
             conn.connection.close()
+        if getattr(self, "qp", None) is not None and self.qp.alive:
+            with contextlib.suppress(IbError):
+                self.qp.destroy(wait=True)
+        for mw in getattr(self, "windows", []):
+            with contextlib.suppress(IbError):
+                mw.destroy()
         for name in ("qp", "cmd_mr", "rsp_mr", "data_mr", "cq", "pd"):
             obj = getattr(self, name, None)
             if obj is None or not obj.alive:
@@ -360,10 +444,14 @@ class Controller:
         nq = min(self.opts.io_queues, (got & 0xFFFF) + 1, (got >> 16) + 1)
         mqes = (self.cap & 0xFFFF) + 1
         size = min(self.opts.queue_size, mqes, int(self.id_ctrl["maxcmd"]) or mqes)
+        ic = int(self.id_ctrl["ioccsz"]) * 16 - w.SQE_SIZE
+        offers = int(self.id_ctrl["sgls"]) & w.SGLS_OFFSET and ic > 0
         for qid in range(1, nq + 1):
             q = HostQueue(self._al, self.route, qid, size, self.opts.max_io, self.opts)
             self.io.append(q)
             self._connect(q, self.cntlid, kato)
+            if offers and self.opts.in_capsule:  # after Connect: its data stays keyed
+                q.inline = min(ic, self.opts.max_io)
 
     def _connect(self, q: HostQueue, cntlid: int, kato: int) -> int:
         return fabrics_connect(q, self.opts, self.subnqn, cntlid, kato)

@@ -125,14 +125,16 @@ class TargetQueue:
             self._end()
 
     def _run(self, step: Step | None) -> None:
+        fetched: w.Sgl | None = None  # the key a write's data came by: its response frees it
         while step is not None:
             if isinstance(step, Hold):
                 return
             if isinstance(step, Respond):
-                self._respond(step.completion, None)
+                self._respond(step.completion, fetched)
                 return
             if isinstance(step, Fetch):
                 self._rdma(WrType.RDMA_READ, step.sgl, step.length)
+                fetched = step.sgl
                 step = step.then(bytes(self.dbuf[: step.length]))
                 continue
             assert isinstance(step, Deliver)

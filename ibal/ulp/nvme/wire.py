@@ -159,6 +159,7 @@ class Cns(enum.IntEnum):
     CONTROLLER = 0x01
     ACTIVE_NS_LIST = 0x02
     NS_DESC_LIST = 0x03
+    CS_CONTROLLER = 0x06  # I/O command set specific (CSI in cdw11 bits 31:24)
 
 
 class Feature(enum.IntEnum):
