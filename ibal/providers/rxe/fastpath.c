@@ -498,3 +498,55 @@ int rxe_recv_bench(int fd, struct rxe_ring *r, int raw, uint32_t seg, const uint
     }
     return k;
 }
+
+/* ------------------------------------------------------------------ trains */
+
+/* mirrors: io.DeviceIO.send_train (its per-packet loop)
+ * Packets k0 .. k0 + m - 1 of a train into m consecutive sendmmsg slots of arena
+ * from byte off: each the UDP header udp8, the header template hdr (byte 4
+ * masked, as the ICRC sees it) with PSN psn0 + k and AckReq when
+ * (since + k) % per == 0, byte 4 restored to b4, mtu payload bytes from
+ * data + data_off + k * mtu, pad zero bytes, the ICRC.  Returns 0, or -EINVAL
+ * when a slot or a payload would fall outside its buffer (nothing written). */
+int rxe_fill_train(uint8_t *arena, uint64_t arena_len, uint64_t off, uint32_t slot, uint32_t m,
+                   const uint8_t *udp8, const uint8_t *hdr, uint32_t hlen, uint32_t b4,
+                   uint32_t psn0, uint32_t k0, uint32_t since, uint32_t per, uint32_t ackreq,
+                   const uint8_t *data, uint64_t data_len, uint64_t data_off, uint32_t mtu,
+                   uint32_t pad, uint32_t prefix)
+{
+    uint8_t h[64];
+    uint64_t plen = (uint64_t)hlen + mtu + pad + RXE_ICRC_LEN;
+    if (per == 0 || hlen < RXE_BTH_LEN || hlen > sizeof(h) || pad > 3 || 8 + plen > slot ||
+        off > arena_len || (uint64_t)m * slot > arena_len - off || data_off > data_len ||
+        ((uint64_t)k0 + m) * mtu > data_len - data_off)
+        return -EINVAL;
+    memcpy(h, hdr, hlen);
+    static const uint8_t zeros[4];
+    for (uint32_t i = 0; i < m; i++) {
+        uint32_t k = k0 + i;
+        uint32_t word = (psn0 + k) & 0xFFFFFF;
+        if ((uint32_t)(since + k) % per == 0)
+            word |= ackreq;
+        h[8] = (uint8_t)(word >> 24);
+        h[9] = (uint8_t)(word >> 16);
+        h[10] = (uint8_t)(word >> 8);
+        h[11] = (uint8_t)word;
+        const uint8_t *seg = data + data_off + (uint64_t)k * mtu;
+        uint32_t c = rxe_crc32(rxe_crc32(prefix, h, hlen), seg, mtu);
+        uint8_t *o = arena + off + (uint64_t)i * slot;
+        memcpy(o, udp8, 8);
+        memcpy(o + 8, h, hlen);
+        o[12] = (uint8_t)b4;
+        memcpy(o + 8 + hlen, seg, mtu);
+        if (pad) {
+            c = rxe_crc32(c, zeros, pad);
+            memset(o + 8 + hlen + mtu, 0, pad);
+        }
+        uint8_t *t = o + 8 + hlen + mtu + pad;
+        t[0] = (uint8_t)c;
+        t[1] = (uint8_t)(c >> 8);
+        t[2] = (uint8_t)(c >> 16);
+        t[3] = (uint8_t)(c >> 24);
+    }
+    return 0;
+}

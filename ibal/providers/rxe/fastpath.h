@@ -22,3 +22,8 @@ void rxe_land_datagram(const uint8_t *d, uint32_t len, int raw, uint32_t seg,
 void rxe_crc_use_clmul(int on);
 int rxe_recv_bench(int fd, struct rxe_ring *r, int raw, uint32_t seg, const uint8_t *local_ip,
                    uint8_t *mem, uint64_t memlen, uint32_t mtu, struct rxe_bench_stats *st);
+int rxe_fill_train(uint8_t *arena, uint64_t arena_len, uint64_t off, uint32_t slot, uint32_t m,
+                   const uint8_t *udp8, const uint8_t *hdr, uint32_t hlen, uint32_t b4,
+                   uint32_t psn0, uint32_t k0, uint32_t since, uint32_t per, uint32_t ackreq,
+                   const uint8_t *data, uint64_t data_len, uint64_t data_off, uint32_t mtu,
+                   uint32_t pad, uint32_t prefix);

@@ -40,7 +40,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 from ibal.netns import NetNs
 from ibal.providers.rxe import fastpath, mmsg, wire
@@ -254,6 +254,11 @@ class DeviceIO:
         self.engine: fastpath.Engine = fastpath.choose() if engine is None else engine
         """Which code does the byte work: ``c`` (fastpath.c) or ``python``."""
         self._crc32 = fastpath.payload_crc32(self.engine)
+        self._ffi: Any = None
+        self._fill_train: Any = None  # fastpath.c's rxe_fill_train on the C engine
+        if self.engine == "c":
+            self._ffi, lib = fastpath.ffi_lib()
+            self._fill_train = lib.rxe_fill_train
         self.on_packets = on_packets
         self.counters = counters if counters is not None else DeviceCounters()
         self.port = port
@@ -444,6 +449,10 @@ class DeviceIO:
             end = body + mtu
             cap = self.capture
             n = train.n
+            fill = self._fill_train
+            if fill is not None:
+                c_arena = self._ffi.from_buffer(arena)
+                c_data = self._ffi.from_buffer(data)
             j = 0
             while j < n:
                 m = min(batch.depth - batch.count, n - j)
@@ -452,7 +461,14 @@ class DeviceIO:
                     continue
                 o = batch.reserve(name, m, 8 + plen) * slot
                 o0 = o
-                for k in range(j, j + m):
+                if fill is not None:
+                    # the C twin of the loop below: one call per run of slots
+                    if fill(c_arena, len(arena), o, slot, m, udp, bytes(hdr), hlen, b4, psn0, j,
+                            since, per, ackreq, c_data, len(data), off, mtu, len(pad),
+                            prefix):  # fmt: skip
+                        raise ValueError("send_train: a packet falls outside its buffer")
+                    o += m * slot
+                for k in range(j, j + m) if fill is None else ():
                     word = (psn0 + k) & 0xFFFFFF
                     if (since + k) % per == 0:
                         word |= ackreq

@@ -9,6 +9,7 @@ received datagrams (good, corrupted, truncated, forged) against
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import select
 import socket
@@ -412,3 +413,76 @@ def test_fuzz_the_receive_entry_point(c: tuple[Any, Any], case: tuple[bytes, boo
     fastpath.land_datagram(d, raw, SEG, (A, 0xC000), B, gro, inner, MTU, twin)
     assert _stats(ffi, st_c) == _twin_stats(twin)
     assert mem[GUARD:-GUARD] == inner
+
+
+# ----------------------------------------------------------------- trains
+
+
+def _train_frames(
+    tmp_path: Path, engine: str, data: bytes, n: int, mtu: int, since: int, psn: int
+) -> list[bytes]:
+    from ibal.providers.rxe.io import DeviceIO
+    from ibal.providers.rxe.packet import Train
+    from ibal.wire.pcap import PcapWriter, read_pcap
+
+    path = tmp_path / f"{engine}.pcap"
+    cap = PcapWriter(path, wire.LINKTYPE_ETHERNET)
+    dev = DeviceIO(lambda pkts: None, port=47913, capture=cap, engine=engine)  # type: ignore[arg-type]
+    try:
+        dev.add_address(ipaddress.ip_address("127.0.0.63"))
+        head = Packet(Opcode.RC_RDMA_WRITE_MIDDLE, 0x34, psn, memoryview(data)[mtu : 2 * mtu])
+        head.dst_ip = bytes([127, 0, 0, 64])
+        dev.send_train(Train(head, memoryview(data), mtu, mtu, n, since, 64, True),
+                       head.dst_ip, 0xC002)  # fmt: skip
+        dev.flush()
+    finally:
+        dev.close()
+        cap.close()
+    return [r.data for r in read_pcap(path)[1]]
+
+
+@pytest.mark.parametrize(("n", "mtu", "since", "psn"), [
+    (1, 256, 0, 0), (7, 1024, 60, 0xFFFFFE), (150, 4096, 63, 5), (65, 512, 1, 0xFFFF00),
+])  # fmt: skip
+def test_a_train_leaves_byte_for_byte_as_the_python_engine_sends_it(
+    c: tuple[Any, Any], tmp_path: Path, n: int, mtu: int, since: int, psn: int
+) -> None:
+    need_root()
+    data = os.urandom(mtu * (n + 2))
+    got = _train_frames(tmp_path, "c", data, n, mtu, since, psn)
+    assert got == _train_frames(tmp_path, "python", data, n, mtu, since, psn)
+    assert len(got) == n
+    for k, f in enumerate(got):
+        frame = wire.split_ethernet(f)
+        assert frame is not None
+        p = wire.decode_frame(frame)  # the reference's ICRC check
+        assert p.psn == (psn + k) & 0xFFFFFF
+        assert p.ack_req == ((since + 1 + k) % 64 == 0)
+
+
+def test_fill_train_refuses_what_falls_outside_its_buffers(c: tuple[Any, Any]) -> None:
+    ffi, lib = c
+    arena = bytearray(4 * 1100)
+    data = bytes(4 * 1024)
+    a, d = ffi.from_buffer(arena), ffi.from_buffer(data)
+    udp, hdr = bytes(8), BTH
+
+    def fill(off: int, slot: int, m: int, k0: int, doff: int, per: int = 64, hlen: int = 12,
+             pad: int = 0) -> int:  # fmt: skip
+        return int(lib.rxe_fill_train(a, len(arena), off, slot, m, udp, hdr, hlen, 0, 0, k0, 0,
+                                      per, 0, d, len(data), doff, 1024, pad, 0))  # fmt: skip
+
+    assert fill(0, 1100, 4, 0, 0) == 0
+    for bad in (
+        dict(off=1, slot=1100, m=4, k0=0, doff=0),  # past the arena's end
+        dict(off=0, slot=1040, m=4, k0=0, doff=0),  # a packet longer than its slot
+        dict(off=0, slot=1100, m=2, k0=3, doff=0),  # past the payload's end
+        dict(off=0, slot=1100, m=1, k0=0, doff=4096),
+        dict(off=0, slot=1100, m=1, k0=0, doff=0, per=0),
+        dict(off=0, slot=1100, m=1, k0=0, doff=0, hlen=11),
+        dict(off=0, slot=1100, m=1, k0=0, doff=0, pad=4),
+        dict(off=2**63, slot=1100, m=1, k0=0, doff=0),
+    ):
+        before = bytes(arena)
+        assert fill(**bad) == -22, bad  # type: ignore[arg-type]
+        assert arena == before
