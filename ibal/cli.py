@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ibal.al import AccessLayer, AlManager
-from ibal.al.manager import SIMULATED_SKIPPED, start_default_providers
+from ibal.al import SIMULATED_SKIPPED, AccessLayer, AlManager, start_default_providers
 from ibal.status import IbError
 from ibal.types import CaAttr, PortAttr
 

@@ -27,8 +27,7 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ibal.al import AccessLayer, StashKey, in_callback
-from ibal.al.dispatcher import call_user
+from ibal.al import AccessLayer, StashKey, call_user, in_callback
 from ibal.mad import header as mad_header
 from ibal.mad import sa
 from ibal.mad.consts import MadStatus, Method, SaAttr
