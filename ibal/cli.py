@@ -8,8 +8,7 @@ from typing import Any
 
 import click
 
-from ibal.al import AlManager
-from ibal.al.manager import SIMULATED_SKIPPED
+from ibal.al import SIMULATED_SKIPPED, AlManager
 from ibal.tools.cliopts import (
     PROVIDER_HELP,
     console,

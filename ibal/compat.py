@@ -22,7 +22,7 @@ from ibal.al.cq import CompCallback, Cq
 from ibal.al.fmr import Fmr
 from ibal.al.manager import open_al
 from ibal.al.mr import Mr, Mw
-from ibal.al.obj import SYNC_DESTROY, AlObject, DestroyCallback, _SyncDestroy
+from ibal.al.obj import SYNC_DESTROY, AlObject, DestroyCallback, SyncDestroy
 from ibal.al.pd import Pd
 from ibal.al.pnp import PnpCallback, PnpClass, PnpRec, PnpRegistration
 from ibal.al.qp import Qp, QpCreate
@@ -97,7 +97,7 @@ ib_sync_destroy = SYNC_DESTROY
 """Pass as ``pfn_destroy_cb`` for a blocking destroy (``wait=True``)."""
 
 EventCallback = Callable[[AsyncEventRec], object]
-DestroyArg = DestroyCallback | _SyncDestroy | None
+DestroyArg = DestroyCallback | SyncDestroy | None
 
 _T = TypeVar("_T", bound=AlObject)
 
@@ -176,7 +176,7 @@ def ib_reg_svc(h_al: AccessLayer, p_reg_svc_req: Any) -> Any:
 
 
 def ib_dereg_svc(h_reg_svc: Any, pfn_destroy_cb: DestroyArg = None) -> None:
-    if isinstance(pfn_destroy_cb, _SyncDestroy):
+    if isinstance(pfn_destroy_cb, SyncDestroy):
         dereg_svc(h_reg_svc, wait=True)
     else:
         dereg_svc(h_reg_svc, pfn_destroy_cb)
@@ -297,7 +297,7 @@ def ib_join_mcast(h_qp: Qp, p_mcast_req: Any) -> Any:
 
 
 def ib_leave_mcast(h_mcast: Any, pfn_destroy_cb: DestroyArg = None) -> None:
-    if isinstance(pfn_destroy_cb, _SyncDestroy):
+    if isinstance(pfn_destroy_cb, SyncDestroy):
         leave_mcast(h_mcast, wait=True)
     else:
         leave_mcast(h_mcast, pfn_destroy_cb)
@@ -580,7 +580,7 @@ def ib_subscribe(h_al: AccessLayer, p_sub_req: Any) -> Any:
 
 
 def ib_unsubscribe(h_sub: Any, pfn_destroy_cb: DestroyArg = None) -> None:
-    if isinstance(pfn_destroy_cb, _SyncDestroy):
+    if isinstance(pfn_destroy_cb, SyncDestroy):
         unsubscribe(h_sub, wait=True)
     else:
         unsubscribe(h_sub, pfn_destroy_cb)
@@ -593,7 +593,7 @@ def ib_cm_listen(h_al: AccessLayer, p_cm_listen: Any, pfn_listen_err_cb: Any,
 
 
 def ib_cm_cancel(h_cm_listen: Any, pfn_destroy_cb: DestroyArg = None) -> None:
-    cm_cancel(h_cm_listen, None if isinstance(pfn_destroy_cb, _SyncDestroy) else pfn_destroy_cb)
+    cm_cancel(h_cm_listen, None if isinstance(pfn_destroy_cb, SyncDestroy) else pfn_destroy_cb)
 
 
 def ib_cm_req(p_cm_req: Any) -> Any:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ibal.al.pnp import PnpClass, PnpOrder
-from ibal.al.subsystems import Subsystem
+from ibal.al import PnpClass, PnpOrder, Subsystem
 
 if TYPE_CHECKING:
-    from ibal.al.manager import AlManager
+    from ibal.al import AlManager
 
 _IO = frozenset({PnpClass.IOU, PnpClass.IOC})
 

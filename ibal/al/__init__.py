@@ -14,11 +14,19 @@ from ibal.al.av import Av
 from ibal.al.ca import Ca
 from ibal.al.cq import Cq
 from ibal.al.dependent import Dependent
-from ibal.al.dispatcher import CallbackQueue, CallbackQueues, Dispatcher, in_callback
+from ibal.al.dispatcher import CallbackQueue, CallbackQueues, Dispatcher, call_user, in_callback
 from ibal.al.fmr import Fmr
-from ibal.al.manager import PROVIDERS_ENV, AlManager, default_manager, open_al
+from ibal.al.mad_port import read_mad_slot
+from ibal.al.manager import (
+    PROVIDERS_ENV,
+    SIMULATED_SKIPPED,
+    AlManager,
+    default_manager,
+    open_al,
+    start_default_providers,
+)
 from ibal.al.mr import Mr, Mw
-from ibal.al.obj import SYNC_DESTROY, AlObject
+from ibal.al.obj import SYNC_DESTROY, AlObject, DestroyCallback, SyncDestroy
 from ibal.al.pd import Pd
 from ibal.al.pnp import (
     DeviceAttrMask,
@@ -31,14 +39,29 @@ from ibal.al.pnp import (
 )
 from ibal.al.pnp_io import IoDevices
 from ibal.al.qp import McastAttachment, Qp, QpCreate
+from ibal.al.qp_work import DRAIN_RECV_WR_ID, DRAIN_SEND_WR_ID
 from ibal.al.srq import Srq
 from ibal.al.stash import Stash, StashKey
+from ibal.al.subsystems import Subsystem
 from ibal.al.timer import Timer, TimerScope, TimerService
 
 if TYPE_CHECKING:
-    from ibal.al.connect import ConnectOptions, Endpoint, RemoteEndpoint, connect_qp, endpoint
+    from ibal.al.connect import (
+        ConnectOptions,
+        Endpoint,
+        RemoteEndpoint,
+        connect_qp,
+        default_access,
+        endpoint,
+        path_to,
+        preferred_gid,
+        transitions,
+    )
 
-_CONNECT = frozenset({"ConnectOptions", "Endpoint", "RemoteEndpoint", "connect_qp", "endpoint"})
+_CONNECT = frozenset({
+    "ConnectOptions", "Endpoint", "RemoteEndpoint", "connect_qp", "default_access", "endpoint",
+    "path_to", "preferred_gid", "transitions",
+})  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
@@ -52,7 +75,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
+    "DRAIN_RECV_WR_ID",
+    "DRAIN_SEND_WR_ID",
     "PROVIDERS_ENV",
+    "SIMULATED_SKIPPED",
     "SYNC_DESTROY",
     "AccessLayer",
     "AlManager",
@@ -65,6 +91,7 @@ __all__ = [
     "ConnectOptions",
     "Cq",
     "Dependent",
+    "DestroyCallback",
     "DeviceAttrMask",
     "Dispatcher",
     "Endpoint",
@@ -87,12 +114,21 @@ __all__ = [
     "Srq",
     "Stash",
     "StashKey",
+    "Subsystem",
+    "SyncDestroy",
     "Timer",
     "TimerScope",
     "TimerService",
+    "call_user",
     "connect_qp",
+    "default_access",
     "default_manager",
     "endpoint",
     "in_callback",
     "open_al",
+    "path_to",
+    "preferred_gid",
+    "read_mad_slot",
+    "start_default_providers",
+    "transitions",
 ]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ibal.al import mad_port
 from ibal.al.dispatcher import call_user
-from ibal.al.obj import CaObject, DestroyCallback, _SyncDestroy
+from ibal.al.obj import CaObject, DestroyCallback, SyncDestroy
 from ibal.status import InvalidHandle, InvalidParameter, InvalidQpHandle, NotFound, Unsupported
 from ibal.types import (
     MadAgentSpec,
@@ -171,7 +171,7 @@ class AliasQp(CaObject):
 
     def destroy(
         self,
-        destroy_cb: DestroyCallback | _SyncDestroy | None = None,
+        destroy_cb: DestroyCallback | SyncDestroy | None = None,
         *,
         wait: bool = False,
         timeout: float | None = None,
@@ -311,7 +311,7 @@ class MadAgent(CaObject):
 
     def deregister(
         self,
-        destroy_cb: DestroyCallback | _SyncDestroy | None = None,
+        destroy_cb: DestroyCallback | SyncDestroy | None = None,
         *,
         wait: bool = False,
         timeout: float | None = None,

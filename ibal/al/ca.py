@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ibal.al.cq import CompCallback, Cq
-from ibal.al.obj import READY, AlObject, CaObject, DestroyCallback, _SyncDestroy
+from ibal.al.obj import READY, AlObject, CaObject, DestroyCallback, SyncDestroy
 from ibal.al.pd import Pd, _check_cb
 from ibal.ci.interface import Capabilities
 from ibal.status import (
@@ -161,7 +161,7 @@ class Ca(CaObject):
 
     def close(
         self,
-        destroy_cb: DestroyCallback | _SyncDestroy | None = None,
+        destroy_cb: DestroyCallback | SyncDestroy | None = None,
         *,
         wait: bool = False,
         timeout: float | None = None,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ibal.al.dispatcher import call_user, log
-from ibal.al.obj import READY, CaObject, DestroyCallback, _SyncDestroy, busy_if
+from ibal.al.obj import READY, CaObject, DestroyCallback, SyncDestroy, busy_if
 from ibal.status import InvalidCqHandle, InvalidCqSize, InvalidParameter
 from ibal.types import AsyncEventRec, Wc, WcStatus
 
@@ -139,7 +139,7 @@ class Cq(CaObject):
 
     def destroy(
         self,
-        destroy_cb: DestroyCallback | _SyncDestroy | None = None,
+        destroy_cb: DestroyCallback | SyncDestroy | None = None,
         *,
         wait: bool = False,
         timeout: float | None = None,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ibal.al.dispatcher import call_user
-from ibal.al.obj import READY, AlObject, DestroyCallback, _resolve, _SyncDestroy
+from ibal.al.obj import READY, AlObject, DestroyCallback, SyncDestroy, resolve_future
 from ibal.status import InvalidHandle, InvalidParameter, InvalidPort
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ class Dependent(AlObject):
 
     def destroy(
         self,
-        destroy_cb: DestroyCallback | _SyncDestroy | None = None,
+        destroy_cb: DestroyCallback | SyncDestroy | None = None,
         *,
         wait: bool = False,
         timeout: float | None = None,
@@ -197,7 +197,7 @@ class Dependent(AlObject):
         def cb(context: Any) -> None:
             if preset is not None:
                 call_user(preset, context)
-            loop.call_soon_threadsafe(_resolve, fut)
+            loop.call_soon_threadsafe(resolve_future, fut)
 
         self._destroy(cb, False, None)
         await fut

@@ -71,12 +71,12 @@ DESTROYED = State.DESTROYED
 ALIVE = (INIT, READY)
 
 
-class _SyncDestroy:
+class SyncDestroy:
     """The type of :data:`SYNC_DESTROY`."""
 
-    _instance: ClassVar[_SyncDestroy | None] = None
+    _instance: ClassVar[SyncDestroy | None] = None
 
-    def __new__(cls) -> _SyncDestroy:
+    def __new__(cls) -> SyncDestroy:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance
@@ -85,7 +85,7 @@ class _SyncDestroy:
         return "ib_sync_destroy"
 
 
-SYNC_DESTROY = _SyncDestroy()
+SYNC_DESTROY = SyncDestroy()
 """IBAL's ``ib_sync_destroy``: passed as ``destroy_cb`` it means ``wait=True``."""
 
 DestroyCallback = Callable[[Any], object]
@@ -107,7 +107,8 @@ def _run_destroy_cb(cb: DestroyCallback | None, context: Any, done: threading.Ev
             done.set()
 
 
-def _resolve(fut: asyncio.Future[None]) -> None:
+def resolve_future(fut: asyncio.Future[None]) -> None:
+    """Complete ``fut`` unless it is done (a waiter may have been cancelled)."""
     if not fut.done():
         fut.set_result(None)
 
@@ -400,12 +401,12 @@ class AlObject:
 
     def _destroy(
         self,
-        destroy_cb: DestroyCallback | _SyncDestroy | None,
+        destroy_cb: DestroyCallback | SyncDestroy | None,
         wait: bool,
         timeout: float | None,
     ) -> None:
         """The asynchronous destroy verbs (``ib_close_ca``, ``ib_destroy_qp``, ...)."""
-        if isinstance(destroy_cb, _SyncDestroy):
+        if isinstance(destroy_cb, SyncDestroy):
             destroy_cb, wait = None, True
         if destroy_cb is not None and not callable(destroy_cb):
             raise InvalidParameter("destroy_cb must be callable")
@@ -508,7 +509,7 @@ class AlObject:
         fut: asyncio.Future[None] = loop.create_future()
 
         def cb(_context: Any) -> None:
-            loop.call_soon_threadsafe(_resolve, fut)
+            loop.call_soon_threadsafe(resolve_future, fut)
 
         self._destroy(cb, False, None)
         await fut

@@ -10,7 +10,7 @@ from ibal.al.av import Av, check_av_attr
 from ibal.al.cq import Cq
 from ibal.al.fmr import EmulatedFmr, Fmr
 from ibal.al.mr import Mr, Mw, check_access, check_phys_create, pin_buffer
-from ibal.al.obj import CaObject, DestroyCallback, _SyncDestroy, check_handle
+from ibal.al.obj import CaObject, DestroyCallback, SyncDestroy, check_handle
 from ibal.al.qp import EventCallback, Qp, QpCreate, check_qp_create
 from ibal.al.shmid import open_segment
 from ibal.al.srq import Srq, check_srq_attr
@@ -58,7 +58,7 @@ class Pd(CaObject):
 
     def dealloc(
         self,
-        destroy_cb: DestroyCallback | _SyncDestroy | None = None,
+        destroy_cb: DestroyCallback | SyncDestroy | None = None,
         *,
         wait: bool = False,
         timeout: float | None = None,

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ibal.al.obj import DESTROYED, SYNC_DESTROY, AlObject, DestroyCallback, _SyncDestroy
+from ibal.al.obj import DESTROYED, SYNC_DESTROY, AlObject, DestroyCallback, SyncDestroy
 from ibal.status import InvalidHandle, InvalidParameter, Status, Timeout
 from ibal.types import CaAttr, IocInfo, IouInfo, LinkState, PortAttr
 
@@ -218,7 +218,7 @@ class PnpRegistration(AlObject):
 
     def dereg(
         self,
-        destroy_cb: DestroyCallback | _SyncDestroy | None = None,
+        destroy_cb: DestroyCallback | SyncDestroy | None = None,
         *,
         wait: bool = False,
         timeout: float | None = None,
@@ -233,7 +233,7 @@ class PnpRegistration(AlObject):
         the last callback (the fence); ``wait=True`` (or ``SYNC_DESTROY``) also
         waits for that.  ``await reg.destroy_async()`` is the awaitable form.
         """
-        if isinstance(destroy_cb, _SyncDestroy):
+        if isinstance(destroy_cb, SyncDestroy):
             destroy_cb, wait = None, True
         self._destroy(destroy_cb, wait, timeout)
         if wait or destroy_cb is not None or self._mgr._queues.pnp.is_current():

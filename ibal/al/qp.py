@@ -13,7 +13,7 @@ from ibal.al import ranges
 from ibal.al.av import Av
 from ibal.al.cq import Cq
 from ibal.al.dispatcher import log
-from ibal.al.obj import CaObject, DestroyCallback, _SyncDestroy
+from ibal.al.obj import CaObject, DestroyCallback, SyncDestroy
 from ibal.al.qp_work import QpWork
 from ibal.al.srq import Srq
 from ibal.records import record
@@ -435,7 +435,7 @@ class Qp(QpWork):
 
     def destroy(
         self,
-        destroy_cb: DestroyCallback | _SyncDestroy | None = None,
+        destroy_cb: DestroyCallback | SyncDestroy | None = None,
         *,
         wait: bool = False,
         timeout: float | None = None,

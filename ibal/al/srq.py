@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ibal.al import wrcheck
-from ibal.al.obj import READY, CaObject, DestroyCallback, _SyncDestroy, busy_if
+from ibal.al.obj import READY, CaObject, DestroyCallback, SyncDestroy, busy_if
 from ibal.status import InvalidParameter, InvalidSetting, InvalidSrqHandle
 from ibal.types import AsyncEventRec, RecvWr, SrqAttr, SrqAttrMask
 
@@ -77,7 +77,7 @@ class Srq(CaObject):
 
     def destroy(
         self,
-        destroy_cb: DestroyCallback | _SyncDestroy | None = None,
+        destroy_cb: DestroyCallback | SyncDestroy | None = None,
         *,
         wait: bool = False,
         timeout: float | None = None,

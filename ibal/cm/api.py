@@ -26,8 +26,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ibal.al import AccessLayer, Qp, in_callback
-from ibal.al.dispatcher import call_user
+from ibal.al import AccessLayer, Qp, call_user, in_callback
 from ibal.cm import fsm, ops, wire
 from ibal.cm.conn import CmConn, connection_of
 from ibal.cm.listens import ListenHandle

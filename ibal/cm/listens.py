@@ -21,8 +21,7 @@ from ibal.status import IbError, Status
 from ibal.wire.fields import Value
 
 if TYPE_CHECKING:
-    from ibal.al import AccessLayer
-    from ibal.al.obj import DestroyCallback
+    from ibal.al import AccessLayer, DestroyCallback
     from ibal.cm.service import CepIo, CmAgent
 
 __all__ = ["ListenHandle"]

@@ -29,8 +29,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ibal.al import AccessLayer, Qp, in_callback
-from ibal.al.dispatcher import call_user
+from ibal.al import AccessLayer, Qp, call_user, in_callback
 from ibal.cm import fsm, ops
 from ibal.cm.conn import CmConn
 from ibal.cm.listens import ListenHandle

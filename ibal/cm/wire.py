@@ -26,7 +26,7 @@ from dataclasses import replace
 from ipaddress import IPv6Address
 from typing import Any, Final, NamedTuple
 
-from ibal.al.connect import ConnectOptions, Endpoint, path_to, transitions
+from ibal.al import ConnectOptions, Endpoint, path_to, transitions
 from ibal.cm.records import (
     ARI_SIZE,
     CmApr,

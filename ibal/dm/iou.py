@@ -117,7 +117,7 @@ class IoUnit:
         self._change_id = (self._change_id + 1) & 0xFFFF
 
     def _tell(self, listeners: list[ExportListener], exporting: bool) -> None:
-        from ibal.al.dispatcher import call_user
+        from ibal.al import call_user
 
         with self._tell_lock:
             if self.exporting is not exporting:

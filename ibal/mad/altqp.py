@@ -32,8 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ibal.al import Av, Cq, Mr, Qp, QpCreate
-from ibal.al.mad_port import read_mad_slot
+from ibal.al import Av, Cq, Mr, Qp, QpCreate, read_mad_slot
 from ibal.mad.pool import ElementState, MadElement
 from ibal.mad.service import MadService
 from ibal.mad.svc import svc_oui

@@ -28,9 +28,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ibal.al import Dependent
-from ibal.al.obj import DestroyCallback
-from ibal.al.stash import StashKey
+from ibal.al import Dependent, DestroyCallback, StashKey
 from ibal.sa import inform_fsm as fsm
 from ibal.sa.inform_fsm import ALL_TRAPS, InformInfo, Notice, SubPhase
 from ibal.sa.port import SaPort

@@ -23,9 +23,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ibal.al import Ca, Dependent, McastAttachment, Qp
-from ibal.al.obj import DestroyCallback
-from ibal.al.stash import StashKey
+from ibal.al import Ca, Dependent, DestroyCallback, McastAttachment, Qp, StashKey
 from ibal.sa import mcast_fsm as fsm
 from ibal.sa.mcast_fsm import JoinState, McastPhase, MemberRec, Scope
 from ibal.sa.port import SaPort

@@ -46,8 +46,7 @@ import threading
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
-from ibal.al import AccessLayer, Dependent, PnpClass, PnpOrder, StashKey, in_callback
-from ibal.al.dispatcher import call_user
+from ibal.al import AccessLayer, Dependent, PnpClass, PnpOrder, StashKey, call_user, in_callback
 from ibal.mad import MadElement, MadService, MadSvc, enable_rmpp, put_mad, reg_mad_svc
 from ibal.sa.reports import ReportHub, hub_of
 from ibal.sa.txn import (

@@ -13,8 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from ibal.al import PnpClass, PnpEvent, PnpRec
-from ibal.al.stash import StashKey
+from ibal.al import PnpClass, PnpEvent, PnpRec, StashKey
 
 if TYPE_CHECKING:
     from ibal.al import AccessLayer

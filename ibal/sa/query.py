@@ -27,8 +27,7 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ibal.al import AccessLayer, StashKey, in_callback
-from ibal.al.dispatcher import call_user
+from ibal.al import AccessLayer, StashKey, call_user, in_callback
 from ibal.sa.port import SaPort, SaRequest
 from ibal.sa.txn import SA_DATA, SaAnswer
 from ibal.status import (

@@ -24,14 +24,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from ibal.al import AccessLayer, Dependent, PnpClass, PnpEvent, PnpRec, in_callback
-from ibal.al.dispatcher import call_user, log
+from ibal.al import AccessLayer, Dependent, PnpClass, PnpEvent, PnpRec, call_user, in_callback
 from ibal.sa.service_fsm import (
     INFINITE_LEASE,
     Action,
@@ -48,6 +48,7 @@ from ibal.sa.waitable import FirstOutcome
 from ibal.status import (
     IbError,
     InvalidGid,
+    InvalidHandle,
     InvalidParameter,
     InvalidState,
     Status,
@@ -59,8 +60,7 @@ from ibal.wire.mad.sa import SERVICE_RECORD, component_mask
 
 if TYPE_CHECKING:
 
-    from ibal.al import PnpRegistration, Timer
-    from ibal.al.obj import DestroyCallback
+    from ibal.al import DestroyCallback, PnpRegistration, Timer
     from ibal.sa.txn import SaAnswer
 
 __all__ = [
@@ -79,6 +79,8 @@ __all__ = [
 
 NAME_SIZE: Final = 64
 KEY_SIZE: Final = 16
+log = logging.getLogger("ibal.sa")
+
 _COUNTS: Final = {8: 16, 16: 8, 32: 4, 64: 2}
 _REREGISTER_EVENTS: Final = frozenset({PnpEvent.CLIENT_REREGISTER, PnpEvent.SM_CHANGE})
 
@@ -606,5 +608,5 @@ def dereg_svc(
 ) -> None:
     """``ib_dereg_svc(h_reg_svc, pfn_destroy_cb)``."""
     if not isinstance(reg, ServiceRegistration):
-        raise ServiceRegistration._invalid("expected a service registration handle")
+        raise InvalidHandle("expected a service registration handle")
     reg.dereg(destroy_cb, wait=wait)

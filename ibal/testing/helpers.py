@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ibal.al.connect import (
+from ibal.al import (
     ConnectOptions,
     connect_qp,
     default_access,

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ibal.al import AccessLayer, AlManager
-from ibal.al.manager import start_default_providers
+from ibal.al import AccessLayer, AlManager, start_default_providers
 from ibal.status import IbError
 
 if TYPE_CHECKING:  # rich is imported by the commands that print tables (~0.1 s)

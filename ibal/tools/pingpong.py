@@ -18,8 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import ibal
-from ibal.al import AccessLayer, ConnectOptions, Endpoint, QpCreate
-from ibal.al.connect import preferred_gid
+from ibal.al import AccessLayer, ConnectOptions, Endpoint, QpCreate, preferred_gid
 from ibal.status import IbError
 from ibal.tools.common import (
     DEFAULT_PORT,

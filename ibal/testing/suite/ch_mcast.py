@@ -63,7 +63,7 @@ def group_for(port: PortAttr) -> tuple[Gid, int]:
     """The group the delivery checks use on ``port`` and the source GID index to send from:
     the IPv6 group, or on a RoCE port whose preferred GID is IPv4 the IPv4-mapped one."""
     if is_roce(port) and port.gids:
-        from ibal.al.connect import preferred_gid
+        from ibal.al import preferred_gid
 
         entry = preferred_gid(port)
         if entry.is_ipv4:

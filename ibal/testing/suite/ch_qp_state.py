@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ibal.al.qp_work import DRAIN_RECV_WR_ID, DRAIN_SEND_WR_ID
+from ibal.al import DRAIN_RECV_WR_ID, DRAIN_SEND_WR_ID
 from ibal.testing.helpers import RcTiming, Side, wait_until, wait_wc, wait_wcs
 from ibal.testing.rules import rules
 from ibal.testing.suite.base import ConformanceBase, deviation, require_qp_type
@@ -22,8 +22,7 @@ from ibal.types import (
 )
 
 if TYPE_CHECKING:
-    from ibal.al import Ca
-    from ibal.al.qp import Qp
+    from ibal.al import Ca, Qp
 
 FAST = RcTiming(retry_cnt=0, rnr_retry_cnt=0, local_ack_timeout=8, rnr_nak_timeout=1)
 FLUSH = WcStatus.WR_FLUSHED_ERR

@@ -422,7 +422,7 @@ def _train_frames(
     tmp_path: Path, engine: str, data: bytes, n: int, mtu: int, since: int, psn: int
 ) -> list[bytes]:
     from ibal.providers.rxe.io import DeviceIO
-    from ibal.providers.rxe.packet import Train
+    from ibal.wire.packet import Train
     from ibal.wire.pcap import PcapWriter, read_pcap
 
     path = tmp_path / f"{engine}.pcap"
