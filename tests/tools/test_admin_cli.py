@@ -29,7 +29,7 @@ def test_help_lists_every_command_under_its_heading_and_imports_no_tool() -> Non
     # the command table and the options every command shares; no tool module
     assert sorted(ast.literal_eval(imported)) == ["ibal.tools.cliopts", "ibal.tools.commands"]
     heads = {ln[:-1] for ln in text.splitlines() if ln[:1].isupper() and ln.endswith(":")}
-    known = {*LAZY, *main.commands, "lab"}
+    known = {*LAZY, *main.commands, "lab", "nvme"}
     listed = {t for t, names in GROUPS if any(n in known for n in names)}
     assert heads - {"Options"} == listed
     for name in LAZY:  # each under the heading of its group, with its one line
