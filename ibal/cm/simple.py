@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from ibal.al import AccessLayer, Qp, in_callback
 from ibal.al.dispatcher import call_user
+from ibal.al.ranges import check_timeout
 from ibal.cm import fsm, ops
 from ibal.cm.conn import CmConn
 from ibal.cm.listens import ListenHandle
 from ibal.cm.records import CmDreq, CmListen, CmRej, CmRep, CmReq
 from ibal.mad.cm import RejReason, SidrStatus
-from ibal.status import IbError, InvalidState, Status, Timeout
+from ibal.status import IbError, InvalidParameter, InvalidState, Status, Timeout
 from ibal.types import QpType
 from ibal.wire.fields import Value
 
@@ -112,6 +113,7 @@ class _Outcome:
         return first
 
     def wait(self, timeout: float | None, what: str) -> None:
+        timeout = check_timeout(timeout)
         if not self._event.is_set():
             if in_callback():
                 if not self._decided:
@@ -282,9 +284,10 @@ def connect(al: AccessLayer, qp: Qp, path: object, service_id: int, private_data
     """
     options.setdefault("resp_res", 1)
     options.setdefault("init_depth", 1)
-    req = CmReq(svc_id=service_id, primary_path=_path(path), qp=qp, rep_cb=_noop,
-                qp_type=getattr(qp, "qp_type", QpType.RC), pdata=private_data,
-                **options)  # fmt: skip
+    timeout = check_timeout(timeout)
+    req = _record(CmReq, svc_id=service_id, primary_path=_path(path), qp=qp, rep_cb=_noop,
+                  qp_type=getattr(qp, "qp_type", QpType.RC), pdata=private_data,
+                  **options)  # fmt: skip
     # The object first: the REP's upcall may run on the misc queue before request returns.
     conn = Connection(None, qp, callback)
     conn.handle = ops.request(al, req, deliver=conn._deliver)
@@ -322,7 +325,10 @@ class Incoming:
         conn.qp = qp
         conn._callback = callback
         options.setdefault("init_depth", _int(self.fields.get("responder_resources")))
-        ops.accept(self.handle, CmRep(qp=qp, qp_type=qp.qp_type, pdata=private_data, **options))
+        timeout = check_timeout(timeout)
+        qp_type = getattr(qp, "qp_type", None)
+        ops.accept(self.handle, _record(CmRep, qp=qp, qp_type=qp_type, pdata=private_data,
+                                        **options))  # fmt: skip
         if callback is None:
             conn.wait(timeout)
         return conn
@@ -391,7 +397,7 @@ class Listener:
 
 def listen(al: AccessLayer, service_id: int, **kw: Any) -> Listener:
     """Listen on ``service_id`` (see :class:`Listener`)."""
-    return Listener(al, service_id, **kw)
+    return _record(Listener, al=al, service_id=service_id, **kw)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -458,6 +464,14 @@ async def resolve_service_async(al: AccessLayer, path: object, service_id: int,
     await waiter.outcome.future()
     assert waiter.reply is not None
     return waiter.reply
+
+
+def _record(cls: type[Any], **fields: Any) -> Any:
+    """``cls(**fields)``, an unknown field ``InvalidParameter`` naming it (not a TypeError)."""
+    try:
+        return cls(**fields)
+    except TypeError as e:
+        raise InvalidParameter(f"{cls.__name__}: {e}") from None
 
 
 def _noop(*_args: object) -> None:
