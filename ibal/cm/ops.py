@@ -250,7 +250,8 @@ def listen(al: AccessLayer, listen: CmListen, *, on_request: Callable[..., None]
                         compare_offset=listen.compare_offset,
                         compare_buf=bytes(listen.compare_buffer),
                         ud=listen.qp_type is QpType.UD, context=context,
-                        on_incoming=on_request, record=listen)  # fmt: skip
+                        on_incoming=on_request, record=listen,
+                        backlog=listen.backlog)  # fmt: skip
 
 
 def accept(conn: CmConn, rep: CmRep) -> None:

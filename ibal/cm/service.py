@@ -71,6 +71,10 @@ class ListenUser(ListenLike, Protocol):
 
     def cm_error(self, reason: Status) -> None: ...
 
+    def admits(self) -> bool: ...
+
+    def track(self, cep: CepIo, conn: Any, fields: dict[str, Value]) -> None: ...
+
 
 class CepIo:
     """One endpoint as the agent drives it: the machine, its port, peer address and TID."""

@@ -350,12 +350,13 @@ class Listener:
 
     def __init__(self, al: AccessLayer, service_id: int, *,
                  callback: Callable[[Incoming], object] | None = None, compare_offset: int = 0,
-                 compare: bytes = b"", port_guid: int = 0, ud: bool = False) -> None:  # fmt: skip
+                 compare: bytes = b"", port_guid: int = 0, ud: bool = False,
+                 backlog: int = 128) -> None:  # fmt: skip
         self._queue: queue.Queue[Incoming] = queue.Queue()
         self._callback = callback
-        rec = CmListen(svc_id=service_id, req_cb=_noop, port_guid=port_guid,
-                       compare_buffer=compare, compare_offset=compare_offset,
-                       qp_type=QpType.UD if ud else QpType.RC)  # fmt: skip
+        rec = _record(CmListen, svc_id=service_id, req_cb=_noop, port_guid=port_guid,
+                      compare_buffer=compare, compare_offset=compare_offset,
+                      qp_type=QpType.UD if ud else QpType.RC, backlog=backlog)  # fmt: skip
         self.handle: ListenHandle = ops.listen(al, rec, on_request=self._on_request)
 
     def __repr__(self) -> str:
