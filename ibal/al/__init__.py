@@ -40,6 +40,7 @@ from ibal.al.pnp import (
 from ibal.al.pnp_io import IoDevices
 from ibal.al.qp import McastAttachment, Qp, QpCreate
 from ibal.al.qp_work import DRAIN_RECV_WR_ID, DRAIN_SEND_WR_ID
+from ibal.al.ranges import check_timeout
 from ibal.al.srq import Srq
 from ibal.al.stash import Stash, StashKey
 from ibal.al.subsystems import Subsystem
@@ -120,6 +121,7 @@ __all__ = [
     "TimerScope",
     "TimerService",
     "call_user",
+    "check_timeout",
     "connect_qp",
     "default_access",
     "default_manager",

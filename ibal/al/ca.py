@@ -243,11 +243,15 @@ class Ca(CaObject):
         self._check()
         if not isinstance(port_num, int) or self._cica.port(port_num) is None:
             raise InvalidPort(f"CA {self.name} has no port {port_num!r}")
-        if not isinstance(mad, (bytes, bytearray, memoryview)) or len(mad) != MAD_SIZE:
+        try:
+            data = bytes(mad) if isinstance(mad, (bytes, bytearray, memoryview)) else b""
+        except ValueError:  # a released memoryview
+            data = b""
+        if len(data) != MAD_SIZE:
             raise InvalidParameter(f"a MAD is {MAD_SIZE} bytes")
         self._use()
         try:
-            return self._ci.local_mad(self._h, port_num, bytes(mad))
+            return self._ci.local_mad(self._h, port_num, data)
         finally:
             self._unuse()
 

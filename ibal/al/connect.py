@@ -11,7 +11,7 @@ issues the modifies.
 from __future__ import annotations
 
 import contextlib
-import random
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from ipaddress import AddressValueError
@@ -326,6 +326,20 @@ def _port_of(qp: Qp, port_num: int) -> tuple[CaAttr, PortAttr]:
         raise InvalidPort(f"CA {qp.pd.ca.name} has no port {port_num!r}") from None
 
 
+def start_psn(psn: int | None) -> int:
+    """``psn``, checked, or (``None``) a 24-bit start PSN from the OS's randomness.
+
+    Not ``random``: a Mersenne Twister's output (and the same after ``random.seed``)
+    lets an off-path peer predict the PSNs of the next connections; Linux draws
+    them with ``get_random_u32``.
+    """
+    if psn is None:
+        return secrets.randbits(24)
+    if type(psn) is not int or not 0 <= psn <= 0xFFFFFF:
+        raise InvalidParameter(f"a PSN is a 24-bit int, not {psn!r:.40}")
+    return psn
+
+
 def endpoint(
     qp: Qp,
     port_num: int,
@@ -340,6 +354,10 @@ def endpoint(
     ``gid_index`` ``None`` takes :func:`preferred_gid`; ``qkey`` (datagram
     QPs) defaults to :data:`DEFAULT_QKEY`.
     """
+    from ibal.al.qp import Qp
+
+    if not isinstance(qp, Qp):
+        raise InvalidParameter(f"qp must be an ibal Qp, not {type(qp).__name__}")
     if type(port_num) is not int:
         raise InvalidParameter("port_num must be an int")
     _, port = _port_of(qp, port_num)
@@ -354,8 +372,7 @@ def endpoint(
             gid = preferred_gid(port).gid
         except NotFound:
             gid = None
-    if psn is None:
-        psn = random.getrandbits(24)
+    psn = start_psn(psn)
     if qkey is None:
         qkey = DEFAULT_QKEY if qp.qp_type.is_datagram else 0
     return Endpoint(
@@ -381,8 +398,8 @@ def connect_qp(
 
     ``local`` is this end's :class:`Endpoint` (from :func:`endpoint`: its
     ``port_num``, ``psn`` and ``qkey`` are used) or a port number (then ``psn``,
-    default 0).  RC and UC QPs are connected to ``remote.qpn``; a UD QP is made
-    ready to send and receive and the returned ``AvAttr`` is what
+    default: a random one, as :func:`endpoint` draws).  RC and UC QPs are connected
+    to ``remote.qpn``; a UD QP is made ready to send and receive and the returned ``AvAttr`` is what
     ``pd.create_av`` needs to reach ``remote`` (``remote.ud_dest(av)`` then
     addresses the work request).  The QP must be in RESET
     (``InvalidQpState``); if a step fails it goes back to RESET and the error
@@ -396,11 +413,11 @@ def connect_qp(
     if isinstance(local, Endpoint):
         port_num, my_psn = local.port_num, local.psn
         if psn is not None:
-            my_psn = psn
+            my_psn = start_psn(psn)
         if opts.qkey is None and local.qkey and qp.qp_type.is_datagram:
             opts = replace(opts, qkey=local.qkey)
     elif type(local) is int:
-        port_num, my_psn = local, 0 if psn is None else psn
+        port_num, my_psn = local, start_psn(psn)
     else:
         raise InvalidParameter("local is an Endpoint or a port number")
     if not isinstance(remote, Endpoint):

@@ -431,6 +431,9 @@ def open_al(
     items: list[tuple[str, Mapping[str, Any]]]
     if isinstance(providers, Mapping):
         items = [(str(k), v or {}) for k, v in providers.items()]
+        for name, options in items:
+            if not isinstance(options, Mapping):
+                raise InvalidParameter(f"provider {name!r}: options are a dict: {options!r:.40}")
     elif isinstance(providers, str):
         items = [(providers, {})]
     elif isinstance(providers, Sequence):

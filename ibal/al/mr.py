@@ -83,6 +83,8 @@ def pin_buffer(buffer: object) -> tuple[memoryview, Any, int]:
         view = memoryview(buffer)  # type: ignore[arg-type]
     except TypeError:
         raise InvalidParameter(f"{type(buffer).__name__} is not a buffer") from None
+    except ValueError as e:  # a released memoryview, a closed mmap
+        raise InvalidParameter(f"the {type(buffer).__name__} is not usable: {e}") from None
     if view.readonly:
         raise InvalidParameter("the buffer is read-only")
     if not view.c_contiguous:
@@ -147,6 +149,9 @@ class Mr(CaObject):
 
     def sge(self, offset: int = 0, length: int | None = None) -> Sge:
         """An SGE for ``[offset, offset+length)`` of this region (to its end by default)."""
+        self._check()
+        if type(offset) is not int or (length is not None and type(length) is not int):
+            raise InvalidParameter(f"offset and length are ints: {offset!r:.20}, {length!r:.20}")
         if length is None:
             length = self.length - offset
         if offset < 0 or length < 0 or offset + length > self.length:

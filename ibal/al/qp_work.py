@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ibal import qp_fsm
-from ibal.al import wrcheck
+from ibal.al import ranges, wrcheck
 from ibal.al.av import Av
 from ibal.al.cq import Cq
 from ibal.al.obj import READY, CaObject
@@ -219,6 +219,7 @@ class QpWork(CaObject):
         seconds (``None``: wait as long as it takes).
         """
         self._check()
+        timeout = ranges.check_timeout(timeout)
         if self._qp_state is QpState.RESET:
             raise InvalidQpState("a QP in RESET has nothing to drain")
         # Always (as Linux does): ERROR -> ERROR is legal, and it makes a CA that flushes

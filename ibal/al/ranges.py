@@ -124,3 +124,14 @@ def check_qp_mod(mod: QpMod) -> None:
             if not isinstance(av, AvAttr):
                 raise InvalidParameter(f"a QpMod path must be an AvAttr, not {type(av).__name__}")
             check_av(av)
+
+
+def check_timeout(timeout: object) -> float | None:
+    """``timeout`` as seconds to wait (``None``: for ever); ``InvalidParameter`` otherwise."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout != timeout:
+        raise InvalidParameter(f"a timeout is a number of seconds or None, not {timeout!r:.40}")
+    if timeout < 0:
+        raise InvalidParameter(f"a timeout cannot be negative ({timeout!r} s)")
+    return float(timeout)

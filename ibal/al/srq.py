@@ -22,6 +22,8 @@ def check_srq_attr(attr: object) -> SrqAttr:
     """``attr`` as an ``SrqAttr`` with no negative value."""
     if not isinstance(attr, SrqAttr):
         raise InvalidParameter("an SrqAttr is required")
+    if not all(type(v) is int for v in (attr.max_wr, attr.max_sge, attr.srq_limit)):
+        raise InvalidParameter("SRQ max_wr, max_sge and srq_limit are ints")
     if min(attr.max_wr, attr.max_sge, attr.srq_limit) < 0:
         raise InvalidSetting("SRQ attributes cannot be negative")
     return attr

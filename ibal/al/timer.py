@@ -95,7 +95,9 @@ class Timer:
 def _delay(delay: object) -> float:
     if isinstance(delay, bool) or not isinstance(delay, int | float) or delay != delay:
         raise InvalidParameter(f"a delay is a number of seconds, not {delay!r}")
-    return max(float(delay), 0.0)
+    if delay < 0:
+        raise InvalidParameter(f"a delay cannot be negative ({delay!r} s)")
+    return float(delay)
 
 
 class TimerService:

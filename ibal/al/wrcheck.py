@@ -25,7 +25,7 @@ def as_list(wrs: Any, cls: type) -> Sequence[Any]:
         return wrs
     if isinstance(wrs, cls):
         return (wrs,)
-    if isinstance(wrs, Sequence) and not isinstance(wrs, (str, bytes, bytearray)):
+    if isinstance(wrs, Sequence) and not isinstance(wrs, (str, bytes, bytearray, memoryview)):
         return wrs
     raise post_error(
         Status.INVALID_PARAMETER, 0, f"expected {cls.__name__} or a list of them, not {wrs!r:.60}"
@@ -40,7 +40,7 @@ def _sgl_problem(sgl: Any) -> str | None:
     if (
         type(sgl) is not list
         and type(sgl) is not tuple
-        and (not isinstance(sgl, Sequence) or isinstance(sgl, (str, bytes, bytearray)))
+        and (not isinstance(sgl, Sequence) or isinstance(sgl, (str, bytes, bytearray, memoryview)))
     ):
         return f"sg_list is {type(sgl).__name__}, not a list of Sge"
     for g in sgl:

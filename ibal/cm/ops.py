@@ -14,11 +14,11 @@ the connection (an ``fsm.Deliver``; the API layers turn it into records).
 from __future__ import annotations
 
 import contextlib
-import random
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from ibal import osrandom
 from ibal.al import AccessLayer, Qp
 from ibal.cm import fsm, wire
 from ibal.cm.conn import CmConn
@@ -104,7 +104,7 @@ def _check_reset_or_init(qp: Qp) -> None:
 
 
 def _psn() -> int:
-    return random.getrandbits(24)
+    return osrandom.randbits(24)
 
 
 def _fields(conn: CmConn, attr: CmAttr) -> dict[str, Value]:
@@ -250,7 +250,8 @@ def listen(al: AccessLayer, listen: CmListen, *, on_request: Callable[..., None]
                         compare_offset=listen.compare_offset,
                         compare_buf=bytes(listen.compare_buffer),
                         ud=listen.qp_type is QpType.UD, context=context,
-                        on_incoming=on_request, record=listen)  # fmt: skip
+                        on_incoming=on_request, record=listen,
+                        backlog=listen.backlog)  # fmt: skip
 
 
 def accept(conn: CmConn, rep: CmRep) -> None:

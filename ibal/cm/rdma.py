@@ -398,7 +398,8 @@ class RdmaListener:
 
     def __init__(self, al: AccessLayer, port: int, *, ps: PortSpace = PortSpace.TCP,
                  addr: IpAddress | str | None = None,
-                 callback: Callable[[RdmaIncoming], object] | None = None) -> None:  # fmt: skip
+                 callback: Callable[[RdmaIncoming], object] | None = None,
+                 backlog: int = 128) -> None:  # fmt: skip
         self.port = port
         self.ps = PortSpace(ps)
         self.addr = ip_address(addr) if addr is not None else None
@@ -407,7 +408,7 @@ class RdmaListener:
         self._callback = callback
         self._queue: queue.Queue[RdmaIncoming] = queue.Queue()
         self.listener: Listener = simple.listen(al, service_id(self.ps, port),
-                                                callback=self._arrived,
+                                                callback=self._arrived, backlog=backlog,
                                                 ud=self.ps is PortSpace.UDP)  # fmt: skip
 
     def __repr__(self) -> str:
@@ -451,7 +452,9 @@ class RdmaListener:
 
 def listen(al: AccessLayer, port: int, *, ps: PortSpace = PortSpace.TCP,
            addr: IpAddress | str | None = None,
-           callback: Callable[[RdmaIncoming], object] | None = None) -> RdmaListener:  # fmt: skip
+           callback: Callable[[RdmaIncoming], object] | None = None,
+           backlog: int = 128) -> RdmaListener:  # fmt: skip
     """``rdma_bind_addr`` + ``rdma_listen``: REQs of ``rdma_connect`` peers to ``port``
-    (see :class:`RdmaListener`; ``callback`` runs on the AL's misc queue)."""
-    return RdmaListener(al, port, ps=ps, addr=addr, callback=callback)
+    (see :class:`RdmaListener`; ``callback`` runs on the AL's misc queue; ``backlog``
+    half-open connections at most, as ``rdma_listen``'s: docs/cm.md)."""
+    return RdmaListener(al, port, ps=ps, addr=addr, callback=callback, backlog=backlog)

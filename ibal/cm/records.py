@@ -293,6 +293,9 @@ class CmListen:
     compare_offset: int = 0
     qp_type: QpType = QpType.RC
     sidr_context: Any = None
+    backlog: int = 128
+    """Half-open connections the listen holds at most (``rdma_listen``'s backlog): a REQ
+    beyond them gets REJ "no resources" (IBA 12.6.7.2, reason 3) and no endpoint."""
 
     @property
     def compare_length(self) -> int:
@@ -305,6 +308,9 @@ class CmListen:
         _uint("port_guid", self.port_guid, 64)
         _uint("lid", self.lid, 16)
         _uint("pkey", self.pkey, 16)
+        _uint("backlog", self.backlog, 16)
+        if not self.backlog:
+            raise InvalidParameter("a listen's backlog is at least 1")
         _qp_type(self.qp_type, (*_CONNECTED, QpType.UD))
         _check_compare(self.qp_type, self.compare_buffer, self.compare_offset)
 

@@ -181,6 +181,9 @@ class CmRouter:
         except wire.PathMismatch as exc:  # a REQ this port cannot take: REJ with the reason
             self._reject_unheard(port, msg, addr, exc.reason)
             return
+        if not _listen_user(listen).admits():  # its backlog is full: no endpoint at all
+            self._reject_unheard(port, msg, addr, RejReason.NO_RESOURCES)
+            return
         cep = agent.new_cep(port, _passive, addr)
         cep.tid = msg.tid
         cep.remote_comm_id = sender
@@ -194,6 +197,7 @@ class CmRouter:
             self._reject_unheard(port, msg, addr)
             return
         cep.user = user
+        _listen_user(listen).track(cep, user, f)
         self._deliver(cep, msg, data)
 
     def _reject_unheard(self, port: CmPort, msg: cmw.CmMessage, addr: MadAddr,

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import threading
 import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from ibal import osrandom
 from ibal.al import AccessLayer, AlManager, Dependent, PnpClass, PnpEvent, PnpOrder, StashKey
 from ibal.cm import fsm
 from ibal.cm.dispatch import ListenLike, ListenTable, as_int, form_tid, same_sender
@@ -70,6 +70,10 @@ class ListenUser(ListenLike, Protocol):
     def cm_incoming(self, cep: CepIo, fields: dict[str, Value]) -> CepUser | None: ...
 
     def cm_error(self, reason: Status) -> None: ...
+
+    def admits(self) -> bool: ...
+
+    def track(self, cep: CepIo, conn: Any, fields: dict[str, Value]) -> None: ...
 
 
 class CepIo:
@@ -175,9 +179,6 @@ class CmAgent:
         self.listens = ListenTable()
         self.router = CmRouter(self)
         """Where received CM MADs go (REQs to listens, the rest to endpoints)."""
-        # Seeded once from the OS: a SystemRandom draw per comm ID is a getrandom() call
-        # that gives up the GIL, and a busy misc queue kept it for ~1 ms per connect.
-        self._rng = random.Random(random.SystemRandom().getrandbits(64))
         self._pnp: PnpRegistration | None = None
         # PnpOrder.CM: ports come to the CM before user clients, and leave it after them.
         self._pnp = self.al.reg_pnp(PnpClass.PORT, self._on_pnp, order=PnpOrder.CM)
@@ -304,7 +305,9 @@ class CmAgent:
         :meth:`run` when it is first used."""
         now = port.now()
         while True:
-            comm_id = self._rng.getrandbits(32)
+            # from the OS (buffered: a getrandom() call per ID gave up the GIL, ~1 ms per
+            # connect on a busy misc queue); a seeded Twister was predictable after 624 IDs
+            comm_id = osrandom.randbits(32)
             if not comm_id or comm_id in self._ceps:
                 continue
             cep = CepIo(self, port, comm_id, machine_factory(comm_id, now), addr, sidr=sidr)

@@ -29,12 +29,12 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ibal.al import AccessLayer, Qp, call_user, in_callback
+from ibal.al import AccessLayer, Qp, call_user, check_timeout, in_callback
 from ibal.cm import fsm, ops
 from ibal.cm.conn import CmConn
 from ibal.cm.listens import ListenHandle
 from ibal.cm.records import CmDreq, CmListen, CmRej, CmRep, CmReq
-from ibal.status import IbError, InvalidState, Status, Timeout
+from ibal.status import IbError, InvalidParameter, InvalidState, Status, Timeout
 from ibal.types import QpType
 from ibal.wire.fields import Value
 from ibal.wire.mad.cm import RejReason, SidrStatus
@@ -111,6 +111,7 @@ class _Outcome:
         return first
 
     def wait(self, timeout: float | None, what: str) -> None:
+        timeout = check_timeout(timeout)
         if not self._event.is_set():
             if in_callback():
                 if not self._decided:
@@ -281,9 +282,10 @@ def connect(al: AccessLayer, qp: Qp, path: object, service_id: int, private_data
     """
     options.setdefault("resp_res", 1)
     options.setdefault("init_depth", 1)
-    req = CmReq(svc_id=service_id, primary_path=_path(path), qp=qp, rep_cb=_noop,
-                qp_type=getattr(qp, "qp_type", QpType.RC), pdata=private_data,
-                **options)  # fmt: skip
+    timeout = check_timeout(timeout)
+    req = _record(CmReq, svc_id=service_id, primary_path=_path(path), qp=qp, rep_cb=_noop,
+                  qp_type=getattr(qp, "qp_type", QpType.RC), pdata=private_data,
+                  **options)  # fmt: skip
     # The object first: the REP's upcall may run on the misc queue before request returns.
     conn = Connection(None, qp, callback)
     conn.handle = ops.request(al, req, deliver=conn._deliver)
@@ -321,7 +323,10 @@ class Incoming:
         conn.qp = qp
         conn._callback = callback
         options.setdefault("init_depth", _int(self.fields.get("responder_resources")))
-        ops.accept(self.handle, CmRep(qp=qp, qp_type=qp.qp_type, pdata=private_data, **options))
+        timeout = check_timeout(timeout)
+        qp_type = getattr(qp, "qp_type", None)
+        ops.accept(self.handle, _record(CmRep, qp=qp, qp_type=qp_type, pdata=private_data,
+                                        **options))  # fmt: skip
         if callback is None:
             conn.wait(timeout)
         return conn
@@ -343,12 +348,13 @@ class Listener:
 
     def __init__(self, al: AccessLayer, service_id: int, *,
                  callback: Callable[[Incoming], object] | None = None, compare_offset: int = 0,
-                 compare: bytes = b"", port_guid: int = 0, ud: bool = False) -> None:  # fmt: skip
+                 compare: bytes = b"", port_guid: int = 0, ud: bool = False,
+                 backlog: int = 128) -> None:  # fmt: skip
         self._queue: queue.Queue[Incoming] = queue.Queue()
         self._callback = callback
-        rec = CmListen(svc_id=service_id, req_cb=_noop, port_guid=port_guid,
-                       compare_buffer=compare, compare_offset=compare_offset,
-                       qp_type=QpType.UD if ud else QpType.RC)  # fmt: skip
+        rec = _record(CmListen, svc_id=service_id, req_cb=_noop, port_guid=port_guid,
+                      compare_buffer=compare, compare_offset=compare_offset,
+                      qp_type=QpType.UD if ud else QpType.RC, backlog=backlog)  # fmt: skip
         self.handle: ListenHandle = ops.listen(al, rec, on_request=self._on_request)
 
     def __repr__(self) -> str:
@@ -390,7 +396,7 @@ class Listener:
 
 def listen(al: AccessLayer, service_id: int, **kw: Any) -> Listener:
     """Listen on ``service_id`` (see :class:`Listener`)."""
-    return Listener(al, service_id, **kw)
+    return _record(Listener, al=al, service_id=service_id, **kw)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -457,6 +463,14 @@ async def resolve_service_async(al: AccessLayer, path: object, service_id: int,
     await waiter.outcome.future()
     assert waiter.reply is not None
     return waiter.reply
+
+
+def _record(cls: type[Any], **fields: Any) -> Any:
+    """``cls(**fields)``, an unknown field ``InvalidParameter`` naming it (not a TypeError)."""
+    try:
+        return cls(**fields)
+    except TypeError as e:
+        raise InvalidParameter(f"{cls.__name__}: {e}") from None
 
 
 def _noop(*_args: object) -> None:

@@ -207,11 +207,13 @@ def byte_view(buffer: Any, acc: int) -> memoryview:
     """
     try:
         mv = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+        if not mv.contiguous:
+            raise InvalidParameter("the buffer is not contiguous")
+        mv = mv.cast("B")
     except TypeError:
         raise InvalidParameter(f"{type(buffer).__name__} is not a buffer") from None
-    if not mv.contiguous:
-        raise InvalidParameter("the buffer is not contiguous")
-    mv = mv.cast("B")
+    except ValueError as e:  # a released memoryview, a closed mmap
+        raise InvalidParameter(f"the {type(buffer).__name__} is not usable: {e}") from None
     if mv.readonly and acc & ANY_WRITE:
         raise InvalidPermission("write access requested on a read-only buffer")
     return mv

@@ -46,6 +46,7 @@ import threading
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
+from ibal import osrandom
 from ibal.al import AccessLayer, Dependent, PnpClass, PnpOrder, StashKey, call_user, in_callback
 from ibal.mad import MadElement, MadService, MadSvc, enable_rmpp, put_mad, reg_mad_svc
 from ibal.sa.reports import ReportHub, hub_of
@@ -179,6 +180,21 @@ class SaRequest:
             call_user(self._callback, answer)
 
 
+def from_sa(sender: MadAddr | None, sa: MadAddr | None) -> bool:
+    """Whether an answer from ``sender`` can be the SA's, which was asked at ``sa``.
+
+    The LID and QP (and on a global route the GID) the request went to must be where
+    the answer came from; a LID of 0 or the permissive LID was no address to compare.
+    """
+    if sender is None or sa is None:
+        return sa is None
+    if sa.dlid not in (0, 0xFFFF) and sender.dlid != sa.dlid:
+        return False
+    if sender.remote_qp != sa.remote_qp:
+        return False
+    return sa.grh is None or sender.grh is None or sender.grh.dgid == sa.grh.dgid
+
+
 def _set_result(fut: asyncio.Future[SaAnswer], answer: SaAnswer) -> None:
     if not fut.done():
         fut.set_result(answer)
@@ -238,8 +254,7 @@ class SaPort(Dependent):
         self._requests: dict[int, SaRequest] = {}  # id -> pending request
         self._listeners: dict[int, ReportListener] = {}
         self._ids = itertools.count(1)
-        self._tids = itertools.count(1)
-        self.stats: dict[str, int] = {"reports": 0, "stale_answers": 0}
+        self.stats: dict[str, int] = {"reports": 0, "stale_answers": 0, "forged_answers": 0}
         # The SA's address (one MadAddr object, so the AL checks it once) and when it was
         # read; None: read it at the next try.
         self._sm_addr: tuple[MadAddr, float] | None = None
@@ -403,8 +418,10 @@ class SaPort(Dependent):
                               callback=done)  # fmt: skip
 
     def _new_tid(self) -> int:
+        # the low half from the OS: counted TIDs let a forger answer a request it never
+        # saw (it replaced a PathRecord on the mock); the high half is the agent's
         while True:
-            low = next(self._tids) & 0xFFFFFFFF
+            low = osrandom.randbits(32)
             if low:
                 return low
 
@@ -545,12 +562,18 @@ class SaPort(Dependent):
         if request is not None:
             req = request.context1
             mad = bytes(e.mad)
+            forged = not from_sa(e.addr, request.addr)
             put_mad([e, request])
             if isinstance(req, SaRequest):
                 tid = request.context2
                 with self._sa_lock:
                     if req._tries.get(tid) is request:
                         del req._tries[tid]
+                if forged:
+                    # the right TID from the wrong sender: not the SA's answer; the try
+                    # is lost (the transport matched it), the time-out sends the next
+                    self.stats["forged_answers"] += 1
+                    return
                 before = req.txn.stale
                 self._run(req, lambda: req.txn.on_response(mad))
                 self.stats["stale_answers"] += req.txn.stale - before

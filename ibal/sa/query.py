@@ -550,7 +550,7 @@ def _endpoint(port: SaPort, v: object, side: str) -> dict[str, Any]:
         return {f"{side}gid": _gid_bytes(v)}
     if is_int(v) and 0 < v <= 0xFFFF:
         return {f"{side}lid": v}
-    if is_int(v) and v > 0xFFFF:
+    if is_int(v) and 0xFFFF < v <= 0xFFFF_FFFF_FFFF_FFFF:
         return {f"{side}gid": _port_gid(port, v)}
     raise InvalidParameter(f"{side} must be a LID, a port GUID or a GID, not {v!r}")
 

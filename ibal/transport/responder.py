@@ -2,8 +2,8 @@
 
 RC follows rxe ``rxe_resp.c`` and roce-wire.md 2.7-2.9: the expected PSN is
 executed; a newer PSN gets one PSN-sequence NAK (then silence until the gap
-closes); an older one is a duplicate (SEND/WRITE re-ACKed, READ re-executed,
-atomic answered from its saved result).  ACKs go out only for packets with
+closes); an older one is a duplicate (SEND/WRITE re-ACKed, a READ the responder still holds
+replayed, atomic answered from its saved result).  ACKs go out only for packets with
 AckReq.  Responses leave in PSN order through one queue; READ responses are
 generated lazily from it, and a READ holds a responder resource until its last
 response packet has left: more than ``resp_res`` of them is an invalid request.
@@ -134,6 +134,9 @@ class Responder:
         self.wlen = 0
         self.responses = ResponseQueue(cfg)
         self.atomic_cache: dict[int, int] = {}
+        self.reads: list[tuple[int, int, int, int, int]] = []
+        """The last ``max(1, resp_res)`` READs executed: (first PSN, last PSN, R_Key, VA,
+        length), kernel rxe's READ resources; only these may be replayed."""
 
     def set_psn(self, psn: int) -> None:
         self.epsn = psn & PSN_MASK
@@ -359,6 +362,10 @@ class Responder:
                 return False
             view = v
         npkts = packets_for(length, self.cfg.mtu)
+        reads = self.reads
+        reads.append((pkt.psn, (pkt.psn + npkts - 1) & PSN_MASK, pkt.rkey, pkt.va, length))
+        if len(reads) > max(1, self.cfg.resp_res):
+            del reads[0]
         self.msn = (self.msn + 1) & PSN_MASK
         self.responses.read(pkt.psn, view, npkts, self.msn, True)
         self.epsn = (self.epsn + npkts) & PSN_MASK
@@ -392,8 +399,18 @@ class Responder:
 
     def _duplicate(self, pkt: Packet, flags: int) -> None:
         if flags & _F_READ:
-            # Re-executed (READ has no side effect), with fresh access checks.
+            # Replayed only as kernel rxe's duplicate_request does: a READ still held,
+            # the same R_Key, a sub-range of it (a retransmit resumes part way); anything
+            # else is a forgery that would make us send what the PD holds, many times over
             length = pkt.dma_len
+            held = self._held_read(pkt.psn)
+            if held is None:
+                self.counters.drop("duplicate_read_unknown")
+                return
+            _, _, rkey, va, held_len = held
+            if pkt.rkey != rkey or pkt.va < va or pkt.va + length > va + held_len:
+                self.counters.drop("duplicate_read_mismatch")
+                return
             if length > MAX_MSG or len(self.responses) >= MAX_QUEUED_REPLAYS:
                 self.counters.drop("duplicate_read")
                 return
@@ -416,6 +433,12 @@ class Responder:
             self._ack((self.epsn - 1) & PSN_MASK)
         else:
             self.counters.drop("duplicate")
+
+    def _held_read(self, psn: int) -> tuple[int, int, int, int, int] | None:
+        for held in reversed(self.reads):
+            if psn_diff(psn, held[0]) >= 0 and psn_diff(psn, held[1]) <= 0:
+                return held
+        return None
 
     # ------------------------------------------------------------------- flush
     def flush_target(self) -> int | None:

@@ -253,7 +253,8 @@ def test_cq_wait_timeout_returns_nothing_and_does_not_spin(
 
 def test_cq_wait_is_woken_by_the_completion(a: Node) -> None:
     qp = a.pd.create_qp(QpCreate(QpType.RC, a.cq, a.cq))
-    ibal.connect_qp(qp, 1, ibal.endpoint(qp, 1, psn=0))  # loopback to itself
+    # loopback to itself: its send PSN must be the one it expects (connect_qp draws one)
+    ibal.connect_qp(qp, 1, ibal.endpoint(qp, 1, psn=0), psn=0)
     result: list[list] = []  # type: ignore[type-arg]
     started = threading.Event()
 

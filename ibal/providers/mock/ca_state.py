@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
+from ibal import osrandom
 from ibal.ci.interface import (
     Capabilities,
     Handle,
@@ -295,13 +296,16 @@ class CaState:
             raise InvalidState(f"{verb} may not be called from a provider callback")
 
     def _new_key(self) -> int:
+        # the key byte from the OS, as Linux drivers draw it: a peer that saw one key
+        # must not be able to name the next region's (index times a constant could)
         index = self._next_key
         self._next_key += 1
-        return ((index & 0xFFFFFF) << 8) | (index * 0x3B & 0xFF)
+        return ((index & 0xFFFFFF) << 8) | osrandom.randbits(8)
 
     @staticmethod
     def _rekey(key: int) -> int:
-        return (key & ~0xFF) | ((key + 1) & 0xFF)
+        """Another key byte for the same index (never the old one)."""
+        return (key & ~0xFF) | ((key + 1 + osrandom.randbits(8) % 255) & 0xFF)
 
     def _check_av(self, attr: AvAttr) -> None:
         if not isinstance(attr, AvAttr):

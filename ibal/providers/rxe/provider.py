@@ -68,6 +68,7 @@ class RxeProvider(Provider):
                 + ", ".join(sorted(OPTIONS))
             )
         self._specs = _specs(options)
+        self._explicit = options.get("devices") is not None
         self._registrar: CaRegistrar | None = None
         self._cas: dict[str, RxeCa] = {}
         self.registry: Registry | None = None
@@ -90,10 +91,16 @@ class RxeProvider(Provider):
         for spec in self._specs:
             try:
                 self.registry.create(spec)
-            except (OSError, KeyError, ValueError) as e:
+            except KeyError as e:
+                errors.append(f"{spec.name}: no local interface has the address or name {e}")
+            except (OSError, ValueError) as e:
                 errors.append(f"{spec.name}: {e}")
         if errors:
             self.unavailable_reason = "; ".join(errors)
+            if self._explicit:
+                # devices the caller named must exist (docs/api.md: open_al raises); ones
+                # from the environment or the config file only make the provider unavailable
+                raise InvalidParameter(f"rxe devices option: {self.unavailable_reason}")
 
     def stop(self) -> None:
         if self.registry is not None:

@@ -258,7 +258,11 @@ class Frame:
 
 
 def split_ip(data: Buffer) -> Frame | None:
-    """IP datagram -> layers, or ``None`` if it is not UDP to or from port 4791."""
+    """IP datagram -> layers, or ``None`` if it is not UDP to or from port 4791.
+
+    Lengths come from the datagram, so a short or lying one (an IPv4 total length
+    below the headers, a UDP length past the end) is ``None`` too, never an error.
+    """
     mv = data if isinstance(data, memoryview) else memoryview(data)
     if len(mv) >= 28 and mv[0] >> 4 == 4:
         ihl = (mv[0] & 0xF) * 4
@@ -266,6 +270,8 @@ def split_ip(data: Buffer) -> Frame | None:
             return None
         src, dst, hdr_len = bytes(mv[12:16]), bytes(mv[16:20]), 20
         total = int.from_bytes(mv[2:4], "big")
+        if total < 28:
+            return None
         mv = mv[:total]
     elif len(mv) >= 48 and mv[0] >> 4 == 6:
         if mv[6] != 17:
@@ -273,8 +279,10 @@ def split_ip(data: Buffer) -> Frame | None:
         src, dst, hdr_len = bytes(mv[8:24]), bytes(mv[24:40]), 40
     else:
         return None
+    if len(mv) < hdr_len + 8:
+        return None
     sport, dport, ulen = struct.unpack_from(">HHH", mv, hdr_len)
-    if dport != ROCE_V2_PORT:
+    if dport != ROCE_V2_PORT or ulen < 8 or hdr_len + ulen > len(mv):
         return None
     return Frame(
         bytes(mv[: hdr_len + 8]), mv[hdr_len + 8 : hdr_len + ulen], src, dst, sport, dport
