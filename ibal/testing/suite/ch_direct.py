@@ -11,6 +11,7 @@ gives, with nothing created and the provider still usable.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from ibal.ci import ChannelInterface, QpCreated
 
 UNICAST_GID = Gid("fe80::1")
+_RW = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.RDMA_READ
 MCAST_GID = Gid("ff12:401b:ffff::d1")
 MCAST_LID = 0xC0D1
 
@@ -91,6 +93,7 @@ class Ready(NamedTuple):
     h_cq: Any
     keys: Any
     ud: UdDest | None
+    h_pd: Any
 
     def sge(self, offset: int = 0, length: int = 8) -> Sge:
         return Sge(self.keys.vaddr + offset, length, self.keys.lkey)
@@ -140,7 +143,7 @@ class DirectChecks(ConformanceBase):
             raw.rc_ready(qp.handle, peer.attr.qp_num)
             raw.rc_ready(peer.handle, qp.attr.qp_num)
         keys = raw.mr(h_pd, bytearray(4096), AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE)
-        return Ready(qp, cq.handle, keys, ud)
+        return Ready(qp, cq.handle, keys, ud, h_pd)
 
     # ------------------------------------------------------------- checks
     @rules("ci:26", "al:13")
@@ -416,6 +419,31 @@ class DirectChecks(ConformanceBase):
         with pytest.raises(InvalidServiceType):
             rawca.ci.bind_mw(mw.handle, ud.handle, bind)
         assert rawca.ci.query_mw(mw.handle) == mw.rkey
+
+    @rules("ci:10", "ci:74")
+    def test_ci_keys_stay_distinct_32_bit_through_churn(self, rawca: RawCa) -> None:
+        """ci-contract rules 10, 74: through 300 registrations and deregistrations (past any
+        8-bit key counter) every key is a non-zero 32-bit value, no live region shares one,
+        and the last region still reaches its bytes."""
+        r = self._ready(rawca)
+        live: list[Any] = []
+        for i in range(300):
+            keys = rawca.mr(r.h_pd, bytearray(16), _RW)  # close() skips what was freed
+            for kind in ("lkey", "rkey"):
+                v = getattr(keys, kind)
+                assert 0 < v < 1 << 32, f"registration {i}: {kind} {v:#x} outside 1..2^32-1"
+                assert v not in {getattr(k, kind) for k in live}, f"registration {i}: a live {kind}"
+            if i % 30 == 0:
+                live.append(keys)  # kept: later keys must stay clear of it
+            else:
+                rawca.ci.deregister_mr(keys.handle)
+        last = live[-1]
+        attr = rawca.ci.query_mr(last.handle)
+        assert (attr.lkey, attr.rkey) == (last.lkey, last.rkey)
+        wr = replace(r.send(9), sg_list=[Sge(last.vaddr, 8, last.lkey)])
+        rawca.ci.post_send(r.qp.handle, [wr])
+        (wc,) = rawca.poll(r.h_cq)
+        assert (wc.wr_id, wc.status) == (9, WcStatus.SUCCESS), "a kept region's L_Key failed"
 
     @rules("ci:18", "ci:36")
     def test_ci_refusals_leave_the_ca_usable(self, rawca: RawCa) -> None:
