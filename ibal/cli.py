@@ -954,6 +954,8 @@ def _saquery_options(fn: Any) -> Any:
               help="Response time-out per try (ms).")  # fmt: skip
 @click.option("--provider", "providers", multiple=True, help=_PROVIDER_HELP)
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Each query's records as JSON (docs/tools.md).")  # fmt: skip
 def saquery(
     args: tuple[str, ...], ca_name: str | None, port_num: int | None, timeout_ms: int,
     providers: tuple[str, ...], options: tuple[str, ...], **kw: Any,
@@ -1002,11 +1004,18 @@ def saquery(
         with _open(_tool_providers(providers), _parse_options(options)) as (_, al):
             port = saq.open_port(al, ca_name, port_num)
             try:
-                text = saq.saquery(saq.port_asker(port, timeout_ms), opts)
+                ask = saq.port_asker(port, timeout_ms)
+                if kw["as_json"]:
+                    from ibal.tools.diagjson import emit_json, sa_recorder
+
+                    ask, got = sa_recorder(ask)
+                text = saq.saquery(ask, opts)
             finally:
                 port.close()
     except saq.SaqueryError as exc:
         raise click.ClickException(str(exc)) from exc
+    if kw["as_json"]:
+        return emit_json({"queries": got})
     click.echo(text, nl=False)
 
 

@@ -334,3 +334,24 @@ def test_json_of_the_older_diagnostics_validates_and_says_what_the_text_says(
     assert dot.startswith("graph fabric {\n") and dot.endswith("}\n")
     assert dot.count(" -- ") == len(want["links"]) and dot.count("shape=box") == 1
     assert dot.count("shape=ellipse") == 3 and 'label="4x SDR"' in dot
+
+
+@pytest.mark.timeout(600)
+def test_saquery_json_validates_and_holds_the_records_saquery_prints(
+    ibsim_module_fabric: Fabric,
+) -> None:
+    fabric = ibsim_module_fabric
+    ls = lids(fabric)
+    host, sm = str(ls["host"]), str(ls["sm"])
+    cases = [["PIR", host], ["-p", "--src-to-dst", f"{host}:{sm}"], ["CPI"], ["NR", sm]]
+    ours = ibal(fabric, [["saquery", "--json", *a] for a in cases])
+    data = [valid("saquery", r["stdout"]) for r in ours]
+    (pir,) = data[0]["queries"][0]["records"]
+    text = tool(fabric, ["saquery", "PIR", host])
+    assert pir["EndportLID"] == int(host) and pir["CapabilityMask"] == int(
+        re.search(r"CapMask:\.+(0x[0-9a-f]+)", text).group(1), 16)  # type: ignore[union-attr]
+    (path,) = data[1]["queries"][-1]["records"]
+    assert (path["SLID"], path["DLID"]) == (int(host), int(sm))
+    assert data[2]["queries"][0]["Attribute"] == "ClassPortInfo"
+    (node,) = data[3]["queries"][0]["records"]
+    assert node["LID"] == int(sm) and node["NodeType"] == 1
