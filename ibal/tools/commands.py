@@ -49,6 +49,8 @@ LAZY: Final[dict[str, Lazy]] = {
           dump_fts="dump_fts: every switch's unicast (-M: multicast) forwarding table.",
           dump_lfts="dump_lfts: every switch's unicast forwarding table.",
           dump_mfts="dump_mfts: every switch's multicast forwarding table."),
+    **_in("ibal.tools.ping",
+          ibping="ibping: ping a port over the OpenIB ping class (-S: answer pings)."),
     **_in("ibal.tools.addr",
           ibaddr="ibaddr: the GID and LID range of a port [default: this port].",
           smpdump="smpdump: one SMP attribute of a target, as hex words."),

@@ -52,7 +52,9 @@ def test_every_schema_is_a_valid_json_schema() -> None:
         assert schema(name)["type"] == "object"
 
 
-@pytest.mark.parametrize("args", [["ibhosts"], ["ibaddr"], ["smpdump", "1", "0x11"]])
+@pytest.mark.parametrize("args", [["ibhosts"], ["ibaddr"], ["smpdump", "1", "0x11"],
+                                  ["ibping", "-c", "1", "1"], ["iblinkinfo"],
+                                  ["ibportstate", "1", "1"]])  # fmt: skip
 def test_on_roce_the_tools_say_they_have_no_meaning(args: list[str]) -> None:
     r = CliRunner().invoke(main, [*args, "--provider", "rxe", "-o",
                                   "devices=rxe_adm0=127.0.0.1"])  # fmt: skip

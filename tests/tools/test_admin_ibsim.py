@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 
 from ibal.testing.helpers import wait_until
 from ibal.testing.ibsim import Fabric, fat_tree
-from tests.tools.admin_ibsim import NODE, ibal, lids, tool, valid
+from tests.tools.admin_ibsim import NODE, env, ibal, lids, tool, valid
 
 
 @pytest.mark.timeout(600)
@@ -355,3 +356,38 @@ def test_saquery_json_validates_and_holds_the_records_saquery_prints(
     assert data[2]["queries"][0]["Attribute"] == "ClassPortInfo"
     (node,) = data[3]["queries"][0]["records"]
     assert node["LID"] == int(sm) and node["NodeType"] == 1
+
+
+_RTT = re.compile(r"time [\d.]+ ms|= [\d.]+/[\d.]+/[\d.]+ ms")
+
+
+@pytest.mark.timeout(600)
+def test_ibping_client_and_server(ibsim_fabric: Fabric) -> None:
+    """An ibal ping server on Peer (holding ibsim's SM flag, without which ibsim hands a
+    QP1 request to nobody: even two C ibpings lose every packet there) answers the C
+    ibping and ibal's; both clients print the same lines, times aside."""
+    fabric = ibsim_fabric
+    peer = next(str(v) for v in range(1, 6)
+                if v not in lids(fabric).values())  # fmt: skip
+    probe = Path(__file__).with_name("ping_server_probe.py")
+    server = subprocess.Popen([sys.executable, str(probe), "peer.example"], env=env(fabric, "Peer"),
+                              cwd=fabric.workdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "ready\n"
+        theirs = tool(fabric, ["ibping", "-c", "2", peer])
+        ours = ibal(fabric, [["ibping", "-c", "2", peer], ["ibping", "--json", "-f", "-c", "3",
+                                                            peer]])  # fmt: skip
+        out, err = server.communicate("", timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert server.returncode == 0, err[-3000:]
+    assert out.strip().endswith("answered 7")  # 2 + 2 + 3 pings
+    assert theirs.count("Pong from peer.example (Lid ") == 2
+    # times masked: the C tool's clock mixes units (docs/tools.md), ibal's is the real one
+    assert _RTT.sub("T", ours[0]["stdout"]) == _RTT.sub("T", theirs)
+    assert "2 packets transmitted, 2 received, 0% packet loss" in theirs
+    data = valid("ibping", ours[1]["stdout"])
+    assert (data["Host"], data["Transmitted"], data["Received"]) == ("peer.example", 3, 3)
