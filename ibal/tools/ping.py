@@ -1,10 +1,13 @@
-"""``ibal ibping``: infiniband-diags' ping over the OpenIB ping class (vendor class 0x32).
+"""``ibal ibping`` and ``ibal ibsysstat``: infiniband-diags' OpenIB vendor classes.
 
-The client sends Get(attribute 0) of class 0x32 with the OUI (default OpenIB's
-00:14:05) in the vendor range 2 header and prints the answer's data (the
-server's host and domain name) and the round trip; the server
-(:class:`PingServer`, ``-S``) answers every such Get on its port's QP1 with
-its host and domain name, as ``ibping -S`` does, until stopped.
+``ibping`` (class 0x32): the client sends Get(attribute 0) with the OUI
+(default OpenIB's 00:14:05) in the vendor range 2 header and prints the
+answer's data (the server's host and domain name) and the round trip.
+``ibsysstat`` (class 0x33): Get of attribute 0x10 (ping), 0x11 (host and
+domain name) or 0x12 (each CPU's model and MHz, from ``/proc/cpuinfo``).
+The servers (:class:`VendorServer`; ``-S``: :func:`ping_server`,
+:func:`sysstat_server`) answer every such Get on their port's QP1, as
+``ibping -S`` and ``ibsysstat -S`` do, until stopped.
 """
 
 from __future__ import annotations
@@ -26,9 +29,15 @@ from ibal.records import record
 from ibal.status import IbError
 from ibal.tools.diagcli import emit_json, fabric_client, fabric_options
 
-__all__ = ["PING_CLASS", "PingServer", "PingStats", "host_and_domain", "ibping_cmd", "ping"]
+__all__ = ["PING_CLASS", "SYSSTAT_CLASS", "PingStats", "VendorServer", "cpu_info",
+           "host_and_domain", "ibping_cmd", "ibsysstat_cmd", "ping", "ping_server", "sysstat",
+           "sysstat_reply", "sysstat_server"]  # fmt: skip
 
 PING_CLASS: Final = 0x32
+SYSSTAT_CLASS: Final = 0x33
+PING_ATTR, HOSTINFO_ATTR, CPUINFO_ATTR = 0x10, 0x11, 0x12
+SYSSTAT_ATTRS: Final = {"ping": PING_ATTR, "host": HOSTINFO_ATTR, "cpu": CPUINFO_ATTR}
+MAX_CPUS: Final = 8
 OPENIB_OUI: Final = 0x001405
 _DATA: Final = 40  # IB_VENDOR_RANGE2_DATA_OFFS: after the RMPP header and the OUI
 _SIZE: Final = 256 - _DATA
@@ -47,18 +56,20 @@ def host_and_domain() -> str:
     return f"{host}.{domain}" if domain else host
 
 
-class PingServer:
-    """Answers ping Gets on one port (its QP1 alias) with ``name``; :meth:`close` stops."""
+class VendorServer:
+    """Answers Gets of a vendor range 2 class on one port (its QP1 alias) with what
+    ``reply(attribute ID)`` gives (at most one MAD's data); :meth:`close` stops."""
 
-    def __init__(self, ca: Any, port_guid: int, name: str, oui: int = OPENIB_OUI) -> None:
+    def __init__(self, ca: Any, port_guid: int, mgmt_class: int,
+                 reply: Callable[[int], bytes], oui: int = OPENIB_OUI) -> None:  # fmt: skip
         from ibal.types import QpType
 
         self.answered = 0
-        self._name = name.encode("latin-1")[: _SIZE - 1]
+        self._reply = reply
         self._pd = ca.alloc_pd()
         try:
             alias = self._pd.get_spl_qp(port_guid, QpType.QP1_ALIAS)
-            svc = MadSvc(PING_CLASS, 1, self._on_recv, self._on_sent,
+            svc = MadSvc(mgmt_class, 1, self._on_recv, self._on_sent,
                          methods=frozenset({Method.GET}), support_unsol=True,
                          oui=0 if oui == OPENIB_OUI else oui)  # fmt: skip
             self.service: MadService = reg_mad_svc(alias, svc)
@@ -72,7 +83,8 @@ class PingServer:
             put_mad([e, e.request])
             return
         mad = bytes(e.mad)
-        body = mad[24:_DATA] + self._name.ljust(_SIZE, b"\0")  # RMPP header and OUI kept
+        answer = self._reply(int.from_bytes(mad[16:18], "big"))[: _SIZE]
+        body = mad[24:_DATA] + answer.ljust(_SIZE, b"\0")  # RMPP header and OUI kept
         e.mad[:] = header.respond(mad, data=body)
         e.resp_expected = False
         try:
@@ -88,6 +100,49 @@ class PingServer:
     def close(self) -> None:
         with contextlib.suppress(IbError):
             self._pd.dealloc()
+
+
+def ping_server(ca: Any, port_guid: int, name: str, oui: int = OPENIB_OUI) -> VendorServer:
+    """``ibping -S``: every ping answered with ``name`` (its host and domain)."""
+    data = name.encode("latin-1")[: _SIZE - 1]
+    return VendorServer(ca, port_guid, PING_CLASS, lambda _attr: data, oui)
+
+
+def cpu_info(text: str) -> list[tuple[str, str]]:
+    """Each processor's model name and MHz from ``/proc/cpuinfo``'s text (at most 8)."""
+    cpus: list[list[str]] = []
+    for line in text.splitlines():
+        if line.startswith("processor\t"):
+            cpus.append(["", ""])
+            continue
+        if not cpus or ":" not in line:
+            continue
+        value = line.split(":", 1)[1]
+        if line.startswith("model name\t"):
+            cpus[-1][0] = value
+        elif line.startswith("cpu MHz\t"):
+            cpus[-1][1] = value
+    return [(m, h) for m, h in cpus[:MAX_CPUS]]
+
+
+def sysstat_reply(attr: int) -> bytes:
+    """``ibsysstat -S``'s answer to ``attr``."""
+    if attr == HOSTINFO_ATTR:
+        return host_and_domain().encode("latin-1")
+    if attr == CPUINFO_ATTR:
+        try:
+            with open("/proc/cpuinfo", encoding="latin-1") as f:
+                cpus = cpu_info(f.read())
+        except OSError:
+            cpus = []
+        text = "".join(f"cpu {i}: model {m} MHZ {h}\n" for i, (m, h) in enumerate(cpus))
+        return text.encode("latin-1")
+    return b""
+
+
+def sysstat_server(ca: Any, port_guid: int, oui: int = OPENIB_OUI) -> VendorServer:
+    """``ibsysstat -S``: ping, host and CPU answers."""
+    return VendorServer(ca, port_guid, SYSSTAT_CLASS, sysstat_reply, oui)
 
 
 @record
@@ -177,7 +232,7 @@ def ibping_cmd(target: str | None, count: int, flood: bool, oui: str, server: bo
         with fabric_client("ibping", kw) as client:
             if server:
                 port: Any = client.port  # an AL port: its CA and GUID
-                srv = PingServer(port.ca, port.port_guid, host_and_domain(), oui_num)
+                srv = ping_server(port.ca, port.port_guid, host_and_domain(), oui_num)
                 try:
                     stop.wait()
                 finally:
@@ -197,3 +252,61 @@ def ibping_cmd(target: str | None, count: int, flood: bool, oui: str, server: bo
         return
     click.echo("".join(line + "\n" for line in report(stats, to, took)), nl=False)
 
+
+
+def sysstat(client: MadClient, to: PortId, attr: int, oui: int = OPENIB_OUI) -> str:
+    """What ``ibsysstat TARGET [ping|host|cpu]`` prints; ``MadError`` without an answer."""
+    from ibal.mad.rpc import MadError
+
+    data = bytes(13) + oui.to_bytes(3, "big")
+    rep = client.call(Request(SYSSTAT_CLASS, Method.GET, attr, to, 0, data))
+    if rep.mad is None or rep.status != 0:
+        raise MadError(f"ibsystat to {to}: {rep.error()}")
+    if attr == PING_ATTR:
+        return "sysstat ping succeeded\n"
+    return rep.mad[_DATA:].split(b"\0", 1)[0].decode("latin-1") + "\n"  # puts()
+
+
+@click.command("ibsysstat")
+@click.argument("target", required=False)
+@click.argument("op", required=False, type=click.Choice(list(SYSSTAT_ATTRS)))
+@click.option("--oui", "oui", default=hex(OPENIB_OUI), show_default=True,
+              help="The vendor OUI (ibsysstat's -o: -o is ibal's provider option).")  # fmt: skip
+@click.option("-S", "--Server", "server", is_flag=True, help="Serve until interrupted.")
+@click.option("-G", "--Guid", "by_guid", is_flag=True, help="TARGET is a port GUID (via the SA).")
+@fabric_options()
+def ibsysstat_cmd(target: str | None, op: str | None, oui: str, server: bool, by_guid: bool,
+                  as_json: bool, **kw: Any) -> None:  # fmt: skip
+    """ibsysstat: ping, host name or CPUs of TARGET's ibsysstat server; -S serve."""
+    import signal
+
+    from ibal import cli
+
+    try:
+        oui_num = int(oui, 0)
+    except ValueError:
+        raise click.ClickException(f"bad OUI {oui}") from None
+    if not server and target is None:
+        raise click.UsageError("give the destination LID (or -S to serve)")
+    with fabric_client("ibsysstat", kw) as client:
+        if server:
+            stop = threading.Event()
+            old = {s: signal.signal(s, lambda *_: stop.set())
+                   for s in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip
+            port: Any = client.port  # an AL port: its CA and GUID
+            srv = sysstat_server(port.ca, port.port_guid, oui_num)
+            try:
+                stop.wait()
+            finally:
+                srv.close()
+                for s, handler in old.items():
+                    signal.signal(s, handler)
+            return
+        to = cli.resolve_target(client, target or "", False, by_guid)
+        attr = SYSSTAT_ATTRS[op or "ping"]
+        text = sysstat(client, to, attr, oui_num)
+    if as_json:
+        emit_json({"Target": str(to), "Attribute": op or "ping",
+                   "Answer": "" if attr == PING_ATTR else text[:-1]})  # fmt: skip
+        return
+    click.echo(text, nl=False)

@@ -362,7 +362,7 @@ _RTT = re.compile(r"time [\d.]+ ms|= [\d.]+/[\d.]+/[\d.]+ ms")
 
 
 @pytest.mark.timeout(600)
-def test_ibping_client_and_server(ibsim_fabric: Fabric) -> None:
+def test_ibping_and_ibsysstat_clients_and_servers(ibsim_fabric: Fabric) -> None:
     """An ibal ping server on Peer (holding ibsim's SM flag, without which ibsim hands a
     QP1 request to nobody: even two C ibpings lose every packet there) answers the C
     ibping and ibal's; both clients print the same lines, times aside."""
@@ -378,16 +378,26 @@ def test_ibping_client_and_server(ibsim_fabric: Fabric) -> None:
         theirs = tool(fabric, ["ibping", "-c", "2", peer])
         ours = ibal(fabric, [["ibping", "-c", "2", peer], ["ibping", "--json", "-f", "-c", "3",
                                                             peer]])  # fmt: skip
+        ops = [[], ["host"], ["cpu"]]
+        sys_ours = ibal(fabric, [["ibsysstat", peer, *o] for o in ops] + [
+            ["ibsysstat", "--json", peer, "cpu"]])  # fmt: skip
+        sys_theirs = [tool(fabric, ["ibsysstat", peer, *o]) for o in ops]
         out, err = server.communicate("", timeout=60)
     finally:
         if server.poll() is None:
             server.kill()
             server.wait()
     assert server.returncode == 0, err[-3000:]
-    assert out.strip().endswith("answered 7")  # 2 + 2 + 3 pings
+    assert out.strip().endswith("answered 7 7")  # pings 2 + 2 + 3; sysstats 3 + 1 + 3
     assert theirs.count("Pong from peer.example (Lid ") == 2
     # times masked: the C tool's clock mixes units (docs/tools.md), ibal's is the real one
     assert _RTT.sub("T", ours[0]["stdout"]) == _RTT.sub("T", theirs)
     assert "2 packets transmitted, 2 received, 0% packet loss" in theirs
     data = valid("ibping", ours[1]["stdout"])
     assert (data["Host"], data["Transmitted"], data["Received"]) == ("peer.example", 3, 3)
+    # ibsysstat against the same server: the C client and ibal's print the same
+    for o, mine, theirs_text in zip(ops, sys_ours, sys_theirs, strict=False):
+        assert mine["stdout"] == theirs_text, o
+    assert sys_theirs[0] == "sysstat ping succeeded\n"
+    assert sys_theirs[2].startswith("cpu 0: model ") and " MHZ " in sys_theirs[2]
+    assert valid("ibsysstat", sys_ours[-1]["stdout"])["Answer"] == sys_theirs[2][:-1]
