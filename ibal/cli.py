@@ -6,6 +6,7 @@ import functools
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -873,10 +874,15 @@ def ibroute(
 @click.option("-p", "--ports", is_flag=True, help="A ports report.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "dot"]), default="text",
               show_default=True, help="ibnetdiscover's text, JSON, or a Graphviz graph.")
+@click.option("--cache", "cache_file", type=click.Path(path_type=Path),
+              help="Also write the fabric to this ibnetdiscover cache file.")  # fmt: skip
+@click.option("--load-cache", "load_cache", type=click.Path(path_type=Path),
+              help="Print the fabric of this cache file (no sweep).")  # fmt: skip
 @functools.partial(_diag_options, via="agent")
 def discover(
     window: int, progress: bool | None, show: bool, group: bool, list_all: bool,
     list_cas: bool, list_switches: bool, list_routers: bool, ports: bool, fmt: str,
+    cache_file: Path | None, load_cache: Path | None,
     ca_name: str | None, port_num: int | None, timeout_ms: int, via: str,
     providers: tuple[str, ...], options: tuple[str, ...], as_json: bool,
 ) -> None:  # fmt: skip
@@ -887,6 +893,21 @@ def discover(
     # -l (all three) takes precedence over a single type
     types = ((1, 2, 3) if list_all else (1,) if list_cas else (2,) if list_switches
              else (3,) if list_routers else ())  # fmt: skip
+    if cache_file is not None or load_cache is not None:
+        from ibal.tools.cache import CacheError, discover_cached
+
+        opts: dict[str, Any] = {"show": show, "group": group, "list_types": types,
+                                "ports": ports}
+        try:
+            if load_cache is not None:
+                return click.echo(discover_cached(None, write=None, read=load_cache, **opts),
+                                  nl=False)  # fmt: skip
+            with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+                text = discover_cached(client, write=cache_file, read=None, window=window,
+                                       **opts)  # fmt: skip
+        except CacheError as exc:
+            raise click.ClickException(str(exc)) from exc
+        return click.echo(text, nl=False)
     with _mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
         if as_json or fmt != "text":
             from ibal.tools.diagjson import discover_other

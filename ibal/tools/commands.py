@@ -52,6 +52,8 @@ LAZY: Final[dict[str, Lazy]] = {
     **_in("ibal.tools.ping",
           ibping="ibping: ping a port over the OpenIB ping class (-S: answer pings).",
           ibsysstat="ibsysstat: ping, host name or CPUs of a node's ibsysstat server (-S)."),
+    **_in("ibal.tools.cache",
+          ibcacheedit="ibcacheedit: change GUIDs in an ibnetdiscover cache file."),
     **_in("ibal.tools.addr",
           ibaddr="ibaddr: the GID and LID range of a port [default: this port].",
           smpdump="smpdump: one SMP attribute of a target, as hex words."),

@@ -36,11 +36,16 @@ def test_help_lists_every_command_under_its_heading_and_imports_no_tool() -> Non
         assert f"  {name} " in section, name
 
 
+# prints nothing to read: it writes a new cache file
+_NO_OUTPUT = {"ibcacheedit"}
+
+
 @pytest.mark.parametrize("name", sorted(LAZY))
 def test_each_lazy_command_loads_with_its_name(name: str) -> None:
     cmd = main.get_command(click.Context(main), name)
     assert isinstance(cmd, click.Command) and cmd.name == name
-    assert "--json" in {o for p in cmd.params for o in getattr(p, "opts", [])}
+    opts = {o for p in cmd.params for o in getattr(p, "opts", [])}
+    assert ("--json" in opts) is (name not in _NO_OUTPUT)
 
 
 def test_every_schema_is_a_valid_json_schema() -> None:
@@ -48,7 +53,7 @@ def test_every_schema_is_a_valid_json_schema() -> None:
     assert files
     for f in files:
         jsonschema.Draft202012Validator.check_schema(json.loads(f.read_text()))
-    for name in LAZY:
+    for name in set(LAZY) - _NO_OUTPUT:
         assert schema(name)["type"] == "object"
 
 

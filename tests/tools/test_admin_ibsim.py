@@ -401,3 +401,57 @@ def test_ibping_and_ibsysstat_clients_and_servers(ibsim_fabric: Fabric) -> None:
     assert sys_theirs[0] == "sysstat ping succeeded\n"
     assert sys_theirs[2].startswith("cpu 0: model ") and " MHZ " in sys_theirs[2]
     assert valid("ibsysstat", sys_ours[-1]["stdout"])["Answer"] == sys_theirs[2][:-1]
+
+
+_DATE = re.compile(r"^# Topology file: generated on .*$", re.M)
+
+
+def _cache_content(path: Path) -> tuple[Any, ...]:
+    """A cache file's content, order aside (the C writer lists ports by hash bucket)."""
+    from ibal.tools.cache import load
+
+    c = load(path)
+    nodes = {n.guid: (n.node_type, n.num_ports, n.info, n.desc, n.switch_info, n.sma_lid,
+                      n.sma_lmc, n.enhanced_port0, sorted((p.guid, p.num) for p in n.ports))
+             for n in c.nodes}  # fmt: skip
+    ports = {(p.node.guid, p.num): (p.guid, p.base_lid, p.lmc, p.info, p.ext_num,
+                                    (p.remote.guid, p.remote.num) if p.remote else None)
+             for n in c.nodes for p in n.ports}  # fmt: skip
+    return c.from_guid, c.max_hops, nodes, ports
+
+
+@pytest.mark.timeout(600)
+def test_discover_cache_written_read_back_and_edited(ibsim_module_fabric: Fabric,
+                                                     tmp_path: Path) -> None:  # fmt: skip
+    """``discover --cache`` writes a file ibnetdiscover loads as the live fabric (and the
+    same content as ibnetdiscover's own cache); ``--load-cache`` prints what ibnetdiscover
+    prints of a cache; ``ibcacheedit``'s edits read back alike by ibnetdiscover."""
+    fabric = ibsim_module_fabric
+    ours, theirs = tmp_path / "ours.cache", tmp_path / "theirs.cache"
+    res = ibal(fabric, [["discover", "--cache", str(ours)]])[0]
+    live = tool(fabric, ["ibnetdiscover", "--cache", str(theirs)])
+    assert _DATE.sub("", res["stdout"]) == _DATE.sub("", live)
+    assert _cache_content(ours) == _cache_content(theirs)
+    assert _DATE.sub("", tool(fabric, ["ibnetdiscover", "--load-cache", str(ours)])) == _DATE.sub(
+        "", live)  # fmt: skip
+    for args in ([], ["-p"], ["-l"], ["-S"]):
+        mine = ibal(fabric, [["discover", "--load-cache", str(theirs), *args]])[0]["stdout"]
+        assert _DATE.sub("", mine) == _DATE.sub(
+            "", tool(fabric, ["ibnetdiscover", "--load-cache", str(theirs), *args])), args
+    edits = [["--switchguid", "0x200000:0x300000"], ["--caguid", "0x100004:0x100444"],
+             ["--sysimgguid", "0x100000:0x1000aa"],
+             ["--portguid", "0x100002:0x100003:0x100333"]]  # fmt: skip
+    for i, e in enumerate(edits):
+        mine, c = tmp_path / f"mine{i}.cache", tmp_path / f"c{i}.cache"
+        ibal(fabric, [["ibcacheedit", *e, str(theirs), str(mine)]])
+        tool(fabric, ["ibcacheedit", *e, str(theirs), str(c)])
+        assert _cache_content(mine) == _cache_content(c), e
+        text = tool(fabric, ["ibnetdiscover", "--load-cache", str(mine)])
+        assert e[1].split(":")[-1][2:] in text, e
+    bad = ibal(fabric, [["ibcacheedit", "--caguid", "0x1:0x2", str(theirs), str(tmp_path / "x")],
+                        ["discover", "--load-cache", str(tmp_path / "none")]], ok=False)
+    assert [b["code"] for b in bad] == [1, 1]
+    assert "caguid = 1 not found" in bad[0]["stderr"] and not (tmp_path / "x").exists()
+    (tmp_path / "junk").write_bytes(b"\0" * 40)
+    junk = ibal(fabric, [["discover", "--load-cache", str(tmp_path / "junk")]], ok=False)[0]
+    assert junk["code"] == 1 and "invalid fabric cache file" in junk["stderr"]
