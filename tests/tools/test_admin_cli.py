@@ -144,3 +144,20 @@ def test_perftest_json_on_two_rxe_ends() -> None:
         assert (res["Test"], res["Bytes"], res["Iterations"]) == ("write_bw", 4096, 50)
         assert res["BWAverageMBps"] > 0
     assert mine == theirs  # the server prints the client's figures, as perftest's does
+
+
+def test_a_diagnostic_imports_only_what_it_uses() -> None:
+    """``smpquery`` loads neither the sweep nor another tool's module; ``ibaddr`` loads its
+    own module and none of the other tools'."""
+    code = ("import sys; from ibal.cli import main\n"
+            "for args in (['smpquery', 'nodeinfo', '1'], ['ibaddr']):\n"
+            "    try: main([*args, '--provider', 'mock'])\n"
+            "    except SystemExit as e: assert not e.code, e.code\n"
+            "    print(sorted(m for m in sys.modules if m.startswith(('ibal.tools.',\n"
+            "                                                      'ibal.mad.discover'))))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    after_smpquery, after_ibaddr = [ln for ln in r.stdout.splitlines() if ln.startswith("[")]
+    assert after_smpquery == "['ibal.tools.diags']"
+    assert after_ibaddr == ("['ibal.tools.addr', 'ibal.tools.commands', 'ibal.tools.diagcli', "
+                            "'ibal.tools.diags']")  # fmt: skip
