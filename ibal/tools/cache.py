@@ -152,16 +152,18 @@ def from_fabric(client: MadClient, topo: Topology, max_hops: int, window: int = 
     reqs = []
     for n in nodes:
         to = PortId(dr_path=n.path)
-        reqs += [smp_request(SmpAttr.NODE_INFO, to), smp_request(SmpAttr.NODE_DESC, to),
-                 smp_request(SmpAttr.SWITCH_INFO if n.is_switch else SmpAttr.NODE_INFO, to)]
+        reqs += [smp_request(SmpAttr.NODE_INFO, to), smp_request(SmpAttr.NODE_DESC, to)]
+        if n.is_switch:
+            reqs.append(smp_request(SmpAttr.SWITCH_INFO, to))
         reqs += [smp_request(SmpAttr.PORT_INFO, to, p) for p in sorted(n.ports)]
     reps = iter(client.call_many(reqs, window=window))
     made: dict[tuple[int, int], CachePort] = {}
     out = []
     for n in nodes:
-        ni, nd, si = (bytes(next(reps).data) for _ in range(3))
+        ni, nd = (bytes(next(reps).data) for _ in range(2))
+        si = bytes(next(reps).data) if n.is_switch else bytes(64)  # a CA's is zeros
         cn = CacheNode(guid=n.guid, node_type=n.node_type, num_ports=n.num_ports, info=ni,
-                       desc=nd, switch_info=si if n.is_switch else bytes(64),
+                       desc=nd, switch_info=si,
                        enhanced_port0=n.enhanced_port0, ports=[])  # fmt: skip
         for pn in sorted(n.ports):
             rep = next(reps)
