@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -740,10 +741,15 @@ def ibroute(
 @click.option("-p", "--ports", is_flag=True, help="A ports report.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "dot"]), default="text",
               show_default=True, help="ibnetdiscover's text, JSON, or a Graphviz graph.")
+@click.option("--cache", "cache_file", type=click.Path(path_type=Path),
+              help="Also write the fabric to this ibnetdiscover cache file.")  # fmt: skip
+@click.option("--load-cache", "load_cache", type=click.Path(path_type=Path),
+              help="Print the fabric of this cache file (no sweep).")  # fmt: skip
 @functools.partial(diag_options, via="agent")
 def discover(
     window: int, progress: bool | None, show: bool, group: bool, list_all: bool,
     list_cas: bool, list_switches: bool, list_routers: bool, ports: bool, fmt: str,
+    cache_file: Path | None, load_cache: Path | None,
     ca_name: str | None, port_num: int | None, timeout_ms: int, via: str,
     providers: tuple[str, ...], options: tuple[str, ...], as_json: bool,
 ) -> None:  # fmt: skip
@@ -754,6 +760,21 @@ def discover(
     # -l (all three) takes precedence over a single type
     types = ((1, 2, 3) if list_all else (1,) if list_cas else (2,) if list_switches
              else (3,) if list_routers else ())  # fmt: skip
+    if cache_file is not None or load_cache is not None:
+        from ibal.tools.cache import CacheError, discover_cached
+
+        opts: dict[str, Any] = {"show": show, "group": group, "list_types": types,
+                                "ports": ports}
+        try:
+            if load_cache is not None:
+                return click.echo(discover_cached(None, write=None, read=load_cache, **opts),
+                                  nl=False)  # fmt: skip
+            with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+                text = discover_cached(client, write=cache_file, read=None, window=window,
+                                       **opts)  # fmt: skip
+        except CacheError as exc:
+            raise click.ClickException(str(exc)) from exc
+        return click.echo(text, nl=False)
     with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
         if as_json or fmt != "text":
             from ibal.tools.diagjson import discover_other
@@ -821,6 +842,8 @@ def _saquery_options(fn: Any) -> Any:
               help="Response time-out per try (ms).")  # fmt: skip
 @click.option("--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Each query's records as JSON (docs/tools.md).")  # fmt: skip
 def saquery(
     args: tuple[str, ...], ca_name: str | None, port_num: int | None, timeout_ms: int,
     providers: tuple[str, ...], options: tuple[str, ...], **kw: Any,
@@ -869,11 +892,18 @@ def saquery(
         with open_al(tool_providers(providers), parse_options(options)) as (_, al):
             port = saq.open_port(al, ca_name, port_num)
             try:
-                text = saq.saquery(saq.port_asker(port, timeout_ms), opts)
+                ask = saq.port_asker(port, timeout_ms)
+                if kw["as_json"]:
+                    from ibal.tools.diagjson import emit_json, sa_recorder
+
+                    ask, got = sa_recorder(ask)
+                text = saq.saquery(ask, opts)
             finally:
                 port.close()
     except saq.SaqueryError as exc:
         raise click.ClickException(str(exc)) from exc
+    if kw["as_json"]:
+        return emit_json({"queries": got})
     click.echo(text, nl=False)
 
 

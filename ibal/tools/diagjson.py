@@ -15,18 +15,21 @@ from ibal.mad.discover import Topology
 from ibal.tools.diagcli import emit_json, guid
 
 __all__ = ["devices_json", "discover_dot", "discover_json", "discover_other", "emit_json",
-           "fields_json", "iba_name", "info_json", "perfquery_json", "perftest_json", "sminfo_json",
-           "smpquery_json"]  # fmt: skip
+           "fields_json", "iba_name", "info_json", "perfquery_json", "perftest_json",
+           "sa_recorder", "sminfo_json", "smpquery_json"]  # fmt: skip
 
 _WORDS: Final = {"guid": "GUID", "lid": "LID", "lmc": "LMC", "sm": "SM", "mtu": "MTU",
                  "vl": "VL", "vls": "VLs", "id": "ID", "gid": "GID", "qp": "QP", "qp1": "QP1",
                  "vl15": "VL15", "pkey": "PKey", "hoq": "HOQ", "fdb": "FDB", "sl": "SL",
-                 "lft": "LFT", "ext": "Ext", "ipd": "IPD", "qkey": "QKey", "mkey": "MKey"}
+                 "lft": "LFT", "ext": "Ext", "ipd": "IPD", "qkey": "QKey", "mkey": "MKey",
+                 "dgid": "DGID", "sgid": "SGID", "dlid": "DLID", "slid": "SLID", "mlid": "MLID",
+                 "mgid": "MGID", "tclass": "TClass", "qos": "QoS"}
 _ALIASES: Final = {"m_key": "M_Key", "p_key_violations": "P_KeyViolations",
                    "q_key_violations": "Q_KeyViolations", "m_key_violations": "M_KeyViolations",
                    "m_key_lease_period": "M_KeyLeasePeriod",
                    "m_key_protect_bits": "M_KeyProtectBits", "sm_key": "SM_Key",
-                   "act_count": "ActCount", "port_phys_state": "PortPhysicalState"}  # fmt: skip
+                   "act_count": "ActCount", "port_phys_state": "PortPhysicalState",
+                   "pkey": "P_Key", "qkey": "Q_Key"}  # fmt: skip
 _TYPES: Final = {1: "CA", 2: "Switch", 3: "Router"}
 
 
@@ -195,6 +198,34 @@ def discover_dot(topo: Topology) -> str:
                    f"taillabel={q(str(pa))}, headlabel={q(str(pb))}];")  # fmt: skip
     out.append("}")
     return "".join(line + "\n" for line in out)
+
+
+def sa_recorder(ask: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """``ask`` (saquery's SA request callable) wrapped to keep what each query returned,
+    as ``saquery --json`` prints it: the attribute and its records' fields."""
+    from ibal.wire.mad import header, sa
+    from ibal.wire.mad.consts import SaAttr
+
+    tables: dict[int, Any] = {
+              SaAttr.NODE_RECORD: sa.NODE_RECORD, SaAttr.PORT_INFO_RECORD: sa.PORT_INFO_RECORD,
+              SaAttr.PATH_RECORD: sa.PATH_RECORD, SaAttr.SERVICE_RECORD: sa.SERVICE_RECORD,
+              SaAttr.MCMEMBER_RECORD: sa.MCMEMBER_RECORD, SaAttr.LINK_RECORD: sa.LINK_RECORD,
+              SaAttr.GUID_INFO_RECORD: sa.GUID_INFO_RECORD,
+              SaAttr.INFORM_INFO_RECORD: sa.INFORM_INFO_RECORD,
+              SaAttr.CLASS_PORT_INFO: header.CLASS_PORT_INFO}  # fmt: skip
+    got: list[dict[str, Any]] = []
+
+    def recorded(method: int, attr_id: int, data: bytes = b"", comp_mask: int = 0,
+                 attr_mod: int = 0) -> Any:  # fmt: skip
+        recs = ask(method, attr_id, data, comp_mask, attr_mod)
+        table = tables.get(attr_id)
+        got.append({"Attribute": table.name if table else f"0x{attr_id:04x}",
+                    "ComponentMask": f"0x{comp_mask:016x}",
+                    "records": [fields_json(table, r) if table else bytes(r).hex()
+                                for r in recs]})  # fmt: skip
+        return recs
+
+    return recorded, got
 
 
 def devices_json(rows: list[tuple[str, str, int, int]]) -> dict[str, Any]:

@@ -11,19 +11,14 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from typing import IO, Final
+from typing import IO, TYPE_CHECKING, Final
 
-from ibal.mad.discover import (
-    Sweep,
-    ibnetdiscover_list,
-    ibnetdiscover_ports,
-    ibnetdiscover_show,
-    ibnetdiscover_text,
-    sweep,
-)
 from ibal.mad.rpc import MadClient, MadError, PortId, smp_request
 from ibal.wire.mad import smp
 from ibal.wire.mad.consts import PerfAttr, SmpAttr
+
+if TYPE_CHECKING:  # the sweep is imported by discover() alone: smpquery & co. need none of it
+    from ibal.mad.discover import Sweep
 
 __all__ = ["SMPQUERY_OPS", "discover", "ibroute", "perfquery", "sminfo", "smpquery"]
 
@@ -222,6 +217,14 @@ def discover(
     ``ports`` (``-p``) the ports report, else ``list_types`` (``-l``/``-H``/``-S``/``-R``:
     ``smp.NodeType`` values) the node list, else the topology (``group``: ``-g``).
     """
+    from ibal.mad.discover import (
+        ibnetdiscover_list,
+        ibnetdiscover_ports,
+        ibnetdiscover_show,
+        ibnetdiscover_text,
+        sweep,
+    )
+
     if progress is None:
         progress = sys.stderr.isatty()
     meter = Progress(sys.stderr) if progress else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 
 from ibal.testing.helpers import wait_until
 from ibal.testing.ibsim import Fabric, fat_tree
-from tests.tools.admin_ibsim import NODE, ibal, lids, tool, valid
+from tests.tools.admin_ibsim import NODE, env, ibal, lids, tool, valid
 
 
 @pytest.mark.timeout(600)
@@ -334,3 +335,123 @@ def test_json_of_the_older_diagnostics_validates_and_says_what_the_text_says(
     assert dot.startswith("graph fabric {\n") and dot.endswith("}\n")
     assert dot.count(" -- ") == len(want["links"]) and dot.count("shape=box") == 1
     assert dot.count("shape=ellipse") == 3 and 'label="4x SDR"' in dot
+
+
+@pytest.mark.timeout(600)
+def test_saquery_json_validates_and_holds_the_records_saquery_prints(
+    ibsim_module_fabric: Fabric,
+) -> None:
+    fabric = ibsim_module_fabric
+    ls = lids(fabric)
+    host, sm = str(ls["host"]), str(ls["sm"])
+    cases = [["PIR", host], ["-p", "--src-to-dst", f"{host}:{sm}"], ["CPI"], ["NR", sm]]
+    ours = ibal(fabric, [["saquery", "--json", *a] for a in cases])
+    data = [valid("saquery", r["stdout"]) for r in ours]
+    (pir,) = data[0]["queries"][0]["records"]
+    text = tool(fabric, ["saquery", "PIR", host])
+    assert pir["EndportLID"] == int(host) and pir["CapabilityMask"] == int(
+        re.search(r"CapMask:\.+(0x[0-9a-f]+)", text).group(1), 16)  # type: ignore[union-attr]
+    (path,) = data[1]["queries"][-1]["records"]
+    assert (path["SLID"], path["DLID"]) == (int(host), int(sm))
+    assert data[2]["queries"][0]["Attribute"] == "ClassPortInfo"
+    (node,) = data[3]["queries"][0]["records"]
+    assert node["LID"] == int(sm) and node["NodeType"] == 1
+
+
+_RTT = re.compile(r"time [\d.]+ ms|= [\d.]+/[\d.]+/[\d.]+ ms")
+
+
+@pytest.mark.timeout(600)
+def test_ibping_and_ibsysstat_clients_and_servers(ibsim_fabric: Fabric) -> None:
+    """An ibal ping server on Peer (holding ibsim's SM flag, without which ibsim hands a
+    QP1 request to nobody: even two C ibpings lose every packet there) answers the C
+    ibping and ibal's; both clients print the same lines, times aside."""
+    fabric = ibsim_fabric
+    peer = next(str(v) for v in range(1, 6)
+                if v not in lids(fabric).values())  # fmt: skip
+    probe = Path(__file__).with_name("ping_server_probe.py")
+    server = subprocess.Popen([sys.executable, str(probe), "peer.example"], env=env(fabric, "Peer"),
+                              cwd=fabric.workdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "ready\n"
+        theirs = tool(fabric, ["ibping", "-c", "2", peer])
+        ours = ibal(fabric, [["ibping", "-c", "2", peer], ["ibping", "--json", "-f", "-c", "3",
+                                                            peer]])  # fmt: skip
+        ops = [[], ["host"], ["cpu"]]
+        sys_ours = ibal(fabric, [["ibsysstat", peer, *o] for o in ops] + [
+            ["ibsysstat", "--json", peer, "cpu"]])  # fmt: skip
+        sys_theirs = [tool(fabric, ["ibsysstat", peer, *o]) for o in ops]
+        out, err = server.communicate("", timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert server.returncode == 0, err[-3000:]
+    assert out.strip().endswith("answered 7 7")  # pings 2 + 2 + 3; sysstats 3 + 1 + 3
+    assert theirs.count("Pong from peer.example (Lid ") == 2
+    # times masked: the C tool's clock mixes units (docs/tools.md), ibal's is the real one
+    assert _RTT.sub("T", ours[0]["stdout"]) == _RTT.sub("T", theirs)
+    assert "2 packets transmitted, 2 received, 0% packet loss" in theirs
+    data = valid("ibping", ours[1]["stdout"])
+    assert (data["Host"], data["Transmitted"], data["Received"]) == ("peer.example", 3, 3)
+    # ibsysstat against the same server: the C client and ibal's print the same
+    for o, mine, theirs_text in zip(ops, sys_ours, sys_theirs, strict=False):
+        assert mine["stdout"] == theirs_text, o
+    assert sys_theirs[0] == "sysstat ping succeeded\n"
+    assert sys_theirs[2].startswith("cpu 0: model ") and " MHZ " in sys_theirs[2]
+    assert valid("ibsysstat", sys_ours[-1]["stdout"])["Answer"] == sys_theirs[2][:-1]
+
+
+_DATE = re.compile(r"^# Topology file: generated on .*$", re.M)
+
+
+def _cache_content(path: Path) -> tuple[Any, ...]:
+    """A cache file's content, order aside (the C writer lists ports by hash bucket)."""
+    from ibal.tools.cache import load
+
+    c = load(path)
+    nodes = {n.guid: (n.node_type, n.num_ports, n.info, n.desc, n.switch_info, n.sma_lid,
+                      n.sma_lmc, n.enhanced_port0, sorted((p.guid, p.num) for p in n.ports))
+             for n in c.nodes}  # fmt: skip
+    ports = {(p.node.guid, p.num): (p.guid, p.base_lid, p.lmc, p.info, p.ext_num,
+                                    (p.remote.guid, p.remote.num) if p.remote else None)
+             for n in c.nodes for p in n.ports}  # fmt: skip
+    return c.from_guid, c.max_hops, nodes, ports
+
+
+@pytest.mark.timeout(600)
+def test_discover_cache_written_read_back_and_edited(ibsim_module_fabric: Fabric,
+                                                     tmp_path: Path) -> None:  # fmt: skip
+    """``discover --cache`` writes a file ibnetdiscover loads as the live fabric (and the
+    same content as ibnetdiscover's own cache); ``--load-cache`` prints what ibnetdiscover
+    prints of a cache; ``ibcacheedit``'s edits read back alike by ibnetdiscover."""
+    fabric = ibsim_module_fabric
+    ours, theirs = tmp_path / "ours.cache", tmp_path / "theirs.cache"
+    res = ibal(fabric, [["discover", "--cache", str(ours)]])[0]
+    live = tool(fabric, ["ibnetdiscover", "--cache", str(theirs)])
+    assert _DATE.sub("", res["stdout"]) == _DATE.sub("", live)
+    assert _cache_content(ours) == _cache_content(theirs)
+    assert _DATE.sub("", tool(fabric, ["ibnetdiscover", "--load-cache", str(ours)])) == _DATE.sub(
+        "", live)  # fmt: skip
+    for args in ([], ["-p"], ["-l"], ["-S"]):
+        mine = ibal(fabric, [["discover", "--load-cache", str(theirs), *args]])[0]["stdout"]
+        assert _DATE.sub("", mine) == _DATE.sub(
+            "", tool(fabric, ["ibnetdiscover", "--load-cache", str(theirs), *args])), args
+    edits = [["--switchguid", "0x200000:0x300000"], ["--caguid", "0x100004:0x100444"],
+             ["--sysimgguid", "0x100000:0x1000aa"],
+             ["--portguid", "0x100002:0x100003:0x100333"]]  # fmt: skip
+    for i, e in enumerate(edits):
+        mine, c = tmp_path / f"mine{i}.cache", tmp_path / f"c{i}.cache"
+        ibal(fabric, [["ibcacheedit", *e, str(theirs), str(mine)]])
+        tool(fabric, ["ibcacheedit", *e, str(theirs), str(c)])
+        assert _cache_content(mine) == _cache_content(c), e
+        text = tool(fabric, ["ibnetdiscover", "--load-cache", str(mine)])
+        assert e[1].split(":")[-1][2:] in text, e
+    bad = ibal(fabric, [["ibcacheedit", "--caguid", "0x1:0x2", str(theirs), str(tmp_path / "x")],
+                        ["discover", "--load-cache", str(tmp_path / "none")]], ok=False)
+    assert [b["code"] for b in bad] == [1, 1]
+    assert "caguid = 1 not found" in bad[0]["stderr"] and not (tmp_path / "x").exists()
+    (tmp_path / "junk").write_bytes(b"\0" * 40)
+    junk = ibal(fabric, [["discover", "--load-cache", str(tmp_path / "junk")]], ok=False)[0]
+    assert junk["code"] == 1 and "invalid fabric cache file" in junk["stderr"]
