@@ -13,15 +13,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import queue
 import random
 from collections.abc import Iterator
 
 import pytest
 
-from ibal.al import AccessLayer, AlManager
+from ibal.al import AccessLayer, AlManager, PnpClass, PnpEvent, PnpRec
+from ibal.dm import Discovery, RocePeer
 from ibal.lab import LabSession
 from ibal.lab.pytest_plugin import lab_requires
 from ibal.providers.rxe.provider import RxeProvider
+from ibal.types import Gid
 from ibal.ulp.srp import wire as w
 from ibal.ulp.srp.initiator import ScsiError, SrpInitiator, SrpLoginRejected
 
@@ -106,7 +109,7 @@ def test_srp_initiator_against_ib_srpt(ibal_lab_module_net: LabSession) -> None:
     data = random.Random(4).randbytes(16 * 1024)
     lba = 100
     with host_al(s) as al:
-        with SrpInitiator(al, guest_ip, PORT, tport, INITIATOR) as srp:
+        with SrpInitiator(al, tport, INITIATOR, addr=guest_ip, port=PORT) as srp:
             assert srp.login["max_it_iu_len"] >= 64 and srp.credits > 0
             vendor, product = srp.inquiry()
             assert vendor == "LIO-ORG" and product
@@ -131,6 +134,50 @@ def test_srp_login_with_wrong_target_port_is_rejected(ibal_lab_module_net: LabSe
     _, guest_ip = _addrs(s)
     with host_al(s) as al:
         with pytest.raises(SrpLoginRejected) as ei:
-            SrpInitiator(al, guest_ip, PORT, bytes(16), INITIATOR)
+            SrpInitiator(al, bytes(16), INITIATOR, addr=guest_ip, port=PORT)
         assert ei.value.reason == w.LoginRejReason.UNABLE_ASSOCIATE_CHANNEL
         assert tport != bytes(16)
+
+
+@pytest.mark.timeout(400)
+def test_srp_target_found_through_pnp_dm(ibal_lab_module_net: LabSession) -> None:
+    """The IBAL way: ib_srpt's DM agent answers IOC discovery over RoCE (IOUnitInfo,
+    IOControllerProfile, ServiceEntries), the SRP IOC arrives as IOC_ADD and its path as
+    IOC_PATH_ADD.  A login through the IB CM to the service ID its entry names is
+    refused (REJ invalid service ID: ib_srpt listens on the IB CM on InfiniBand ports
+    only); through the RDMA CM to the path's destination address it goes in."""
+    s = ibal_lab_module_net
+    tport = target_up(s)
+    _, guest_ip = _addrs(s)
+    events: queue.Queue[PnpRec] = queue.Queue()
+    with host_al(s) as al:
+        disc = Discovery.start(al.manager, interval=None, timeout=1.0, retries=2,
+                               roce_peers=[RocePeer(Gid(f"::ffff:{guest_ip}"), desc="guest")])
+        try:
+            reg = al.reg_pnp(PnpClass.IOC, events.put)
+            disc.sweep_now().wait(60)
+            got: dict[PnpEvent, PnpRec] = {}
+            while PnpEvent.IOC_PATH_ADD not in got:  # bounded by the queue's timeout
+                rec = events.get(timeout=30)
+                got.setdefault(rec.event, rec)
+            ioc = got[PnpEvent.IOC_ADD].ioc
+            assert ioc is not None
+            prof = ioc.profile
+            assert prof.id_string == "Linux SRP target" and prof.io_class == 0x0100  # SRP r16a
+            (svc,) = ioc.svc_entries
+            assert svc.name == "SRP.T10:" + tport[:8].hex() and svc.id == prof.ioc_guid
+            assert w.target_port_id(svc.name, prof.ioc_guid) == tport
+            path = got[PnpEvent.IOC_PATH_ADD].path
+            assert path is not None
+            with pytest.raises(SrpLoginRejected, match="INVALID_SERVICE_ID"):
+                SrpInitiator.from_ioc(al, ioc, path, INITIATOR)
+            with SrpInitiator.from_ioc(al, ioc, path, INITIATOR, rdma_port=PORT) as srp:
+                assert srp.inquiry()[0] == "LIO-ORG"
+                block = srp.read_capacity()[1]
+                srp.write(200, b"found by DM".ljust(block, b"."), block)
+                assert srp.read(200, 1, block).startswith(b"found by DM")
+            assert srp.owned() == []
+            reg.dereg()
+        finally:
+            disc.close()
+    assert guest_sha(s, 200 * BLOCK, 11) == hashlib.sha256(b"found by DM").hexdigest()

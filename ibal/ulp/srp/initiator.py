@@ -15,14 +15,32 @@ Logout is the disconnect (Linux's ``ib_srpt`` does not implement SRP_I_LOGOUT).
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import struct
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ibal.al import AccessLayer, QpCreate
-from ibal.cm import ConnectionRejected, rdma
+from ibal.cm import Connection, ConnectionRejected, rdma, simple
+from ibal.mad.sa import PATH_RECORD
 from ibal.status import IbError, InvalidParameter, RemoteError
-from ibal.types import AccessFlags, QpType, RecvWr, SendOpt, SendWr, Sge, WcStatus, WcType, WrType
+from ibal.tools.common import port_with_gid
+from ibal.types import (
+    AccessFlags,
+    Gid,
+    IocInfo,
+    QpMod,
+    QpState,
+    QpType,
+    RecvWr,
+    SendOpt,
+    SendWr,
+    Sge,
+    WcStatus,
+    WcType,
+    WrType,
+)
 from ibal.ulp.srp import wire as w
 
 __all__ = ["ScsiError", "ScsiResult", "SrpError", "SrpInitiator", "SrpLoginRejected"]
@@ -64,18 +82,32 @@ class ScsiResult:
 
 
 class SrpInitiator:
-    """A logged-in SRP channel to ``addr``:``port`` (rdma_cm, TCP port space)."""
+    """A logged-in SRP channel.  Either through the RDMA CM to ``addr``:``port`` (TCP port
+    space, ``srp_login_req_rdma``: as Linux's ``ib_srp`` over RoCE), or through the IB CM
+    on ``path`` to ``service_id`` (the full ``srp_login_req``: as an IOC's service entry
+    names it, see :meth:`from_ioc`)."""
 
-    def __init__(self, al: AccessLayer, addr: str, port: int, target_port_id: bytes,
-                 initiator_port_id: bytes, *, src: str | None = None, max_io: int = 128 * 1024,
-                 timeout: float = 15.0) -> None:  # fmt: skip
+    def __init__(self, al: AccessLayer, target_port_id: bytes, initiator_port_id: bytes, *,
+                 addr: str | None = None, port: int = 0, src: str | None = None,
+                 path: Mapping[str, object] | None = None, service_id: int = 0,
+                 max_io: int = 128 * 1024, timeout: float = 15.0) -> None:  # fmt: skip
         if len(target_port_id) != 16 or len(initiator_port_id) != 16:
             raise InvalidParameter("SRP port identifiers are 16 bytes")
+        if (addr is None) == (path is None):
+            raise InvalidParameter("give an address (RDMA CM) or a path (IB CM)")
         self.timeout, self.max_io = timeout, max_io
-        self.route = rdma.resolve_route(al, addr, src=src)
-        self.ca = al.open_ca(self.route.ca_guid)
         self._tag = 0
         self.stats: dict[str, int] = {"commands": 0, "task management": 0}
+        route = None
+        if addr is not None:
+            route = rdma.resolve_route(al, addr, src=src)
+            ca_guid = route.ca_guid
+        else:
+            assert path is not None
+            sgid = path["sgid"]
+            assert isinstance(sgid, (bytes, Gid))
+            ca_guid, port_num = port_with_gid(al, sgid if isinstance(sgid, Gid) else Gid(sgid))
+        self.ca = al.open_ca(ca_guid)
         try:
             self.pd = self.ca.alloc_pd()
             self.cq = self.ca.create_cq(4 * RECVS)
@@ -88,40 +120,81 @@ class SrpInitiator:
             self.rmr = self.pd.reg_mem(self.rbuf, AccessFlags.LOCAL_WRITE)
             self.dmr = self.pd.reg_mem(self.data, AccessFlags.LOCAL_WRITE
                                        | AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE)
-            rdma.init_qp(self.qp, self.route)
-            for i in range(RECVS):
-                self._post_recv(i)
-            req = w.LOGIN_REQ_RDMA.encode(
-                tag=self._next_tag(), req_buf_fmt=w.BUF_FORMAT_DIRECT | w.BUF_FORMAT_INDIRECT,
-                req_flags=w.MULTICHAN_SINGLE, opcode=w.Opcode.LOGIN_REQ, req_it_iu_len=IU_LEN,
-                initiator_port_id_hi=int.from_bytes(initiator_port_id[:8], "big"),
-                initiator_port_id_lo=int.from_bytes(initiator_port_id[8:], "big"),
-                target_port_id_hi=int.from_bytes(target_port_id[:8], "big"),
-                target_port_id_lo=int.from_bytes(target_port_id[8:], "big"),
-            )  # fmt: skip
-            try:
-                self.conn = rdma.connect(al, self.route.dst, port, self.qp, req, route=self.route,
-                                         timeout=timeout, resp_res=4, init_depth=1,
-                                         retry_cnt=7, rnr_retry_cnt=7)  # fmt: skip
-            except ConnectionRejected as exc:
-                pd = exc.private_data
-                if len(pd) >= w.LOGIN_REJ.size and pd[0] == w.Opcode.LOGIN_REJ:
-                    reason = int(w.LOGIN_REJ.decode(pd)["reason"])
-                    try:
-                        why = w.LoginRejReason(reason).name
-                    except ValueError:
-                        why = f"{reason:#010x}"
-                    raise SrpLoginRejected(f"SRP_LOGIN_REJ {why}", reason) from exc
-                raise SrpLoginRejected(str(exc), 0) from exc
-            rsp = w.LOGIN_RSP.decode(self.conn.private_data.ljust(w.LOGIN_RSP.size, b"\0"))
-            if rsp["opcode"] != w.Opcode.LOGIN_RSP:
-                raise SrpError(f"the REP carries IU {rsp['opcode']!r}, not SRP_LOGIN_RSP")
-            self.login = rsp
-            self.credits = int(rsp["req_lim_delta"])
-            self.max_it_iu = int(rsp["max_it_iu_len"])
+            ids = {
+                "tag": self._next_tag(), "req_buf_fmt": w.BUF_FORMAT_DIRECT | w.BUF_FORMAT_INDIRECT,
+                "req_flags": w.MULTICHAN_SINGLE, "opcode": w.Opcode.LOGIN_REQ,
+                "req_it_iu_len": IU_LEN,
+                "initiator_port_id_hi": int.from_bytes(initiator_port_id[:8], "big"),
+                "initiator_port_id_lo": int.from_bytes(initiator_port_id[8:], "big"),
+                "target_port_id_hi": int.from_bytes(target_port_id[:8], "big"),
+                "target_port_id_lo": int.from_bytes(target_port_id[8:], "big"),
+            }  # fmt: skip
+            opts = {"timeout": timeout, "resp_res": 4, "init_depth": 1, "retry_cnt": 7,
+                    "rnr_retry_cnt": 7}  # fmt: skip
+            if route is not None:
+                rdma.init_qp(self.qp, route)
+                self._post_all()
+                req = w.LOGIN_REQ_RDMA.encode(ids)
+                self._login(lambda: rdma.connect(al, route.dst, port, self.qp, req, route=route,
+                                                 **opts).connection)  # type: ignore[arg-type]
+            else:
+                assert path is not None
+                self.qp.modify(QpMod(QpState.INIT, port_num=port_num, pkey_index=0,
+                                     access=AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE))
+                self._post_all()
+                req = w.LOGIN_REQ.encode(ids)
+                self._login(lambda: simple.connect(al, self.qp, path, service_id, req,
+                                                   **opts))  # type: ignore[arg-type]
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def from_ioc(cls, al: AccessLayer, ioc: IocInfo, path: bytes, initiator_port_id: bytes,
+                 *, rdma_port: int | None = None, **kw: object) -> SrpInitiator:  # fmt: skip
+        """Log in to the SRP service of an IOC that IOC discovery reported (its
+        ``IOC_ADD``'s ``ioc`` and an ``IOC_PATH_ADD``'s 64-byte ``path``): the target port
+        identifier from the service entry and the IOC GUID; through the IB CM to the
+        service ID the entry gives, or, with ``rdma_port``, through the RDMA CM to the
+        path's destination address (a RoCE GID is an IP address) at that port: Linux's
+        ``ib_srpt`` listens on the IB CM on InfiniBand ports only, so on RoCE its
+        ``rdma_cm_port`` (configfs, not in any DM attribute) is the way in."""
+        svc = next((e for e in ioc.svc_entries if e.name.startswith("SRP.T10:")), None)
+        if svc is None:
+            raise InvalidParameter(f"IOC {ioc.profile.ioc_guid:#x} has no SRP service entry")
+        tport = w.target_port_id(svc.name, ioc.profile.ioc_guid)
+        rec = dict(PATH_RECORD.decode(path))
+        if rdma_port is not None:
+            dgid = ipaddress.IPv6Address(bytes(rec["dgid"]))
+            addr = str(dgid.ipv4_mapped or dgid)
+            return cls(al, tport, initiator_port_id, addr=addr, port=rdma_port,
+                       **kw)  # type: ignore[arg-type]
+        return cls(al, tport, initiator_port_id, path=rec, service_id=svc.id,
+                   **kw)  # type: ignore[arg-type]
+
+    def _post_all(self) -> None:
+        for i in range(RECVS):
+            self._post_recv(i)
+
+    def _login(self, connect: Callable[[], Connection]) -> None:
+        try:
+            self.conn = connect()
+        except ConnectionRejected as exc:
+            pd = exc.private_data
+            if len(pd) >= w.LOGIN_REJ.size and pd[0] == w.Opcode.LOGIN_REJ:
+                reason = int(w.LOGIN_REJ.decode(pd)["reason"])
+                try:
+                    why = w.LoginRejReason(reason).name
+                except ValueError:
+                    why = f"{reason:#010x}"
+                raise SrpLoginRejected(f"SRP_LOGIN_REJ {why}", reason) from exc
+            raise SrpLoginRejected(str(exc), 0) from exc
+        rsp = w.LOGIN_RSP.decode(bytes(self.conn.private_data).ljust(w.LOGIN_RSP.size, b"\0"))
+        if rsp["opcode"] != w.Opcode.LOGIN_RSP:
+            raise SrpError(f"the REP carries IU {rsp['opcode']!r}, not SRP_LOGIN_RSP")
+        self.login = rsp
+        self.credits = int(rsp["req_lim_delta"])
+        self.max_it_iu = int(rsp["max_it_iu_len"])
 
     def _next_tag(self) -> int:
         self._tag += 1
@@ -153,7 +226,7 @@ class SrpInitiator:
             if left <= 0:
                 raise SrpError(f"no SRP_RSP in {self.timeout} s")
             wcs = self.cq.wait(min(left, 0.25), max_entries=8)
-            if not wcs and self.conn.connection.closed.done:
+            if not wcs and self.conn.closed.done:
                 raise SrpError("the target disconnected")
             for wc in wcs:
                 if wc.status is not WcStatus.SUCCESS:
@@ -277,10 +350,10 @@ class SrpInitiator:
         """Log out (disconnect) and release everything registered."""
         conn = getattr(self, "conn", None)
         if conn is not None:
-            if not conn.connection.closed.done:
+            if not conn.closed.done:
                 with contextlib.suppress(IbError):
                     conn.disconnect(timeout=min(self.timeout, 5.0))
-            conn.connection.close()
+            conn.close()
         for name in ("qp", "iu_mr", "rmr", "dmr", "cq", "pd"):
             obj = getattr(self, name, None)
             if obj is None or not obj.alive:

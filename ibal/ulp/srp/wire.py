@@ -13,8 +13,9 @@ import struct
 
 from ibal.wire.fields import F, R, Table
 
-__all__ = ["CMD", "DIRECT_BUF", "INDIRECT_HDR", "LOGIN_REJ", "LOGIN_REQ_RDMA", "LOGIN_RSP", "RSP",
-           "TSK_MGMT", "LoginRejReason", "Opcode", "read10", "write10"]  # fmt: skip
+__all__ = ["CMD", "DIRECT_BUF", "INDIRECT_HDR", "LOGIN_REJ", "LOGIN_REQ", "LOGIN_REQ_RDMA",
+           "LOGIN_RSP", "RSP", "TSK_MGMT", "LoginRejReason", "Opcode", "read10",
+           "target_port_id", "write10"]  # fmt: skip
 
 
 class Opcode(enum.IntEnum):
@@ -57,6 +58,13 @@ LOGIN_REQ_RDMA = Table("srp_login_req_rdma", [
     F("target_port_id_hi", 64, hex=True), F("target_port_id_lo", 64, hex=True),
     F("imm_data_offset", 16), R(48),
 ])  # fmt: skip
+LOGIN_REQ = Table("srp_login_req", [
+    F("opcode", 8), R(56), F("tag", 64, hex=True), F("req_it_iu_len", 32), R(32),
+    F("req_buf_fmt", 16), F("req_flags", 8), R(8), F("imm_data_offset", 16), R(16),
+    F("initiator_port_id_hi", 64, hex=True), F("initiator_port_id_lo", 64, hex=True),
+    F("target_port_id_hi", 64, hex=True), F("target_port_id_lo", 64, hex=True),
+])  # fmt: skip
+"""The full 64-byte login request: what an IB CM REQ carries (its 92 bytes hold it)."""
 LOGIN_RSP = Table("srp_login_rsp", [
     F("opcode", 8), R(24), F("req_lim_delta", 32), F("tag", 64, hex=True),
     F("max_it_iu_len", 32), F("max_ti_iu_len", 32), F("buf_fmt", 16), F("rsp_flags", 8),
@@ -109,3 +117,12 @@ def cdb_fields(cdb: bytes) -> dict[str, int]:
     """``cdb_hi`` / ``cdb_lo`` of a CDB of up to 16 bytes."""
     raw = cdb.ljust(16, b"\0")
     return {"cdb_hi": int.from_bytes(raw[:8], "big"), "cdb_lo": int.from_bytes(raw[8:], "big")}
+
+
+def target_port_id(service_name: str, ioc_guid: int) -> bytes:
+    """The SRP target port identifier of an IOC's SRP service: the identifier extension
+    its service entry names (``SRP.T10:<id_ext>``), then the IOC GUID."""
+    prefix = "SRP.T10:"
+    if not service_name.startswith(prefix):
+        raise ValueError(f"{service_name!r} is not an SRP service entry")
+    return int(service_name[len(prefix):], 16).to_bytes(8, "big") + ioc_guid.to_bytes(8, "big")
