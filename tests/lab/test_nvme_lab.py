@@ -230,7 +230,9 @@ def test_target_going_away_is_a_clear_error(ibal_lab_module_net: LabSession) -> 
         finally:
             ctrl.close()
         assert ctrl.registered() == []
-    target_up(s)
+        target_up(s)  # the target back: a new controller connects and reads
+        with Controller(al, guest_ip, NQN, HostOptions(io_queues=1, queue_size=4)) as again:
+            assert len(again.read(1, 0, 1, BLOCK)) == BLOCK
 
 
 IBAL_NQN = "nqn.2026-12.org.ibal:served"
