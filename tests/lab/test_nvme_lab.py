@@ -319,9 +319,21 @@ def test_cli_discover_connect_against_nvmet(ibal_lab_module_net: LabSession) -> 
     s = ibal_lab_module_net
     _lab(s)
     _, guest_ip = _addrs(s)
+    # four more subsystems on the port: more records than one 4 KiB read holds (three),
+    # so the page is read in pieces by log page offset
+    extra = [f"{NQN}-extra{i}" for i in range(4)]
+    r = s.run("set -e; C=/sys/kernel/config/nvmet; for n in " + " ".join(extra) + "; do"
+              " [ -e $C/subsystems/$n ] || mkdir $C/subsystems/$n;"
+              " echo 1 > $C/subsystems/$n/attr_allow_any_host;"
+              " [ -e $C/ports/1/subsystems/$n ] || ln -s $C/subsystems/$n $C/ports/1/subsystems/$n;"
+              " done", timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr_text
     r = s.host_run(_ibal(s, "discover", "-a", guest_ip), timeout=120, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert f"subnqn:  {NQN}" in r.stdout and f"traddr:  {guest_ip}" in r.stdout
+    assert all(f"subnqn:  {n}\n" in r.stdout for n in extra), r.stdout
+    count = int(r.stdout.split("Number of Records ")[1].split()[0])
+    assert count >= 5 and r.stdout.count("=====Discovery Log Entry") == count
     data = random.Random(11).randbytes(2 * BLOCK)
     slba = 700
     r = s.host_run(_ibal(s, "connect", "-a", guest_ip, "-n", NQN, "--write", str(slba)),
