@@ -257,6 +257,11 @@ echo "dev $dev size $(blockdev --getsize64 $dev) lbs $(blockdev --getss $dev)"
 dd if={pattern} of=$dev bs=64k seek={seek} oflag=direct conv=fsync status=none
 dd if=$dev of=/run/back.bin bs=64k skip={seek} count={count} iflag=direct status=none
 cmp /run/back.bin {pattern} && echo "guest read back what it wrote"
+if command -v fio >/dev/null; then
+  fio --name=verify --filename=$dev --rw=randwrite --bs=4k --offset=4M --size=1M \
+      --ioengine=libaio --iodepth=8 --direct=1 --verify=crc32c --do_verify=1 \
+      --output-format=terse >/dev/null && echo "fio verified"
+fi
 nvme disconnect -n {nqn}
 """
 
@@ -264,8 +269,9 @@ nvme disconnect -n {nqn}
 @pytest.mark.timeout(400)
 def test_linux_host_against_ibal_target(ibal_lab_module_net: LabSession, tmp_path: object) -> None:
     """``nvme connect -t rdma`` in the guest to ``ibal``'s target on the host: ``dd`` with
-    O_DIRECT writes a pattern and reads it back, ``nvme disconnect``; ibal's backing file
-    holds the pattern and nothing stays registered."""
+    O_DIRECT writes a pattern and reads it back, ``fio --verify`` writes 1 MiB of 4 KiB
+    blocks at depth 8 and checks them, ``nvme disconnect``; ibal's backing file holds the
+    data and nothing stays registered."""
     require("nvme", "nvme-cli")
     lab_requires("net")
     s = ibal_lab_module_net
@@ -286,6 +292,7 @@ def test_linux_host_against_ibal_target(ibal_lab_module_net: LabSession, tmp_pat
             out = r.stdout_text + r.stderr_text
             assert r.returncode == 0, out + str(dict(target.stats))
             assert f"size {8 << 20} lbs 512" in out and "guest read back what it wrote" in out
+            assert "fio verified" in out or shutil.which("fio") is None, out
             deadline = time.monotonic() + 30
             while target.registered():  # bounded: the queues' threads see the disconnects
                 assert time.monotonic() < deadline, target.registered()
@@ -297,6 +304,9 @@ def test_linux_host_against_ibal_target(ibal_lab_module_net: LabSession, tmp_pat
             subsys.close()
     data = img.read_bytes()
     assert data[seek * 65536 : seek * 65536 + len(pattern)] == pattern
+    if shutil.which("fio"):  # fio's verified blocks landed in ibal's file, none zero
+        blocks = [data[off : off + 4096] for off in range(4 << 20, 5 << 20, 4096)]
+        assert all(b != bytes(4096) for b in blocks)
     assert stats["connects"] >= 2 and stats["writes"] >= 1
     assert not any(k.startswith("bad:") for k in stats), stats
 
