@@ -230,7 +230,9 @@ def test_target_going_away_is_a_clear_error(ibal_lab_module_net: LabSession) -> 
         finally:
             ctrl.close()
         assert ctrl.registered() == []
-    target_up(s)
+        target_up(s)  # the target back: a new controller connects and reads
+        with Controller(al, guest_ip, NQN, HostOptions(io_queues=1, queue_size=4)) as again:
+            assert len(again.read(1, 0, 1, BLOCK)) == BLOCK
 
 
 IBAL_NQN = "nqn.2026-12.org.ibal:served"
@@ -255,6 +257,11 @@ echo "dev $dev size $(blockdev --getsize64 $dev) lbs $(blockdev --getss $dev)"
 dd if={pattern} of=$dev bs=64k seek={seek} oflag=direct conv=fsync status=none
 dd if=$dev of=/run/back.bin bs=64k skip={seek} count={count} iflag=direct status=none
 cmp /run/back.bin {pattern} && echo "guest read back what it wrote"
+if command -v fio >/dev/null; then
+  fio --name=verify --filename=$dev --rw=randwrite --bs=4k --offset=4M --size=1M \
+      --ioengine=libaio --iodepth=8 --direct=1 --verify=crc32c --do_verify=1 \
+      --output-format=terse >/dev/null && echo "fio verified"
+fi
 nvme disconnect -n {nqn}
 """
 
@@ -262,8 +269,9 @@ nvme disconnect -n {nqn}
 @pytest.mark.timeout(400)
 def test_linux_host_against_ibal_target(ibal_lab_module_net: LabSession, tmp_path: object) -> None:
     """``nvme connect -t rdma`` in the guest to ``ibal``'s target on the host: ``dd`` with
-    O_DIRECT writes a pattern and reads it back, ``nvme disconnect``; ibal's backing file
-    holds the pattern and nothing stays registered."""
+    O_DIRECT writes a pattern and reads it back, ``fio --verify`` writes 1 MiB of 4 KiB
+    blocks at depth 8 and checks them, ``nvme disconnect``; ibal's backing file holds the
+    data and nothing stays registered."""
     require("nvme", "nvme-cli")
     lab_requires("net")
     s = ibal_lab_module_net
@@ -284,6 +292,7 @@ def test_linux_host_against_ibal_target(ibal_lab_module_net: LabSession, tmp_pat
             out = r.stdout_text + r.stderr_text
             assert r.returncode == 0, out + str(dict(target.stats))
             assert f"size {8 << 20} lbs 512" in out and "guest read back what it wrote" in out
+            assert "fio verified" in out or shutil.which("fio") is None, out
             deadline = time.monotonic() + 30
             while target.registered():  # bounded: the queues' threads see the disconnects
                 assert time.monotonic() < deadline, target.registered()
@@ -295,6 +304,9 @@ def test_linux_host_against_ibal_target(ibal_lab_module_net: LabSession, tmp_pat
             subsys.close()
     data = img.read_bytes()
     assert data[seek * 65536 : seek * 65536 + len(pattern)] == pattern
+    if shutil.which("fio"):  # fio's verified blocks landed in ibal's file, none zero
+        blocks = [data[off : off + 4096] for off in range(4 << 20, 5 << 20, 4096)]
+        assert all(b != bytes(4096) for b in blocks)
     assert stats["connects"] >= 2 and stats["writes"] >= 1
     assert not any(k.startswith("bad:") for k in stats), stats
 
@@ -317,9 +329,21 @@ def test_cli_discover_connect_against_nvmet(ibal_lab_module_net: LabSession) -> 
     s = ibal_lab_module_net
     _lab(s)
     _, guest_ip = _addrs(s)
+    # four more subsystems on the port: more records than one 4 KiB read holds (three),
+    # so the page is read in pieces by log page offset
+    extra = [f"{NQN}-extra{i}" for i in range(4)]
+    r = s.run("set -e; C=/sys/kernel/config/nvmet; for n in " + " ".join(extra) + "; do"
+              " [ -e $C/subsystems/$n ] || mkdir $C/subsystems/$n;"
+              " echo 1 > $C/subsystems/$n/attr_allow_any_host;"
+              " [ -e $C/ports/1/subsystems/$n ] || ln -s $C/subsystems/$n $C/ports/1/subsystems/$n;"
+              " done", timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr_text
     r = s.host_run(_ibal(s, "discover", "-a", guest_ip), timeout=120, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert f"subnqn:  {NQN}" in r.stdout and f"traddr:  {guest_ip}" in r.stdout
+    assert all(f"subnqn:  {n}\n" in r.stdout for n in extra), r.stdout
+    count = int(r.stdout.split("Number of Records ")[1].split()[0])
+    assert count >= 5 and r.stdout.count("=====Discovery Log Entry") == count
     data = random.Random(11).randbytes(2 * BLOCK)
     slba = 700
     r = s.host_run(_ibal(s, "connect", "-a", guest_ip, "-n", NQN, "--write", str(slba)),

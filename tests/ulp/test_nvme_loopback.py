@@ -169,6 +169,11 @@ def test_admin_opcode_unknown_is_invalid_opcode(al: AccessLayer, target: Target)
         with pytest.raises(NvmeStatusError) as ei:
             ctrl.get_log_page(0x42, 512)
         assert ei.value.code == w.Sc.INVALID_LOG_PAGE
+        # a SMART page of 16 GiB: refused before anything that large is made
+        huge = w.get_log_page(0, w.LogPage.SMART, 4, w.NULL_SGL)
+        huge = huge[:40] + (0xFFFF0002).to_bytes(4, "little") + b"\xff\xff" + huge[46:]
+        c = _raw(ctrl.admin, huge)
+        assert c.status == w.Sc.INVALID_FIELD | w.DNR
         assert ctrl.read(1, 0, 1, BLOCK) == bytes(BLOCK)  # the controller still serves
 
 

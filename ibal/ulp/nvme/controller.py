@@ -253,6 +253,8 @@ class QueueMachine:
     def _to_host(self, cmd: dict[str, w.Value], raw: bytes, data: bytes,
                  result: int = 0) -> Step:  # fmt: skip
         cid = int(cmd["command_id"])
+        if len(data) > MAX_IO:
+            raise _Bad(w.Sc.INVALID_FIELD | w.DNR, "bad: transfer too long")
         sgl = self._sgl(cmd, raw, len(data), to_host=True)
         assert isinstance(sgl, w.Sgl)
         return Deliver(sgl, data, self._done(cid, 0, result))
@@ -378,6 +380,8 @@ class QueueMachine:
             offset = int(cmd["cdw12"]) | int(cmd["cdw13"]) << 32
             if lid not in (w.LogPage.ERROR, w.LogPage.SMART):
                 raise _Bad(w.Sc.INVALID_LOG_PAGE | w.DNR, "bad: log page")
+            if numd * 4 > MAX_IO:  # before anything is made of that size
+                raise _Bad(w.Sc.INVALID_FIELD | w.DNR, "bad: transfer too long")
             page = bytes(512 if lid == w.LogPage.SMART else 64)
             data = page[offset : offset + numd * 4].ljust(numd * 4, b"\0")
             return self._to_host(cmd, raw, data)

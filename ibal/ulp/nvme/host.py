@@ -494,15 +494,18 @@ class Controller:
         return data
 
     def discovery_log(self) -> list[w.DiscoveryEntry]:
-        """The discovery log page: the header, then every record (read until the
-        generation counter holds still, as ``nvme discover`` does)."""
+        """The discovery log page: the header, then every record, read in pieces the
+        admin queue's data slots hold (by log page offset), until the generation
+        counter holds still, as ``nvme discover`` does."""
+        step = self.admin.max_io
         for _ in range(5):
             head = self.get_log_page(w.LogPage.DISCOVERY, w.DISC_HEADER.size)
             gen, numrec, _ = w.parse_discovery_log(head)
+            if numrec > 1024:
+                raise InvalidState(f"the discovery log claims {numrec} records")
             size = w.DISC_HEADER.size + numrec * w.DISC_ENTRY.size
-            page = self.get_log_page(w.LogPage.DISCOVERY, min(size, self.admin.max_io * 1))
-            if size > self.admin.max_io:
-                raise InvalidState(f"{numrec} discovery records: more than one read holds")
+            page = b"".join(self.get_log_page(w.LogPage.DISCOVERY, min(step, size - off), off)
+                            for off in range(0, size, step))  # fmt: skip
             gen2, _, entries = w.parse_discovery_log(page)
             if gen2 == gen:
                 return entries

@@ -58,6 +58,7 @@ __all__ = ["Target", "TargetQueue"]
 _RECV, _SEND, _READ, _WRITE = 1 << 32, 2 << 32, 3 << 32, 4 << 32
 _OWNED = ("qp", "rmr", "smr", "dmr", "cq", "pd")
 POLL_S = 0.25  # how soon a queue's thread sees a disconnect or the target's stop
+BUFFERS = 32  # commands of a queue whose responses may be in flight at once
 
 
 class TargetQueue:
@@ -81,9 +82,13 @@ class TargetQueue:
             self.qp = self.pd.create_qp(QpCreate(QpType.RC, self.cq, self.cq,
                                                  sq_depth=2 * size + 2,
                                                  rq_depth=self.recvs))  # fmt: skip
+            # a data buffer and a response slot per command in flight: a response's SEND
+            # (and the RDMA WRITE before it) completes while the next commands are served
+            self.nbuf = min(size, BUFFERS)
+            self._free = list(range(self.nbuf))
             self.rbuf = bytearray(self.recvs * self.slot)
-            self.sbuf = bytearray(w.CQE_SIZE)
-            self.dbuf = bytearray(MAX_IO)
+            self.sbuf = bytearray(self.nbuf * w.CQE_SIZE)
+            self.dbuf = bytearray(self.nbuf * MAX_IO)
             self.rmr = self.pd.reg_mem(self.rbuf, AccessFlags.LOCAL_WRITE)
             self.smr = self.pd.reg_mem(self.sbuf, AccessFlags.LOCAL_WRITE)
             self.dmr = self.pd.reg_mem(self.dbuf, AccessFlags.LOCAL_WRITE)
@@ -125,45 +130,57 @@ class TargetQueue:
             self._end()
 
     def _run(self, step: Step | None) -> None:
-        fetched: w.Sgl | None = None  # the key a write's data came by: its response frees it
-        while step is not None:
-            if isinstance(step, Hold):
-                return
-            if isinstance(step, Respond):
-                self._respond(step.completion, fetched)
-                return
-            if isinstance(step, Fetch):
-                self._rdma(WrType.RDMA_READ, step.sgl, step.length)
-                fetched = step.sgl
-                step = step.then(bytes(self.dbuf[: step.length]))
-                continue
-            assert isinstance(step, Deliver)
-            n = len(step.data)
-            self.dbuf[:n] = step.data
-            self._rdma(WrType.RDMA_WRITE, step.sgl, n)
-            self._respond(step.completion, step.sgl)
+        if step is None or isinstance(step, Hold):
             return
+        b = self._take()
+        fetched: w.Sgl | None = None  # the key a write's data came by: its response frees it
+        while isinstance(step, Fetch):
+            self.qp.post_send(self._rdma(WrType.RDMA_READ, b, step.sgl, step.length, _READ | b))
+            self._await(_READ | b)
+            fetched = step.sgl
+            off = b * MAX_IO
+            step = step.then(bytes(self.dbuf[off : off + step.length]))
+        if isinstance(step, Hold):
+            self._free.append(b)
+            return
+        if isinstance(step, Respond):
+            self.qp.post_send(self._response(b, step.completion, fetched))
+            return
+        assert isinstance(step, Deliver)
+        n = len(step.data)
+        self.dbuf[b * MAX_IO : b * MAX_IO + n] = step.data
+        # the WRITE unsignaled: on an RC QP the data is placed before the SEND arrives,
+        # and the SEND's completion says the buffer is free again
+        write = self._rdma(WrType.RDMA_WRITE, b, step.sgl, n, _WRITE | b, signaled=False)
+        self.qp.post_send([write, self._response(b, step.completion, step.sgl)])
 
-    def _rdma(self, op: WrType, sgl: w.Sgl, n: int) -> None:
-        tag = _READ if op is WrType.RDMA_READ else _WRITE
-        self.qp.post_send(SendWr(wr_id=tag, opcode=op, remote_addr=sgl.addr, rkey=sgl.key,
-                                 sg_list=[Sge(addr=self.dmr.vaddr, length=n,
-                                              lkey=self.dmr.lkey)]))  # fmt: skip
-        self._await(tag)
+    def _rdma(self, op: WrType, b: int, sgl: w.Sgl, n: int, wr_id: int, *,
+              signaled: bool = True) -> SendWr:  # fmt: skip
+        return SendWr(wr_id=wr_id, opcode=op, remote_addr=sgl.addr, rkey=sgl.key,
+                      send_opt=SendOpt.SIGNALED if signaled else SendOpt.NONE,
+                      sg_list=[Sge(addr=self.dmr.vaddr + b * MAX_IO, length=n,
+                                   lkey=self.dmr.lkey)])  # fmt: skip
 
-    def _respond(self, c: w.Completion, sgl: w.Sgl | None) -> None:
-        self.sbuf[:] = c.encode()
+    def _response(self, b: int, c: w.Completion, sgl: w.Sgl | None) -> SendWr:
+        self.sbuf[b * w.CQE_SIZE : (b + 1) * w.CQE_SIZE] = c.encode()
         # answered before the SEND goes: the host may submit again before its completion
         self.machine.answered()
-        inv = sgl is not None and sgl.type == w.SglType.KEYED_INVALIDATE
-        self.qp.post_send(SendWr(wr_id=_SEND, opcode=WrType.SEND_WITH_INV if inv else WrType.SEND,
-                                 invalidate_rkey=sgl.key if inv and sgl else 0,
-                                 send_opt=SendOpt.SIGNALED,
-                                 sg_list=[Sge(addr=self.smr.vaddr, length=w.CQE_SIZE,
-                                              lkey=self.smr.lkey)]))  # fmt: skip
-        self._await(_SEND)
         if not c.ok:
             self.stats["error responses"] += 1
+        inv = sgl is not None and sgl.type == w.SglType.KEYED_INVALIDATE
+        return SendWr(wr_id=_SEND | b, opcode=WrType.SEND_WITH_INV if inv else WrType.SEND,
+                      invalidate_rkey=sgl.key if inv and sgl else 0, send_opt=SendOpt.SIGNALED,
+                      sg_list=[Sge(addr=self.smr.vaddr + b * w.CQE_SIZE, length=w.CQE_SIZE,
+                                   lkey=self.smr.lkey)])  # fmt: skip
+
+    def _take(self) -> int:
+        """A free buffer (waiting for a response's SEND to complete if none is)."""
+        deadline = time.monotonic() + self.target.timeout
+        while not self._free:
+            self._poll(None)
+            if time.monotonic() > deadline:
+                raise _QueueEnded("no completion in time")
+        return self._free.pop()
 
     def _await(self, tag: int) -> None:
         """Poll until the work request ``tag`` completes; receives meanwhile are queued."""
@@ -184,7 +201,9 @@ class TargetQueue:
                 raise _QueueEnded(f"{wc.wc_type.name} {what}")
             if wc.wc_type is WcType.RECV:
                 self._pending.append((wc.wr_id & 0xFFFFFFFF, wc.length, self.machine.arrived()))
-            elif tag is not None and wc.wr_id == tag:
+            elif wc.wr_id >> 32 == _SEND >> 32:
+                self._free.append(wc.wr_id & 0xFFFFFFFF)
+            if tag is not None and wc.wr_id == tag:
                 seen = True
         return seen
 
