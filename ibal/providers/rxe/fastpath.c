@@ -550,3 +550,131 @@ int rxe_fill_train(uint8_t *arena, uint64_t arena_len, uint64_t off, uint32_t sl
     }
     return 0;
 }
+
+/* ------------------------------------------------------------------ MR table */
+
+/* The C side's view of a CA's memory regions, for the receive fast path: the
+ * R_Key, PD, bounds and access checks of QpMemory.remote for regions.  A key
+ * the table does not hold is a miss, never a refusal: windows and anything
+ * unknown stay with the Python core, which answers them. */
+struct rxe_mr {
+    uint32_t rkey, pd, access, used;
+    uint64_t vaddr, length;
+    uint8_t *base;
+};
+
+struct rxe_mr_table {
+    uint32_t mask, count;
+    struct rxe_mr *slots;
+};
+
+/* mirrors: KeyTable.__init__ */
+struct rxe_mr_table *rxe_mr_table_new(uint32_t capacity)
+{
+    if (capacity < 8 || capacity > (1u << 24) || (capacity & (capacity - 1)))
+        return NULL;
+    struct rxe_mr_table *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    t->slots = calloc(capacity, sizeof(*t->slots));
+    if (!t->slots) {
+        free(t);
+        return NULL;
+    }
+    t->mask = capacity - 1;
+    return t;
+}
+
+void rxe_mr_table_free(struct rxe_mr_table *t)
+{
+    if (t) {
+        free(t->slots);
+        free(t);
+    }
+}
+
+static uint32_t mr_hash(uint32_t key)
+{
+    return key * 0x61C88647u;
+}
+
+/* The slot holding rkey, or the empty slot where it would go (linear probing;
+ * the table is kept at most half full, so a probe ends). */
+static struct rxe_mr *mr_slot(struct rxe_mr_table *t, uint32_t rkey)
+{
+    uint32_t i = mr_hash(rkey) & t->mask;
+    while (t->slots[i].used && t->slots[i].rkey != rkey)
+        i = (i + 1) & t->mask;
+    return &t->slots[i];
+}
+
+/* mirrors: KeyTable.install (of an Mr).  Replaces an entry of the same key.
+ * Returns 0, or -ENOSPC when the table would be more than half full. */
+int rxe_mr_put(struct rxe_mr_table *t, uint32_t rkey, uint32_t pd, uint64_t vaddr,
+               uint64_t length, uint32_t access, uint8_t *base)
+{
+    struct rxe_mr *m = mr_slot(t, rkey);
+    if (!m->used) {
+        if (2 * (t->count + 1) > t->mask + 1)
+            return -ENOSPC;
+        t->count += 1;
+    }
+    m->used = 1;
+    m->rkey = rkey;
+    m->pd = pd;
+    m->vaddr = vaddr;
+    m->length = length;
+    m->access = access;
+    m->base = base;
+    return 0;
+}
+
+/* mirrors: KeyTable.remove.  Returns 1 when the key was there, else 0. */
+int rxe_mr_del(struct rxe_mr_table *t, uint32_t rkey)
+{
+    struct rxe_mr *m = mr_slot(t, rkey);
+    if (!m->used)
+        return 0;
+    /* backward-shift deletion keeps every probe chain unbroken */
+    uint32_t i = (uint32_t)(m - t->slots);
+    uint32_t j = i;
+    for (;;) {
+        j = (j + 1) & t->mask;
+        if (!t->slots[j].used)
+            break;
+        uint32_t home = mr_hash(t->slots[j].rkey) & t->mask;
+        /* move j back to i unless its home lies cyclically in (i, j] */
+        if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
+            t->slots[i] = t->slots[j];
+            i = j;
+        }
+    }
+    memset(&t->slots[i], 0, sizeof(t->slots[i]));
+    t->count -= 1;
+    return 1;
+}
+
+/* mirrors: QpMemory.remote (regions).  1: allowed, *out the first byte (NULL for a
+ * zero length, which Python allows whatever the key); 0: refused (Python answers
+ * None too); -1: not in the table (ask Python). */
+int rxe_mr_remote(struct rxe_mr_table *t, uint32_t rkey, uint32_t pd, uint64_t va,
+                  uint64_t length, uint32_t access, uint8_t **out)
+{
+    *out = NULL;
+    if (length == 0)
+        return 1;
+    struct rxe_mr *m = mr_slot(t, rkey);
+    if (!m->used)
+        return -1;
+    if (m->pd != pd || (m->access & access) != access)
+        return 0;
+    if (va < m->vaddr || length > m->length || va - m->vaddr > m->length - length)
+        return 0;
+    *out = m->base + (va - m->vaddr);
+    return 1;
+}
+
+uint32_t rxe_mr_count(struct rxe_mr_table *t)
+{
+    return t->count;
+}
