@@ -36,3 +36,13 @@ int rxe_mr_del(struct rxe_mr_table *t, uint32_t rkey);
 int rxe_mr_remote(struct rxe_mr_table *t, uint32_t rkey, uint32_t pd, uint64_t va,
                   uint64_t length, uint32_t access, uint8_t **out);
 uint32_t rxe_mr_count(struct rxe_mr_table *t);
+struct rxe_fast_qp {
+    uint32_t qpn, pkey, epsn, mtu, active;
+    uint8_t src_ip[4];
+    uint64_t woff, wlen;
+    uint8_t *dst;
+    uint32_t packets, last, ack, ack_psn, ack_last;
+    uint64_t bytes;
+};
+uint32_t rxe_rx_fast(const uint8_t *arena, uint32_t size, const void *msgs, uint32_t start,
+                     uint32_t n, struct rxe_fast_qp *qps, uint32_t nqps);
