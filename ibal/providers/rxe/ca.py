@@ -27,6 +27,7 @@ from ibal.providers import checks
 from ibal.providers.rxe.cq import Cq
 from ibal.providers.rxe.device import Device, DeviceEvent
 from ibal.providers.rxe.engine import Engine
+from ibal.providers.rxe.fastpath import fast_rx_enabled
 from ibal.providers.rxe.fmr_verbs import FmrVerbs
 from ibal.providers.rxe.memory import KeyTable, Pd
 from ibal.providers.rxe.mr_verbs import MemoryVerbs
@@ -225,6 +226,7 @@ class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
         """The device is going away: stop the engine; no upcall afterwards."""
         with self._lock:
             self.device.set_receiver(None)
+            self.device.io.rx_fast = None
             self._completion_cb = self._async_cb = None
         self.engine.close()
 
@@ -298,6 +300,8 @@ class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
         self._async_cb = async_event_cb
         self._ca_context = ca_context
         self.device.set_receiver(self.engine.on_packets)
+        if self.device.engine == "c" and fast_rx_enabled():
+            self.device.io.rx_fast = self.engine.on_ring
         return self._open
 
     @serialized
@@ -344,6 +348,7 @@ class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
         h.alive = False
         self._open = None
         self.device.set_receiver(None)
+        self.device.io.rx_fast = None
         self._completion_cb = self._async_cb = None
 
     # -------------------------------------------------------------- PD / AV

@@ -44,6 +44,7 @@ IO_COUNTERS: Final = (
     "tx_datagrams",
     "tx_bytes",
     "tx_batches",  # send system calls
+    "rx_fast",  # packets the C engine's receive fast path landed (fastrx.py)
 )
 
 #: Drop reasons the socket layer itself uses (besides the codec's ``DropReason`` values).

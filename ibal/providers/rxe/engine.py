@@ -64,6 +64,7 @@ class Engine:
         self._local: deque[Packet] = deque()
         self._own: frozenset[bytes] = frozenset()
         self._closed = False
+        self._fast: Any = None  # fastrx.FastTable, made on the first on_ring
         self._thread = threading.Thread(target=self._timers, name=f"{name}-timer", daemon=True)
         self._thread.start()
 
@@ -80,6 +81,41 @@ class Engine:
                 self._dispatch(pkt, now, touched, True)
             for qp in touched:
                 self._guarded_pump(qp, now)
+            self._run_local(now)
+            self._flush()
+
+    def on_ring(self, ring: Any, n: int, decode_one: Callable[[int], list[Packet]]) -> None:
+        """The receive thread's callback on the C engine: a batch straight from the ring.
+
+        ``rxe_rx_fast`` lands the predicted packets (fastrx.py says which and how the
+        state moves) and stops at the first other datagram, which the Python core
+        decodes (``decode_one``) and executes before C resumes: every QP sees its
+        packets in arrival order, as from :meth:`on_packets`.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            fast = self._fast
+            if fast is None:
+                from ibal.providers.rxe import fastpath
+                from ibal.providers.rxe.fastrx import FastTable
+
+                fast = self._fast = FastTable(*fastpath.ffi_lib())
+            now = time.monotonic()
+            self._own = self.io.own
+            touched: dict[Qp, None] = {}
+            i = 0
+            while i < n:
+                if fast.arm(self.qps):
+                    i = fast.run(ring, i, n)
+                    fast.sync(touched, self.counters)
+                    if i >= n:
+                        break
+                for pkt in decode_one(i):
+                    self._dispatch(pkt, now, touched, True)
+                i += 1
+            for qp in touched:
+                self._pump(qp, now)
             self._run_local(now)
             self._flush()
 

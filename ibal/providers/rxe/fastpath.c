@@ -550,3 +550,211 @@ int rxe_fill_train(uint8_t *arena, uint64_t arena_len, uint64_t off, uint32_t sl
     }
     return 0;
 }
+
+/* ------------------------------------------------------------------ MR table */
+
+/* The C side's view of a CA's memory regions, for the receive fast path: the
+ * R_Key, PD, bounds and access checks of QpMemory.remote for regions.  A key
+ * the table does not hold is a miss, never a refusal: windows and anything
+ * unknown stay with the Python core, which answers them. */
+struct rxe_mr {
+    uint32_t rkey, pd, access, used;
+    uint64_t vaddr, length;
+    uint8_t *base;
+};
+
+struct rxe_mr_table {
+    uint32_t mask, count;
+    struct rxe_mr *slots;
+};
+
+/* mirrors: KeyTable.__init__ */
+struct rxe_mr_table *rxe_mr_table_new(uint32_t capacity)
+{
+    if (capacity < 8 || capacity > (1u << 24) || (capacity & (capacity - 1)))
+        return NULL;
+    struct rxe_mr_table *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    t->slots = calloc(capacity, sizeof(*t->slots));
+    if (!t->slots) {
+        free(t);
+        return NULL;
+    }
+    t->mask = capacity - 1;
+    return t;
+}
+
+void rxe_mr_table_free(struct rxe_mr_table *t)
+{
+    if (t) {
+        free(t->slots);
+        free(t);
+    }
+}
+
+static uint32_t mr_hash(uint32_t key)
+{
+    return key * 0x61C88647u;
+}
+
+/* The slot holding rkey, or the empty slot where it would go (linear probing;
+ * the table is kept at most half full, so a probe ends). */
+static struct rxe_mr *mr_slot(struct rxe_mr_table *t, uint32_t rkey)
+{
+    uint32_t i = mr_hash(rkey) & t->mask;
+    while (t->slots[i].used && t->slots[i].rkey != rkey)
+        i = (i + 1) & t->mask;
+    return &t->slots[i];
+}
+
+/* mirrors: KeyTable.install (of an Mr).  Replaces an entry of the same key.
+ * Returns 0, or -ENOSPC when the table would be more than half full. */
+int rxe_mr_put(struct rxe_mr_table *t, uint32_t rkey, uint32_t pd, uint64_t vaddr,
+               uint64_t length, uint32_t access, uint8_t *base)
+{
+    struct rxe_mr *m = mr_slot(t, rkey);
+    if (!m->used) {
+        if (2 * (t->count + 1) > t->mask + 1)
+            return -ENOSPC;
+        t->count += 1;
+    }
+    m->used = 1;
+    m->rkey = rkey;
+    m->pd = pd;
+    m->vaddr = vaddr;
+    m->length = length;
+    m->access = access;
+    m->base = base;
+    return 0;
+}
+
+/* mirrors: KeyTable.remove.  Returns 1 when the key was there, else 0. */
+int rxe_mr_del(struct rxe_mr_table *t, uint32_t rkey)
+{
+    struct rxe_mr *m = mr_slot(t, rkey);
+    if (!m->used)
+        return 0;
+    /* backward-shift deletion keeps every probe chain unbroken */
+    uint32_t i = (uint32_t)(m - t->slots);
+    uint32_t j = i;
+    for (;;) {
+        j = (j + 1) & t->mask;
+        if (!t->slots[j].used)
+            break;
+        uint32_t home = mr_hash(t->slots[j].rkey) & t->mask;
+        /* move j back to i unless its home lies cyclically in (i, j] */
+        if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
+            t->slots[i] = t->slots[j];
+            i = j;
+        }
+    }
+    memset(&t->slots[i], 0, sizeof(t->slots[i]));
+    t->count -= 1;
+    return 1;
+}
+
+/* mirrors: QpMemory.remote (regions).  1: allowed, *out the first byte (NULL for a
+ * zero length, which Python allows whatever the key); 0: refused (Python answers
+ * None too); -1: not in the table (ask Python). */
+int rxe_mr_remote(struct rxe_mr_table *t, uint32_t rkey, uint32_t pd, uint64_t va,
+                  uint64_t length, uint32_t access, uint8_t **out)
+{
+    *out = NULL;
+    if (length == 0)
+        return 1;
+    struct rxe_mr *m = mr_slot(t, rkey);
+    if (!m->used)
+        return -1;
+    if (m->pd != pd || (m->access & access) != access)
+        return 0;
+    if (va < m->vaddr || length > m->length || va - m->vaddr > m->length - length)
+        return 0;
+    *out = m->base + (va - m->vaddr);
+    return 1;
+}
+
+uint32_t rxe_mr_count(struct rxe_mr_table *t)
+{
+    return t->count;
+}
+
+/* ------------------------------------------------------------------ receive fast path */
+
+/* mirrors: RxDecoder._from_ip, Engine._dispatch, QpCore.receive, Responder.receive
+ * and Responder._write, for the one case they predict best: an in-order RC RDMA
+ * WRITE MIDDLE or LAST (no immediate) continuing a WRITE the Python responder
+ * started (its FIRST resolved the R_Key), from the QP's peer, with the QP's
+ * P_Key, in RTS.  Datagrams start .. n - 1 of a receive ring are taken in order;
+ * the first one that is anything else (another opcode, a gap, a duplicate, a
+ * bad length, a bad ICRC, a truncated datagram, an unknown QP) ends the run and
+ * its index is returned, for the Python core to decode and execute before the
+ * run resumes: so each QP sees its packets in arrival order, and every drop and
+ * every error is the Python core's.  Returns n when all were landed. */
+uint32_t rxe_rx_fast(const uint8_t *arena, uint32_t size, const void *msgs, uint32_t start,
+                     uint32_t n, struct rxe_fast_qp *qps, uint32_t nqps)
+{
+    const struct mmsghdr *m = msgs;
+    uint32_t seed = rxe_crc32(0, lrh_ones, 8);
+    for (uint32_t i = start; i < n; i++) {
+        uint32_t len = m[i].msg_len;
+        if ((m[i].msg_hdr.msg_flags & MSG_TRUNC) || len > size || len < 28 + RXE_BTH_LEN + 4)
+            return i;
+        const uint8_t *d = arena + (size_t)i * size;
+        if (d[0] != 0x45)
+            return i;
+        uint32_t total = get16(d + 2) < len ? get16(d + 2) : len;
+        uint32_t ulen = get16(d + 24);
+        if (ulen < 8 + RXE_BTH_LEN + RXE_ICRC_LEN || 20 + ulen > total)
+            return i;
+        const uint8_t *udp = d + 28;
+        uint32_t un = ulen - 8;
+        uint32_t op = udp[0];
+        int last = op == 0x08;
+        if ((op != 0x07 && !last) || (udp[1] & 0x0F))
+            return i;
+        uint32_t pad = (udp[1] >> 4) & 3;
+        if (un - RXE_ICRC_LEN < RXE_BTH_LEN + pad)
+            return i;
+        uint32_t plen = un - RXE_ICRC_LEN - RXE_BTH_LEN - pad;
+        uint32_t qpn = get24(udp + 5);
+        struct rxe_fast_qp *e = NULL;
+        for (uint32_t k = 0; k < nqps; k++)
+            if (qps[k].active && qps[k].qpn == qpn) {
+                e = &qps[k];
+                break;
+            }
+        if (!e || memcmp(d + 12, e->src_ip, 4) || get16(udp + 2) != e->pkey ||
+            get24(udp + 9) != e->epsn)
+            return i;
+        if (last ? (plen == 0 || plen > e->mtu) : plen != e->mtu)
+            return i;
+        uint64_t end = e->woff + plen;
+        if (end > e->wlen || (last && end != e->wlen))
+            return i;
+        uint8_t h[40];
+        memcpy(h, d, 40);
+        h[1] = h[8] = h[32] = 0xFF;
+        h[10] = h[11] = h[26] = h[27] = 0xFF;
+        uint32_t c = rxe_crc32(rxe_crc32(seed, h, 40), udp + RXE_BTH_LEN,
+                               un - RXE_BTH_LEN - RXE_ICRC_LEN);
+        if (c != get32le(udp + un - RXE_ICRC_LEN))
+            return i;
+        memcpy(e->dst + e->woff, udp + RXE_BTH_LEN, plen);
+        if (!last)
+            e->woff = end; /* as _write: a LAST leaves the position where it was */
+        e->packets += 1;
+        e->bytes += len;
+        if (udp[8] & 0x80) {
+            e->ack = 1;
+            e->ack_psn = e->epsn;
+            e->ack_last = (uint32_t)last;
+        }
+        e->epsn = (e->epsn + 1) & 0xFFFFFF;
+        if (last) {
+            e->active = 0;
+            e->last = 1;
+        }
+    }
+    return n;
+}

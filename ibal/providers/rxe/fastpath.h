@@ -27,3 +27,22 @@ int rxe_fill_train(uint8_t *arena, uint64_t arena_len, uint64_t off, uint32_t sl
                    uint32_t psn0, uint32_t k0, uint32_t since, uint32_t per, uint32_t ackreq,
                    const uint8_t *data, uint64_t data_len, uint64_t data_off, uint32_t mtu,
                    uint32_t pad, uint32_t prefix);
+struct rxe_mr_table;
+struct rxe_mr_table *rxe_mr_table_new(uint32_t capacity);
+void rxe_mr_table_free(struct rxe_mr_table *t);
+int rxe_mr_put(struct rxe_mr_table *t, uint32_t rkey, uint32_t pd, uint64_t vaddr,
+               uint64_t length, uint32_t access, uint8_t *base);
+int rxe_mr_del(struct rxe_mr_table *t, uint32_t rkey);
+int rxe_mr_remote(struct rxe_mr_table *t, uint32_t rkey, uint32_t pd, uint64_t va,
+                  uint64_t length, uint32_t access, uint8_t **out);
+uint32_t rxe_mr_count(struct rxe_mr_table *t);
+struct rxe_fast_qp {
+    uint32_t qpn, pkey, epsn, mtu, active;
+    uint8_t src_ip[4];
+    uint64_t woff, wlen;
+    uint8_t *dst;
+    uint32_t packets, last, ack, ack_psn, ack_last;
+    uint64_t bytes;
+};
+uint32_t rxe_rx_fast(const uint8_t *arena, uint32_t size, const void *msgs, uint32_t start,
+                     uint32_t n, struct rxe_fast_qp *qps, uint32_t nqps);

@@ -26,6 +26,8 @@ from typing import Any, Final, Literal
 from ibal.status import InvalidSetting, Unsupported
 
 ENV_ENGINE: Final = "IBAL_RXE_ENGINE"
+ENV_FAST_RX: Final = "IBAL_RXE_FAST_RX"
+"""``0`` turns the C engine's receive fast path off (the C byte work stays)."""
 ENV_MODULE: Final = "IBAL_RXE_C_MODULE"
 """A path to another build of the compiled module (CI's sanitizer build) to load instead."""
 ENGINES: Final = ("auto", "c", "python")
@@ -92,6 +94,11 @@ def choose(env: str | None = None) -> Engine:
             stacklevel=2,
         )
     return "python"
+
+
+def fast_rx_enabled() -> bool:
+    """Whether a C-engine device takes its receive batches through ``rxe_rx_fast``."""
+    return os.environ.get(ENV_FAST_RX, "1").strip() != "0"
 
 
 # ----------------------------------------------------------------- the Python twins
@@ -268,6 +275,7 @@ __all__ = [
     "choose",
     "compiled",
     "crc32",
+    "fast_rx_enabled",
     "ffi_lib",
     "icrc",
     "icrc_prefix_ipv4",

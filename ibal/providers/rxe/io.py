@@ -31,6 +31,7 @@ the kernel will build: DF, ID 0, TTL 64) and queues it; a full batch or
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import socket
@@ -268,6 +269,10 @@ class DeviceIO:
         self.name = name
         self._ring = mmsg.RecvRing(batch, max_datagram)
         self._decoder = RxDecoder(self._ring, self.counters, capture, self._crc32)
+        self.rx_fast: Callable[[mmsg.RecvRing, int, Callable[[int], list[Packet]]], None] | None
+        self.rx_fast = None
+        """On the C engine, the CA's receive fast path (``Engine.on_ring``): it takes a
+        raw IPv4 batch straight from the ring, decoding what it hands back itself."""
         self._endpoints: dict[IpAddress, _Endpoint] = {}
         self.own: frozenset[bytes] = frozenset()
         """The raw addresses (4 or 16 bytes) of this device: packets to them loop back."""
@@ -615,6 +620,17 @@ class DeviceIO:
             if not n:
                 return got
             got += n
+            fast = self.rx_fast
+            if fast is not None and ep.rx_raw and len(ep.raw_ip) == 4 and self.capture is None:
+                self.counters.rx_batches += 1
+                try:
+                    fast(ring, n, functools.partial(self._decoder.decode_one, rx_raw=True,
+                                                    dst=ep.raw_ip))  # fmt: skip
+                except Exception:  # the CA layer's bug must not kill the thread
+                    self.counters.drop("handler_error", n)
+                if n < ring.depth:
+                    return got
+                continue
             packets = self._decoder.decode_batch(n, ep.rx_raw, ep.raw_ip)
             if packets:
                 try:

@@ -55,6 +55,25 @@ class RxDecoder:
                 c.drop("handler_error")
         return out
 
+    def decode_one(self, i: int, rx_raw: bool, dst: bytes) -> list[Packet]:
+        """Datagram ``i`` of the ring as :meth:`decode_batch` would take it (the fast
+        path's hand-back; the batch itself was counted by the caller)."""
+        c = self.counters
+        out: list[Packet] = []
+        data = self.ring.datagram(i)
+        c.rx_datagrams += 1
+        c.rx_bytes += len(data)
+        try:
+            if self.ring.truncated(i):
+                c.drop("truncated")
+            elif rx_raw:
+                self._from_ip(data, dst, out)
+            else:
+                self._from_udp(data, dst, i, out)
+        except Exception:  # hostile input must never stop the thread
+            c.drop("handler_error")
+        return out
+
     def _accept(
         self, udp: memoryview, crc: int, src: bytes, sport: int, net_hdr: bytes, dst: bytes,
         out: list[Packet],

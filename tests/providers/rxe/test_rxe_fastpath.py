@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from netns_util import need_root
 
@@ -31,8 +31,8 @@ from ibal.status import InvalidSetting, Unsupported
 from ibal.wire import iba
 from ibal.wire.packet import Opcode, Packet
 
-A = socket.inet_aton("127.0.0.2")
-B = socket.inet_aton("127.0.0.3")
+A = socket.inet_aton("127.0.0.171")
+B = socket.inet_aton("127.0.0.172")
 ROOT = Path(__file__).resolve().parents[3]
 MTU = 1024
 SEG = 12 + MTU + 4
@@ -94,7 +94,7 @@ def test_icrc_is_the_references(
 
 def _udp_rx(gro: bool) -> socket.socket:
     r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    r.bind(("127.0.0.3", 0))
+    r.bind(("127.0.0.172", 0))
     if gro:
         r.setsockopt(mmsg.SOL_UDP, mmsg.UDP_GRO, 1)
     return r
@@ -103,7 +103,7 @@ def _udp_rx(gro: bool) -> socket.socket:
 def _df_sender() -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = DO
-    s.bind(("127.0.0.2", 0))
+    s.bind(("127.0.0.171", 0))
     return s
 
 
@@ -274,9 +274,9 @@ def test_recv_bench_lands_a_gso_train_sent_through_the_kernel(c: tuple[Any, Any]
     raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
     keep = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        raw.bind(("127.0.0.3", 0))
+        raw.bind(("127.0.0.172", 0))
         io.attach_filter(raw, io.roce_ipv4_filter())
-        keep.bind(("127.0.0.3", 4791))
+        keep.bind(("127.0.0.172", 4791))
         io.attach_filter(keep, io.DROP_ALL)
         with _df_sender() as s:
             scratch = ffi.new("uint8_t[]", 16 * fastpath.MAX_TRAIN)
@@ -341,7 +341,7 @@ def test_ibal_info_says_which_engine_the_device_runs(
     need_root()
     if engine == "c":
         need_c()
-    env = dict(os.environ, IBAL_RXE_ENGINE=engine, IBAL_RXE_DEVICES="rxe0=127.0.0.61")
+    env = dict(os.environ, IBAL_RXE_ENGINE=engine, IBAL_RXE_DEVICES="rxe0=127.0.0.173")
     env["XDG_CONFIG_HOME"] = str(tmp_path)
     r = subprocess.run(
         [sys.executable, "-m", "ibal.cli", "info", "-p", "rxe"],
@@ -353,7 +353,7 @@ def test_ibal_info_says_which_engine_the_device_runs(
 
 def test_an_unknown_engine_is_refused_with_the_variable_named(tmp_path: Any) -> None:
     need_root()
-    env = dict(os.environ, IBAL_RXE_ENGINE="turbo", IBAL_RXE_DEVICES="rxe0=127.0.0.62")
+    env = dict(os.environ, IBAL_RXE_ENGINE="turbo", IBAL_RXE_DEVICES="rxe0=127.0.0.174")
     env["XDG_CONFIG_HOME"] = str(tmp_path)
     r = subprocess.run(
         [sys.executable, "-m", "ibal.cli", "info", "-p", "rxe"],
@@ -429,9 +429,9 @@ def _train_frames(
     cap = PcapWriter(path, wire.LINKTYPE_ETHERNET)
     dev = DeviceIO(lambda pkts: None, port=47913, capture=cap, engine=engine)  # type: ignore[arg-type]
     try:
-        dev.add_address(ipaddress.ip_address("127.0.0.63"))
+        dev.add_address(ipaddress.ip_address("127.0.0.175"))
         head = Packet(Opcode.RC_RDMA_WRITE_MIDDLE, 0x34, psn, memoryview(data)[mtu : 2 * mtu])
-        head.dst_ip = bytes([127, 0, 0, 64])
+        head.dst_ip = bytes([127, 0, 0, 176])
         dev.send_train(Train(head, memoryview(data), mtu, mtu, n, since, 64, True),
                        head.dst_ip, 0xC002)  # fmt: skip
         dev.flush()
@@ -486,3 +486,113 @@ def test_fill_train_refuses_what_falls_outside_its_buffers(c: tuple[Any, Any]) -
         before = bytes(arena)
         assert fill(**bad) == -22, bad  # type: ignore[arg-type]
         assert arena == before
+
+
+# ----------------------------------------------------------------- the C MR table
+
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule  # noqa: E402
+
+from ibal.providers.rxe.memory import KeyTable, Mr, Mw, Pd, QpMemory  # noqa: E402
+from ibal.types import AccessFlags  # noqa: E402
+
+_REMOTE = [int(AccessFlags.RDMA_WRITE), int(AccessFlags.RDMA_READ), int(AccessFlags.ATOMIC)]
+
+
+class MrTableTwin(RuleBasedStateMachine):
+    """Registrations, deregistrations and windows in the Python key table and the C
+    mirror of its regions; every look-up C answers is the Python core's answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ffi, self.lib = need_c()
+        self.table = self.ffi.gc(self.lib.rxe_mr_table_new(64), self.lib.rxe_mr_table_free)
+        self.keys = KeyTable()
+        self.pds = [Pd(None), Pd(None)]
+        self.mrs: list[Mr] = []
+        self.mws: list[Mw] = []
+        self.hold: list[Any] = []  # the C side's pointers stay valid while a test holds them
+
+    @rule(pd=st.integers(0, 1), length=st.integers(1, 5000), vaddr=st.integers(0, 2**64 - 1),
+          access=st.integers(0, 31), near_top=st.booleans())  # fmt: skip
+    def register(self, pd: int, length: int, vaddr: int, access: int, near_top: bool) -> None:
+        if len(self.mrs) >= 30:
+            return
+        if near_top:
+            vaddr = 2**64 - length - (vaddr % 8)  # a region that ends at the top of the space
+        buf = bytearray(length)
+        mr = Mr(None, self.pds[pd], memoryview(buf), vaddr, access)
+        key = self.keys.new_key()
+        mr.lkey = mr.rkey = key
+        self.keys.install(mr, key)
+        self.hold.append(buf)
+        base = self.ffi.from_buffer(buf)
+        self.hold.append(base)
+        assert self.lib.rxe_mr_put(self.table, key, pd, vaddr, length, access, base) == 0
+        self.mrs.append(mr)
+
+    @rule(i=st.integers(0, 29))
+    def deregister(self, i: int) -> None:
+        if not self.mrs:
+            return
+        mr = self.mrs.pop(i % len(self.mrs))
+        self.keys.remove(mr.rkey)
+        assert self.lib.rxe_mr_del(self.table, mr.rkey) == 1
+        assert self.lib.rxe_mr_del(self.table, mr.rkey) == 0
+
+    @rule(i=st.integers(0, 29), access=st.sampled_from(_REMOTE))
+    def bind_window(self, i: int, access: int) -> None:
+        if not self.mrs:
+            return
+        mr = self.mrs[i % len(self.mrs)]
+        mw = Mw(None, mr.pd)
+        mw.rkey = self.keys.new_key()
+        mw.mr, mw.addr, mw.length, mw.access = mr, mr.vaddr, mr.length, access
+        self.keys.install(mw, mw.rkey)  # windows stay with Python: C never holds them
+        self.mws.append(mw)
+
+    @rule(pick=st.integers(0, 60), pd=st.integers(0, 1), off=st.integers(-8, 5008),
+          length=st.integers(0, 5008), access=st.sampled_from(_REMOTE),
+          junk=st.integers(0, 2**32 - 1))  # fmt: skip
+    def look_up(self, pick: int, pd: int, off: int, length: int, access: int, junk: int) -> None:
+        objs: list[Mr | Mw] = [*self.mrs, *self.mws]
+        rkey = objs[pick % len(objs)].rkey if objs and pick < 50 else junk
+        base = objs[pick % len(objs)].vaddr if objs and pick < 50 and isinstance(
+            objs[pick % len(objs)], Mr) else 0  # fmt: skip
+        va = (base + off) % 2**64
+        out = self.ffi.new("uint8_t **")
+        got = self.lib.rxe_mr_remote(self.table, rkey, pd, va, length, access, out)
+        py = QpMemory(self.keys, self.pds[pd]).remote(rkey, va, length, access)
+        event(f"C answered {got}")
+        if got == 1:
+            assert py is not None and len(py) == length
+            if length:
+                assert int(self.ffi.cast("uintptr_t", out[0])) == int(
+                    self.ffi.cast("uintptr_t", self.ffi.from_buffer(py)))  # fmt: skip
+        elif got == 0:
+            assert py is None
+        else:
+            assert got == -1
+            obj = self.keys.get(rkey)
+            assert obj is None or type(obj) is Mw  # a miss only for what C never holds
+
+    @invariant()
+    def same_count(self) -> None:
+        if hasattr(self, "lib"):
+            assert self.lib.rxe_mr_count(self.table) == len(self.mrs)
+
+
+MrTableTwin.TestCase.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
+TestMrTableTwin = MrTableTwin.TestCase
+
+
+def test_mr_table_refuses_a_bad_size_and_a_full_table(c: tuple[Any, Any]) -> None:
+    ffi, lib = c
+    for bad in (0, 7, 12, 2**25):
+        assert lib.rxe_mr_table_new(bad) == ffi.NULL
+    t = ffi.gc(lib.rxe_mr_table_new(8), lib.rxe_mr_table_free)
+    buf = bytearray(16)
+    for k in range(4):
+        assert lib.rxe_mr_put(t, 0x100 + k, 0, 0, 16, 0xFF, ffi.from_buffer(buf)) == 0
+    assert lib.rxe_mr_put(t, 0x200, 0, 0, 16, 0xFF, ffi.from_buffer(buf)) == -28  # ENOSPC
+    assert lib.rxe_mr_put(t, 0x101, 1, 0, 16, 0xFF, ffi.from_buffer(buf)) == 0  # a replacement
+    assert lib.rxe_mr_count(t) == 4
