@@ -52,7 +52,7 @@ class AccessLayer(AlObject):
     _kind = "AL"
 
     def __init__(self, mgr: AlManager) -> None:
-        super().__init__(mgr, None, None)
+        super().__init__(None, mgr=mgr)
         self._owns_manager = False
         self._timers = mgr.timers.scope()
 
@@ -92,7 +92,7 @@ class AccessLayer(AlObject):
         owns, off the teardown queue; otherwise (it would wait for itself) it
         raises ``InvalidState``.  A second close raises ``InvalidAlHandle``.
         """
-        if self._owns_manager and self._mgr._queues.is_current():
+        if self._owns_manager and self._mgr.queues.is_current():
             raise InvalidState("closing an AL that owns its manager from its callback deadlocks")
         self._destroy(None, True, timeout)
         if self._owns_manager:
@@ -238,7 +238,7 @@ class AccessLayer(AlObject):
         if not isinstance(order, PnpOrder):
             raise InvalidParameter(f"order must be a PnpOrder, not {order!r}")
         sync = bool(flags & PnpClass.FLAG_REG_SYNC)
-        if sync and self._mgr._queues.pnp.is_current():
+        if sync and self._mgr.queues.pnp.is_current():
             raise InvalidState("a synchronous reg_pnp inside a PnP callback would deadlock")
         # the subsystems serving this class first, so the replay includes what they report
         self._mgr.subsystems.start_for(cls_bits)

@@ -44,7 +44,7 @@ class AliasQp(CaObject):
     _always_cleanup = True
 
     def __init__(self, pd: Pd, qp_type: QpType, port_num: int, context: Any) -> None:
-        super().__init__(pd._mgr, pd._al, pd, pd._cica, context)
+        super().__init__(pd, context)
         self._pd = pd
         self._qp_type = qp_type
         self._port_num = port_num
@@ -201,7 +201,7 @@ class MadAgent(CaObject):
         context: Any,
         rmpp_version: int = 0,
     ) -> None:
-        super().__init__(alias._mgr, alias._al, alias, alias._cica, context)
+        super().__init__(alias, context)
         self._alias = alias
         self.rmpp_version = rmpp_version
         """Non-zero: the transport runs RMPP for this agent (long messages both ways)."""
@@ -307,7 +307,7 @@ class MadAgent(CaObject):
         """Run ``fn(*args)`` on the misc queue, where this agent's callbacks run (so an
         upper layer's own completions keep their order with the agent's)."""
         self._check()
-        self._mgr._queues.misc.post(call_user, fn, *args)
+        self._mgr.queues.misc.post(call_user, fn, *args)
 
     def deregister(
         self,
@@ -321,13 +321,13 @@ class MadAgent(CaObject):
 
     # ------------------------------------------------------------------ upcalls
     def _queue_recv(self, recv: MadRecv) -> None:
-        self._mgr._queues.misc.post(self._run_recv, recv)
+        self._mgr.queues.misc.post(self._run_recv, recv)
 
     def _queue_send_done(self, done: MadSendDone) -> None:
         if self._flushing:  # the cleanup's own unregister: it posts these itself
             self._flushed.append(done)
             return
-        self._mgr._queues.misc.post(self._run_send_done, done)
+        self._mgr.queues.misc.post(self._run_send_done, done)
 
     # Inline delivery: on the provider's thread, so a destroy the callback's reference
     # held up finishes on the teardown queue (not inside the provider's upcall).
@@ -391,8 +391,8 @@ class MadAgent(CaObject):
             # On the teardown queue, where ``_finish`` (or the parent's) queues the
             # destroy callback after this: so the cancellations come first.
             for done in self._flushed:
-                self._mgr._queues.teardown.post(call_user, cb, done)
+                self._mgr.queues.teardown.post(call_user, cb, done)
         hook, self._gone_hook = self._gone_hook, None
         if hook is not None:
-            self._mgr._queues.teardown.post(call_user, hook)
+            self._mgr.queues.teardown.post(call_user, hook)
         self._flushed.clear()

@@ -35,7 +35,7 @@ class Av(CaObject):
     _sync_destroy = True
 
     def __init__(self, pd: Pd) -> None:
-        super().__init__(pd._mgr, pd._al, pd, pd._cica)
+        super().__init__(pd)
         self._pd = pd
 
     @property

@@ -61,7 +61,7 @@ class Ca(CaObject):
     def __init__(
         self, al: AccessLayer, cica: CiCa, event_cb: EventCallback | None, context: Any
     ) -> None:
-        super().__init__(al._mgr, al, al, cica, context)
+        super().__init__(al, context, cica=cica)
         self._event_cb = event_cb
         self._h = cica.h_ca
         self._close_cica = False

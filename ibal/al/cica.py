@@ -65,7 +65,7 @@ class CiCa:
         self.removing = False  # deregistered: no new opens, teardown under way
         self.closing = False  # close_ca is being (or has been) called
         self.closed = threading.Event()
-        self.post_completion = mgr._queues.completion.post
+        self.post_completion = mgr.queues.completion.post
         """Queue ``fn(*args)`` on the completion queue (any thread; the hot path: bound once)."""
 
     def __repr__(self) -> str:
@@ -106,7 +106,7 @@ class CiCa:
         ctx = record.context
         if isinstance(ctx, Qp) and ctx._cica is self:  # the QP's state moves now, not later
             ctx._observe_event(AsyncEvent(record.code))
-        self.mgr._queues.misc.post(self._route_event, record)
+        self.mgr.queues.misc.post(self._route_event, record)
 
     def _route_event(self, record: EventRecord) -> None:
         """Misc-queue task: hand the event to the object it concerns."""

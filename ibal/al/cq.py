@@ -48,7 +48,7 @@ class Cq(CaObject):
         event_cb: EventCallback | None,
         context: Any,
     ) -> None:
-        super().__init__(ca._mgr, ca._al, ca, ca._cica, context)
+        super().__init__(ca, context)
         self._ca = ca
         self._comp_cb = comp_cb
         self._event_cb = event_cb

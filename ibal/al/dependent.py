@@ -96,7 +96,7 @@ class Dependent(AlObject):
         used = tuple(uses)
         if not all(isinstance(u, AlObject) for u in used):
             raise InvalidParameter("uses are access-layer objects")
-        super().__init__(parent._mgr, parent._al, parent, context)
+        super().__init__(parent, context)
         self._dep_port = port_num
         self._preset_cb = destroy_cb
         with self._lock:
@@ -132,7 +132,7 @@ class Dependent(AlObject):
         """
         if self._state is not READY:
             return False
-        self._mgr._queues.misc.post(self._run_callback, fn, args)
+        self._mgr.queues.misc.post(self._run_callback, fn, args)
         return True
 
     def call_later(self, delay: float, fn: Callable[..., object], *args: Any) -> Timer:

@@ -94,7 +94,7 @@ class Fmr(CaObject):
     _sync_destroy = True
 
     def __init__(self, pd: Pd, create: FmrCreate, native: bool) -> None:
-        super().__init__(pd._mgr, pd._al, pd, pd._cica)
+        super().__init__(pd)
         self._pd = pd
         self._create = create
         self._native = native

@@ -115,7 +115,7 @@ class Mr(CaObject):
         source: Mr | None = None,
         on_free: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(pd._mgr, pd._al, pd, pd._cica)
+        super().__init__(pd)
         self._pd = pd
         self._buffer = buffer
         self._export = export  # keeps the consumer's buffer exported (pinned)
@@ -331,7 +331,7 @@ class Mw(CaObject):
     _sync_destroy = True
 
     def __init__(self, pd: Pd, mw_type: int = 1) -> None:
-        super().__init__(pd._mgr, pd._al, pd, pd._cica)
+        super().__init__(pd)
         self._pd = pd
         self.mw_type = mw_type
         """1: bound with ``bind``; 2: bound with a ``BIND_MW`` work request (``Qp.post_send``)."""

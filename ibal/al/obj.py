@@ -129,20 +129,25 @@ class AlObject:
     _always_cleanup: ClassVar[bool] = False  # run _cleanup even without a provider handle
 
     _dep_port = 0  # the port a dependent hangs on (0: none)
+    _mgr: AlManager
+    _al: AlObject
 
     debug_refs: ClassVar[bool] = bool(os.environ.get("IBAL_DEBUG_REFS"))
     """Count references per origin (``ref_origins()``); set before creating objects."""
 
     def __init__(
-        self,
-        mgr: AlManager,
-        al: AlObject | None,
-        parent: AlObject | None,
-        context: Any = None,
+        self, parent: AlObject | None, context: Any = None, *, mgr: AlManager | None = None
     ) -> None:
+        """A child of ``parent`` (of its manager and AL instance), or with no parent an
+        AL instance of ``mgr``."""
+        if parent is not None:
+            mgr, al = parent._mgr, parent._al
+        else:
+            assert mgr is not None, "an object without a parent is an AL instance of mgr"
+            al = self
         self._mgr = mgr
         self._lock = mgr._lock
-        self._al: AlObject = self if al is None else al
+        self._al = al
         self._parent = parent
         self._state = INIT
         self._refs = 2  # creation + construction
@@ -245,7 +250,7 @@ class AlObject:
         if here:
             self._finish()
         else:
-            self._mgr._queues.teardown.post(self._finish)
+            self._mgr.queues.teardown.post(self._finish)
 
     def _enter(self) -> bool:
         """Pin the object for a callback; False if it is destroying (drop the callback).
@@ -430,9 +435,9 @@ class AlObject:
         from any other callback return.
         """
         q = current_queue()
-        if q is None or q.group is not self._mgr._queues:
+        if q is None or q.group is not self._mgr.queues:
             return
-        if q is self._mgr._queues.teardown:
+        if q is self._mgr.queues.teardown:
             raise InvalidState(f"waiting for {what} inside a destroy callback would deadlock")
         objs = held()
         if objs and self._reaches(objs):
@@ -543,7 +548,7 @@ class AlObject:
                 p._dependents.pop(self, None)
             self._unlink()
         for task in tasks:
-            self._mgr._queues.teardown.post(_run_destroy_cb, *task)
+            self._mgr.queues.teardown.post(_run_destroy_cb, *task)
         for p in pins:
             p._release("pin")
         if parent is not None:
@@ -563,15 +568,14 @@ class AlObject:
 class CaObject(AlObject):
     """An object that lives on one CA and has a provider handle there."""
 
-    def __init__(
-        self,
-        mgr: AlManager,
-        al: AlObject,
-        parent: AlObject,
-        cica: CiCa,
-        context: Any = None,
-    ) -> None:
-        super().__init__(mgr, al, parent, context)
+    _cica: CiCa
+
+    def __init__(self, parent: AlObject, context: Any = None, *, cica: CiCa | None = None) -> None:
+        """A child of ``parent`` on CA ``cica``, by default the parent's (a PD's QP)."""
+        super().__init__(parent, context)
+        if cica is None:
+            assert isinstance(parent, CaObject), "only a CA object's child inherits its CA"
+            cica = parent._cica
         self._cica = cica
         self._ci: ChannelInterface = cica.ci
 

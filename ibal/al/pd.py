@@ -48,7 +48,7 @@ class Pd(CaObject):
     _kind = "PD"
 
     def __init__(self, ca: Ca, pd_type: PdType, context: Any) -> None:
-        super().__init__(ca._mgr, ca._al, ca, ca._cica, context)
+        super().__init__(ca, context)
         self._ca = ca
         self.pd_type = pd_type
 

@@ -205,7 +205,7 @@ class PnpRegistration(AlObject):
         context: Any,
         order: PnpOrder = PnpOrder.USER,
     ) -> None:
-        super().__init__(mgr, al, al, context)
+        super().__init__(al, context)
         self.pnp_class = pnp_class
         self.order = order
         self.al = al
@@ -236,7 +236,7 @@ class PnpRegistration(AlObject):
         if isinstance(destroy_cb, SyncDestroy):
             destroy_cb, wait = None, True
         self._destroy(destroy_cb, wait, timeout)
-        if wait or destroy_cb is not None or self._mgr._queues.pnp.is_current():
+        if wait or destroy_cb is not None or self._mgr.queues.pnp.is_current():
             return
         # Queued callbacks are dropped (destroying); wait out the one running, if any.
         with self._lock:

@@ -33,7 +33,7 @@ def post(reg: PnpRegistration, event: PnpEvent, key: DeviceKey | None, **fields:
     slow client sees each kind once, with the latest attributes.  Any other
     event for the port closes the batch, so ADD/REMOVE order is untouched.
     """
-    queue = reg._mgr._queues.pnp
+    queue = reg._mgr.queues.pnp
     if key is None or event not in _COALESCED:
         if key is None:  # REG_COMPLETE: no live change may move before it
             reg._pending.clear()
@@ -86,7 +86,7 @@ def replay(reg: PnpRegistration, cicas: list[CiCa], done: threading.Event | None
     reg._mgr.io_devices.replay(reg)
     _post(reg, PnpEvent.REG_COMPLETE, None, 0, 0, None, None)
     if done is not None:
-        reg._mgr._queues.pnp.post(done.set)
+        reg._mgr.queues.pnp.post(done.set)
 
 
 def ca_added(regs: list[PnpRegistration], cica: CiCa) -> None:

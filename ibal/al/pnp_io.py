@@ -256,7 +256,7 @@ class IoDevices:
             raise InvalidParameter("reject_ioc takes the PnpRec of an IOC_ADD callback")
         reg = rec.registration
         if (rec.event is not PnpEvent.IOC_ADD or reg is None or reg.al is not al
-                or reg._current is not rec or not self._mgr._queues.pnp.is_current()
+                or reg._current is not rec or not self._mgr.queues.pnp.is_current()
                 or rec.ioc is None):
             raise InvalidHandle("reject_ioc is valid only inside the callback of its IOC_ADD")
         guid = rec.ioc.ioc_guid
@@ -286,7 +286,7 @@ class IoDevices:
         elif reg.pnp_class is PnpClass.IOC:
             for ioc in self._iocs.values():
                 if reg.al in self._rejected.get(ioc.ioc_guid, ()):
-                    reg._mgr._queues.pnp.post(reg._reject, ("ioc", ioc.ioc_guid))
+                    reg._mgr.queues.pnp.post(reg._reject, ("ioc", ioc.ioc_guid))
                     continue
                 self._ioc_event(reg, ioc, PnpEvent.IOC_ADD)
                 for p in self._paths[ioc.ioc_guid].values():

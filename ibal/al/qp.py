@@ -149,7 +149,7 @@ class Qp(QpWork):
         event_cb: EventCallback | None,
         port_num: int | None = None,
     ) -> None:
-        super().__init__(pd._mgr, pd._al, pd, pd._cica, context)
+        super().__init__(pd, context)
         self._pd = pd
         self._qp_type = QpType(create.qp_type)
         self._send_cq = create.send_cq
@@ -498,7 +498,7 @@ class McastAttachment(CaObject):
     _sync_destroy = True
 
     def __init__(self, qp: Qp, gid: Gid, lid: int) -> None:
-        super().__init__(qp._mgr, qp._al, qp, qp._cica)
+        super().__init__(qp)
         self._qp = qp
         self.gid = gid
         self.lid = lid

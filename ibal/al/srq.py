@@ -37,7 +37,7 @@ class Srq(CaObject):
     _kind = "SRQ"
 
     def __init__(self, pd: Pd, event_cb: EventCallback | None, context: Any) -> None:
-        super().__init__(pd._mgr, pd._al, pd, pd._cica, context)
+        super().__init__(pd, context)
         self._pd = pd
         self._event_cb = event_cb
         self._attr = SrqAttr()
