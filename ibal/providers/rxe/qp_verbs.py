@@ -43,6 +43,7 @@ from ibal.status import (
     post_error,
 )
 from ibal.transport.core import QpCore
+from ibal.transport.policy import RXE_POLICY
 from ibal.transport.qp import QpConfig
 from ibal.types import (
     DEFAULT_PKEY,
@@ -106,7 +107,7 @@ class QpVerbs(CaState):
         rq = RecvQueue()
         source = SrqSource(srq) if srq is not None else rq
         mem = QpMemory(self.keys, pd)
-        core = QpCore(cfg, mem, source, self.device.counters)
+        core = QpCore(cfg, mem, source, self.device.counters, RXE_POLICY)
         qp = Qp(self, pd, qp_type, qpn, caps, scq, rcq, srq, bool(sq_signaled), context,
                 core, cfg, rq)
         mem.owner = qp
