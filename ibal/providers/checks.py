@@ -13,7 +13,7 @@ interleaved with building each provider's work queue entry, per WR.
 from __future__ import annotations
 
 from collections.abc import Container
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from ibal.status import (
     InsufficientResources,
@@ -29,7 +29,9 @@ from ibal.status import (
     InvalidSrqHandle,
     Overflow,
     ResourceBusy,
+    Status,
     Unsupported,
+    post_error,
 )
 from ibal.types import (
     AccessFlags,
@@ -40,8 +42,10 @@ from ibal.types import (
     QpMod,
     QpState,
     QpType,
+    SendWr,
     SrqAttr,
     SrqAttrMask,
+    UdDest,
 )
 
 REMOTE: Final = int(AccessFlags.RDMA_READ | AccessFlags.RDMA_WRITE | AccessFlags.ATOMIC)
@@ -346,3 +350,49 @@ def check_bind_region(bind: BindWr, mr_acc: int, mr_vaddr: int, mr_length: int,
     if not one_pd:
         raise InvalidParameter("window, region and QP must share a protection domain")
     return acc
+
+
+_W = TypeVar("_W")
+_R = TypeVar("_R")
+_A = TypeVar("_A")
+
+
+def check_ud_wr(wr: SendWr, i: int, ca: object, name: str, av_cls: type[_A]) -> tuple[UdDest, _A]:
+    """A datagram send's destination at post time (entry ``i``): ``wr.ud`` and its
+    AV, a live one of CA ``ca`` (whether its PD is the QP's is the caller's)."""
+    ud = wr.ud
+    if ud is None:
+        raise post_error(Status.INVALID_PARAMETER, i, "a datagram send needs wr.ud")
+    av = ud.av
+    if (type(av) is not av_cls or getattr(av, "ca", None) is not ca
+            or not getattr(av, "alive", False)):
+        raise post_error(Status.INVALID_AV_HANDLE, i, f"not an AV of {name}")
+    return ud, av
+
+
+def check_bind_wr(wr: SendWr, i: int, ca: object, name: str, mw_cls: type[_W],
+                  mr_cls: type[_R]) -> tuple[_W, _R | None, int]:
+    """A type 2 ``BIND_MW`` work request's shape at post time (entry ``i``): the
+    window and region, both of CA ``ca``, and the window's remote access bits."""
+    mw, bind = wr.mw, wr.bind
+    if type(mw) is not mw_cls or getattr(mw, "ca", None) is not ca:
+        raise post_error(Status.INVALID_PARAMETER, i, f"BIND_MW: not a window of {name}")
+    if not isinstance(bind, BindWr):
+        raise post_error(Status.INVALID_PARAMETER, i, "BIND_MW needs wr.bind (a BindWr)")
+    mr = bind.mr
+    if mr is not None and (type(mr) is not mr_cls or getattr(mr, "ca", None) is not ca):
+        raise post_error(Status.INVALID_PARAMETER, i, f"BIND_MW: not a region of {name}")
+    return mw, mr, int(bind.access) & REMOTE
+
+
+def type2_bind_allowed(mw_rkey: int, new_rkey: int, mr_acc: int, mr_vaddr: int,
+                       mr_length: int, addr: int, length: int, acc: int) -> bool:
+    """IBA 10.6.7.2's checks of a type 2 bind on the region's side, in queue order
+    (the window's state and the protection domains are the caller's)."""
+    if new_rkey & ~0xFF != mw_rkey & ~0xFF or new_rkey == mw_rkey:
+        return False  # only the key byte may change, and it must
+    if not mr_acc & MW_BIND:
+        return False
+    if acc & NEEDS_LOCAL_WRITE and not mr_acc & LOCAL_WRITE:
+        return False
+    return length > 0 and mr_vaddr <= addr and addr + length <= mr_vaddr + mr_length

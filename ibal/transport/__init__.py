@@ -1,6 +1,9 @@
-"""IBA transport rules shared by the providers' engines (mock and rxe).
+"""The IBA transport rules: the RC/UC/UD/GSI sans-IO packet core and its shared rules.
 
-Only small pure functions and tables live here: PSN arithmetic, the timer
-formulas, NAK codes and what they complete with, P_Key/Q_Key matching, atomic
-arithmetic.  Each engine keeps its own data path (see ``docs/decisions.md``).
+:class:`~ibal.transport.core.QpCore` is one QP's requester, completer and
+responder over :class:`~ibal.wire.packet.Packet` records; ``psn``, ``timers``,
+``rules`` and ``wc`` hold the arithmetic, formulas and tables every engine uses;
+:mod:`~ibal.transport.policy` names the questions on which the IBA text and
+kernel rxe differ.  What the mock's message engine shares with it is in
+``docs/decisions.md`` ("Transport engines").
 """

@@ -8,7 +8,7 @@ It works on the :class:`~ibal.transport.requester.Requester`'s send queue
   go back to it (once until progress, like rxe's ``started_retry``);
 * ACK completes what it covers (coalesced ACKs complete many WQEs);
 * PSN sequence NAK and the local ACK timeout cost one transport retry
-  (``retry_cnt``; 7 is infinite, as in rxe) and go back N;
+  (``retry_cnt``; 7 is infinite under the rxe policy) and go back N;
 * RNR NAK waits the timer its syndrome codes, then retries (``rnr_retry``; 7 is
   infinite);
 * other NAKs complete the WQE with the matching error and end the QP.
@@ -16,6 +16,7 @@ It works on the :class:`~ibal.transport.requester.Requester`'s send queue
 
 from __future__ import annotations
 
+from ibal.transport.policy import RXE_POLICY, TransportPolicy
 from ibal.transport.psn import PSN_MASK, psn_diff
 from ibal.transport.qp import Counters, QpConfig, SendWqe
 from ibal.transport.requester import Requester
@@ -35,10 +36,12 @@ _LAST_FLAG = P.LAST
 class Completer:
     """Response and timer handling for one RC QP's requester."""
 
-    def __init__(self, req: Requester, cfg: QpConfig, counters: Counters) -> None:
+    def __init__(self, req: Requester, cfg: QpConfig, counters: Counters,
+                 policy: TransportPolicy = RXE_POLICY) -> None:
         self.req = req
         self.cfg = cfg
         self.counters = counters
+        self.infinite_at_7 = policy.infinite_retry_at_7
 
     # --------------------------------------------------------------- responses
     def receive(self, pkt: Packet, now: float) -> None:
@@ -192,7 +195,7 @@ class Completer:
     def _retry(self, now: float) -> None:
         req = self.req
         self.counters.completer_retry_err += 1
-        if self.cfg.retry_cnt != INFINITE_RETRY:
+        if self.cfg.retry_cnt != INFINITE_RETRY or not self.infinite_at_7:
             if req.retry_left <= 0:
                 self.counters.retry_exceeded_err += 1
                 w = self._oldest()

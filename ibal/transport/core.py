@@ -11,6 +11,8 @@ The driver (the provider's socket layer, or a test harness) calls:
 
 and empties ``core.out`` (completions, async events).  Nothing blocks, nothing
 reads a clock: ``now`` is passed in, in seconds.  One thread drives a core.
+Where the IBA text and kernel rxe differ, the core follows the
+:class:`~ibal.transport.policy.TransportPolicy` it was built with.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ibal.transport.completer import Completer
+from ibal.transport.policy import RXE_POLICY, TransportPolicy
 from ibal.transport.qp import Counters, MemoryAccess, Output, QpConfig, RecvSource
 from ibal.transport.requester import Requester
 from ibal.transport.responder import Responder
@@ -51,10 +54,12 @@ class QpCore:
     """Transport state machine of one RC, UC, UD or GSI QP."""
 
     def __init__(self, cfg: QpConfig, mem: MemoryAccess, rq: RecvSource,
-                 counters: Counters | None = None) -> None:
+                 counters: Counters | None = None,
+                 policy: TransportPolicy = RXE_POLICY) -> None:
         if cfg.qp_type not in _TRANSPORT:
             raise ValueError(f"rxe has no {cfg.qp_type.name} QPs")
         self.cfg = cfg
+        self.policy = policy
         self.mem = mem
         self.rq = rq
         self.counters = counters if counters is not None else Counters()
@@ -67,15 +72,17 @@ class QpCore:
         cfg = self.cfg
         mem = self.mem
         rq = self.rq
+        policy = self.policy
         self.comm_est = False
-        self.req = Requester(cfg, mem, self.out, self.counters, self._fatal)
+        self.req = Requester(cfg, mem, self.out, self.counters, self._fatal, policy)
         self.comp: Completer | None = None
         self.resp: Responder | UdResponder
         if cfg.qp_type is QpType.RC:
-            self.resp = Responder(cfg, mem, rq, self.out, self.counters, self.to_error)
-            self.comp = Completer(self.req, cfg, self.counters)
+            self.resp = Responder(cfg, mem, rq, self.out, self.counters, self.to_error, policy)
+            self.comp = Completer(self.req, cfg, self.counters, policy)
         elif cfg.qp_type is QpType.UC:
-            self.resp = UcResponder(cfg, mem, rq, self.out, self.counters, self.to_error)
+            self.resp = UcResponder(cfg, mem, rq, self.out, self.counters, self.to_error,
+                                    policy)
         else:
             self.resp = UdResponder(cfg, mem, rq, self.out, self.counters)
 

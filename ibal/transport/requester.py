@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from ibal.transport.policy import RXE_POLICY, TransportPolicy
 from ibal.transport.psn import PSN_MASK, psn_diff
 from ibal.transport.qp import (
     MAX_MSG,
-    RXE_MAX_PKT_PER_ACK,
-    RXE_MAX_UNACKED_PSNS,
     Counters,
     MemoryAccess,
     Output,
@@ -68,8 +67,12 @@ class Requester:
         out: Output,
         counters: Counters,
         on_fatal: Callable[[], None],
+        policy: TransportPolicy = RXE_POLICY,
     ) -> None:
         self.cfg = cfg
+        self.policy = policy
+        self.max_unacked = policy.max_unacked_psns
+        self.per_ack = policy.max_pkt_per_ack
         self.mem = mem
         self.out = out
         self.counters = counters
@@ -157,7 +160,7 @@ class Requester:
                         break
                     if w.rd_atomic and self.rd_atomic_out >= max(1, cfg.init_depth):
                         break
-                    if psn_diff(self.next_psn, self.comp_psn) >= RXE_MAX_UNACKED_PSNS:
+                    if psn_diff(self.next_psn, self.comp_psn) >= self.max_unacked:
                         break
                 if not self._prepare(w):
                     break
@@ -255,11 +258,13 @@ class Requester:
         base = self.base
         npkts = w.npkts
         reliable = self.reliable
+        max_unacked = self.max_unacked
+        per_ack = self.per_ack
         k = self.cur_pkt
         sent = 0
         while k < npkts and sent < budget:
             psn = (w.first_psn + k) & PSN_MASK
-            room = RXE_MAX_UNACKED_PSNS - psn_diff(psn, self.comp_psn) if reliable else npkts
+            room = max_unacked - psn_diff(psn, self.comp_psn) if reliable else npkts
             if room <= 0:
                 self.cur_pkt = k
                 if not is_send:
@@ -277,8 +282,8 @@ class Requester:
                     head.dst_ip = cfg.dst_ip
                     head.src_port = cfg.src_port
                     out.append(Train(head, data, k * mtu, mtu, m, self.since_ack_req,
-                                     RXE_MAX_PKT_PER_ACK, reliable))
-                    self.since_ack_req = (self.since_ack_req + m) % RXE_MAX_PKT_PER_ACK
+                                     per_ack, reliable))
+                    self.since_ack_req = (self.since_ack_req + m) % per_ack
                     sent += m
                     k += m
                     continue
@@ -301,7 +306,7 @@ class Requester:
                 # SE only where a receive completes: SEND, WRITE with immediate (rxe_req.c)
                 pkt.se = w.solicited and (is_send or imm)
             self.since_ack_req += 1
-            if last or self.since_ack_req >= RXE_MAX_PKT_PER_ACK:
+            if last or self.since_ack_req >= per_ack:
                 pkt.ack_req = reliable
                 self.since_ack_req = 0
             pkt.src_ip = cfg.src_ip

@@ -4,9 +4,11 @@ RC follows rxe ``rxe_resp.c`` and roce-wire.md 2.7-2.9: the expected PSN is
 executed; a newer PSN gets one PSN-sequence NAK (then silence until the gap
 closes); an older one is a duplicate (SEND/WRITE re-ACKed, a READ the responder still holds
 replayed, atomic answered from its saved result).  ACKs go out only for packets with
-AckReq.  Responses leave in PSN order through one queue; READ responses are
-generated lazily from it, and a READ holds a responder resource until its last
-response packet has left: more than ``resp_res`` of them is an invalid request.
+AckReq (a duplicate SEND/WRITE too, unless the policy ACKs every duplicate).
+Responses leave in PSN order through one queue; READ responses are generated
+lazily from it, and a READ holds a responder resource until its last response
+packet has left: where the policy enforces ``resp_res``, more of them is an
+invalid request.
 UC has no responses: a PSN gap drops the rest of the message.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from ibal.transport.policy import RXE_POLICY, TransportPolicy
 from ibal.transport.psn import PSN_MASK, packets_for, psn_diff
 from ibal.transport.qp import MAX_MSG, Counters, MemoryAccess, Output, QpConfig, RecvSource
 from ibal.transport.responses import ResponseQueue
@@ -115,10 +118,13 @@ class Responder:
         out: Output,
         counters: Counters,
         on_fatal: Callable[[], None],
+        policy: TransportPolicy = RXE_POLICY,
     ) -> None:
         self.cfg = cfg
         self.mem = mem
         self.rq = rq
+        self.ack_every_duplicate = policy.ack_every_duplicate
+        self.enforce_resp_res = policy.enforce_resp_res
         self.out = out
         self.counters = counters
         self.on_fatal = on_fatal
@@ -140,6 +146,10 @@ class Responder:
 
     def set_psn(self, psn: int) -> None:
         self.epsn = psn & PSN_MASK
+
+    def _resources_used(self) -> bool:
+        """Whether every responder resource is held by a READ still being answered."""
+        return self.responses.reads_pending >= max(1, self.cfg.resp_res)
 
     def _ack(self, psn: int, syndrome: int = P.AETH_ACK_UNLIMITED) -> None:
         self.responses.ack(psn, syndrome, self.msn)
@@ -350,7 +360,7 @@ class Responder:
         if length > MAX_MSG:
             self._fatal(pkt, NakCode.INVALID_REQUEST, "bad_length", AsyncEvent.WQ_REQ_ERROR)
             return False
-        if self.responses.reads_pending >= max(1, self.cfg.resp_res):
+        if self.enforce_resp_res and self._resources_used():
             self._fatal(pkt, NakCode.INVALID_REQUEST, "responder_resources",
                         AsyncEvent.WQ_REQ_ERROR)
             return False
@@ -376,7 +386,7 @@ class Responder:
             self._fatal(pkt, NakCode.INVALID_REQUEST, "misaligned_atomic",
                         AsyncEvent.WQ_REQ_ERROR)
             return False
-        if self.responses.reads_pending >= max(1, self.cfg.resp_res):
+        if self.enforce_resp_res and self._resources_used():
             self._fatal(pkt, NakCode.INVALID_REQUEST, "responder_resources",
                         AsyncEvent.WQ_REQ_ERROR)
             return False
@@ -429,7 +439,7 @@ class Responder:
                 self.counters.drop("duplicate_atomic_unknown")
                 return
             self.responses.atomic_ack(pkt.psn, orig, self.msn)
-        elif pkt.ack_req:
+        elif pkt.ack_req or self.ack_every_duplicate:
             self._ack((self.epsn - 1) & PSN_MASK)
         else:
             self.counters.drop("duplicate")

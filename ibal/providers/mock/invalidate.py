@@ -7,7 +7,7 @@ rxe) does not let a region registered the ordinary way be invalidated.
 
 from __future__ import annotations
 
-from ibal.providers.checks import LOCAL_WRITE, MW_BIND, NEEDS_LOCAL_WRITE
+from ibal.providers.checks import type2_bind_allowed
 from ibal.providers.mock.ca_state import CaState
 from ibal.providers.mock.objects import MockMr, MockMw, MockQp
 from ibal.types import AccessFlags, WcStatus
@@ -68,13 +68,9 @@ def bind_type2(
     bad = WcStatus.MEM_WINDOW_BIND_ERR
     if not mw.alive or mw.mw_type != 2 or mw.valid or mw.pd is not qp.pd:
         return bad  # a type 2 window is bound from the free state only
-    if new_rkey & ~0xFF != mw.rkey & ~0xFF or new_rkey == mw.rkey:
-        return bad  # only the key byte may change, and it must
-    if mr is None or not mr.alive or mr.pd is not qp.pd or not mr.acc & MW_BIND:
+    if mr is None or not mr.alive or mr.pd is not qp.pd:
         return bad
-    if acc & NEEDS_LOCAL_WRITE and not mr.acc & LOCAL_WRITE:
-        return bad
-    if length <= 0 or addr < mr.vaddr or addr + length > mr.vaddr + mr.length:
+    if not type2_bind_allowed(mw.rkey, new_rkey, mr.acc, mr.vaddr, mr.length, addr, length, acc):
         return bad
     del ca.keys[mw.rkey]
     mw.rkey = new_rkey

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ibal.ci.interface import (
     Handle,
 )
-from ibal.providers.checks import REMOTE
+from ibal.providers import checks
 from ibal.providers.mock.objects import (
     MockAv,
     MockMr,
@@ -26,7 +26,6 @@ from ibal.status import (
     post_error,
 )
 from ibal.types import (
-    BindWr,
     QpType,
     RecvWr,
     SendWr,
@@ -142,12 +141,7 @@ class PostVerbs(CaState):
                 w.swap = wr.swap
                 w.length = 8
         if qp.transport is QpType.UD:
-            ud = wr.ud
-            if ud is None:
-                raise post_error(Status.INVALID_PARAMETER, i, "a datagram send needs wr.ud")
-            av = ud.av
-            if type(av) is not MockAv or av.ca is not self or not av.alive:
-                raise post_error(Status.INVALID_AV_HANDLE, i, f"not an AV of {self.name}")
+            ud, av = checks.check_ud_wr(wr, i, self, self.name, MockAv)
             if av.pd is not qp.pd:
                 w.status = WcStatus.LOCAL_PROTECTION_ERR  # IBA: the AV's PD must be the QP's
             w.ud = (av.attr, ud.remote_qp, ud.remote_qkey & 0xFFFFFFFF, ud.pkey_index)
@@ -160,16 +154,9 @@ class PostVerbs(CaState):
         if op is WrType.LOCAL_INV:
             w.local = ("inv", wr.invalidate_rkey & 0xFFFFFFFF)
             return w
-        mw, bind = wr.mw, wr.bind
-        if type(mw) is not MockMw or mw.ca is not self:
-            raise post_error(Status.INVALID_PARAMETER, i, f"BIND_MW: not a window of {self.name}")
-        if not isinstance(bind, BindWr):
-            raise post_error(Status.INVALID_PARAMETER, i, "BIND_MW needs wr.bind (a BindWr)")
-        mr = bind.mr
-        if mr is not None and (type(mr) is not MockMr or mr.ca is not self):
-            raise post_error(Status.INVALID_PARAMETER, i, f"BIND_MW: not a region of {self.name}")
-        acc = int(bind.access) & REMOTE
-        w.local = ("bind", mw, mr, bind.addr, bind.length, acc, wr.rkey & 0xFFFFFFFF)
+        mw, mr, acc = checks.check_bind_wr(wr, i, self, self.name, MockMw, MockMr)
+        assert wr.bind is not None
+        w.local = ("bind", mw, mr, wr.bind.addr, wr.bind.length, acc, wr.rkey & 0xFFFFFFFF)
         return w
 
     def post_recv(self, h_qp: Handle, wrs: Sequence[RecvWr]) -> None:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from ibal.providers.rxe import packet as P
-from ibal.providers.rxe.responder import Responder
 from ibal.transport.psn import PSN_MASK
+from ibal.transport.responder import Responder
 from ibal.types import AccessFlags, QpState, QpType
+from ibal.wire import packet as P
 
 MAX_FAST_QPS: Final = 64
 _R_WRITE: Final = int(AccessFlags.RDMA_WRITE)

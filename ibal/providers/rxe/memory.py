@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import secrets
 
-from ibal.providers.checks import LOCAL_WRITE, MW_BIND, NEEDS_LOCAL_WRITE
+from ibal.providers.checks import LOCAL_WRITE, type2_bind_allowed
 from ibal.types import FmrCreate
 
 _EMPTY = memoryview(bytearray())
@@ -230,13 +230,10 @@ class QpMemory:
         """A BIND_MW work request of the owner QP, with IBA 10.6.7.2's checks."""
         if not mw.alive or mw.mw_type != 2 or mw.valid or mw.pd is not self.pd:
             return False  # bound from the free state only
-        if new_rkey & ~0xFF != mw.rkey & ~0xFF or new_rkey == mw.rkey:
-            return False  # only the key byte may change, and it must
-        if mr is None or not mr.alive or mr.pd is not self.pd or not mr.access & MW_BIND:
+        if mr is None or not mr.alive or mr.pd is not self.pd:
             return False
-        if acc & NEEDS_LOCAL_WRITE and not mr.access & LOCAL_WRITE:
-            return False
-        if length <= 0 or addr < mr.vaddr or addr + length > mr.vaddr + mr.length:
+        if not type2_bind_allowed(mw.rkey, new_rkey, mr.access, mr.vaddr, mr.length, addr,
+                                  length, acc):
             return False
         self.keys.remove(mw.rkey)
         mw.rkey = new_rkey

@@ -18,7 +18,6 @@ from typing import Any
 from ibal import qp_fsm
 from ibal.ci import QpCreated, SrqCreated
 from ibal.providers import checks
-from ibal.providers.checks import REMOTE
 from ibal.providers.rxe import wire
 from ibal.providers.rxe.memory import Mr, Mw, QpMemory
 from ibal.providers.rxe.qps import (
@@ -43,13 +42,13 @@ from ibal.status import (
     post_error,
 )
 from ibal.transport.core import QpCore
+from ibal.transport.policy import RXE_POLICY
 from ibal.transport.qp import QpConfig
 from ibal.types import (
     DEFAULT_PKEY,
     QP1_WELL_KNOWN_QKEY,
     AccessFlags,
     AvAttr,
-    BindWr,
     QpAttr,
     QpCaps,
     QpMod,
@@ -106,7 +105,7 @@ class QpVerbs(CaState):
         rq = RecvQueue()
         source = SrqSource(srq) if srq is not None else rq
         mem = QpMemory(self.keys, pd)
-        core = QpCore(cfg, mem, source, self.device.counters)
+        core = QpCore(cfg, mem, source, self.device.counters, RXE_POLICY)
         qp = Qp(self, pd, qp_type, qpn, caps, scq, rcq, srq, bool(sq_signaled), context,
                 core, cfg, rq)
         mem.owner = qp
@@ -374,11 +373,7 @@ class QpVerbs(CaState):
             raise post_error(Status.INVALID_MAX_SGE, i, f"{len(sg)} SGEs > {qp.caps.sq_sge}")
         ud = wr.ud
         if qp.qp_type in (QpType.UD, QpType.QP1):
-            if ud is None:
-                raise post_error(Status.INVALID_PARAMETER, i, "a datagram send needs wr.ud")
-            av = ud.av
-            if type(av) is not Av or av.ca is not self or not av.alive:
-                raise post_error(Status.INVALID_AV_HANDLE, i, f"not an AV of {self.name}")
+            ud, av = checks.check_ud_wr(wr, i, self, self.name, Av)
             if av.pd is not qp.pd:
                 sg, inline = _BAD_SGE, None  # IBA: the AV's PD must be the QP's
             ud = UdDest(av=av, remote_qp=ud.remote_qp, remote_qkey=ud.remote_qkey & 0xFFFFFFFF,
@@ -406,15 +401,9 @@ class QpVerbs(CaState):
             key = wr.invalidate_rkey & 0xFFFFFFFF
             # kernel rxe completes a refused LOCAL_INV with IB_WC_LOC_QP_OP_ERR
             return snap, lambda: _OK if mem.local_invalidate(key) else WcStatus.LOCAL_OP_ERR
-        mw, bind = wr.mw, wr.bind
-        if type(mw) is not Mw or mw.ca is not self:
-            raise post_error(Status.INVALID_PARAMETER, i, f"BIND_MW: not a window of {self.name}")
-        if not isinstance(bind, BindWr):
-            raise post_error(Status.INVALID_PARAMETER, i, "BIND_MW needs wr.bind (a BindWr)")
-        mr = bind.mr
-        if mr is not None and (type(mr) is not Mr or mr.ca is not self):
-            raise post_error(Status.INVALID_PARAMETER, i, f"BIND_MW: not a region of {self.name}")
-        args = (mw, mr, bind.addr, bind.length, int(bind.access) & REMOTE, wr.rkey & 0xFFFFFFFF)
+        mw, mr, acc = checks.check_bind_wr(wr, i, self, self.name, Mw, Mr)
+        assert wr.bind is not None
+        args = (mw, mr, wr.bind.addr, wr.bind.length, acc, wr.rkey & 0xFFFFFFFF)
         return snap, lambda: _OK if mem.bind_type2(*args) else WcStatus.MEM_WINDOW_BIND_ERR
 
     @serialized

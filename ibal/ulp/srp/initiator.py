@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 from ibal.al import AccessLayer, QpCreate
 from ibal.cm import Connection, ConnectionRejected, rdma, simple
-from ibal.mad.sa import PATH_RECORD
 from ibal.status import IbError, InvalidParameter, RemoteError
 from ibal.tools.common import port_with_gid
 from ibal.types import (
@@ -42,6 +41,7 @@ from ibal.types import (
     WrType,
 )
 from ibal.ulp.srp import wire as w
+from ibal.wire.mad.sa import PATH_RECORD
 
 __all__ = ["ScsiError", "ScsiResult", "SrpError", "SrpInitiator", "SrpLoginRejected"]
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ibal.providers.rxe import wire
 from ibal.transport.core import QpCore
+from ibal.transport.policy import RXE_POLICY, TransportPolicy
 from ibal.transport.qp import Counters, QpConfig
 from ibal.types import (
     AccessFlags,
@@ -256,12 +257,13 @@ class Wire:
 
 
 def make_node(name: str, qp_type: QpType, qpn: int, seed: int, ip: bytes,
-              counters: Counters | None = None) -> Node:
+              counters: Counters | None = None,
+              policy: TransportPolicy = RXE_POLICY) -> Node:
     cfg = QpConfig(qpn, qp_type)
     cfg.src_ip = ip
     mem = FakeMemory(seed)
     rq = FakeRq()
-    core = QpCore(cfg, mem, rq, counters)
+    core = QpCore(cfg, mem, rq, counters, policy)
     return Node(name, core, mem, rq, ip)
 
 
@@ -277,10 +279,13 @@ def connect(
     timeout: int = 10,
     min_rnr_timer: int = 1,
     depth: int = 4,
+    policy: TransportPolicy = RXE_POLICY,
 ) -> tuple[Node, Node]:
     """Two connected (RC/UC) or datagram (UD/QP1) QPs in RTS."""
-    a = make_node("a", qp_type, 0x11 if qp_type is not QpType.QP1 else 1, 0, b"\x0a\x00\x00\x01")
-    b = make_node("b", qp_type, 0x22 if qp_type is not QpType.QP1 else 1, 1, b"\x0a\x00\x00\x02")
+    a = make_node("a", qp_type, 0x11 if qp_type is not QpType.QP1 else 1, 0, b"\x0a\x00\x00\x01",
+                  policy=policy)
+    b = make_node("b", qp_type, 0x22 if qp_type is not QpType.QP1 else 1, 1, b"\x0a\x00\x00\x02",
+                  policy=policy)
     for n, peer, sq, rq in ((a, b, psn_a, psn_b), (b, a, psn_b, psn_a)):
         cfg = n.cfg
         cfg.dest_qpn = peer.cfg.qpn

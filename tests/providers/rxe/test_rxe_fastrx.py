@@ -26,9 +26,10 @@ from ibal.providers.rxe import fastpath, wire
 from ibal.providers.rxe.counters import DeviceCounters
 from ibal.providers.rxe.cq import Cq
 from ibal.providers.rxe.engine import Engine
-from ibal.providers.rxe.packet import Opcode, Packet, Train
 from ibal.providers.rxe.rx import RxDecoder
 from ibal.types import QpState, QpType, RecvWr, Sge
+from ibal.wire import iba
+from ibal.wire.packet import Opcode, Packet, Train
 
 SRC = b"\x0a\x00\x00\x01"
 DST = b"\x0a\x00\x00\x02"
@@ -156,7 +157,7 @@ class Side:
 
 
 def _datagram(p: Packet, ident: int = 0) -> bytes:
-    plen = len(wire.encode_headers(p)) + len(p.payload) + p.pad + wire.ICRC_LEN
+    plen = len(iba.encode_headers(p)) + len(p.payload) + p.pad + iba.ICRC_LEN
     ip_udp = wire.ip_udp_headers(SRC, DST, 0xC000, plen, ident=ident)
     return ip_udp + wire.encode_bytes(p, wire.icrc_prefix(ip_udp))
 
