@@ -47,6 +47,7 @@ __all__ = ["Connection", "ConnectionRejected", "Incoming", "Listener", "SidrRepl
            "connect_async", "listen", "resolve_service", "resolve_service_async"]  # fmt: skip
 
 K = fsm.UpcallKind
+_PEER_LEFT = frozenset({fsm.CmState.DREQ_RCVD, fsm.CmState.TIMEWAIT})
 ConnCallback = Callable[["Connection"], object]
 
 
@@ -159,6 +160,8 @@ class Connection:
         self.qp = qp
         self.private_data = b""
         self.on_disconnect: ConnCallback | None = None
+        self.peer_disconnected = False
+        """The peer's DREQ ended the connection (set before ``closed``)."""
         self._callback = callback
         self.established = _Outcome()
         self.closed = _Outcome()
@@ -192,9 +195,10 @@ class Connection:
 
     def disconnect(self, private_data: bytes = b"", *, wait: bool = True,
                    timeout: float | None = None) -> None:  # fmt: skip
-        """Send DREQ (the QP goes to ERROR); ``wait``: block until the DREP (or its time-out)."""
+        """Send DREQ (the QP goes to ERROR); ``wait``: block until the DREP (or its time-out).
+        A peer's DREQ that came first (its upcall not yet run) ends it the same way."""
         if not self.closed.done:
-            ops.disconnect(self.handle, CmDreq(qp=self.qp, pdata=private_data))
+            self._send_dreq(private_data)
         if wait:
             self.closed.wait(timeout, "Connection.disconnect")
 
@@ -204,8 +208,17 @@ class Connection:
 
     async def disconnect_async(self, private_data: bytes = b"") -> None:
         if not self.closed.done:
-            ops.disconnect(self.handle, CmDreq(qp=self.qp, pdata=private_data))
+            self._send_dreq(private_data)
         await self.closed.future()
+
+    def _send_dreq(self, private_data: bytes) -> None:
+        try:
+            ops.disconnect(self.handle, CmDreq(qp=self.qp, pdata=private_data))
+        except InvalidState:
+            # The machine runs on the thread that received the peer's DREQ, ahead of the
+            # upcalls it posted: the DREQ's upcall (DREP, closed) is on its way.
+            if self.handle.state not in _PEER_LEFT:
+                raise
 
     def close(self) -> None:
         """Forget the connection at once (DREQ/REJ sent as its state asks; no callbacks)."""
@@ -242,6 +255,7 @@ class Connection:
             self._fail(ConnectionRejected(_int(f.get("reason")), _bytes(f.get("ari")),
                                           _bytes(f.get("private_data"))))  # fmt: skip
         elif kind is K.DREQ:
+            self.peer_disconnected = True
             self._closed()  # the QP is in ERROR already; the peer learns it from the DREP
             with contextlib.suppress(IbError):
                 ops.reply_disconnect(handle)
