@@ -9,8 +9,9 @@ or REJ, and no callback comes any more).
 
 The agent (``ibal.cm.service``) calls :meth:`CmConn.cm_modify` and
 :meth:`CmConn.cm_upcall` under its lock, in the machine's order: QP changes
-happen there and then (through the AL's public ``qp.modify``, attributes
-derived by ``ibal.cm.wire`` from the REQ/REP and the path); callbacks are
+happen there and then (through the AL's ``qp.modify_validated``: attributes
+derived by ``ibal.cm.wire`` from the REQ/REP and the path, checked as they
+were derived, so the AL does not check each field again); callbacks are
 posted to the AL's misc queue, where :attr:`CmConn.deliver` (the API layer)
 turns them into records.
 """
@@ -146,8 +147,8 @@ class CmConn(Dependent):
                     qp.modify(QpMod(QpState.ERROR))
                 return
             mods = self.mods_for(self, target) if self.mods_for is not None else []
-            for mod in mods:
-                qp.modify(mod)
+            for mod in mods:  # built by ibal.cm.wire from checked messages and paths
+                qp.modify_validated(mod)
         except (IbError, InvalidHandle) as exc:
             log.info("%r: QP to %s failed: %s", self, target.name, exc)
             self.info["qp_error"] = exc

@@ -120,7 +120,7 @@ def _move(conn: CmConn, *targets: QpState) -> None:
     try:
         for target in targets:
             for mod in mods_for(conn, target):
-                qp.modify(mod)
+                qp.modify_validated(mod)
     except IbError as exc:
         raise InvalidSetting(f"the QP refused the connection's attributes: {exc}") from exc
 
