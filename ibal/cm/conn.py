@@ -77,6 +77,10 @@ class CmConn(Dependent):
         self._link: _QpLink | None = None
         self.deliver: Callable[[CmConn, fsm.Deliver], object] | None = None
         """The API layer's upcall handler (misc queue)."""
+        self.answer: Callable[[CmConn, fsm.Deliver], object] | None = None
+        """The API layer's own answer to an upcall (no user code: the Pythonic shape's RTU
+        and DREP), run under the agent's lock on the thread the message came on, before
+        the upcall is posted: the answer leaves without a hop to the misc queue."""
         self.mods_for: ModsFor | None = None
         """The API layer's QP attribute derivation: the QpMods that reach a target state."""
         self.info: dict[str, Any] = {}
@@ -154,9 +158,24 @@ class CmConn(Dependent):
             self.info["qp_error"] = exc
 
     def cm_upcall(self, cep: CepIo, upcall: fsm.Deliver) -> None:
-        """Under the agent's lock: queue the callback on the misc queue (dropped once dying)."""
+        """Under the agent's lock: queue the callback on the misc queue (dropped once dying),
+        after :attr:`answer` once the machine's actions are carried out."""
         if self.deliver is None:
             return
+        answer = self.answer
+        if answer is None:
+            self._post_upcall(upcall)
+            return
+
+        def answer_then_post() -> None:
+            try:
+                answer(self, upcall)
+            finally:
+                self._post_upcall(upcall)
+
+        self.agent.after_run(answer_then_post)
+
+    def _post_upcall(self, upcall: fsm.Deliver) -> None:
         if not self.post_callback(self._run_upcall, upcall):
             self._sync_release()
 

@@ -155,9 +155,11 @@ def _mods(conn: CmConn, target: QpState) -> list[QpMod]:
 # ---------------------------------------------------------------- active side
 
 
-def request(al: AccessLayer, req: CmReq, *, deliver: DeliverFn, context: Any = None) -> CmConn:
+def request(al: AccessLayer, req: CmReq, *, deliver: DeliverFn, context: Any = None,
+            answer: DeliverFn | None = None) -> CmConn:  # fmt: skip
     """Send a REQ for ``req.qp`` (RC/UC, RESET or INIT: moved to INIT) over
-    ``req.primary_path`` to ``req.svc_id``; the connection's callbacks go to ``deliver``."""
+    ``req.primary_path`` to ``req.svc_id``; the connection's callbacks go to ``deliver``
+    (``answer``: :attr:`CmConn.answer`, set before the REQ leaves)."""
     if not isinstance(req, CmReq):
         raise InvalidParameter("a CmReq is required")
     if not isinstance(al, AccessLayer):
@@ -197,6 +199,7 @@ def request(al: AccessLayer, req: CmReq, *, deliver: DeliverFn, context: Any = N
                          max_cm_retries=req.max_cm_retries,
                          remote_resp_timeout=req.remote_resp_timeout)  # fmt: skip
         conn.deliver = deliver
+        conn.answer = answer
         conn.mods_for = _mods
         _move(conn, QpState.INIT)
         timeout = wire.retransmit_timeout_ms(life, req.remote_resp_timeout)

@@ -165,9 +165,12 @@ class Connection:
         self._callback = callback
         self.established = _Outcome()
         self.closed = _Outcome()
+        self._rtu: IbError | bool = False  # the RTU _answer sent (True) or why it could not
+        self._drep = False
         if handle is not None:
             self.handle = handle
             handle.deliver = self._deliver
+            handle.answer = self._answer
 
     def __repr__(self) -> str:
         handle = getattr(self, "handle", None)
@@ -228,6 +231,22 @@ class Connection:
         self.established.set(InvalidState("the connection was closed"))
 
     # ------------------------------------------------------------------ upcalls
+    def _answer(self, handle: CmConn, up: fsm.Deliver) -> None:
+        """Under the agent's lock, on the thread the message came on, before the upcall
+        is posted: the RTU to a REP and the DREP to a DREQ, which this shape sends by
+        itself (no user code runs here)."""
+        kind = up.kind
+        if kind is K.REP and up.status is Status.SUCCESS:
+            try:
+                ops.rtu(handle)
+                self._rtu = True
+            except IbError as exc:
+                self._rtu = exc
+        elif kind is K.DREQ:
+            with contextlib.suppress(IbError):
+                ops.reply_disconnect(handle)
+            self._drep = True
+
     def _deliver(self, handle: CmConn, up: fsm.Deliver) -> None:
         """Misc queue: the connection's callbacks, answered the simple way."""
         self.handle = handle  # set already, or the request's upcall beat its return
@@ -239,7 +258,10 @@ class Connection:
                 return
             self.private_data = _bytes(f.get("private_data"))
             try:
-                ops.rtu(handle)
+                if self._rtu is False:  # no answer ran (the handle came without one)
+                    ops.rtu(handle)
+                elif isinstance(self._rtu, IbError):
+                    raise self._rtu
             except IbError as exc:
                 with contextlib.suppress(IbError):
                     ops.reject(handle, CmRej(rej_status=RejReason.CONSUMER_DEFINED))
@@ -257,8 +279,9 @@ class Connection:
         elif kind is K.DREQ:
             self.peer_disconnected = True
             self._closed()  # the QP is in ERROR already; the peer learns it from the DREP
-            with contextlib.suppress(IbError):
-                ops.reply_disconnect(handle)
+            if not self._drep:
+                with contextlib.suppress(IbError):
+                    ops.reply_disconnect(handle)
         elif kind in (K.DREP, K.STALE):
             self._closed()
 
@@ -301,7 +324,7 @@ def connect(al: AccessLayer, qp: Qp, path: object, service_id: int, private_data
                 **options)  # fmt: skip
     # The object first: the REP's upcall may run on the misc queue before request returns.
     conn = Connection(None, qp, callback)
-    conn.handle = ops.request(al, req, deliver=conn._deliver)
+    conn.handle = ops.request(al, req, deliver=conn._deliver, answer=conn._answer)
     if callback is None:
         conn.wait(timeout)
     return conn
