@@ -228,11 +228,29 @@ class Qp(QpWork):
         if not isinstance(mod, QpMod):
             raise InvalidParameter("a QpMod is required")
         ranges.check_qp_mod(mod)
+        self._modify(mod, checked=False)
+
+    def modify_validated(self, mod: QpMod) -> None:
+        """:meth:`modify` for a layer of ibal whose ``mod`` is built from attributes it
+        validated already (the CM's connect modifies): no range or value checks here.
+
+        The transition is still checked against the QP's state (which the caller does
+        not own: the QP may have gone to ERROR meanwhile), address vectors are still
+        checked (a peer's message names the path), and the provider still checks what
+        it checks."""
+        self._check()
+        for av in (mod.primary_av, mod.alternate_av):
+            if av is not None:
+                ranges.check_av(av)
+        self._modify(mod, checked=True)
+
+    def _modify(self, mod: QpMod, *, checked: bool) -> None:
         with self._modify_lock:
             if mod.current_state is not None and mod.current_state is not self._qp_state:
                 self._resync()
             qp_fsm.check_modify(self._qp_type, self._qp_state, mod)
-            self._check_mod_values(mod)
+            if not checked:
+                self._check_mod_values(mod)
             self._use()
             try:
                 with self._state_lock:

@@ -9,8 +9,9 @@ or REJ, and no callback comes any more).
 
 The agent (``ibal.cm.service``) calls :meth:`CmConn.cm_modify` and
 :meth:`CmConn.cm_upcall` under its lock, in the machine's order: QP changes
-happen there and then (through the AL's public ``qp.modify``, attributes
-derived by ``ibal.cm.wire`` from the REQ/REP and the path); callbacks are
+happen there and then (through the AL's ``qp.modify_validated``: attributes
+derived by ``ibal.cm.wire`` from the REQ/REP and the path, checked as they
+were derived, so the AL does not check each field again); callbacks are
 posted to the AL's misc queue, where :attr:`CmConn.deliver` (the API layer)
 turns them into records.
 """
@@ -76,6 +77,10 @@ class CmConn(Dependent):
         self._link: _QpLink | None = None
         self.deliver: Callable[[CmConn, fsm.Deliver], object] | None = None
         """The API layer's upcall handler (misc queue)."""
+        self.answer: Callable[[CmConn, fsm.Deliver], object] | None = None
+        """The API layer's own answer to an upcall (no user code: the Pythonic shape's RTU
+        and DREP), run under the agent's lock on the thread the message came on, before
+        the upcall is posted: the answer leaves without a hop to the misc queue."""
         self.mods_for: ModsFor | None = None
         """The API layer's QP attribute derivation: the QpMods that reach a target state."""
         self.info: dict[str, Any] = {}
@@ -146,16 +151,31 @@ class CmConn(Dependent):
                     qp.modify(QpMod(QpState.ERROR))
                 return
             mods = self.mods_for(self, target) if self.mods_for is not None else []
-            for mod in mods:
-                qp.modify(mod)
+            for mod in mods:  # built by ibal.cm.wire from checked messages and paths
+                qp.modify_validated(mod)
         except (IbError, InvalidHandle) as exc:
             log.info("%r: QP to %s failed: %s", self, target.name, exc)
             self.info["qp_error"] = exc
 
     def cm_upcall(self, cep: CepIo, upcall: fsm.Deliver) -> None:
-        """Under the agent's lock: queue the callback on the misc queue (dropped once dying)."""
+        """Under the agent's lock: queue the callback on the misc queue (dropped once dying),
+        after :attr:`answer` once the machine's actions are carried out."""
         if self.deliver is None:
             return
+        answer = self.answer
+        if answer is None:
+            self._post_upcall(upcall)
+            return
+
+        def answer_then_post() -> None:
+            try:
+                answer(self, upcall)
+            finally:
+                self._post_upcall(upcall)
+
+        self.agent.after_run(answer_then_post)
+
+    def _post_upcall(self, upcall: fsm.Deliver) -> None:
         if not self.post_callback(self._run_upcall, upcall):
             self._sync_release()
 

@@ -120,7 +120,7 @@ def _move(conn: CmConn, *targets: QpState) -> None:
     try:
         for target in targets:
             for mod in mods_for(conn, target):
-                qp.modify(mod)
+                qp.modify_validated(mod)
     except IbError as exc:
         raise InvalidSetting(f"the QP refused the connection's attributes: {exc}") from exc
 
@@ -155,9 +155,11 @@ def _mods(conn: CmConn, target: QpState) -> list[QpMod]:
 # ---------------------------------------------------------------- active side
 
 
-def request(al: AccessLayer, req: CmReq, *, deliver: DeliverFn, context: Any = None) -> CmConn:
+def request(al: AccessLayer, req: CmReq, *, deliver: DeliverFn, context: Any = None,
+            answer: DeliverFn | None = None) -> CmConn:  # fmt: skip
     """Send a REQ for ``req.qp`` (RC/UC, RESET or INIT: moved to INIT) over
-    ``req.primary_path`` to ``req.svc_id``; the connection's callbacks go to ``deliver``."""
+    ``req.primary_path`` to ``req.svc_id``; the connection's callbacks go to ``deliver``
+    (``answer``: :attr:`CmConn.answer`, set before the REQ leaves)."""
     if not isinstance(req, CmReq):
         raise InvalidParameter("a CmReq is required")
     if not isinstance(al, AccessLayer):
@@ -174,6 +176,7 @@ def request(al: AccessLayer, req: CmReq, *, deliver: DeliverFn, context: Any = N
     # One query for the whole request: a provider builds every port's GID table for it.
     ca_attr = qp.pd.ca.query()
     port = _local_port(qp, pf, ca_attr)
+    alt = None
     if req.alt_path is not None:
         alt = check_path("alt_path", req.alt_path)
         if _local_port(qp, alt, ca_attr).port_num != port.port_num:
@@ -186,17 +189,17 @@ def request(al: AccessLayer, req: CmReq, *, deliver: DeliverFn, context: Any = N
         conn.bind_qp(qp)
         cep = agent.new_cep(cmport, _active, agent.path_addr(cmport, pf, port))
         conn.attach(cep)
-        msg = wire.build_req(req, local_comm_id=cep.local_comm_id, local_ca_guid=ca_attr.ca_guid,
-                             local_qpn=qp.num, starting_psn=_psn(),
-                             ca_ack_delay=ca_attr.local_ack_delay,
-                             srq=qp.srq is not None, checked=True)  # fmt: skip
+        msg, req_fields = wire.req_message(
+            req, local_comm_id=cep.local_comm_id, local_ca_guid=ca_attr.ca_guid,
+            local_qpn=qp.num, starting_psn=_psn(), ca_ack_delay=ca_attr.local_ack_delay,
+            srq=qp.srq is not None, checked=True, paths=(pf, alt))  # fmt: skip
         life = int(pf["packet_life_time"])
         conn.info.update(port=port, pkey_index=pkey_index, access=DEFAULT_ACCESS, life=life,
-                         rnr_nak_timeout=req.rnr_nak_timeout, req=req,
-                         req_fields=wire.parse(CmAttr.REQ, msg),
+                         rnr_nak_timeout=req.rnr_nak_timeout, req=req, req_fields=req_fields,
                          max_cm_retries=req.max_cm_retries,
                          remote_resp_timeout=req.remote_resp_timeout)  # fmt: skip
         conn.deliver = deliver
+        conn.answer = answer
         conn.mods_for = _mods
         _move(conn, QpState.INIT)
         timeout = wire.retransmit_timeout_ms(life, req.remote_resp_timeout)
@@ -277,15 +280,15 @@ def accept(conn: CmConn, rep: CmRep) -> None:
     port = next((p for p in ca_attr.ports if p.port_num == cep.port.port_num), None)
     if port is None:
         raise InvalidPort(f"port {cep.port.port_num} the REQ came through is gone")
-    msg = wire.build_rep(rep, req=req, local_comm_id=cep.local_comm_id,
-                         local_ca_guid=ca_attr.ca_guid, local_qpn=qp.num, starting_psn=_psn(),
-                         ca_ack_delay=ca_attr.local_ack_delay,
-                         srq=qp.srq is not None)  # fmt: skip
+    msg, rep_fields = wire.rep_message(
+        rep, req=req, local_comm_id=cep.local_comm_id, local_ca_guid=ca_attr.ca_guid,
+        local_qpn=qp.num, starting_psn=_psn(), ca_ack_delay=ca_attr.local_ack_delay,
+        srq=qp.srq is not None, checked=True)  # fmt: skip (validated above)
     conn.bind_qp(qp)
     ack = int(req["primary_local_ack_timeout"])
     conn.info.update(port=port, pkey_index=port_pkey_index(port, int(req["pkey"])),
                      access=rep.access_ctrl or DEFAULT_ACCESS, rep=rep,
-                     rep_fields=wire.parse(CmAttr.REP, msg), life=max(ack - 1, 0),
+                     rep_fields=rep_fields, life=max(ack - 1, 0),
                      rnr_nak_timeout=rep.rnr_nak_timeout,
                      max_cm_retries=int(req["max_cm_retries"]),
                      remote_resp_timeout=int(req["local_cm_response_timeout"]))  # fmt: skip

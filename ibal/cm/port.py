@@ -8,14 +8,19 @@ Send: the CM retries and matches them itself, by communication IDs), and one
 AL timer for the deadlines of every CEP reached through the port (a heap,
 as ``ibal.sa.port.SaPort`` does).
 
-Threads: received MADs reach :attr:`CmPort.on_mad` on the AL's misc queue
-(the service is not inline: the CM modifies QPs on that thread); the timer
-fires on the misc queue too.
+Threads: the service is inline, so a received MAD reaches
+:attr:`CmPort.on_mad` on the thread that took it off QP1 (the completion
+queue on the AL's special-QP transport), which runs the machine, moves the
+QP and sends the answer there: no queue hand-off between the receive batch
+and the send batch.  Unsolicited CM MADs come as bytes (the service's
+``datagram_cb``) and go as bytes (``send_datagram``): no MAD element either
+way.  The timer fires on the misc queue.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import itertools
 import logging
@@ -40,6 +45,13 @@ __all__ = ["CmPort"]
 log = logging.getLogger("ibal.cm")
 _SLACK = 1e-9
 MadHandler = Callable[["CmPort", bytes, MadAddr], None]
+_DATA = 232  # a CM message's data area: the MAD after its 24-byte common header
+
+
+@functools.cache
+def _head(attr: CmAttr) -> bytes:
+    """The common header of a CM Send of ``attr`` (TID zero: patched per message)."""
+    return bytes(mad_header.build(CM_CLASS, Method.SEND, attr, tid=0)[:24])
 
 
 class Timed(Protocol):
@@ -77,7 +89,8 @@ class CmPort(Dependent):
                      methods=frozenset({Method.SEND}), support_unsol=True)  # fmt: skip
         try:
             alias = pd.get_spl_qp(self.port_guid, QpType.QP1_ALIAS)
-            self.service: MadService = reg_mad_svc(alias, svc)
+            self.service: MadService = reg_mad_svc(alias, svc, inline=True,
+                                                   datagram_cb=self._datagram)  # fmt: skip
         except ResourceBusy:
             # Another CM owns the port's CM class (another manager of this process, or the
             # kernel's CM through umad): no CM of ours on this port.
@@ -102,14 +115,12 @@ class CmPort(Dependent):
 
     def send(self, attr: CmAttr, tid: int, data: bytes, addr: MadAddr) -> bool:
         """Send one CM message (method Send, no MAD-layer retry); ``False`` if it could not go."""
-        e = self.service.pool_key.get_mad()
-        e.mad[:] = mad_header.build(CM_CLASS, Method.SEND, attr, tid=tid, data=data)
-        e.addr = addr
-        e.resp_expected, e.timeout_ms, e.retry_cnt = False, 0, 0
+        if len(data) != _DATA:
+            raise ValueError(f"CM data is {_DATA} bytes, not {len(data)}")
+        head = _head(attr)
         try:
-            self.service.send(e)
+            self.service.send_datagram(head[:8] + tid.to_bytes(8, "big") + head[16:] + data, addr)
         except IbError as exc:
-            put_mad(e)
             self.stats["send_failed"] += 1
             log.debug("%r: CM MAD not sent: %s", self, exc)
             return False
@@ -120,10 +131,11 @@ class CmPort(Dependent):
         put_mad(e)
 
     def _recv(self, e: MadElement) -> None:
-        mad, addr = bytes(e.mad), e.addr
+        # Only responses come as elements, and the CM sends none (every CM message is a Send).
         put_mad(e)
-        if addr is not None:
-            self.on_mad(self, mad, addr)
+
+    def _datagram(self, mad: bytes, addr: MadAddr) -> None:
+        self.on_mad(self, mad, addr)
 
     # ------------------------------------------------------------------ time
     def now(self) -> float:

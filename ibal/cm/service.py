@@ -179,6 +179,8 @@ class CmAgent:
         self.listens = ListenTable()
         self.router = CmRouter(self)
         """Where received CM MADs go (REQs to listens, the rest to endpoints)."""
+        self._running = 0  # machines being run by the lock's holder (nested runs count)
+        self._after: list[Callable[[], object]] = []  # what waits for the outermost run
         self._pnp: PnpRegistration | None = None
         # PnpOrder.CM: ports come to the CM before user clients, and leave it after them.
         self._pnp = self.al.reg_pnp(PnpClass.PORT, self._on_pnp, order=PnpOrder.CM)
@@ -355,11 +357,34 @@ class CmAgent:
                 raise InvalidState("the connection is closed")
             if isinstance(event, fsm.RecvMsg):
                 cep.fields[event.attr] = dict(event.fields)
-            actions = cep.machine.handle(event, cep.port.now())
-            for a in actions:
-                self._act(cep, a)
-            if not cep.port.alive and self._ceps.get(cep.local_comm_id) is cep:
-                self._release(cep)  # its port went meanwhile (see _port_gone)
+            self._running += 1
+            try:
+                actions = cep.machine.handle(event, cep.port.now())
+                for a in actions:
+                    self._act(cep, a)
+                if not cep.port.alive and self._ceps.get(cep.local_comm_id) is cep:
+                    self._release(cep)  # its port went meanwhile (see _port_gone)
+            finally:
+                self._running -= 1
+            if not self._running:
+                self._run_after()
+
+    def after_run(self, fn: Callable[[], object]) -> None:
+        """Under the lock, from an action: ``fn()`` once the machine's actions are all
+        carried out (still under the lock, on this thread), so it may feed the machine
+        again: an answer the API layer gives by itself (an RTU, a DREP)."""
+        if self._running:
+            self._after.append(fn)
+        else:
+            fn()
+
+    def _run_after(self) -> None:
+        while self._after:
+            fn = self._after.pop(0)
+            try:
+                fn()
+            except Exception:  # an answer's failure must not lose the ones after it
+                log.exception("CM agent: an answer after a machine's run failed")
 
     def _act(self, cep: CepIo, a: Any) -> None:
         kind = type(a)

@@ -46,6 +46,7 @@ __all__ = ["Connection", "ConnectionRejected", "Incoming", "Listener", "SidrRepl
            "connect_async", "listen", "resolve_service", "resolve_service_async"]  # fmt: skip
 
 K = fsm.UpcallKind
+_PEER_LEFT = frozenset({fsm.CmState.DREQ_RCVD, fsm.CmState.TIMEWAIT})
 ConnCallback = Callable[["Connection"], object]
 
 
@@ -159,12 +160,17 @@ class Connection:
         self.qp = qp
         self.private_data = b""
         self.on_disconnect: ConnCallback | None = None
+        self.peer_disconnected = False
+        """The peer's DREQ ended the connection (set before ``closed``)."""
         self._callback = callback
         self.established = _Outcome()
         self.closed = _Outcome()
+        self._rtu: IbError | bool = False  # the RTU _answer sent (True) or why it could not
+        self._drep = False
         if handle is not None:
             self.handle = handle
             handle.deliver = self._deliver
+            handle.answer = self._answer
 
     def __repr__(self) -> str:
         handle = getattr(self, "handle", None)
@@ -192,9 +198,10 @@ class Connection:
 
     def disconnect(self, private_data: bytes = b"", *, wait: bool = True,
                    timeout: float | None = None) -> None:  # fmt: skip
-        """Send DREQ (the QP goes to ERROR); ``wait``: block until the DREP (or its time-out)."""
+        """Send DREQ (the QP goes to ERROR); ``wait``: block until the DREP (or its time-out).
+        A peer's DREQ that came first (its upcall not yet run) ends it the same way."""
         if not self.closed.done:
-            ops.disconnect(self.handle, CmDreq(qp=self.qp, pdata=private_data))
+            self._send_dreq(private_data)
         if wait:
             self.closed.wait(timeout, "Connection.disconnect")
 
@@ -204,8 +211,17 @@ class Connection:
 
     async def disconnect_async(self, private_data: bytes = b"") -> None:
         if not self.closed.done:
-            ops.disconnect(self.handle, CmDreq(qp=self.qp, pdata=private_data))
+            self._send_dreq(private_data)
         await self.closed.future()
+
+    def _send_dreq(self, private_data: bytes) -> None:
+        try:
+            ops.disconnect(self.handle, CmDreq(qp=self.qp, pdata=private_data))
+        except InvalidState:
+            # The machine runs on the thread that received the peer's DREQ, ahead of the
+            # upcalls it posted: the DREQ's upcall (DREP, closed) is on its way.
+            if self.handle.state not in _PEER_LEFT:
+                raise
 
     def close(self) -> None:
         """Forget the connection at once (DREQ/REJ sent as its state asks; no callbacks)."""
@@ -215,6 +231,22 @@ class Connection:
         self.established.set(InvalidState("the connection was closed"))
 
     # ------------------------------------------------------------------ upcalls
+    def _answer(self, handle: CmConn, up: fsm.Deliver) -> None:
+        """Under the agent's lock, on the thread the message came on, before the upcall
+        is posted: the RTU to a REP and the DREP to a DREQ, which this shape sends by
+        itself (no user code runs here)."""
+        kind = up.kind
+        if kind is K.REP and up.status is Status.SUCCESS:
+            try:
+                ops.rtu(handle)
+                self._rtu = True
+            except IbError as exc:
+                self._rtu = exc
+        elif kind is K.DREQ:
+            with contextlib.suppress(IbError):
+                ops.reply_disconnect(handle)
+            self._drep = True
+
     def _deliver(self, handle: CmConn, up: fsm.Deliver) -> None:
         """Misc queue: the connection's callbacks, answered the simple way."""
         self.handle = handle  # set already, or the request's upcall beat its return
@@ -226,7 +258,10 @@ class Connection:
                 return
             self.private_data = _bytes(f.get("private_data"))
             try:
-                ops.rtu(handle)
+                if self._rtu is False:  # no answer ran (the handle came without one)
+                    ops.rtu(handle)
+                elif isinstance(self._rtu, IbError):
+                    raise self._rtu
             except IbError as exc:
                 with contextlib.suppress(IbError):
                     ops.reject(handle, CmRej(rej_status=RejReason.CONSUMER_DEFINED))
@@ -242,9 +277,11 @@ class Connection:
             self._fail(ConnectionRejected(_int(f.get("reason")), _bytes(f.get("ari")),
                                           _bytes(f.get("private_data"))))  # fmt: skip
         elif kind is K.DREQ:
+            self.peer_disconnected = True
             self._closed()  # the QP is in ERROR already; the peer learns it from the DREP
-            with contextlib.suppress(IbError):
-                ops.reply_disconnect(handle)
+            if not self._drep:
+                with contextlib.suppress(IbError):
+                    ops.reply_disconnect(handle)
         elif kind in (K.DREP, K.STALE):
             self._closed()
 
@@ -288,7 +325,7 @@ def connect(al: AccessLayer, qp: Qp, path: object, service_id: int, private_data
                   **options)  # fmt: skip
     # The object first: the REP's upcall may run on the misc queue before request returns.
     conn = Connection(None, qp, callback)
-    conn.handle = ops.request(al, req, deliver=conn._deliver)
+    conn.handle = ops.request(al, req, deliver=conn._deliver, answer=conn._answer)
     if callback is None:
         conn.wait(timeout)
     return conn

@@ -119,7 +119,9 @@ __all__ = [
     "path_from_req",
     "qp_type_of",
     "rej_rec",
+    "rep_message",
     "rep_rec",
+    "req_message",
     "req_path_fields",
     "req_rec",
     "retransmit_timeout_ms",
@@ -190,12 +192,17 @@ def parse(attr: CmAttr, data: bytes | bytearray | memoryview) -> dict[str, Value
 
 
 def _encode(attr: CmAttr, values: dict[str, Value]) -> bytes:
+    return _encode_decoded(attr, values)[0]
+
+
+def _encode_decoded(attr: CmAttr, values: dict[str, Value]) -> tuple[bytes, Fields]:
+    """The message's bytes and its fields as :func:`parse` would read them back."""
     table = TABLES[attr]
     pd = values.get("private_data", b"")
     assert isinstance(pd, bytes)
     values["private_data"] = pd + bytes(table.by_name["private_data"].field.bits // 8 - len(pd))
     try:
-        return table.encode(values)
+        return table.encode_decoded(values)
     except FieldError as exc:  # a local fact out of range: the caller's setting
         raise InvalidSetting(f"{attr.name}: {exc}") from None
 
@@ -209,7 +216,8 @@ def _gid_bytes(v: Any) -> bytes:
 _PERMISSIVE: Final = PERMISSIVE_LID
 
 
-def req_path_fields(path: PathRec | None, prefix: str, *, ca_ack_delay: int) -> dict[str, Value]:
+def req_path_fields(path: PathRec | None, prefix: str, *, ca_ack_delay: int,
+                    checked: bool = False) -> dict[str, Value]:  # fmt: skip
     """A REQ's ``primary_*`` or ``alternate_*`` fields (``prefix``) from a PathRecord
     whose ``sgid`` is this side's; all zero for ``None`` (no alternate path).
 
@@ -220,7 +228,8 @@ def req_path_fields(path: PathRec | None, prefix: str, *, ca_ack_delay: int) -> 
     p = f"{prefix}_"
     if path is None:
         return {}
-    path = check_path(f"{prefix} path", path)
+    if not checked:
+        path = check_path(f"{prefix} path", path)
     local = int(path["hop_limit"]) <= 1
     return {
         p + "local_lid": int(path["slid"]) if local else _PERMISSIVE,
@@ -315,10 +324,13 @@ def _sgid_index(port: PortAttr, sgid: bytes, alt: bool) -> int:
     raise PathMismatch(f"GID {shown} is not a GID of port {port.port_num}", why)
 
 
-def _endpoint_options(path: PathRec, port: PortAttr, *, alt: bool = False
-                      ) -> tuple[Endpoint, ConnectOptions]:  # fmt: skip
-    """``ibal.al.connect``'s view of a path: the far end and the addressing options."""
-    path = check_path("path", path)
+def _endpoint_options(path: PathRec, port: PortAttr, *, alt: bool = False,
+                      checked: bool = False) -> tuple[Endpoint, ConnectOptions]:  # fmt: skip
+    """``ibal.al.connect``'s view of a path: the far end and the addressing options
+    (``checked``: a path :func:`path_from_req` made of a message's fields, whose widths
+    the table bounds, is not checked again)."""
+    if not checked:
+        path = check_path("path", path)
     roce = port.link_layer is LinkLayer.ETHERNET
     dgid = _gid_bytes(path["dgid"])
     dlid = int(path["dlid"])
@@ -395,7 +407,7 @@ def _mods(req: Fields, *, path: PathRec, alt_path: PathRec | None, port: PortAtt
           alt_port: PortAttr | None, pkey_index: int, access: AccessFlags, remote_qpn: int,
           rq_psn: int, sq_psn: int, resp_res: int, init_depth: int, ack_timeout: int,
           rnr_retry: int, rnr_nak_timeout: int) -> ConnectMods:  # fmt: skip
-    ep, opts = _endpoint_options(path, port)
+    ep, opts = _endpoint_options(path, port, checked=True)
     ep = replace(ep, qpn=remote_qpn, psn=rq_psn)  # connect's "remote psn" is the receive PSN
     opts = replace(
         opts, access=access, pkey_index=pkey_index, local_ack_timeout=ack_timeout,
@@ -482,12 +494,31 @@ def build_req(req: CmReq, *, local_comm_id: int, local_ca_guid: int, local_qpn: 
     P_Key and path MTU are the primary path's; ``ca_ack_delay`` (this CA's, IBA
     ``LocalCADelay``) enters each path's local ACK timeout.
     """
+    return req_message(req, local_comm_id=local_comm_id, local_ca_guid=local_ca_guid,
+                       local_qpn=local_qpn, starting_psn=starting_psn,
+                       ca_ack_delay=ca_ack_delay, srq=srq, local_qkey=local_qkey,
+                       checked=checked)[0]  # fmt: skip
+
+
+def req_message(req: CmReq, *, local_comm_id: int, local_ca_guid: int, local_qpn: int,
+                starting_psn: int, ca_ack_delay: int, srq: bool = False, local_qkey: int = 0,
+                checked: bool = False, paths: tuple[PathRec, PathRec | None] | None = None,
+                ) -> tuple[bytes, Fields]:  # fmt: skip
+    """:func:`build_req`'s bytes and the fields :func:`parse` would read from them.
+    ``paths``: the primary and alternate path as :func:`~ibal.cm.records.check_path`
+    gave them to a ``checked`` caller (not checked again)."""
     if not checked:
         req.validate()
     if req.qp_type is QpType.UD:
         raise InvalidParameter("a UD request is a SIDR_REQ: use build_sidr_req")
     assert req.primary_path is not None
-    pri = check_path("primary_path", req.primary_path)
+    pri: PathRec
+    alt: PathRec | None
+    if paths is None:
+        pri = check_path("primary_path", req.primary_path)
+        alt = None if req.alt_path is None else check_path("alt_path", req.alt_path)
+    else:
+        pri, alt = paths
     values: dict[str, Value] = {
         "local_comm_id": local_comm_id,
         "service_id": req.svc_id,
@@ -507,11 +538,11 @@ def build_req(req: CmReq, *, local_comm_id: int, local_ca_guid: int, local_qpn: 
         "rnr_retry_count": req.rnr_retry_cnt,
         "max_cm_retries": req.max_cm_retries,
         "srq": srq,
-        **req_path_fields(pri, "primary", ca_ack_delay=ca_ack_delay),
-        **req_path_fields(req.alt_path, "alternate", ca_ack_delay=ca_ack_delay),
+        **req_path_fields(pri, "primary", ca_ack_delay=ca_ack_delay, checked=True),
+        **req_path_fields(alt, "alternate", ca_ack_delay=ca_ack_delay, checked=True),
         "private_data": bytes(req.pdata),
     }
-    return _encode(CmAttr.REQ, values)
+    return _encode_decoded(CmAttr.REQ, values)
 
 
 def build_rep(rep: CmRep, *, req: Fields, local_comm_id: int, local_ca_guid: int,
@@ -524,7 +555,19 @@ def build_rep(rep: CmRep, *, req: Fields, local_comm_id: int, local_ca_guid: int
     resources (``InvalidSetting``).  TargetACKDelay is ``rep.target_ack_delay``,
     or when that is 0 this CA's ``ca_ack_delay`` (what Linux always sends).
     """
-    rep.validate(req_rec(req))
+    return rep_message(rep, req=req, local_comm_id=local_comm_id, local_ca_guid=local_ca_guid,
+                       local_qpn=local_qpn, starting_psn=starting_psn, resp_res=resp_res,
+                       ca_ack_delay=ca_ack_delay, srq=srq, local_qkey=local_qkey)[0]  # fmt: skip
+
+
+def rep_message(rep: CmRep, *, req: Fields, local_comm_id: int, local_ca_guid: int,
+                local_qpn: int, starting_psn: int, resp_res: int | None = None,
+                ca_ack_delay: int = 0, srq: bool = False, local_qkey: int = 0,
+                checked: bool = False) -> tuple[bytes, Fields]:  # fmt: skip
+    """:func:`build_rep`'s bytes and the fields :func:`parse` would read from them
+    (``checked``: the caller validated ``rep`` against the REQ already)."""
+    if not checked:
+        rep.validate(req_rec(req))
     if rep.qp_type is QpType.UD:
         raise InvalidParameter("a UD reply is a SIDR_REP: use build_sidr_rep")
     rr = int(req["initiator_depth"]) if resp_res is None else resp_res
@@ -544,7 +587,7 @@ def build_rep(rep: CmRep, *, req: Fields, local_comm_id: int, local_ca_guid: int
         "local_ca_guid": local_ca_guid,
         "private_data": bytes(rep.pdata),
     }
-    return _encode(CmAttr.REP, values)
+    return _encode_decoded(CmAttr.REP, values)
 
 
 def build_rtu(rtu: CmRtu, *, local_comm_id: int, remote_comm_id: int,

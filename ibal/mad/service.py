@@ -71,6 +71,7 @@ class _Sending:
     element: MadElement
 
 
+DatagramCb = Callable[[bytes, MadAddr], object]
 _INTERNAL = object()  # context of the service's own replies (no element, no callback)
 RMPP_TRANSFER_BOUND_MS = 30_000
 """How long an RMPP request's answer may take while its segments still go out (the
@@ -80,10 +81,13 @@ sender's total time-out); once every segment is ACKed the element's own time-out
 class MadService:
     """``ib_mad_svc_handle_t``: one registered MAD service (see :func:`reg_mad_svc`)."""
 
-    def __init__(self, alias: AliasQp, svc: MadSvc, pool_key: PoolKey) -> None:
+    def __init__(self, alias: AliasQp, svc: MadSvc, pool_key: PoolKey,
+                 datagram_cb: DatagramCb | None = None) -> None:  # fmt: skip
         self.alias = alias
         self.svc = svc
         self.pool_key = pool_key
+        self.datagram_cb = datagram_cb
+        """Takes unsolicited requests as bytes (see :func:`reg_mad_svc`)."""
         self.stats: Counter[str] = Counter()
         """Received MADs this service dropped or answered itself, by reason."""
         self._lock = threading.Lock()
@@ -233,6 +237,18 @@ class MadService:
         wait = e.timeout_ms * (1 + e.retry_cnt) + extra_ms
         return MadSend(bytes(e.mad[:MAD_SIZE]), e.addr, wait, 0, context=token)
 
+    def send_datagram(self, mad: bytes, addr: MadAddr) -> None:
+        """Send one MAD of this service that waits for nothing (no element, no ``send_cb``,
+        no retry): for classes that match and retry their messages themselves (the CM).
+
+        ``mad`` is the whole 256-byte MAD, its TID as the caller formed it (the
+        transport still writes the high half of a request's).  ``InvalidParameter`` for
+        another class or version, or what the transport refuses."""
+        agent = self._agent_or_raise()
+        if mad[1] != self.svc.mgmt_class or mad[2] != self.svc.mgmt_version:
+            raise InvalidParameter("the MAD is not of this service's class and version")
+        agent.send(MadSend(mad, addr, context=_INTERNAL))
+
     def send_taken(self, element: MadElement, taker: Taker) -> None:
         """Send a request whose outcome goes to ``taker(status, response)`` (once, on the
         misc queue) instead of the service's callbacks: the base of :func:`transact`."""
@@ -356,6 +372,9 @@ class MadService:
             return
         if not response and self.svc.support_unsol and unserved_attr(mad, self.svc):
             self._answer_unserved_attr(recv)
+            return
+        if not response and self.datagram_cb is not None:
+            self.datagram_cb(mad, recv.addr)  # no element, nothing held: no backlog bound
             return
         request: MadElement | None = None
         with self._lock:
@@ -525,7 +544,8 @@ def transport_message(mad: bytes) -> bytes | None:
 
 
 def reg_mad_svc(
-    alias: AliasQp, svc: MadSvc, pool_key: PoolKey | None = None, *, inline: bool = False
+    alias: AliasQp, svc: MadSvc, pool_key: PoolKey | None = None, *, inline: bool = False,
+    datagram_cb: DatagramCb | None = None,
 ) -> MadService:
     """``ib_reg_mad_svc``: register ``svc`` on a QP0/QP1 alias.
 
@@ -534,6 +554,10 @@ def reg_mad_svc(
     ``inline=True``: ``send_cb``/``recv_cb`` run on the thread that reports the
     MAD to the AL instead of the misc queue (``AliasQp.register_agent``'s
     ``inline``: they must not block, nor wait for this AL's objects).
+    ``datagram_cb(mad, addr)`` (an ibal extension) takes ``recv_cb``'s place for
+    unsolicited requests that passed the service's checks: the MAD's bytes, no
+    element to give back, for a client that reads them at once (the CM);
+    responses still come as elements.
     ``InvalidParameter`` for a bad QP or description, ``ResourceBusy`` when
     another client of the port already serves one of the methods.
     """
@@ -544,7 +568,9 @@ def reg_mad_svc(
         pool_key = MadPool(None, 0, 0, 64).register(alias.pd)
     elif not isinstance(pool_key, PoolKey):
         raise InvalidParameter("pool_key must be a PoolKey")
-    service = MadService(alias, svc, pool_key)
+    if datagram_cb is not None and not callable(datagram_cb):
+        raise InvalidParameter("datagram_cb must be callable")
+    service = MadService(alias, svc, pool_key, datagram_cb)
     # Where the transport runs RMPP (the kernel's MAD layer), a service that does RMPP
     # lets it: the kernel drops RMPP segments and ACKs of an agent registered without.
     does_rmpp = svc.svc_type is not MadSvcType.RAW and svc.mgmt_class in RMPP_CLASSES

@@ -385,10 +385,13 @@ def _serve(al: AccessLayer, opts: RpingOptions, inc: RdmaIncoming,
                            closed=lambda: conn.connection.closed.done, out=out,
                            timeout=opts.timeout)  # fmt: skip
         finally:
-            if conn.connection.closed.done:
-                err("server DISCONNECT EVENT...")
-            else:
+            # A flushed receive can end the run before the peer's DREQ reaches its upcall
+            # (the CM moves the QP on the thread that received the DREQ): disconnect
+            # then waits for that upcall instead of sending a DREQ of ours.
+            if not conn.connection.closed.done:
                 conn.disconnect(timeout=opts.timeout)
+            if conn.connection.peer_disconnected:
+                err("server DISCONNECT EVENT...")
     finally:
         end.close()
         ca.close()

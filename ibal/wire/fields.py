@@ -290,6 +290,16 @@ class Table:
         merged = dict(values or {}, **kw)
         return self.pack(*self.check(merged))
 
+    def encode_decoded(self, values: Mapping[str, Value]) -> tuple[bytes, dict[str, Value]]:
+        """:meth:`encode`, and the fields :meth:`decode` would read back from its bytes
+        (plain values, reserved ones zero), from the one check: no decode of what was
+        just encoded."""
+        checked = self.check(values)
+        out: dict[str, Value] = dict(zip(self.names, checked, strict=True))
+        for name, _shift, _mask in self._resv_shifts:
+            out[name] = 0
+        return self.pack(*checked), out
+
     def dump(self, buf: Buffer, off: int = 0, indent: str = "    ") -> str:
         """The header as Wireshark-like lines: a title, then ``name: value`` per field."""
         d = self.decode(buf, off)

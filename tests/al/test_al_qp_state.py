@@ -318,3 +318,28 @@ def test_drain_of_a_reset_qp_is_refused(ca: Ca, port: PortAttr) -> None:
     pair = make_pair(ca, port, ca, port, QpType.RC, do_connect=False)
     with pytest.raises(InvalidQpState):
         pair.a.qp.drain()
+
+
+def test_modify_validated_moves_the_qp_and_keeps_the_state_and_path_checks(
+    ca: Ca, port: PortAttr
+) -> None:
+    """The CM's entry skips the field checks, not the state machine nor the AV's widths;
+    the public ``modify`` still refuses what ``modify_validated`` was trusted with."""
+    from ibal.al import QpCreate
+    from ibal.status import InvalidParameter
+    from ibal.types import AccessFlags, AvAttr
+
+    cq = ca.create_cq(4)
+    qp = ca.alloc_pd().create_qp(QpCreate(QpType.RC, cq, cq))
+    with pytest.raises(InvalidQpState):  # RESET -> RTR is no transition
+        qp.modify_validated(QpMod(QpState.RTR, dest_qp=1))
+    assert qp.state is QpState.RESET
+    with pytest.raises(InvalidParameter, match="sl"):
+        qp.modify_validated(QpMod(QpState.INIT, port_num=port.port_num, pkey_index=0,
+                                  primary_av=AvAttr(port_num=port.port_num, sl=99)))  # fmt: skip
+    assert qp.state is QpState.RESET
+    with pytest.raises(InvalidParameter, match="retry_cnt"):
+        qp.modify(QpMod(QpState.INIT, port_num=port.port_num, pkey_index=0, retry_cnt=99))
+    qp.modify_validated(QpMod(QpState.INIT, port_num=port.port_num, pkey_index=0,
+                              access=AccessFlags.LOCAL_WRITE))  # fmt: skip
+    assert qp.state is QpState.INIT and qp.query().state is QpState.INIT

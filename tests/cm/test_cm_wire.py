@@ -478,3 +478,19 @@ def test_req_round_trips_for_any_valid_request(path: dict[str, Any], resp: int, 
     assert (back["sgid"], back["dgid"]) == (path["sgid"].packed, path["dgid"].packed)
     assert back["packet_life_time"] == W.cm_ack_timeout(delay, path["packet_life_time"]) - 1
     R.check_path("back", back)  # what the passive side gets is itself a usable path
+
+
+@pytest.mark.parametrize("alt", [None, ib_path(slid=0x33, dlid=0x44, sgid=IPv6Address("fe80::3"),
+                                                dgid=IPv6Address("fe80::4"))])
+def test_req_and_rep_messages_give_the_fields_their_bytes_decode_to(alt: Any) -> None:
+    """The fields the CM keeps of what it sent come from the encode's own check, not a
+    decode of the bytes: they must be what the decode reads, field for field."""
+    msg, fields = W.req_message(make_req(alt_path=alt), **REQ_FACTS)
+    assert msg == W.build_req(make_req(alt_path=alt), **REQ_FACTS)
+    assert fields == W.parse(CmAttr.REQ, msg) and list(fields) == list(W.parse(CmAttr.REQ, msg))
+    rep = R.CmRep(qp=QP, pdata=b"accept", init_depth=3, flow_ctrl=True, rnr_retry_cnt=7)
+    msg, fields = W.rep_message(rep, req=W.parse(CmAttr.REQ, msg), local_comm_id=1,
+                                local_ca_guid=2, local_qpn=3, starting_psn=4, srq=True)  # fmt: skip
+    assert fields == W.parse(CmAttr.REP, msg)
+    with pytest.raises(InvalidSetting):  # a local fact out of range is the caller's setting
+        W.req_message(make_req(), **{**REQ_FACTS, "local_qpn": 1 << 24})

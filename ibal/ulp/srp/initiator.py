@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from ibal.al import AccessLayer, QpCreate
 from ibal.cm import Connection, ConnectionRejected, rdma, simple
+from ibal.cm.rdma import port_with_gid
 from ibal.status import IbError, InvalidParameter, RemoteError
-from ibal.tools.common import port_with_gid
 from ibal.types import (
     AccessFlags,
     Gid,
