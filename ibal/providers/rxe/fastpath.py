@@ -65,10 +65,28 @@ def compiled() -> ModuleType | None:
             if os.environ.get(ENV_MODULE):
                 raise
             mod = None
+        if mod is not None and not _current(mod):
+            if os.environ.get(ENV_MODULE):
+                raise ImportError(f"{ENV_MODULE}: {mod.__file__} was built from other sources")
+            warnings.warn(
+                f"ibal: the compiled rxe engine ({mod.__file__}) was built from older sources "
+                "and is not used; rebuild it with pip install -e .",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            mod = None
         if mod is not None:
             mod.lib.rxe_init()
         _loaded.append(mod)
     return _loaded[0]
+
+
+def _current(mod: ModuleType) -> bool:
+    """Whether ``mod`` was built from the sources beside it (not left over from before)."""
+    from ibal.providers.rxe._fastpath_build import source_digest
+
+    digest = getattr(mod.lib, "rxe_source_digest", None)
+    return digest is not None and mod.ffi.string(digest()).decode() == source_digest()
 
 
 def choose(env: str | None = None) -> Engine:
