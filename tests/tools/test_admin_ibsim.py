@@ -58,6 +58,11 @@ def test_ibaddr_and_smpdump_match(ibsim_module_fabric: Fabric) -> None:
     for args, res in zip(cases, ours, strict=True):
         assert res["stdout"] == tool(fabric, args), args
     assert ours[-6]["stdout"].endswith("SMP status: 0x8000\n")  # DR: the D bit
+    # the diagnostics' default is the bare agents; through the MAD service, the same
+    svc = ibal(fabric, [["smpdump", "--via", "service", sw, "0x11"],
+                        ["smpquery", "--via", "service", "nodeinfo", sw]])  # fmt: skip
+    assert svc[0]["stdout"] == ours[-1]["stdout"]
+    assert svc[1]["stdout"] == tool(fabric, ["smpquery", "nodeinfo", sw])
     js = ibal(fabric, [["ibaddr", "--json", sw], ["smpdump", "--json", sw, "0x11"]])
     info = valid("ibaddr", js[0]["stdout"])
     lid, end = info["LID"], info["LIDEnd"]
