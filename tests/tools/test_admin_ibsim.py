@@ -443,6 +443,9 @@ def test_discover_cache_written_read_back_and_edited(ibsim_module_fabric: Fabric
         mine = ibal(fabric, [["discover", "--load-cache", str(theirs), *args]])[0]["stdout"]
         assert _DATE.sub("", mine) == _DATE.sub(
             "", tool(fabric, ["ibnetdiscover", "--load-cache", str(theirs), *args])), args
+    for args in ([], ["-l"], ["--switches-only", "-p"]):  # iblinkinfo reads caches too
+        mine = ibal(fabric, [["iblinkinfo", "--load-cache", str(ours), *args]])[0]["stdout"]
+        assert mine == tool(fabric, ["iblinkinfo", "--load-cache", str(ours), *args]), args
     edits = [["--switchguid", "0x200000:0x300000"], ["--caguid", "0x100004:0x100444"],
              ["--sysimgguid", "0x100000:0x1000aa"],
              ["--portguid", "0x100002:0x100003:0x100333"]]  # fmt: skip
