@@ -25,7 +25,7 @@ SCHEMAS = Path(__file__).with_name("schemas")
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def fabric_options(via: str = "service") -> Callable[[_F], _F]:
+def fabric_options(via: str = "agent") -> Callable[[_F], _F]:
     """``-C``, ``-P``, ``-t``, ``--via``, ``--provider``, ``-o`` and ``--json``."""
 
     def wrap(fn: _F) -> _F:

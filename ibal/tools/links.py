@@ -10,6 +10,7 @@ support more than the link runs at).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any, Final
 
 import click
@@ -47,6 +48,19 @@ class Fabric:
         """A switch's ports carry their node's port-0 CapabilityMask."""
         pi = self.port0(node) if node.is_switch else self.info.get((node.guid, port))
         return int(pi["capability_mask"]) if pi else 0
+
+
+def _cached(path: Path) -> Fabric:
+    """A cache file's fabric: its topology and the PortInfo it keeps of every port."""
+    from ibal.tools.cache import CacheError, load, to_topology
+
+    try:
+        cache = load(path)
+    except CacheError as exc:
+        raise click.ClickException(f"loading cached fabric failed: {exc}") from exc
+    info = {(n.guid, p.num): dict(smp.PORT_INFO.decode(p.info)) for n in cache.nodes
+            for p in n.ports}  # fmt: skip
+    return Fabric(to_topology(cache), info)
 
 
 def read_links(client: MadClient, *, window: int = 64) -> Fabric:
@@ -236,22 +250,29 @@ def iblinkinfo_json(fab: Fabric, nodes: Iterable[DiscNode]) -> dict[str, Any]:
 @click.option("--outstanding_smps", "window", type=int, default=64, show_default=True,
               help="SMPs in flight.")  # fmt: skip
 @click.option("-R", "nop", is_flag=True, hidden=True)
+@click.option("--load-cache", "load_cache", type=click.Path(path_type=Path),
+              help="The fabric of this ibnetdiscover cache file (no sweep).")  # fmt: skip
 @fabric_options(via="agent")
 def iblinkinfo_cmd(by_guid: str | None, port_guid: str | None, dr_path: str | None,
                    all_nodes: bool, down: bool, line_mode: bool, additional: bool,
                    switches_only: bool, cas_only: bool, window: int, nop: bool,
-                   as_json: bool, **kw: Any) -> None:  # fmt: skip
+                   load_cache: Path | None, as_json: bool, **kw: Any) -> None:  # fmt: skip
     """iblinkinfo: every port of the fabric, its link and what is at the other end."""
     label = by_guid or port_guid
-    with fabric_client("iblinkinfo", kw) as client:
-        fab = read_links(client, window=window)
-        target = None
-        if dr_path is not None and not all_nodes:
-            from ibal.mad.rpc import parse_dr_path
+    target = None
+    if load_cache is not None:
+        if dr_path is not None:
+            raise click.ClickException("Cannot specify cache and direct route path")
+        fab = _cached(load_cache)
+    else:
+        with fabric_client("iblinkinfo", kw) as client:
+            fab = read_links(client, window=window)
+            if dr_path is not None and not all_nodes:
+                from ibal.mad.rpc import parse_dr_path
 
-            ni = smp.NODE_INFO.decode(client.smp_get(SmpAttr.NODE_INFO,
-                                                     PortId(dr_path=parse_dr_path(dr_path))))
-            target = int(ni["port_guid"])
+                ni = smp.NODE_INFO.decode(client.smp_get(SmpAttr.NODE_INFO,
+                                                         PortId(dr_path=parse_dr_path(dr_path))))
+                target = int(ni["port_guid"])
     if label is not None and not all_nodes:
         target = int(label, 0)
     nodes = fab.nodes()

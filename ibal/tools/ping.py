@@ -66,6 +66,7 @@ class VendorServer:
         from ibal.types import QpType
 
         self.answered = 0
+        self.dropped = 0
         self._reply = reply
         self._pd = ca.alloc_pd()
         try:
@@ -84,9 +85,15 @@ class VendorServer:
             put_mad([e, e.request])
             return
         mad = bytes(e.mad)
-        answer = self._reply(int.from_bytes(mad[16:18], "big"))[: _SIZE]
-        body = mad[24:_DATA] + answer.ljust(_SIZE, b"\0")  # RMPP header and OUI kept
-        e.mad[:] = header.respond(mad, data=body)
+        try:
+            answer = self._reply(int.from_bytes(mad[16:18], "big"))[:_SIZE]
+            body = mad[24:_DATA] + answer.ljust(_SIZE, b"\0")  # RMPP header and OUI kept
+            out = header.respond(mad, data=body)
+        except ValueError:  # a short or malformed request (FieldError): dropped, counted
+            self.dropped += 1
+            put_mad(e)
+            return
+        e.mad[:] = out
         e.resp_expected = False
         try:
             self.service.send(e)

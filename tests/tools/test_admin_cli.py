@@ -64,14 +64,14 @@ def test_every_schema_is_a_valid_json_schema() -> None:
                                   ["ibportstate", "1", "1"]])  # fmt: skip
 def test_on_roce_the_tools_say_they_have_no_meaning(args: list[str]) -> None:
     r = CliRunner().invoke(main, [*args, "--provider", "rxe", "-o",
-                                  "devices=rxe_adm0=127.0.0.1"])  # fmt: skip
+                                  "devices=rxe_adm0=127.0.24.10"])  # fmt: skip
     assert r.exit_code == 1, r.output
     assert r.output.count("\n") == 1 and "no meaning on RoCE" in r.output
 
 
 def test_ibstat_and_ibstatus_describe_a_roce_port() -> None:
     """ibstat and ibstatus have a meaning on RoCE (the C tools show Ethernet ports too)."""
-    opts = ["--provider", "rxe", "-o", "devices=rxe_adm1=127.0.0.1"]
+    opts = ["--provider", "rxe", "-o", "devices=rxe_adm1=127.0.24.11"]
     r = CliRunner().invoke(main, ["ibstat", *opts, "--json"])
     assert r.exit_code == 0, r.output
     (ca,) = json.loads(r.output)["cas"]
@@ -112,10 +112,11 @@ def _listening(port: int) -> bool:
     return False
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(420)
 def test_perftest_json_on_two_rxe_ends() -> None:
     """``ibal perftest --json``: both ends' results, as numbers, against the schema; the
-    server and client are two processes, each with a userspace rxe device on loopback."""
+    server and client are two processes, each with a userspace rxe device on loopback
+    (addresses of 127.0.24.0/24: other tests take 127.0.0.x)."""
     import socket
 
     from ibal.testing.helpers import wait_until
@@ -126,15 +127,15 @@ def test_perftest_json_on_two_rxe_ends() -> None:
     common = ["perftest", "write_bw", "--provider", "rxe", "-s", "4096", "-n", "50", "-p",
               str(port), "--json"]  # fmt: skip
     server = subprocess.Popen([sys.executable, "-m", "ibal.cli", *common, "-o",
-                               "devices=rxe_pj0=127.0.0.2"], stdout=subprocess.PIPE,
+                               "devices=rxe_pj0=127.0.24.2"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         wait_until(lambda: _listening(port) or server.poll() is not None, "perftest server",
                    timeout=60)  # fmt: skip
         client = subprocess.run([sys.executable, "-m", "ibal.cli", *common, "-o",
-                                 "devices=rxe_pj1=127.0.0.3", "127.0.0.1"],
-                                capture_output=True, text=True, timeout=60)  # fmt: skip
-        out, err = server.communicate(timeout=60)
+                                 "devices=rxe_pj1=127.0.24.3", "127.0.0.1"],
+                                capture_output=True, text=True, timeout=180)  # fmt: skip
+        out, err = server.communicate(timeout=180)
     finally:
         if server.poll() is None:
             server.kill()

@@ -58,6 +58,11 @@ def test_ibaddr_and_smpdump_match(ibsim_module_fabric: Fabric) -> None:
     for args, res in zip(cases, ours, strict=True):
         assert res["stdout"] == tool(fabric, args), args
     assert ours[-6]["stdout"].endswith("SMP status: 0x8000\n")  # DR: the D bit
+    # the diagnostics' default is the bare agents; through the MAD service, the same
+    svc = ibal(fabric, [["smpdump", "--via", "service", sw, "0x11"],
+                        ["smpquery", "--via", "service", "nodeinfo", sw]])  # fmt: skip
+    assert svc[0]["stdout"] == ours[-1]["stdout"]
+    assert svc[1]["stdout"] == tool(fabric, ["smpquery", "nodeinfo", sw])
     js = ibal(fabric, [["ibaddr", "--json", sw], ["smpdump", "--json", sw, "0x11"]])
     info = valid("ibaddr", js[0]["stdout"])
     lid, end = info["LID"], info["LIDEnd"]
@@ -438,6 +443,9 @@ def test_discover_cache_written_read_back_and_edited(ibsim_module_fabric: Fabric
         mine = ibal(fabric, [["discover", "--load-cache", str(theirs), *args]])[0]["stdout"]
         assert _DATE.sub("", mine) == _DATE.sub(
             "", tool(fabric, ["ibnetdiscover", "--load-cache", str(theirs), *args])), args
+    for args in ([], ["-l"], ["--switches-only", "-p"]):  # iblinkinfo reads caches too
+        mine = ibal(fabric, [["iblinkinfo", "--load-cache", str(ours), *args]])[0]["stdout"]
+        assert mine == tool(fabric, ["iblinkinfo", "--load-cache", str(ours), *args]), args
     edits = [["--switchguid", "0x200000:0x300000"], ["--caguid", "0x100004:0x100444"],
              ["--sysimgguid", "0x100000:0x1000aa"],
              ["--portguid", "0x100002:0x100003:0x100333"]]  # fmt: skip
