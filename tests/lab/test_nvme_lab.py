@@ -23,11 +23,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from guest_peers import guest_sha as guest_sha_of
+from guest_peers import host_rxe
 
-from ibal.al import AccessLayer, AlManager
+from ibal.al import AccessLayer
 from ibal.lab import LabSession
 from ibal.lab.pytest_plugin import lab_requires
-from ibal.providers.rxe.provider import RxeProvider
 from ibal.ulp.nvme import wire as w
 from ibal.ulp.nvme.controller import Namespace, Subsystem
 from ibal.ulp.nvme.host import Controller, ControllerLost, HostOptions, NvmeStatusError, discover
@@ -92,26 +93,14 @@ def target_up(s: LabSession) -> None:
 
 def guest_sha(s: LabSession, offset: int, length: int) -> str:
     """SHA-256 of ``length`` bytes of the target's backing file, read in the guest."""
-    py = (f"import hashlib;f=open({IMG!r},'rb');f.seek({offset});"
-          f"print(hashlib.sha256(f.read({length})).hexdigest())")  # fmt: skip
-    r = s.run(["/usr/bin/python3", "-c", py], timeout=120)
-    assert r.returncode == 0, r.stderr_text
-    return r.stdout_text.strip()
+    return guest_sha_of(s, IMG, offset, length)
 
 
 @contextlib.contextmanager
 def host_al(s: LabSession) -> Iterator[AccessLayer]:
     """ibal's rxe on the tap's address, in the lab's namespace."""
-    if os.geteuid() != 0:
-        pytest.skip("the rxe provider's raw sockets need root")
-    host_ip, _ = _addrs(s)
-    with s.in_netns():  # the device's sockets live in the namespace
-        mgr = AlManager()
-        mgr.add_provider(RxeProvider({"devices": f"rxe0={host_ip}"}))
-    try:
+    with host_rxe(s) as mgr:
         yield mgr.open_al()
-    finally:
-        mgr.close()
 
 
 def _lab(s: LabSession) -> None:

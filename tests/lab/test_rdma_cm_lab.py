@@ -24,16 +24,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from guest_peers import host_rxe
 from rdma_cm_raw import RawCm, raw_accept, raw_connect
 
-from ibal.al import AccessLayer, AlManager, Pd, QpCreate
+from ibal.al import AccessLayer, Pd, QpCreate
 from ibal.cm import ConnectionRejected, cma, rdma
 from ibal.cm.rdma import resolve_route
 from ibal.cm.service import agent_of
 from ibal.lab import LabSession
 from ibal.lab.pytest_plugin import lab_requires
 from ibal.lab.vm import GuestJob
-from ibal.providers.rxe.provider import RxeProvider
 from ibal.status import InvalidState, Timeout
 from ibal.testing.helpers import ServerThread
 from ibal.tools.cmatose import CmatoseOptions
@@ -162,20 +162,12 @@ def test_kernel_req_decodes_as_roce_wire_says(ibal_lab_module_net: LabSession) -
 @contextlib.contextmanager
 def host_stack(s: LabSession) -> Iterator[tuple[AccessLayer, Pd, int, int]]:
     """ibal's rxe on the tap's address, in the lab's namespace: (AL, PD, CA GUID, port GUID)."""
-    if os.geteuid() != 0:
-        pytest.skip("the rxe provider's raw sockets need root")
-    host_ip, _ = _addrs(s)
-    with s.in_netns():  # the device's sockets live in the namespace
-        mgr = AlManager()
-        mgr.add_provider(RxeProvider({"devices": f"rxe0={host_ip}"}))
-    try:
+    with host_rxe(s) as mgr:
         al = mgr.open_al()
         (guid,) = al.get_ca_guids()
         ca = al.open_ca(guid)
         port = ca.query().ports[0]
         yield al, ca.alloc_pd(), guid, port.port_guid
-    finally:
-        mgr.close()
 
 
 def _lines(text: str, prefix: str) -> list[str]:

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import queue
 import random
 from collections.abc import Iterator
 
 import pytest
+from guest_peers import guest_sha as guest_sha_of
+from guest_peers import host_rxe
 
-from ibal.al import AccessLayer, AlManager, PnpClass, PnpEvent, PnpRec
+from ibal.al import AccessLayer, PnpClass, PnpEvent, PnpRec
 from ibal.dm import Discovery, RocePeer
 from ibal.lab import LabSession
 from ibal.lab.pytest_plugin import lab_requires
-from ibal.providers.rxe.provider import RxeProvider
 from ibal.types import Gid
 from ibal.ulp.srp import wire as w
 from ibal.ulp.srp.initiator import ScsiError, SrpInitiator, SrpLoginRejected
@@ -78,25 +78,15 @@ def target_up(s: LabSession) -> bytes:
 
 
 def guest_sha(s: LabSession, offset: int, length: int) -> str:
-    py = (f"import hashlib;f=open({IMG!r},'rb');f.seek({offset});"
-          f"print(hashlib.sha256(f.read({length})).hexdigest())")  # fmt: skip
-    r = s.run(["/usr/bin/python3", "-c", py], timeout=120)
-    assert r.returncode == 0, r.stderr_text
-    return r.stdout_text.strip()
+    """SHA-256 of ``length`` bytes of the target's backing file, read in the guest."""
+    return guest_sha_of(s, IMG, offset, length)
 
 
 @contextlib.contextmanager
 def host_al(s: LabSession) -> Iterator[AccessLayer]:
-    if os.geteuid() != 0:
-        pytest.skip("the rxe provider's raw sockets need root")
-    host_ip, _ = _addrs(s)
-    with s.in_netns():
-        mgr = AlManager()
-        mgr.add_provider(RxeProvider({"devices": f"rxe0={host_ip}"}))
-    try:
+    """ibal's rxe on the tap's address, in the lab's namespace."""
+    with host_rxe(s) as mgr:
         yield mgr.open_al()
-    finally:
-        mgr.close()
 
 
 @pytest.mark.timeout(400)
