@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, Any, overload
 from ibal.al import mad_port
 from ibal.al.alias import AliasQp
 from ibal.al.av import Av, check_av_attr
+from ibal.al.bases import PdBase
 from ibal.al.cq import Cq
 from ibal.al.fmr import EmulatedFmr, Fmr
 from ibal.al.mr import Mr, Mw, check_access, check_phys_create, pin_buffer
-from ibal.al.obj import CaObject, DestroyCallback, SyncDestroy, check_handle
+from ibal.al.obj import DestroyCallback, SyncDestroy, check_handle
 from ibal.al.qp import EventCallback, Qp, QpCreate, check_qp_create
 from ibal.al.shmid import open_segment
 from ibal.al.srq import Srq, check_srq_attr
@@ -19,7 +20,6 @@ from ibal.status import (
     InvalidMaxSge,
     InvalidMaxWrs,
     InvalidParameter,
-    InvalidPdHandle,
     InvalidPort,
     InvalidSetting,
     Unsupported,
@@ -40,12 +40,10 @@ def _check_cb(cb: object, name: str) -> None:
         raise InvalidParameter(f"{name} must be callable")
 
 
-class Pd(CaObject):
+class Pd(PdBase):
     """``ib_alloc_pd``'s handle; ``dealloc`` cascades to everything created on it."""
 
-    _invalid = InvalidPdHandle
     _rank = 60
-    _kind = "PD"
 
     def __init__(self, ca: Ca, pd_type: PdType, context: Any) -> None:
         super().__init__(ca, context)
@@ -116,9 +114,9 @@ class Pd(CaObject):
                 self._h,
                 provider_type,
                 create.caps(),
-                send_cq._h,
-                recv_cq._h,
-                srq._h if srq is not None else None,
+                send_cq.ci_handle,
+                recv_cq.ci_handle,
+                srq.ci_handle if srq is not None else None,
                 bool(create.sq_signaled),
                 qp,
             )
@@ -190,7 +188,8 @@ class Pd(CaObject):
 
         def make() -> None:
             created = self._ci.create_spl_qp(
-                self._h, port.port_num, qp_type, create.caps(), send_cq._h, recv_cq._h, qp
+                self._h, port.port_num, qp_type, create.caps(), send_cq.ci_handle,
+                recv_cq.ci_handle, qp,
             )
             qp._created(created.handle, created.attr)
 
