@@ -6,8 +6,15 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ibal.al.cq import CompCallback, Cq
-from ibal.al.obj import AlObject, CaObject, DestroyCallback, SyncDestroy, is_handle_of
-from ibal.al.pd import Pd, _check_cb
+from ibal.al.obj import (
+    AlObject,
+    CaObject,
+    DestroyCallback,
+    SyncDestroy,
+    check_callback,
+    is_handle_of,
+)
+from ibal.al.pd import Pd
 from ibal.ci.interface import Capabilities
 from ibal.status import (
     InvalidCaHandle,
@@ -193,8 +200,8 @@ class Ca(CaObject):
     ) -> Cq:
         """``ib_create_cq``: ``comp_cb(cq, context)`` runs on the dispatcher after a rearm."""
         self._check()
-        _check_cb(comp_cb, "comp_cb")
-        _check_cb(event_cb, "event_cb")
+        check_callback(comp_cb, "comp_cb")
+        check_callback(event_cb, "event_cb")
         cq = Cq(self, comp_cb, event_cb, context)
         cq._check_size(size)
 

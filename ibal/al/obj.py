@@ -603,6 +603,12 @@ def busy_if(users: Iterable[AlObject], what: str) -> None:
         raise ResourceBusy(f"{alive} {what} still in use")
 
 
+def check_callback(cb: object, name: str) -> None:
+    """``InvalidParameter`` unless ``cb`` (argument ``name``) is ``None`` or callable."""
+    if cb is not None and not callable(cb):
+        raise InvalidParameter(f"{name} must be callable")
+
+
 def is_handle_of(
     obj: object,
     cls: type[AlObject] | tuple[type[AlObject], ...],

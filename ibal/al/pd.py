@@ -11,7 +11,7 @@ from ibal.al.bases import PdBase
 from ibal.al.cq import Cq
 from ibal.al.fmr import EmulatedFmr, Fmr
 from ibal.al.mr import Mr, Mw, check_access, check_phys_create, pin_buffer
-from ibal.al.obj import DestroyCallback, SyncDestroy, check_handle
+from ibal.al.obj import DestroyCallback, SyncDestroy, check_callback, check_handle
 from ibal.al.qp import EventCallback, Qp, QpCreate, check_qp_create
 from ibal.al.shmid import open_segment
 from ibal.al.srq import Srq, check_srq_attr
@@ -33,11 +33,6 @@ if TYPE_CHECKING:
 _SRQ_QP_TYPES = (QpType.RC, QpType.UC, QpType.UD)
 _EMULATED_MAX_PAGES = 1 << 20
 """The most pages an emulated FMR maps (its regions' size is the CA's limit too)."""
-
-
-def _check_cb(cb: object, name: str) -> None:
-    if cb is not None and not callable(cb):
-        raise InvalidParameter(f"{name} must be callable")
 
 
 class Pd(PdBase):
@@ -99,7 +94,7 @@ class Pd(PdBase):
         srq = check_handle(create.srq, Srq, self._al, cica) if create.srq is not None else None
         if srq is not None and qp_type not in _SRQ_QP_TYPES:
             raise InvalidSetting(f"{qp_type.name} QPs cannot use an SRQ")
-        _check_cb(event_cb, "event_cb")
+        check_callback(event_cb, "event_cb")
         caps = cica.capabilities
         provider_type = qp_type
         if qp_type is QpType.MAD and QpType.MAD not in caps.qp_types:
@@ -180,7 +175,7 @@ class Pd(PdBase):
         recv_cq = check_handle(create.recv_cq, Cq, self._al, cica)
         if create.srq is not None:
             raise InvalidParameter("special QPs do not use an SRQ")
-        _check_cb(event_cb, "event_cb")
+        check_callback(event_cb, "event_cb")
         caps = cica.capabilities
         if qp_type not in caps.special_qps:
             raise Unsupported(f"{qp_type.name} QPs: {caps.reason('special_qps')}")
@@ -215,7 +210,7 @@ class Pd(PdBase):
         self._check()
         cica = self._cica
         attr = check_srq_attr(attr)
-        _check_cb(event_cb, "event_cb")
+        check_callback(event_cb, "event_cb")
         if not cica.capabilities.srq:
             raise Unsupported(cica.capabilities.reason("srq"))
         max_wr, max_sge = cica.limit("max_srq_wrs"), cica.limit("max_srq_sges")
