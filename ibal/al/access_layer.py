@@ -65,11 +65,6 @@ class AccessLayer(AlObject):
         self._timers.close()
 
     @property
-    def manager(self) -> AlManager:
-        """The manager whose CAs this AL sees."""
-        return self._mgr
-
-    @property
     def closed(self) -> bool:
         return self._state is not READY
 

@@ -6,8 +6,15 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ibal.al.cq import CompCallback, Cq
-from ibal.al.obj import READY, AlObject, CaObject, DestroyCallback, SyncDestroy
-from ibal.al.pd import Pd, _check_cb
+from ibal.al.obj import (
+    AlObject,
+    CaObject,
+    DestroyCallback,
+    SyncDestroy,
+    check_callback,
+    is_handle_of,
+)
+from ibal.al.pd import Pd
 from ibal.ci.interface import Capabilities
 from ibal.status import (
     InvalidCaHandle,
@@ -193,8 +200,8 @@ class Ca(CaObject):
     ) -> Cq:
         """``ib_create_cq``: ``comp_cb(cq, context)`` runs on the dispatcher after a rearm."""
         self._check()
-        _check_cb(comp_cb, "comp_cb")
-        _check_cb(event_cb, "event_cb")
+        check_callback(comp_cb, "comp_cb")
+        check_callback(event_cb, "event_cb")
         cq = Cq(self, comp_cb, event_cb, context)
         cq._check_size(size)
 
@@ -216,12 +223,7 @@ class Ca(CaObject):
         allowed = (Pd, Cq, Av, Qp, Mr, Mw)
         objs = list(handles)
         for h in objs:
-            if (
-                not isinstance(h, allowed)
-                or h._al is not self._al
-                or h._cica is not self._cica
-                or h._state is not READY
-            ):
+            if not is_handle_of(h, allowed, self._al, self._cica):
                 raise InvalidHandle(f"{h!r} cannot be passed to ci_call")
         used: list[AlObject] = []
         try:
@@ -233,7 +235,7 @@ class Ca(CaObject):
                 used.append(h)
             self._use()
             used.append(self)
-            return self._ci.vendor_call(self._h, [h._h for h in objs], op)
+            return self._ci.vendor_call(self._h, [h.ci_handle for h in objs], op)
         finally:
             for h in used:
                 h._unuse()

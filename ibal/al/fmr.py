@@ -156,7 +156,7 @@ class Fmr(CaObject):
                     keys = self._ci.map_phys_fmr(self._h, views, vaddr)
                 else:
                     addrs = [addr for _, _, addr in pinned]
-                    keys = self._h.map(self._ci, self._pd._h, views, addrs, vaddr)
+                    keys = self._h.map(self._ci, self._pd.ci_handle, views, addrs, vaddr)
                 with self._lock:
                     self._pinned = [export for _, export, _ in pinned]
                     self._mapped = True

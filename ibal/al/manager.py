@@ -77,7 +77,8 @@ class AlManager:
         self._pnp_regs: dict[PnpRegistration, None] = {}  # in registration order
         self.pnp_callback_errors = 0
         """PnP callbacks that raised (each logged with its registration and event)."""
-        self._pnp_coalesced = 0
+        self.pnp_coalesced = 0
+        """Port-change PnP events dropped because a newer one replaced them (slow clients)."""
         self.io_devices = IoDevices(self)
         """The IOUs, IOCs and IOC paths reported (raised as IOU / IOC PnP events)."""
         self._providers: list[Provider] = []
@@ -251,17 +252,6 @@ class AlManager:
                 del self._closing[cica.guid]
             cica.closed.set()
             self._cond.notify_all()
-
-    @property
-    def pnp_coalesced(self) -> int:
-        """Port-change PnP events dropped because a newer one replaced them (slow clients)."""
-        return self._pnp_coalesced
-
-    def _pnp_callback_failed(self, reg: PnpRegistration, rec: pnp.PnpRec) -> None:
-        """PnP thread: a client's callback raised; report it, the other clients go on."""
-        self.pnp_callback_errors += 1
-        log.exception("ibal: PnP callback %r of %r raised on %s (guid 0x%016x, ca 0x%016x)",
-                      reg._callback, reg, rec.event.name, rec.guid, rec.ca_guid)
 
     def _pnp_port_change(self, cica: CiCa, code: AsyncEvent, port_num: int) -> None:
         """Misc-queue task: a port event arrived; PnP events for what changed.

@@ -12,9 +12,11 @@ import contextlib
 import ctypes
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from ibal.al.obj import READY, CaObject, busy_if, check_handle
+from ibal import qp_fsm
+from ibal.al.bases import PdBase, QpBase
+from ibal.al.obj import CaObject, busy_if, check_handle
 from ibal.status import (
     InvalidMrHandle,
     InvalidMwHandle,
@@ -32,6 +34,7 @@ from ibal.types import (
     MrKeys,
     MrModMask,
     PhysCreate,
+    QpState,
     QpType,
     Sge,
 )
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
     from ibal.al.qp import Qp
 
 _MOD_VALID = int(MrModMask.ADDR | MrModMask.PD | MrModMask.ACCESS)
+_BIND_STATES = frozenset(s for s in QpState if qp_fsm.sends_execute(s))
 
 
 def check_access(access: object, cica: CiCa) -> AccessFlags:
@@ -231,9 +235,9 @@ class Mr(CaObject):
         )
 
     def _new_pd(self, pd: Pd | None) -> Pd | None:
-        from ibal.al.pd import Pd
-
-        return check_handle(pd, Pd, self._al, self._cica) if pd is not None else None
+        if pd is None:
+            return None
+        return cast("Pd", check_handle(pd, PdBase, self._al, self._cica))
 
     def _reregister(
         self,
@@ -255,7 +259,7 @@ class Mr(CaObject):
                 new_pd._ref("child")
             self._inuse.append(None)  # as _use(), under the lock already
         try:
-            keys = call(new_pd._h if new_pd is not None else None)
+            keys = call(new_pd.ci_handle if new_pd is not None else None)
         except BaseException:
             if new_pd is not None:
                 with self._lock:
@@ -279,17 +283,15 @@ class Mr(CaObject):
 
     def reg_shared(self, pd: Pd, access: AccessFlags, vaddr: int = 0) -> Mr:
         """``ib_reg_shared``: a new region on ``pd`` over this region's pages."""
-        from ibal.al.pd import Pd
-
         self._check()
-        target = check_handle(pd, Pd, self._al, self._cica)
+        target = cast("Pd", check_handle(pd, PdBase, self._al, self._cica))
         flags = check_access(access, self._cica)
         if type(vaddr) is not int or vaddr < 0:
             raise InvalidParameter("vaddr must be a non-negative int")
         mr = Mr(target, self._buffer, self._export, flags, source=self)
 
         def make() -> None:
-            mr._set_keys(self._ci.register_smr(self._h, target._h, flags, vaddr))
+            mr._set_keys(self._ci.register_smr(self._h, target.ci_handle, flags, vaddr))
 
         return target._spawn(mr, make, pins=(self,))
 
@@ -353,16 +355,14 @@ class Mw(CaObject):
 
     def bind(self, qp: Qp, bind: BindWr) -> int:
         """``ib_bind_mw``: bind (``length > 0``) or unbind; returns the new R_KEY."""
-        from ibal.al.qp import _SEND_STATES, Qp
-
         self._check()
-        qp = check_handle(qp, Qp, self._al, self._cica)
+        qp = cast("Qp", check_handle(qp, QpBase, self._al, self._cica))
         if self.mw_type != 1:
             raise InvalidParameter("a type 2 window is bound by a BIND_MW work request")
         if not isinstance(bind, BindWr):
             raise InvalidParameter("a BindWr is required")
-        if qp._qp_type not in (QpType.RC, QpType.UC):
-            raise InvalidServiceType(f"{qp._qp_type.name} QPs cannot bind windows")
+        if qp.qp_type not in (QpType.RC, QpType.UC):
+            raise InvalidServiceType(f"{qp.qp_type.name} QPs cannot bind windows")
         if type(bind.length) is not int or bind.length < 0:
             raise InvalidParameter("length must be a non-negative int")
         mr: Mr | None = None
@@ -375,12 +375,12 @@ class Mw(CaObject):
             # A window's rights are remote ones; whether the region allows them
             # (local write under remote write, MW_BIND) is the provider's check.
             raise InvalidParameter(f"bad access flags {access!r}")
-        if qp._pd is not self._pd:
+        if qp.pd is not self._pd:
             raise InvalidParameter("the window and the QP are on different PDs")
-        if qp._qp_state not in _SEND_STATES:
-            raise InvalidQpState(f"QP is {qp._qp_state.name}")
+        if qp.state not in _BIND_STATES:
+            raise InvalidQpState(f"QP is {qp.state.name}")
         wr = BindWr(
-            mr._h if mr is not None else None,
+            mr.ci_handle if mr is not None else None,
             bind.addr,
             bind.length,
             bind.access,
@@ -390,13 +390,13 @@ class Mw(CaObject):
         )
         self._use()
         try:
-            rkey = self._ci.bind_mw(self._h, qp._h, wr)
+            rkey = self._ci.bind_mw(self._h, qp.ci_handle, wr)
         finally:
             self._unuse()
         with self._lock:
             if self._bound_mr is not None:
                 self._bound_mr._bound_mws.pop(self, None)
-            self._bound_mr = mr if bind.length and mr is not None and mr._state is READY else None
+            self._bound_mr = mr if bind.length and mr is not None and mr.alive else None
             if self._bound_mr is not None:
                 self._bound_mr._bound_mws[self] = None
             self.rkey = rkey

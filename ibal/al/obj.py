@@ -182,6 +182,17 @@ class AlObject:
         return self._state is READY
 
     @property
+    def manager(self) -> AlManager:
+        """The manager the object lives under (its CAs, callback queues, timers)."""
+        return self._mgr
+
+    @property
+    def ci_handle(self) -> Any:
+        """The provider's handle of the object, what the AL passes the provider's verbs in
+        its place (``None`` before the provider made it and once it is gone)."""
+        return self._h
+
+    @property
     def stash(self) -> Stash:
         """Typed per-client data for layers built on this handle (see :mod:`ibal.al.stash`)."""
         if self._stash is None:
@@ -590,6 +601,28 @@ def busy_if(users: Iterable[AlObject], what: str) -> None:
     alive = sum(1 for u in users if u._state is READY or u._state is INIT)
     if alive:
         raise ResourceBusy(f"{alive} {what} still in use")
+
+
+def check_callback(cb: object, name: str) -> None:
+    """``InvalidParameter`` unless ``cb`` (argument ``name``) is ``None`` or callable."""
+    if cb is not None and not callable(cb):
+        raise InvalidParameter(f"{name} must be callable")
+
+
+def is_handle_of(
+    obj: object,
+    cls: type[AlObject] | tuple[type[AlObject], ...],
+    al: AlObject | None,
+    cica: CiCa | None = None,
+) -> bool:
+    """Whether ``obj`` is a live ``cls`` (of access layer ``al`` and CA ``cica``, those
+    given): :func:`check_handle`'s test, for callers that report instead of raising."""
+    return (
+        isinstance(obj, cls)
+        and obj._state is READY
+        and (al is None or obj._al is al)
+        and (cica is None or getattr(obj, "_cica", cica) is cica)
+    )
 
 
 def check_handle(obj: object, cls: type[_T], al: AlObject, cica: CiCa | None = None) -> _T:

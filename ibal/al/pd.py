@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, Any, overload
 from ibal.al import mad_port
 from ibal.al.alias import AliasQp
 from ibal.al.av import Av, check_av_attr
+from ibal.al.bases import PdBase
 from ibal.al.cq import Cq
 from ibal.al.fmr import EmulatedFmr, Fmr
 from ibal.al.mr import Mr, Mw, check_access, check_phys_create, pin_buffer
-from ibal.al.obj import CaObject, DestroyCallback, SyncDestroy, check_handle
+from ibal.al.obj import DestroyCallback, SyncDestroy, check_callback, check_handle
 from ibal.al.qp import EventCallback, Qp, QpCreate, check_qp_create
 from ibal.al.shmid import open_segment
 from ibal.al.srq import Srq, check_srq_attr
@@ -19,7 +20,6 @@ from ibal.status import (
     InvalidMaxSge,
     InvalidMaxWrs,
     InvalidParameter,
-    InvalidPdHandle,
     InvalidPort,
     InvalidSetting,
     Unsupported,
@@ -35,17 +35,10 @@ _EMULATED_MAX_PAGES = 1 << 20
 """The most pages an emulated FMR maps (its regions' size is the CA's limit too)."""
 
 
-def _check_cb(cb: object, name: str) -> None:
-    if cb is not None and not callable(cb):
-        raise InvalidParameter(f"{name} must be callable")
-
-
-class Pd(CaObject):
+class Pd(PdBase):
     """``ib_alloc_pd``'s handle; ``dealloc`` cascades to everything created on it."""
 
-    _invalid = InvalidPdHandle
     _rank = 60
-    _kind = "PD"
 
     def __init__(self, ca: Ca, pd_type: PdType, context: Any) -> None:
         super().__init__(ca, context)
@@ -101,7 +94,7 @@ class Pd(CaObject):
         srq = check_handle(create.srq, Srq, self._al, cica) if create.srq is not None else None
         if srq is not None and qp_type not in _SRQ_QP_TYPES:
             raise InvalidSetting(f"{qp_type.name} QPs cannot use an SRQ")
-        _check_cb(event_cb, "event_cb")
+        check_callback(event_cb, "event_cb")
         caps = cica.capabilities
         provider_type = qp_type
         if qp_type is QpType.MAD and QpType.MAD not in caps.qp_types:
@@ -116,9 +109,9 @@ class Pd(CaObject):
                 self._h,
                 provider_type,
                 create.caps(),
-                send_cq._h,
-                recv_cq._h,
-                srq._h if srq is not None else None,
+                send_cq.ci_handle,
+                recv_cq.ci_handle,
+                srq.ci_handle if srq is not None else None,
                 bool(create.sq_signaled),
                 qp,
             )
@@ -182,7 +175,7 @@ class Pd(CaObject):
         recv_cq = check_handle(create.recv_cq, Cq, self._al, cica)
         if create.srq is not None:
             raise InvalidParameter("special QPs do not use an SRQ")
-        _check_cb(event_cb, "event_cb")
+        check_callback(event_cb, "event_cb")
         caps = cica.capabilities
         if qp_type not in caps.special_qps:
             raise Unsupported(f"{qp_type.name} QPs: {caps.reason('special_qps')}")
@@ -190,7 +183,8 @@ class Pd(CaObject):
 
         def make() -> None:
             created = self._ci.create_spl_qp(
-                self._h, port.port_num, qp_type, create.caps(), send_cq._h, recv_cq._h, qp
+                self._h, port.port_num, qp_type, create.caps(), send_cq.ci_handle,
+                recv_cq.ci_handle, qp,
             )
             qp._created(created.handle, created.attr)
 
@@ -216,7 +210,7 @@ class Pd(CaObject):
         self._check()
         cica = self._cica
         attr = check_srq_attr(attr)
-        _check_cb(event_cb, "event_cb")
+        check_callback(event_cb, "event_cb")
         if not cica.capabilities.srq:
             raise Unsupported(cica.capabilities.reason("srq"))
         max_wr, max_sge = cica.limit("max_srq_wrs"), cica.limit("max_srq_sges")

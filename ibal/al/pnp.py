@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ibal.al.dispatcher import log
 from ibal.al.obj import DESTROYED, SYNC_DESTROY, AlObject, DestroyCallback, SyncDestroy
 from ibal.status import InvalidHandle, InvalidParameter, Status, Timeout
 from ibal.types import CaAttr, IocInfo, IouInfo, LinkState, PortAttr
@@ -189,6 +190,13 @@ DeviceKey = tuple[str, int]
 """What a per-device context is kept under: ("ca" | "port" | "iou" | "ioc", GUID)."""
 
 
+_STATES = frozenset({PnpEvent.PORT_DOWN, PnpEvent.PORT_INIT, PnpEvent.PORT_ARMED,
+                     PnpEvent.PORT_ACTIVE})
+_COALESCED = _STATES | {PnpEvent.PKEY_CHANGE, PnpEvent.SM_CHANGE, PnpEvent.GID_CHANGE,
+                        PnpEvent.LID_CHANGE, PnpEvent.SUBNET_TIMEOUT_CHANGE}
+"""Port changes a slow registration gets only the latest of (``post_event``)."""
+
+
 class PnpRegistration(AlObject):
     """``ib_reg_pnp``'s handle; ``dereg()`` is ``ib_dereg_pnp``."""
 
@@ -215,6 +223,35 @@ class PnpRegistration(AlObject):
         self._current: PnpRec | None = None  # the record of the callback running, if any
         # Port changes posted but not yet started, per port: event -> record fields.
         self._pending: dict[DeviceKey, dict[PnpEvent, dict[str, Any]]] = {}
+
+    def post_event(self, event: PnpEvent, key: DeviceKey | None, fields: dict[str, Any]) -> None:
+        """Queue ``event`` for this registration (``fields`` are :class:`PnpRec` fields).
+
+        The caller holds the manager lock.  Port changes coalesce: while the
+        registration has changes of a port queued and not started, a newer change
+        of the same kind replaces the older one (a newer link state replaces any
+        older state) and moves to the end, so a slow client sees each kind once,
+        with the latest attributes.  Any other event for the port closes the
+        batch, so ADD/REMOVE order is untouched.
+        """
+        queue = self._mgr.queues.pnp
+        if key is None or event not in _COALESCED:
+            if key is None:  # REG_COMPLETE: no live change may move before it
+                self._pending.clear()
+            else:
+                self._pending.pop(key, None)
+            queue.post(self._deliver, event, key, fields)
+            return
+        changes = self._pending.get(key)
+        if changes is None:
+            changes = self._pending[key] = {event: fields}
+            queue.post(self._deliver_changes, key, changes)
+            return
+        replaced = [e for e in changes if e is event or (event in _STATES and e in _STATES)]
+        for e in replaced:
+            del changes[e]
+        changes[event] = fields
+        self._mgr.pnp_coalesced += len(replaced)
 
     def dereg(
         self,
@@ -287,7 +324,9 @@ class PnpRegistration(AlObject):
                 result = self._callback(rec)
             except Exception:
                 # One client's bug must not stop the others; its device stays accepted.
-                self._mgr._pnp_callback_failed(self, rec)
+                self._mgr.pnp_callback_errors += 1
+                log.exception("ibal: PnP callback %r of %r raised on %s (guid 0x%016x, ca 0x%016x)",
+                              self._callback, self, rec.event.name, rec.guid, rec.ca_guid)
                 result = None
             finally:
                 self._current = None

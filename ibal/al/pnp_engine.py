@@ -1,7 +1,7 @@
 """The PnP engine: which events a change makes, for whom, in which order; port-change coalescing.
 
 Every function runs under the manager lock and only queues deliveries on the
-manager's PnP queue (:meth:`PnpRegistration._deliver` runs them), so the order
+manager's PnP queue (:meth:`PnpRegistration.post_event` queues them), so the order
 of events is global.  The registrations passed are in delivery order
 (:func:`ibal.al.pnp.ordered`): ADDs walk them forwards, REMOVEs backwards.
 """
@@ -17,40 +17,10 @@ from ibal.types import CaAttr, PortAttr
 if TYPE_CHECKING:
     from ibal.al.cica import CiCa
 
-_STATES = frozenset({PnpEvent.PORT_DOWN, PnpEvent.PORT_INIT, PnpEvent.PORT_ARMED,
-                     PnpEvent.PORT_ACTIVE})
-_COALESCED = _STATES | {PnpEvent.PKEY_CHANGE, PnpEvent.SM_CHANGE, PnpEvent.GID_CHANGE,
-                        PnpEvent.LID_CHANGE, PnpEvent.SUBNET_TIMEOUT_CHANGE}
-"""Port changes a slow registration gets only the latest of (see :func:`post`)."""
-
-
 def post(reg: PnpRegistration, event: PnpEvent, key: DeviceKey | None, **fields: Any) -> None:
-    """Queue ``event`` for ``reg`` (``fields`` are :class:`PnpRec` fields).
-
-    Port changes coalesce: while a registration has changes of a port queued
-    and not started, a newer change of the same kind replaces the older one
-    (a newer link state replaces any older state) and moves to the end, so a
-    slow client sees each kind once, with the latest attributes.  Any other
-    event for the port closes the batch, so ADD/REMOVE order is untouched.
-    """
-    queue = reg._mgr.queues.pnp
-    if key is None or event not in _COALESCED:
-        if key is None:  # REG_COMPLETE: no live change may move before it
-            reg._pending.clear()
-        else:
-            reg._pending.pop(key, None)
-        queue.post(reg._deliver, event, key, fields)
-        return
-    changes = reg._pending.get(key)
-    if changes is None:
-        changes = reg._pending[key] = {event: fields}
-        queue.post(reg._deliver_changes, key, changes)
-        return
-    replaced = [e for e in changes if e is event or (event in _STATES and e in _STATES)]
-    for e in replaced:
-        del changes[e]
-    changes[event] = fields
-    reg._mgr._pnp_coalesced += len(replaced)
+    """Queue ``event`` for ``reg`` (``fields`` are :class:`PnpRec` fields); port changes
+    coalesce (:meth:`PnpRegistration.post_event`)."""
+    reg.post_event(event, key, fields)
 
 
 def _post(reg: PnpRegistration, event: PnpEvent, key: DeviceKey | None, ca_guid: int,
@@ -83,10 +53,10 @@ def replay(reg: PnpRegistration, cicas: list[CiCa], done: threading.Event | None
     for cica in cicas:
         _ca_events(reg, cica, True)
         _port_events(reg, cica, True)
-    reg._mgr.io_devices.replay(reg)
+    reg.manager.io_devices.replay(reg)
     _post(reg, PnpEvent.REG_COMPLETE, None, 0, 0, None, None)
     if done is not None:
-        reg._mgr.queues.pnp.post(done.set)
+        reg.manager.queues.pnp.post(done.set)
 
 
 def ca_added(regs: list[PnpRegistration], cica: CiCa) -> None:

@@ -28,7 +28,6 @@ from ibal.status import (
     InvalidParameter,
     InvalidPkey,
     InvalidPort,
-    InvalidQpHandle,
     InvalidQpState,
     InvalidServiceType,
     InvalidSetting,
@@ -59,7 +58,6 @@ if TYPE_CHECKING:
 
 EventCallback = Callable[[AsyncEventRec], object]
 
-_SEND_STATES = frozenset(s for s in QpState if qp_fsm.sends_execute(s))  # binds (mr.py)
 _RAW = (QpType.RAW_IPV6, QpType.RAW_ETHER)
 _ALIAS = (QpType.QP0_ALIAS, QpType.QP1_ALIAS)
 
@@ -136,9 +134,7 @@ def check_qp_create(create: object, cica: CiCa) -> QpCreate:
 class Qp(QpWork):
     """``ib_create_qp`` / ``ib_get_spl_qp``'s handle."""
 
-    _invalid = InvalidQpHandle
     _rank = 20
-    _kind = "QP"
 
     def __init__(
         self,
@@ -182,20 +178,6 @@ class Qp(QpWork):
     def num(self) -> int:
         """The QP number."""
         return self._num
-
-    @property
-    def qp_type(self) -> QpType:
-        return self._qp_type
-
-    @property
-    def pd(self) -> Pd:
-        return self._pd
-
-    @property
-    def state(self) -> QpState:
-        """The state as the AL knows it: set by ``modify``/``query`` and moved by the
-        errors the provider reports (async events, error completions polled)."""
-        return self._qp_state
 
     @property
     def send_cq(self) -> Cq:

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 from ibal import qp_fsm
 from ibal.al import ranges, wrcheck
 from ibal.al.av import Av
+from ibal.al.bases import QpBase
 from ibal.al.cq import Cq
-from ibal.al.obj import READY, CaObject
+from ibal.al.obj import READY, is_handle_of
 from ibal.status import (
     IbError,
     InvalidParameter,
@@ -46,7 +47,6 @@ from ibal.types import (
 )
 
 if TYPE_CHECKING:
-    from ibal.al.pd import Pd
     from ibal.al.srq import Srq
 
 __all__ = ["DRAIN_RECV_WR_ID", "DRAIN_SEND_WR_ID", "QpWork"]
@@ -61,15 +61,12 @@ _RECV_STATES = frozenset(s for s in QpState if qp_fsm.can_post_recv(s))
 _RAW = (QpType.RAW_IPV6, QpType.RAW_ETHER)
 
 
-class QpWork(CaObject):
+class QpWork(QpBase):
     """Posting and draining (the base of :class:`~ibal.al.qp.Qp`, which sets these)."""
 
-    _pd: Pd
-    _qp_type: QpType
     _send_cq: Cq
     _recv_cq: Cq
     _srq: Srq | None
-    _qp_state: QpState
     _num: int
     _port_num: int | None
     _translate: bool
@@ -134,17 +131,17 @@ class QpWork(CaObject):
 
         mw, bind = wr.mw, wr.bind
         assert bind is not None  # wrcheck saw to it
-        if not isinstance(mw, Mw) or mw._state is not READY or mw._cica is not self._cica:
+        if not is_handle_of(mw, Mw, None, self._cica):
             return post_error(Status.INVALID_MW_HANDLE, i, "BIND_MW: bad window"), wr
         if mw.mw_type != 2:
             return post_error(Status.INVALID_PARAMETER, i, "BIND_MW binds type 2 windows; "
                               "type 1 ones are bound with mw.bind()"), wr  # fmt: skip
         mr = bind.mr
-        if not isinstance(mr, Mr) or mr._state is not READY or mr._cica is not self._cica:
+        if not is_handle_of(mr, Mr, None, self._cica):
             return post_error(Status.INVALID_MR_HANDLE, i, "BIND_MW: bad region"), wr
-        b = BindWr(mr._h, bind.addr, bind.length, bind.access, bind.current_rkey, bind.wr_id,
-                   bind.send_opt)  # fmt: skip
-        return None, dataclasses.replace(wr, mw=mw._h, bind=b)
+        b = BindWr(mr.ci_handle, bind.addr, bind.length, bind.access, bind.current_rkey,
+                   bind.wr_id, bind.send_opt)  # fmt: skip
+        return None, dataclasses.replace(wr, mw=mw.ci_handle, bind=b)
 
     def _translate_avs(self, wrs: Sequence[SendWr]) -> Sequence[SendWr]:
         """Copies of ``wrs`` naming the provider's AV handles (the consumer's are untouched).
@@ -159,12 +156,7 @@ class QpWork(CaObject):
                 out.append(wr)
                 continue
             av = ud.av
-            if (
-                not isinstance(av, Av)
-                or av._state is not READY
-                or av._al is not self._al
-                or av._cica is not self._cica
-            ):
+            if not is_handle_of(av, Av, self._al, self._cica):
                 if i:
                     self._ci.post_send(self._h, out)
                 raise post_error(Status.INVALID_AV_HANDLE, i, "bad AV in the work request")
@@ -179,7 +171,7 @@ class QpWork(CaObject):
                     wr.rkey,
                     wr.compare_add,
                     wr.swap,
-                    UdDest(av._h, ud.remote_qp, ud.remote_qkey, ud.pkey_index),
+                    UdDest(av.ci_handle, ud.remote_qp, ud.remote_qkey, ud.pkey_index),
                 )
             )
         return out
