@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import World, close_world_parts, open_world
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from robust_world import World, close_world_parts, open_world
 
 import ibal
 import ibal.cm

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import World, close_world_parts, open_world
+from robust_world import World, close_world_parts, open_world
 
 from ibal.status import IbError, InvalidParameter, PostError, Status
 from ibal.testing.helpers import Pair, RcTiming, make_pair, wait_wc
