@@ -15,6 +15,7 @@ from ibal.al.obj import (
     is_handle_of,
 )
 from ibal.al.pd import Pd
+from ibal.al.ranges import check_port_attr_mod
 from ibal.ci.interface import Capabilities
 from ibal.status import (
     InvalidCaHandle,
@@ -154,8 +155,7 @@ class Ca(CaObject):
             raise InvalidPort(f"CA {self.name} has no port {port_num!r}")
         if not isinstance(ca_mod, int) or int(ca_mod) & ~int(CA_MOD_VALID):
             raise InvalidParameter(f"unknown ca_mod bits in {ca_mod!r}")
-        if not isinstance(port_attr_mod, PortAttrMod):
-            raise InvalidParameter("a PortAttrMod is required")
+        check_port_attr_mod(port_attr_mod)
         mod = CaMod(int(ca_mod))
         caps = self._cica.capabilities
         if mod & (CaMod.QKEY_CTR | CaMod.PKEY_CTR) and not caps.violation_counters:

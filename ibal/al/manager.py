@@ -419,15 +419,22 @@ def open_al(
             raise InvalidParameter("clock= makes a private manager: name the providers too")
         return default_manager().open_al()
     items: list[tuple[str, Mapping[str, Any]]]
-    if isinstance(providers, Mapping):
-        items = [(str(k), v or {}) for k, v in providers.items()]
+    given: Any = providers
+    if isinstance(given, Mapping):
+        items = [(str(k), {} if v is None else v) for k, v in given.items()]
         for name, options in items:
             if not isinstance(options, Mapping):
                 raise InvalidParameter(f"provider {name!r}: options are a dict: {options!r:.40}")
     elif isinstance(providers, str):
         items = [(providers, {})]
-    elif isinstance(providers, Sequence):
-        items = [(str(n), {}) for n in providers]
+    elif isinstance(given, Sequence) and not isinstance(given, (bytes, bytearray)):
+        try:
+            names: list[Any] = list(given)
+        except ValueError:  # a released memoryview
+            names = [None]
+        if not all(isinstance(n, str) for n in names):
+            raise InvalidParameter(f"providers is a list of names, not {providers!r:.40}")
+        items = [(n, {}) for n in names]
     else:
         raise InvalidParameter("providers is None, a list of names or a dict of options")
     mgr = AlManager(clock=clock)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ibal import qp_fsm
 from ibal.al.bases import PdBase, QpBase
 from ibal.al.obj import CaObject, busy_if, check_handle
+from ibal.al.ranges import U64
 from ibal.status import (
     InvalidMrHandle,
     InvalidMwHandle,
@@ -365,6 +366,8 @@ class Mw(CaObject):
             raise InvalidServiceType(f"{qp.qp_type.name} QPs cannot bind windows")
         if type(bind.length) is not int or bind.length < 0:
             raise InvalidParameter("length must be a non-negative int")
+        if type(bind.wr_id) is not int or not 0 <= bind.wr_id <= U64:
+            raise InvalidParameter(f"BindWr.wr_id {bind.wr_id!r:.30} is not a 64-bit int")
         mr: Mr | None = None
         if bind.length or bind.mr is not None:
             mr = check_handle(bind.mr, Mr, self._al, self._cica)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Final, cast
 
 from ibal.status import InvalidParameter
-from ibal.types import AvAttr, Gid, Grh, QpMod, QpState
+from ibal.types import AvAttr, Gid, Grh, PortAttrMod, QpMod, QpState
 
 U8: Final = 0xFF
 U16: Final = 0xFFFF
@@ -40,6 +40,8 @@ GRH_FIELDS: Final = (
     ("hop_limit", U8),
     ("traffic_class", U8),
 )
+# PortInfo's CapabilityMask (32 bits), InitTypeReply (8: IBA 14.2.5.6 keeps 4), a GUID.
+PORT_MOD_FIELDS: Final = (("cap", U32), ("init_type", U8), ("system_image_guid", U64))
 # port_num and pkey_index have their own statuses (InvalidPort, InvalidPkey), the
 # depths theirs (InvalidSetting, InvalidMaxWrs): the qp module checks those.
 QPMOD_FIELDS: Final = (
@@ -97,6 +99,15 @@ def check_av(attr: AvAttr) -> None:
             why = f"Grh.dgid must be a Gid (an IPv6Address), not {dgid!r:.40}"
         else:
             why = out_of_range(grh, GRH_FIELDS, "Grh")
+    if why is not None:
+        raise InvalidParameter(why)
+
+
+def check_port_attr_mod(mod: object) -> None:
+    """``InvalidParameter`` unless ``mod`` is a ``PortAttrMod`` whose fields fit their widths."""
+    if not isinstance(mod, PortAttrMod):
+        raise InvalidParameter(f"a PortAttrMod is required, not {type(mod).__name__}")
+    why = out_of_range(mod, PORT_MOD_FIELDS, "PortAttrMod")
     if why is not None:
         raise InvalidParameter(why)
 

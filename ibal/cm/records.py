@@ -295,7 +295,7 @@ class CmListen:
     sidr_context: Any = None
     backlog: int = 128
     """Half-open connections the listen holds at most (``rdma_listen``'s backlog): a REQ
-    beyond them gets REJ "no resources" (IBA 12.6.7.2, reason 3) and no endpoint."""
+    beyond them gets REJ "no resources" (REJ reason 3) and no endpoint."""
 
     @property
     def compare_length(self) -> int:

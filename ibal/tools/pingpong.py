@@ -11,13 +11,13 @@ Only the access layer's public API is used.
 
 from __future__ import annotations
 
-import random
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import ibal
+from ibal import osrandom
 from ibal.al import AccessLayer, ConnectOptions, Endpoint, QpCreate, preferred_gid
 from ibal.status import IbError
 from ibal.tools.common import (
@@ -260,7 +260,7 @@ class _Session:
             gid = entry.gid.packed
         elif roce:  # the real tools would send a zero GID here, which cannot work on RoCE
             gid = preferred_gid(port).gid.packed
-        psn = random.getrandbits(24)  # lrand48() & 0xffffff
+        psn = osrandom.randbits(24)  # lrand48() & 0xffffff in the C tools; the OS here
         return WireDest(0 if roce else port.lid, self.qp.num, psn, gid)
 
     def connect(self, local: WireDest, remote: WireDest) -> None:

@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import World, close_world_parts, open_world
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from robust_world import World, close_world_parts, open_world
 
 import ibal
 import ibal.cm
@@ -28,7 +28,9 @@ from ibal.status import IbError
 from ibal.testing.helpers import make_pair
 from ibal.types import (
     AvAttr,
+    BindWr,
     Grh,
+    PortAttrMod,
     QpMod,
     QpState,
     QpType,
@@ -176,6 +178,11 @@ CALLS.update({
     "mr.rereg": lambda e, j: e.pair.a.pd.reg_mem(bytearray(64), 8).rereg(
         j[0], buffer=j[1], access=j[2], pd=j[3]),
     "ca.local_mad": lambda e, j: e.w.ca0.local_mad(j[0], j[1]),
+    "ca.modify": lambda e, j: e.w.ca0.modify(j[0], j[1], PortAttrMod(j[2], j[3], j[4])),
+    "mw.bind": lambda e, j: e.pair.a.pd.create_mw(1).bind(e.pair.a.qp, BindWr(
+        e.pair.a.mr if j[0] is None else j[0], j[1], j[2], j[3], j[4], j[5])),
+    "srq.post_recv": lambda e, j: e.pair.a.pd.create_srq(SrqAttr()).post_recv(
+        RecvWr(j[0], [Sge(e.pair.a.mr.vaddr, j[1], j[2])] if j[3] is None else j[3])),
 })
 
 OUTCOMES: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)

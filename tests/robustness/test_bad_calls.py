@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import World, need_root
+from robust_world import World, need_root
 
 import ibal
 import ibal.cm

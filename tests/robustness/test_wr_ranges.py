@@ -16,12 +16,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import World, close_world_parts, open_world
+from robust_world import World, close_world_parts, open_world
 
+import ibal.status
 from ibal.status import IbError, InvalidParameter, PostError, Status
 from ibal.testing.helpers import Pair, RcTiming, make_pair, wait_wc
 from ibal.types import (
+    AccessFlags,
     AvAttr,
+    BindWr,
     Grh,
     QpMod,
     QpState,
@@ -180,3 +183,17 @@ def test_rxe_timer_thread_survives_a_work_request_no_packet_can_carry() -> None:
         assert timers and timers[0].is_alive()
     finally:
         close_world_parts(w.provider, w.mgr)
+
+
+def test_a_type_1_bind_with_a_wr_id_past_64_bits_is_refused(world: World) -> None:
+    p = make_pair(world.ca0, world.p0, world.ca1, world.p1, QpType.RC)
+    try:
+        mw = p.a.pd.create_mw(1)
+    except ibal.status.Unsupported:
+        pytest.skip(f"{world.name} has no type 1 windows")
+    bind = BindWr(mr=p.a.mr, addr=p.a.mr.vaddr, length=8, access=AccessFlags.RDMA_WRITE,
+                  current_rkey=mw.query()[1], wr_id=U64)  # fmt: skip
+    with pytest.raises(InvalidParameter):
+        mw.bind(p.a.qp, bind)
+    assert p.a.cq.poll() == []  # nothing was posted
+    assert mw.bind(p.a.qp, dataclasses.replace(bind, wr_id=5)) != bind.current_rkey

@@ -87,20 +87,22 @@ class RxeProvider(Provider):
         from ibal.providers.rxe.device import Registry
 
         self.registry = Registry(self._added, self._removed)
-        errors = []
+        errors, refused = [], []
         for spec in self._specs:
             try:
                 self.registry.create(spec)
             except KeyError as e:
-                errors.append(f"{spec.name}: no local interface has the address or name {e}")
-            except (OSError, ValueError) as e:
+                refused.append(f"{spec.name}: no local interface has the address or name {e}")
+            except ValueError as e:
+                refused.append(f"{spec.name}: {e}")
+            except OSError as e:  # the host's state (a port in use), not the option's fault
                 errors.append(f"{spec.name}: {e}")
-        if errors:
-            self.unavailable_reason = "; ".join(errors)
-            if self._explicit:
-                # devices the caller named must exist (docs/api.md: open_al raises); ones
-                # from the environment or the config file only make the provider unavailable
-                raise InvalidParameter(f"rxe devices option: {self.unavailable_reason}")
+        if errors or refused:
+            self.unavailable_reason = "; ".join(refused + errors)
+        if refused and self._explicit:
+            # devices the caller named must be possible (docs/api.md: open_al raises); ones
+            # from the environment or the config file only make the provider unavailable
+            raise InvalidParameter(f"rxe devices option: {'; '.join(refused)}")
 
     def stop(self) -> None:
         if self.registry is not None:
