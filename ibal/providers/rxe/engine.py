@@ -34,6 +34,8 @@ TIMER_TICK = 0.001
 """Timers run at most once per tick, as kernel rxe's run at jiffy resolution (its
 shortest RNR wait and ACK timeout are one jiffy): a 10 us RNR timer cannot spin."""
 
+_WRITE_FIRST = 0x06  # RC RDMA WRITE FIRST
+
 MCAST_QPN = 0xFFFFFF
 """The destination QPN of a multicast datagram (IBA 10.5.2.3)."""
 
@@ -105,15 +107,21 @@ class Engine:
             self._own = self.io.own
             touched: dict[Qp, None] = {}
             i = 0
+            arm = True
             while i < n:
-                if fast.arm(self.qps):
+                armed = arm and fast.arm(self.qps)
+                if armed:
                     i = fast.run(ring, i, n)
                     fast.sync(touched, self.counters)
                     if i >= n:
                         break
-                for pkt in decode_one(i):
+                pkts = decode_one(i)
+                for pkt in pkts:
                     self._dispatch(pkt, now, touched, True)
                 i += 1
+                # only a WRITE FIRST starts what C may continue; an armed QP's state
+                # may have moved with the packet, so it is armed afresh
+                arm = bool(armed) or any(p.opcode == _WRITE_FIRST for p in pkts)
             for qp in touched:
                 self._pump(qp, now)
             self._run_local(now)

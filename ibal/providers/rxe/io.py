@@ -471,6 +471,7 @@ class DeviceIO:
                     if fill(c_arena, len(arena), o, slot, m, udp, bytes(hdr), hlen, b4, psn0, j,
                             since, per, ackreq, c_data, len(data), off, mtu, len(pad),
                             prefix):  # fmt: skip
+                        batch.count = o0 // slot  # the reserved slots hold nothing: unqueue
                         raise ValueError("send_train: a packet falls outside its buffer")
                     o += m * slot
                 for k in range(j, j + m) if fill is None else ():

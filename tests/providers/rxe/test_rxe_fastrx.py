@@ -362,7 +362,7 @@ def test_each_unpredicted_packet_gets_the_pure_cores_answer(kind: str) -> None:
         pure.engine.close()
 
 
-@pytest.mark.parametrize("engine", ["c", "python"])
+@pytest.mark.parametrize("engine", ["c", "c-no-fast-rx", "python"])
 def test_writes_between_two_devices_land_through_the_engine_chosen(
     engine: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -376,9 +376,10 @@ def test_writes_between_two_devices_land_through_the_engine_chosen(
     from ibal.types import WcStatus
 
     need_root()
-    if engine == "c":
+    if engine != "python":
         need_c()
-    monkeypatch.setenv("IBAL_RXE_ENGINE", engine)
+    monkeypatch.setenv("IBAL_RXE_ENGINE", engine[0] if engine != "python" else engine)
+    monkeypatch.setenv("IBAL_RXE_FAST_RX", "0" if engine == "c-no-fast-rx" else "1")
     mgr = AlManager()
     mgr.add_provider(RxeProvider({"devices": "rxe_x0=127.0.0.177,rxe_x1=127.0.0.178"}))
     try:
@@ -396,5 +397,7 @@ def test_writes_between_two_devices_land_through_the_engine_chosen(
             assert pair.b.get(512 * k, len(data)) == data
         fast = cas[1].query_port_counters(1)["rx_fast"]
         assert fast == (6 * 4 if engine == "c" else 0)
+        assert cas[1].query().fw_version.endswith(f"({engine[0] if engine != 'python' else engine}"
+                                                  " engine)")  # fmt: skip
     finally:
         mgr.close()
