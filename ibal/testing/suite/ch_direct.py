@@ -353,11 +353,15 @@ class DirectChecks(ConformanceBase):
     @rules("ci:98", "al:29")
     def test_ci_ncomp_notify_bad_count_raises_invalid_parameter(self, rawca: RawCa) -> None:
         """ci-contract rule 98: enable_ncomp_cq_notify with 0 or more than the CQ holds →
-        IB_INVALID_PARAMETER (IB_UNSUPPORTED from a CA without it)."""
+        IB_INVALID_PARAMETER (IB_UNSUPPORTED from a CA without it); 1 and the CQ's size are
+        taken."""
         cq = rawca.cq(16)
         for n in (0, cq.size + 1):
             expected = InvalidParameter if rawca.ci.capabilities.rearm_n_cq else Unsupported
             with pytest.raises(expected):
+                rawca.ci.enable_ncomp_cq_notify(cq.handle, n)
+        if rawca.ci.capabilities.rearm_n_cq:
+            for n in (1, cq.size):  # both ends of the valid range are taken
                 rawca.ci.enable_ncomp_cq_notify(cq.handle, n)
 
     @rules("ci:99")
