@@ -148,11 +148,11 @@ class DirectChecks(ConformanceBase):
     # ------------------------------------------------------------- checks
     @rules("ci:26", "al:13")
     def test_ci_modify_ca_bad_port_raises_invalid_port(self, rawca: RawCa) -> None:
-        """ci-contract rule 26: ci_modify_ca on a port the CA lacks → IB_INVALID_PORT (or
-        IB_UNSUPPORTED from a CA without modify_ca)."""
+        """ci-contract rule 26: ci_modify_ca on a port the CA lacks → IB_INVALID_PORT (a CA
+        without modify_ca may say IB_UNSUPPORTED instead)."""
         caps = rawca.ci.capabilities
         bad = max(p.port_num for p in rawca.attr.ports) + 1
-        expected = InvalidPort if caps.modify_ca else Unsupported
+        expected: Any = InvalidPort if caps.modify_ca else (InvalidPort, Unsupported)
         with pytest.raises(expected):
             rawca.ci.modify_ca(rawca.h, bad, CaMod.IS_SNMP_SUPPORTED, PortAttrMod())
 
