@@ -187,7 +187,8 @@ def _rule_tables(found: list[Check]) -> list[str]:
         "### IBA verbs compliance statements → checks (`iba:NAME`)",
         "",
         f"{sum(1 for i in ids if i in proved)} of the {len(ids)} statements are proved by a "
-        "check; the IBA section is where the statement lives in Volume 1.",
+        "check; the IBA column is the Volume 1 section the checks cite (not re-read against "
+        "the specification here).",
         "",
         "| statement | group | IBA | what it says | checks |",
         "|---|---|---|---|---|",

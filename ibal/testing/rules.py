@@ -58,6 +58,9 @@ IBA: dict[str, tuple[str, str, str]] = {
     "mp.dead-keys": ("memory protection", "10.6.2",
                      "after deregister, rebind, invalidate or reregistration the old R_Key "
                      "reaches nothing, from a remote peer as well as locally"),
+    "mp.zero-length": ("memory protection", "9.7.4.1 (C9-88)",
+                       "a zero-length RDMA WRITE or READ needs no valid R_Key or address: it "
+                       "completes successfully and touches no memory"),
     "mp.untouched": ("memory protection", "10.6.3",
                      "a refused remote access changes no byte of the responder's memory"),
     "mp.window-bounds": ("memory protection", "10.6.7",

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from ibal import qp_fsm
 from ibal.ci.interface import (
     Handle,
     QpCreated,
@@ -42,6 +43,7 @@ from ibal.status import (
     InvalidMaxSge,
     InvalidMaxWrs,
     InvalidParameter,
+    InvalidQpState,
     InvalidServiceType,
     InvalidSrqHandle,
     PostError,
@@ -190,6 +192,11 @@ class QpVerbs(QpAttrs):
             try:
                 qp.pv.modify(attr, mask)
             except self._errs.PyverbsError as exc:
+                if qp_fsm.rule(qp.qp_type, old_state, mod.state) is None:
+                    # the kernel says EINVAL for any bad modify; the contract names this one
+                    raise InvalidQpState(
+                        f"ibv_modify_qp: {old_state.name} -> {mod.state.name} is no transition"
+                    ) from exc
                 raise translate(
                     exc, f"ibv_modify_qp to {mod.state.name}", {errno.EOPNOTSUPP: Unsupported}
                 ) from exc

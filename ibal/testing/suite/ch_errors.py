@@ -522,3 +522,26 @@ class ErrorCompletionChecks(ConformanceBase):
         wc = wait_wc(pair.a.cq)
         assert (wc.wr_id, wc.status) == (90, WcStatus.REM_ACCESS_ERR), wc.status.name
         assert buf == bytes(256), "a deregistered region's R_Key still wrote its memory"
+
+    @rules("iba:mp.zero-length", "iba:mp.untouched")
+    def test_zero_length_rdma_needs_no_valid_key(
+        self, ca: Ca, port: PortAttr, peer: tuple[Ca, PortAttr]
+    ) -> None:
+        """IBA C9-88: a zero-length RDMA WRITE or READ completes successfully with a valid
+        R_Key and address, and with neither (the responder validates nothing); no byte moves."""
+        pair = self.pair(ca, port, peer, QpType.RC, timing=PEER_TIMING)
+        ops = [WrType.RDMA_WRITE]
+        if pair.caps.supports_opcode(QpType.RC, WrType.RDMA_READ):
+            ops.append(WrType.RDMA_READ)
+        wr_id = 60
+        for op in ops:
+            bogus = pair.b.mr.rkey ^ 0x5A5A5A00
+            for rkey, addr in ((pair.b.mr.rkey, pair.b.remote(16)), (bogus, 0)):
+                wr_id += 1
+                pair.a.qp.post_send(SendWr(wr_id=wr_id, opcode=op, sg_list=[], remote_addr=addr,
+                                           rkey=rkey))  # fmt: skip
+                wc = wait_wc(pair.a.cq)
+                assert (wc.wr_id, wc.status) == (wr_id, WcStatus.SUCCESS), (
+                    f"zero-length {op.name} with R_Key {rkey:#x} at {addr:#x}: {wc.status.name}"
+                )
+        assert pair.b.get(0, 64) == bytes(64) and pair.a.get(0, 64) == bytes(64)

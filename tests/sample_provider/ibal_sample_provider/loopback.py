@@ -160,6 +160,10 @@ def _remote_memory(
     ca: SampleCa, peer: Qp, wqe: SendWqe, length: int, access: AccessFlags
 ) -> memoryview:
     """The responder's memory an RDMA names by R_KEY; ``REM_ACCESS_ERR`` if refused."""
+    if length == 0:
+        # IBA C9-88: a zero-length READ or WRITE need not carry a valid R_Key or address,
+        # so the responder checks neither (the QP's access rights were checked already).
+        return memoryview(bytearray())
     try:
         return ca.keys.translate(
             wqe.rkey, peer.pd, wqe.remote_addr, length, access, WcStatus.REM_ACCESS_ERR
