@@ -19,6 +19,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from bench_rxe_core import VADDR as CORE_VADDR
+from bench_rxe_core import Memory  # one region, keys unchecked: the core's cost alone
+
 from ibal.providers.mock import MockFabric
 from ibal.transport.core import QpCore
 from ibal.transport.qp import QpConfig
@@ -42,7 +45,7 @@ from ibal.types import (
 BIG = 65536
 SIZES = (8, BIG)
 OPS = (WrType.SEND, WrType.RDMA_WRITE, WrType.RDMA_READ)
-VADDR = 0x100000
+VADDR = CORE_VADDR  # where bench_rxe_core's Memory maps its region
 ACCESS = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.RDMA_READ
 QP_ACCESS = AccessFlags.RDMA_WRITE | AccessFlags.RDMA_READ
 
@@ -104,26 +107,6 @@ def mock_step(op: WrType, size: int) -> tuple[Callable[[], None], Callable[[], N
 
 
 # ------------------------------------------------------------------------ core
-class Memory:
-    """One region at ``VADDR``; keys are not checked (the core's cost, not a table's)."""
-
-    def __init__(self) -> None:
-        self.buf = memoryview(bytearray(2 * BIG))
-
-    def local(self, lkey: int, addr: int, length: int, write: bool) -> memoryview | None:
-        off = addr - VADDR
-        return self.buf[off : off + length]
-
-    def recv(self, lkey: int, addr: int, length: int) -> memoryview | None:
-        return self.local(lkey, addr, length, True)
-
-    def remote(self, rkey: int, va: int, length: int, access: int) -> memoryview | None:
-        return self.local(rkey, va, length, True)
-
-    def invalidate(self, rkey: int) -> bool:
-        return False
-
-
 class Recvs:
     """A receive queue."""
 
@@ -147,7 +130,7 @@ def core_step(op: WrType, size: int) -> Callable[[], None]:
         cfg.dest_qpn = peer
         cfg.mtu = 4096
         cfg.access = int(QP_ACCESS)
-        core = QpCore(cfg, Memory(), Recvs())
+        core = QpCore(cfg, Memory(2 * BIG), Recvs())
         for s in (QpState.INIT, QpState.RTR, QpState.RTS):
             core.set_state(s)
         cores.append(core)
