@@ -7,10 +7,12 @@ are observed through :class:`CallbackLog`, which wakes waiters as entries arrive
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +64,37 @@ BUF_SIZE = 8192
 
 
 # ------------------------------------------------------------------ waiting
+
+
+
+ROOT_REASON = "needs root (rxe's raw sockets need CAP_NET_RAW)"
+
+
+def need_root() -> None:
+    """Skip a test that needs rxe's raw sockets without root; with ``IBAL_LAB_REQUIRED``
+    set (CI), fail instead."""
+    import pytest
+
+    if os.geteuid() != 0:
+        if os.environ.get("IBAL_LAB_REQUIRED", "") not in ("", "0"):
+            pytest.fail(f"{ROOT_REASON} (IBAL_LAB_REQUIRED is set)", pytrace=False)
+        pytest.skip(ROOT_REASON)
+
+
+@contextmanager
+def rxe_al(devices: str, *, timeout: float | None = None) -> Iterator[AccessLayer]:
+    """An AL over a manager of its own with the rxe provider on ``devices``
+    (``name=addr,...``); root is required (:func:`need_root`)."""
+    need_root()
+    from ibal.al import AlManager
+    from ibal.providers.rxe.provider import RxeProvider
+
+    mgr = AlManager()
+    mgr.add_provider(RxeProvider({"devices": devices}))
+    try:
+        yield mgr.open_al()
+    finally:
+        mgr.close(timeout=timeout)
 
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = DEFAULT_TIMEOUT) -> None:

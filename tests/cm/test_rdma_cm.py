@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import ipaddress
-import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from ibal.al import AccessLayer, AlManager, Pd, QpCreate
+from ibal.al import AccessLayer, Pd, QpCreate
 from ibal.cm import cma, rdma, simple
 from ibal.status import InvalidParameter, InvalidSetting, Timeout
-from ibal.testing.helpers import ServerThread
+from ibal.testing.helpers import ServerThread, rxe_al
 from ibal.tools.common import ExchangeOptions, ExchangeResult
 from ibal.tools.rping import RpingError, RpingOptions, run
 from ibal.tools.rping_proto import ping_text
@@ -45,19 +44,8 @@ ACCESS = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.RDMA_REA
 
 @pytest.fixture(scope="module")
 def al() -> Iterator[AccessLayer]:
-    if os.geteuid() != 0:
-        why = "needs root (rxe's raw sockets need CAP_NET_RAW)"
-        if os.environ.get("IBAL_LAB_REQUIRED", "") not in ("", "0"):
-            pytest.fail(f"{why} (IBAL_LAB_REQUIRED is set)", pytrace=False)
-        pytest.skip(why)
-    from ibal.providers.rxe.provider import RxeProvider
-
-    mgr = AlManager()
-    mgr.add_provider(RxeProvider({"devices": f"rxe_rc0={A},rxe_rc1={B}"}))
-    try:
-        yield mgr.open_al()
-    finally:
-        mgr.close(timeout=WAIT)
+    with rxe_al(f"rxe_rc0={A},rxe_rc1={B}", timeout=WAIT) as al:
+        yield al
 
 
 def _pd(al: AccessLayer, ip: str) -> Pd:

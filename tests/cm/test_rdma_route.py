@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import os
 from collections.abc import Iterator
 
 import pytest
 
-from ibal.al import AccessLayer, AlManager
+from ibal.al import AccessLayer
 from ibal.cm.rdma import resolve_route
 from ibal.status import InvalidParameter, NotFound
+from ibal.testing.helpers import rxe_al
 from ibal.types import Gid, Mtu
 
 A, B = "127.0.0.41", "127.0.0.42"
@@ -24,19 +24,8 @@ A, B = "127.0.0.41", "127.0.0.42"
 
 @pytest.fixture(scope="module")
 def al() -> Iterator[AccessLayer]:
-    if os.geteuid() != 0:
-        why = "needs root (rxe's raw sockets need CAP_NET_RAW)"
-        if os.environ.get("IBAL_LAB_REQUIRED", "") not in ("", "0"):
-            pytest.fail(f"{why} (IBAL_LAB_REQUIRED is set)", pytrace=False)
-        pytest.skip(why)
-    from ibal.providers.rxe.provider import RxeProvider
-
-    mgr = AlManager()
-    mgr.add_provider(RxeProvider({"devices": f"rxe_cr0={A},rxe_cr1={B}"}))
-    try:
-        yield mgr.open_al()
-    finally:
-        mgr.close()
+    with rxe_al(f"rxe_cr0={A},rxe_cr1={B}") as al:
+        yield al
 
 
 def _port_of(al: AccessLayer, ip: str) -> tuple[int, int]:

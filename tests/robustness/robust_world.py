@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
-
 from ibal.al import AccessLayer, AlManager, Ca
 from ibal.testing.backdoor import FabricRegistrar
-from ibal.testing.helpers import active_port
+from ibal.testing.helpers import active_port, need_root
 from ibal.types import PortAttr
 
 RXE_DEVICES = "rxe_bad0=127.0.0.71,rxe_bad1=127.0.0.72"
 PROVIDERS = ("mock", "sample", "rxe")
-
-
-def need_root() -> None:
-    """Skip without root (rxe's raw sockets); with ``IBAL_LAB_REQUIRED=1`` fail."""
-    if os.geteuid() != 0:
-        why = "needs root (rxe's raw sockets need CAP_NET_RAW)"
-        if os.environ.get("IBAL_LAB_REQUIRED", "") not in ("", "0"):
-            pytest.fail(f"{why} (IBAL_LAB_REQUIRED is set)", pytrace=False)
-        pytest.skip(why)
 
 
 def make_provider(name: str) -> Any:

@@ -4,7 +4,6 @@ Linux peers are in tests/lab/test_nvme_lab.py)."""
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -12,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ibal.al import AccessLayer, AlManager
+from ibal.al import AccessLayer
 from ibal.cm import rdma
+from ibal.testing.helpers import rxe_al
 from ibal.types import SendOpt, SendWr, Sge, WrType
 from ibal.ulp.nvme import wire as w
 from ibal.ulp.nvme.controller import Namespace, Subsystem
@@ -35,19 +35,8 @@ BLOCK = 512
 
 @pytest.fixture(scope="module")
 def al() -> Iterator[AccessLayer]:
-    if os.geteuid() != 0:
-        why = "needs root (rxe's raw sockets need CAP_NET_RAW)"
-        if os.environ.get("IBAL_LAB_REQUIRED", "") not in ("", "0"):
-            pytest.fail(f"{why} (IBAL_LAB_REQUIRED is set)", pytrace=False)
-        pytest.skip(why)
-    from ibal.providers.rxe.provider import RxeProvider
-
-    mgr = AlManager()
-    mgr.add_provider(RxeProvider({"devices": f"rxe_nv0={HOST},rxe_nv1={TGT}"}))
-    try:
-        yield mgr.open_al()
-    finally:
-        mgr.close(timeout=WAIT)
+    with rxe_al(f"rxe_nv0={HOST},rxe_nv1={TGT}", timeout=WAIT) as al:
+        yield al
 
 
 @pytest.fixture
