@@ -16,6 +16,7 @@ from ibal.tools.cliopts import (
     diag_options,
     err_console,
     mad_client,
+    node_name_map_option,
     open_al,
     parse_options,
     resolve_target,
@@ -614,14 +615,21 @@ def perftest(
 @click.argument("port", type=int, default=0)
 @click.option("-D", "--Direct", "directed", is_flag=True, help="TARGET is a DR path (0,1,3).")
 @click.option("-G", "--Guid", "by_guid", is_flag=True, help="TARGET is a port GUID (via the SA).")
+@node_name_map_option
 @diag_options
 def smpquery(
-    op: str, target: str, port: int, directed: bool, by_guid: bool, ca_name: str | None,
-    port_num: int | None, timeout_ms: int, via: str, providers: tuple[str, ...],
-    options: tuple[str, ...], as_json: bool,
+    op: str, target: str, port: int, directed: bool, by_guid: bool, node_name_map: Path | None,
+    ca_name: str | None, port_num: int | None, timeout_ms: int, via: str,
+    providers: tuple[str, ...], options: tuple[str, ...], as_json: bool,
 ) -> None:  # fmt: skip
     """smpquery: OP is nodeinfo, portinfo, nodedesc, switchinfo, pkeys or guids."""
     from ibal.tools.diags import smpquery as run
+
+    names = None
+    if node_name_map is not None or op.lower() in ("nodedesc", "nd"):  # the one op it names
+        from ibal.tools.nodemap import load
+
+        names = load(node_name_map)
 
     with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
         to = resolve_target(client, target, directed, by_guid)
@@ -629,7 +637,7 @@ def smpquery(
             from ibal.tools.diagjson import emit_json, smpquery_json
 
             return emit_json(smpquery_json(client, op, to, port))
-        click.echo(run(client, op, to, port), nl=False)
+        click.echo(run(client, op, to, port, names), nl=False)
 
 
 @main.command()
@@ -698,22 +706,26 @@ def _lid_arg(text: str | None) -> int:
               help="The multicast forwarding table (MLIDs).")  # fmt: skip
 @click.option("-D", "--Direct", "directed", is_flag=True, help="TARGET is a DR path (0,1,3).")
 @click.option("-G", "--Guid", "by_guid", is_flag=True, help="TARGET is a port GUID (via the SA).")
+@node_name_map_option
 @diag_options
 def ibroute(
     target: str, start: str | None, end: str | None, all_lids: bool, no_dests: bool,
-    multicast: bool, directed: bool, by_guid: bool, ca_name: str | None,
+    multicast: bool, directed: bool, by_guid: bool, node_name_map: Path | None,
+    ca_name: str | None,
     port_num: int | None, timeout_ms: int, via: str, providers: tuple[str, ...],
     options: tuple[str, ...], as_json: bool,
 ) -> None:  # fmt: skip
     """ibroute: the unicast (-M: multicast) forwarding table of switch TARGET [from START
     to END]."""
     from ibal.tools.diags import ibroute as run
+    from ibal.tools.nodemap import load
 
     first, last = _lid_arg(start), _lid_arg(end)
+    names = load(node_name_map)
     with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
         to = resolve_target(client, target, directed, by_guid)
         text = run(client, to, first, last, all_lids=all_lids, no_dests=no_dests,
-                   multicast=multicast)  # fmt: skip
+                   multicast=multicast, names=names)  # fmt: skip
         if as_json:
             from ibal.tools.diagjson import emit_json
             from ibal.tools.fts import table_rows
@@ -745,17 +757,20 @@ def ibroute(
               help="Also write the fabric to this ibnetdiscover cache file.")  # fmt: skip
 @click.option("--load-cache", "load_cache", type=click.Path(path_type=Path),
               help="Print the fabric of this cache file (no sweep).")  # fmt: skip
+@node_name_map_option
 @functools.partial(diag_options, via="agent")
 def discover(
     window: int, progress: bool | None, show: bool, group: bool, list_all: bool,
     list_cas: bool, list_switches: bool, list_routers: bool, ports: bool, fmt: str,
-    cache_file: Path | None, load_cache: Path | None,
+    cache_file: Path | None, load_cache: Path | None, node_name_map: Path | None,
     ca_name: str | None, port_num: int | None, timeout_ms: int, via: str,
     providers: tuple[str, ...], options: tuple[str, ...], as_json: bool,
 ) -> None:  # fmt: skip
     """ibnetdiscover: sweep the fabric by directed route and print its topology."""
     from ibal.tools.diags import discover as run
+    from ibal.tools.nodemap import load
 
+    names = load(node_name_map)
     # as ibnetdiscover: the last of -l/-H/-S/-R given wins; click gives no order, so
     # -l (all three) takes precedence over a single type
     types = ((1, 2, 3) if list_all else (1,) if list_cas else (2,) if list_switches
@@ -764,7 +779,7 @@ def discover(
         from ibal.tools.cache import CacheError, discover_cached
 
         opts: dict[str, Any] = {"show": show, "group": group, "list_types": types,
-                                "ports": ports}
+                                "ports": ports, "names": names}
         try:
             if load_cache is not None:
                 return click.echo(discover_cached(None, write=None, read=load_cache, **opts),
@@ -782,7 +797,7 @@ def discover(
             return click.echo(discover_other(client, "json" if as_json else fmt, window),
                               nl=False)  # fmt: skip
         click.echo(run(client, window=window, progress=progress, show=show, group=group,
-                       list_types=types, ports=ports), nl=False)  # fmt: skip
+                       list_types=types, ports=ports, names=names), nl=False)  # fmt: skip
 
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -334,11 +334,18 @@ def _remote_lid(topo: Topology, guid: int, port: int) -> int:
     return p.lid if p is not None else 0
 
 
-def _lines(topo: Topology) -> Iterator[str]:
+def _named(n: DiscNode, names: Mapping[int, str] | None) -> str:
+    """A node as a node-name-map names it (``names``: by node GUID), else its description."""
+    if names and n.guid in names:
+        return names[n.guid]
+    return _clean(n.desc)
+
+
+def _lines(topo: Topology, names: Mapping[int, str] | None = None) -> Iterator[str]:
     nodes = topo.nodes
     # each node is named and described once per link end: format those once
     name = {g: _name(n) for g, n in nodes.items()}
-    desc = {g: _clean(n.desc) for g, n in nodes.items()}
+    desc = {g: _named(n, names) for g, n in nodes.items()}
     switches = [n for n in nodes.values() if n.is_switch]
     cas = [n for n in nodes.values() if n.node_type == smp.NodeType.CA]
     routers = [n for n in nodes.values() if n.node_type == smp.NodeType.ROUTER]
@@ -366,7 +373,8 @@ def _lines(topo: Topology) -> Iterator[str]:
         yield from _ids(n)
         yield f"{'ca' if n.node_type == smp.NodeType.CA else 'rt'}guid=0x{n.guid:x}"
         kind = "Ca" if n.node_type == smp.NodeType.CA else "Rt"
-        yield f"{kind}\t{n.num_ports} {name[n.guid]}\t\t# \"{desc[n.guid]}\""
+        # ibnetdiscover's CA and router lines keep the description (not remapped)
+        yield f"{kind}\t{n.num_ports} {name[n.guid]}\t\t# \"{_clean(n.desc)}\""
         for pn in range(1, n.num_ports + 1):
             p = n.ports.get(pn)
             if p is None or p.remote is None:
@@ -380,8 +388,10 @@ def _lines(topo: Topology) -> Iterator[str]:
                    f"{_rate(p, p.capmask)}")  # fmt: skip
 
 
-def ibnetdiscover_text(topo: Topology, generated: str, *, group: bool = False) -> str:
-    """``topo`` as ``ibnetdiscover`` prints it; ``generated`` is the ctime() date it shows.
+def ibnetdiscover_text(topo: Topology, generated: str, *, group: bool = False,
+                       names: Mapping[int, str] | None = None) -> str:  # fmt: skip
+    """``topo`` as ``ibnetdiscover`` prints it; ``generated`` is the ctime() date it shows;
+    ``names``: a node-name-map's names by node GUID, where ibnetdiscover uses them.
 
     ``group`` (``-g``): the grouped layout.  Chassis are not recognised (ibnetdiscover
     knows some vendors' chassis by their GUIDs), so every node is a non-chassis one.
@@ -390,7 +400,7 @@ def ibnetdiscover_text(topo: Topology, generated: str, *, group: bool = False) -
     head = ["#", f"# Topology file: generated on {generated}", "#"]
     if root is not None:
         head.append(f"# Initiated from node {root.guid:016x} port {root.port_guid:016x}")
-    body: Iterable[str] = _lines(topo)
+    body: Iterable[str] = _lines(topo, names)
     if group:
         # no chassis type or slot to name after a switch's GUIDs: the comment stays empty
         head += ["", "Non-Chassis Nodes"]
@@ -407,7 +417,8 @@ def _by_type(topo: Topology, node_type: int) -> list[DiscNode]:
     return [n for n in reversed(topo.nodes.values()) if n.node_type == node_type]
 
 
-def ibnetdiscover_list(topo: Topology, node_types: Iterable[int]) -> str:
+def ibnetdiscover_list(topo: Topology, node_types: Iterable[int],
+                       names: Mapping[int, str] | None = None) -> str:  # fmt: skip
     """``ibnetdiscover -l`` (CAs, switches, routers), ``-H``, ``-S`` or ``-R``: one line
     per node of ``node_types`` (``smp.NodeType`` values), in that type order."""
     lines = []
@@ -415,7 +426,7 @@ def ibnetdiscover_list(topo: Topology, node_types: Iterable[int]) -> str:
         for n in _by_type(topo, t):
             ids = f"devid 0x{n.device_id:x} vendid 0x{n.vendor_id:x}"
             lines.append(f"{_KIND[t][0]}\t : 0x{n.guid:016x} ports {n.num_ports} {ids} "
-                         f"\"{_clean(n.desc)}\"")  # fmt: skip
+                         f"\"{_named(n, names)}\"")  # fmt: skip
     return "".join(line + "\n" for line in lines)
 
 
@@ -434,7 +445,7 @@ def _port_rate(node: DiscNode, port: DiscPort) -> str:
     return f"{_WIDTH.get(port.width, '??')} {speed}"
 
 
-def ibnetdiscover_ports(topo: Topology) -> str:
+def ibnetdiscover_ports(topo: Topology, names: Mapping[int, str] | None = None) -> str:
     """``ibnetdiscover -p``: every port the sweep read, node by node (newest first), each
     node's ports from the last to 1, with the port at the far end of its link."""
     nodes = topo.nodes
@@ -448,14 +459,14 @@ def ibnetdiscover_ports(topo: Topology) -> str:
             line = (f"{_KIND.get(n.node_type, ('', '??'))[1]:>2} {lid:5d} {num:2d} "
                     f"0x{p.guid:016x} {_port_rate(n, p)}")  # fmt: skip
             if p.remote is None:
-                out.append(f"{line}{'':36s}'{_clean(n.desc)}'")
+                out.append(f"{line}{'':36s}'{_named(n, names)}'")
                 continue
             far = nodes[p.remote[0]]
             fp = far.ports.get(p.remote[1])
             flid = far.lid if far.is_switch else (fp.lid if fp else 0)
             out.append(f"{line} - {_KIND.get(far.node_type, ('', '??'))[1]:>2} {flid:5d} "
                        f"{p.remote[1]:2d} 0x{fp.guid if fp else 0:016x} "
-                       f"( '{_clean(n.desc)}' - '{_clean(far.desc)}' )")  # fmt: skip
+                       f"( '{_named(n, names)}' - '{_named(far, names)}' )")  # fmt: skip
     return "".join(line + "\n" for line in out)
 
 

@@ -289,8 +289,9 @@ def _two(text: str | None, opt: str) -> tuple[int, int] | None:
 
 
 def _print(topo: Topology, *, show: bool, group: bool, list_types: tuple[int, ...],
-           ports: bool) -> str:  # fmt: skip
-    """ibnetdiscover's text of ``topo``, its options in its precedence."""
+           ports: bool, names: dict[int, str] | None = None) -> str:  # fmt: skip
+    """ibnetdiscover's text of ``topo``, its options in its precedence (``names``: a
+    ``--node-name-map``)."""
     import time
 
     from ibal.mad.discover import (
@@ -302,10 +303,10 @@ def _print(topo: Topology, *, show: bool, group: bool, list_types: tuple[int, ..
 
     head = ibnetdiscover_show(topo) if show else ""
     if ports:
-        return head + ibnetdiscover_ports(topo)
+        return head + ibnetdiscover_ports(topo, names)
     if list_types:
-        return head + ibnetdiscover_list(topo, list_types)
-    return head + ibnetdiscover_text(topo, time.ctime(), group=group)
+        return head + ibnetdiscover_list(topo, list_types, names)
+    return head + ibnetdiscover_text(topo, time.ctime(), group=group, names=names)
 
 
 def discover_cached(client: MadClient | None, *, write: Path | None, read: Path | None,

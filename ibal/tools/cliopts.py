@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # rich is imported by the commands that print tables (~0.1 s)
 
 __all__ = [
     "DIAG_OPTS", "PROVIDER_HELP", "console", "diag_options", "err_console", "mad_client",
-    "open_al", "parse_options", "resolve_target", "tool_providers",
+    "node_name_map_option", "open_al", "parse_options", "resolve_target", "tool_providers",
 ]  # fmt: skip
 
 
@@ -132,6 +132,15 @@ def diag_options(fn: Any, via: str = "agent") -> Any:
         param = next(p for p in fn.__click_params__ if p.name == "via")
         param.default = via
     return fn
+
+
+def node_name_map_option(fn: Any) -> Any:
+    """``--node-name-map FILE`` (``ibal.tools.nodemap``), passed on as ``node_name_map``."""
+    from pathlib import Path
+
+    return click.option("--node-name-map", "node_name_map", type=click.Path(path_type=Path),
+                        help="Names for node GUIDs, infiniband-diags' node-name-map file "
+                        "[default: /etc/rdma/ib-node-name-map when it exists].")(fn)  # fmt: skip
 
 
 @contextmanager

@@ -36,8 +36,21 @@ def op_name(op: str) -> str:
     return name
 
 
-def smpquery(client: MadClient, op: str, to: PortId, port: int = 0) -> str:
-    """What ``smpquery OP TARGET [PORT]`` prints."""
+def _named(nd: bytes, ni: bytes, names: dict[int, str] | None) -> bytes:
+    """A NodeDescription as ``--node-name-map`` has it: the map's name for the node of
+    NodeInfo ``ni``, else ``nd`` as it came."""
+    if not names:
+        return nd
+    from ibal.tools.nodemap import remap
+
+    desc = nd.split(b"\0", 1)[0].decode("latin-1")
+    name = remap(names, int(smp.NODE_INFO.decode(ni)["node_guid"]), desc)
+    return name.encode("latin-1", errors="replace").ljust(len(nd), b"\0")
+
+
+def smpquery(client: MadClient, op: str, to: PortId, port: int = 0,
+             names: dict[int, str] | None = None) -> str:  # fmt: skip
+    """What ``smpquery OP TARGET [PORT]`` prints (``names``: a ``--node-name-map``)."""
     from ibal.wire.mad import dump
 
     name = op_name(op)
@@ -49,8 +62,8 @@ def smpquery(client: MadClient, op: str, to: PortId, port: int = 0) -> str:
     if name == "switchinfo":
         return dump.smpquery_switchinfo(get(SmpAttr.SWITCH_INFO, to), str(to))
     if name == "nodedesc":
-        get(SmpAttr.NODE_INFO, to)  # as smpquery: the node must answer NodeInfo first
-        return dump.smpquery_nodedesc(get(SmpAttr.NODE_DESC, to))
+        raw = bytes(get(SmpAttr.NODE_INFO, to))  # as smpquery: NodeInfo first (the GUID)
+        return dump.smpquery_nodedesc(_named(bytes(get(SmpAttr.NODE_DESC, to)), raw, names))
     if name == "pkeys":
         ni = smp.NODE_INFO.decode(get(SmpAttr.NODE_INFO, to))
         if port > int(ni["num_ports"]):
@@ -101,17 +114,20 @@ _DEST_ATTRS: Final = (SmpAttr.NODE_INFO, SmpAttr.PORT_INFO, SmpAttr.NODE_DESC)
 def ibroute(
     client: MadClient, to: PortId, start: int = 0, end: int = 0, *, all_lids: bool = False,
     no_dests: bool = False, window: int = 32, multicast: bool = False,
+    names: dict[int, str] | None = None,
 ) -> str:  # fmt: skip
     """What ``ibroute [-a] [-n] [-M] SWITCH [START [END]]`` prints: the switch's unicast
     LinearForwardingTable, each destination named by its NodeInfo/PortInfo/NodeDescription,
     or (``multicast``, ``-M``) its MulticastForwardingTable (``-n``: the masks in hex).
 
     ibroute asks each destination LID in turn; here every valid LID is asked at once
-    (``window`` SMPs in flight), which reads the same answers sooner.
+    (``window`` SMPs in flight), which reads the same answers sooner.  ``names``: a
+    ``--node-name-map``, for the switch and each destination.
     """
     from ibal.wire.mad import dump
 
     ni, nd, si = _check_switch(client, to)
+    nd = _named(bytes(nd), bytes(ni), names)
     if multicast:
         span = dump.ibroute_mcast_span(si, start, end, all_mlids=all_lids)
         mods = dump.ibroute_mcast_mods(span, int(smp.NODE_INFO.decode(ni)["num_ports"]))
@@ -141,7 +157,8 @@ def ibroute(
             got = replies[3 * i : 3 * i + 3]
             dests[lid] = None
             if all(r.ok for r in got):
-                dests[lid] = (bytes(got[0].data), bytes(got[1].data), bytes(got[2].data))
+                dests[lid] = (bytes(got[0].data), bytes(got[1].data),
+                              _named(bytes(got[2].data), bytes(got[0].data), names))
     return dump.ibroute(ni, nd, str(to), span, blocks, dests, all_lids=all_lids)
 
 
@@ -209,8 +226,10 @@ class Progress:
 def discover(
     client: MadClient, *, window: int = 64, progress: bool | None = None, show: bool = False,
     group: bool = False, list_types: Sequence[int] = (), ports: bool = False,
+    names: dict[int, str] | None = None,
 ) -> str:  # fmt: skip
-    """What ``ibnetdiscover`` prints for the fabric ``client``'s port is on.
+    """What ``ibnetdiscover`` prints for the fabric ``client``'s port is on (``names``: a
+    ``--node-name-map``).
 
     ``progress``: a line on stderr while sweeping (default: when stderr is a terminal).
     As ibnetdiscover's options: ``show`` (``-s``) the nodes as found first, then
@@ -238,7 +257,7 @@ def discover(
     topo = engine.topology
     head = ibnetdiscover_show(topo) if show else ""
     if ports:
-        return head + ibnetdiscover_ports(topo)
+        return head + ibnetdiscover_ports(topo, names)
     if list_types:
-        return head + ibnetdiscover_list(topo, list_types)
-    return head + ibnetdiscover_text(topo, time.ctime(), group=group)
+        return head + ibnetdiscover_list(topo, list_types, names)
+    return head + ibnetdiscover_text(topo, time.ctime(), group=group, names=names)

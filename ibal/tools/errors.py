@@ -20,6 +20,7 @@ import click
 from ibal.mad.discover import DiscNode
 from ibal.mad.rpc import MadClient, MadError
 from ibal.records import record
+from ibal.tools.cliopts import node_name_map_option
 from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
 from ibal.tools.links import Fabric, link_text, port_lid, read_links, remote_text
 from ibal.wire.mad.consts import PerfAttr
@@ -251,14 +252,17 @@ def summary(rep: Report, thresholds_text: str | None, suppressed: Sequence[str])
 @click.option("-k", "--clear-errors", is_flag=True, help="Clear the error counters after reading.")
 @click.option("-K", "--clear-counts", is_flag=True, help="Clear the data counters after reading.")
 @click.option("-R", "nop", is_flag=True, hidden=True)
+@node_name_map_option
 @fabric_options(via="agent")
 def ibqueryerrors_cmd(suppress: str | None, suppress_common: bool, port_guid: str | None,
                       port_guid_s: str | None, dr_path: str | None, skip_sl: bool,
                       report_port: bool, threshold_file: Path, only_switch: bool,
                       only_ca: bool, only_router: bool, clear_errors: bool, clear_counts: bool,
-                      nop: bool, as_json: bool, **kw: Any) -> None:  # fmt: skip
+                      nop: bool, node_name_map: Path | None, as_json: bool,
+                      **kw: Any) -> None:  # fmt: skip
     """ibqueryerrors: the ports of the fabric whose error counters are over a threshold."""
     from ibal.mad.rpc import PortId, parse_dr_path
+    from ibal.tools import nodemap
     from ibal.wire.mad import smp
     from ibal.wire.mad.consts import SmpAttr
 
@@ -272,6 +276,7 @@ def ibqueryerrors_cmd(suppress: str | None, suppress_common: bool, port_guid: st
     label = port_guid or port_guid_s
     with fabric_client("ibqueryerrors", kw) as client:
         fab = read_links(client)
+        nodemap.apply(fab.topology, nodemap.load(node_name_map))
         nodes = fab.nodes()
         target = int(label, 0) if label else None
         if dr_path is not None:

@@ -15,6 +15,7 @@ import click
 
 from ibal.mad.discover import sweep
 from ibal.mad.rpc import MadClient, MadError, PortId
+from ibal.tools.cliopts import node_name_map_option
 from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
 
 __all__ = ["dump_fts", "dump_fts_cmd", "dump_lfts_cmd", "dump_mfts_cmd", "table_rows"]
@@ -22,8 +23,10 @@ __all__ = ["dump_fts", "dump_fts_cmd", "dump_lfts_cmd", "dump_mfts_cmd", "table_
 
 def dump_fts(client: MadClient, start: int = 0, end: int = 0, *, all_lids: bool = False,
              no_dests: bool = False, multicast: bool = False,
-             window: int = 64) -> list[tuple[Any, PortId, str]]:  # fmt: skip
-    """Each switch, its address and ibroute's text of its table."""
+             window: int = 64,
+             names: dict[int, str] | None = None) -> list[tuple[Any, PortId, str]]:  # fmt: skip
+    """Each switch, its address and ibroute's text of its table (``names``: a
+    ``--node-name-map``)."""
     from ibal.tools.diags import ibroute
 
     topo = sweep(client, window=window).topology
@@ -35,7 +38,7 @@ def dump_fts(client: MadClient, start: int = 0, end: int = 0, *, all_lids: bool 
             continue
         to = PortId(dr_path=node.path)
         text = ibroute(client, to, start, end, all_lids=all_lids, no_dests=no_dests,
-                       multicast=multicast)  # fmt: skip
+                       multicast=multicast, names=names)  # fmt: skip
         # libibnetdisc's addresses carry DrSLID/DrDLID 0 (sent as 0xFFFF): dump_fts shows 0s
         text = text.replace(f" of switch {to} ", f" of switch DR path slid 0; dlid 0; "
                             f"{','.join(map(str, (0, *node.path)))} ", 1)  # fmt: skip
@@ -52,9 +55,14 @@ def _lid(text: str | None) -> int:
 
 def _run(name: str, start: str | None, end: str | None, all_lids: bool, no_dests: bool,
          multicast: bool, as_json: bool, kw: dict[str, Any], notice: str) -> None:  # fmt: skip
+    from ibal.tools import nodemap
+
+    names = nodemap.load(kw.pop("node_name_map"))
     with fabric_client(name, kw) as client:
         tables = dump_fts(client, _lid(start), _lid(end), all_lids=all_lids, no_dests=no_dests,
-                          multicast=multicast)  # fmt: skip
+                          multicast=multicast, names=names)  # fmt: skip
+    for node, _, _ in tables:
+        node.desc = nodemap.remap(names, node.guid, node.desc)
     if as_json:
         emit_json({"switches": [{"NodeGUID": guid(n.guid), "NodeDescription": n.desc,
                                  "LID": n.lid, "DRPath": [0, *n.path],
@@ -85,6 +93,7 @@ def _command(name: str, multicast: bool | None, notice: str, doc: str) -> click.
     @click.argument("end", required=False)
     @click.option("-a", "--all", "all_lids", is_flag=True, help="Show invalid out ports too.")
     @click.option("-n", "--no_dests", is_flag=True, help="Do not resolve destinations.")
+    @node_name_map_option
     @fabric_options(via="agent")
     def cmd(start: str | None, end: str | None, all_lids: bool, no_dests: bool, as_json: bool,
             multicast_flag: bool = False, **kw: Any) -> None:  # fmt: skip

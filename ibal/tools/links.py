@@ -18,6 +18,7 @@ import click
 from ibal.mad.discover import DiscNode, Topology, sweep
 from ibal.mad.rpc import MadClient, MadError, PortId, smp_request
 from ibal.records import record
+from ibal.tools.cliopts import node_name_map_option
 from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
 from ibal.wire.mad import smp
 from ibal.wire.mad.consts import SmpAttr
@@ -252,12 +253,17 @@ def iblinkinfo_json(fab: Fabric, nodes: Iterable[DiscNode]) -> dict[str, Any]:
 @click.option("-R", "nop", is_flag=True, hidden=True)
 @click.option("--load-cache", "load_cache", type=click.Path(path_type=Path),
               help="The fabric of this ibnetdiscover cache file (no sweep).")  # fmt: skip
+@node_name_map_option
 @fabric_options(via="agent")
 def iblinkinfo_cmd(by_guid: str | None, port_guid: str | None, dr_path: str | None,
                    all_nodes: bool, down: bool, line_mode: bool, additional: bool,
                    switches_only: bool, cas_only: bool, window: int, nop: bool,
-                   load_cache: Path | None, as_json: bool, **kw: Any) -> None:  # fmt: skip
+                   load_cache: Path | None, node_name_map: Path | None, as_json: bool,
+                   **kw: Any) -> None:  # fmt: skip
     """iblinkinfo: every port of the fabric, its link and what is at the other end."""
+    from ibal.tools import nodemap
+
+    names = nodemap.load(node_name_map)
     label = by_guid or port_guid
     target = None
     if load_cache is not None:
@@ -275,6 +281,7 @@ def iblinkinfo_cmd(by_guid: str | None, port_guid: str | None, dr_path: str | No
                 target = int(ni["port_guid"])
     if label is not None and not all_nodes:
         target = int(label, 0)
+    nodemap.apply(fab.topology, names)
     nodes = fab.nodes()
     if target is not None:
         nodes = [n for n in nodes if n.port_guid == target or

@@ -9,12 +9,15 @@ its NodeInfo, NodeDescription and PortInfo.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any, Final
 
 import click
 
 from ibal.mad.rpc import MadClient, MadError, PortId
 from ibal.records import record
+from ibal.tools.cliopts import node_name_map_option
 from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
 from ibal.wire.mad import smp
 from ibal.wire.mad.consts import SmpAttr
@@ -73,11 +76,14 @@ def _inactive(hop: Hop) -> bool:
     return hop.state != 4 and hop.node_type != smp.NodeType.SWITCH
 
 
-def _route(client: MadClient, base: tuple[int, ...], lid: int,
-           target: Hop) -> tuple[list[Hop], tuple[int, ...]]:  # fmt: skip
+def _route(client: MadClient, base: tuple[int, ...], lid: int, target: Hop,
+           force: bool = False) -> tuple[list[Hop], tuple[int, ...]]:  # fmt: skip
     """The hops from the node at DR path ``base`` to the port ``target`` (LID ``lid``),
-    and the DR path of the last one."""
+    and the DR path of the last one (``force``: a port with the target's LID is it too)."""
     path = list(base)
+
+    def same(h: Hop) -> bool:
+        return h.port_guid == target.port_guid or (force and h.lid == target.lid)
 
     def at() -> PortId:
         return PortId(dr_path=tuple(path))
@@ -89,14 +95,14 @@ def _route(client: MadClient, base: tuple[int, ...], lid: int,
         if _inactive(hop):
             raise MadError(f'Bad port state found: node "{hop.desc}" port {hop.port_num} '
                            f"state {hop.state}")  # fmt: skip
-        if hop.port_guid == target.port_guid:
+        if same(hop):
             return hops, tuple(path)
         if hop.node_type == smp.NodeType.SWITCH:
             out = next_out
             path.append(out)
             nxt = _node(client, at())
             if out == 0:
-                if nxt.port_guid != target.port_guid:
+                if not same(nxt):
                     raise MadError(f'Bad forwarding table entry found at: node "{hop.desc}" '
                                    f"lid entry {lid} is 0")  # fmt: skip
                 return hops, tuple(path)
@@ -123,18 +129,28 @@ def _route(client: MadClient, base: tuple[int, ...], lid: int,
     raise MadError(f"no route found after {MAX_HOPS} hops")
 
 
-def trace(client: MadClient, src: PortId, dst: PortId) -> list[Hop]:
+def trace(client: MadClient, src: PortId, dst: PortId, *, force: bool = False) -> list[Hop]:
     """The route from ``src`` to ``dst`` (LIDs or DR paths), source first.
 
     As ibtracert: a source given by LID is first found by following the route to it
-    from the local port; every hop is then reached by directed route."""
+    from the local port; every hop is then reached by directed route.  ``force``
+    (``-f``): an end that does not answer is not the end of it: the route is followed
+    to a port with the destination's LID."""
     if src.directed:
         base = tuple(src.dr_path or ())
     else:
         _, base = _route(client, (), src.lid, _node(client, src))
-    target = _node(client, dst)
+    try:
+        target = _node(client, dst)
+    except MadError as exc:
+        if not force:
+            raise
+        # as ibtracert -f: the destination stands for its LID alone
+        print(f"ibtracert: can't reach the destination ({exc}); force: look for lid "
+              f"{dst.lid}", file=sys.stderr)  # fmt: skip
+        target = Hop(0, 0, 0, -1, 0, dst.lid, 0, 0, "")
     lid = target.lid if dst.directed else dst.lid
-    return _route(client, base, lid, target)[0]
+    return _route(client, base, lid, target, force)[0]
 
 
 def _end(prompt: str, h: Hop, brief: bool) -> str:
@@ -172,21 +188,28 @@ def _json(hops: list[Hop]) -> dict[str, Any]:
 @click.argument("dst")
 @click.option("-n", "--no_info", "brief", is_flag=True, help="GUIDs and ports only.")
 @click.option("-m", "mlid", help="Multicast LID: not supported (refused).")
+@click.option("-f", "--force", is_flag=True,
+              help="Force the route: a port with the destination's LID ends it too.")
 @click.option("-G", "--Guid", "by_guid", is_flag=True, help="SRC and DST are port GUIDs.")
+@node_name_map_option
 @fabric_options()
-def ibtracert_cmd(src: str, dst: str, brief: bool, mlid: str | None, by_guid: bool,
-                  as_json: bool, **kw: Any) -> None:  # fmt: skip
+def ibtracert_cmd(src: str, dst: str, brief: bool, mlid: str | None, force: bool,
+                  by_guid: bool, node_name_map: Path | None, as_json: bool,
+                  **kw: Any) -> None:  # fmt: skip
     """ibtracert: the unicast route from port SRC to port DST (LIDs, or -G port GUIDs)."""
-    from ibal.tools import cliopts
+    from ibal.tools import cliopts, nodemap
 
     if mlid is not None:
         raise click.ClickException("ibtracert -m (a multicast route) is not supported")
+    names = nodemap.load(node_name_map)
     with fabric_client("ibtracert", kw) as client:
         ends = [cliopts.resolve_target(client, t, False, by_guid) for t in (src, dst)]
         try:
-            hops = trace(client, *ends)
+            hops = trace(client, *ends, force=force)
         except MadError as exc:
             raise click.ClickException(f"{exc}; failed to find route") from exc
+    for h in hops:
+        h.desc = nodemap.remap(names, h.node_guid, h.desc)
     if as_json:
         emit_json(_json(hops))
         return

@@ -1,0 +1,80 @@
+"""The C tools' further options (issue 24's rest) against infiniband-diags on ibsim + OpenSM.
+
+``--node-name-map`` on every tool that prints node names, ``ibtracert -f``,
+``ibqueryerrors --data``/``--counters``/``--details``, ``iblinkinfo
+--filterdownports`` and ``--diff``: each ibal command and the C tool with the
+same arguments print the same text.  Skips naming the missing Debian packages
+(fails with ``IBAL_LAB_REQUIRED=1``): the ibsim fixtures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ibal.testing.ibsim import Fabric
+from ibal.tools import nodemap
+from tests.tools.admin_ibsim import ibal, lids, tool, valid
+
+
+def _guids(fabric: Fabric) -> dict[str, int]:
+    """Node GUIDs by NodeDescription, from ``discover --json``."""
+    topo = valid("discover", ibal(fabric, [["discover", "--json"]])[0]["stdout"])
+    return {n["NodeDescription"]: int(n["NodeGUID"], 16) for n in topo["nodes"]}
+
+
+@pytest.mark.timeout(600)
+def test_node_name_map_names_nodes_as_the_c_tools_do(ibsim_module_fabric: Fabric,
+                                                     tmp_path: Path) -> None:  # fmt: skip
+    fabric = ibsim_module_fabric
+    g = _guids(fabric)
+    ls = lids(fabric)
+    host, sw, sm = (str(ls[k]) for k in ("host", "switch", "sm"))
+    peer = next(str(v) for v in range(1, 6) if str(v) not in (host, sw, sm))
+    names = tmp_path / "names"
+    # the forms the C parser takes: quoted, unquoted, a comment after, a repeated GUID
+    names.write_text(f"# the fabric's names\n\n0x{g['Switch1']:016x} \"leaf-1\"\n"
+                     f"  {g['Host']:#x}\tcompute-0 # the host\n"
+                     f"0x{g['Host']:x} \"not this one\"\n{g['Peer']} \"peer node\"\n")  # fmt: skip
+    nm = ["--node-name-map", str(names)]
+    cases = [["iblinkinfo", *nm], ["iblinkinfo", "-l", *nm], ["ibtracert", *nm, host, peer],
+             ["ibnetdiscover", *nm], ["ibnetdiscover", "-p", *nm], ["ibnetdiscover", "-l", *nm],
+             ["dump_fts", *nm], ["ibroute", *nm, sw], ["smpquery", *nm, "nodedesc", sw],
+             ["smpquery", *nm, "nodedesc", host], ["smpquery", *nm, "nodedesc", sm]]
+    ours = ibal(fabric, [["discover", *c[1:]] if c[0] == "ibnetdiscover" else c for c in cases])
+    date = "# Topology file: generated on "
+    for args, res in zip(cases, ours, strict=True):
+        mine, theirs = res["stdout"], tool(fabric, args)
+        if args[0] == "ibnetdiscover":
+            mine, theirs = ([ln for ln in t.splitlines() if not ln.startswith(date)]
+                            for t in (mine, theirs))  # fmt: skip
+        assert mine == theirs, args
+    links, trace = ours[0]["stdout"], ours[2]["stdout"]
+    # an unquoted name runs to the '#': its space before it is part of it, as in C
+    assert '"leaf-1"' in links and "CA: compute-0 :" in links and "Switch1" not in links
+    assert '"compute-0 "' in trace and '"peer node"' in trace and "not this one" not in trace
+    assert ours[8]["stdout"].endswith("Node Description:..........................leaf-1\n")
+    assert ours[10]["stdout"].endswith("....SmHca\n")  # not in the map: its own description
+    # a line that is no GUID: both warn, neither uses the map
+    bad = tmp_path / "bad"
+    bad.write_text(f"0x{g['Switch1']:x} leaf\nswitch-2 \"x\"\n")
+    mine = ibal(fabric, [["iblinkinfo", "--node-name-map", str(bad)]])[0]
+    theirs = fabric.run(["iblinkinfo", "--node-name-map", str(bad)], "Host")
+    assert mine["stdout"] == theirs.stdout and "Switch1" in mine["stdout"]
+    assert 'WARNING failed line: "switch-2 "x""' in mine["stderr"]
+    assert 'WARNING failed line: "switch-2 "x""' in theirs.stderr
+
+
+def test_node_name_map_parser_reads_what_the_c_parser_reads() -> None:
+    m = nodemap.parse('# c\n0x10 "a b"\n  020 c#d\n16 "dup"\n0x11\n0x12 ""\n0x13 e#f\n')
+    # octal 020 and decimal 16 are 0x10, already named "a b"; 0x11 and 0x12 name nothing
+    assert m == {0x10: "a b", 0x13: "e"}
+    with pytest.raises(ValueError, match=r"^0x1x name$"):
+        nodemap.parse("0x1x name\n")
+    # fgets reads 255 characters a time: the rest of a longer line is a line of its own
+    with pytest.raises(ValueError, match=r"^n+$"):
+        nodemap.parse(f"0x13 {'n' * 300}\n")
+    assert nodemap.remap(m, 0x10, "ignored") == "a b"
+    assert nodemap.remap(m, 0x99, "tab\there\x7f") == "tab here "
+    assert nodemap.remap(None, 0x10, "own") == "own"
