@@ -11,6 +11,7 @@ counters after the read.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -108,12 +109,84 @@ def _node_lid(node: DiscNode) -> int:
     return first.lid if first else 0
 
 
+# the data counters --data and --counters show, libibmad's names: PortCounters', and
+# PortCountersExtended's (the four packet counts only when the PMA has the full set)
+DATA_COUNTERS: Final = (("PortXmitData", "port_xmit_data"), ("PortRcvData", "port_rcv_data"),
+                        ("PortXmitPkts", "port_xmit_pkts"), ("PortRcvPkts", "port_rcv_pkts"))
+EXT_DATA_COUNTERS: Final = (
+    *DATA_COUNTERS,
+    ("PortUnicastXmitPkts", "port_unicast_xmit_pkts"),
+    ("PortUnicastRcvPkts", "port_unicast_rcv_pkts"),
+    ("PortMulticastXmitPkts", "port_multicast_xmit_pkts"),
+    ("PortMulticastRcvPkts", "port_multicast_rcv_pkts"),
+)  # fmt: skip
+_BYTES: Final = frozenset({"PortXmitData", "PortRcvData"})
+_UNITS: Final = ("", "K", "M", "G", "T", "P", "E")
+
+
+def _f32(x: float) -> float:
+    import struct
+
+    out: float = struct.unpack("f", struct.pack("f", x))[0]
+    return out
+
+
+def human(value: int, data: bool) -> str:
+    """``conv_cnt_human_readable`` and ``%5.3f%s``: a count in 1024s, a data count (4-byte
+    words) in bytes; in C ``float``, so the digits are the C tool's."""
+    tmp, ui, div = value // 1024, 0, 1
+    while tmp:
+        ui, tmp, div = ui + 1, tmp // 1024, div * 1024
+    val = _f32(float(value))
+    if data:
+        val = _f32(val * 4)
+        if _f32(val / _f32(float(div))) > 1024:
+            ui, div = ui + 1, div * 1024
+    val = _f32(val / _f32(float(div)))
+    unit = (_UNITS[ui] + "B" if data else _UNITS[ui]) if ui < len(_UNITS) else ""
+    return f"{val:5.3f}{unit}"
+
+
+def _data_text(counters: dict[str, Any], names: Sequence[tuple[str, str]], *,
+               all_values: bool) -> tuple[str, dict[str, int]]:  # fmt: skip
+    text, out = "", {}
+    for name, fld in names:
+        v = int(counters[fld])
+        if v or all_values:
+            text += f" [{name} == {v} ({human(v, name in _BYTES)})]"
+            out[name] = v
+    return text, out
+
+
+# ibqueryerrors --details asks PortXmitDiscardDetails for a port's PortXmitDiscards and
+# PortRcvErrorDetails for its PortRcvErrors, but reads each answer with the other
+# attribute's field list (its print_results: the field ranges are swapped); the same here
+_DETAILS: Final = {
+    "PortXmitDiscards": (PerfAttr.PORT_XMIT_DISCARD_DETAILS, "PortXmitDiscardDetails",
+                         "PORT_XMIT_DISCARD_DETAILS", "PORT_RCV_ERROR_DETAILS",
+                         ("PortLocalPhysicalErrors", "PortMalformedPktErrors",
+                          "PortBufferOverrunErrors", "PortDLIDMappingErrors",
+                          "PortVLMappingErrors", "PortLoopingErrors")),
+    "PortRcvErrors": (PerfAttr.PORT_RCV_ERROR_DETAILS, "PortRcvErrorDetails",
+                      "PORT_RCV_ERROR_DETAILS", "PORT_XMIT_DISCARD_DETAILS",
+                      ("PortInactiveDiscards", "PortNeighborMTUDiscards",
+                       "PortSwLifetimeLimitDiscards", "PortSwHOQLifetimeLimitDiscards")),
+}  # fmt: skip
+
+
 def check_errors(
     client: MadClient, fab: Fabric, nodes: Sequence[DiscNode], *, suppressed: set[str],
     thresholds: dict[str, int], types: set[str], report_port: bool = False,
-    clear_errors: bool = False, clear_counts: bool = False,
+    clear_errors: bool = False, clear_counts: bool = False, data: bool = False,
+    details: bool = False, counters_only: bool = False,
 ) -> Report:  # fmt: skip
-    """Read every node's counters and report the ports over a threshold."""
+    """Read every node's counters and report the ports over a threshold.
+
+    ``data`` (``--data``): a bad port's non-zero data counters after its errors;
+    ``details`` (``--details``): the detail attribute of its PortXmitDiscards and
+    PortRcvErrors; ``counters_only`` (``--counters``): every port's data counters
+    instead of its errors.
+    """
     from ibal.wire.mad import perf
 
     rep = Report([], [])
@@ -133,42 +206,103 @@ def check_errors(
         except MadError:
             rep.pma_failures += 1
             cap = 0
+        ext = bool(cap & (_CAP_EXT_WIDTH | _CAP_EXT_WIDTH_NOIETF))
+        data_names = ((EXT_DATA_COUNTERS if cap & _CAP_EXT_WIDTH else DATA_COUNTERS)
+                      if ext else DATA_COUNTERS)  # fmt: skip
 
-        def read(port: int) -> dict[str, Any] | None:
-            sel = perf.PORT_COUNTERS.encode(port_select=port)
+        def read(port: int, table: Any = perf.PORT_COUNTERS,
+                 attr: int = PerfAttr.PORT_COUNTERS) -> dict[str, Any] | None:  # fmt: skip
+            sel = table.encode(port_select=port)
             try:
-                return dict(perf.PORT_COUNTERS.decode(client.perf_get(PerfAttr.PORT_COUNTERS,
-                                                                      lid, sel)))  # fmt: skip
+                return dict(table.decode(client.perf_get(attr, lid, sel)))
             except MadError:
                 rep.pma_failures += 1
                 return None
 
-        def show(port: int, found: list[tuple[str, int]]) -> None:
+        def read_data(port: int) -> dict[str, Any] | None:
+            if ext:
+                return read(port, perf.PORT_COUNTERS_EXT, PerfAttr.PORT_COUNTERS_EXT)
+            return read(port)
+
+        def detail(port: int, counter: str) -> str:
+            attr, _, asked, shape, names = _DETAILS[counter]
+            sel = getattr(perf, asked).encode(port_select=port)
+            try:
+                raw = client.perf_get(attr, lid, sel)
+            except MadError:
+                rep.pma_failures += 1
+                return ""
+            got = list(getattr(perf, shape).decode(bytes(raw)).values())[2:]
+            return "".join(f" [{n} == {v}]" for n, v in zip(names, got, strict=False) if v)
+
+        def heading() -> None:
             nonlocal head
-            if not head:
-                p0 = node.ports.get(0)
-                rep.lines.append(f"Errors for 0x{p0.guid if p0 else node.port_guid:x} "
-                                 f"\"{name}\"" if node.is_switch else f"Errors for \"{name}\"")
-                head = True
-                rep.bad_nodes += 1
-            text = "".join(f" [{n} == {v}]" for n, v in found)
+            if head:
+                return
+            head = True
+            if counters_only:
+                rep.lines.append(f"Data Counters for 0x{node.guid:x} \"{name}\"")
+                return
+            p0 = node.ports.get(0)
+            rep.lines.append(f"Errors for 0x{p0.guid if p0 else node.port_guid:x} "
+                             f"\"{name}\"" if node.is_switch else f"Errors for \"{name}\"")
+            rep.bad_nodes += 1
+
+        def show(port: int, found: list[tuple[str, int]]) -> None:
+            text = ""
+            for n, v in found:
+                text += f" [{n} == {v}]"
+                if details and n in _DETAILS:
+                    text += detail(port, n)
+            extra: dict[str, int] = {}
+            if data:
+                counters = read_data(port) if ext else pc_of[port]
+                if counters is not None:
+                    more, extra = _data_text(counters, data_names, all_values=False)
+                    text += more
+            heading()
             if port == _ALL_PORTS:
                 p0 = node.ports.get(0)
-                rep.lines.append(f"   GUID 0x{p0.guid if p0 else node.port_guid:x} port ALL:"
-                                 f"{text}")  # fmt: skip
+                if node.is_switch:
+                    rep.lines.append(f"   GUID 0x{p0.guid if p0 else node.port_guid:x} port "
+                                     f"ALL:{text}")  # fmt: skip
                 return
             pg = node.ports[port].guid
             rep.lines.append(f"   GUID 0x{pg:x} port {port}:{text}")
             if report_port and (node.guid, port) in fab.info:
                 rep.lines.append(_link_info(fab, node, port))
             rep.bad_ports += 1
-            bad_ports.append({"PortNum": port, "PortGUID": guid(pg),
-                              "counters": dict(found)})  # fmt: skip
+            entry: dict[str, Any] = {"PortNum": port, "PortGUID": guid(pg),
+                                     "counters": dict(found)}
+            if data:
+                entry["data"] = extra
+            bad_ports.append(entry)
 
+        def show_data(port: int) -> None:
+            counters = read_data(port)
+            if counters is None:
+                return
+            text, values = _data_text(counters, data_names, all_values=True)
+            heading()
+            rep.lines.append(f"   GUID 0x{node.guid:x} port {port}:{text}")
+            if report_port and (node.guid, port) in fab.info:
+                rep.lines.append(_link_info(fab, node, port))
+            bad_ports.append({"PortNum": port, "PortGUID": guid(node.ports[port].guid),
+                              "counters": {}, "data": values})  # fmt: skip
+
+        pc_of: dict[int, dict[str, Any] | None] = {}
         all_ports = bool(cap & _CAP_ALL_PORT_SELECT)
         per_port = True
-        if all_ports:
-            pc = read(_ALL_PORTS)
+        if counters_only:
+            for port in range(start, node.num_ports + 1):
+                if port in node.ports:
+                    show_data(port)
+                    rep.ports_checked += 1
+                    if not all_ports:
+                        _clear(client, lid, port, cap, clear_errors, clear_counts, details)
+            per_port = False
+        elif all_ports:
+            pc = pc_of[_ALL_PORTS] = read(_ALL_PORTS)
             found = _over(pc, cap, suppressed, thresholds) if pc is not None else []
             if pc is not None and not found:
                 rep.ports_checked += node.num_ports
@@ -179,17 +313,17 @@ def check_errors(
             for port in range(start, node.num_ports + 1):
                 if port not in node.ports:
                     continue
-                pc = read(port)
+                pc = pc_of[port] = read(port)
                 if pc is not None:
                     found = _over(pc, cap, suppressed, thresholds)
                     if found:
                         show(port, found)
                 rep.ports_checked += 1
                 if not all_ports:
-                    _clear(client, lid, port, cap, clear_errors, clear_counts)
+                    _clear(client, lid, port, cap, clear_errors, clear_counts, details)
         rep.nodes_checked += 1
         if all_ports:
-            _clear(client, lid, _ALL_PORTS, cap, clear_errors, clear_counts)
+            _clear(client, lid, _ALL_PORTS, cap, clear_errors, clear_counts, details)
         if bad_ports:
             rep.nodes.append({"NodeType": {1: "CA", 2: "Switch", 3: "Router"}.get(
                 node.node_type, "??"), "NodeGUID": guid(node.guid), "NodeDescription": name,
@@ -207,7 +341,8 @@ def _link_info(fab: Fabric, node: DiscNode, port: int) -> str:
     return f"       Link info: {port_lid(node, port):6d}{port:4d}[  ] =={link}==>  {remote}"
 
 
-def _clear(client: MadClient, lid: int, port: int, cap: int, errors: bool, counts: bool) -> None:
+def _clear(client: MadClient, lid: int, port: int, cap: int, errors: bool, counts: bool,
+           details: bool = False) -> None:  # fmt: skip
     from ibal.wire.mad import perf
 
     mask = 0
@@ -219,6 +354,14 @@ def _clear(client: MadClient, lid: int, port: int, cap: int, errors: bool, count
         data = perf.PORT_COUNTERS.encode(port_select=port, counter_select=mask & 0xFFFF,
                                          counter_select2=mask >> 16)  # fmt: skip
         client.perf_set(PerfAttr.PORT_COUNTERS, lid, data)
+    if errors and details:  # every detail counter, as ibqueryerrors -k --details
+        for table, attr, mask in ((perf.PORT_XMIT_DISCARD_DETAILS,
+                                   PerfAttr.PORT_XMIT_DISCARD_DETAILS, 0xF),
+                                  (perf.PORT_RCV_ERROR_DETAILS,
+                                   PerfAttr.PORT_RCV_ERROR_DETAILS, 0x3F)):  # fmt: skip
+            # as the C tool: a PMA without the optional attribute is no error
+            with contextlib.suppress(MadError):
+                client.perf_set(attr, lid, table.encode(port_select=port, counter_select=mask))
     if counts and cap & (_CAP_EXT_WIDTH | _CAP_EXT_WIDTH_NOIETF):
         ext = 0xFF if cap & _CAP_EXT_WIDTH else 0x0F
         data = perf.PORT_COUNTERS_EXT.encode(port_select=port, counter_select=ext)
@@ -251,6 +394,10 @@ def summary(rep: Report, thresholds_text: str | None, suppressed: Sequence[str])
 @click.option("--router", "only_router", is_flag=True, help="Routers only.")
 @click.option("-k", "--clear-errors", is_flag=True, help="Clear the error counters after reading.")
 @click.option("-K", "--clear-counts", is_flag=True, help="Clear the data counters after reading.")
+@click.option("--data", "data", is_flag=True, help="A bad port's data counters too.")
+@click.option("--details", is_flag=True,
+              help="The details of PortXmitDiscards and PortRcvErrors too.")
+@click.option("--counters", "counters_only", is_flag=True, help="Only the data counters.")
 @click.option("-R", "nop", is_flag=True, hidden=True)
 @node_name_map_option
 @fabric_options(via="agent")
@@ -258,7 +405,8 @@ def ibqueryerrors_cmd(suppress: str | None, suppress_common: bool, port_guid: st
                       port_guid_s: str | None, dr_path: str | None, skip_sl: bool,
                       report_port: bool, threshold_file: Path, only_switch: bool,
                       only_ca: bool, only_router: bool, clear_errors: bool, clear_counts: bool,
-                      nop: bool, node_name_map: Path | None, as_json: bool,
+                      data: bool, details: bool, counters_only: bool, nop: bool,
+                      node_name_map: Path | None, as_json: bool,
                       **kw: Any) -> None:  # fmt: skip
     """ibqueryerrors: the ports of the fabric whose error counters are over a threshold."""
     from ibal.mad.rpc import PortId, parse_dr_path
@@ -287,7 +435,8 @@ def ibqueryerrors_cmd(suppress: str | None, suppress_common: bool, port_guid: st
             nodes = [n for n in nodes if any(p.guid == target for p in n.ports.values())][:1]
         rep = check_errors(client, fab, nodes, suppressed=set(suppressed),
                            thresholds=thresholds, types=types, report_port=report_port,
-                           clear_errors=clear_errors, clear_counts=clear_counts)  # fmt: skip
+                           clear_errors=clear_errors, clear_counts=clear_counts, data=data,
+                           details=details, counters_only=counters_only)  # fmt: skip
     if target is not None and not nodes:
         click.echo(f"Failed to find node: {label or dr_path}", err=True)
     if as_json:

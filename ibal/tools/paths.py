@@ -22,7 +22,7 @@ from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
 from ibal.wire.mad import smp
 from ibal.wire.mad.consts import SmpAttr
 
-__all__ = ["Hop", "ibtracert_cmd", "trace", "trace_text"]
+__all__ = ["Hop", "ibtracert_cmd", "partial_text", "trace", "trace_text"]
 
 MAX_HOPS: Final = 63
 _TYPES: Final = {1: "ca", 2: "switch", 3: "router"}
@@ -77,9 +77,13 @@ def _inactive(hop: Hop) -> bool:
 
 
 def _route(client: MadClient, base: tuple[int, ...], lid: int, target: Hop,
-           force: bool = False) -> tuple[list[Hop], tuple[int, ...]]:  # fmt: skip
+           force: bool = False,
+           hops: list[Hop] | None = None) -> tuple[list[Hop], tuple[int, ...]]:  # fmt: skip
     """The hops from the node at DR path ``base`` to the port ``target`` (LID ``lid``),
-    and the DR path of the last one (``force``: a port with the target's LID is it too)."""
+    and the DR path of the last one (``force``: a port with the target's LID is it too).
+
+    ``hops``: the list the hops go into as they are found (what was found before an
+    error stays there)."""
     path = list(base)
 
     def same(h: Hop) -> bool:
@@ -89,7 +93,9 @@ def _route(client: MadClient, base: tuple[int, ...], lid: int, target: Hop,
         return PortId(dr_path=tuple(path))
 
     first = hop = _node(client, at())
-    hops = [first]
+    if hops is None:
+        hops = []
+    hops.append(first)
     next_out = _lookup(client, at(), hop, lid) if hop.node_type == smp.NodeType.SWITCH else 0
     for _ in range(MAX_HOPS):
         if _inactive(hop):
@@ -129,13 +135,15 @@ def _route(client: MadClient, base: tuple[int, ...], lid: int, target: Hop,
     raise MadError(f"no route found after {MAX_HOPS} hops")
 
 
-def trace(client: MadClient, src: PortId, dst: PortId, *, force: bool = False) -> list[Hop]:
+def trace(client: MadClient, src: PortId, dst: PortId, *, force: bool = False,
+          hops: list[Hop] | None = None) -> list[Hop]:  # fmt: skip
     """The route from ``src`` to ``dst`` (LIDs or DR paths), source first.
 
     As ibtracert: a source given by LID is first found by following the route to it
     from the local port; every hop is then reached by directed route.  ``force``
     (``-f``): an end that does not answer is not the end of it: the route is followed
-    to a port with the destination's LID."""
+    to a port with the destination's LID.  ``hops``: as :func:`_route`'s, for the
+    route from the source."""
     if src.directed:
         base = tuple(src.dr_path or ())
     else:
@@ -150,7 +158,7 @@ def trace(client: MadClient, src: PortId, dst: PortId, *, force: bool = False) -
               f"{dst.lid}", file=sys.stderr)  # fmt: skip
         target = Hop(0, 0, 0, -1, 0, dst.lid, 0, 0, "")
     lid = target.lid if dst.directed else dst.lid
-    return _route(client, base, lid, target, force)[0]
+    return _route(client, base, lid, target, force, hops)[0]
 
 
 def _end(prompt: str, h: Hop, brief: bool) -> str:
@@ -164,14 +172,29 @@ def _end(prompt: str, h: Hop, brief: bool) -> str:
 def trace_text(hops: list[Hop], *, brief: bool = False) -> str:
     """ibtracert's lines (``brief``: ``-n``, GUIDs and ports only)."""
     lines = [_end("From", hops[0], brief)]
-    for h in hops[1:]:
+    lines += _hop_lines(hops[1:], brief)
+    lines.append(_end("To", hops[-1], brief))
+    return "".join(line + "\n" for line in lines)
+
+
+def _hop_lines(hops: list[Hop], brief: bool) -> list[str]:
+    lines = []
+    for h in hops:
         if brief:
             lines.append(f"[{h.out_port}] -> {{0x{h.port_guid:016x}}}[{h.port_num}]")
         else:
             lines.append(f"[{h.out_port}] -> {_TYPES.get(h.node_type, '???')} port "
                          f"{{0x{h.port_guid:016x}}}[{h.port_num}] lid "
                          f"{h.lid}-{h.lid + (1 << h.lmc) - 1} \"{h.desc}\"")  # fmt: skip
-    lines.append(_end("To", hops[-1], brief))
+    return lines
+
+
+def partial_text(hops: list[Hop], *, brief: bool = False) -> str:
+    """What ibtracert has printed of a route when it fails: its start and the hops found
+    (it prints each line as it goes)."""
+    if not hops:
+        return ""
+    lines = [_end("From", hops[0], brief), *_hop_lines(hops[1:], brief)]
     return "".join(line + "\n" for line in lines)
 
 
@@ -181,6 +204,14 @@ def _json(hops: list[Hop]) -> dict[str, Any]:
                       "PortNum": h.port_num, "LID": h.lid, "LMC": h.lmc,
                       "NodeDescription": h.desc, "OutPort": h.out_port or None}
                      for h in hops]}  # fmt: skip
+
+
+def _named(hops: list[Hop], names: dict[int, str] | None) -> list[Hop]:
+    from ibal.tools import nodemap
+
+    for h in hops:
+        h.desc = nodemap.remap(names, h.node_guid, h.desc)
+    return hops
 
 
 @click.command("ibtracert")
@@ -202,14 +233,16 @@ def ibtracert_cmd(src: str, dst: str, brief: bool, mlid: str | None, force: bool
     if mlid is not None:
         raise click.ClickException("ibtracert -m (a multicast route) is not supported")
     names = nodemap.load(node_name_map)
+    found: list[Hop] = []
     with fabric_client("ibtracert", kw) as client:
         ends = [cliopts.resolve_target(client, t, False, by_guid) for t in (src, dst)]
         try:
-            hops = trace(client, *ends, force=force)
+            hops = trace(client, *ends, force=force, hops=found)
         except MadError as exc:
+            if not as_json:
+                click.echo(partial_text(_named(found, names), brief=brief), nl=False)
             raise click.ClickException(f"{exc}; failed to find route") from exc
-    for h in hops:
-        h.desc = nodemap.remap(names, h.node_guid, h.desc)
+    hops = _named(hops, names)
     if as_json:
         emit_json(_json(hops))
         return

@@ -9,12 +9,14 @@ same arguments print the same text.  Skips naming the missing Debian packages
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from ibal.testing.ibsim import Fabric
 from ibal.tools import nodemap
+from ibal.tools.errors import human
 from tests.tools.admin_ibsim import ibal, lids, tool, valid
 
 
@@ -78,3 +80,89 @@ def test_node_name_map_parser_reads_what_the_c_parser_reads() -> None:
     assert nodemap.remap(m, 0x10, "ignored") == "a b"
     assert nodemap.remap(m, 0x99, "tab\there\x7f") == "tab here "
     assert nodemap.remap(None, 0x10, "own") == "own"
+
+
+@pytest.mark.timeout(600)
+def test_ibtracert_force_matches(ibsim_module_fabric: Fabric) -> None:
+    fabric = ibsim_module_fabric
+    ls = lids(fabric)
+    host, sw = str(ls["host"]), str(ls["switch"])
+    cases = [["-f", host, sw], ["-f", "-n", sw, host]]
+    ours = ibal(fabric, [["ibtracert", *a] for a in cases])
+    for args, res in zip(cases, ours, strict=True):
+        assert res["stdout"] == tool(fabric, ["ibtracert", *args]), args
+    # a LID nobody has: -f goes on past the missing node, and both find no route
+    bad = ibal(fabric, [["ibtracert", "-f", host, "60"]], ok=False)[0]
+    theirs = fabric.run(["ibtracert", "-f", host, "60"], "Host")
+    assert bad["code"] == 1 and theirs.returncode != 0
+    # the C tool prints the route's start as it goes, then its error on stdout
+    start, err = theirs.stdout.rsplit("ibtracert: iberror: ", 1)
+    assert bad["stdout"] == start and start.startswith("From ca {0x")
+    assert "failed to find route" in bad["stderr"] and "route information" in err
+    assert "force: look for lid 60" in bad["stderr"] and "Force: look for lid 60" in theirs.stderr
+
+
+_COUNT = re.compile(r"\[(\w+) == (\d+) \(([\d.]+[A-Z]*)\)\]")
+
+
+def _masked(text: str) -> str:
+    """Data counters masked: the fabric's own MADs move them between two runs."""
+    return _COUNT.sub(lambda m: f"[{m.group(1)} == N]", text)
+
+
+def _values(text: str) -> dict[tuple[str, str, str], int]:
+    """(node line, port line's GUID and port, counter): value, from ibqueryerrors' text."""
+    out, head = {}, ""
+    for line in text.splitlines():
+        if not line.startswith("   "):
+            head = line
+            continue
+        where = line.split(":", 1)[0].strip()
+        for m in _COUNT.finditer(line):
+            out[(head, where, m.group(1))] = int(m.group(2))
+    return out
+
+
+@pytest.mark.timeout(600)
+def test_ibqueryerrors_data_counters_and_details_match(ibsim_fabric: Fabric) -> None:
+    """--data, --counters and --details against the C tool: the same lines, counters
+    and units; the data counters' values only grow from the C run to ibal's (nothing
+    clears them), and each value's human-readable form is the C tool's digits."""
+    fabric = ibsim_fabric
+    fabric.console('PerformanceSet "Switch1"[2] PortCounters.SymbolErrorCounter=5')
+    fabric.console('PerformanceSet "Host"[1] PortCounters.PortRcvErrors=3')
+    fabric.console('PerformanceSet "Host"[1] PortCounters.PortXmitDiscards=2')
+    cases = [["--data"], ["--counters"], ["--details"], ["--data", "--details", "-r"],
+             ["--counters", "--switch"], ["--counters", "-r", "--ca"]]
+    theirs = [fabric.run(["ibqueryerrors", *a], "Host") for a in cases]
+    ours = ibal(fabric, [["ibqueryerrors", *a] for a in cases] + [
+        ["ibqueryerrors", "--json", "--data"], ["ibqueryerrors", "--json", "--counters"]],
+        ok=False)  # fmt: skip
+    for args, mine, c in zip(cases, ours, theirs, strict=False):
+        assert mine["code"] == c.returncode == (0 if "--counters" in args else 1), args
+        assert _masked(mine["stdout"]) == _masked(c.stdout), args
+        before, after = _values(c.stdout), _values(mine["stdout"])
+        assert before.keys() == after.keys(), args
+        assert bool(before) == (args != ["--details"]), args
+        assert all(after[k] >= before[k] for k in before), args
+        for m in _COUNT.finditer(c.stdout):
+            name, value, shown = m.group(1), int(m.group(2)), m.group(3)
+            assert human(value, name in ("PortXmitData", "PortRcvData")) == shown, m.group(0)
+    data = ours[0]["stdout"]
+    assert "port ALL: [SymbolErrorCounter == 5] [PortXmitData == " in data
+    assert "port 1: [PortRcvErrors == 3] [PortXmitDiscards == 2] [PortXmitData == " in data
+    # ibsim's PMA has the full PortCountersExtended: eight counters a port, zeros too
+    counters = ours[1]["stdout"]
+    assert counters.count("[PortMulticastRcvPkts == 0 (0.000)]") == 11
+    assert 'Data Counters for 0x200000 "Switch1"' in counters and "Errors for" not in counters
+    js = valid("ibqueryerrors", ours[-2]["stdout"])
+    host = next(n for n in js["nodes"] if n["NodeDescription"] == "Host")
+    (port,) = host["ports"]
+    assert port["counters"] == {"PortRcvErrors": 3, "PortXmitDiscards": 2}
+    assert port["data"]["PortXmitPkts"] > 0 and "PortUnicastXmitPkts" not in port["data"]
+    jc = valid("ibqueryerrors", ours[-1]["stdout"])
+    assert jc["BadPorts"] == 0 and sum(len(n["ports"]) for n in jc["nodes"]) == 11
+    # -k with --details clears the detail counters too: the PMA takes the Sets
+    cleared = ibal(fabric, [["ibqueryerrors", "-k", "--details"]], ok=False)[0]
+    assert cleared["code"] == 1 and "PMA query failures" not in cleared["stdout"]
+    assert "0 ports have errors" in tool(fabric, ["ibqueryerrors"])

@@ -10,7 +10,8 @@ from typing import Final
 from ibal.wire.fields import F, R, Table
 from ibal.wire.mad.header import CLASS_PORT_INFO
 
-__all__ = ["CLASS_PORT_INFO", "PORT_COUNTERS", "PORT_COUNTERS_EXT"]
+__all__ = ["CLASS_PORT_INFO", "PORT_COUNTERS", "PORT_COUNTERS_EXT", "PORT_RCV_ERROR_DETAILS",
+           "PORT_XMIT_DISCARD_DETAILS"]
 
 PORT_COUNTERS: Final = Table("PortCounters", [
     R(8),
@@ -50,4 +51,27 @@ PORT_COUNTERS_EXT: Final = Table("PortCountersExtended", [
     F("port_unicast_rcv_pkts", 64),
     F("port_multicast_xmit_pkts", 64),
     F("port_multicast_rcv_pkts", 64),
+])  # fmt: skip
+
+# IBA vol. 1 16.1.4.3 (optional): why a port's PortRcvErrors and PortXmitDiscards counted
+PORT_RCV_ERROR_DETAILS: Final = Table("PortRcvErrorDetails", [
+    R(8),
+    F("port_select", 8),
+    F("counter_select", 16, hex=True),
+    F("port_local_physical_errors", 16),
+    F("port_malformed_packet_errors", 16),
+    F("port_buffer_overrun_errors", 16),
+    F("port_dlid_mapping_errors", 16),
+    F("port_vl_mapping_errors", 16),
+    F("port_looping_errors", 16),
+])  # fmt: skip
+
+PORT_XMIT_DISCARD_DETAILS: Final = Table("PortXmitDiscardDetails", [
+    R(8),
+    F("port_select", 8),
+    F("counter_select", 16, hex=True),
+    F("port_inactive_discards", 16),
+    F("port_neighbor_mtu_discards", 16),
+    F("port_sw_lifetime_limit_discards", 16),
+    F("port_sw_hoq_lifetime_limit_discards", 16),
 ])  # fmt: skip
