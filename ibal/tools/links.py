@@ -23,8 +23,9 @@ from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
 from ibal.wire.mad import smp
 from ibal.wire.mad.consts import SmpAttr
 
-__all__ = ["Fabric", "iblinkinfo_cmd", "iblinkinfo_json", "iblinkinfo_text", "link_text",
-           "port_lid", "read_links", "remote_text"]  # fmt: skip
+__all__ = ["DIFF_CHECKS", "Fabric", "diff_checks", "iblinkinfo_cmd", "iblinkinfo_diff",
+           "iblinkinfo_json", "iblinkinfo_text", "link_text", "port_lid", "read_links",
+           "remote_text"]  # fmt: skip
 
 _CAP_EXT_SPEEDS: Final = int(smp.CapabilityMask.IS_EXTENDED_SPEEDS_SUPPORTED)
 _DOWN: Final = 1
@@ -51,14 +52,14 @@ class Fabric:
         return int(pi["capability_mask"]) if pi else 0
 
 
-def _cached(path: Path) -> Fabric:
+def _cached(path: Path, why: str = "loading cached fabric failed") -> Fabric:
     """A cache file's fabric: its topology and the PortInfo it keeps of every port."""
     from ibal.tools.cache import CacheError, load, to_topology
 
     try:
         cache = load(path)
     except CacheError as exc:
-        raise click.ClickException(f"loading cached fabric failed: {exc}") from exc
+        raise click.ClickException(f"{why}: {exc}") from exc
     info = {(n.guid, p.num): dict(smp.PORT_INFO.decode(p.info)) for n in cache.nodes
             for p in n.ports}  # fmt: skip
     return Fabric(to_topology(cache), info)
@@ -161,44 +162,171 @@ def remote_text(fab: Fabric, node: DiscNode, pn: int, *, with_guid: bool) -> str
     return '    "Port not available"'
 
 
-def _port_line(fab: Fabric, node: DiscNode, pn: int, *, line_mode: bool, extra: bool) -> str:
+def _port_line(fab: Fabric, node: DiscNode, pn: int, *, line_mode: bool, extra: bool,
+               prefix: str = "", filter_down: Fabric | None = None) -> str:  # fmt: skip
     port = node.ports[pn]
     pi = fab.info.get((node.guid, pn))
     if pi is None:
         return ""
+    if filter_down is not None and int(pi["port_state"]) == _DOWN and _was_down(filter_down,
+                                                                               node, pn):
+        return ""
     link = link_text(fab, node, pn, pi, extra)
     remote = remote_text(fab, node, pn, with_guid=line_mode)
     if line_mode:
-        head = f"0x{port.guid:016x} \"{node.desc:>30s}\" "
+        head = f"{prefix}0x{port.guid:016x} \"{node.desc:>30s}\" "
     else:
-        head = "      " + ("" if node.is_switch else f"0x{port.guid:016x} ")
+        head = f"{prefix}      " + ("" if node.is_switch else f"0x{port.guid:016x} ")
     return f"{head}{port_lid(node, pn):6d} {pn:4d}[  ] =={link}==>  {remote}\n"
+
+
+def _was_down(cached: Fabric, node: DiscNode, pn: int) -> bool:
+    """``--filterdownports``: the cache has this node's port ``pn``, and it was down."""
+    other = cached.topology.nodes.get(node.guid)
+    if other is None or pn > other.num_ports or pn not in other.ports:
+        return False
+    pi = cached.info.get((node.guid, pn))
+    return pi is not None and int(pi["port_state"]) == _DOWN
 
 
 def _ports(node: DiscNode) -> Iterator[int]:
     return (p for p in range(1, node.num_ports + 1) if p in node.ports)
 
 
-def iblinkinfo_text(fab: Fabric, nodes: Iterable[DiscNode], *, down_only: bool = False,
-                    line_mode: bool = False, extra: bool = False) -> str:  # fmt: skip
-    """iblinkinfo's text for ``nodes`` (``-d``: down ports only; ``-l``: one line each;
-    ``-p``: HOQ life and VL stall count)."""
+def _header(node: DiscNode, prefix: str = "") -> str:
+    if node.is_switch:
+        p0 = node.ports.get(0)
+        pg = p0.guid if p0 and p0.guid else node.port_guid
+        return f"{prefix}Switch: 0x{pg:016x} {node.desc}:\n"
+    return f"{prefix}{_TYPE.get(node.node_type, '??')}: {node.desc}:\n"
+
+
+def _node_text(fab: Fabric, node: DiscNode, *, down_only: bool, line_mode: bool, extra: bool,
+               prefix: str = "", filter_down: Fabric | None = None) -> str:  # fmt: skip
     out = []
-    for node in nodes:
-        head = False
-        for pn in _ports(node):
-            pi = fab.info.get((node.guid, pn))
-            if down_only and (pi is None or int(pi["port_state"]) != _DOWN):
+    head = False
+    for pn in _ports(node):
+        pi = fab.info.get((node.guid, pn))
+        if down_only and (pi is None or int(pi["port_state"]) != _DOWN):
+            continue
+        if not head and not line_mode:
+            out.append(_header(node, prefix))
+            head = True
+        out.append(_port_line(fab, node, pn, line_mode=line_mode, extra=extra, prefix=prefix,
+                              filter_down=filter_down))  # fmt: skip
+    return "".join(out)
+
+
+def iblinkinfo_text(fab: Fabric, nodes: Iterable[DiscNode], *, down_only: bool = False,
+                    line_mode: bool = False, extra: bool = False,
+                    filter_down: Fabric | None = None) -> str:  # fmt: skip
+    """iblinkinfo's text for ``nodes`` (``-d``: down ports only; ``-l``: one line each;
+    ``-p``: HOQ life and VL stall count; ``filter_down``: ``--filterdownports``' cached
+    fabric, whose down ports are left out while they stay down)."""
+    return "".join(_node_text(fab, n, down_only=down_only, line_mode=line_mode, extra=extra,
+                              filter_down=filter_down) for n in nodes)  # fmt: skip
+
+
+DIFF_CHECKS: Final = {"port": 1, "state": 2, "lid": 4, "nodedesc": 8}
+_DIFF_DEFAULT: Final = 3  # port connections and port states
+
+
+def diff_checks(text: str | None) -> int:
+    """``--diffcheck``'s keys (any case, comma separated) as flags; ``ValueError(key)``."""
+    if text is None:
+        return _DIFF_DEFAULT
+    flags = 0
+    for key in (k for k in text.split(",") if k):
+        if key.lower() not in DIFF_CHECKS:
+            raise ValueError(key)
+        flags |= DIFF_CHECKS[key.lower()]
+    return flags
+
+
+def _remote_port(fab: Fabric, node: DiscNode, pn: int) -> tuple[DiscNode, int, int] | None:
+    """The far end of a port's link: its node, port number and port GUID."""
+    p = node.ports.get(pn)
+    if p is None or p.remote is None:
+        return None
+    far = fab.topology.nodes[p.remote[0]]
+    fp = far.ports.get(p.remote[1])
+    return far, p.remote[1], fp.guid if fp else 0
+
+
+def _diff_one(n1: DiscNode, f1: Fabric, f2: Fabric, flags: int, p1: str, p2: str,
+              opts: dict[str, Any]) -> str:  # fmt: skip
+    """iblinkinfo's ``diff_node_iter``: node ``n1`` of ``f1`` against the same GUID in ``f2``."""
+    n2 = f2.topology.nodes.get(n1.guid)
+    if n2 is None:
+        return _node_text(f1, n1, prefix=p1, **opts)
+    if not flags:
+        return ""
+    out = []
+    head = False
+    if ((n1.is_switch and flags & 4 and n1.lid != n2.lid)
+            or (flags & 8 and n1.desc != n2.desc)):  # fmt: skip
+        # both headers, each with its side's mark (the C tool's print_node_header is
+        # handed no header flag here, which it then writes through: not reproduced)
+        if not opts["line_mode"]:
+            out += [_header(n1, p1), _header(n2, p2)]
+        head = True
+    if n1.num_ports != n2.num_ports:
+        if not head and not opts["line_mode"]:
+            out.append(_header(n1))
+        return "".join(out) + f"{p1}numports = {n1.num_ports}\n{p2}numports = {n2.num_ports}\n"
+    line = {k: v for k, v in opts.items() if k != "down_only"}
+    for pn in range(1, n1.num_ports + 1):
+        a, b = pn in n1.ports, pn in n2.ports
+        if not a and not b:
+            continue
+        diff = 0
+        r1 = _remote_port(f1, n1, pn) if a else None
+        r2 = _remote_port(f2, n2, pn) if b else None
+        if flags & 1 and (a != b or (r1 is None) != (r2 is None)
+                          or (r1 and r2 and r1[2] != r2[2])):  # fmt: skip
+            diff += 1
+        if flags & 2 and a and b:
+            s1, s2 = (f.info.get((n.guid, pn), {}).get("port_state") for f, n in ((f1, n1),
+                                                                               (f2, n2)))
+            diff += s1 != s2
+        if flags & 1 and r1 and r2:
+            far1, far2 = r1[0], r2[0]
+            if flags & 4 and far1.ports[r1[1]].lid != far2.ports[r2[1]].lid:
+                diff += 1
+            if flags & 8 and far1.desc != far2.desc:
+                diff += 1
+        if not diff:
+            continue
+        for n, f, pfx, there in ((n1, f1, p1, a), (n2, f2, p2, b)):
+            if not there:
                 continue
-            if not head and not line_mode:
-                if node.is_switch:
-                    p0 = node.ports.get(0)
-                    pg = p0.guid if p0 and p0.guid else node.port_guid
-                    out.append(f"Switch: 0x{pg:016x} {node.desc}:\n")
-                else:
-                    out.append(f"{_TYPE.get(node.node_type, '??')}: {node.desc}:\n")
+            if not head and not line["line_mode"]:
+                out.append(_header(n1))
                 head = True
-            out.append(_port_line(fab, node, pn, line_mode=line_mode, extra=extra))
+            out.append(_port_line(f, n, pn, prefix=pfx, **line))
+    return "".join(out)
+
+
+def iblinkinfo_diff(orig: Fabric, new: Fabric, nodes: Iterable[DiscNode] | None, *,
+                    flags: int = _DIFF_DEFAULT, only_type: int = 0, down_only: bool = False,
+                    line_mode: bool = False, extra: bool = False,
+                    filter_down: Fabric | None = None) -> str:  # fmt: skip
+    """``iblinkinfo --diff``: what changed from the cached fabric ``orig`` to ``new``, ``<``
+    the cache's lines, ``>`` the fabric's (``nodes``: the one node of ``-S``/``-D``, else
+    every node, ``only_type`` of them).  As the C tool: each of ``orig``'s nodes is
+    checked against ``new``, then each of ``new``'s only for being in ``orig``."""
+    opts: dict[str, Any] = {"down_only": down_only, "line_mode": line_mode, "extra": extra,
+                            "filter_down": filter_down}
+
+    def every(fab: Fabric) -> list[DiscNode]:
+        return [n for n in fab.nodes() if not only_type or n.node_type == only_type]
+
+    # a -S/-D node is the new fabric's, and the C tool hands it to both passes
+    first = list(nodes) if nodes is not None else every(orig)
+    second = list(nodes) if nodes is not None else every(new)
+    out = [_diff_one(n, orig if nodes is None else new, new, flags, "< ", "> ", opts)
+           for n in first]  # fmt: skip
+    out += [_diff_one(n, new, orig, 0, "> ", "< ", opts) for n in second]
     return "".join(out)
 
 
@@ -243,7 +371,7 @@ def iblinkinfo_json(fab: Fabric, nodes: Iterable[DiscNode]) -> dict[str, Any]:
 @click.option("-G", "--port-guid", "port_guid", metavar="GUID", help="Same as -S.")
 @click.option("-D", "--Direct", "dr_path", metavar="DR_PATH", help="Only the node at DR_PATH.")
 @click.option("-a", "--all", "all_nodes", is_flag=True, help="With -S/-D: every node all the same.")
-@click.option("-d", "--down", is_flag=True, help="Only down links.")
+@click.option("-d", "--down", "down_only", is_flag=True, help="Only down links.")
 @click.option("-l", "--line", "line_mode", is_flag=True, help="One line per link.")
 @click.option("-p", "--additional", is_flag=True, help="HOQ life and VL stall count too.")
 @click.option("--switches-only", is_flag=True, help="Only switches.")
@@ -253,17 +381,31 @@ def iblinkinfo_json(fab: Fabric, nodes: Iterable[DiscNode]) -> dict[str, Any]:
 @click.option("-R", "nop", is_flag=True, hidden=True)
 @click.option("--load-cache", "load_cache", type=click.Path(path_type=Path),
               help="The fabric of this ibnetdiscover cache file (no sweep).")  # fmt: skip
+@click.option("--diff", "diff_cache", type=click.Path(path_type=Path),
+              help="Only what differs from this ibnetdiscover cache file (<: it, >: now).")
+@click.option("--diffcheck", metavar="KEY,...",
+              help="What --diff compares: port, state, lid, nodedesc [default: port,state].")
+@click.option("--filterdownports", "filter_cache", type=click.Path(path_type=Path),
+              help="Leave out the ports down in this ibnetdiscover cache and still down.")
 @node_name_map_option
 @fabric_options(via="agent")
 def iblinkinfo_cmd(by_guid: str | None, port_guid: str | None, dr_path: str | None,
-                   all_nodes: bool, down: bool, line_mode: bool, additional: bool,
+                   all_nodes: bool, down_only: bool, line_mode: bool, additional: bool,
                    switches_only: bool, cas_only: bool, window: int, nop: bool,
-                   load_cache: Path | None, node_name_map: Path | None, as_json: bool,
+                   load_cache: Path | None, diff_cache: Path | None, diffcheck: str | None,
+                   filter_cache: Path | None, node_name_map: Path | None, as_json: bool,
                    **kw: Any) -> None:  # fmt: skip
     """iblinkinfo: every port of the fabric, its link and what is at the other end."""
     from ibal.tools import nodemap
 
+    try:
+        flags = diff_checks(diffcheck)
+    except ValueError as exc:
+        raise click.ClickException(f"invalid diff check key: {exc}") from None
     names = nodemap.load(node_name_map)
+    diff = _cached(diff_cache, "loading cached fabric for diff failed") if diff_cache else None
+    down = (_cached(filter_cache, "loading cached fabric for filterdownports failed")
+            if filter_cache else None)  # fmt: skip
     label = by_guid or port_guid
     target = None
     if load_cache is not None:
@@ -281,18 +423,26 @@ def iblinkinfo_cmd(by_guid: str | None, port_guid: str | None, dr_path: str | No
                 target = int(ni["port_guid"])
     if label is not None and not all_nodes:
         target = int(label, 0)
-    nodemap.apply(fab.topology, names)
+    for f in (fab, diff, down):
+        if f is not None:
+            nodemap.apply(f.topology, names)
     nodes = fab.nodes()
+    want = 2 if switches_only else 1 if cas_only else 0
     if target is not None:
         nodes = [n for n in nodes if n.port_guid == target or
                  any(p.guid == target for p in n.ports.values())][:1]  # fmt: skip
         if not nodes:
             raise click.ClickException(f"Failed to find port: {label or dr_path}")
-    if switches_only or cas_only:
-        want = 2 if switches_only else 1
+    if want:
         nodes = [n for n in nodes if n.node_type == want]
     if as_json:
         emit_json(iblinkinfo_json(fab, nodes))
         return
-    click.echo(iblinkinfo_text(fab, nodes, down_only=down, line_mode=line_mode,
-                               extra=additional), nl=False)  # fmt: skip
+    if diff is not None:
+        click.echo(iblinkinfo_diff(diff, fab, nodes if target is not None else None,
+                                   flags=flags, only_type=want, down_only=down_only,
+                                   line_mode=line_mode, extra=additional, filter_down=down),
+                   nl=False)  # fmt: skip
+        return
+    click.echo(iblinkinfo_text(fab, nodes, down_only=down_only, line_mode=line_mode,
+                               extra=additional, filter_down=down), nl=False)  # fmt: skip

@@ -166,3 +166,45 @@ def test_ibqueryerrors_data_counters_and_details_match(ibsim_fabric: Fabric) -> 
     cleared = ibal(fabric, [["ibqueryerrors", "-k", "--details"]], ok=False)[0]
     assert cleared["code"] == 1 and "PMA query failures" not in cleared["stdout"]
     assert "0 ports have errors" in tool(fabric, ["ibqueryerrors"])
+
+
+@pytest.mark.timeout(600)
+def test_iblinkinfo_diff_and_filterdownports_match(ibsim_fabric: Fabric,
+                                                   tmp_path: Path) -> None:  # fmt: skip
+    """Caches written by each tool while Switch1's ports 4-8 are down; then the link to
+    Peer is disabled: ``--diff`` shows that port in the cache and now, ``--filterdownports``
+    leaves out ports 4-8 (down then and now) but not port 3, for both tools and either
+    cache."""
+    fabric = ibsim_fabric
+    ours, theirs = tmp_path / "ours.cache", tmp_path / "theirs.cache"
+    ibal(fabric, [["discover", "--cache", str(ours)]])
+    tool(fabric, ["ibnetdiscover", "--cache", str(theirs)])
+    ibal(fabric, [["ibportstate", "-D", "0,1", "3", "disable"]])
+    cases = []
+    for c in (ours, theirs):
+        cases += [["--diff", str(c)], ["--diff", str(c), "-l"],
+                  ["--diff", str(c), "--diffcheck", "port"],
+                  ["--diff", str(c), "--diffcheck", "state,lid,nodedesc"],
+                  ["--diff", str(c), "--switches-only", "-p"],
+                  ["--diff", str(c), "--cas-only"],
+                  ["--filterdownports", str(c)], ["--filterdownports", str(c), "-l", "-d"],
+                  ["--filterdownports", str(c), "--diff", str(c)]]
+    mine = ibal(fabric, [["iblinkinfo", *a] for a in cases])
+    for args, res in zip(cases, mine, strict=True):
+        assert res["stdout"] == tool(fabric, ["iblinkinfo", *args]), args
+    diff = mine[0]["stdout"]
+    # Peer is gone (its whole node from the cache), Switch1's port 3 lost its far end
+    assert diff.startswith("< CA: Peer:\n<       0x")
+    assert "Switch: 0x0000000000200000 Switch1:\n<            2    3[  ] " in diff
+    assert diff.endswith('Active/Disabled)==>      "Port not available"\n')
+    # ibsim leaves the disabled port's PortState Active: the state check alone sees
+    # only the node that went
+    assert "Switch1:" not in mine[3]["stdout"] and "< CA: Peer:" in mine[3]["stdout"]
+    filtered = mine[6]["stdout"]
+    assert "Active/Disabled" in filtered and "Down/ Polling" not in filtered
+    assert "Down/ Polling" in tool(fabric, ["iblinkinfo"])
+    bad = ibal(fabric, [["iblinkinfo", "--diffcheck", "ports", "--diff", str(ours)],
+                        ["iblinkinfo", "--diff", str(tmp_path / "none")]], ok=False)
+    assert [b["code"] for b in bad] == [1, 1]
+    assert "invalid diff check key: ports" in bad[0]["stderr"]
+    assert "loading cached fabric for diff failed" in bad[1]["stderr"]
