@@ -208,3 +208,55 @@ def test_iblinkinfo_diff_and_filterdownports_match(ibsim_fabric: Fabric,
     assert [b["code"] for b in bad] == [1, 1]
     assert "invalid diff check key: ports" in bad[0]["stderr"]
     assert "loading cached fabric for diff failed" in bad[1]["stderr"]
+
+
+def _field(text: str, name: str) -> str:
+    m = re.search(rf"^{name}:\.+(.*)$", text, re.M)
+    assert m, text
+    return m.group(1)
+
+
+@pytest.mark.timeout(600)
+def test_ibportstate_espeed_fdr10_and_mkey_match(ibsim_fabric: Fabric) -> None:
+    """espeed and fdr10 on two unlinked ports of Switch1, one each (a set changes what the
+    next reads): the same text; the extended speed set on a linked port seen by
+    smpquery; the M_Key ops
+    on Host's port (ibsim keeps no M_Key, so each tool sees the same port), ``-K``, and
+    the C tool's refusals in its words."""
+    fabric = ibsim_fabric
+    pairs = [(["-D", "0,1", "4", "espeed", "1"], ["-D", "0,1", "5", "espeed", "1"]),
+             (["-D", "0,1", "6", "fdr10", "1"], ["-D", "0,1", "7", "fdr10", "1"])]
+    for mine_args, their_args in pairs:
+        mine = ibal(fabric, [["ibportstate", *mine_args]])[0]["stdout"]
+        theirs = tool(fabric, ["ibportstate", *their_args])
+        assert mine == theirs.replace(f" port {their_args[2]}\n", f" port {mine_args[2]}\n")
+    # on the linked port to Peer, ibsim takes the extended speed: smpquery sees it
+    assert _field(tool(fabric, ["smpquery", "-D", "portinfo", "0,1", "3"]),
+                  "LinkSpeedExtEnabled") == "0"  # fmt: skip
+    ibal(fabric, [["ibportstate", "-D", "0,1", "3", "espeed", "1"]])
+    espeed = tool(fabric, ["smpquery", "-D", "portinfo", "0,1", "3"])
+    assert _field(espeed, "LinkSpeedExtEnabled") == "14.0625 Gbps"
+    fdr = ibal(fabric, [["ibportstate", "-D", "0,1", "6", "fdr10", "1"]])[0]["stdout"]
+    after = fdr.split("After MLNXExtendedPortInfo set:\n", 1)[1]
+    assert _field(after, "StateChangeEnable") == "0x01" and _field(after, "LinkSpeedEnabled") \
+        == "0x01"  # fmt: skip
+    cases = [["-D", "0", "1", "mkey", "0x1234", "mkeylease", "7", "mkeyprot", "1"],
+             ["-K", "-D", "0", "1"], ["-K", "-D", "0,1", "0"], ["-D", "0,1", "0", "mkey", "9"]]
+    ours = ibal(fabric, [["ibportstate", *a] for a in cases])
+    for args, res in zip(cases, ours, strict=True):
+        assert res["stdout"] == tool(fabric, ["ibportstate", *args]), args
+    assert _field(ours[1]["stdout"], "Mkey") == "0x0000000000000000"
+    assert _field(ours[0]["stdout"], "Mkey") == "<not displayed>"
+    js = valid("ibportstate", ibal(fabric, [["ibportstate", "--json", "-D", "0", "1", "mkey",
+                                             "0x1234"]])[0]["stdout"])  # fmt: skip
+    assert js["Set"] == {"mkey": "0x0000000000001234"}
+    refused = [["-D", "0,1", "3", "mkey", "5"], ["-D", "0,1", "4", "espeed", "32"],
+               ["-D", "0,1", "4", "fdr10", "2"], ["-D", "0", "1", "mkeylease", "65536"],
+               ["-D", "0", "1", "mkeyprot", "4"]]
+    bad = ibal(fabric, [["ibportstate", *a] for a in refused], ok=False)
+    for args, res in zip(refused, bad, strict=True):
+        theirs = tool(fabric, ["ibportstate", *args], ok=False)
+        assert res["code"] == 1 and res["stdout"] == "", args
+        # ibportstate prints its error on stdout, ibal on stderr
+        assert theirs.startswith("ibportstate: iberror: failed: "), args
+        assert theirs.split("failed: ", 1)[1].strip() in res["stderr"], args

@@ -136,6 +136,7 @@ class SmpAttr(enum.IntEnum):
     SM_INFO = 0x0020
     VENDOR_DIAG = 0x0030
     LED_INFO = 0x0031
+    MLNX_EXT_PORT_INFO = 0xFF90  # Mellanox's vendor range: FDR10 among its speeds
 
 
 class SaAttr(enum.IntEnum):

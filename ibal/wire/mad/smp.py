@@ -260,3 +260,16 @@ PORT_INFO: Final = Table("PortInfo", [
     R(3),
     F("link_speed_ext_enabled", 5),
 ])  # fmt: skip
+
+# Mellanox's ExtendedPortInfo (SmpAttr.MLNX_EXT_PORT_INFO): one byte in each of the
+# first four 32-bit words, as libibmad's fields place them; bit 0 of a speed is FDR10
+MLNX_EXT_PORT_INFO: Final = Table("MlnxExtendedPortInfo", [
+    R(24),
+    F("state_change_enable", 8, hex=True),
+    R(24),
+    F("link_speed_supported", 8, hex=True),
+    R(24),
+    F("link_speed_enabled", 8, hex=True),
+    R(24),
+    F("link_speed_active", 8, hex=True),
+])  # fmt: skip
