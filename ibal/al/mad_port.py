@@ -106,6 +106,8 @@ def check_mad_send(send: object, rmpp: bool = False) -> MadSend:
         raise InvalidParameter("timeout_ms and retries are ints")
     if timeout < 0 or retries < 0:
         raise InvalidParameter("timeout_ms and retries are non-negative")
+    if send.quiet and timeout:
+        raise InvalidParameter("a quiet send waits for no response (timeout_ms 0)")
     return send
 
 
@@ -428,7 +430,7 @@ class SplQpTransport(MadTransport):
                 raise InvalidHandle("MAD agent is not registered here")
             for k in [k for k, a in self._methods.items() if a is agent]:
                 del self._methods[k]
-            canceled = [out for _key, out in agent.pending.drain()]
+            canceled = [out for _key, out in agent.pending.drain() if not out.send.quiet]
             self._ring.disown(lambda out: out.agent is agent)  # still completes; nobody hears
             for out in canceled:
                 if out.timer is not None:
@@ -536,6 +538,8 @@ class SplQpTransport(MadTransport):
                 return
             if out.timer is not None:
                 out.timer.cancel()
+        if out.send.quiet:
+            return  # nobody hears it: no report, no hop to the completion queue
         if deferred is not None and not out.agent.spec.send_cb_any_thread:
             deferred.append((out, status))
             return

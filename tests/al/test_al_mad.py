@@ -792,3 +792,20 @@ def test_send_many_on_the_special_qp_is_one_post_send(
     assert sender.send_many(sends[2:]) == 3  # not outstanding any more: sent again
     got = sorted(int.from_bytes(r_in.recv().mad[12:16], "big") for _ in range(3))
     assert got == [0x302, 0x303, 0x304] and r_in.recvs.empty()
+
+
+def test_a_quiet_send_lands_and_reports_nothing(world: World) -> None:
+    """``MadSend.quiet``: the MAD lands as any other, no ``MadSendDone`` comes for it (the
+    loud send after it is the only report); a quiet request that would wait for its
+    response is refused."""
+    sender, inbox = world.agent(world.a, VENDOR)
+    _receiver, r_in = world.agent(world.b, VENDOR, methods={GET})
+    with pytest.raises(InvalidParameter):
+        sender.send(MadSend(mad(VENDOR, GET, 1), to(world.b), timeout_ms=100, quiet=True))
+    sender.send(MadSend(mad(VENDOR, GET, 2), to(world.b), context="quiet", quiet=True))
+    sender.send(MadSend(mad(VENDOR, GET, 3), to(world.b), context="loud"))
+    got = [int.from_bytes(r_in.recv().mad[12:16], "big") for _ in range(2)]
+    assert got == [2, 3]
+    assert inbox.done().context == "loud"
+    sender.deregister(wait=True)  # nothing pending, so no CANCELED either
+    assert inbox.dones.empty()
