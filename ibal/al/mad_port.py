@@ -36,6 +36,7 @@ from ibal.al.timer import Timer
 from ibal.ci.interface import ChannelInterface
 from ibal.status import (
     IbError,
+    InsufficientResources,
     InvalidHandle,
     InvalidParameter,
     InvalidPort,
@@ -105,6 +106,8 @@ def check_mad_send(send: object, rmpp: bool = False) -> MadSend:
         raise InvalidParameter("timeout_ms and retries are ints")
     if timeout < 0 or retries < 0:
         raise InvalidParameter("timeout_ms and retries are non-negative")
+    if send.quiet and timeout:
+        raise InvalidParameter("a quiet send waits for no response (timeout_ms 0)")
     return send
 
 
@@ -289,6 +292,8 @@ class SplQpTransport(MadTransport):
         self._responder = _SplAgent(
             MadAgentSpec(port_num, qp_num, 0, 0, recv_cb=lambda _r: None), 0
         )
+        # The send batch of the thread draining a receive batch (see on_completion).
+        self._tls = threading.local()
 
     # ------------------------------------------------------------------ set-up
     def open(self) -> None:
@@ -425,7 +430,7 @@ class SplQpTransport(MadTransport):
                 raise InvalidHandle("MAD agent is not registered here")
             for k in [k for k, a in self._methods.items() if a is agent]:
                 del self._methods[k]
-            canceled = [out for _key, out in agent.pending.drain()]
+            canceled = [out for _key, out in agent.pending.drain() if not out.send.quiet]
             self._ring.disown(lambda out: out.agent is agent)  # still completes; nobody hears
             for out in canceled:
                 if out.timer is not None:
@@ -444,20 +449,62 @@ class SplQpTransport(MadTransport):
                 raise InvalidHandle("MAD agent is not registered here")
             if not self._open:
                 raise InvalidHandle("the port's MAD QP is closed")
-            if request:
-                mad[8:12] = agent.agent_id.to_bytes(4, "big")
-            waits = request and send.timeout_ms > 0
-            out = _Out(agent, bytes(mad), send)
-            tid = int.from_bytes(mad[12:16], "big") if waits else None
-            out.key = agent.pending.add(out, tid, send.retries)  # InvalidParameter: outstanding
-            try:
-                self._ring.post(out)
-            except BaseException:
-                agent.pending.end(out.key)
-                raise
-            if waits:
+            out = self._new_out(agent, mad, send, request)
+            batch: list[_Out] | None = getattr(self._tls, "batch", None)
+            if batch is not None:
+                batch.append(out)  # leaves with the receive batch's other answers
+            else:
+                try:
+                    self._ring.post(out)
+                except BaseException:
+                    agent.pending.end(out.key)
+                    raise
+            if send.timeout_ms > 0 and request:
                 self._arm(out)
+        if batch is None:
+            self._reap_sends(poster=True)
+
+    def _new_out(self, agent: _SplAgent, mad: bytearray, send: MadSend, request: bool) -> _Out:
+        """``send`` as an :class:`_Out` of ``agent``, pending (under the lock)."""
+        if request:
+            mad[8:12] = agent.agent_id.to_bytes(4, "big")
+        waits = request and send.timeout_ms > 0
+        out = _Out(agent, bytes(mad), send)
+        tid = int.from_bytes(mad[12:16], "big") if waits else None
+        out.key = agent.pending.add(out, tid, send.retries)  # InvalidParameter: outstanding
+        return out
+
+    def send_many(self, key: Any, sends: Sequence[MadSend]) -> int:
+        """One ``post_send`` for the sends that find a slot (the rest wait behind them)."""
+        if len(sends) < 2 or getattr(self._tls, "batch", None) is not None:
+            return super().send_many(key, sends)
+        outs: list[_Out] = []
+        with self._lock:
+            agent = self._agents.get(key.agent_id) if isinstance(key, _SplAgent) else None
+            if agent is None or agent is not key:
+                raise InvalidHandle("MAD agent is not registered here")
+            if not self._open:
+                raise InvalidHandle("the port's MAD QP is closed")
+            for send in sends:
+                mad = bytearray(send.mad)
+                request = not mad_is_response(mad)
+                try:
+                    outs.append(self._new_out(agent, mad, send, request))
+                except IbError:
+                    if not outs:
+                        raise
+                    break  # the caller sends the rest again (a TID still outstanding)
+            refused = self._ring.post_many(outs)
+            for out in refused:
+                agent.pending.end(out.key)
+            sent = outs[: len(outs) - len(refused)]
+            if not sent:
+                raise InsufficientResources("the port's MAD QP took none of the sends")
+            for out in sent:
+                if out.send.timeout_ms > 0 and not mad_is_response(out.mad):
+                    self._arm(out)
         self._reap_sends(poster=True)
+        return len(sent)
 
     def _arm(self, out: _Out) -> None:
         out.timer = self.cica.mgr.timers.call_later(
@@ -491,6 +538,8 @@ class SplQpTransport(MadTransport):
                 return
             if out.timer is not None:
                 out.timer.cancel()
+        if out.send.quiet:
+            return  # nobody hears it: no report, no hop to the completion queue
         if deferred is not None and not out.agent.spec.send_cb_any_thread:
             deferred.append((out, status))
             return
@@ -529,8 +578,15 @@ class SplQpTransport(MadTransport):
         self._reap_sends(poster=False)
 
     def on_completion(self) -> None:
-        """Dispatcher task after the CQ's upcall: drain, rearm, drain again."""
+        """Dispatcher task after the CQ's upcall: drain, rearm, drain again.
+
+        Each drain is a receive batch: what the agents send on this thread while they
+        handle it (a CM's answers, the replies to unserved requests) collects and
+        leaves after it with one ``post_send`` (one datagram batch at the provider),
+        and the batch's receive slots go back with one ``post_recv``."""
         ci = self.cica.ci
+        tls = self._tls
+        outer: list[_Out] | None = getattr(tls, "batch", None)  # a drain under a drain
         for rearm in (False, True, False):
             with self._lock:
                 if not self._open:
@@ -539,8 +595,33 @@ class SplQpTransport(MadTransport):
                     ci.enable_cq_notify(self._h_cq, False)
                     continue
                 wcs = ci.poll_cq(self._h_cq, _RECV_DEPTH)
-            for wc in wcs:
-                self._received(wc)
+            if not wcs:
+                continue
+            batch: list[_Out] = [] if outer is None else outer  # the outer one flushes
+            tls.batch = batch
+            try:
+                for wc in wcs:
+                    self._received(wc)
+            finally:
+                tls.batch = outer
+                self._end_batch(wcs, batch if outer is None else [])
+
+    def _end_batch(self, wcs: list[Wc], batch: list[_Out]) -> None:
+        """The receive batch ``wcs`` was handled: its slots go back, its answers out."""
+        failed: list[_Out] = []
+        with self._lock:
+            if not self._open:
+                return
+            self.cica.ci.post_recv(self._h_qp, [self._recv_wr(wc.wr_id) for wc in wcs])
+            wanted = [out for out in batch if self._wanted(out)]  # ended meanwhile: dropped
+            if wanted:
+                failed = self._ring.post_many(wanted)
+        if failed:
+            self.stats["send_failed"] += len(failed)
+            for out in failed:
+                self._finish(out, WcStatus.LOCAL_OP_ERR)
+        if batch:
+            self._reap_sends(poster=False)
 
     def _sent(self, out: _Out | None, status: WcStatus, failed: list[_Out],
               deferred: _Reports | None) -> None:  # fmt: skip
@@ -555,8 +636,8 @@ class SplQpTransport(MadTransport):
             self._finish(out, WcStatus.SUCCESS, deferred)
 
     def _received(self, wc: Wc) -> None:
-        slot = wc.wr_id
-        off = slot * _SLOT
+        """One completion of a receive batch (its slot is posted again after the batch)."""
+        off = wc.wr_id * _SLOT
         try:
             got = read_mad_slot(self._buf, off, wc, self.stats)
             if got is None:
@@ -572,10 +653,9 @@ class SplQpTransport(MadTransport):
                 grh=grh,
             )
             self._route(MadRecv(mad, addr, self.port_num, self.qp_num))
-        finally:
-            with self._lock:
-                if self._open:
-                    self.cica.ci.post_recv(self._h_qp, [self._recv_wr(slot)])
+        except Exception:  # one MAD's failure must not keep the batch's slots
+            self.stats["dropped_handler_error"] += 1
+            log.exception("ibal: handling a received MAD failed")
 
     def _route(self, recv: MadRecv) -> None:
         mad = recv.mad
@@ -671,13 +751,18 @@ class SplQpTransport(MadTransport):
             if not self._open:
                 return False
             out = _Out(self._responder, reply, MadSend(reply, recv.addr))
+            out.key = self._responder.pending.add(out, None)
+            batch: list[_Out] | None = getattr(self._tls, "batch", None)
+            if batch is not None:
+                batch.append(out)
+                return True
             try:
                 self._ring.post(out)
             except IbError as exc:
+                self._responder.pending.end(out.key)
                 log.debug("ibal: answering an unserved MAD failed: %s", exc)
                 self.stats[failure] += 1
                 return False
-            out.key = self._responder.pending.add(out, None)
         self._reap_sends(poster=False)
         return True
 

@@ -10,7 +10,9 @@ The send CQ is reaped by the thread that posted (:meth:`SendRing.reap` right
 after ``post_send``) and armed only while sends are still out: a provider that
 completes a datagram as it sends it (rxe, the mock) then costs no hop to the
 completion queue per MAD; one whose completions lag gets the CQ's upcall, and
-the completion queue reaps.  The ring holds no policy: what a completed send
+the completion queue reaps.  :meth:`SendRing.post_many` posts many sends with
+one ``post_send`` (the answers to one receive batch: one datagram batch at the
+provider).  The ring holds no policy: what a completed send
 means (a report, a wait for its answer) is the transport's ``on_done``.
 """
 
@@ -178,7 +180,45 @@ class SendRing:
                 failed.append(item)
         return failed
 
-    def _post_now(self, item: Outgoing) -> None:
+    def post_many(self, items: list[Any]) -> list[Any]:
+        """Post ``items`` in order with one ``post_send`` for all that find a free slot
+        (one provider call, one datagram batch); the rest wait in the backlog as
+        :meth:`post` would queue them.  Returns the items not sent, always a tail of
+        ``items``: from the first the provider refused (or whose address handle could
+        not be made, or that found the backlog full) on."""
+        ci = self._ci
+        assert ci is not None
+        wrs: list[SendWr] = []
+        n = 0
+        stopped = False
+        while n < len(items) and self._free:
+            try:
+                wrs.append(self._prepare(items[n]))
+            except IbError as exc:
+                log.debug("ibal: a MAD's address handle could not be made: %s", exc)
+                stopped = True
+                break
+            n += 1
+        if wrs:
+            try:
+                ci.post_send(self._h_qp, wrs)
+            except IbError as exc:
+                first = getattr(exc, "failed_index", 0)  # the WRs before it are on the wire
+                log.debug("ibal: MAD sends failed at %d of %d: %s", first, len(wrs), exc)
+                for wr, item in zip(wrs[first:], items[first:n], strict=True):
+                    self._unprepare(wr.wr_id, item)
+                return items[first:]
+        if stopped:
+            return items[n:]
+        for k in range(n, len(items)):
+            try:
+                self.post(items[k])
+            except InsufficientResources:
+                return items[k:]
+        return []
+
+    def _prepare(self, item: Outgoing) -> SendWr:
+        """A slot for ``item`` with its MAD copied in, its address handle held: the WR."""
         ci = self._ci
         assert ci is not None
         slot = self._free.pop()
@@ -196,19 +236,30 @@ class SendRing:
             raise
         self._owner[slot] = (item, key)
         item.on_wire += 1
-        wr = SendWr(
+        return SendWr(
             wr_id=slot,
             sg_list=[Sge(self._vaddr + off, MAD_SIZE, self._lkey)],
             ud=UdDest(h_av, addr.remote_qp, addr.remote_qkey, addr.pkey_index),
         )
+
+    def _unprepare(self, slot: int, item: Outgoing) -> None:
+        """Undo :meth:`_prepare` for a WR the provider did not take."""
+        ci = self._ci
+        assert ci is not None
+        _item, key = self._owner.pop(slot)
+        item.on_wire -= 1
+        self._free.append(slot)
+        for av in self.avs.release(key):
+            ci.destroy_av(av)
+
+    def _post_now(self, item: Outgoing) -> None:
+        ci = self._ci
+        assert ci is not None
+        wr = self._prepare(item)
         try:
             ci.post_send(self._h_qp, [wr])
         except BaseException:
-            del self._owner[slot]
-            item.on_wire -= 1
-            self._free.append(slot)
-            for av in self.avs.release(key):
-                ci.destroy_av(av)
+            self._unprepare(wr.wr_id, item)
             raise
 
     def disown(self, mine: Callable[[Any], bool]) -> None:

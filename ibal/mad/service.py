@@ -247,7 +247,7 @@ class MadService:
         agent = self._agent_or_raise()
         if mad[1] != self.svc.mgmt_class or mad[2] != self.svc.mgmt_version:
             raise InvalidParameter("the MAD is not of this service's class and version")
-        agent.send(MadSend(mad, addr, context=_INTERNAL))
+        agent.send(MadSend(mad, addr, context=_INTERNAL, quiet=True))
 
     def send_taken(self, element: MadElement, taker: Taker) -> None:
         """Send a request whose outcome goes to ``taker(status, response)`` (once, on the
@@ -477,7 +477,7 @@ class MadService:
     def _raw_send(self, mad: bytes, addr: MadAddr) -> None:
         agent = self._agent
         if agent is not None:
-            agent.send(MadSend(mad, addr, context=_INTERNAL))
+            agent.send(MadSend(mad, addr, context=_INTERNAL, quiet=True))
 
     def _answer_unserved_attr(self, recv: MadRecv) -> None:
         reply = mad_error_reply(recv.mad, MadStatus.METHOD_ATTR_UNSUPPORTED)
@@ -486,7 +486,7 @@ class MadService:
             self.stats["dropped_unserved_attr"] += 1
             return
         try:
-            agent.send(MadSend(reply, recv.addr, context=_INTERNAL))
+            agent.send(MadSend(reply, recv.addr, context=_INTERNAL, quiet=True))
         except IbError:
             self.stats["dropped_unserved_attr"] += 1
             return

@@ -76,7 +76,10 @@ class MadSend:
     ``timeout_ms > 0`` waits for its response (matched by the TID's low 32
     bits), re-sent up to ``retries`` times; only then is a response delivered
     (as the kernel's MAD layer does).  ``context`` comes back in the
-    :class:`MadSendDone`.
+    :class:`MadSendDone`.  ``quiet`` (an ibal extension, for a datagram that
+    waits for nothing: ``timeout_ms`` 0) says nobody listens for its
+    :class:`MadSendDone`: the AL's special-QP transport reports none (no hand-off
+    to the completion queue per send); where the kernel owns QP1 one may come.
     """
 
     mad: bytes
@@ -84,6 +87,7 @@ class MadSend:
     timeout_ms: int = 0
     retries: int = 0
     context: Any = None
+    quiet: bool = False
 
 
 @record(frozen=True)

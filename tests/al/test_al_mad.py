@@ -670,3 +670,142 @@ def test_an_answer_that_came_another_way_does_not_end_the_request(world: World) 
     assert a_in.recvs.empty()
     alias_a = world.a.pd.get_spl_qp(world.a.port.port_guid, QpType.QP1_ALIAS)
     assert alias_a.transport_stats == {"dropped_wrong_source": 1}
+
+
+def _spy_posts(monkeypatch: pytest.MonkeyPatch, side: Side, h_qp: Any,
+               fail_at: int | None = None) -> list[tuple[str, int]]:  # fmt: skip
+    """The side's ``post_send``/``post_recv`` calls on ``h_qp``: (verb, WRs); ``fail_at``:
+    ``post_send`` refuses its WR of that index (the ones before it are sent)."""
+    from ibal.status import Status, post_error
+
+    ci = side.ca._cica.ci
+    calls: list[tuple[str, int]] = []
+    send, recv = ci.post_send, ci.post_recv
+
+    def post_send(h: Any, wrs: Any) -> None:
+        if h is h_qp:
+            calls.append(("send", len(wrs)))
+            if fail_at is not None and len(wrs) > fail_at:
+                send(h, wrs[:fail_at])
+                raise post_error(Status.INSUFFICIENT_RESOURCES, fail_at, "refused")
+        send(h, wrs)
+
+    def post_recv(h: Any, wrs: Any) -> None:
+        if h is h_qp:
+            calls.append(("recv", len(wrs)))
+        recv(h, wrs)
+
+    monkeypatch.setattr(ci, "post_send", post_send)
+    monkeypatch.setattr(ci, "post_recv", post_recv)
+    return calls
+
+
+class _Answerer:
+    """B's inline agent for VENDOR GETs, answering each with a GetResp from its callback."""
+
+    def __init__(self, world: World) -> None:
+        alias = world.b.pd.get_spl_qp(world.b.port.port_guid, QpType.QP1_ALIAS)
+        self.agent = alias.register_agent(VENDOR, 1, methods={GET}, inline=True,
+                                          recv_cb=self.answer)  # fmt: skip
+        self.transport: Any = alias._transport
+        self.failed: queue.Queue[Exception] = queue.Queue()
+
+    def answer(self, r: MadRecv) -> None:
+        try:
+            self.agent.send(MadSend(bytes([*r.mad[:3], GET_RESP, *r.mad[4:]]), r.addr))
+        except Exception as exc:
+            self.failed.put(exc)
+
+
+def test_the_answers_to_a_receive_batch_leave_with_one_post_send(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What agents send on the thread that drains a receive batch (an inline agent's
+    answers, the transport's own reply to an unserved request) leaves after the batch
+    with one ``post_send`` of all of them; the batch's receive slots go back with one
+    ``post_recv``; every answer lands and ends its request."""
+    t = _Answerer(world).transport
+    sender, inbox = world.agent(world.a, VENDOR)
+    calls = _spy_posts(monkeypatch, world.b, t._h_qp)
+    gate = threading.Event()
+    world.mgr.queues.completion.post(gate.wait)  # the receive batch waits on B
+    reqs = [MadSend(mad(VENDOR, GET, (sender.hi_tid << 32) | (0x100 + i)), to(world.b),
+                    timeout_ms=60_000, context=i) for i in range(10)]  # fmt: skip
+    assert sender.send_many(reqs) == 10
+    other, other_in = world.agent(world.a, VENDOR2)  # a class B does not serve: answered
+    other.send(MadSend(mad(VENDOR2, GET, (other.hi_tid << 32) | 9), to(world.b),
+                       timeout_ms=60_000, context="unserved"))  # fmt: skip
+    assert world.b.ca._cica.ci.peek_cq(t._h_cq) == 11  # all wait in one batch
+    gate.set()
+    got = sorted(int.from_bytes(inbox.recv().mad[12:16], "big") for _ in range(10))
+    assert got == list(range(0x100, 0x10A))
+    assert sorted(inbox.done().context for _ in range(10)) == list(range(10))
+    bad = other_in.recv().mad
+    assert bad[3] == GET_RESP and int.from_bytes(bad[4:6], "big") != 0  # a status, not data
+    assert calls == [("recv", 11), ("send", 11)]
+
+
+def test_a_batch_the_provider_refuses_part_of_loses_only_that_part(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The provider takes the first 3 answers of a batch of 10 and refuses the 4th: those
+    3 land, the other 7 are counted ``send_failed`` (nothing raises into the agent), their
+    slots are free again and the next batch goes out whole."""
+    answerer = _Answerer(world)
+    t = answerer.transport
+    sender, inbox = world.agent(world.a, VENDOR)
+    calls = _spy_posts(monkeypatch, world.b, t._h_qp, fail_at=3)
+    gate = threading.Event()
+    world.mgr.queues.completion.post(gate.wait)
+    hi = sender.hi_tid << 32
+    assert sender.send_many([MadSend(mad(VENDOR, GET, hi | (0x100 + i)), to(world.b),
+                                     timeout_ms=60_000) for i in range(10)]) == 10  # fmt: skip
+    gate.set()
+    got = [int.from_bytes(inbox.recv().mad[12:16], "big") for _ in range(3)]
+    assert got == [0x100, 0x101, 0x102]
+    sender.send(MadSend(mad(VENDOR, GET, hi | 0x200), to(world.b), timeout_ms=60_000))
+    assert int.from_bytes(inbox.recv().mad[12:16], "big") == 0x200
+    assert inbox.recvs.empty() and answerer.failed.empty()
+    assert t.stats["send_failed"] == 7
+    assert calls == [("recv", 10), ("send", 10), ("recv", 1), ("send", 1)]
+    assert len(t._ring._free) == t._ring.depth  # every slot back
+
+
+def test_send_many_on_the_special_qp_is_one_post_send(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``MadAgent.send_many`` over the AL's QP1: one ``post_send`` for the batch; when the
+    provider refuses one, the count says how many went (those land) and the rest are not
+    pending (their TIDs may be sent again)."""
+    sender, _inbox = world.agent(world.a, VENDOR)
+    _receiver, r_in = world.agent(world.b, VENDOR, methods={GET})
+    t = sender.alias._transport  # type: ignore[attr-defined]
+    calls = _spy_posts(monkeypatch, world.a, t._h_qp, fail_at=2)
+    hi = sender.hi_tid << 32
+    sends = [MadSend(mad(VENDOR, GET, hi | (0x300 + i)), to(world.b), timeout_ms=60_000,
+                     context=i) for i in range(5)]  # fmt: skip
+    assert sender.send_many(sends) == 2
+    assert calls[0] == ("send", 5)
+    got = sorted(int.from_bytes(r_in.recv().mad[12:16], "big") for _ in range(2))
+    assert got == [0x300, 0x301]
+    monkeypatch.undo()
+    assert sender.send_many(sends[2:]) == 3  # not outstanding any more: sent again
+    got = sorted(int.from_bytes(r_in.recv().mad[12:16], "big") for _ in range(3))
+    assert got == [0x302, 0x303, 0x304] and r_in.recvs.empty()
+
+
+def test_a_quiet_send_lands_and_reports_nothing(world: World) -> None:
+    """``MadSend.quiet``: the MAD lands as any other, no ``MadSendDone`` comes for it (the
+    loud send after it is the only report); a quiet request that would wait for its
+    response is refused."""
+    sender, inbox = world.agent(world.a, VENDOR)
+    _receiver, r_in = world.agent(world.b, VENDOR, methods={GET})
+    with pytest.raises(InvalidParameter):
+        sender.send(MadSend(mad(VENDOR, GET, 1), to(world.b), timeout_ms=100, quiet=True))
+    sender.send(MadSend(mad(VENDOR, GET, 2), to(world.b), context="quiet", quiet=True))
+    sender.send(MadSend(mad(VENDOR, GET, 3), to(world.b), context="loud"))
+    got = [int.from_bytes(r_in.recv().mad[12:16], "big") for _ in range(2)]
+    assert got == [2, 3]
+    assert inbox.done().context == "loud"
+    sender.deregister(wait=True)  # nothing pending, so no CANCELED either
+    assert inbox.dones.empty()
