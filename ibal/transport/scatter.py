@@ -79,9 +79,6 @@ class Scatter:
     def __bytes__(self) -> bytes:
         return b"".join(self.parts)
 
-    def tobytes(self) -> bytes:
-        return b"".join(self.parts)
-
 
 Range: TypeAlias = memoryview | Scatter
 """What a :class:`~ibal.transport.qp.MemoryAccess` hands for one range."""
