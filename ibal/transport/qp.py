@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from ibal.transport.scatter import Range
 from ibal.types import AsyncEvent, QpState, QpType, SendOpt, SendWr, Sge, Wc, WcStatus, WrType
 
 RXE_MAX_UNACKED_PSNS = 128
@@ -25,21 +26,23 @@ MAX_MSG = 1 << 31
 class MemoryAccess(Protocol):
     """Translation of keys to memory, with the checks an HCA's tables make.
 
-    Every method returns a writable ``memoryview`` of exactly ``length`` bytes,
-    or ``None`` when the key is unknown, in another PD, lacks the access, or
-    the range falls outside the region (the core never learns which).  Called
-    on the thread that drives the core; must not block.
+    Every method returns a writable range of exactly ``length`` bytes: a
+    ``memoryview``, or a :class:`~ibal.transport.scatter.Scatter` of several
+    where the region is not one buffer; or ``None`` when the key is unknown,
+    in another PD, lacks the access, or the range falls outside the region (the
+    core never learns which).  Called on the thread that drives the core; must
+    not block.
     """
 
-    def local(self, lkey: int, addr: int, length: int, write: bool) -> memoryview | None:
+    def local(self, lkey: int, addr: int, length: int, write: bool) -> Range | None:
         """An SGE of a send WR (``write`` for READ/atomic results): the QP's PD."""
         ...
 
-    def recv(self, lkey: int, addr: int, length: int) -> memoryview | None:
+    def recv(self, lkey: int, addr: int, length: int) -> Range | None:
         """An SGE of a receive WR (local write needed): the PD of the QP or its SRQ."""
         ...
 
-    def remote(self, rkey: int, va: int, length: int, access: int) -> memoryview | None:
+    def remote(self, rkey: int, va: int, length: int, access: int) -> Range | None:
         """An R_Key'd range (``access`` is an ``AccessFlags`` value): MR or bound MW."""
         ...
 
@@ -231,8 +234,8 @@ class SendWqe:
         self.got = 0
         self.done = False
         self.status = WcStatus.SUCCESS
-        self.data: memoryview | bytes | None = inline
-        self.targets: list[memoryview] | None = None
+        self.data: Range | bytes | None = inline
+        self.targets: list[Range] | None = None
 
 
 _CMP_SWAP = WrType.COMPARE_SWAP

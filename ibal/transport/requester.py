@@ -22,6 +22,7 @@ from ibal.transport.qp import (
     SendWqe,
 )
 from ibal.transport.rules import effective_qkey
+from ibal.transport.scatter import Range, Scatter
 from ibal.transport.timers import ack_timeout_seconds
 from ibal.transport.wc import make_wc
 from ibal.types import (
@@ -210,7 +211,7 @@ class Requester:
         if not self.reliable:
             self.fail(w, WcStatus.LOCAL_OP_ERR)
             return False
-        targets: list[memoryview] = []
+        targets: list[Range] = []
         total = 0
         for s in w.sges:
             if not s.length:
@@ -227,7 +228,7 @@ class Requester:
         w.targets = targets
         return True
 
-    def _gather(self, w: SendWqe) -> memoryview | bytes | None:
+    def _gather(self, w: SendWqe) -> Range | bytes | None:
         sges = w.sges
         mem = self.mem
         if len(sges) == 1:
@@ -235,7 +236,7 @@ class Requester:
             if not s.length:
                 return b""
             return mem.local(s.lkey, s.addr, s.length, False)
-        parts: list[memoryview] = []
+        parts: list[Range] = []
         for s in sges:
             if not s.length:
                 continue
@@ -243,7 +244,11 @@ class Requester:
             if v is None:
                 return None
             parts.append(v)
-        return b"".join(parts)
+        try:
+            return b"".join(parts)  # type: ignore[arg-type]
+        except TypeError:
+            # a Scatter is no buffer: found out here, so a list of views pays nothing
+            return b"".join([bytes(p) for p in parts])
 
     def _segments(self, w: SendWqe, budget: int, out: list[Packet | Train],
                   trains: bool) -> tuple[int, bool]:
@@ -281,8 +286,9 @@ class Requester:
                     head.src_ip = cfg.src_ip
                     head.dst_ip = cfg.dst_ip
                     head.src_port = cfg.src_port
-                    out.append(Train(head, data, k * mtu, mtu, m, self.since_ack_req,
-                                     per_ack, reliable))
+                    # only rxe's socket layer polls trains, and its ranges are views
+                    out.append(Train(head, data, k * mtu, mtu,  # type: ignore[arg-type]
+                                     m, self.since_ack_req, per_ack, reliable))
                     self.since_ack_req = (self.since_ack_req + m) % per_ack
                     sent += m
                     k += m
@@ -366,6 +372,8 @@ class Requester:
         op = P.Opcode.UD_SEND_ONLY_IMM if imm else P.Opcode.UD_SEND_ONLY
         data = w.data
         assert data is not None
+        if isinstance(data, Scatter):
+            data = bytes(data)  # one packet: the codec wants one buffer
         pkt = Packet(op, ud.remote_qp & 0xFFFFFF, self.next_psn, data, pkey=cfg.pkey)
         self.next_psn = (self.next_psn + 1) & PSN_MASK
         if cfg.qp_type is QpType.QP1:

@@ -21,6 +21,7 @@ from ibal.transport.psn import PSN_MASK, packets_for, psn_diff
 from ibal.transport.qp import MAX_MSG, Counters, MemoryAccess, Output, QpConfig, RecvSource
 from ibal.transport.responses import ResponseQueue
 from ibal.transport.rules import NakCode, atomic_result
+from ibal.transport.scatter import Range
 from ibal.transport.wc import make_wc
 from ibal.types import AccessFlags, AsyncEvent, QpType, RecvOpt, Sge, WcStatus, WcType
 from ibal.wire import packet as P
@@ -63,7 +64,7 @@ class RecvTarget:
 
     __slots__ = ("cap", "off", "views", "wr_id")
 
-    def __init__(self, wr_id: int, views: list[memoryview], cap: int) -> None:
+    def __init__(self, wr_id: int, views: list[Range], cap: int) -> None:
         self.wr_id = wr_id
         self.views = views
         self.cap = cap
@@ -89,7 +90,7 @@ class RecvTarget:
 
 def resolve_recv(mem: MemoryAccess, wr_id: int, sges: Sequence[Sge]) -> RecvTarget | None:
     """The receive WR's buffers, or None if an SGE fails its L_Key check."""
-    views: list[memoryview] = []
+    views: list[Range] = []
     cap = 0
     for s in sges:
         if not s.length:
@@ -135,7 +136,7 @@ class Responder:
         self.drop_msg = False
         self.in_msg = _IN_NONE
         self.target: RecvTarget | None = None
-        self.wview: memoryview | None = None
+        self.wview: Range | None = None
         self.woff = 0
         self.wlen = 0
         self.responses = ResponseQueue(cfg)
@@ -364,7 +365,7 @@ class Responder:
             self._fatal(pkt, NakCode.INVALID_REQUEST, "responder_resources",
                         AsyncEvent.WQ_REQ_ERROR)
             return False
-        view: memoryview | bytes = b""
+        view: Range | bytes = b""
         if length:
             v = self.mem.remote(pkt.rkey, pkt.va, length, _R_READ)
             if v is None:
@@ -424,7 +425,7 @@ class Responder:
             if length > MAX_MSG or len(self.responses) >= MAX_QUEUED_REPLAYS:
                 self.counters.drop("duplicate_read")
                 return
-            view: memoryview | bytes = b""
+            view: Range | bytes = b""
             if length:
                 v = self.mem.remote(pkt.rkey, pkt.va, length, _R_READ)
                 if v is None:

@@ -13,6 +13,7 @@ from collections import deque
 
 from ibal.transport.psn import PSN_MASK
 from ibal.transport.qp import QpConfig
+from ibal.transport.scatter import Range
 from ibal.wire import packet as P
 from ibal.wire.packet import Packet, Train
 
@@ -29,7 +30,7 @@ class ReadJob:
 
     __slots__ = ("msn", "next", "npkts", "psn", "resource", "view")
 
-    def __init__(self, psn: int, view: memoryview | bytes, npkts: int, msn: int,
+    def __init__(self, psn: int, view: Range | bytes, npkts: int, msn: int,
                  resource: bool = True) -> None:
         self.psn = psn
         self.view = view
@@ -77,7 +78,9 @@ class ResponseQueue:
                         off = k * mtu
                         head = self._packet(_MIDDLE, (job.psn + k) & PSN_MASK,
                                             job.view[off : off + mtu])
-                        out.append(Train(head, job.view, off, mtu, m, 0, 1, False))
+                        # only rxe's socket layer polls trains, and its ranges are views
+                        out.append(Train(head, job.view, off, mtu, m, 0, 1,  # type: ignore[arg-type]
+                                         False))
                         job.next = k + m
                         got += m
                         continue
@@ -147,7 +150,7 @@ class ResponseQueue:
         pkt.orig = orig
         self.queue.append(pkt)
 
-    def read(self, psn: int, view: memoryview | bytes, npkts: int, msn: int,
+    def read(self, psn: int, view: Range | bytes, npkts: int, msn: int,
              resource: bool) -> None:
         """Queue a READ's responses; ``resource``: it counts against ``resp_res``."""
         self.queue.append(ReadJob(psn, view, npkts, msn, resource))

@@ -29,6 +29,7 @@ from ibal.types import (
 if TYPE_CHECKING:
     from ibal.ci.interface import AsyncEventCallback, CompletionCallback
     from ibal.providers.mock.ca_state import CaState
+    from ibal.providers.mock.memory import QpMemory
     from ibal.providers.mock.topology import MockPort
 
 _RD_ATOMIC = frozenset({WrType.RDMA_READ, WrType.COMPARE_SWAP, WrType.FETCH_ADD})
@@ -146,7 +147,8 @@ class MockMr:
 
     The bytes are reached only through ``mv`` (one contiguous consumer buffer)
     or ``pages`` (physical registration: separate page buffers made contiguous
-    at ``vaddr``), starting ``base`` bytes into that backing store.
+    at ``vaddr``), starting ``base`` bytes into that backing store; the data
+    path reaches them through a QP's ``mem`` (:mod:`ibal.providers.mock.memory`).
     """
 
     __slots__ = (
@@ -193,44 +195,6 @@ class MockMr:
             f"<mock MR 0x{self.vaddr:x}+{self.length} lkey=0x{self.lkey:x} "
             f"rkey=0x{self.rkey:x} on {self.ca.name}>"
         )
-
-    # ------------------------------------------------------------- memory access
-    def read(self, off: int, n: int) -> bytes | memoryview:
-        """``n`` bytes at region offset ``off`` (a view when the region is contiguous)."""
-        mv = self.mv
-        if mv is not None:
-            return mv[off : off + n]
-        return self._paged_read(self.base + off, n)
-
-    def write(self, off: int, data: bytes | bytearray | memoryview) -> None:
-        mv = self.mv
-        if mv is not None:
-            mv[off : off + len(data)] = data
-            return
-        self._paged_write(self.base + off, data)
-
-    def _paged_read(self, pos: int, n: int) -> bytes:
-        ps = self.page_size
-        out = bytearray()
-        while n > 0:
-            page, in_page = divmod(pos, ps)
-            take = min(n, ps - in_page)
-            out += self.pages[page][in_page : in_page + take]
-            pos += take
-            n -= take
-        return bytes(out)
-
-    def _paged_write(self, pos: int, data: bytes | bytearray | memoryview) -> None:
-        ps = self.page_size
-        src = memoryview(data).cast("B")
-        done = 0
-        n = len(src)
-        while done < n:
-            page, in_page = divmod(pos, ps)
-            take = min(n - done, ps - in_page)
-            self.pages[page][in_page : in_page + take] = src[done : done + take]
-            pos += take
-            done += take
 
 
 class MockMw:
@@ -367,6 +331,7 @@ class MockQp:
         "init_depth",
         "local_ack_timeout",
         "mcasts",
+        "mem",
         "mtu_bytes",
         "nak_sent",
         "num",
@@ -401,6 +366,8 @@ class MockQp:
         "timer_gen",
         "transport",
     )
+    mem: QpMemory
+    """The QP's ``MemoryAccess`` over the key tables (set by the verb that made it)."""
 
     def __init__(
         self,

@@ -15,6 +15,7 @@ from ibal.ci.interface import (
     QpCreated,
 )
 from ibal.providers import checks
+from ibal.providers.mock.memory import QpMemory
 from ibal.providers.mock.objects import (
     MockQp,
     migrate_qp,
@@ -105,6 +106,7 @@ class QpVerbs(CaState):
         qp = MockQp(
             self, pd, qp_type, self._alloc_qpn(), caps, scq, rcq, s, bool(sq_signaled), qp_context
         )
+        qp.mem = QpMemory(qp)
         self.qps[qp.num] = qp
         self._take_refs(qp)
         return QpCreated(qp, self._qp_attr(qp))
@@ -144,6 +146,7 @@ class QpVerbs(CaState):
         checks.check_qp_caps(caps, self.limits, False)
         self._check_count("qp", self.limits.max_qps)
         qp = MockQp(self, pd, qp_type, index, caps, scq, rcq, None, True, qp_context)
+        qp.mem = QpMemory(qp)
         qp.port = port
         qp.port_num = port.num
         if qp_type is QpType.QP1:

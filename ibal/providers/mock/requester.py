@@ -256,10 +256,10 @@ class Requester(Datagrams):
         w = sq[i]
         self._implied_ack(qp, i)
         if pkt.op is PacketOp.READ_RESP:
-            status = self._scatter(qp.ca, qp.pd, w.sges, ((0, pkt.payload),))
+            status = self._scatter(qp, w.sges, ((0, pkt.payload),), False)
         else:
             orig = pkt.compare.to_bytes(8, "little")
-            status = self._scatter(qp.ca, qp.pd, w.sges, ((0, orig),))
+            status = self._scatter(qp, w.sges, ((0, orig),), False)
         qp.rd_atomic_out -= 1
         if status is not _OK:
             self._fail_wqe(qp, w, status)

@@ -25,7 +25,6 @@ from ibal.providers.mock.engine_core import (
     _UD,
 )
 from ibal.providers.mock.objects import (
-    MockPd,
     MockQp,
     MockSrq,
     RecvWqe,
@@ -126,13 +125,14 @@ class Responder(Transmit):
         if port.ca.violation_counters:
             port.qkey_violations = min(port.qkey_violations + 1, 0xFFFF)
 
-    def _take_recv(self, qp: MockQp) -> tuple[RecvWqe, MockPd] | None:
+    def _take_recv(self, qp: MockQp) -> RecvWqe | None:
+        """The next receive of ``qp`` (its SRQ's: ``qp.mem.recv`` checks against that PD)."""
         srq = qp.srq
         if srq is None:
             rq = qp.rq
             if not rq:
                 return None
-            return rq.popleft(), qp.pd
+            return rq.popleft()
         wqes = srq.wqes
         if not wqes:
             return None
@@ -140,7 +140,7 @@ class Responder(Transmit):
         if srq.limit and len(wqes) < srq.limit:
             srq.limit = 0
             self._srq_event(srq, AsyncEvent.SRQ_LIMIT_REACHED)
-        return w, srq.pd
+        return w
 
     def _srq_event(self, srq: MockSrq, code: AsyncEvent) -> None:
         self._event(srq, srq.ca, code, srq.context)
@@ -208,8 +208,8 @@ class Responder(Transmit):
             if taken is None:
                 self._send_rnr(qp, pkt)
                 return
-            (wr_id, sges), rpd = taken
-            status = self._scatter(ca, rpd, sges, ((0, pkt.payload),))
+            wr_id, sges = taken
+            status = self._scatter(qp, sges, ((0, pkt.payload),), True)
             if status is not _OK:
                 self._push_wc(qp.recv_cq, make_wc(wr_id, _RECV, status, 0, None, _NO_OPT, qp.num))
                 code = (
@@ -240,7 +240,7 @@ class Responder(Transmit):
             self._push_wc(qp.recv_cq, wc, pkt.solicited)
         elif op is PacketOp.RDMA_WRITE or op is PacketOp.RDMA_WRITE_IMM:
             n = pkt.length
-            got = self._remote(ca, qp, pkt.rkey, pkt.remote_addr, n, _RDMA_WRITE) if n else None
+            got = self._remote(qp, pkt.rkey, pkt.remote_addr, n, _RDMA_WRITE) if n else None
             if n and got is None:
                 self._responder_error(
                     qp, pkt, NakCode.REMOTE_ACCESS, AsyncEvent.WQ_ACCESS_ERROR
@@ -252,15 +252,15 @@ class Responder(Transmit):
                     self._send_rnr(qp, pkt)
                     return
                 if got is not None:
-                    got[0].write(got[1], pkt.payload)
+                    got[: len(pkt.payload)] = pkt.payload
                 self._push_wc(
                     qp.recv_cq,
-                    make_wc(taken[0][0], _RECV_WRITE, _OK, n, pkt.imm, RecvOpt.IMMEDIATE,
+                    make_wc(taken[0], _RECV_WRITE, _OK, n, pkt.imm, RecvOpt.IMMEDIATE,
                        qp.num, 0, pkt.slid),
                     pkt.solicited,
                 )
             elif got is not None:
-                got[0].write(got[1], pkt.payload)
+                got[: len(pkt.payload)] = pkt.payload
         elif op is PacketOp.RDMA_READ_REQ:
             if not self._rc_read(qp, pkt):
                 return
@@ -275,11 +275,11 @@ class Responder(Transmit):
     def _rc_read(self, qp: MockQp, pkt: Packet) -> bool:
         n = pkt.length
         if n:
-            got = self._remote(qp.ca, qp, pkt.rkey, pkt.remote_addr, n, _RDMA_READ)
+            got = self._remote(qp, pkt.rkey, pkt.remote_addr, n, _RDMA_READ)
             if got is None:
                 self._responder_error(qp, pkt, NakCode.REMOTE_ACCESS, AsyncEvent.WQ_ACCESS_ERROR)
                 return False
-            data = bytes(got[0].read(got[1], n))
+            data = bytes(got)
         else:
             data = b""
         resp = self._respond(qp, pkt, PacketOp.READ_RESP, pkt.psn)
@@ -294,18 +294,17 @@ class Responder(Transmit):
         if pkt.remote_addr & 7:
             self._responder_error(qp, pkt, NakCode.INVALID_REQUEST, AsyncEvent.WQ_REQ_ERROR)
             return False
-        got = self._remote(qp.ca, qp, pkt.rkey, pkt.remote_addr, 8, _ATOMIC)
+        got = self._remote(qp, pkt.rkey, pkt.remote_addr, 8, _ATOMIC)
         if got is None:
             self._responder_error(qp, pkt, NakCode.REMOTE_ACCESS, AsyncEvent.WQ_ACCESS_ERROR)
             return False
-        mr, off = got
-        old = int.from_bytes(mr.read(off, 8), "little")
+        old = int.from_bytes(got, "little")
         if pkt.op is PacketOp.COMPARE_SWAP:
             new = atomic_result(True, old, pkt.compare, pkt.swap)
         else:
             new = atomic_result(False, old, 0, pkt.compare)
         if new != old:
-            mr.write(off, new.to_bytes(8, "little"))
+            got[:] = new.to_bytes(8, "little")
         cache = qp.atomic_cache
         cache[pkt.psn] = old.to_bytes(8, "little")
         if len(cache) > _ATOMIC_CACHE:
@@ -339,14 +338,13 @@ class Responder(Transmit):
             return
         qp.epsn = (pkt.psn + pkt.npsn) & PSN_MASK
         op = pkt.op
-        ca = qp.ca
         if op is PacketOp.SEND or op is PacketOp.SEND_IMM:
             taken = self._take_recv(qp)
             if taken is None:
                 self._drop("dropped_no_recv")
                 return
-            (wr_id, sges), rpd = taken
-            status = self._scatter(ca, rpd, sges, ((0, pkt.payload),))
+            wr_id, sges = taken
+            status = self._scatter(qp, sges, ((0, pkt.payload),), True)
             if status is not _OK:
                 self._push_wc(qp.recv_cq, make_wc(wr_id, _RECV, status, 0, None, _NO_OPT, qp.num))
                 self.qp_error(qp)
@@ -359,7 +357,7 @@ class Responder(Transmit):
             )
             return
         n = pkt.length
-        got = self._remote(ca, qp, pkt.rkey, pkt.remote_addr, n, _RDMA_WRITE) if n else None
+        got = self._remote(qp, pkt.rkey, pkt.remote_addr, n, _RDMA_WRITE) if n else None
         if n and got is None:
             self._drop("dropped_access")
             return
@@ -369,15 +367,15 @@ class Responder(Transmit):
                 self._drop("dropped_no_recv")
                 return
             if got is not None:
-                got[0].write(got[1], pkt.payload)
+                got[: len(pkt.payload)] = pkt.payload
             self._push_wc(
                 qp.recv_cq,
-                make_wc(taken[0][0], _RECV_WRITE, _OK, n, pkt.imm, RecvOpt.IMMEDIATE,
+                make_wc(taken[0], _RECV_WRITE, _OK, n, pkt.imm, RecvOpt.IMMEDIATE,
                    qp.num, 0, pkt.slid),
                 pkt.solicited,
             )
         elif got is not None:
-            got[0].write(got[1], pkt.payload)
+            got[: len(pkt.payload)] = pkt.payload
 
     @staticmethod
     def _special_drop(qp: MockQp, port: MockPort) -> None:
@@ -444,14 +442,14 @@ class Responder(Transmit):
             self._drop("dropped_no_recv")
             self._special_drop(qp, port)
             return
-        (wr_id, sges), rpd = taken
+        wr_id, sges = taken
         grh = pkt.grh
         writes: tuple[tuple[int, bytes | memoryview], ...]
         if grh is not None:
             writes = ((0, grh), (GRH_LEN, pkt.payload))
         else:
             writes = ((GRH_LEN, pkt.payload),)
-        status = self._scatter(qp.ca, rpd, sges, writes)
+        status = self._scatter(qp, sges, writes, True)
         if status is not _OK:
             self._push_wc(qp.recv_cq, make_wc(wr_id, _RECV, status, 0, None, _NO_OPT, qp.num))
             return

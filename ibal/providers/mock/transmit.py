@@ -1,14 +1,12 @@
-"""The mock engine's wire: memory access for the data path, routing, transmit and drops.
+"""The mock engine's wire: gather/scatter through each QP's ``MemoryAccess``, routing,
+transmit and drops.
 
 Called by the engine under the fabric lock.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ibal.providers.mock.engine_core import (
-    _LOCAL_WRITE,
     _OK,
     _RC,
     _T_PACKET,
@@ -17,9 +15,6 @@ from ibal.providers.mock.engine_core import (
     EngineCore,
 )
 from ibal.providers.mock.objects import (
-    MockMr,
-    MockMw,
-    MockPd,
     MockQp,
     RecvSge,
     SendWqe,
@@ -30,13 +25,11 @@ from ibal.providers.mock.packets import (
 )
 from ibal.providers.mock.pma import XMIT_DISCARDS, wire_cost
 from ibal.providers.mock.topology import Link, MockPort, Route, Switch
+from ibal.transport.scatter import Range
 from ibal.types import (
     LinkState,
     WcStatus,
 )
-
-if TYPE_CHECKING:
-    from ibal.providers.mock.ca_state import CaState
 
 
 class Transmit(EngineCore):
@@ -44,45 +37,11 @@ class Transmit(EngineCore):
 
     # =============================================================== memory
     @staticmethod
-    def _local(
-        ca: CaState, pd: MockPd, addr: int, length: int, lkey: int, write: bool
-    ) -> tuple[MockMr, int] | None:
-        mr = ca.keys.get(lkey)
-        if mr is None or mr.__class__ is not MockMr or mr.lkey != lkey or mr.pd is not pd:
-            return None
-        off = addr - mr.vaddr
-        if off < 0 or off + length > mr.length:
-            return None
-        if write and not mr.acc & _LOCAL_WRITE:
-            return None
-        return mr, off
-
-    @staticmethod
-    def _remote(
-        ca: CaState, qp: MockQp, rkey: int, addr: int, length: int, need: int
-    ) -> tuple[MockMr, int] | None:
+    def _remote(qp: MockQp, rkey: int, addr: int, length: int, need: int) -> Range | None:
+        """An R_Key'd range for a request on ``qp``; None without the QP's or key's right."""
         if not qp.acc & need:
             return None
-        obj = ca.keys.get(rkey)
-        if obj is None:
-            return None
-        if obj.__class__ is MockMr:
-            mr: MockMr = obj
-            if mr.rkey != rkey or mr.pd is not qp.pd or not mr.acc & need:
-                return None
-            off = addr - mr.vaddr
-            if off < 0 or off + length > mr.length:
-                return None
-            return mr, off
-        mw: MockMw = obj  # type: ignore[assignment]
-        bound = mw.mr
-        if mw.rkey != rkey or bound is None or mw.pd is not qp.pd or not mw.acc & need:
-            return None
-        if mw.qp is not None and mw.qp is not qp:
-            return None  # type 2B: only through the QP it was bound on
-        if addr < mw.addr or addr + length > mw.addr + mw.length:
-            return None
-        return bound, addr - bound.vaddr
+        return qp.mem.remote(rkey, addr, length, need)
 
     def gather(self, qp: MockQp, wqe: SendWqe) -> bytes | memoryview | None:
         if wqe.inline is not None:
@@ -90,34 +49,35 @@ class Transmit(EngineCore):
         sges = wqe.sges
         if not sges:
             return b""
-        ca = qp.ca
-        pd = qp.pd
+        mem = qp.mem
         if len(sges) == 1:
             addr, length, lkey = sges[0]
             if not length:
                 return b""
-            got = self._local(ca, pd, addr, length, lkey, False)
-            if got is None:
-                return None
-            return got[0].read(got[1], length)
+            got = mem.local(lkey, addr, length, False)
+            if got is None or got.__class__ is memoryview:
+                return got
+            return bytes(got)  # pages of a physical region: the packet carries one buffer
         parts: list[bytes | memoryview] = []
         for addr, length, lkey in sges:
             if not length:
                 continue
-            got = self._local(ca, pd, addr, length, lkey, False)
+            got = mem.local(lkey, addr, length, False)
             if got is None:
                 return None
-            parts.append(got[0].read(got[1], length))
+            parts.append(got if got.__class__ is memoryview else bytes(got))
         return b"".join(parts)
 
+    @staticmethod
     def _scatter(
-        self,
-        ca: CaState,
-        pd: MockPd,
+        qp: MockQp,
         sges: tuple[RecvSge, ...],
         writes: tuple[tuple[int, bytes | memoryview], ...],
+        recv: bool,
     ) -> WcStatus:
-        """Write each ``(offset, data)`` into the scatter list; check every SGE first."""
+        """Write each ``(offset, data)`` into the scatter list (a receive WR's with
+        ``recv``, else a READ/atomic's own); check every SGE first."""
+        mem = qp.mem
         end = 0
         for off, data in writes:
             end = max(end, off + len(data))
@@ -127,37 +87,37 @@ class Transmit(EngineCore):
                 return WcStatus.LOCAL_LEN_ERR
             if not length:
                 return _OK
-            got = self._local(ca, pd, addr, length, lkey, True)
+            got = mem.recv(lkey, addr, length) if recv else mem.local(lkey, addr, length, True)
             if got is None:
                 return WcStatus.LOCAL_PROTECTION_ERR
-            mr, base = got
             for off, data in writes:
                 if len(data):
-                    mr.write(base + off, data)
+                    got[off : off + len(data)] = data
             return _OK
         if end > sum(s[1] for s in sges):
             return WcStatus.LOCAL_LEN_ERR
-        targets: list[tuple[MockMr, int, int]] = []
+        targets: list[Range] = []
         for addr, length, lkey in sges:
             if not length:
                 continue
-            got = self._local(ca, pd, addr, length, lkey, True)
+            got = mem.recv(lkey, addr, length) if recv else mem.local(lkey, addr, length, True)
             if got is None:
                 return WcStatus.LOCAL_PROTECTION_ERR
-            targets.append((got[0], got[1], length))
+            targets.append(got)
         for off, data in writes:
             src = memoryview(data).cast("B") if not isinstance(data, bytes) else data
             pos = 0
             n = len(src)
             skip = off
-            for mr, base, length in targets:
+            for t in targets:
                 if pos >= n:
                     break
+                length = len(t)
                 if skip >= length:
                     skip -= length
                     continue
                 take = min(length - skip, n - pos)
-                mr.write(base + skip, src[pos : pos + take])
+                t[skip : skip + take] = src[pos : pos + take]
                 pos += take
                 skip = 0
         return _OK
