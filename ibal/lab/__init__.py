@@ -4,10 +4,13 @@
 emulation with the host's root filesystem shared read-only, sets up rxe0, runs
 the command and returns its exit status and output. `Lab().session(net=True)`
 keeps one guest up for several commands and links it to a network namespace
-on the host. See docs/lab.md.
+on the host. `Lab().cluster(2)` boots two guests on one virtual link, kernel
+rxe on each end. See docs/lab.md.
 """
 
+from ibal.lab.cluster import LabCluster
 from ibal.lab.host import CheckItem, CheckReport, Kernel, LabUnavailable, check
+from ibal.lab.link import LinkConfig
 from ibal.lab.netns import NetConfig, NetNamespace, cleanup_stale
 from ibal.lab.vm import (
     DEFAULT_BOOT_TIMEOUT,
@@ -34,12 +37,14 @@ __all__ = [
     "Kernel",
     "Lab",
     "LabBootError",
+    "LabCluster",
     "LabCommandError",
     "LabError",
     "LabResult",
     "LabSession",
     "LabUnavailable",
     "LabVMError",
+    "LinkConfig",
     "NetConfig",
     "NetNamespace",
     "check",

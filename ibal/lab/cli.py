@@ -10,12 +10,15 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from ibal.lab.cluster import LinePrefixer, run_on_all
 from ibal.lab.host import ALL_PURPOSES, REQUIRED_PURPOSES, LabUnavailable, check
+from ibal.lab.link import LinkConfig
 from ibal.lab.netns import NetConfig, cleanup_stale
 from ibal.lab.vm import (
     DEFAULT_BOOT_TIMEOUT,
     Lab,
     LabError,
+    LabResult,
     cleanup_stale_tempdirs,
     stream_to,
 )
@@ -74,6 +77,22 @@ def lab() -> None:
     show_default=True,
     help="eth0 address (--net).",
 )
+@click.option(
+    "--peers",
+    type=click.IntRange(1, 16),
+    default=1,
+    show_default=True,
+    help="Boot this many guests on one link (rxe0 on it) and run COMMAND in each.",
+)
+@click.option(
+    "--link-subnet",
+    default=LinkConfig.subnet,
+    show_default=True,
+    help="Subnet of the --peers link (guest i: host address i+1).",
+)
+@click.option(
+    "--link-mtu", type=int, default=LinkConfig.mtu, show_default=True, help="--peers link MTU."
+)
 @click.option("-v", "--verbose", is_flag=True, help="Report boot and run time on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(
@@ -88,6 +107,9 @@ def run_cmd(
     cpus: int,
     host_address: str,
     guest_address: str,
+    peers: int,
+    link_subnet: str,
+    link_mtu: int,
     verbose: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -96,6 +118,11 @@ def run_cmd(
     Use `--` before COMMAND when it has options of its own, e.g.
     `ibal lab run -- ibv_devinfo -d rxe0`. Output is streamed as it comes;
     a command that hits --timeout is killed and the exit status is 124.
+
+    With --peers N, N guests boot in parallel on one virtual link and COMMAND
+    runs in each at once, with IBAL_LAB_PEER (its index), IBAL_LAB_ADDRESS and
+    IBAL_LAB_PEERS (every address) set; output lines are prefixed "[i] " and
+    the exit status is the first non-zero one by index.
     """
     env = {} if clean_env else dict(os.environ)
     for pair in env_pairs:
@@ -110,6 +137,13 @@ def run_cmd(
     the_lab = Lab(
         kernel=kernel, memory_mb=memory, cpus=cpus, net_config=net_config, boot_timeout=boot_timeout
     )
+    if peers > 1:
+        try:
+            link = LinkConfig(subnet=link_subnet, mtu=link_mtu)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from exc
+        _run_peers(the_lab, peers, link, net, list(command), timeout, env, cwd, verbose)
+        return
     try:
         result = the_lab.run(
             list(command),
@@ -135,6 +169,52 @@ def run_cmd(
     if result.timed_out:
         click.echo(f"ibal lab: command timed out after {timeout:g} s and was killed", err=True)
     sys.exit(result.returncode)
+
+
+def _write_stream(stream: str, data: bytes) -> None:
+    out = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
+    out.write(data)
+    out.flush()
+
+
+def _run_peers(
+    the_lab: Lab,
+    peers: int,
+    link: LinkConfig,
+    net: bool,
+    command: list[str],
+    timeout: float,
+    env: dict[str, str],
+    cwd: str | None,
+    verbose: bool,
+) -> None:
+    """`run --peers N`: COMMAND in N guests on one link; exit with the first failure."""
+    prefix = LinePrefixer(_write_stream, peers)
+    results: list[LabResult] = []
+    try:
+        with the_lab.cluster(peers, link=link, net=net) as lab_cluster:
+            results = run_on_all(
+                lab_cluster, command, timeout=timeout, env=env, cwd=cwd, on_output=prefix
+            )
+            boot = lab_cluster.boot_seconds
+    except LabUnavailable as exc:
+        click.echo(f"ibal lab: {exc}\nRun `ibal lab check` for what is missing.", err=True)
+        sys.exit(EXIT_LAB_FAILURE)
+    except LabError as exc:
+        prefix.flush()
+        click.echo(f"ibal lab: {exc}", err=True)
+        sys.exit(EXIT_LAB_FAILURE)
+    prefix.flush()
+    for i, r in enumerate(results):
+        if verbose:
+            click.echo(
+                f"ibal lab: [{i}] boot {boot:.1f} s (all guests), command {r.run_seconds:.1f} s, "
+                f"exit status {r.returncode}",
+                err=True,
+            )
+        if r.timed_out:
+            click.echo(f"ibal lab: [{i}] command timed out after {timeout:g} s", err=True)
+    sys.exit(next((r.returncode for r in results if r.returncode != 0), 0))
 
 
 @lab.command("check")

@@ -6,6 +6,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 
 from ibal.lab.initramfs import GUEST_SHARE
+from ibal.lab.link import GuestLink
 from ibal.lab.netns import NetConfig
 
 #: virtio-serial port name of the control channel between host and agent.
@@ -109,17 +110,37 @@ poweroff
 _NET_SETUP = r"""step $bb ip addr add @ADDR@ dev eth0
 step $bb ip link set eth0 up"""
 
+# The link NIC is found by its MAC: with a tap as well, which NIC is eth0
+# depends on probe order.
+_LINK_SETUP = r"""LINK=
+for d in /sys/class/net/*; do
+    read -r a <"$d/address" && [ "$a" = @MAC@ ] && LINK=${d##*/}
+done
+[ -n "$LINK" ] || die "no NIC with the link's MAC @MAC@"
+step $bb ip link set "$LINK" mtu @MTU@
+step $bb ip addr add @ADDR@ dev "$LINK"
+step $bb ip link set "$LINK" up"""
 
-def agent_script(net: NetConfig | None) -> str:
-    """The agent for a session; `net` selects eth0 (addressed) over lo for rxe."""
+
+def agent_script(net: NetConfig | None, link: GuestLink | None = None) -> str:
+    """The agent for a session: rxe on the link NIC, else eth0 with `net`, else lo."""
     netsetup = ""
+    netdev = "lo"
     if net is not None:
         netsetup = _NET_SETUP.replace("@ADDR@", shlex.quote(net.guest_address))
+        netdev = "eth0"
+    if link is not None:
+        netsetup += "\n" + (
+            _LINK_SETUP.replace("@MAC@", shlex.quote(link.mac))
+            .replace("@MTU@", str(int(link.mtu)))
+            .replace("@ADDR@", shlex.quote(link.address))
+        )
+        netdev = '"$LINK"'
     return (
         _AGENT.replace("@SHARE@", shlex.quote(GUEST_SHARE))
         .replace("@PORT@", shlex.quote(CONTROL_PORT))
         .replace("@RXE@", RXE_DEVICE)
-        .replace("@NETDEV@", "eth0" if net is not None else "lo")
+        .replace("@NETDEV@", netdev)
         .replace("@NETSETUP@", netsetup)
     )
 

@@ -16,11 +16,12 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ibal.lab import guest
 from ibal.lab.host import Kernel, LabUnavailable, find_busybox, find_qemu, select_kernel
 from ibal.lab.initramfs import GUEST_SHARE, ROOT_TAG, SHARE_TAG, build_initramfs, direct_boot_kernel
+from ibal.lab.link import GuestLink, LinkConfig
 from ibal.lab.netns import NetConfig, NetNamespace, cleanup_stale
 
 #: Default limit for one guest command, in seconds.
@@ -35,6 +36,9 @@ HUNG_GRACE = 10.0
 #: Return code reported for a command that hit its timeout (as coreutils timeout).
 TIMEOUT_RETURNCODE = 124
 _TMP_PREFIX = "ibal-lab-"
+
+if TYPE_CHECKING:
+    from ibal.lab.cluster import LabCluster
 
 OutputCallback = Callable[[bytes], None]
 
@@ -280,9 +284,18 @@ class LabSession:
     session, and deletes the namespace, tap and temp dirs.
     """
 
-    def __init__(self, lab: Lab, *, net: bool = False, boot_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        lab: Lab,
+        *,
+        net: bool = False,
+        boot_timeout: float | None = None,
+        link: GuestLink | None = None,
+    ) -> None:
         self.lab = lab
         self.net_config: NetConfig | None = lab.net_config if net else None
+        #: This guest's end of a link to other guests (`Lab.cluster`), else None.
+        self.link = link
         self.boot_timeout = boot_timeout if boot_timeout is not None else lab.boot_timeout
         self.netns: NetNamespace | None = None
         self.boot_seconds = 0.0
@@ -297,6 +310,8 @@ class LabSession:
         self._ready = threading.Event()
         self._setup_failed: str | None = None
         self._dead: str | None = None
+        self._boot_deadline = 0.0
+        self._t0 = 0.0
         self._closing = False
         self._closed = False
         self._jobs: dict[int, GuestJob] = {}
@@ -351,18 +366,34 @@ class LabSession:
 
     def start(self) -> None:
         """Boot the guest and wait for its agent; on any failure clean up and raise."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start qemu without waiting for the guest (then `wait_ready`); cleans up on failure.
+
+        Several sessions launched before any waits boot in parallel.
+        """
         try:
-            self._start()
+            self._launch()
         except BaseException:
             self.close()
             raise
 
-    def _start(self) -> None:
+    def wait_ready(self) -> None:
+        """Wait for a launched guest's agent; on failure clean up and raise `LabBootError`."""
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def _launch(self) -> None:
         _kernel, image, initrd = self.lab.prepare()
         (self.host_share / "jobs").mkdir(parents=True)
         self.host_dir.mkdir()
         agent = self.host_share / "agent.sh"
-        agent.write_text(guest.agent_script(self.net_config))
+        agent.write_text(guest.agent_script(self.net_config, self.link))
         agent.chmod(0o755)
 
         sock_path = self.tmp / "ctl.sock"
@@ -382,6 +413,7 @@ class LabSession:
             control_socket=sock_path,
             console_log=self.tmp / "console.log",
             net=self.net_config,
+            link=self.link,
         )
         if self.netns is not None:
             argv = self.netns.argv(argv)
@@ -400,8 +432,13 @@ class LabSession:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        deadline = t0 + self.boot_timeout
+        self._t0 = t0
+        self._boot_deadline = t0 + self.boot_timeout
 
+    def _wait_ready(self) -> None:
+        if self._listener is None or self._qemu is None:
+            raise LabError("wait_ready() before launch()")
+        deadline = self._boot_deadline
         while self._conn is None:
             self._check_boot(deadline)
             with contextlib.suppress(TimeoutError):
@@ -413,7 +450,7 @@ class LabSession:
             self._check_boot(deadline)
         if self._setup_failed is not None:
             raise LabBootError(self._boot_failure(f"guest setup failed: {self._setup_failed}"))
-        self.boot_seconds = time.monotonic() - t0
+        self.boot_seconds = time.monotonic() - self._t0
 
     def _check_boot(self, deadline: float) -> None:
         assert self._qemu is not None
@@ -766,8 +803,9 @@ class Lab:
         control_socket: Path,
         console_log: Path,
         net: NetConfig | None,
+        link: GuestLink | None = None,
     ) -> list[str]:
-        """The qemu command line for one guest."""
+        """The qemu command line for one guest (`link`: its NIC on a link to other guests)."""
         qemu = find_qemu()
         if qemu is None:
             raise LabUnavailable("qemu-system-x86_64 not found (apt-get install qemu-system-x86)")
@@ -775,7 +813,7 @@ class Lab:
         cmdline = [
             "console=ttyS0",
             "panic=-1",
-            f"ibal_lab.net={1 if net else 0}",
+            f"ibal_lab.net={1 if net or link else 0}",
             "cryptomgr.notests",  # the crypto self-tests cost ~0.3 s under TCG
         ]
         if not self.debug:
@@ -806,11 +844,29 @@ class Lab:
                 # romfile=: the kernel is booted directly, a PXE ROM is never used.
                 "-device", f"virtio-net-pci,netdev=n0,mac={net.guest_mac},romfile=",
             ]  # fmt: skip
+        if link is not None:
+            argv += link.qemu_args()
         return argv
 
     def session(self, *, net: bool = False, boot_timeout: float | None = None) -> LabSession:
         """A guest to use as `with lab.session(net=True) as s: ...` (boots on enter)."""
         return LabSession(self, net=net, boot_timeout=boot_timeout)
+
+    def cluster(
+        self,
+        count: int,
+        *,
+        link: LinkConfig | None = None,
+        net: bool = False,
+        boot_timeout: float | None = None,
+    ) -> LabCluster:
+        """`count` guests booted in parallel on one link: ``with lab.cluster(2) as (a, b):``.
+
+        See `ibal.lab.cluster.LabCluster`.
+        """
+        from ibal.lab.cluster import LabCluster  # cluster.py builds on this module
+
+        return LabCluster(self, count, link=link, net=net, boot_timeout=boot_timeout)
 
     def run(
         self,

@@ -102,7 +102,7 @@ def test_failed_guest_setup_is_reported(
 
     original = guest.agent_script
 
-    def broken(net: object) -> str:
+    def broken(net: object, link: object = None) -> str:
         script = original(None)
         return script.replace("step modprobe rdma_rxe", "step modprobe ibal_lab_no_such_module")
 
