@@ -28,7 +28,7 @@ from typing import Any
 from ibal.providers.rxe.cq import Cq
 from ibal.providers.rxe.qps import Qp, Srq, is_multicast_ip
 from ibal.types import AsyncEvent, EventRecord, QpState, Wc
-from ibal.wire.packet import Packet, Train
+from ibal.wire.packet import Packet, Train, WqeRun
 
 TIMER_TICK = 0.001
 """Timers run at most once per tick, as kernel rxe's run at jiffy resolution (its
@@ -182,13 +182,27 @@ class Engine:
         own = self._own
         local = self._local
         send_train = getattr(io, "send_train", None)
+        runs = getattr(io, "runs", False)
         while True:
             if send_train is not None:
-                pkts, count = core.poll_trains(now)
+                pkts, count = core.poll_trains(now, runs=runs)
             else:
                 pkts = core.poll(now)  # type: ignore[assignment]
                 count = len(pkts)
             for p in pkts:
+                if isinstance(p, WqeRun):
+                    dst = bytes(p.dst_ip)
+                    if dst in own:
+                        for q in p.packets():
+                            if not q.src_ip:
+                                q.src_ip = dst
+                            local.append(q)
+                        continue
+                    try:
+                        io.send_run(p, dst, p.src_port)
+                    except (KeyError, OSError, ValueError):
+                        self.counters.drop("no_route")
+                    continue
                 if isinstance(p, Train):
                     dst = bytes(p.head.dst_ip)
                     if dst in own or send_train is None:

@@ -758,3 +758,115 @@ uint32_t rxe_rx_fast(const uint8_t *arena, uint32_t size, const void *msgs, uint
     }
     return n;
 }
+
+/* ------------------------------------------------------------------ whole WQEs */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+/* mirrors: WqeRun.packets, then DeviceIO.send (encode_headers, ICRC) and
+ * SendBatch.reserve for each of them
+ * Packets k0 .. k0 + m - 1 of the SEND/WRITE WQE w, each into its own sendmmsg
+ * slot first_slot + i of arena (UDP header, BTH, RETH on a WRITE's FIRST/ONLY,
+ * ImmDt on the LAST/ONLY with imm_on, payload, pad, ICRC over the IPv4 pseudo
+ * header with IP ID 0 and DF, as an unconnected raw socket sends it), and the
+ * slot's iovec length set.  AckReq as the requester's cadence from since.
+ * Returns the UDP payload bytes written, or -EINVAL when the run, a slot or a
+ * payload would fall outside its buffer (then nothing is written). */
+int64_t rxe_fill_wqe(uint8_t *arena, uint64_t arena_len, uint32_t slot, void *iov,
+                     uint32_t nslots, uint32_t first_slot, const struct rxe_wqe_run *w,
+                     uint32_t k0, uint32_t m, uint32_t since)
+{
+    static const uint8_t zeros[4];
+    struct iovec *v = iov;
+    uint32_t mtu = w->mtu;
+    uint64_t need = w->data_len ? (w->data_len + mtu - 1) / mtu : 1;
+    /* the largest packet: BTH + RETH + ImmDt, an MTU of payload, the ICRC */
+    if (mtu == 0 || (mtu & 3) || mtu > 65536 || w->npkts != need || m == 0 ||
+        k0 >= w->npkts || m > w->npkts - k0 || w->per_ack == 0 || since >= w->per_ack ||
+        first_slot > nslots || m > nslots - first_slot ||
+        8 + RXE_BTH_LEN + 16 + 4 + (uint64_t)mtu + RXE_ICRC_LEN > slot ||
+        (uint64_t)(first_slot + m) * slot > arena_len)
+        return -EINVAL;
+    int64_t total = 0;
+    uint32_t last_k = w->npkts - 1;
+    uint32_t mid_prefix = 0, mid_len = 0;
+    for (uint32_t i = 0; i < m; i++) {
+        uint32_t k = k0 + i;
+        int first = k == 0, last = k == last_k;
+        uint32_t op = first ? (last ? w->op_only : w->op_first) : (last ? w->op_last : w->op_middle);
+        uint64_t poff = (uint64_t)k * mtu;
+        uint32_t plen = last ? (uint32_t)(w->data_len - poff) : mtu;
+        uint32_t pad = -plen & 3;
+        uint8_t *o = arena + (uint64_t)(first_slot + i) * slot;
+        uint8_t *h = o + 8;
+        h[0] = (uint8_t)op;
+        h[1] = (uint8_t)((last && w->se ? 0x80 : 0) | pad << 4);
+        put16(h + 2, w->pkey);
+        h[4] = 0;
+        h[5] = (uint8_t)(w->dest_qpn >> 16);
+        h[6] = (uint8_t)(w->dest_qpn >> 8);
+        h[7] = (uint8_t)w->dest_qpn;
+        since += 1;
+        uint32_t ack = 0;
+        if (last || since >= w->per_ack) {
+            ack = w->reliable ? 0x80 : 0;
+            since = 0;
+        }
+        uint32_t psn = (w->first_psn + k) & 0xFFFFFF;
+        h[8] = (uint8_t)ack;
+        h[9] = (uint8_t)(psn >> 16);
+        h[10] = (uint8_t)(psn >> 8);
+        h[11] = (uint8_t)psn;
+        uint32_t hlen = RXE_BTH_LEN;
+        if (first && w->reth) {
+            put32(h + hlen, (uint32_t)(w->va >> 32));
+            put32(h + hlen + 4, (uint32_t)w->va);
+            put32(h + hlen + 8, w->rkey);
+            put32(h + hlen + 12, w->dma_len);
+            hlen += 16;
+        }
+        if (last && w->imm_on) {
+            put32(h + hlen, w->imm);
+            hlen += 4;
+        }
+        uint32_t ulen = hlen + plen + pad + RXE_ICRC_LEN;
+        put16(o, w->sport);
+        put16(o + 2, w->dport);
+        put16(o + 4, 8 + ulen);
+        o[6] = o[7] = 0;
+        uint32_t prefix;
+        if (mid_len == ulen) {
+            prefix = mid_prefix;
+        } else {
+            prefix = rxe_icrc_prefix_ipv4(w->src_ip, w->dst_ip, ulen, w->sport, 0, 0x4000,
+                                          w->icrc_dport);
+            mid_prefix = prefix;
+            mid_len = ulen;
+        }
+        h[4] = 0xFF; /* the ICRC's view of the BTH */
+        uint32_t c = rxe_crc32(prefix, h, hlen);
+        h[4] = 0;
+        if (plen) { /* a zero-length ONLY may come with no buffer at all */
+            memcpy(h + hlen, w->data + poff, plen);
+            c = rxe_crc32(c, h + hlen, plen);
+        }
+        if (pad) {
+            memset(h + hlen + plen, 0, pad);
+            c = rxe_crc32(c, zeros, pad);
+        }
+        uint8_t *t = h + hlen + plen + pad;
+        t[0] = (uint8_t)c;
+        t[1] = (uint8_t)(c >> 8);
+        t[2] = (uint8_t)(c >> 16);
+        t[3] = (uint8_t)(c >> 24);
+        v[first_slot + i].iov_len = 8 + ulen;
+        total += ulen;
+    }
+    return total;
+}

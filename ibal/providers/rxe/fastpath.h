@@ -46,3 +46,15 @@ struct rxe_fast_qp {
 };
 uint32_t rxe_rx_fast(const uint8_t *arena, uint32_t size, const void *msgs, uint32_t start,
                      uint32_t n, struct rxe_fast_qp *qps, uint32_t nqps);
+struct rxe_wqe_run {
+    const uint8_t *data;
+    uint64_t data_len, va;
+    uint32_t rkey, dma_len, imm, imm_on, reth, se, reliable, per_ack;
+    uint32_t dest_qpn, pkey, first_psn, npkts, mtu;
+    uint32_t op_first, op_middle, op_last, op_only;
+    uint32_t sport, dport, icrc_dport;
+    uint8_t src_ip[4], dst_ip[4];
+};
+int64_t rxe_fill_wqe(uint8_t *arena, uint64_t arena_len, uint32_t slot, void *iov,
+                     uint32_t nslots, uint32_t first_slot, const struct rxe_wqe_run *w,
+                     uint32_t k0, uint32_t m, uint32_t since);
