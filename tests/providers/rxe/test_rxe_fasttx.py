@@ -124,8 +124,8 @@ _OPS = {
     (0x20, False, False): (Opcode.UC_RDMA_WRITE_FIRST, Opcode.UC_RDMA_WRITE_MIDDLE,
                            Opcode.UC_RDMA_WRITE_LAST, Opcode.UC_RDMA_WRITE_ONLY),
 }
-SRC_IP = bytes([127, 0, 0, 177])
-DST_IP = bytes([127, 0, 0, 178])
+SRC_IP = bytes([127, 0, 0, 187])
+DST_IP = bytes([127, 0, 0, 188])
 PORT = 47917
 SPORT = 0xC00D
 
