@@ -562,6 +562,8 @@ _PERFTESTS = ["write_bw", "read_bw", "send_bw", "send_lat", "write_lat"]
 @click.option("-t", "--tx-depth", type=int, default=128, show_default=True, help="Send window.")
 @click.option("-r", "--rx-depth", type=int, default=512, show_default=True, help="Receives.")
 @click.option("-Q", "--cq-mod", type=int, default=100, show_default=True, help="Signal every N.")
+@click.option("-l", "--post-list", type=int, default=0, show_default=True,
+              help="WRs per post_send call (bw clients; 0: the whole free window).")
 @click.option("-m", "--mtu", type=int, help="Path MTU [default: the port's active MTU].")
 @click.option("-x", "--gid-index", type=int, help="Local GID index (RoCE: 1 = IPv4).")
 @click.option("-F", "--CPU-freq", "cpu_freq", is_flag=True, help="Accepted for perftest's sake.")
@@ -579,6 +581,7 @@ def perftest(
     tx_depth: int,
     rx_depth: int,
     cq_mod: int,
+    post_list: int,
     mtu: int | None,
     gid_index: int | None,
     cpu_freq: bool,
@@ -596,7 +599,7 @@ def perftest(
     opts = PerftestOptions(
         test=test, servername=servername, port=port, device=device, ib_port=ib_port, size=size,
         iters=iters, tx_depth=tx_depth, rx_depth=rx_depth, cq_mod=cq_mod, mtu=mtu,
-        gid_index=gid_index,
+        gid_index=gid_index, post_list=post_list,
     )  # fmt: skip
     with open_al(tool_providers(providers), parse_options(options)) as (_, al):
         try:

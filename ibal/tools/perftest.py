@@ -91,6 +91,9 @@ class PerftestOptions:
     cq_mod: int = 100
     mtu: int | None = None
     gid_index: int | None = None
+    post_list: int = 0
+    """Work requests per ``post_send`` call (perftest's ``-l``); 0: the whole free
+    window in one call, ibal's default."""
 
     @property
     def spec(self) -> TestSpec:
@@ -109,6 +112,8 @@ class PerftestOptions:
                       iters=self.iters)
         if self.tx_depth < 1 or self.rx_depth < 2 or self.cq_mod < 1:
             raise PerftestError("tx-depth and cq-mod must be positive, rx-depth at least 2")
+        if self.post_list < 0 or self.post_list > self.tx_depth:
+            raise PerftestError("post-list must be between 0 (the whole window) and tx-depth")
 
 
 # -------------------------------------------------------------------- results
@@ -281,6 +286,8 @@ def header_lines(opts: PerftestOptions, res: _Resources, client: bool) -> list[s
         lines.append(f" {name} depth        : {value}")
     if client and not spec.latency:
         lines.append(f" CQ Moderation   : {min(opts.cq_mod, opts.tx_depth)}")
+        if opts.post_list:
+            lines.append(f" Post List       : {opts.post_list}")
     lines += [
         f" Mtu             : {mtu}[B]",
         f" Link type       : {link}",
@@ -324,6 +331,7 @@ def bw_client(res: _Resources, remote: dict[str, Any]) -> BwResult:
     opts, iters = res.opts, res.opts.iters
     window = opts.tx_depth
     cq_mod = min(opts.cq_mod, window)
+    pl = opts.post_list
     unsig = _send_template(res, remote)
     qp, cq = res.qp, res.send_cq
 
@@ -350,7 +358,11 @@ def bw_client(res: _Resources, remote: dict[str, Any]) -> BwResult:
                 else:
                     batch.append(unsig)
                 k = nxt
-            qp.post_send(batch)
+            if pl:
+                for i in range(0, len(batch), pl):
+                    qp.post_send(batch[i : i + pl])
+            else:
+                qp.post_send(batch)
             posted = end
         wcs = cq.poll(_POLL)
         if wcs:

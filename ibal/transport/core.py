@@ -30,7 +30,7 @@ from ibal.transport.ud import UdResponder
 from ibal.transport.wc import make_wc
 from ibal.types import AsyncEvent, QpState, QpType, RecvOpt, SendWr, WcStatus, WcType
 from ibal.wire import packet as P
-from ibal.wire.packet import Packet, Train
+from ibal.wire.packet import Packet, Train, WqeRun
 
 _RTR = QpState.RTR
 _RTS = QpState.RTS
@@ -166,25 +166,27 @@ class QpCore:
 
     def poll(self, now: float, budget: int = DEFAULT_BUDGET) -> list[Packet]:
         """The packets to send now, at most ``budget``: responses, then requests."""
-        out: list[Packet | Train] = []
+        out: list[Packet | Train | WqeRun] = []
         self._poll(now, budget, out, False)
         return out  # type: ignore[return-value]  # no Train without ``trains``
 
     def poll_trains(
-        self, now: float, budget: int = DEFAULT_BUDGET
-    ) -> tuple[list[Packet | Train], int]:
+        self, now: float, budget: int = DEFAULT_BUDGET, runs: bool = False
+    ) -> tuple[list[Packet | Train | WqeRun], int]:
         """:meth:`poll`, with runs of MIDDLE request packets as one :class:`Train`
-        each; (what to send, how many packets that is)."""
-        out: list[Packet | Train] = []
-        return out, self._poll(now, budget, out, True)
+        each (``runs``: a SEND/WRITE's packets as one :class:`WqeRun`); (what to
+        send, how many packets that is)."""
+        out: list[Packet | Train | WqeRun] = []
+        return out, self._poll(now, budget, out, True, runs)
 
-    def _poll(self, now: float, budget: int, out: list[Packet | Train], trains: bool) -> int:
+    def _poll(self, now: float, budget: int, out: list[Packet | Train | WqeRun], trains: bool,
+              runs: bool = False) -> int:
         resp = self.resp
         got = 0
         if isinstance(resp, Responder) and len(resp.responses):
             got = resp.responses.poll(budget, out, trains)
         if got < budget and self.cfg.state is not _ERROR:
-            got += self.req.poll(now, budget - got, out, trains)
+            got += self.req.poll(now, budget - got, out, trains, runs)
         self.counters.sent_pkts += got
         return got
 

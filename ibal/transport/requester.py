@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Final
 
 from ibal.transport.policy import RXE_POLICY, TransportPolicy
 from ibal.transport.psn import PSN_MASK, psn_diff
@@ -36,7 +37,7 @@ from ibal.types import (
     WrType,
 )
 from ibal.wire import packet as P
-from ibal.wire.packet import Packet, Train
+from ibal.wire.packet import Packet, Train, WqeRun
 
 _OK = WcStatus.SUCCESS
 _FLUSHED = WcStatus.WR_FLUSHED_ERR
@@ -51,6 +52,21 @@ _CMP_SWAP = WrType.COMPARE_SWAP
 # Opcode offsets by (first, last) for SEND and WRITE; the base adds 0x00 (RC) or 0x20 (UC).
 _SEND_OP = {(True, False): 0x00, (False, False): 0x01, (False, True): 0x02, (True, True): 0x04}
 _WRITE_OP = {(True, False): 0x06, (False, False): 0x07, (False, True): 0x08, (True, True): 0x0A}
+
+def _run_ops() -> dict[int, tuple[int, int, int, int]]:
+    """(FIRST, MIDDLE, LAST, ONLY) opcodes by transport base + 2 * SEND + immediate."""
+    out = {}
+    for base in (0x00, 0x20):
+        for send, table in ((0, _WRITE_OP), (1, _SEND_OP)):
+            for imm in (0, 1):
+                out[base + 2 * send + imm] = (
+                    base + table[(True, False)], base + table[(False, False)],
+                    base + table[(False, True)] + imm, base + table[(True, True)] + imm,
+                )  # fmt: skip
+    return out
+
+
+_RUN_OPS: Final = _run_ops()
 
 
 class Requester:
@@ -122,12 +138,14 @@ class Requester:
         return self.next_psn != self.comp_psn
 
     # ---------------------------------------------------------------- transmit
-    def poll(self, now: float, budget: int, out: list[Packet | Train],
-             trains: bool = False) -> int:
+    def poll(self, now: float, budget: int, out: list[Packet | Train | WqeRun],
+             trains: bool = False, runs: bool = False) -> int:
         """Append up to ``budget`` request packets the send queue may send now; how many.
 
         ``trains``: runs of MIDDLE packets go out as one :class:`Train` each
-        (counted as the packets it stands for).
+        (counted as the packets it stands for); ``runs``: a SEND/WRITE's packets
+        that fit the window and the budget go out as one :class:`WqeRun` (the
+        C engine's send side cuts them).
         """
         cfg = self.cfg
         state = cfg.state
@@ -180,7 +198,7 @@ class Requester:
                 self.cur += 1
                 self.cur_pkt = 0
                 continue
-            sent, closed = self._segments(w, budget - got, out, trains)
+            sent, closed = self._segments(w, budget - got, out, trains, runs)
             got += sent
             if closed:
                 break
@@ -250,8 +268,8 @@ class Requester:
             # a Scatter is no buffer: found out here, so a list of views pays nothing
             return b"".join([bytes(p) for p in parts])
 
-    def _segments(self, w: SendWqe, budget: int, out: list[Packet | Train],
-                  trains: bool) -> tuple[int, bool]:
+    def _segments(self, w: SendWqe, budget: int, out: list[Packet | Train | WqeRun],
+                  trains: bool, runs: bool = False) -> tuple[int, bool]:
         """Append packets of a SEND/WRITE from ``cur_pkt``; (packets, the window closed)."""
         cfg = self.cfg
         mtu = cfg.mtu
@@ -275,6 +293,28 @@ class Requester:
                 if not is_send:
                     self.counters.rdma_sends += sent
                 return sent, True
+            if runs and not (is_send and w.inv_rkey is not None and reliable):
+                # the rest of the WQE that fits, one record: the same packets as below
+                m = min(npkts - k, budget - sent, room)
+                run = WqeRun(_RUN_OPS[base + (1 if is_send else 0) * 2 + (1 if w.imm else 0)],
+                             cfg.dest_qpn, cfg.pkey, w.first_psn, npkts, data, mtu, k, m,
+                             self.since_ack_req, per_ack, reliable)
+                if not is_send:
+                    run.reth = True
+                    run.va = wr.remote_addr
+                    run.rkey = wr.rkey
+                    run.dma_len = w.length
+                if w.imm:
+                    run.imm = wr.imm
+                run.se = w.solicited and (is_send or w.imm)
+                run.src_ip = cfg.src_ip
+                run.dst_ip = cfg.dst_ip
+                run.src_port = cfg.src_port
+                out.append(run)
+                self.since_ack_req = run.since_after
+                sent += m
+                k += m
+                continue
             first = k == 0
             last = k == npkts - 1
             if trains and not first and not last:
@@ -361,7 +401,7 @@ class Requester:
         pkt.src_port = cfg.src_port
         return pkt
 
-    def _send_ud(self, w: SendWqe, out: list[Packet | Train]) -> None:
+    def _send_ud(self, w: SendWqe, out: list[Packet | Train | WqeRun]) -> None:
         cfg = self.cfg
         wr = w.wr
         ud = wr.ud

@@ -15,7 +15,7 @@ from ibal.transport.psn import PSN_MASK
 from ibal.transport.qp import QpConfig
 from ibal.transport.scatter import Range
 from ibal.wire import packet as P
-from ibal.wire.packet import Packet, Train
+from ibal.wire.packet import Packet, Train, WqeRun
 
 _MIDDLE = P.Opcode.RC_RDMA_READ_RESPONSE_MIDDLE
 _ACKNOWLEDGE = P.Opcode.RC_ACKNOWLEDGE
@@ -55,7 +55,7 @@ class ResponseQueue:
         self.queue.clear()
         self.reads_pending = 0
 
-    def poll(self, budget: int, out: list[Packet | Train], trains: bool = False) -> int:
+    def poll(self, budget: int, out: list[Packet | Train | WqeRun], trains: bool = False) -> int:
         """Append up to ``budget`` response packets, in PSN order; how many.
 
         ``trains``: a READ's MIDDLE responses go out as one :class:`Train` per run.

@@ -373,3 +373,89 @@ class Train:
             p.ack_req = self.reliable and (self.since + j + 1) % self.per_ack == 0
             out.append(p)
         return out
+
+
+class WqeRun:
+    """Packets ``k0`` .. ``k0 + m - 1`` of one SEND/WRITE WQE, as one record.
+
+    What the requester hands the C engine's socket layer instead of a
+    :class:`Packet` per segment (FIRST/ONLY with its RETH, MIDDLE, LAST with
+    its ImmDt): packet ``k`` carries PSN ``first_psn + k`` and the payload
+    ``data[k*mtu : (k+1)*mtu]``; ``ops`` are the FIRST, MIDDLE, LAST and ONLY
+    opcodes as sent (LAST/ONLY already the immediate ones where ``imm`` is not
+    None); ``se`` goes on the last packet; AckReq follows the requester's
+    cadence from ``since`` (after each packet ``since + 1``, and AckReq with
+    ``since`` back to 0 on the last packet or at ``per_ack``; only when
+    ``reliable``).  :meth:`packets` is the reference the C code is tested
+    against.
+    """
+
+    __slots__ = (
+        "data", "dest_qpn", "dma_len", "dst_ip", "first_psn", "imm", "k0", "m", "mtu",
+        "npkts", "ops", "per_ack", "pkey", "reliable", "reth", "rkey", "se", "since",
+        "src_ip", "src_port", "va",
+    )  # fmt: skip
+
+    def __init__(self, ops: tuple[int, int, int, int], dest_qpn: int, pkey: int,
+                 first_psn: int, npkts: int, data: bytes | memoryview, mtu: int,
+                 k0: int, m: int, since: int, per_ack: int, reliable: bool) -> None:
+        self.ops = ops
+        self.dest_qpn = dest_qpn
+        self.pkey = pkey
+        self.first_psn = first_psn
+        self.npkts = npkts
+        self.data = data
+        self.mtu = mtu
+        self.k0 = k0
+        self.m = m
+        self.since = since
+        self.per_ack = per_ack
+        self.reliable = reliable
+        self.reth = False  # a WRITE: the FIRST/ONLY carries va, rkey, dma_len
+        self.va = 0
+        self.rkey = 0
+        self.dma_len = 0
+        self.imm: int | None = None
+        self.se = False
+        self.src_ip = b""
+        self.dst_ip = b""
+        self.src_port = 0
+
+    @property
+    def since_after(self) -> int:
+        """The requester's ``since_ack_req`` after the run."""
+        if self.k0 + self.m >= self.npkts:
+            return 0
+        return (self.since + self.m) % self.per_ack
+
+    def packets(self) -> list[Packet]:
+        """The run as separate packets (loopback delivery, the Python engine, tests)."""
+        out = []
+        mtu = self.mtu
+        data = self.data
+        last_k = self.npkts - 1
+        since = self.since
+        op_first, op_middle, op_last, op_only = self.ops
+        for k in range(self.k0, self.k0 + self.m):
+            first = k == 0
+            last = k == last_k
+            op = (op_only if last else op_first) if first else (op_last if last else op_middle)
+            p = Packet(op, self.dest_qpn, (self.first_psn + k) & MAX_PSN,
+                       data[k * mtu : (k + 1) * mtu], pkey=self.pkey)
+            if first and self.reth:
+                p.va = self.va
+                p.rkey = self.rkey
+                p.dma_len = self.dma_len
+            if last:
+                if self.imm is not None:
+                    p.imm = self.imm
+                p.se = self.se
+            since += 1
+            if last or since >= self.per_ack:
+                p.ack_req = self.reliable
+                since = 0
+            p.src_ip = self.src_ip
+            p.dst_ip = self.dst_ip
+            p.src_port = self.src_port
+            out.append(p)
+        return out

@@ -69,6 +69,23 @@ def test_window_and_cq_mod_that_do_not_divide_the_iterations(pair: Pair) -> None
     assert server.buffer[:8] == b"\xc1" * 8
 
 
+@pytest.mark.parametrize("post_list", [1, 3])
+def test_post_lists_move_every_message(pair: Pair, post_list: int) -> None:
+    # lists that divide neither the window nor the iterations: each WR is posted once
+    server, client = perftest(pair, "send_bw", size=8, iters=77, tx_depth=10, cq_mod=4,
+                              rx_depth=6, post_list=post_list)  # fmt: skip
+    assert server.received == 77 and client.result.iters == 77
+    assert f" Post List       : {post_list}" in client.lines
+    assert server.buffer[:8] == b"\xc1" * 8
+
+
+def test_a_post_list_longer_than_the_window_is_refused() -> None:
+    with pytest.raises(PerftestError, match="post-list"):
+        PerftestOptions(tx_depth=4, post_list=5).check()
+    with pytest.raises(PerftestError, match="post-list"):
+        PerftestOptions(post_list=-1).check()
+
+
 @pytest.mark.parametrize("test", ["send_lat", "write_lat"])
 def test_latency_tests_print_perftests_table(pair: Pair, test: str) -> None:
     server, client = perftest(pair, test, size=8, iters=40, rx_depth=4, cq_mod=5)

@@ -161,6 +161,12 @@ class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
         self.attr = self._ca_attr()
         self.engine = Engine(self.name, self._lock, device.io, device.counters,
                              self._on_completion, self._on_event)
+        if device.engine == "c" and fast_rx_enabled():
+            from ibal.providers.rxe.fastmr import MrMirror
+            from ibal.providers.rxe.fastpath import ffi_lib
+
+            # the receive fast path's R_Key checks: every key change reaches C
+            self.keys.mirror = self.engine.mr_mirror = MrMirror(*ffi_lib())
         device.subscribe(self._on_device_event)
 
     def __repr__(self) -> str:

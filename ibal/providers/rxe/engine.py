@@ -28,7 +28,7 @@ from typing import Any
 from ibal.providers.rxe.cq import Cq
 from ibal.providers.rxe.qps import Qp, Srq, is_multicast_ip
 from ibal.types import AsyncEvent, EventRecord, QpState, Wc
-from ibal.wire.packet import Packet, Train
+from ibal.wire.packet import Packet, Train, WqeRun
 
 TIMER_TICK = 0.001
 """Timers run at most once per tick, as kernel rxe's run at jiffy resolution (its
@@ -67,6 +67,8 @@ class Engine:
         self._own: frozenset[bytes] = frozenset()
         self._closed = False
         self._fast: Any = None  # fastrx.FastTable, made on the first on_ring
+        self.mr_mirror: Any = None
+        """The CA's ``fastmr.MrMirror``: FIRST/ONLY WRITEs in C (None: in Python)."""
         self._thread = threading.Thread(target=self._timers, name=f"{name}-timer", daemon=True)
         self._thread.start()
 
@@ -102,7 +104,7 @@ class Engine:
                 from ibal.providers.rxe import fastpath
                 from ibal.providers.rxe.fastrx import FastTable
 
-                fast = self._fast = FastTable(*fastpath.ffi_lib())
+                fast = self._fast = FastTable(*fastpath.ffi_lib(), self.mr_mirror)
             now = time.monotonic()
             self._own = self.io.own
             touched: dict[Qp, None] = {}
@@ -119,9 +121,11 @@ class Engine:
                 for pkt in pkts:
                     self._dispatch(pkt, now, touched, True)
                 i += 1
-                # only a WRITE FIRST starts what C may continue; an armed QP's state
-                # may have moved with the packet, so it is armed afresh
-                arm = bool(armed) or any(p.opcode == _WRITE_FIRST for p in pkts)
+                # only a WRITE FIRST starts what C may continue (or, with the region
+                # table, any packet may leave a QP between messages); an armed QP's
+                # state may have moved with the packet, so it is armed afresh
+                arm = (fast.mrs is not None or bool(armed)
+                       or any(p.opcode == _WRITE_FIRST for p in pkts))
             for qp in touched:
                 self._pump(qp, now)
             self._run_local(now)
@@ -182,13 +186,27 @@ class Engine:
         own = self._own
         local = self._local
         send_train = getattr(io, "send_train", None)
+        runs = getattr(io, "runs", False)
         while True:
             if send_train is not None:
-                pkts, count = core.poll_trains(now)
+                pkts, count = core.poll_trains(now, runs=runs)
             else:
                 pkts = core.poll(now)  # type: ignore[assignment]
                 count = len(pkts)
             for p in pkts:
+                if isinstance(p, WqeRun):
+                    dst = bytes(p.dst_ip)
+                    if dst in own:
+                        for q in p.packets():
+                            if not q.src_ip:
+                                q.src_ip = dst
+                            local.append(q)
+                        continue
+                    try:
+                        io.send_run(p, dst, p.src_port)
+                    except (KeyError, OSError, ValueError):
+                        self.counters.drop("no_route")
+                    continue
                 if isinstance(p, Train):
                     dst = bytes(p.head.dst_ip)
                     if dst in own or send_train is None:

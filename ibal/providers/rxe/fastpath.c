@@ -558,8 +558,8 @@ int rxe_fill_train(uint8_t *arena, uint64_t arena_len, uint64_t off, uint32_t sl
  * the table does not hold is a miss, never a refusal: windows and anything
  * unknown stay with the Python core, which answers them. */
 struct rxe_mr {
-    uint32_t rkey, pd, access, used;
-    uint64_t vaddr, length;
+    uint32_t rkey, access, used;
+    uint64_t pd, vaddr, length;
     uint8_t *base;
 };
 
@@ -610,7 +610,7 @@ static struct rxe_mr *mr_slot(struct rxe_mr_table *t, uint32_t rkey)
 
 /* mirrors: KeyTable.install (of an Mr).  Replaces an entry of the same key.
  * Returns 0, or -ENOSPC when the table would be more than half full. */
-int rxe_mr_put(struct rxe_mr_table *t, uint32_t rkey, uint32_t pd, uint64_t vaddr,
+int rxe_mr_put(struct rxe_mr_table *t, uint32_t rkey, uint64_t pd, uint64_t vaddr,
                uint64_t length, uint32_t access, uint8_t *base)
 {
     struct rxe_mr *m = mr_slot(t, rkey);
@@ -657,7 +657,7 @@ int rxe_mr_del(struct rxe_mr_table *t, uint32_t rkey)
 /* mirrors: QpMemory.remote (regions).  1: allowed, *out the first byte (NULL for a
  * zero length, which Python allows whatever the key); 0: refused (Python answers
  * None too); -1: not in the table (ask Python). */
-int rxe_mr_remote(struct rxe_mr_table *t, uint32_t rkey, uint32_t pd, uint64_t va,
+int rxe_mr_remote(struct rxe_mr_table *t, uint32_t rkey, uint64_t pd, uint64_t va,
                   uint64_t length, uint32_t access, uint8_t **out)
 {
     *out = NULL;
@@ -682,17 +682,22 @@ uint32_t rxe_mr_count(struct rxe_mr_table *t)
 /* ------------------------------------------------------------------ receive fast path */
 
 /* mirrors: RxDecoder._from_ip, Engine._dispatch, QpCore.receive, Responder.receive
- * and Responder._write, for the one case they predict best: an in-order RC RDMA
- * WRITE MIDDLE or LAST (no immediate) continuing a WRITE the Python responder
- * started (its FIRST resolved the R_Key), from the QP's peer, with the QP's
- * P_Key, in RTS.  Datagrams start .. n - 1 of a receive ring are taken in order;
- * the first one that is anything else (another opcode, a gap, a duplicate, a
- * bad length, a bad ICRC, a truncated datagram, an unknown QP) ends the run and
- * its index is returned, for the Python core to decode and execute before the
- * run resumes: so each QP sees its packets in arrival order, and every drop and
- * every error is the Python core's.  Returns n when all were landed. */
+ * and Responder._write, for the cases they predict best: in-order RC RDMA WRITEs
+ * (no immediate) from the QP's peer, with the QP's P_Key, in RTS.  An entry in a
+ * WRITE (active) takes its MIDDLE and LAST packets; an idle entry (idle: no
+ * message in progress, remote write allowed on the QP) takes a FIRST or an ONLY
+ * whose R_Key, PD, access and bounds the region table mrs accepts
+ * (rxe_mr_remote, as QpMemory.remote) and then, after a FIRST, its MIDDLE and
+ * LAST.  Datagrams start .. n - 1 of a receive ring are taken in order; the
+ * first one that is anything else (another opcode, a gap, a duplicate, a bad
+ * length, a bad ICRC, a truncated datagram, an unknown QP, an R_Key the table
+ * does not hold or refuses) ends the run and its index is returned, for the
+ * Python core to decode and execute (and NAK) before the run resumes: so each
+ * QP sees its packets in arrival order, and every drop and every error is the
+ * Python core's.  Returns n when all were landed. */
 uint32_t rxe_rx_fast(const uint8_t *arena, uint32_t size, const void *msgs, uint32_t start,
-                     uint32_t n, struct rxe_fast_qp *qps, uint32_t nqps)
+                     uint32_t n, struct rxe_fast_qp *qps, uint32_t nqps,
+                     struct rxe_mr_table *mrs, uint32_t write_access)
 {
     const struct mmsghdr *m = msgs;
     uint32_t seed = rxe_crc32(0, lrh_ones, 8);
@@ -710,27 +715,56 @@ uint32_t rxe_rx_fast(const uint8_t *arena, uint32_t size, const void *msgs, uint
         const uint8_t *udp = d + 28;
         uint32_t un = ulen - 8;
         uint32_t op = udp[0];
-        int last = op == 0x08;
-        if ((op != 0x07 && !last) || (udp[1] & 0x0F))
+        int last = op == 0x08 || op == 0x0A;
+        int first = op == 0x06 || op == 0x0A;
+        if ((op != 0x07 && !last && !first) || (udp[1] & 0x0F))
             return i;
+        uint32_t hlen = RXE_BTH_LEN + (first ? 16 : 0);
         uint32_t pad = (udp[1] >> 4) & 3;
-        if (un - RXE_ICRC_LEN < RXE_BTH_LEN + pad)
+        if (un - RXE_ICRC_LEN < hlen + pad)
             return i;
-        uint32_t plen = un - RXE_ICRC_LEN - RXE_BTH_LEN - pad;
+        uint32_t plen = un - RXE_ICRC_LEN - hlen - pad;
         uint32_t qpn = get24(udp + 5);
         struct rxe_fast_qp *e = NULL;
         for (uint32_t k = 0; k < nqps; k++)
-            if (qps[k].active && qps[k].qpn == qpn) {
+            if ((qps[k].active || qps[k].idle) && qps[k].qpn == qpn) {
                 e = &qps[k];
                 break;
             }
         if (!e || memcmp(d + 12, e->src_ip, 4) || get16(udp + 2) != e->pkey ||
             get24(udp + 9) != e->epsn)
             return i;
-        if (last ? (plen == 0 || plen > e->mtu) : plen != e->mtu)
-            return i;
-        uint64_t end = e->woff + plen;
-        if (end > e->wlen || (last && end != e->wlen))
+        uint8_t *dst;
+        uint64_t woff, wlen;
+        uint32_t rkey = 0;
+        uint64_t va = 0;
+        if (first) {
+            /* Responder._check_sequence and _write for a FIRST/ONLY */
+            if (!e->idle || !mrs)
+                return i;
+            va = (uint64_t)get16(udp + 12) << 48 | (uint64_t)get16(udp + 14) << 32 |
+                 (uint64_t)get16(udp + 16) << 16 | get16(udp + 18);
+            rkey = get16(udp + 20) << 16 | get16(udp + 22);
+            wlen = (uint64_t)get16(udp + 24) << 16 | get16(udp + 26);
+            if (last ? plen > e->mtu : plen != e->mtu)
+                return i;
+            if (plen > wlen || (last && plen != wlen) || wlen > (1ull << 31))
+                return i;
+            dst = NULL;
+            if (wlen && rxe_mr_remote(mrs, rkey, e->pd, va, wlen, write_access, &dst) != 1)
+                return i;
+            woff = 0;
+        } else {
+            if (!e->active)
+                return i;
+            if (last ? (plen == 0 || plen > e->mtu) : plen != e->mtu)
+                return i;
+            dst = e->dst;
+            woff = e->woff;
+            wlen = e->wlen;
+        }
+        uint64_t end = woff + plen;
+        if (end > wlen || (last && end != wlen))
             return i;
         uint8_t h[40];
         memcpy(h, d, 40);
@@ -740,21 +774,148 @@ uint32_t rxe_rx_fast(const uint8_t *arena, uint32_t size, const void *msgs, uint
                                un - RXE_BTH_LEN - RXE_ICRC_LEN);
         if (c != get32le(udp + un - RXE_ICRC_LEN))
             return i;
-        memcpy(e->dst + e->woff, udp + RXE_BTH_LEN, plen);
+        if (plen)
+            memcpy(dst + woff, udp + hlen, plen);
+        if (first && !last) {
+            e->dst = dst;
+            e->wlen = wlen;
+            e->rkey = rkey;
+            e->va = va;
+            e->started = 1;
+            e->idle = 0;
+            e->active = 1;
+        }
         if (!last)
             e->woff = end; /* as _write: a LAST leaves the position where it was */
         e->packets += 1;
         e->bytes += len;
+        if (last) {
+            e->msgs += 1;
+            e->last = 1;
+            e->started = 0;
+            e->active = 0;
+            e->idle = 1;
+            e->dst = NULL;
+        }
         if (udp[8] & 0x80) {
             e->ack = 1;
             e->ack_psn = e->epsn;
             e->ack_last = (uint32_t)last;
+            e->ack_msgs = e->msgs;
         }
         e->epsn = (e->epsn + 1) & 0xFFFFFF;
-        if (last) {
-            e->active = 0;
-            e->last = 1;
-        }
     }
     return n;
+}
+
+/* ------------------------------------------------------------------ whole WQEs */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+/* mirrors: WqeRun.packets, then DeviceIO.send (encode_headers, ICRC) and
+ * SendBatch.reserve for each of them
+ * Packets k0 .. k0 + m - 1 of the SEND/WRITE WQE w, each into its own sendmmsg
+ * slot first_slot + i of arena (UDP header, BTH, RETH on a WRITE's FIRST/ONLY,
+ * ImmDt on the LAST/ONLY with imm_on, payload, pad, ICRC over the IPv4 pseudo
+ * header with IP ID 0 and DF, as an unconnected raw socket sends it), and the
+ * slot's iovec length set.  AckReq as the requester's cadence from since.
+ * Returns the UDP payload bytes written, or -EINVAL when the run, a slot or a
+ * payload would fall outside its buffer (then nothing is written). */
+int64_t rxe_fill_wqe(uint8_t *arena, uint64_t arena_len, uint32_t slot, void *iov,
+                     uint32_t nslots, uint32_t first_slot, const struct rxe_wqe_run *w,
+                     uint32_t k0, uint32_t m, uint32_t since)
+{
+    static const uint8_t zeros[4];
+    struct iovec *v = iov;
+    uint32_t mtu = w->mtu;
+    uint64_t need = w->data_len ? (w->data_len + mtu - 1) / mtu : 1;
+    /* the largest packet: BTH + RETH + ImmDt, an MTU of payload, the ICRC */
+    if (mtu == 0 || (mtu & 3) || mtu > 65536 || w->npkts != need || m == 0 ||
+        k0 >= w->npkts || m > w->npkts - k0 || w->per_ack == 0 || since >= w->per_ack ||
+        first_slot > nslots || m > nslots - first_slot ||
+        8 + RXE_BTH_LEN + 16 + 4 + (uint64_t)mtu + RXE_ICRC_LEN > slot ||
+        (uint64_t)(first_slot + m) * slot > arena_len)
+        return -EINVAL;
+    int64_t total = 0;
+    uint32_t last_k = w->npkts - 1;
+    uint32_t mid_prefix = 0, mid_len = 0;
+    for (uint32_t i = 0; i < m; i++) {
+        uint32_t k = k0 + i;
+        int first = k == 0, last = k == last_k;
+        uint32_t op = first ? (last ? w->op_only : w->op_first) : (last ? w->op_last : w->op_middle);
+        uint64_t poff = (uint64_t)k * mtu;
+        uint32_t plen = last ? (uint32_t)(w->data_len - poff) : mtu;
+        uint32_t pad = -plen & 3;
+        uint8_t *o = arena + (uint64_t)(first_slot + i) * slot;
+        uint8_t *h = o + 8;
+        h[0] = (uint8_t)op;
+        h[1] = (uint8_t)((last && w->se ? 0x80 : 0) | pad << 4);
+        put16(h + 2, w->pkey);
+        h[4] = 0;
+        h[5] = (uint8_t)(w->dest_qpn >> 16);
+        h[6] = (uint8_t)(w->dest_qpn >> 8);
+        h[7] = (uint8_t)w->dest_qpn;
+        since += 1;
+        uint32_t ack = 0;
+        if (last || since >= w->per_ack) {
+            ack = w->reliable ? 0x80 : 0;
+            since = 0;
+        }
+        uint32_t psn = (w->first_psn + k) & 0xFFFFFF;
+        h[8] = (uint8_t)ack;
+        h[9] = (uint8_t)(psn >> 16);
+        h[10] = (uint8_t)(psn >> 8);
+        h[11] = (uint8_t)psn;
+        uint32_t hlen = RXE_BTH_LEN;
+        if (first && w->reth) {
+            put32(h + hlen, (uint32_t)(w->va >> 32));
+            put32(h + hlen + 4, (uint32_t)w->va);
+            put32(h + hlen + 8, w->rkey);
+            put32(h + hlen + 12, w->dma_len);
+            hlen += 16;
+        }
+        if (last && w->imm_on) {
+            put32(h + hlen, w->imm);
+            hlen += 4;
+        }
+        uint32_t ulen = hlen + plen + pad + RXE_ICRC_LEN;
+        put16(o, w->sport);
+        put16(o + 2, w->dport);
+        put16(o + 4, 8 + ulen);
+        o[6] = o[7] = 0;
+        uint32_t prefix;
+        if (mid_len == ulen) {
+            prefix = mid_prefix;
+        } else {
+            prefix = rxe_icrc_prefix_ipv4(w->src_ip, w->dst_ip, ulen, w->sport, 0, 0x4000,
+                                          w->icrc_dport);
+            mid_prefix = prefix;
+            mid_len = ulen;
+        }
+        h[4] = 0xFF; /* the ICRC's view of the BTH */
+        uint32_t c = rxe_crc32(prefix, h, hlen);
+        h[4] = 0;
+        if (plen) { /* a zero-length ONLY may come with no buffer at all */
+            memcpy(h + hlen, w->data + poff, plen);
+            c = rxe_crc32(c, h + hlen, plen);
+        }
+        if (pad) {
+            memset(h + hlen + plen, 0, pad);
+            c = rxe_crc32(c, zeros, pad);
+        }
+        uint8_t *t = h + hlen + plen + pad;
+        t[0] = (uint8_t)c;
+        t[1] = (uint8_t)(c >> 8);
+        t[2] = (uint8_t)(c >> 16);
+        t[3] = (uint8_t)(c >> 24);
+        v[first_slot + i].iov_len = 8 + ulen;
+        total += ulen;
+    }
+    return total;
 }

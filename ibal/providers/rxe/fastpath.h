@@ -30,10 +30,10 @@ int rxe_fill_train(uint8_t *arena, uint64_t arena_len, uint64_t off, uint32_t sl
 struct rxe_mr_table;
 struct rxe_mr_table *rxe_mr_table_new(uint32_t capacity);
 void rxe_mr_table_free(struct rxe_mr_table *t);
-int rxe_mr_put(struct rxe_mr_table *t, uint32_t rkey, uint32_t pd, uint64_t vaddr,
+int rxe_mr_put(struct rxe_mr_table *t, uint32_t rkey, uint64_t pd, uint64_t vaddr,
                uint64_t length, uint32_t access, uint8_t *base);
 int rxe_mr_del(struct rxe_mr_table *t, uint32_t rkey);
-int rxe_mr_remote(struct rxe_mr_table *t, uint32_t rkey, uint32_t pd, uint64_t va,
+int rxe_mr_remote(struct rxe_mr_table *t, uint32_t rkey, uint64_t pd, uint64_t va,
                   uint64_t length, uint32_t access, uint8_t **out);
 uint32_t rxe_mr_count(struct rxe_mr_table *t);
 struct rxe_fast_qp {
@@ -43,6 +43,21 @@ struct rxe_fast_qp {
     uint8_t *dst;
     uint32_t packets, last, ack, ack_psn, ack_last;
     uint64_t bytes;
+    uint64_t pd, va;
+    uint32_t idle, rkey, started, msgs, ack_msgs;
 };
 uint32_t rxe_rx_fast(const uint8_t *arena, uint32_t size, const void *msgs, uint32_t start,
-                     uint32_t n, struct rxe_fast_qp *qps, uint32_t nqps);
+                     uint32_t n, struct rxe_fast_qp *qps, uint32_t nqps,
+                     struct rxe_mr_table *mrs, uint32_t write_access);
+struct rxe_wqe_run {
+    const uint8_t *data;
+    uint64_t data_len, va;
+    uint32_t rkey, dma_len, imm, imm_on, reth, se, reliable, per_ack;
+    uint32_t dest_qpn, pkey, first_psn, npkts, mtu;
+    uint32_t op_first, op_middle, op_last, op_only;
+    uint32_t sport, dport, icrc_dport;
+    uint8_t src_ip[4], dst_ip[4];
+};
+int64_t rxe_fill_wqe(uint8_t *arena, uint64_t arena_len, uint32_t slot, void *iov,
+                     uint32_t nslots, uint32_t first_slot, const struct rxe_wqe_run *w,
+                     uint32_t k0, uint32_t m, uint32_t since);

@@ -28,6 +28,8 @@ from ibal.status import InvalidSetting, Unsupported
 ENV_ENGINE: Final = "IBAL_RXE_ENGINE"
 ENV_FAST_RX: Final = "IBAL_RXE_FAST_RX"
 """``0`` turns the C engine's receive fast path off (the C byte work stays)."""
+ENV_FAST_TX: Final = "IBAL_RXE_FAST_TX"
+"""``0`` turns the C engine's send side off (SEND/WRITE WQEs cut by ``rxe_fill_wqe``)."""
 ENV_MODULE: Final = "IBAL_RXE_C_MODULE"
 """A path to another build of the compiled module (CI's sanitizer build) to load instead."""
 ENGINES: Final = ("auto", "c", "python")
@@ -117,6 +119,11 @@ def choose(env: str | None = None) -> Engine:
 def fast_rx_enabled() -> bool:
     """Whether a C-engine device takes its receive batches through ``rxe_rx_fast``."""
     return os.environ.get(ENV_FAST_RX, "1").strip() != "0"
+
+
+def fast_tx_enabled() -> bool:
+    """Whether a C-engine device cuts whole SEND/WRITE WQEs in ``rxe_fill_wqe``."""
+    return os.environ.get(ENV_FAST_TX, "1").strip() != "0"
 
 
 # ----------------------------------------------------------------- the Python twins
@@ -294,6 +301,7 @@ __all__ = [
     "compiled",
     "crc32",
     "fast_rx_enabled",
+    "fast_tx_enabled",
     "ffi_lib",
     "icrc",
     "icrc_prefix_ipv4",

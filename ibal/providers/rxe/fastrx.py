@@ -2,15 +2,19 @@
 
 Hand-over (one owner of a QP's receive state at a time): under the CA lock,
 before each run of ``rxe_rx_fast`` over a receive ring, :meth:`FastTable.arm`
-copies into C the responder state of every RC QP in RTS whose responder is in
-the middle of an RDMA WRITE (its FIRST, which resolved the R_Key, went
-through the Python core): expected PSN, write position and target, MTU,
-P_Key and peer.  C lands the in-order MIDDLE/LAST packets that follow and
-stops at the first datagram it does not predict; :meth:`FastTable.sync`
-writes the state back into the responder (PSN, position, MSN, the end of the
-WRITE, counters, one ACK for the last AckReq PSN, which the response queue
-would have coalesced anyway) before the Python core sees that datagram.
-Between runs no QP state lives in C.
+copies into C the responder state of every RC QP in RTS that allows remote
+writes and is either in the middle of an RDMA WRITE (expected PSN, write
+position and target) or between messages (expected PSN, its PD), with MTU,
+P_Key and peer.  C lands the in-order WRITE packets it predicts: MIDDLE/LAST
+of the WRITE in progress, and FIRST/ONLY whose R_Key the region table
+(``fastmr.MrMirror``, the CA's, kept in step with every registration change
+under the same lock) accepts for the QP's PD, range and access; it stops at
+the first datagram it does not predict or whose key it does not accept;
+:meth:`FastTable.sync` writes the state back into the responder (PSN,
+position, a WRITE C started with its target, the MSN of each WRITE C ended,
+counters, one ACK for the last AckReq PSN, which the response queue would
+have coalesced anyway) before the Python core sees that datagram, and NAKs
+it where it must.  Between runs no QP state lives in C.
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ _IN_NONE: Final = Responder.IN_NONE
 class FastTable:
     """The C QP table of one engine and the QPs armed in it for the current run."""
 
-    def __init__(self, ffi: Any, lib: Any) -> None:
+    def __init__(self, ffi: Any, lib: Any, mrs: Any = None) -> None:
         self.ffi = ffi
         self.lib = lib
         self.table = ffi.new("struct rxe_fast_qp[]", MAX_FAST_QPS)
+        self.mrs = mrs
+        """The CA's ``fastmr.MrMirror`` (None: FIRST/ONLY stay with the Python core)."""
         self.armed: list[Any] = []  # the Qp of each armed entry, in table order
         self._pins: list[Any] = []  # the buffers C writes into, alive for the run
 
@@ -46,34 +52,48 @@ class FastTable:
         armed.clear()
         self._pins.clear()
         t = self.table
-        from_buffer = self.ffi.from_buffer
+        ffi = self.ffi
+        from_buffer = ffi.from_buffer
+        mrs = self.mrs
         for qp in qps.values():
             cfg = qp.cfg
             if cfg.qp_type is not _RC or cfg.state is not _RTS or len(cfg.dst_ip) != 4:
                 continue
+            if not cfg.access & _R_WRITE:
+                continue
             resp = qp.core.resp
             view = resp.wview
-            if resp.in_msg != _IN_WRITE or view is None or not cfg.access & _R_WRITE:
+            in_msg = resp.in_msg
+            if in_msg == _IN_WRITE and view is not None:
+                try:
+                    dst = from_buffer(view, require_writable=True)
+                except (TypeError, BufferError):
+                    continue
+                idle = 0
+            elif in_msg == _IN_NONE and mrs is not None:
+                dst = ffi.NULL
+                idle = 1
+            else:
                 continue
             if len(armed) == MAX_FAST_QPS:
                 break
-            try:
-                dst = from_buffer(view, require_writable=True)
-            except (TypeError, BufferError):
-                continue
             e = t[len(armed)]
             e.qpn = qp.num
             e.pkey = cfg.pkey
             e.epsn = resp.epsn
             e.mtu = cfg.mtu
-            e.active = 1
+            e.active = 1 - idle
+            e.idle = idle
+            e.pd = qp.pd.num
             e.src_ip = list(cfg.dst_ip)
             e.woff = resp.woff
-            e.wlen = len(view)
+            e.wlen = 0 if idle else len(view)
             e.dst = dst
             e.packets = e.last = e.ack = e.ack_psn = e.ack_last = 0
+            e.started = e.msgs = e.ack_msgs = 0
             e.bytes = 0
-            self._pins.append(dst)
+            if not idle:
+                self._pins.append(dst)
             armed.append(qp)
         return len(armed)
 
@@ -84,6 +104,7 @@ class FastTable:
             self.lib.rxe_rx_fast(
                 ffi.from_buffer(ring.arena), ring.size, ffi.from_buffer(ring.msgs), start, n,
                 self.table, len(self.armed),
+                ffi.NULL if self.mrs is None else self.mrs.table, _R_WRITE,
             )
         )
 
@@ -103,12 +124,20 @@ class FastTable:
             c = resp.counters
             c.rcvd_pkts += got
             c.rdma_recvs += got
-            if e.last:
+            if e.msgs:
                 resp.wview = None
                 resp.in_msg = _IN_NONE
-                resp.msn = (old_msn + 1) & PSN_MASK
+                resp.msn = (old_msn + e.msgs) & PSN_MASK
+            if e.started:
+                # a WRITE whose FIRST C took: its target, as the Python responder keeps it
+                view = qp.core.resp.mem.remote(e.rkey, e.va, e.wlen, _R_WRITE)
+                if view is None:  # C's table and the key table disagree: never expected
+                    raise RuntimeError("rxe fast path: a region C accepted is gone")
+                resp.wview = view
+                resp.wlen = e.wlen
+                resp.in_msg = _IN_WRITE
             if e.ack:
-                msn = resp.msn if e.ack_last else old_msn
+                msn = (old_msn + e.ack_msgs) & PSN_MASK
                 resp.responses.ack(e.ack_psn, P.AETH_ACK_UNLIMITED, msn)
             counters.rx_datagrams += got
             counters.rx_fast += got

@@ -50,7 +50,7 @@ from ibal.providers.rxe.netif import IpAddress
 from ibal.providers.rxe.rx import RxDecoder
 from ibal.wire import iba
 from ibal.wire.fields import Buffer
-from ibal.wire.packet import Packet, Train
+from ibal.wire.packet import Packet, Train, WqeRun
 from ibal.wire.pcap import PcapWriter
 
 ROCE_PORT: Final = wire.ROCE_V2_PORT
@@ -257,9 +257,17 @@ class DeviceIO:
         self._crc32 = fastpath.payload_crc32(self.engine)
         self._ffi: Any = None
         self._fill_train: Any = None  # fastpath.c's rxe_fill_train on the C engine
+        self._fill_wqe: Any = None  # and its rxe_fill_wqe
+        self._wqe: Any = None  # the struct rxe_wqe_run handed to it, reused
         if self.engine == "c":
             self._ffi, lib = fastpath.ffi_lib()
             self._fill_train = lib.rxe_fill_train
+            if fastpath.fast_tx_enabled():
+                self._fill_wqe = lib.rxe_fill_wqe
+                self._wqe = self._ffi.new("struct rxe_wqe_run *")
+        self.runs = self._fill_wqe is not None
+        """Whether the engine should hand this device :class:`WqeRun` records
+        (:meth:`send_run`): the C engine's send side."""
         self.on_packets = on_packets
         self.counters = counters if counters is not None else DeviceCounters()
         self.port = port
@@ -496,6 +504,72 @@ class DeviceIO:
                     for c in range(o0, o, slot):
                         cap.write(wire.capture_frame(bytes(arena[c + 8 : c + 8 + plen]),
                                                      ep.raw_ip, dst, sport))
+                if batch.full:
+                    self._send(ep)
+
+    def send_run(self, run: WqeRun, dst: bytes, sport: int,
+                 src: IpAddress | None = None) -> None:
+        """Queue the ``run.m`` packets of a WQE run to ``dst``, as :meth:`send` would
+        each of ``run.packets()``: on the C engine one ``rxe_fill_wqe`` per run of
+        free slots cuts them from the WQE's buffer; IPv6 and captures take the
+        packets one by one."""
+        with self._lock:
+            ep = self._endpoint_for(src, dst)
+            fill = self._fill_wqe
+            if fill is None or len(dst) != 4 or self.capture is not None:
+                for p in run.packets():
+                    self.send(p, dst, sport, src)
+                return
+            ffi = self._ffi
+            w = self._wqe
+            data = run.data
+            c_data = ffi.from_buffer(data)
+            w.data = c_data
+            w.data_len = len(data)
+            w.va = run.va
+            w.rkey = run.rkey
+            w.dma_len = run.dma_len
+            imm = run.imm
+            w.imm_on = imm is not None
+            w.imm = imm or 0
+            w.reth = run.reth
+            w.se = run.se
+            w.reliable = run.reliable
+            w.per_ack = run.per_ack
+            w.dest_qpn = run.dest_qpn
+            w.pkey = run.pkey
+            w.first_psn = run.first_psn
+            w.npkts = run.npkts
+            w.mtu = run.mtu
+            w.op_first, w.op_middle, w.op_last, w.op_only = run.ops
+            w.sport = sport
+            w.dport = self.port
+            w.icrc_dport = ROCE_PORT
+            w.src_ip = list(ep.raw_ip)
+            w.dst_ip = list(dst)
+            name = self._name(dst)
+            batch = ep.batch
+            c_arena = ffi.from_buffer(batch.arena)
+            c_iov = ffi.from_buffer(batch.iovecs)
+            k = run.k0
+            end = k + run.m
+            since = run.since
+            per = run.per_ack
+            last = run.npkts - 1
+            while k < end:
+                m = min(batch.depth - batch.count, end - k)
+                if m <= 0:
+                    self._send(ep)
+                    continue
+                first = batch.reserve(name, m, 0)
+                got = fill(c_arena, len(batch.arena), batch.slot, c_iov, batch.depth, first,
+                           w, k, m, since)  # fmt: skip
+                if got < 0:
+                    batch.count = first  # the reserved slots hold nothing: unqueue
+                    raise ValueError("send_run: a packet falls outside its buffer")
+                self.counters.tx_bytes += got
+                k += m
+                since = 0 if k > last else (since + m) % per
                 if batch.full:
                     self._send(ep)
 

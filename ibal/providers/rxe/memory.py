@@ -13,7 +13,9 @@ Threading: called under the CA lock (verbs and the engine take it).
 
 from __future__ import annotations
 
+import itertools
 import secrets
+from typing import Protocol
 
 from ibal.providers.checks import LOCAL_WRITE, type2_bind_allowed
 from ibal.types import FmrCreate
@@ -32,13 +34,16 @@ class Resource:
 
 
 class Pd(Resource):
-    """A protection domain; ``users`` counts the objects that keep it busy."""
+    """A protection domain; ``users`` counts the objects that keep it busy; ``num``
+    names it to the C engine's region table (unique in the process, never 0)."""
 
-    __slots__ = ("users",)
+    __slots__ = ("num", "users")
+    _nums = itertools.count(1)
 
     def __init__(self, ca: object) -> None:
         super().__init__(ca)
         self.users = 0
+        self.num = next(Pd._nums)
 
 
 class Mr(Resource):
@@ -107,6 +112,14 @@ class Mw(Resource):
         self.qp = None
 
 
+class KeyMirror(Protocol):
+    """What a :class:`KeyTable` tells a copy of itself."""
+
+    def installed(self, obj: Mr | Mw, key: int) -> None: ...
+
+    def removed(self, key: int) -> None: ...
+
+
 class KeyTable:
     """Keys to regions and windows, with the checks every access goes through."""
 
@@ -114,6 +127,9 @@ class KeyTable:
         self._keys: dict[int, Mr | Mw] = {}
         self._indexes: set[int] = set()  # a wrapped index never reaches a live key
         self._next_index = 1
+        self.mirror: KeyMirror | None = None
+        """The C engine's copy of the regions' remote keys (``fastmr.MrMirror``),
+        changed with every install and remove, under the CA lock as they are."""
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -134,10 +150,14 @@ class KeyTable:
     def install(self, obj: Mr | Mw, key: int) -> None:
         self._keys[key] = obj
         self._indexes.add(key >> 8)
+        if self.mirror is not None:
+            self.mirror.installed(obj, key)
 
     def remove(self, key: int) -> None:
         if self._keys.pop(key, None) is not None:
             self._indexes.discard(key >> 8)
+        if self.mirror is not None:
+            self.mirror.removed(key)
 
     def get(self, key: int) -> Mr | Mw | None:
         return self._keys.get(key)

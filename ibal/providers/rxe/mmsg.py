@@ -278,6 +278,12 @@ class SendBatch:
         self.count = first + count
         return first
 
+    @property
+    def iovecs(self) -> bytearray:
+        """The ``struct iovec`` array (``depth`` entries): compiled code that fills
+        reserved slots sets their lengths here."""
+        return self._iov
+
     def send(self, fd: int) -> tuple[int, int]:
         """Send what is queued; (datagrams sent, system calls).  Clears the batch.
 

@@ -113,11 +113,11 @@ class MemoryVerbs(CaState):
         mr = self._h_mr(h_mr)
         checks.check_mr_idle(mr.windows, mr.shares)
         mr.alive = False
+        self.keys.remove(mr.lkey)  # first: the C engine's copy lets go of the buffer
         if mr.parent is None:
             with contextlib.suppress(BufferError):  # let go of the consumer's buffer
                 mr.view.release()  # (slices a packet still holds stay valid)
         self._unshare(mr)
-        self.keys.remove(mr.lkey)
         mr.pd.users -= 1
         self._n["mr"] -= 1
 

@@ -29,7 +29,7 @@ from ibal.types import (
     WrType,
 )
 from ibal.wire import iba
-from ibal.wire.packet import Packet, Train
+from ibal.wire.packet import Packet
 
 RW = AccessFlags.LOCAL_WRITE | AccessFlags.RDMA_WRITE | AccessFlags.RDMA_READ | AccessFlags.ATOMIC
 
@@ -164,6 +164,8 @@ Fault = Callable[[Packet, str], list[Packet]]
 
 TRAINS = False
 """Whether a :class:`Wire` polls with trains by default (test_rxe_train reruns the core tests)."""
+RUNS = False
+"""Whether a :class:`Wire` polls with whole-WQE runs by default (test_rxe_fasttx reruns them)."""
 
 
 class Wire:
@@ -171,10 +173,13 @@ class Wire:
 
     def __init__(self, a: Node, b: Node, fault: Fault | None = None,
                  rng: random.Random | None = None, reorder: float = 0.0,
-                 codec: bool = False, trains: bool | None = None) -> None:
+                 codec: bool = False, trains: bool | None = None,
+                 runs: bool | None = None) -> None:
         self.codec = codec
-        # poll_trains, each train expanded into the packets the socket layer sends
-        self.trains = TRAINS if trains is None else trains
+        # poll_trains, each train (or WQE run) expanded into the packets the socket
+        # layer sends
+        self.runs = RUNS if runs is None else runs
+        self.trains = self.runs or (TRAINS if trains is None else trains)
         self.a = a
         self.b = b
         self.now = 0.0
@@ -217,10 +222,10 @@ class Wire:
     def _poll(self, n: Node) -> list[Packet]:
         if not self.trains:
             return n.core.poll(self.now)
-        items, count = n.core.poll_trains(self.now)
+        items, count = n.core.poll_trains(self.now, runs=self.runs)
         pkts: list[Packet] = []
         for it in items:
-            pkts.extend(it.packets() if isinstance(it, Train) else [it])
+            pkts.extend([it] if isinstance(it, Packet) else it.packets())
         assert len(pkts) == count
         return pkts
 

@@ -6,7 +6,9 @@ receive batches to two engines over identical responders: one takes each
 batch through ``Engine.on_ring`` (C lands the predicted packets, Python the
 rest), the other through the pure ``decode_batch`` + ``on_packets``.  After
 every batch both must agree on memory, responder state, counters, the
-responses sent and the completions.
+responses sent and the completions.  The C side's FIRST/ONLY packets are
+checked against a region table (``fastmr.MrMirror``) the script deregisters
+and registers again between batches, as the key table's mirror would.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -26,6 +28,7 @@ from ibal.providers.rxe import fastpath, wire
 from ibal.providers.rxe.counters import DeviceCounters
 from ibal.providers.rxe.cq import Cq
 from ibal.providers.rxe.engine import Engine
+from ibal.providers.rxe.fastmr import MrMirror
 from ibal.providers.rxe.rx import RxDecoder
 from ibal.types import QpState, QpType, RecvWr, Sge
 from ibal.wire import iba
@@ -95,6 +98,11 @@ class FakeIo:
         pass
 
 
+@dataclass
+class FakePd:
+    num: int = 7
+
+
 @dataclass(eq=False)
 class FakeQp:
     num: int
@@ -102,6 +110,7 @@ class FakeQp:
     core: Any
     send_cq: Cq
     recv_cq: Cq
+    pd: FakePd = field(default_factory=FakePd)
     srq: Any = None
     context: Any = None
     alive: bool = True
@@ -111,7 +120,7 @@ class FakeQp:
 class Side:
     """One receiving RC QP behind an engine, as the CA would wire it."""
 
-    def __init__(self, fast: bool) -> None:
+    def __init__(self, fast: bool, mrs: bool = True) -> None:
         self.fast = fast
         self.counters = DeviceCounters()
         self.node: Node = make_node("b", QpType.RC, QPN, 1, DST, self.counters)
@@ -133,10 +142,30 @@ class Side:
         self.engine = Engine("t", threading.RLock(), self.io, self.counters, lambda c: None,
                              lambda e: None)  # fmt: skip
         self.engine.add(self.qp)  # type: ignore[arg-type]
+        self.mirror: MrMirror | None = None
+        if fast and mrs:
+            # the CA's region table as its key table's mirror keeps it
+            self.mirror = self.engine.mr_mirror = MrMirror(*fastpath.ffi_lib())
+            self.region_op("add")
         self.ring = FakeRing()
         self.decoder = RxDecoder(self.ring, self.counters, None)  # type: ignore[arg-type]
         for k in range(64):
             self.node.post_recv_wr(RecvWr(k, [Sge(self.recv.vaddr + 64 * k, 64, self.recv.lkey)]))
+
+    def region_op(self, op: str) -> None:
+        """Deregister (``drop``) or register again (``add``) the remote key of the region,
+        in the memory the Python core checks and in C's table alike."""
+        r = self.region
+        mem = self.node.mem
+        if op == "drop":
+            mem.by_key.pop(r.rkey, None)
+            if self.mirror is not None:
+                self.mirror.removed(r.rkey)
+        elif op == "add":
+            mem.by_key[r.rkey] = r
+            if self.mirror is not None:
+                assert self.mirror.put(r.rkey, self.qp.pd.num, r.vaddr, len(r.buf),
+                                       int(r.access), memoryview(r.buf))
 
     def feed(self, datagrams: list[bytes]) -> None:
         n = self.ring.fill(datagrams)
@@ -152,7 +181,8 @@ class Side:
         snap = self.counters.snapshot()
         snap.pop("rx_fast", None)
         wcs = [(w.wr_id, w.status, w.length) for w in self.cq.entries]
-        return (bytes(self.region.buf), bytes(self.recv.buf), r.epsn, r.msn, r.in_msg, r.woff,
+        wlen = r.wlen if r.in_msg else None
+        return (bytes(self.region.buf), bytes(self.recv.buf), r.epsn, r.msn, r.in_msg, r.woff, wlen,
                 self.node.cfg.state, snap, list(self.io.sent), wcs)  # fmt: skip
 
 
@@ -198,7 +228,7 @@ _message = st.tuples(
 )
 
 
-Script = tuple[list[tuple[str, int, int, bool]], list[tuple[str, int]], list[int]]
+Script = tuple[list[tuple[str, int, int, bool]], list[tuple[str, int]], list[int], list[str]]
 _FAULTS = ["drop", "dup", "swap", "flip", "qpn", "psn", "cut", "resend"]
 
 
@@ -209,7 +239,8 @@ def _script(draw: st.DrawFn) -> Script:
         st.lists(st.tuples(st.sampled_from(_FAULTS), st.integers(0, 10_000)), max_size=6)
     )
     batches = draw(st.lists(st.integers(1, DEPTH), min_size=1, max_size=8))
-    return messages, faults, batches
+    regions = draw(st.lists(st.sampled_from(["", "", "", "drop", "add"]), max_size=8))
+    return messages, faults, batches, regions
 
 
 def _apply(datagrams: list[bytes], faults: list[tuple[str, int]]) -> list[bytes]:
@@ -249,7 +280,7 @@ def _apply(datagrams: list[bytes], faults: list[tuple[str, int]]) -> list[bytes]
 @given(script=_script())
 def test_the_fast_path_leaves_everything_as_the_pure_core_does(script: Script) -> None:
     need_c()
-    messages, faults, batches = script
+    messages, faults, batches, regions = script
     fast, pure = Side(True), Side(False)
     try:
         assert fast.region.rkey == pure.region.rkey
@@ -259,8 +290,12 @@ def test_the_fast_path_leaves_everything_as_the_pure_core_does(script: Script) -
         while i < len(datagrams):
             n = batches[b % len(batches)]
             b += 1
+            op = regions[b % len(regions)] if regions else ""
             chunk = datagrams[i : i + n]
             i += n
+            if op:
+                fast.region_op(op)
+                pure.region_op(op)
             fast.feed(chunk)
             pure.feed(chunk)
             assert fast.state() == pure.state()
@@ -271,15 +306,17 @@ def test_the_fast_path_leaves_everything_as_the_pure_core_does(script: Script) -
         pure.engine.close()
 
 
-def test_an_in_order_write_lands_through_c() -> None:
-    """The predicted case really takes the C path: all but the FIRST are landed in C."""
+@pytest.mark.parametrize("mrs", [False, True], ids=["no-table", "region-table"])
+def test_an_in_order_write_lands_through_c(mrs: bool) -> None:
+    """The predicted case really takes the C path: every packet with the region table,
+    all but the FIRST without it."""
     need_c()
-    fast, pure = Side(True), Side(False)
+    fast, pure = Side(True, mrs), Side(False)
     try:
         pkts = _packets([("write", 5 * MTU, 100, True)], fast.region.rkey, fast.region.vaddr)
         for side in (fast, pure):
             side.feed([_datagram(p) for p in pkts])
-        assert fast.counters.rx_fast == 4
+        assert fast.counters.rx_fast == (5 if mrs else 4)
         assert pure.counters.rx_fast == 0
         assert fast.state() == pure.state()
         assert fast.io.sent == [(Opcode.RC_ACKNOWLEDGE, (PSN0 + 4) & 0xFFFFFF, 0x1F, 1)]
@@ -336,6 +373,30 @@ def _craft(kind: str, pkts: list[Packet]) -> list[bytes]:
         out[1] = bytes(b)
     elif kind == "trailer":
         out[1] = out[1] + b"\x00" * 8  # bytes past the UDP length are not the packet's
+    elif kind in ("bad_rkey", "va_outside", "dma_len_short", "dma_len_huge"):
+        first = pkts[0]
+        kw = dict(va=first.va, rkey=first.rkey, dma_len=first.dma_len)
+        if kind == "bad_rkey":
+            kw["rkey"] = first.rkey ^ 0x100
+        elif kind == "va_outside":
+            kw["va"] = first.va + 8192 - 3 * MTU  # the WRITE would run past the region
+        elif kind == "dma_len_short":
+            kw["dma_len"] = MTU - 1  # less than the FIRST's own payload
+        else:
+            kw["dma_len"] = 1 << 31 | 5
+        out[0] = again(first, **kw)
+    elif kind in ("only", "only_empty", "only_bad_rkey", "only_len"):
+        first = pkts[0]
+        payload = b"" if kind == "only_empty" else bytes(first.payload)[:100]
+        only = Packet(Opcode.RC_RDMA_WRITE_ONLY, first.dest_qpn, first.psn, payload,
+                      ack_req=True)
+        only.va = first.va + 7
+        only.rkey = first.rkey ^ (0x100 if kind == "only_bad_rkey" else 0)
+        only.dma_len = len(payload) + (1 if kind == "only_len" else 0)
+        second = Packet(Opcode.RC_RDMA_WRITE_ONLY, first.dest_qpn, (first.psn + 1) & 0xFFFFFF,
+                        bytes(range(40)), ack_req=False)
+        second.va, second.rkey, second.dma_len = first.va + 300, first.rkey, 40
+        out = [_datagram(only), _datagram(second)]
     return out
 
 
@@ -343,20 +404,33 @@ def _craft(kind: str, pkts: list[Packet]) -> list[bytes]:
     "empty_last", "empty_last_at_the_end", "short_middle", "long_last", "pkey", "tver",
     "psn_ahead", "psn_behind",
     "middle_ack_only", "source", "ip_id", "trailer",
+    "bad_rkey", "va_outside", "dma_len_short", "dma_len_huge",
+    "only", "only_empty", "only_bad_rkey", "only_len",
 ])  # fmt: skip
-def test_each_unpredicted_packet_gets_the_pure_cores_answer(kind: str) -> None:
+@pytest.mark.parametrize("mrs", [False, True], ids=["no-table", "region-table"])
+def test_each_unpredicted_packet_gets_the_pure_cores_answer(kind: str, mrs: bool) -> None:
     need_c()
-    fast, pure = Side(True), Side(False)
+    fast, pure = Side(True, mrs), Side(False)
     try:
         pkts = _packets([("write", 4 * MTU, 0, True)], fast.region.rkey, fast.region.vaddr)
         datagrams = _craft(kind, pkts)
         for side in (fast, pure):
             side.feed(datagrams)
         assert fast.state() == pure.state()
+        first = 1 if mrs else 0  # the FIRST is C's with the region table
         if kind in ("middle_ack_only", "trailer"):
-            assert fast.counters.rx_fast == 3  # still predicted
+            assert fast.counters.rx_fast == 3 + first  # still predicted
         elif kind in ("empty_last", "empty_last_at_the_end", "long_last"):
-            assert fast.counters.rx_fast == 2  # the MIDDLEs; the LAST went to Python
+            assert fast.counters.rx_fast == 2 + first  # the LAST went to Python
+        elif kind in ("bad_rkey", "va_outside", "dma_len_short", "dma_len_huge"):
+            # Python NAKs the FIRST (the QP goes to ERROR), C takes nothing after it
+            assert fast.counters.rx_fast == 0
+            assert any(op == Opcode.RC_ACKNOWLEDGE and syn != 0x1F
+                       for op, _psn, syn, _msn in fast.io.sent)
+        elif kind in ("only", "only_empty"):
+            assert fast.counters.rx_fast == 2 * first
+        elif kind in ("only_bad_rkey", "only_len"):
+            assert fast.counters.rx_fast == 0
     finally:
         fast.engine.close()
         pure.engine.close()
@@ -373,7 +447,7 @@ def test_writes_between_two_devices_land_through_the_engine_chosen(
     from ibal.al import AlManager
     from ibal.providers.rxe.provider import RxeProvider
     from ibal.testing.helpers import active_port, make_pair, wait_wcs
-    from ibal.types import WcStatus
+    from ibal.types import MrModMask, WcStatus
 
     need_root()
     if engine != "python":
@@ -396,7 +470,22 @@ def test_writes_between_two_devices_land_through_the_engine_chosen(
             assert (wc.wr_id, wc.status) == (k, WcStatus.SUCCESS)
             assert pair.b.get(512 * k, len(data)) == data
         fast = cas[1].query_port_counters(1)["rx_fast"]
-        assert fast == (6 * 4 if engine == "c" else 0)
+        assert fast == (6 * 5 if engine == "c" else 0)  # FIRSTs too, through the region table
+        # a re-registration gives B's region a new R_Key: C's table follows, so the new
+        # key lands and the old one is refused (by the Python core's NAK)
+        mr = pair.b.mr
+        old = mr.rkey
+        mr.rereg(MrModMask.ACCESS, access=mr.access)
+        assert mr.rkey != old
+        data = os.urandom(2 * mtu + 5)
+        pair.write(data, dst_off=64, wr_id=7)
+        (wc,) = wait_wcs(pair.a.cq, 1)
+        assert (wc.wr_id, wc.status) == (7, WcStatus.SUCCESS)
+        assert pair.b.get(64, len(data)) == data
+        assert cas[1].query_port_counters(1)["rx_fast"] - fast == (3 if engine == "c" else 0)
+        pair.write(data, dst_off=64, rkey=old, wr_id=8)
+        (wc,) = wait_wcs(pair.a.cq, 1)
+        assert (wc.wr_id, wc.status) == (8, WcStatus.REM_ACCESS_ERR)
         assert cas[1].query().fw_version.endswith(f"({engine[0] if engine != 'python' else engine}"
                                                   " engine)")  # fmt: skip
     finally:
