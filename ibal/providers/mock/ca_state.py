@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from ibal import osrandom
 from ibal.ci.interface import (
@@ -24,9 +23,8 @@ from ibal.providers.mock.objects import (
     OpenCa,
 )
 from ibal.providers.mock.topology import MockPort
+from ibal.providers.softca import SoftCa, shared
 from ibal.status import (
-    IbError,
-    InsufficientResources,
     InvalidAvHandle,
     InvalidCaHandle,
     InvalidCqHandle,
@@ -45,6 +43,7 @@ from ibal.types import (
     QpState,
     QpType,
     SendOpt,
+    SrqAttr,
     WrType,
 )
 
@@ -127,26 +126,12 @@ class CaLimits:
         return frozenset(f.name for f in fields(cls))
 
 
-def verb(fn: Callable[Concatenate[_Ca, P], R]) -> Callable[Concatenate[_Ca, P], R]:
-    """Run a verb under the fabric lock, with verb faults, and make upcalls after."""
-    name = fn.__name__
-
-    @functools.wraps(fn)
-    def wrapper(self: _Ca, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        fab = self._engine
-        try:
-            with fab.lock:
-                if fab.verb_faults_armed:
-                    fab.faults.check_verb(name, self)
-                return fn(self, *args, **kwargs)
-        finally:
-            if fab.upcalls:
-                fab.flush_upcalls()
-
-    return wrapper
+verb = shared
+"""A mock verb runs under the fabric lock, with verb faults, and makes upcalls after
+(:meth:`CaState._verb`)."""
 
 
-class CaState:
+class CaState(SoftCa):
     """Identity, limits, live-resource counters and handle checks of one mock CA."""
 
     def __init__(
@@ -255,16 +240,28 @@ class CaState:
         """Live resources by kind (``pd``, ``cq``, ``qp``, ``srq``, ``av``, ``mr``, ``mw``)."""
         return dict(self._n)
 
+    def _verb(self, name: str, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
+        fab = self._engine
+        try:
+            with fab.lock:
+                if fab.verb_faults_armed:
+                    fab.faults.check_verb(name, self)
+                return fn(*args, **kwargs)
+        finally:
+            if fab.upcalls:
+                fab.flush_upcalls()
+
+    @property
+    def _lim(self) -> CaLimits:
+        return self.limits
+
+    def _make_srq(self, pd: MockPd, attr: SrqAttr, context: Any) -> MockSrq:
+        return MockSrq(self, pd, attr.max_wr, attr.max_sge, attr.srq_limit, context)
+
     # ========================================================== handle checks
     def _h_ca(self, h: Handle) -> OpenCa:
         if type(h) is not OpenCa or h.ca is not self or not h.alive:
             raise InvalidCaHandle(f"not an open handle of {self.name}: {h!r}")
-        return h
-
-    def _own(self, h: Handle, kind: type[_Obj], error: type[IbError], what: str) -> _Obj:
-        """``h`` if it is a live ``kind`` of this CA, else ``error``."""
-        if type(h) is not kind or getattr(h, "ca", None) is not self or not h.alive:  # type: ignore[attr-defined]
-            raise error(f"not {what} of {self.name}: {h!r}")
         return h
 
     def _h_pd(self, h: Handle) -> MockPd:
@@ -317,6 +314,3 @@ class CaState:
         if attr.grh is not None and attr.grh.sgid_index != 0:
             raise InvalidParameter(f"SGID index {attr.grh.sgid_index}: each port has one GID")
 
-    def _check_count(self, kind: str, limit: int) -> None:
-        if self._n[kind] >= limit:
-            raise InsufficientResources(f"{self.name}: no more {kind.upper()}s (limit {limit})")

@@ -19,7 +19,6 @@ from ibal.providers.mock.objects import (
 from ibal.status import (
     InvalidCqHandle,
     InvalidParameter,
-    ResourceBusy,
 )
 from ibal.types import (
     Wc,
@@ -42,22 +41,9 @@ class CqVerbs(CaState):
         self._h_ca(h_ca)
         checks.check_cq_size(size, self.limits)
         self._check_count("cq", self.limits.max_cqs)
-        self._n["cq"] += 1
+        self._adopt("cq")
         cq = MockCq(self, size, cq_context)
         return CqCreated(cq, size)
-
-    @verb
-    def resize_cq(self, h_cq: Handle, size: int) -> int:
-        cq = self._h_cq(h_cq)
-        checks.check_cq_resize(size, len(cq.entries), self.limits)
-        cq.size = size
-        if cq.notify_n > size:
-            cq.notify_n = size
-        return size
-
-    @verb
-    def query_cq(self, h_cq: Handle) -> int:
-        return self._h_cq(h_cq).size
 
     def destroy_cq(self, h_cq: Handle) -> None:
         fab = self._engine
@@ -66,11 +52,8 @@ class CqVerbs(CaState):
             if fab.verb_faults_armed:
                 fab.faults.check_verb("destroy_cq", self)
             cq = self._h_cq(h_cq)
-            if cq.users:
-                raise ResourceBusy(f"CQ still used by {cq.users} QP(s)")
-            cq.alive = False
+            self._release_cq(cq)
             cq.notify = cq.notify_n = 0
-            self._n["cq"] -= 1
         fab.callback_barrier()
 
     def poll_cq(self, h_cq: Handle, max_entries: int) -> list[Wc]:

@@ -17,7 +17,6 @@ from ibal.ci.interface import Handle
 from ibal.providers.mock.ca_state import PAGE_SIZES, verb
 from ibal.providers.mock.memory_verbs import MemoryVerbs
 from ibal.providers.mock.objects import MockFmr, MockMr
-from ibal.status import ResourceBusy
 from ibal.types import FmrCreate, MrKeys
 
 FMR_MAX_PAGES: Final = 4096
@@ -25,7 +24,8 @@ FMR_MAX_PAGES: Final = 4096
 
 
 class FmrVerbs(MemoryVerbs):
-    """The four FMR verbs (over the region helpers of :class:`MemoryVerbs`)."""
+    """``alloc_fmr`` and ``map_phys_fmr`` (over the region helpers of :class:`MemoryVerbs`);
+    unmap and dealloc are :class:`~ibal.providers.softca.SoftCa`'s."""
 
     @verb
     def alloc_fmr(self, h_pd: Handle, create: FmrCreate) -> MockFmr:
@@ -33,8 +33,7 @@ class FmrVerbs(MemoryVerbs):
         create = check_fmr_create(create, FMR_MAX_PAGES, PAGE_SIZES)
         self._check_count("mr", self.limits.max_mrs)  # an FMR holds a region entry
         fmr = MockFmr(self, pd, create, self._new_key())
-        self._n["mr"] += 1
-        pd.users += 1
+        self._adopt("mr", pd)
         return fmr
 
     def _drop_mapping(self, fmr: MockFmr) -> None:
@@ -63,19 +62,4 @@ class FmrVerbs(MemoryVerbs):
         self._install_keys(mr, fmr.acc, fmr.key)
         fmr.mr = mr
         fmr.maps += 1
-        return MrKeys(fmr, mr.lkey, mr.rkey, mr.vaddr, mr.length)
-
-    @verb
-    def unmap_fmr(self, h_fmr: Handle) -> None:
-        fmr = self._h_fmr(h_fmr)
-        self._drop_mapping(fmr)
-        fmr.maps = 0
-
-    @verb
-    def dealloc_fmr(self, h_fmr: Handle) -> None:
-        fmr = self._h_fmr(h_fmr)
-        if fmr.mr is not None:
-            raise ResourceBusy("the FMR is mapped: unmap it first")
-        fmr.alive = False
-        fmr.pd.users -= 1
-        self._n["mr"] -= 1
+        return self._keys_of(mr, fmr)

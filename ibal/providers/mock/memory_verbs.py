@@ -64,24 +64,17 @@ class MemoryVerbs(CaState):
         mr.acc = acc
         self.keys[key] = mr
 
-    @staticmethod
-    def _keys_of(mr: MockMr) -> MrKeys:
-        return MrKeys(mr, mr.lkey, mr.rkey, mr.vaddr, mr.length)
-
     @verb
     def register_mr(
         self, h_pd: Handle, buffer: memoryview, vaddr: int, access: AccessFlags
     ) -> MrKeys:
-        pd = self._h_pd(h_pd)
-        acc, mv = checks.check_region(buffer, vaddr, access, self.limits)
-        self._check_count("mr", self.limits.max_mrs)
+        pd, acc, mv = self._region_parts(h_pd, buffer, vaddr, access)
         mr = MockMr(self, pd)
         mr.vaddr = vaddr
         mr.length = mv.nbytes
         mr.mv = mv
         self._install_keys(mr, acc)
-        self._n["mr"] += 1
-        pd.users += 1
+        self._adopt("mr", pd)
         return self._keys_of(mr)
 
     def _alloc_iova(self, size: int, align: int) -> int:
@@ -143,8 +136,7 @@ class MemoryVerbs(CaState):
         mr = MockMr(self, pd)
         self._set_phys(mr, create, pages, self._phys_vaddr(create, vaddr))
         self._install_keys(mr, acc)
-        self._n["mr"] += 1
-        pd.users += 1
+        self._adopt("mr", pd)
         return self._keys_of(mr)
 
     @verb
@@ -171,15 +163,10 @@ class MemoryVerbs(CaState):
             raise InvalidPermission("write access requested on read-only pages")
         # apply: a deregistration and a physical registration, with new keys
         del self.keys[mr.lkey]
-        if pd is not mr.pd:
-            mr.pd.users -= 1
-            pd.users += 1
-            mr.pd = pd
+        self._repin(mr, pd)
         if create and pages is not None:
             self._set_phys(mr, create, pages, assigned)
-            if mr.parent is not None:
-                mr.parent.shares -= 1
-                mr.parent = None
+            self._unshare(mr)
         self._install_keys(mr, acc, self._rekey(mr.lkey))
         return self._keys_of(mr)
 
@@ -207,10 +194,7 @@ class MemoryVerbs(CaState):
         )
         # apply: a deregistration and a registration, with new keys
         del self.keys[mr.lkey]
-        if pd is not mr.pd:
-            mr.pd.users -= 1
-            pd.users += 1
-            mr.pd = pd
+        self._repin(mr, pd)
         if mv is not None:
             assert vaddr is not None
             mr.mv = mv
@@ -220,9 +204,7 @@ class MemoryVerbs(CaState):
             mr.phys = False
             mr.vaddr = vaddr
             mr.length = mv.nbytes
-            if mr.parent is not None:
-                mr.parent.shares -= 1
-                mr.parent = None
+            self._unshare(mr)
         self._install_keys(mr, acc, self._rekey(mr.lkey))
         return self._keys_of(mr)
 
@@ -243,23 +225,18 @@ class MemoryVerbs(CaState):
         mr.parent = src
         src.shares += 1
         self._install_keys(mr, acc)
-        self._n["mr"] += 1
-        pd.users += 1
+        self._adopt("mr", pd)
         return self._keys_of(mr)
 
     @verb
     def deregister_mr(self, h_mr: Handle) -> None:
         mr = self._h_mr(h_mr)
         checks.check_mr_idle(mr.windows, mr.shares)
-        mr.alive = False
+        self._retire("mr", mr, mr.pd)
         del self.keys[mr.lkey]
-        if mr.parent is not None:
-            mr.parent.shares -= 1
-            mr.parent = None
+        self._unshare(mr)
         mr.mv = None
         mr.pages = ()
-        mr.pd.users -= 1
-        self._n["mr"] -= 1
 
     # ==================================================================== MW
     @verb
@@ -269,13 +246,8 @@ class MemoryVerbs(CaState):
         self._check_count("mw", self.limits.max_mws)
         mw = MockMw(self, pd, self._new_key(), mw_type)
         self.keys[mw.rkey] = mw
-        self._n["mw"] += 1
-        pd.users += 1
+        self._adopt("mw", pd)
         return MwCreated(mw, mw.rkey)
-
-    @verb
-    def query_mw(self, h_mw: Handle) -> int:
-        return self._h_mw(h_mw).rkey
 
     def _unbind(self, mw: MockMw) -> None:
         if mw.mr is not None:
@@ -338,7 +310,5 @@ class MemoryVerbs(CaState):
     def destroy_mw(self, h_mw: Handle) -> None:
         mw = self._h_mw(h_mw)
         self._unbind(mw)
-        mw.alive = False
+        self._retire("mw", mw, mw.pd)
         del self.keys[mw.rkey]
-        mw.pd.users -= 1
-        self._n["mw"] -= 1

@@ -17,7 +17,6 @@ from ibal.providers.mock.objects import (
 )
 from ibal.status import (
     InvalidParameter,
-    ResourceBusy,
 )
 from ibal.types import (
     AvAttr,
@@ -44,29 +43,21 @@ class PdAvVerbs(CaState):
         except ValueError:
             raise InvalidParameter(f"unknown PD type {pd_type!r}") from None
         self._check_count("pd", self.limits.max_pds)
-        self._n["pd"] += 1
+        self._adopt("pd")
         return MockPd(self, kind)
 
     @verb
     def deallocate_pd(self, h_pd: Handle) -> None:
         pd = self._h_pd(h_pd)
-        if pd.users:
-            raise ResourceBusy(f"PD still used by {pd.users} QP/SRQ/AV/MR/MW")
-        pd.alive = False
-        self._n["pd"] -= 1
+        self._release_pd(pd)
 
     @verb
     def create_av(self, h_pd: Handle, attr: AvAttr) -> Handle:
         pd = self._h_pd(h_pd)
         self._check_av(attr)
         self._check_count("av", self.limits.max_avs)
-        self._n["av"] += 1
-        pd.users += 1
+        self._adopt("av", pd)
         return MockAv(self, pd, attr)
-
-    @verb
-    def query_av(self, h_av: Handle) -> AvAttr:
-        return self._h_av(h_av).attr
 
     @verb
     def modify_av(self, h_av: Handle, attr: AvAttr) -> None:
@@ -77,6 +68,4 @@ class PdAvVerbs(CaState):
     @verb
     def destroy_av(self, h_av: Handle) -> None:
         av = self._h_av(h_av)
-        av.alive = False
-        av.pd.users -= 1
-        self._n["av"] -= 1
+        self._retire("av", av, av.pd)

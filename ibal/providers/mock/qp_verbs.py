@@ -95,29 +95,15 @@ class QpVerbs(CaState):
         sq_signaled: bool,
         qp_context: Any,
     ) -> QpCreated:
-        pd = self._h_pd(h_pd)
-        scq = self._h_cq(send_cq)
-        rcq = self._h_cq(recv_cq)
-        s = self._h_srq(srq) if srq is not None else None
-        checks.check_create_qp(qp_type, _MAKES, self.capabilities.reason("qp_types"),
-                               s.pd if s is not None else None, pd)
-        checks.check_qp_caps(caps, self.limits, s is not None)
+        pd, scq, rcq, s = self._qp_parts(h_pd, qp_type, caps, send_cq, recv_cq, srq, _MAKES)
         self._check_count("qp", self.limits.max_qps)
         qp = MockQp(
             self, pd, qp_type, self._alloc_qpn(), caps, scq, rcq, s, bool(sq_signaled), qp_context
         )
         qp.mem = QpMemory(qp)
         self.qps[qp.num] = qp
-        self._take_refs(qp)
+        self._pin_qp(qp)
         return QpCreated(qp, self._qp_attr(qp))
-
-    def _take_refs(self, qp: MockQp) -> None:
-        self._n["qp"] += 1
-        qp.pd.users += 1
-        qp.send_cq.users += 1
-        qp.recv_cq.users += 1
-        if qp.srq is not None:
-            qp.srq.users += 1
 
     @verb
     def create_spl_qp(
@@ -152,7 +138,7 @@ class QpVerbs(CaState):
         if qp_type is QpType.QP1:
             qp.qkey = QP1_WELL_KNOWN_QKEY
         port.special[index] = qp
-        self._take_refs(qp)
+        self._pin_qp(qp)
         return QpCreated(qp, self._qp_attr(qp))
 
     def _qp_attr(self, qp: MockQp) -> QpAttr:
@@ -307,7 +293,7 @@ class QpVerbs(CaState):
             qp = self._h_qp(h_qp)
             if qp.mcasts:
                 raise ResourceBusy(f"QP 0x{qp.num:x} is still attached to {qp.mcasts} group(s)")
-            qp.alive = False
+            self._unpin_qp(qp)
             fab.cancel_timer(qp)
             fab.ack_wait.discard(qp)
             qp.sq.clear()
@@ -317,12 +303,6 @@ class QpVerbs(CaState):
                 qp.port.special[qp.num] = None
             else:
                 del self.qps[qp.num]
-            self._n["qp"] -= 1
-            qp.pd.users -= 1
-            qp.send_cq.users -= 1
-            qp.recv_cq.users -= 1
-            if qp.srq is not None:
-                qp.srq.users -= 1
         fab.callback_barrier()
 
 

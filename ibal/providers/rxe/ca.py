@@ -365,17 +365,13 @@ class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
             PdType(pd_type)
         except ValueError:
             raise InvalidParameter(f"unknown PD type {pd_type!r}") from None
-        self._count("pd", self.attr.max_pds)
-        self._n["pd"] += 1
+        self._check_count("pd", self.attr.max_pds)
+        self._adopt("pd")
         return Pd(self)
 
     @serialized
     def deallocate_pd(self, h_pd: Any) -> None:
-        pd = self._h_pd(h_pd)
-        if pd.users:
-            raise ResourceBusy(f"PD still used by {pd.users} QP/SRQ/AV/MR/MW")
-        pd.alive = False
-        self._n["pd"] -= 1
+        self._release_pd(self._h_pd(h_pd))
 
     def _av_ip(self, attr: AvAttr) -> bytes:
         if not isinstance(attr, AvAttr):
@@ -392,14 +388,9 @@ class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
     def create_av(self, h_pd: Any, attr: AvAttr) -> Av:
         pd = self._h_pd(h_pd)
         ip = self._av_ip(attr)
-        self._count("av", self.attr.max_avs)
-        self._n["av"] += 1
-        pd.users += 1
+        self._check_count("av", self.attr.max_avs)
+        self._adopt("av", pd)
         return Av(self, pd, attr, ip)
-
-    @serialized
-    def query_av(self, h_av: Any) -> AvAttr:
-        return self._h_av(h_av).attr
 
     @serialized
     def modify_av(self, h_av: Any, attr: AvAttr) -> None:
@@ -410,40 +401,22 @@ class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
     @serialized
     def destroy_av(self, h_av: Any) -> None:
         av = self._h_av(h_av)
-        av.alive = False
-        av.pd.users -= 1
-        self._n["av"] -= 1
+        self._retire("av", av, av.pd)
 
     # -------------------------------------------------------------------- CQ
     @serialized
     def create_cq(self, h_ca: Any, size: int, cq_context: Any) -> CqCreated:
         self._h_ca(h_ca)
         checks.check_cq_size(size, self.attr)
-        self._count("cq", self.attr.max_cqs)
-        self._n["cq"] += 1
+        self._check_count("cq", self.attr.max_cqs)
+        self._adopt("cq")
         return CqCreated(Cq(self, size, cq_context), size)
-
-    @serialized
-    def resize_cq(self, h_cq: Any, size: int) -> int:
-        cq = self._h_cq(h_cq)
-        checks.check_cq_resize(size, len(cq.entries), self.attr)
-        cq.size = size
-        if cq.notify_n > size:
-            cq.notify_n = size
-        return size
-
-    @serialized
-    def query_cq(self, h_cq: Any) -> int:
-        return self._h_cq(h_cq).size
 
     @serialized
     def destroy_cq(self, h_cq: Any) -> None:
         cq = self._h_cq(h_cq)
-        if cq.users:
-            raise ResourceBusy(f"CQ still used by {cq.users} QP(s)")
-        cq.alive = False
+        self._release_cq(cq)
         cq.disarm()
-        self._n["cq"] -= 1
 
     def poll_cq(self, h_cq: Any, max_entries: int) -> list[Wc]:
         """Any thread; never blocks for long.  On an empty CQ that was never armed (a

@@ -22,7 +22,7 @@ from ibal.ci.fmr import FMR_PAGE_SIZES, check_fmr_create, check_fmr_map
 from ibal.providers import checks
 from ibal.providers.rxe.memory import Fmr, Mr
 from ibal.providers.rxe.verbs import CaState, serialized
-from ibal.status import InvalidFmrHandle, InvalidParameter, ResourceBusy, Unsupported
+from ibal.status import InvalidFmrHandle, InvalidParameter, Unsupported
 from ibal.types import FmrCreate, MrKeys
 
 FMR_MAX_PAGES: Final = 4096
@@ -44,7 +44,8 @@ def _span(pages: Sequence[Any], ps: int, acc: int) -> memoryview:
 
 
 class FmrVerbs(CaState):
-    """The four FMR verbs."""
+    """``alloc_fmr`` and ``map_phys_fmr``; unmap and dealloc are
+    :class:`~ibal.providers.softca.SoftCa`'s."""
 
     def _h_fmr(self, h: Any) -> Fmr:
         return self._own(h, Fmr, InvalidFmrHandle, "an FMR")
@@ -53,10 +54,9 @@ class FmrVerbs(CaState):
     def alloc_fmr(self, h_pd: Any, create: FmrCreate) -> Fmr:
         pd = self._h_pd(h_pd)
         create = check_fmr_create(create, FMR_MAX_PAGES, FMR_PAGE_SIZES)
-        self._count("mr", self.attr.max_mrs)  # an FMR holds a region entry
+        self._check_count("mr", self.attr.max_mrs)  # an FMR holds a region entry
         fmr = Fmr(self, pd, create)
-        self._n["mr"] += 1
-        pd.users += 1
+        self._adopt("mr", pd)
         return fmr
 
     def _drop_mapping(self, fmr: Fmr) -> None:
@@ -84,19 +84,4 @@ class FmrVerbs(CaState):
         fmr.mr = mr
         fmr.pages = tuple(pages)  # the memory the view points into stays alive
         fmr.maps += 1
-        return MrKeys(fmr, mr.lkey, mr.rkey, mr.vaddr, mr.length)
-
-    @serialized
-    def unmap_fmr(self, h_fmr: Any) -> None:
-        fmr = self._h_fmr(h_fmr)
-        self._drop_mapping(fmr)
-        fmr.maps = 0
-
-    @serialized
-    def dealloc_fmr(self, h_fmr: Any) -> None:
-        fmr = self._h_fmr(h_fmr)
-        if fmr.mr is not None:
-            raise ResourceBusy("the FMR is mapped: unmap it first")
-        fmr.alive = False
-        fmr.pd.users -= 1
-        self._n["mr"] -= 1
+        return self._keys_of(mr, fmr)

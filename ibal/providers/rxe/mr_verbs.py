@@ -40,18 +40,15 @@ class MemoryVerbs(CaState):
         mr.rkey = key if acc & checks.REMOTE else 0
         mr.access = acc
         self.keys.install(mr, key)
-        return MrKeys(mr, mr.lkey, mr.rkey, mr.vaddr, mr.length)
+        return self._keys_of(mr)
 
     @serialized
     def register_mr(
         self, h_pd: Any, buffer: memoryview, vaddr: int, access: AccessFlags
     ) -> MrKeys:
-        pd = self._h_pd(h_pd)
-        acc, mv = checks.check_region(buffer, vaddr, access, self.attr)
-        self._count("mr", self.attr.max_mrs)
+        pd, acc, mv = self._region_parts(h_pd, buffer, vaddr, access)
         mr = Mr(self, pd, mv, vaddr, acc)
-        self._n["mr"] += 1
-        pd.users += 1
+        self._adopt("mr", pd)
         return self._install(mr, acc)
 
     @serialized
@@ -77,10 +74,7 @@ class MemoryVerbs(CaState):
             m, buffer, vaddr, access, mr.access, mr.view.readonly, self.attr
         )
         self.keys.remove(mr.lkey)
-        if pd is not mr.pd:
-            mr.pd.users -= 1
-            pd.users += 1
-            mr.pd = pd
+        self._repin(mr, pd)
         if mv is not None:
             assert vaddr is not None
             mr.view = mv
@@ -89,23 +83,16 @@ class MemoryVerbs(CaState):
             self._unshare(mr)
         return self._install(mr, acc, self.keys.next_variant(mr.lkey))
 
-    @staticmethod
-    def _unshare(mr: Mr) -> None:
-        if mr.parent is not None:
-            mr.parent.shares -= 1
-            mr.parent = None
-
     @serialized
     def register_smr(self, h_mr: Any, h_pd: Any, access: AccessFlags, vaddr: int) -> MrKeys:
         src = self._h_mr(h_mr)
         pd = self._h_pd(h_pd)
         acc = checks.check_shared(access, src.view.readonly, vaddr)
-        self._count("mr", self.attr.max_mrs)
+        self._check_count("mr", self.attr.max_mrs)
         mr = Mr(self, pd, src.view, checks.shared_vaddr(vaddr, src.vaddr, 4096), acc)
         mr.parent = src
         src.shares += 1
-        self._n["mr"] += 1
-        pd.users += 1
+        self._adopt("mr", pd)
         return self._install(mr, acc)
 
     @serialized
@@ -118,25 +105,19 @@ class MemoryVerbs(CaState):
             with contextlib.suppress(BufferError):  # let go of the consumer's buffer
                 mr.view.release()  # (slices a packet still holds stay valid)
         self._unshare(mr)
-        mr.pd.users -= 1
-        self._n["mr"] -= 1
+        self._retire("mr", mr, mr.pd)
 
     # ------------------------------------------------------------------ MW
     @serialized
     def create_mw(self, h_pd: Any, mw_type: int = 1) -> MwCreated:
         pd = self._h_pd(h_pd)
         checks.check_mw_type(mw_type)
-        self._count("mw", self.attr.max_mws)
+        self._check_count("mw", self.attr.max_mws)
         mw = Mw(self, pd, mw_type)
         mw.rkey = self.keys.new_key()
         self.keys.install(mw, mw.rkey)
-        self._n["mw"] += 1
-        pd.users += 1
+        self._adopt("mw", pd)
         return MwCreated(mw, mw.rkey)
-
-    @serialized
-    def query_mw(self, h_mw: Any) -> int:
-        return self._h_mw(h_mw).rkey
 
     @serialized
     def bind_mw(self, h_mw: Any, h_qp: Any, bind: BindWr) -> int:
@@ -173,7 +154,5 @@ class MemoryVerbs(CaState):
     def destroy_mw(self, h_mw: Any) -> None:
         mw = self._h_mw(h_mw)
         mw.unbind()
-        mw.alive = False
         self.keys.remove(mw.rkey)
-        mw.pd.users -= 1
-        self._n["mw"] -= 1
+        self._retire("mw", mw, mw.pd)

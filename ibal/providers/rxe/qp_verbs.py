@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ibal import qp_fsm
-from ibal.ci import QpCreated, SrqCreated
+from ibal.ci import QpCreated
 from ibal.providers import checks
 from ibal.providers.rxe import wire
 from ibal.providers.rxe.memory import Mr, Mw, QpMemory
@@ -58,8 +58,6 @@ from ibal.types import (
     SendOpt,
     SendWr,
     Sge,
-    SrqAttr,
-    SrqAttrMask,
     UdDest,
     WcStatus,
     WrType,
@@ -95,7 +93,7 @@ class QpVerbs(CaState):
 
     def _new_qp(self, pd: Any, qp_type: QpType, qpn: int, caps: QpCaps, scq: Any, rcq: Any,
                 srq: Srq | None, sq_signaled: bool, context: Any) -> Qp:
-        self._count("qp", self.attr.max_qps)
+        self._check_count("qp", self.attr.max_qps)
         cfg = QpConfig(qpn, qp_type)
         cfg.src_port = wire.qp_udp_sport(qpn)
         if qp_type is QpType.QP1:
@@ -110,24 +108,13 @@ class QpVerbs(CaState):
                 core, cfg, rq)
         mem.owner = qp
         self.engine.add(qp)
-        self._n["qp"] += 1
-        pd.users += 1
-        scq.users += 1
-        rcq.users += 1
-        if srq is not None:
-            srq.users += 1
+        self._pin_qp(qp)
         return qp
 
     @serialized
     def create_qp(self, h_pd: Any, qp_type: QpType, caps: QpCaps, send_cq: Any, recv_cq: Any,
                   srq: Any | None, sq_signaled: bool, qp_context: Any) -> QpCreated:
-        pd = self._h_pd(h_pd)
-        scq = self._h_cq(send_cq)
-        rcq = self._h_cq(recv_cq)
-        s = self._h_srq(srq) if srq is not None else None
-        checks.check_create_qp(qp_type, _MAKES, self.capabilities.reason("qp_types"),
-                               s.pd if s is not None else None, pd)
-        checks.check_qp_caps(caps, self.attr, s is not None)
+        pd, scq, rcq, s = self._qp_parts(h_pd, qp_type, caps, send_cq, recv_cq, srq, _MAKES)
         qp = self._new_qp(pd, qp_type, self._alloc_qpn(), caps, scq, rcq, s, sq_signaled,
                           qp_context)
         return QpCreated(qp, qp.attr())
@@ -159,16 +146,10 @@ class QpVerbs(CaState):
         qp = self._h_qp(h_qp)
         if qp.mcasts:
             raise ResourceBusy(f"QP 0x{qp.num:x} is still attached to {qp.mcasts} group(s)")
-        qp.alive = False
+        self._unpin_qp(qp)
         self.engine.remove(qp)
         qp.core.req.sq.clear()
         qp.rq.wqes.clear()
-        self._n["qp"] -= 1
-        qp.pd.users -= 1
-        qp.send_cq.users -= 1
-        qp.recv_cq.users -= 1
-        if qp.srq is not None:
-            qp.srq.users -= 1
 
     # ---------------------------------------------------------------- modify
     def _path(self, av: AvAttr) -> tuple[bytes, bytes]:
@@ -273,36 +254,8 @@ class QpVerbs(CaState):
 
     # ------------------------------------------------------------------ SRQ
     @serialized
-    def create_srq(self, h_pd: Any, attr: SrqAttr, srq_context: Any) -> SrqCreated:
-        pd = self._h_pd(h_pd)
-        checks.check_srq_attr(attr, self.attr)
-        self._count("srq", self.attr.max_srqs)
-        srq = Srq(self, pd, attr.max_wr, attr.max_sge, attr.srq_limit, srq_context)
-        self._n["srq"] += 1
-        pd.users += 1
-        return SrqCreated(srq, SrqAttr(srq.max_wr, srq.max_sge, srq.limit))
-
-    @serialized
-    def modify_srq(self, h_srq: Any, attr: SrqAttr, mask: SrqAttrMask) -> None:
-        srq = self._h_srq(h_srq)
-        srq.max_wr = checks.srq_depth_after(attr, mask, srq.max_wr, len(srq), self.attr)
-        if int(mask) & int(SrqAttrMask.LIMIT):
-            srq.limit = attr.srq_limit
-
-    @serialized
-    def query_srq(self, h_srq: Any) -> SrqAttr:
-        srq = self._h_srq(h_srq)
-        return SrqAttr(srq.max_wr, srq.max_sge, srq.limit)
-
-    @serialized
     def destroy_srq(self, h_srq: Any) -> None:
-        srq = self._h_srq(h_srq)
-        if srq.users:
-            raise ResourceBusy(f"SRQ still used by {srq.users} QP(s)")
-        srq.alive = False
-        srq.wqes.clear()
-        srq.pd.users -= 1
-        self._n["srq"] -= 1
+        self._release_srq(self._h_srq(h_srq))
 
     @serialized
     def post_srq_recv(self, h_srq: Any, wrs: Sequence[RecvWr]) -> None:

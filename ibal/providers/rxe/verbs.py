@@ -19,9 +19,8 @@ from ibal.providers.rxe.device import Device
 from ibal.providers.rxe.engine import Engine
 from ibal.providers.rxe.memory import KeyTable, Mr, Mw, Pd
 from ibal.providers.rxe.qps import Av, McastAttach, Qp, Srq
+from ibal.providers.softca import SoftCa
 from ibal.status import (
-    IbError,
-    InsufficientResources,
     InvalidAvHandle,
     InvalidCqHandle,
     InvalidMcastHandle,
@@ -32,7 +31,7 @@ from ibal.status import (
     InvalidSrqHandle,
     Unsupported,
 )
-from ibal.types import CaAttr
+from ibal.types import CaAttr, SrqAttr
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -41,7 +40,7 @@ H = TypeVar("H")
 PORT = 1
 
 
-class CaState:
+class CaState(SoftCa):
     """The state of one rxe CA that its verbs share."""
 
     name: str
@@ -59,10 +58,16 @@ class CaState:
     def unsupported(self, name: str) -> Unsupported:
         return Unsupported(f"{name}: {self.capabilities.reason(name)}")
 
-    def _own(self, h: Any, kind: type[H], error: type[IbError], what: str) -> H:
-        if type(h) is not kind or getattr(h, "ca", None) is not self or not h.alive:  # type: ignore[attr-defined]
-            raise error(f"not {what} of {self.name}: {h!r}")
-        return h
+    def _verb(self, name: str, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
+        with self._lock:
+            return fn(*args, **kwargs)
+
+    @property
+    def _lim(self) -> CaAttr:
+        return self.attr
+
+    def _make_srq(self, pd: Pd, attr: SrqAttr, context: Any) -> Srq:
+        return Srq(self, pd, attr.max_wr, attr.max_sge, attr.srq_limit, context)
 
     def _h_pd(self, h: Any) -> Pd:
         return self._own(h, Pd, InvalidPdHandle, "a PD")
@@ -87,10 +92,6 @@ class CaState:
 
     def _h_mcast(self, h: Any) -> McastAttach:
         return self._own(h, McastAttach, InvalidMcastHandle, "a multicast attachment")
-
-    def _count(self, kind: str, limit: int) -> None:
-        if self._n[kind] >= limit:
-            raise InsufficientResources(f"{self.name}: no more {kind.upper()}s (limit {limit})")
 
 
 def serialized(fn: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], R]:
