@@ -293,7 +293,8 @@ class Requester:
                 if not is_send:
                     self.counters.rdma_sends += sent
                 return sent, True
-            if runs and not (is_send and w.inv_rkey is not None and reliable):
+            if (runs and not isinstance(data, Scatter)  # the C engine takes one buffer
+                    and not (is_send and w.inv_rkey is not None and reliable)):
                 # the rest of the WQE that fits, one record: the same packets as below
                 m = min(npkts - k, budget - sent, room)
                 run = WqeRun(_RUN_OPS[base + (1 if is_send else 0) * 2 + (1 if w.imm else 0)],
