@@ -74,6 +74,13 @@ class Ca(CaObject):
         self._h = cica.h_ca
         self._close_cica = False
 
+    def _extra_victims(self) -> list[AlObject]:
+        # Windows go before everything else of a closing CA: a bound type 2 window holds
+        # its QP (IBA 10.6.7.2), and a QP destroyed under it makes kernel rxe (6.1) wait
+        # about 50 s for the reference and warn, where the cascade's rank order (CQs and
+        # the QPs on them before PDs and their windows) would put the QP first.
+        return self._descendants("MW")
+
     # ------------------------------------------------------------------ attributes
     @property
     def guid(self) -> int:

@@ -456,6 +456,18 @@ class AlObject:
                 f"waiting for {what} inside a callback of an object it destroys would deadlock"
             )
 
+    def _descendants(self, kind: str) -> list[AlObject]:
+        """The live objects of ``kind`` (their ``_kind``) below this one, nearest first."""
+        found: list[AlObject] = []
+        with self._lock:
+            todo = list(self._children)
+            while todo:
+                o = todo.pop(0)
+                if o._kind == kind and o._state is READY:
+                    found.append(o)
+                todo.extend(o._children)
+        return found
+
     def _reaches(self, objs: list[AlObject]) -> bool:
         """Whether destroying this object takes along any of ``objs`` (itself included)."""
         want = set(objs)

@@ -99,6 +99,23 @@ def test_bind_mw_request_reaches_the_provider_with_its_handles(full: Any) -> Non
     assert wr.mw is mw and wr.bind is not None and wr.bind.mr is mr  # consumer WR untouched
 
 
+def test_closing_the_ca_destroys_windows_before_the_qps_they_may_hold(full: Any) -> None:
+    # A bound type 2 window holds its QP; kernel rxe (6.1) stalls ~50 s in ibv_destroy_qp
+    # when the QP goes first, which the cascade's ranks alone (CQs, and the QPs on them,
+    # before PDs and their windows) would do.
+    ci, pd, qp = full
+    mr = pd.reg_mem(bytearray(64), RW)
+    mw = pd.create_mw(2)
+    qp.post_send(SendWr(wr_id=7, opcode=WrType.BIND_MW, rkey=mw.rkey + 1, mw=mw,
+                        bind=BindWr(mr, mr.vaddr, 32, AccessFlags.RDMA_WRITE, 0)))  # fmt: skip
+    start = len(ci.calls)
+    pd.ca.close(timeout=10)
+    order = [v for v in ci.verbs()[start:] if v in ("destroy_mw", "destroy_qp", "destroy_cq",
+                                                     "deregister_mr", "deallocate_pd")]  # fmt: skip
+    assert order[0] == "destroy_mw" and order.count("destroy_mw") == 1, order
+    assert order.index("destroy_mw") < order.index("destroy_qp") < order.index("deallocate_pd")
+
+
 def test_bind_mw_request_checks_window_and_region(full: Any) -> None:
     _ci, pd, qp = full
     mr = pd.reg_mem(bytearray(64), RW)
