@@ -34,7 +34,6 @@ TIMER_TICK = 0.001
 """Timers run at most once per tick, as kernel rxe's run at jiffy resolution (its
 shortest RNR wait and ACK timeout are one jiffy): a 10 us RNR timer cannot spin."""
 
-_WRITE_FIRST = 0x06  # RC RDMA WRITE FIRST
 
 MCAST_QPN = 0xFFFFFF
 """The destination QPN of a multicast datagram (IBA 10.5.2.3)."""
@@ -121,11 +120,9 @@ class Engine:
                 for pkt in pkts:
                     self._dispatch(pkt, now, touched, True)
                 i += 1
-                # only a WRITE FIRST starts what C may continue (or, with the region
-                # table, any packet may leave a QP between messages); an armed QP's
-                # state may have moved with the packet, so it is armed afresh
-                arm = (fast.mrs is not None or bool(armed)
-                       or any(p.opcode == _WRITE_FIRST for p in pkts))
+                # an armed QP's state may have moved with the packet, or it may have
+                # left a QP where C can continue it: then the QPs are armed afresh
+                arm = fast.wants_arm(pkts, armed)
             for qp in touched:
                 self._pump(qp, now)
             self._run_local(now)

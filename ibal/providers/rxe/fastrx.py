@@ -32,6 +32,9 @@ _RTS: Final = QpState.RTS
 _RC: Final = QpType.RC
 _IN_WRITE: Final = Responder.IN_WRITE
 _IN_NONE: Final = Responder.IN_NONE
+_WRITE_FIRST: Final = int(P.Opcode.RC_RDMA_WRITE_FIRST)
+_RESPONSES: Final = (int(P.Opcode.RC_RDMA_READ_RESPONSE_FIRST), int(P.Opcode.RC_ATOMIC_ACKNOWLEDGE))
+"""The RC opcodes that are responses (READ responses, ACK, atomic ACK), not requests."""
 
 
 class FastTable:
@@ -44,6 +47,7 @@ class FastTable:
         self.mrs = mrs
         """The CA's ``fastmr.MrMirror`` (None: FIRST/ONLY stay with the Python core)."""
         self.armed: list[Any] = []  # the Qp of each armed entry, in table order
+        self.armed_nums: set[int] = set()  # their QPNs, kept after sync for wants_arm
         self._pins: list[Any] = []  # the buffers C writes into, alive for the run
 
     def arm(self, qps: dict[int, Any]) -> int:
@@ -51,6 +55,8 @@ class FastTable:
         armed = self.armed
         armed.clear()
         self._pins.clear()
+        nums = self.armed_nums
+        nums.clear()
         t = self.table
         ffi = self.ffi
         from_buffer = ffi.from_buffer
@@ -95,7 +101,23 @@ class FastTable:
             if not idle:
                 self._pins.append(dst)
             armed.append(qp)
+            nums.add(qp.num)
         return len(armed)
+
+    def wants_arm(self, pkts: list[P.Packet], armed: int) -> bool:
+        """Whether the packets the Python core just took may have changed what C may
+        take: a packet to a QP that was armed (its state may have moved), or an RC
+        request (it may leave its QP in or between WRITEs).  Not arming only costs
+        speed: the rest of the batch goes to the Python core."""
+        if self.mrs is None:
+            # only a WRITE FIRST starts what C may continue
+            return bool(armed) or any(p.opcode == _WRITE_FIRST for p in pkts)
+        nums = self.armed_nums
+        for p in pkts:
+            op = p.opcode
+            if p.dest_qpn in nums or (op < 0x20 and not _RESPONSES[0] <= op <= _RESPONSES[1]):
+                return True
+        return False
 
     def run(self, ring: Any, start: int, n: int) -> int:
         """``rxe_rx_fast`` over ring slots ``start`` .. ``n - 1``: where it stopped."""

@@ -259,6 +259,7 @@ class DeviceIO:
         self._fill_train: Any = None  # fastpath.c's rxe_fill_train on the C engine
         self._fill_wqe: Any = None  # and its rxe_fill_wqe
         self._wqe: Any = None  # the struct rxe_wqe_run handed to it, reused
+        self._wqe_key: tuple[object, ...] = ()  # the per-QP fields _wqe holds now
         if self.engine == "c":
             self._ffi, lib = fastpath.ffi_lib()
             self._fill_train = lib.rxe_fill_train
@@ -534,19 +535,24 @@ class DeviceIO:
             w.imm = imm or 0
             w.reth = run.reth
             w.se = run.se
-            w.reliable = run.reliable
-            w.per_ack = run.per_ack
-            w.dest_qpn = run.dest_qpn
-            w.pkey = run.pkey
             w.first_psn = run.first_psn
             w.npkts = run.npkts
-            w.mtu = run.mtu
-            w.op_first, w.op_middle, w.op_last, w.op_only = run.ops
-            w.sport = sport
-            w.dport = self.port
-            w.icrc_dport = ROCE_PORT
-            w.src_ip = list(ep.raw_ip)
-            w.dst_ip = list(dst)
+            key = (run.dest_qpn, run.pkey, run.mtu, run.ops, run.per_ack, run.reliable, sport,
+                   dst, ep.raw_ip)  # fmt: skip
+            if key != self._wqe_key:
+                # what stays the same from one WQE of a QP to the next: set on a change only
+                w.reliable = run.reliable
+                w.per_ack = run.per_ack
+                w.dest_qpn = run.dest_qpn
+                w.pkey = run.pkey
+                w.mtu = run.mtu
+                w.op_first, w.op_middle, w.op_last, w.op_only = run.ops
+                w.sport = sport
+                w.dport = self.port
+                w.icrc_dport = ROCE_PORT
+                w.src_ip = list(ep.raw_ip)
+                w.dst_ip = list(dst)
+                self._wqe_key = key
             name = self._name(dst)
             batch = ep.batch
             c_arena = ffi.from_buffer(batch.arena)

@@ -234,6 +234,21 @@ def test_a_run_longer_than_the_batch_leaves_whole_and_in_order() -> None:
     assert [iba.decode(d).psn for d in got] == [(0xFFFFF0 + k) & 0xFFFFFF for k in range(150)]
 
 
+def test_runs_of_different_qps_through_one_device_keep_their_own_headers() -> None:
+    """The device reuses one C record and sets a QP's fields only when they change."""
+    need_c()
+    need_root()
+    data = bytes(range(256)) * 12
+    a = _run((0x00, False, False), 1000, 256, 0, 4, 0, 64, 10, False, data)
+    b = _run((0x20, True, True), 3000, 1024, 0, 3, 2, 3, 0xFFFFFE, True, data)
+    b.dest_qpn, b.pkey = 0x000777, 0x7FFF
+    runs = [a, b, a, b]
+    got = _sent("c", runs)
+    assert got == _sent("python", runs)
+    assert [iba.decode(d).dest_qpn for d in got] == [0xABCD] * 4 + [0x777] * 3 + [
+        0xABCD] * 4 + [0x777] * 3
+
+
 def test_fill_wqe_refuses_a_run_outside_its_buffers() -> None:
     ffi, lib = need_c()
     data = bytes(4 * 1024)
