@@ -5,11 +5,10 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ibal.al import SIMULATED_SKIPPED, AlManager
 from ibal.tools.cliopts import (
     PROVIDER_HELP,
     console,
@@ -23,6 +22,9 @@ from ibal.tools.cliopts import (
     tool_providers,
 )
 from ibal.types import CaAttr, PortAttr
+
+if TYPE_CHECKING:
+    from ibal.al import AlManager
 
 # Command groups imported only when asked for, and their one line in ``ibal --help``.
 _GROUPS_LOADED_LATE = {
@@ -193,6 +195,8 @@ def _print_counters(port_num: int, counters: dict[str, int]) -> None:
 
 
 def _print_unavailable(mgr: AlManager) -> None:
+    from ibal.al import SIMULATED_SKIPPED
+
     for name, reason in sorted(mgr.unavailable.items()):
         if reason == SIMULATED_SKIPPED:
             err_console.print(f"[dim]{name}: simulated, not started (-p {name} shows its CAs)[/]")

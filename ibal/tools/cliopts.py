@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ibal.al import AccessLayer, AlManager, start_default_providers
 from ibal.status import IbError
 
 if TYPE_CHECKING:  # rich is imported by the commands that print tables (~0.1 s)
     from rich.console import Console
+
+    from ibal.al import AccessLayer, AlManager
 
 __all__ = [
     "DIAG_OPTS", "PROVIDER_HELP", "console", "diag_options", "err_console", "mad_client",
@@ -73,6 +74,9 @@ def open_al(
     error (``click.ClickException``: message on stderr, exit status 1); of the
     default set, those are only recorded in ``mgr.unavailable``.
     """
+    # the access layer only here: a diagnostic on the lean MAD path never loads it
+    from ibal.al import AlManager, start_default_providers
+
     mgr = AlManager()
     if providers:
         for name in providers:
@@ -146,11 +150,38 @@ def node_name_map_option(fn: Any) -> Any:
 @contextmanager
 def mad_client(
     providers: tuple[str, ...], options: tuple[str, ...], ca_name: str | None,
-    port_num: int | None, timeout_ms: int, via: str,
+    port_num: int | None, timeout_ms: int, via: str, *, lean: bool = True,
 ) -> Iterator[Any]:  # fmt: skip
-    """A :class:`~ibal.mad.rpc.MadClient` on the chosen port (errors: exit status 1)."""
+    """A :class:`~ibal.mad.rpc.MadClient` on the chosen port (errors: exit status 1).
+
+    With the defaults (no ``--provider``, ``-o`` or ``IBAL_PROVIDERS``, ``--via
+    agent``) and libibumad serving a CA, the client's port is a
+    :class:`~ibal.tools.leanport.UmadMadPort` straight on libibumad, without the
+    access layer (docs/performance.md, "Start-up of the diagnostics"); else the
+    port :func:`~ibal.mad.rpc.pick_port` finds on an AL (always with ``lean=False``:
+    a caller that needs the port's AL CA, e.g. a ping server).
+    """
     from ibal.mad.rpc import MadClient, MadError, pick_port
 
+    if lean and via == "agent" and not providers and not options:
+        import os
+
+        if not os.environ.get("IBAL_PROVIDERS"):
+            from ibal.tools.leanport import lean_port
+
+            try:
+                umad_port = lean_port(ca_name, port_num)
+            except MadError as exc:
+                raise click.ClickException(str(exc)) from exc
+            if umad_port is not None:
+                client = MadClient(umad_port, timeout_ms=timeout_ms)
+                try:
+                    yield client
+                except MadError as exc:
+                    raise click.ClickException(str(exc)) from exc
+                finally:
+                    client.close()
+                return
     with open_al(tool_providers(providers), parse_options(options)) as (_, al):
         try:
             port = pick_port(al, ca_name, port_num, via=via)

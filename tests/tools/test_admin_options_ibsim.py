@@ -260,3 +260,44 @@ def test_ibportstate_espeed_fdr10_and_mkey_match(ibsim_fabric: Fabric) -> None:
         # ibportstate prints its error on stdout, ibal on stderr
         assert theirs.startswith("ibportstate: iberror: failed: "), args
         assert theirs.split("failed: ", 1)[1].strip() in res["stderr"], args
+
+
+_LOADED = ("import sys; from ibal.cli import main\n"
+           "try: main(sys.argv[1:])\n"
+           "except SystemExit as e: assert not e.code, e.code\n"
+           "print(sorted(m for m in sys.modules\n"
+           "             if m in ('ibal.al', 'ibal.tools.leanport', 'click')))\n")
+
+
+@pytest.mark.timeout(600)
+def test_a_diagnostic_on_the_lean_path_loads_no_access_layer(ibsim_module_fabric: Fabric) -> None:
+    """With the defaults, ``smpquery`` and ``discover`` go straight to libibumad: the same
+    text as the C tools, and ``ibal.al`` never imported; ``--provider rdma_core`` (or
+    ``--via service``) takes the AL, with the same answer."""
+    import subprocess
+    import sys
+
+    from tests.tools.admin_ibsim import env
+
+    fabric = ibsim_module_fabric
+    sw = str(lids(fabric)["switch"])
+    e = env(fabric)
+    e.pop("IBAL_PROVIDERS", None)
+
+    def run(*args: str) -> tuple[str, str]:
+        r = subprocess.run([sys.executable, "-c", _LOADED, *args], env=e, cwd=fabric.workdir,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        out, loaded = r.stdout.rsplit("[", 1)
+        return out, "[" + loaded.strip()
+
+    text, loaded = run("smpquery", "nodeinfo", sw)
+    assert text == tool(fabric, ["smpquery", "nodeinfo", sw])
+    assert loaded == "['click', 'ibal.tools.leanport']"
+    al_text, al_loaded = run("smpquery", "--provider", "rdma_core", "nodeinfo", sw)
+    assert al_text == text and "ibal.al" in al_loaded and "leanport" not in al_loaded
+    topo, loaded = run("discover")
+    theirs = tool(fabric, ["ibnetdiscover"])
+    date = re.compile(r"^# Topology file: generated on .*$", re.M)
+    assert date.sub("", topo) == date.sub("", theirs)
+    assert loaded == "['click', 'ibal.tools.leanport']"
