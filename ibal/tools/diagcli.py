@@ -58,7 +58,7 @@ def fabric_client(tool: str, kw: dict[str, Any], *, lean: bool = True) -> Iterat
     """
     args = [kw.pop(k) for k in ("providers", "options", "ca_name", "port_num", "timeout_ms",
                                 "via")]  # fmt: skip
-    with cliopts.mad_client(*args, lean=lean) as client:
+    with cliopts.mad_client(*args, lean=lean, m_key=kw.pop("m_key", None)) as client:
         if _link_layer(client) == "Ethernet":
             raise click.ClickException(
                 f"{tool}: no meaning on RoCE (the port is Ethernet: no subnet manager, "

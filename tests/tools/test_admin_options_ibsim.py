@@ -301,3 +301,16 @@ def test_a_diagnostic_on_the_lean_path_loads_no_access_layer(ibsim_module_fabric
     date = re.compile(r"^# Topology file: generated on .*$", re.M)
     assert date.sub("", topo) == date.sub("", theirs)
     assert loaded == "['click', 'ibal.tools.leanport']"
+
+
+@pytest.mark.timeout(600)
+def test_m_key_option_is_taken_as_the_c_tools_take_it(ibsim_module_fabric: Fabric) -> None:
+    """``-y KEY`` on the SMP tools: the same text as the C tools with the same key (ibsim
+    checks no M_Key; the key on the wire is ``tests/tools/test_mkey.py``'s)."""
+    fabric = ibsim_module_fabric
+    sw = str(lids(fabric)["switch"])
+    cases = [["smpquery", "-y", "0x1234", "nodeinfo", sw], ["ibaddr", "-y", "4660", sw],
+             ["iblinkinfo", "-y", "0x1234"], ["ibroute", "-y", "0x1234", sw]]
+    ours = ibal(fabric, cases)
+    for args, res in zip(cases, ours, strict=True):
+        assert res["stdout"] == tool(fabric, args), args
