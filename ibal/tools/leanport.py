@@ -119,5 +119,9 @@ def lean_port(ca_name: str | None, port_num: int | None) -> UmadMadPort | None:
                 continue
             if port_num is None and p.state != _ACTIVE:
                 continue
+            # libibumad lists devices the kernel's ib_umad may not serve (or not to this
+            # user): then the AL's provider says why (umad2sim serves every one it lists)
+            if not umad.under_umad2sim() and umad.availability(name, p.port_num) is not None:
+                return None
             return UmadMadPort(name, p.port_num, p.port_guid, p.lid, p.sm_lid, p.link_layer)
     return None
