@@ -1,4 +1,4 @@
-"""``ibal ibtracert``: the unicast route from one port to another, hop by hop.
+"""``ibal ibtracert``: the route from one port to another, hop by hop (``-m``: multicast).
 
 As infiniband-diags' ``ibtracert``: from the source port, each switch's
 LinearForwardingTable entry for the destination LID names the next out port;
@@ -338,7 +338,8 @@ def _named(hops: list[Hop], names: dict[int, str] | None) -> list[Hop]:
 def ibtracert_cmd(src: str, dst: str, brief: bool, mlid: str | None, force: bool,
                   by_guid: bool, node_name_map: Path | None, as_json: bool,
                   **kw: Any) -> None:  # fmt: skip
-    """ibtracert: the unicast route from port SRC to port DST (LIDs, or -G port GUIDs)."""
+    """ibtracert: the route from port SRC to port DST (LIDs, or -G port GUIDs); -m MLID:
+    the multicast route."""
     from ibal.tools import cliopts, nodemap
 
     names = nodemap.load(node_name_map)
