@@ -10,7 +10,11 @@ outputs are checked (the same NodeInfo text, the same topology).  Modules are
 byte-compiled once first, as an installed ibal has them.
 
     python3 benchmarks/bench_startup.py [--spines 8 --leaves 40 --hosts 24] [--runs 7]
-        [--json]
+        [--json] [--baseline DIR]
+
+``--baseline DIR``: another ibal tree (e.g. ``git archive COMMIT | tar -x -C DIR``)
+whose ``smpquery`` and ``discover`` run in the same rounds, for a before/after
+that sees the same load.
 
 The issue's targets: ``ibal discover`` at most 2.0x ``ibnetdiscover``, ``ibal
 smpquery nodeinfo`` within 3x of ``python3 -c pass`` (whole commands, wall).
@@ -55,6 +59,7 @@ def main() -> int:
     ap.add_argument("--hosts", type=int, default=24)
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--json", action="store_true", help="the medians as JSON too")
+    ap.add_argument("--baseline", type=Path, help="another ibal tree to run alongside")
     a = ap.parse_args()
 
     from ibal.mad.discover import parse_ibnetdiscover
@@ -86,12 +91,22 @@ def main() -> int:
                 "ibnetdiscover": ["ibnetdiscover"],
                 "ibal discover": [*ibal, "discover"],
             }
+            envs = {k: env for k in cmds}
+            if a.baseline is not None:
+                old = dict(env, PYTHONPATH=f"{a.baseline.resolve()}:"
+                           f"{os.environ.get('PYTHONPATH', '')}",
+                           PYTHONPYCACHEPREFIX=str(Path(tmp) / "pycache-baseline"))  # fmt: skip
+                for name, args in (("smpquery nodeinfo", ["smpquery", "nodeinfo", lid]),
+                                   ("discover", ["discover"])):  # fmt: skip
+                    key = f"baseline ibal {name}"
+                    cmds[key], envs[key] = [*ibal, *args], old
+                    _timed(cmds[key], old, cwd)  # byte-compiles the baseline
             wall: dict[str, list[float]] = {k: [] for k in cmds}
             cpu: dict[str, list[float]] = {k: [] for k in cmds}
             out: dict[str, str] = {}
             for _ in range(a.runs):
                 for name, args in cmds.items():
-                    w, c, text = _timed(args, env, cwd)
+                    w, c, text = _timed(args, envs[name], cwd)
                     wall[name].append(w)
                     cpu[name].append(c)
                     out[name] = text
@@ -99,13 +114,18 @@ def main() -> int:
             topo = parse_ibnetdiscover(out["ibnetdiscover"])
             assert len(topo["nodes"]) == tree.nodes
             assert parse_ibnetdiscover(out["ibal discover"]) == topo
+            if a.baseline is not None:
+                assert out["baseline ibal smpquery nodeinfo"] == out["smpquery nodeinfo"]
+                assert parse_ibnetdiscover(out["baseline ibal discover"]) == topo
     load = os.getloadavg()[0]
     med = {k: (statistics.median(wall[k]), statistics.median(cpu[k])) for k in cmds}
     print(f"fat tree: {a.spines} spines, {a.leaves} leaves, {a.hosts} hosts per leaf "
           f"({tree.nodes} nodes); medians of {a.runs} rounds; load {load:.1f} at the end")
     base = {"ibal smpquery nodeinfo": "python3 -c pass", "ibal discover": "ibnetdiscover",
             "smpquery nodeinfo": "python3 -c pass", "ibal --help": "python3 -c pass",
-            "python3 -c 'import ibal.cli'": "python3 -c pass"}  # fmt: skip
+            "python3 -c 'import ibal.cli'": "python3 -c pass",
+            "baseline ibal smpquery nodeinfo": "python3 -c pass",
+            "baseline ibal discover": "ibnetdiscover"}  # fmt: skip
     print(f"{'command':32s} {'wall ms':>8s} {'CPU ms':>8s}   ratio (wall, CPU)")
     for name, (w, c) in med.items():
         ref = base.get(name)

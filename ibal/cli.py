@@ -5,11 +5,10 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ibal.al import SIMULATED_SKIPPED, AlManager
 from ibal.tools.cliopts import (
     PROVIDER_HELP,
     console,
@@ -23,6 +22,9 @@ from ibal.tools.cliopts import (
     tool_providers,
 )
 from ibal.types import CaAttr, PortAttr
+
+if TYPE_CHECKING:
+    from ibal.al import AlManager
 
 # Command groups imported only when asked for, and their one line in ``ibal --help``.
 _GROUPS_LOADED_LATE = {
@@ -193,6 +195,8 @@ def _print_counters(port_num: int, counters: dict[str, int]) -> None:
 
 
 def _print_unavailable(mgr: AlManager) -> None:
+    from ibal.al import SIMULATED_SKIPPED
+
     for name, reason in sorted(mgr.unavailable.items()):
         if reason == SIMULATED_SKIPPED:
             err_console.print(f"[dim]{name}: simulated, not started (-p {name} shows its CAs)[/]")
@@ -623,7 +627,7 @@ def perftest(
 def smpquery(
     op: str, target: str, port: int, directed: bool, by_guid: bool, node_name_map: Path | None,
     ca_name: str | None, port_num: int | None, timeout_ms: int, via: str,
-    providers: tuple[str, ...], options: tuple[str, ...], as_json: bool,
+    providers: tuple[str, ...], options: tuple[str, ...], as_json: bool, m_key: str | None,
 ) -> None:  # fmt: skip
     """smpquery: OP is nodeinfo, portinfo, nodedesc, switchinfo, pkeys or guids."""
     from ibal.tools.diags import smpquery as run
@@ -634,7 +638,7 @@ def smpquery(
 
         names = load(node_name_map)
 
-    with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+    with mad_client(providers, options, ca_name, port_num, timeout_ms, via, m_key=m_key) as client:
         to = resolve_target(client, target, directed, by_guid)
         if as_json:
             from ibal.tools.diagjson import emit_json, smpquery_json
@@ -653,12 +657,12 @@ def smpquery(
 def perfquery(
     target: str | None, port: int | None, extended: bool, reset: bool, by_guid: bool,
     ca_name: str | None, port_num: int | None, timeout_ms: int, via: str,
-    providers: tuple[str, ...], options: tuple[str, ...], as_json: bool,
+    providers: tuple[str, ...], options: tuple[str, ...], as_json: bool, m_key: str | None,
 ) -> None:  # fmt: skip
     """perfquery: port counters of TARGET's PORT [default: this port]."""
     from ibal.tools.diags import perfquery as run
 
-    with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+    with mad_client(providers, options, ca_name, port_num, timeout_ms, via, m_key=m_key) as client:
         lid = client.port.lid
         if target is not None:
             lid = resolve_target(client, target, False, by_guid).lid
@@ -678,12 +682,12 @@ def perfquery(
 def sminfo(
     target: str | None, by_guid: bool, ca_name: str | None, port_num: int | None,
     timeout_ms: int, via: str, providers: tuple[str, ...], options: tuple[str, ...],
-    as_json: bool,
+    as_json: bool, m_key: str | None,
 ) -> None:  # fmt: skip
     """sminfo: the SMInfo of the subnet manager [default: the SM this port names]."""
     from ibal.tools.diags import sminfo as run
 
-    with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+    with mad_client(providers, options, ca_name, port_num, timeout_ms, via, m_key=m_key) as client:
         to = None if target is None else resolve_target(client, target, False, by_guid)
         if as_json:
             from ibal.tools.diagjson import emit_json, sminfo_json
@@ -716,7 +720,7 @@ def ibroute(
     multicast: bool, directed: bool, by_guid: bool, node_name_map: Path | None,
     ca_name: str | None,
     port_num: int | None, timeout_ms: int, via: str, providers: tuple[str, ...],
-    options: tuple[str, ...], as_json: bool,
+    options: tuple[str, ...], as_json: bool, m_key: str | None,
 ) -> None:  # fmt: skip
     """ibroute: the unicast (-M: multicast) forwarding table of switch TARGET [from START
     to END]."""
@@ -725,7 +729,7 @@ def ibroute(
 
     first, last = _lid_arg(start), _lid_arg(end)
     names = load(node_name_map)
-    with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+    with mad_client(providers, options, ca_name, port_num, timeout_ms, via, m_key=m_key) as client:
         to = resolve_target(client, target, directed, by_guid)
         text = run(client, to, first, last, all_lids=all_lids, no_dests=no_dests,
                    multicast=multicast, names=names)  # fmt: skip
@@ -767,7 +771,7 @@ def discover(
     list_cas: bool, list_switches: bool, list_routers: bool, ports: bool, fmt: str,
     cache_file: Path | None, load_cache: Path | None, node_name_map: Path | None,
     ca_name: str | None, port_num: int | None, timeout_ms: int, via: str,
-    providers: tuple[str, ...], options: tuple[str, ...], as_json: bool,
+    providers: tuple[str, ...], options: tuple[str, ...], as_json: bool, m_key: str | None,
 ) -> None:  # fmt: skip
     """ibnetdiscover: sweep the fabric by directed route and print its topology."""
     from ibal.tools.diags import discover as run
@@ -787,13 +791,14 @@ def discover(
             if load_cache is not None:
                 return click.echo(discover_cached(None, write=None, read=load_cache, **opts),
                                   nl=False)  # fmt: skip
-            with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+            with mad_client(providers, options, ca_name, port_num, timeout_ms, via,
+                            m_key=m_key) as client:
                 text = discover_cached(client, write=cache_file, read=None, window=window,
                                        **opts)  # fmt: skip
         except CacheError as exc:
             raise click.ClickException(str(exc)) from exc
         return click.echo(text, nl=False)
-    with mad_client(providers, options, ca_name, port_num, timeout_ms, via) as client:
+    with mad_client(providers, options, ca_name, port_num, timeout_ms, via, m_key=m_key) as client:
         if as_json or fmt != "text":
             from ibal.tools.diagjson import discover_other
 

@@ -13,15 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ibal.al import AccessLayer, AlManager, start_default_providers
 from ibal.status import IbError
 
 if TYPE_CHECKING:  # rich is imported by the commands that print tables (~0.1 s)
     from rich.console import Console
 
+    from ibal.al import AccessLayer, AlManager
+
 __all__ = [
-    "DIAG_OPTS", "PROVIDER_HELP", "console", "diag_options", "err_console", "mad_client",
-    "node_name_map_option", "open_al", "parse_options", "resolve_target", "tool_providers",
+    "DIAG_OPTS", "PROVIDER_HELP", "console", "diag_options", "err_console", "m_key_value",
+    "mad_client", "node_name_map_option", "open_al", "parse_options", "resolve_target",
+    "tool_providers",
 ]  # fmt: skip
 
 
@@ -73,6 +75,9 @@ def open_al(
     error (``click.ClickException``: message on stderr, exit status 1); of the
     default set, those are only recorded in ``mgr.unavailable``.
     """
+    # the access layer only here: a diagnostic on the lean MAD path never loads it
+    from ibal.al import AlManager, start_default_providers
+
     mgr = AlManager()
     if providers:
         for name in providers:
@@ -122,7 +127,30 @@ DIAG_OPTS = [
     click.option("-o", "--option", "options", multiple=True, help="Provider option KEY=VALUE."),
     click.option("--json", "as_json", is_flag=True,
                  help="Machine-readable output (schema: docs/tools.md)."),
+    click.option("-y", "--m_key", "m_key", metavar="KEY",
+                 help="The M_Key every SMP carries (a word that is no number: asked for)."),
 ]  # fmt: skip
+
+
+def m_key_value(text: str | None) -> int:
+    """``-y``'s key: a number as ``strtoull(.., 0)`` reads it; a word that is no number
+    is asked for, unechoed, as the C tools ask; 0 without the option."""
+    if text is None:
+        return 0
+    try:
+        # strtoull's bases: 0x hex, a leading 0 octal (Python's int(.., 0) refuses "010")
+        t = text.strip()
+        value = int(t, 8) if len(t) > 1 and t[0] == "0" and t[1] in "01234567" else int(t, 0)
+    except ValueError:
+        import getpass
+
+        try:
+            value = int(getpass.getpass("M_Key to use: "), 0)
+        except ValueError:
+            raise click.BadParameter("not a number", param_hint="-y") from None
+    if not 0 <= value < 1 << 64:
+        raise click.BadParameter("an M_Key is 64 bits", param_hint="-y")
+    return value
 
 
 def diag_options(fn: Any, via: str = "agent") -> Any:
@@ -146,17 +174,48 @@ def node_name_map_option(fn: Any) -> Any:
 @contextmanager
 def mad_client(
     providers: tuple[str, ...], options: tuple[str, ...], ca_name: str | None,
-    port_num: int | None, timeout_ms: int, via: str,
+    port_num: int | None, timeout_ms: int, via: str, *, lean: bool = True,
+    m_key: str | None = None,
 ) -> Iterator[Any]:  # fmt: skip
-    """A :class:`~ibal.mad.rpc.MadClient` on the chosen port (errors: exit status 1)."""
+    """A :class:`~ibal.mad.rpc.MadClient` on the chosen port (errors: exit status 1).
+
+    With the defaults (no ``--provider``, ``-o`` or ``IBAL_PROVIDERS``, ``--via
+    agent``) and libibumad serving a CA, the client's port is a
+    :class:`~ibal.tools.leanport.UmadMadPort` straight on libibumad, without the
+    access layer (docs/performance.md, "Start-up of the diagnostics"); else the
+    port :func:`~ibal.mad.rpc.pick_port` finds on an AL (always with ``lean=False``:
+    a caller that needs the port's AL CA, e.g. a ping server).  ``m_key``: ``-y``'s
+    text, the M_Key of every SMP.
+    """
     from ibal.mad.rpc import MadClient, MadError, pick_port
 
+    key = m_key_value(m_key)
+
+    if lean and via == "agent" and not providers and not options:
+        import os
+
+        if not os.environ.get("IBAL_PROVIDERS"):
+            from ibal.tools.leanport import lean_port
+
+            try:
+                umad_port = lean_port(ca_name, port_num)
+            except MadError as exc:
+                raise click.ClickException(str(exc)) from exc
+            if umad_port is not None:
+                client = MadClient(umad_port, timeout_ms=timeout_ms, m_key=key)
+                try:
+                    yield client
+                except MadError as exc:
+                    raise click.ClickException(str(exc)) from exc
+                finally:
+                    client.close()
+                return
     with open_al(tool_providers(providers), parse_options(options)) as (_, al):
         try:
             port = pick_port(al, ca_name, port_num, via=via)
         except MadError as exc:
             raise click.ClickException(str(exc)) from exc
-        client = MadClient(port, timeout_ms=timeout_ms)
+        client = MadClient(port, timeout_ms=timeout_ms, m_key=key)
         try:
             yield client
         except MadError as exc:

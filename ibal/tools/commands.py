@@ -42,7 +42,7 @@ LAZY: Final[dict[str, Lazy]] = {
     **_in("ibal.tools.errors",
           ibqueryerrors="ibqueryerrors: the ports whose error counters are over a threshold."),
     **_in("ibal.tools.paths",
-          ibtracert="ibtracert: the unicast route from one port to another, hop by hop."),
+          ibtracert="ibtracert: the route from one port to another, hop by hop (-m: multicast)."),
     **_in("ibal.tools.portstate",
           ibportstate="ibportstate: a port's state, width and speed; enable, disable, reset, set."),
     **_in("ibal.tools.fts",

@@ -37,6 +37,9 @@ def fabric_options(via: str = "agent") -> Callable[[_F], _F]:
 
 def _link_layer(client: MadClient) -> str:
     port = client.port
+    known = getattr(port, "link_layer", None)  # the lean path's port says it itself
+    if known is not None:
+        return str(known)
     ca = getattr(port, "ca", None)
     if ca is None:
         return "InfiniBand"
@@ -47,14 +50,15 @@ def _link_layer(client: MadClient) -> str:
 
 
 @contextmanager
-def fabric_client(tool: str, kw: dict[str, Any]) -> Iterator[MadClient]:
+def fabric_client(tool: str, kw: dict[str, Any], *, lean: bool = True) -> Iterator[MadClient]:
     """The command's MAD client (``kw``: the common options' values, taken out of it).
 
-    ``tool`` names the command in the RoCE refusal.
+    ``tool`` names the command in the RoCE refusal; ``lean=False``: a port on an AL
+    CA (see :func:`~ibal.tools.cliopts.mad_client`).
     """
     args = [kw.pop(k) for k in ("providers", "options", "ca_name", "port_num", "timeout_ms",
                                 "via")]  # fmt: skip
-    with cliopts.mad_client(*args) as client:
+    with cliopts.mad_client(*args, lean=lean, m_key=kw.pop("m_key", None)) as client:
         if _link_layer(client) == "Ethernet":
             raise click.ClickException(
                 f"{tool}: no meaning on RoCE (the port is Ethernet: no subnet manager, "

@@ -1,4 +1,4 @@
-"""``ibal ibtracert``: the unicast route from one port to another, hop by hop.
+"""``ibal ibtracert``: the route from one port to another, hop by hop (``-m``: multicast).
 
 As infiniband-diags' ``ibtracert``: from the source port, each switch's
 LinearForwardingTable entry for the destination LID names the next out port;
@@ -22,7 +22,8 @@ from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
 from ibal.wire.mad import smp
 from ibal.wire.mad.consts import SmpAttr
 
-__all__ = ["Hop", "ibtracert_cmd", "partial_text", "trace", "trace_text"]
+__all__ = ["Hop", "McHop", "ibtracert_cmd", "mcast_text", "partial_text", "trace", "trace_mcast",
+           "trace_text"]
 
 MAX_HOPS: Final = 63
 _TYPES: Final = {1: "ca", 2: "switch", 3: "router"}
@@ -198,6 +199,116 @@ def partial_text(hops: list[Hop], *, brief: bool = False) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+@record
+class McHop:
+    """A node on a multicast route: how it was reached and where from."""
+
+    hop: Hop
+    path: tuple[int, ...]  # its DR path from the local port
+    up: McHop | None = None  # the node it was reached from
+    out_port: int = 0  # that node's port towards it
+    up_port: int = 0  # its own port towards that node
+
+
+def _mft_ports(client: MadClient, to: PortId, num_ports: int, mlid: int) -> set[int] | None:
+    """The ports a switch forwards ``mlid`` to (its MulticastForwardingTable), None if the
+    MLID is past its table."""
+    si = smp.SWITCH_INFO.decode(client.smp_get(SmpAttr.SWITCH_INFO, to))
+    off = mlid - 0xC000
+    if off >= int(si["multicast_fdb_cap"]):
+        return None
+    ports = set()
+    for pos in range((num_ports + 15) // 16):
+        masks = smp.MULTICAST_FORWARDING_TABLE.unpack(
+            client.smp_get(SmpAttr.MCAST_FT, to, (off // 32) | (pos << 28)))
+        mask = int(masks[off % 32])
+        ports |= {pos * 16 + bit for bit in range(16) if mask >> bit & 1}
+    return ports
+
+
+def trace_mcast(client: MadClient, src: PortId, dst: PortId, mlid: int) -> McHop:
+    """``ibtracert -m MLID``: from the source (reached by its unicast route), breadth first
+    over the switches' MulticastForwardingTable entries for ``mlid`` until the destination
+    port; the destination's :class:`McHop` (``up`` leads back to the source)."""
+    if src.directed:
+        base = tuple(src.dr_path or ())
+    else:
+        _, base = _route(client, (), src.lid, _node(client, src))
+    target = _node(client, dst).port_guid
+    first = McHop(_node(client, PortId(dr_path=base)), base)
+    if first.hop.port_guid == target:
+        raise MadError("ibtracert from a port to itself is unsupported")
+    seen = {first.hop.node_guid}
+    level = [first]
+    for _ in range(MAX_HOPS):
+        nxt: list[McHop] = []
+        for n in level:
+            h = n.hop
+            if h.node_type != smp.NodeType.SWITCH:
+                if n is not first:
+                    continue
+                outs = {h.port_num}
+            else:
+                got = _mft_ports(client, PortId(dr_path=n.path), h.num_ports, mlid)
+                if got is None:
+                    continue
+                outs = got
+            for port in sorted(outs):
+                if port == 0 or port == n.up_port:
+                    continue
+                if n.path and port == h.port_num and n is first:
+                    # out of the port its DR path came in by: one step back along that path
+                    path = n.path[:-1]
+                else:
+                    pi = smp.PORT_INFO.decode(client.smp_get(SmpAttr.PORT_INFO,
+                                                             PortId(dr_path=n.path), port))
+                    if int(pi["port_phys_state"]) != 5:  # LinkUp
+                        continue
+                    path = (*n.path, port)
+                try:
+                    far = _node(client, PortId(dr_path=path))
+                except MadError:
+                    continue
+                up_port = n.path[-1] if len(path) < len(n.path) else far.port_num
+                hop = McHop(far, path, n, port, up_port)
+                if far.port_guid == target:
+                    return hop
+                if far.node_guid in seen:
+                    continue
+                seen.add(far.node_guid)
+                nxt.append(hop)
+        level = nxt
+        if not level:
+            break
+    raise MadError("can't find a multicast route from src to dest")
+
+
+def mcast_text(end: McHop, *, brief: bool = False) -> str:
+    """ibtracert -m's lines, source first."""
+    chain = []
+    n: McHop | None = end
+    while n is not None:
+        chain.append(n)
+        n = n.up
+    chain.reverse()
+
+    def ends(prompt: str, m: McHop) -> str:
+        h = m.hop
+        return (f"{prompt} {_TYPES.get(h.node_type, '???')} 0x{h.node_guid:x} port "
+                f"{h.port_num} lid {h.lid}-{h.lid + (1 << h.lmc) - 1} \"{h.desc}\"")  # fmt: skip
+
+    lines = [ends("From", chain[0])]
+    for m in chain[1:]:
+        h, kind = m.hop, _TYPES.get(m.hop.node_type, "???")
+        if brief:
+            lines.append(f"[{m.out_port}] -> {kind} {{0x{h.node_guid:016x}}}[{m.up_port}]")
+        else:
+            lines.append(f"[{m.out_port}] -> {kind} 0x{h.node_guid:x}[{m.up_port}] lid "
+                         f"{h.lid} \"{h.desc}\"")  # fmt: skip
+    lines.append(ends("To", end))
+    return "".join(line + "\n" for line in lines)
+
+
 def _json(hops: list[Hop]) -> dict[str, Any]:
     return {"hops": [{"NodeType": {1: "CA", 2: "Switch", 3: "Router"}.get(h.node_type, "??"),
                       "NodeGUID": guid(h.node_guid), "PortGUID": guid(h.port_guid),
@@ -218,7 +329,7 @@ def _named(hops: list[Hop], names: dict[int, str] | None) -> list[Hop]:
 @click.argument("src")
 @click.argument("dst")
 @click.option("-n", "--no_info", "brief", is_flag=True, help="GUIDs and ports only.")
-@click.option("-m", "mlid", help="Multicast LID: not supported (refused).")
+@click.option("-m", "mlid", metavar="MLID", help="The multicast route of this MLID.")
 @click.option("-f", "--force", is_flag=True,
               help="Force the route: a port with the destination's LID ends it too.")
 @click.option("-G", "--Guid", "by_guid", is_flag=True, help="SRC and DST are port GUIDs.")
@@ -227,12 +338,13 @@ def _named(hops: list[Hop], names: dict[int, str] | None) -> list[Hop]:
 def ibtracert_cmd(src: str, dst: str, brief: bool, mlid: str | None, force: bool,
                   by_guid: bool, node_name_map: Path | None, as_json: bool,
                   **kw: Any) -> None:  # fmt: skip
-    """ibtracert: the unicast route from port SRC to port DST (LIDs, or -G port GUIDs)."""
+    """ibtracert: the route from port SRC to port DST (LIDs, or -G port GUIDs); -m MLID:
+    the multicast route."""
     from ibal.tools import cliopts, nodemap
 
-    if mlid is not None:
-        raise click.ClickException("ibtracert -m (a multicast route) is not supported")
     names = nodemap.load(node_name_map)
+    if mlid is not None:
+        return _mcast_cmd(src, dst, mlid, brief, by_guid, names, as_json, kw)
     found: list[Hop] = []
     with fabric_client("ibtracert", kw) as client:
         ends = [cliopts.resolve_target(client, t, False, by_guid) for t in (src, dst)]
@@ -247,3 +359,36 @@ def ibtracert_cmd(src: str, dst: str, brief: bool, mlid: str | None, force: bool
         emit_json(_json(hops))
         return
     click.echo(trace_text(hops, brief=brief), nl=False)
+
+
+def _mcast_cmd(src: str, dst: str, mlid_text: str, brief: bool, by_guid: bool,
+               names: dict[int, str] | None, as_json: bool,
+               kw: dict[str, Any]) -> None:  # fmt: skip
+    from ibal.tools import cliopts, nodemap
+
+    try:
+        mlid = int(mlid_text, 0)
+    except ValueError:
+        raise click.ClickException(f"bad MLID {mlid_text}") from None
+    if mlid < 0xC000:
+        click.echo("ibtracert: invalid MLID; must be 0xc000 or larger", err=True)
+    with fabric_client("ibtracert", kw) as client:
+        ends = [cliopts.resolve_target(client, t, False, by_guid) for t in (src, dst)]
+        try:
+            end = trace_mcast(client, ends[0], ends[1], mlid)
+        except MadError as exc:
+            raise click.ClickException(f"{exc}; failed to find route") from exc
+    n: McHop | None = end
+    hops = []
+    while n is not None:
+        n.hop.desc = nodemap.remap(names, n.hop.node_guid, n.hop.desc)
+        hops.append(n)
+        n = n.up
+    if as_json:
+        emit_json({"hops": [{"NodeType": {1: "CA", 2: "Switch", 3: "Router"}.get(
+            m.hop.node_type, "??"), "NodeGUID": guid(m.hop.node_guid),
+            "PortGUID": guid(m.hop.port_guid), "PortNum": m.up_port or m.hop.port_num,
+            "LID": m.hop.lid, "LMC": m.hop.lmc, "NodeDescription": m.hop.desc,
+            "OutPort": m.out_port or None} for m in reversed(hops)]})  # fmt: skip
+        return
+    click.echo(mcast_text(end, brief=brief), nl=False)

@@ -237,7 +237,7 @@ def ibping_cmd(target: str | None, count: int, flood: bool, oui: str, server: bo
     stop = threading.Event()
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with fabric_client("ibping", kw) as client:
+        with fabric_client("ibping", kw, lean=not server) as client:
             if server:
                 port: Any = client.port  # an AL port: its CA and GUID
                 srv = ping_server(port.ca, port.port_guid, host_and_domain(), oui_num)
@@ -296,7 +296,7 @@ def ibsysstat_cmd(target: str | None, op: str | None, oui: str, server: bool, by
         raise click.ClickException(f"bad OUI {oui}") from None
     if not server and target is None:
         raise click.UsageError("give the destination LID (or -S to serve)")
-    with fabric_client("ibsysstat", kw) as client:
+    with fabric_client("ibsysstat", kw, lean=not server) as client:
         if server:
             stop = threading.Event()
             old = {s: signal.signal(s, lambda *_: stop.set())

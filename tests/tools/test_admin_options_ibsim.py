@@ -260,3 +260,105 @@ def test_ibportstate_espeed_fdr10_and_mkey_match(ibsim_fabric: Fabric) -> None:
         # ibportstate prints its error on stdout, ibal on stderr
         assert theirs.startswith("ibportstate: iberror: failed: "), args
         assert theirs.split("failed: ", 1)[1].strip() in res["stderr"], args
+
+
+_LOADED = ("import sys; from ibal.cli import main\n"
+           "try: main(sys.argv[1:])\n"
+           "except SystemExit as e: assert not e.code, e.code\n"
+           "print(sorted(m for m in sys.modules\n"
+           "             if m in ('ibal.al', 'ibal.tools.leanport', 'click')))\n")
+
+
+@pytest.mark.timeout(600)
+def test_a_diagnostic_on_the_lean_path_loads_no_access_layer(ibsim_module_fabric: Fabric) -> None:
+    """With the defaults, ``smpquery`` and ``discover`` go straight to libibumad: the same
+    text as the C tools, and ``ibal.al`` never imported; ``--provider rdma_core`` (or
+    ``--via service``) takes the AL, with the same answer."""
+    import subprocess
+    import sys
+
+    from tests.tools.admin_ibsim import env
+
+    fabric = ibsim_module_fabric
+    sw = str(lids(fabric)["switch"])
+    e = env(fabric)
+    e.pop("IBAL_PROVIDERS", None)
+
+    def run(*args: str) -> tuple[str, str]:
+        r = subprocess.run([sys.executable, "-c", _LOADED, *args], env=e, cwd=fabric.workdir,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        out, loaded = r.stdout.rsplit("[", 1)
+        return out, "[" + loaded.strip()
+
+    text, loaded = run("smpquery", "nodeinfo", sw)
+    assert text == tool(fabric, ["smpquery", "nodeinfo", sw])
+    assert loaded == "['click', 'ibal.tools.leanport']"
+    al_text, al_loaded = run("smpquery", "--provider", "rdma_core", "nodeinfo", sw)
+    assert al_text == text and "ibal.al" in al_loaded and "leanport" not in al_loaded
+    topo, loaded = run("discover")
+    theirs = tool(fabric, ["ibnetdiscover"])
+    date = re.compile(r"^# Topology file: generated on .*$", re.M)
+    assert date.sub("", topo) == date.sub("", theirs)
+    assert loaded == "['click', 'ibal.tools.leanport']"
+
+
+@pytest.mark.timeout(600)
+def test_m_key_option_is_taken_as_the_c_tools_take_it(ibsim_module_fabric: Fabric) -> None:
+    """``-y KEY`` on the SMP tools: the same text as the C tools with the same key (ibsim
+    checks no M_Key; the key on the wire is ``tests/tools/test_mkey.py``'s)."""
+    fabric = ibsim_module_fabric
+    sw = str(lids(fabric)["switch"])
+    cases = [["smpquery", "-y", "0x1234", "nodeinfo", sw], ["ibaddr", "-y", "4660", sw],
+             ["iblinkinfo", "-y", "0x1234"], ["ibroute", "-y", "0x1234", sw]]
+    ours = ibal(fabric, cases)
+    for args, res in zip(cases, ours, strict=True):
+        assert res["stdout"] == tool(fabric, args), args
+
+
+@pytest.mark.timeout(600)
+def test_ibtracert_multicast_matches(ibsim_fabric: Fabric) -> None:
+    """Host and Peer join the IPoIB broadcast group (MLID 0xC000), so Switch1's MFT has
+    their ports; ``ibtracert -m`` both ways, from the switch, ``-n``: the C tool's text;
+    to SmHca (no member): no route for either."""
+    import json
+    import subprocess
+    import sys
+
+    from ibal.testing.helpers import wait_until
+    from tests.tools.admin_ibsim import env
+
+    fabric = ibsim_fabric
+    ls = lids(fabric)
+    host, sw, sm = (str(ls[k]) for k in ("host", "switch", "sm"))
+    peer = next(str(v) for v in range(1, 6) if str(v) not in (host, sw, sm))
+    probe = Path(__file__).with_name("mcast_join_probe.py")
+    members = [subprocess.Popen([sys.executable, str(probe)], env=env(fabric, node),
+                                cwd=fabric.workdir, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+               for node in ("Host", "Peer")]  # fmt: skip
+    try:
+        for m in members:
+            assert m.stdout is not None
+            assert json.loads(m.stdout.readline()) == {"status": "SUCCESS", "mlid": 0xC000}
+        wait_until(lambda: "0xc000 " in tool(fabric, ["ibroute", "-M", sw]), "the MFT")
+        cases = [["-m", "0xc000", host, peer], ["-m", "0xc000", "-n", host, peer],
+                 ["-m", "49152", peer, host], ["-m", "0xc000", sw, peer]]
+        ours = ibal(fabric, [["ibtracert", *a] for a in cases])
+        for args, res in zip(cases, ours, strict=True):
+            assert res["stdout"] == tool(fabric, ["ibtracert", *args]), args
+        assert ours[0]["stdout"].count("\n") == 4 and '"Switch1"' in ours[0]["stdout"]
+        js = valid("ibtracert", ibal(fabric, [["ibtracert", "--json", "-m", "0xc000", host,
+                                               peer]])[0]["stdout"])  # fmt: skip
+        assert [(h["NodeType"], h["OutPort"]) for h in js["hops"]] == [("CA", None),
+                                                                      ("Switch", 1), ("CA", 3)]
+        bad = ibal(fabric, [["ibtracert", "-m", "0xc000", host, sm]], ok=False)[0]
+        theirs = fabric.run(["ibtracert", "-m", "0xc000", host, sm], "Host")
+        assert bad["code"] == 1 and theirs.returncode != 0 and bad["stdout"] == ""
+        assert "can't find a multicast route" in bad["stderr"]
+        assert "can't find a multicast route" in theirs.stderr
+    finally:
+        for m in members:
+            assert m.stdin is not None
+            m.stdin.close()
+            m.wait(60)

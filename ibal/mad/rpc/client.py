@@ -74,10 +74,14 @@ class MadClient:
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
         retries: int = DEFAULT_RETRIES,
         clock: Callable[[], float] = time.monotonic,
+        m_key: int = 0,
     ) -> None:
         if timeout_ms <= 0 or retries < 0:
             raise ValueError("timeout_ms must be positive and retries not negative")
+        if not 0 <= m_key < 1 << 64:
+            raise ValueError("m_key must fit 64 bits")
         self.port = port
+        self.m_key = m_key  # every SMP's M_Key (the diagnostics' -y)
         self.timeout_ms = timeout_ms
         self.retries = retries
         self._clock = clock
@@ -236,7 +240,7 @@ class MadClient:
         tid = next(self._tids) & _TID_LOW or next(self._tids) & _TID_LOW
         r = out.request
         qp = 0 if r.mgmt_class in _SMP_CLASSES else 1
-        return build_mad(r, tid), r.to, qp, self.timeout_ms, tid
+        return build_mad(r, tid, self.m_key if qp == 0 else 0), r.to, qp, self.timeout_ms, tid
 
     def _sent(self, out: _Out, tid: int) -> None:
         out.tid = tid

@@ -95,12 +95,13 @@ assert _HOPS + 1 == _TID < _TID + 8 <= _PATH  # the order build_mad patches them
 _templates: dict[tuple[Any, ...], bytes] = {}
 
 
-def build_mad(r: Request, tid: int) -> bytes:
+def build_mad(r: Request, tid: int, m_key: int = 0) -> bytes:
     """The request's MAD: a checked build once per kind of request, then a copy of it
-    with this TID (and DR path) patched in, which is what a sweep's many SMPs differ by."""
+    with this TID (and DR path) patched in, which is what a sweep's many SMPs differ by.
+    ``m_key``: the SMP's M_Key (other classes have none)."""
     to = r.to
     key = (r.mgmt_class, r.method, r.attr_id, r.attr_mod, r.data, r.comp_mask, to.dr_slid,
-           to.dr_dlid, None if to.dr_path is None else 0)  # fmt: skip
+           to.dr_dlid, None if to.dr_path is None else 0, m_key)  # fmt: skip
     tpl = _templates.get(key)
     if tpl is None:
         if len(_templates) > 512:
@@ -108,7 +109,7 @@ def build_mad(r: Request, tid: int) -> bytes:
         tpl = _templates[key] = bytes(header.build(
             r.mgmt_class, r.method, r.attr_id, tid=0, attr_mod=r.attr_mod, data=r.data,
             dr_path=() if to.dr_path is not None else None, dr_slid=to.dr_slid,
-            dr_dlid=to.dr_dlid, comp_mask=r.comp_mask,
+            dr_dlid=to.dr_dlid, comp_mask=r.comp_mask, m_key=m_key,
         ))  # fmt: skip
     path = to.dr_path
     if path is None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ibal.providers.rdma_core.provider import RdmaCoreProvider
 
-__all__ = ["RdmaCoreProvider"]
+__all__ = ["RdmaCoreProvider", "umad"]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,4 +19,8 @@ def __getattr__(name: str) -> Any:
         from ibal.providers.rdma_core.provider import RdmaCoreProvider
 
         return RdmaCoreProvider
+    if name == "umad":  # the MAD agents over libibumad, without the provider (no pyverbs)
+        import importlib
+
+        return importlib.import_module("ibal.providers.rdma_core.umad")
     raise AttributeError(name)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from ibal.wire.fields import Buffer, Table, Value
-from ibal.wire.mad import header, perf, sa, smp
+from ibal.wire.mad import header, perf, smp
 from ibal.wire.mad.consts import PM_EXT_WIDTH_SUPPORTED, PM_PC_XMIT_WAIT_SUP
 from ibal.wire.mad.smp import CapabilityMask, CapabilityMask2
 
@@ -454,6 +454,8 @@ _SA_NODE_TYPES: Final = {1: "Channel Adapter", 2: "Switch", 3: "Router"}
 
 def saquery_node_record(rec: Buffer) -> str:
     """``saquery NR``'s dump of one NodeRecord."""
+    from ibal.wire.mad import sa  # the SA's tables: only for saquery's dumps
+
     d, b = _split(sa.NODE_RECORD.decode(rec))
     return _sa_lines("NodeRecord dump:", [
         ("lid", f"{d['lid']}"),
@@ -476,6 +478,8 @@ def saquery_node_record(rec: Buffer) -> str:
 
 def saquery_portinfo_record(rec: Buffer, *, show_keys: bool = False) -> str:
     """``saquery PIR``'s dump of one PortInfoRecord (the PortInfo as smpquery prints it)."""
+    from ibal.wire.mad import sa  # the SA's tables: only for saquery's dumps
+
     d, _ = _split(sa.PORT_INFO_RECORD.decode(rec))
     head = ["PortInfoRecord dump:", "\tRID",
             f"\t\tEndPortLid..............{d['endport_lid']}",
@@ -487,6 +491,8 @@ def saquery_portinfo_record(rec: Buffer, *, show_keys: bool = False) -> str:
 
 def saquery_path_record(rec: Buffer) -> str:
     """``saquery PR``'s dump of one PathRecord (bytes of packed fields shown raw, as it does)."""
+    from ibal.wire.mad import sa  # the SA's tables: only for saquery's dumps
+
     i, b = _split(sa.PATH_RECORD.decode(rec))
     hop_flow_raw = i["raw_traffic"] << 31 | i["flow_label"] << 8 | i["hop_limit"]
     return _sa_lines("PathRecord dump:", [
@@ -511,6 +517,8 @@ def saquery_path_record(rec: Buffer) -> str:
 
 def saquery_mcmember_record(rec: Buffer) -> str:
     """``saquery MCMR``'s dump of one MCMemberRecord."""
+    from ibal.wire.mad import sa  # the SA's tables: only for saquery's dumps
+
     i, b = _split(sa.MCMEMBER_RECORD.decode(rec))
     return _sa_lines("MCMember Record dump:", [
         ("MGID", ntop(b["mgid"])),
@@ -533,6 +541,8 @@ def saquery_mcmember_record(rec: Buffer) -> str:
 
 def saquery_mcmember_group(rec: Buffer) -> str:
     """``saquery -g``'s dump of one MCMemberRecord (the group's fields)."""
+    from ibal.wire.mad import sa  # the SA's tables: only for saquery's dumps
+
     i, b = _split(sa.MCMEMBER_RECORD.decode(rec))
     return _sa_lines("MCMemberRecord group dump:", [
         ("MGID", ntop(b["mgid"])),
@@ -547,6 +557,8 @@ def saquery_mcmember_group(rec: Buffer) -> str:
 def saquery_mcmember_member(rec: Buffer, names: Mapping[int, str], mlid: int | None = None) -> str:
     """``saquery -m [MLID]``'s dump of one MCMemberRecord: ``names`` maps port GUIDs to
     node descriptions; with ``mlid``, only the PortGid line of that group's members."""
+    from ibal.wire.mad import sa  # the SA's tables: only for saquery's dumps
+
     i, b = _split(sa.MCMEMBER_RECORD.decode(rec))
     name = names.get(int.from_bytes(b["port_gid"][8:16], "big"), "<unknown>")
     if mlid is not None:
@@ -564,6 +576,8 @@ def saquery_mcmember_member(rec: Buffer, names: Mapping[int, str], mlid: int | N
 
 def saquery_portinfo_brief(rec: Buffer) -> str:
     """``saquery -s``'s short dump of one PortInfoRecord (the IsSM / IsSMdisabled lists)."""
+    from ibal.wire.mad import sa  # the SA's tables: only for saquery's dumps
+
     d, _ = _split(sa.PORT_INFO_RECORD.decode(rec))
     return _sa_lines("PortInfoRecord dump:", [
         ("EndPortLid", f"{d['endport_lid']}"),
@@ -576,6 +590,8 @@ def saquery_portinfo_brief(rec: Buffer) -> str:
 
 def saquery_service_record(rec: Buffer, *, show_keys: bool = False) -> str:
     """``saquery SR``'s dump of one ServiceRecord (ServiceKey hidden unless ``show_keys``)."""
+    from ibal.wire.mad import sa  # the SA's tables: only for saquery's dumps
+
     d, b = _split(sa.SERVICE_RECORD.decode(rec))
     key = "0x" + b["service_key"].hex() if show_keys else NOT_DISPLAYED
     pairs = [
@@ -599,6 +615,8 @@ def _sa_wide(head: str, pairs: Sequence[tuple[str, str]]) -> str:
 
 def saquery_link_record(rec: Buffer) -> str:
     """``saquery LR``'s dump of one LinkRecord."""
+    from ibal.wire.mad import sa  # the SA's tables: only for saquery's dumps
+
     d, _ = _split(sa.LINK_RECORD.decode(rec))
     return _sa_wide("LinkRecord dump:", [
         ("FromLID", f"{d['from_lid']}"),
@@ -610,6 +628,8 @@ def saquery_link_record(rec: Buffer) -> str:
 
 def saquery_guidinfo_record(rec: Buffer) -> str:
     """``saquery GIR``'s dump of one GUIDInfoRecord (its eight GUIDs)."""
+    from ibal.wire.mad import sa  # the SA's tables: only for saquery's dumps
+
     d, _ = _split(sa.GUID_INFO_RECORD.decode(rec))
     pairs = [("LID", f"{d['lid']}"), ("Block", f"{d['block_num']}")]
     pairs += [(f"GUID {n}", f"0x{d[f'guid{n}']:016x}") for n in range(8)]
@@ -620,6 +640,8 @@ def saquery_informinfo_record(rec: Buffer, *, show_keys: bool = False) -> str:
     """``saquery IIR``'s dump of one InformInfoRecord (the QPN hidden unless ``show_keys``);
     a vendor subscription shows DeviceID and VendorID where a generic one has the trap
     number and producer type."""
+    from ibal.wire.mad import sa  # the SA's tables: only for saquery's dumps
+
     d, b = _split(sa.INFORM_INFO_RECORD.decode(rec))
     generic = bool(d["is_generic"])
     pairs = [
