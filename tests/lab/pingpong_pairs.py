@@ -1,8 +1,10 @@
 """Guest side of the pingpong interop tests: run server/client pairs, one JSON line each.
 
-Usage: pingpong_pairs.py CASES_JSON, a list of {"name", "server": argv, "client": argv}.
-The client is retried while the server is not listening yet (bounded), the way
-tests/lab/test_lab_verbs.py does it with the real tools.
+Usage: pingpong_pairs.py CASES_JSON [PARALLEL], a list of {"name", "server": argv,
+"client": argv}. The client is retried while the server is not listening yet (bounded),
+the way tests/lab/test_lab_verbs.py does it with the real tools. Up to PARALLEL pairs
+(default 1) run at once: the cases must then use distinct TCP ports; a line is printed
+per case as it ends.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 
 def run_pair(server: list[str], client: list[str], timeout: float) -> dict[str, object]:
@@ -43,12 +47,20 @@ def run_pair(server: list[str], client: list[str], timeout: float) -> dict[str, 
 
 def main() -> None:
     cases = json.loads(sys.argv[1])
-    for case in cases:
+    parallel = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    out = threading.Lock()
+
+    def one(case: dict[str, object]) -> None:
         started = time.monotonic()
-        result = run_pair(case["server"], case["client"], float(case.get("timeout", 120)))
+        result = run_pair(case["server"], case["client"], float(case.get("timeout", 120)))  # type: ignore[arg-type]
         result["name"] = case["name"]
         result["seconds"] = round(time.monotonic() - started, 2)
-        print(json.dumps(result), flush=True)
+        with out:
+            print(json.dumps(result), flush=True)
+
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        for f in [pool.submit(one, case) for case in cases]:
+            f.result()
 
 
 if __name__ == "__main__":
