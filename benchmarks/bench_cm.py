@@ -24,9 +24,15 @@ against this kernel on this machine, not against hardware.  In the mixed runs
 the two share the machine's cores: the CPU ibal spends is taken from the
 emulated guest it waits for.
 
+``--floor RUNS`` adds, in the same boot, the floor of a Python CM
+(``bench_cm_floor.py``, level ``codec``: the CM's datagrams encoded and decoded
+with its field tables, no QP, no state machine) run inside the guest, beside the
+kernel's figures, and on the host, beside ``ibal<->ibal``; its rows give the
+floor's rate, its ratio to the kernel, and how many times the floor ibal takes.
+
 Run from the host as root::
 
-    python benchmarks/bench_cm.py [--connections 100] [--rounds 3] [--json out.json]
+    python benchmarks/bench_cm.py [--connections 100] [--rounds 3] [--floor 5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -93,6 +100,23 @@ def guest_server(s: LabSession, guest_ip: str) -> GuestJob:
 def stop(job: GuestJob) -> None:
     job.kill()
     job.wait()
+
+
+def floor(run: Callable[[list[str]], str], n: int, runs: int) -> tuple[float, float]:
+    """The codec floor's connect and disconnect medians (s) from ``bench_cm_floor.py``'s
+    summary, the script run by ``run`` (in the guest or on the host)."""
+    text = run([sys.executable if run is host_run else "python3",
+                str(REPO / "benchmarks" / "bench_cm_floor.py"), "--runs", str(runs),
+                "--connections", str(n)])  # fmt: skip
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 3 and words[0] == "codec" and not line.startswith("run"):
+            return float(words[1]) / 1e3, float(words[2]) / 1e3
+    raise RuntimeError(f"no floor figures:\n{text}")
+
+
+def host_run(cmd: list[str]) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600).stdout
 
 
 def loop_server() -> subprocess.Popen[str]:
@@ -154,9 +178,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cpus", type=int, default=2)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--floor", type=int, default=0, metavar="RUNS",
+                    help="also run the codec floor (this many runs) in the guest and on the host")
     args = ap.parse_args()
     n = args.connections
     rounds = []
+    floors: dict[str, tuple[float, float]] = {}
     server = loop_server()
     loop = AlManager()
     loop.add_provider(RxeProvider({"devices": f"rxe_lc={LOOP_CLIENT}"}))
@@ -172,6 +199,15 @@ def main() -> None:
                 print(f"round {i + 1}: " + ", ".join(
                     f"{k} connect {v['connect'] * 1e3:.0f} ms / disconnect "
                     f"{v['disconnect'] * 1e3:.0f} ms" for k, v in rounds[-1].items()), flush=True)
+            if args.floor:
+                def guest_run(cmd: list[str]) -> str:
+                    r = s.run(["sh", "-c", "ip link set lo up; " + " ".join(cmd)], timeout=900)
+                    if r.returncode != 0:
+                        raise RuntimeError(f"the floor in the guest: {r.stderr_text}")
+                    return r.stdout_text
+
+                floors["floor (guest)"] = floor(guest_run, n, args.floor)
+                floors["floor (host)"] = floor(host_run, n, args.floor)
         finally:
             mgr.close()
             loop.close()
@@ -190,8 +226,22 @@ def main() -> None:
                          "ratio_connect": ratio["connect"], "ratio_disconnect": ratio["disconnect"]}
         print(f"{side:14s}{rate['connect']:10.0f}{rate['disconnect']:12.0f}"
               f"{ratio['connect']:10.2f}{ratio['disconnect']:10.2f}")
+    kernel = {st: statistics.median(r["kernel"][st] for r in rounds)
+              for st in ("connect", "disconnect")}
+    pair = {st: statistics.median(r["ibal<->ibal"][st] for r in rounds)
+            for st in ("connect", "disconnect")}
+    for side, (c, d) in floors.items():
+        summary[side] = {"connect_per_s": n / c, "disconnect_per_s": n / d,
+                         "ratio_connect": kernel["connect"] / c,
+                         "ratio_disconnect": kernel["disconnect"] / d}
+        print(f"{side:14s}{n / c:10.0f}{n / d:12.0f}{kernel['connect'] / c:10.2f}"
+              f"{kernel['disconnect'] / d:10.2f}")
+    if "floor (host)" in floors:
+        c, d = floors["floor (host)"]
+        print(f"ibal<->ibal takes {pair['connect'] / c:.1f}x the host floor's connect time, "
+              f"{pair['disconnect'] / d:.1f}x its disconnect time (medians)")
     if args.json:
-        args.json.write_text(json.dumps({"connections": n, "rounds": rounds,
+        args.json.write_text(json.dumps({"connections": n, "rounds": rounds, "floors": floors,
                                          "summary": summary}, indent=1))
 
 

@@ -17,6 +17,10 @@ Printed per MAD: the CPU time (this process, every thread) and, with
 included: deterministic where CPU figures move by 10 % between runs::
 
     python benchmarks/bench_mad_service.py [--mads 4000] [--rounds 5] [--count-calls]
+
+``--rxe IP,IP`` runs the ``datagrams`` shape over two userspace rxe devices
+on those (loopback) addresses instead of the mock: the CM's per-MAD path down
+to the wire (QP1's send ring, rxe's UD requester, ``sendmmsg``; root).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ sys.path.insert(0, str(REPO))
 
 import ibal  # noqa: E402
 from ibal.mad import MadElement, MadService, MadSvc, put_mad, reg_mad_svc  # noqa: E402
-from ibal.types import MadAddr, QpType  # noqa: E402
+from ibal.types import Grh, LinkLayer, MadAddr, PortAttr, QpType  # noqa: E402
 from ibal.wire.mad import header as mad_header  # noqa: E402
 from ibal.wire.mad.cm import CM_CLASS, CM_CLASS_VERSION  # noqa: E402
 from ibal.wire.mad.consts import CmAttr, Method  # noqa: E402
@@ -59,6 +63,12 @@ class Pair:
                                     datagram_cb=self._datagram if datagrams and i else None))
         self.tx = svcs[0]
         self.addr = MadAddr(remote_qp=1, dlid=ports[1].lid)
+        if ports[1].link_layer is not LinkLayer.INFINIBAND:  # RoCE: by GID (IPv4-mapped)
+            def v4(pa: PortAttr) -> int:
+                return next(i for i, g in enumerate(pa.gids) if g.packed[10:12] == b"\xff\xff")
+
+            self.addr = MadAddr(remote_qp=1, grh=Grh(dgid=ports[1].gids[v4(ports[1])],
+                                                     sgid_index=v4(ports[0]), hop_limit=64))
         self.mad = bytes(mad_header.build(CM_CLASS, Method.SEND, CmAttr.DREP, tid=1))
 
     def _count(self) -> None:
@@ -112,12 +122,19 @@ def main() -> None:
     ap.add_argument("--mads", type=int, default=4000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--count-calls", action="store_true")
+    ap.add_argument("--rxe", metavar="IP,IP", help="datagrams over two userspace rxe devices")
     args = ap.parse_args()
-    with ibal.open_al({"mock": {"cas": 4}}) as al:
-        pairs: dict[str, tuple[Pair, bool]] = {
-            "elements": (Pair(al, False, 0), False),
-            "datagrams": (Pair(al, True, 2), True),
-        }
+    if args.rxe:
+        a, b = args.rxe.split(",")
+        providers: dict[str, dict[str, object]] = {"rxe": {"devices": f"rxe_ma={a},rxe_mb={b}"}}
+    else:
+        providers = {"mock": {"cas": 4}}
+    with ibal.open_al(providers) as al:
+        pairs: dict[str, tuple[Pair, bool]] = (
+            {"datagrams": (Pair(al, True, 0), True)} if args.rxe else {
+                "elements": (Pair(al, False, 0), False),
+                "datagrams": (Pair(al, True, 2), True),
+            })  # fmt: skip
         figures: dict[str, list[float]] = {k: [] for k in pairs}
         for pair, dg in pairs.values():
             pair.run(100, dg)  # warm

@@ -709,8 +709,11 @@ class _Answerer:
                                           recv_cb=self.answer)  # fmt: skip
         self.transport: Any = alias._transport
         self.failed: queue.Queue[Exception] = queue.Queue()
+        self.on_recv: Any = None
 
     def answer(self, r: MadRecv) -> None:
+        if self.on_recv is not None:
+            self.on_recv()
         try:
             self.agent.send(MadSend(bytes([*r.mad[:3], GET_RESP, *r.mad[4:]]), r.addr))
         except Exception as exc:
@@ -723,10 +726,14 @@ def test_the_answers_to_a_receive_batch_leave_with_one_post_send(
     """What agents send on the thread that drains a receive batch (an inline agent's
     answers, the transport's own reply to an unserved request) leaves after the batch
     with one ``post_send`` of all of them; the batch's receive slots go back with one
-    ``post_recv``; every answer lands and ends its request."""
-    t = _Answerer(world).transport
+    ``post_recv`` before its first MAD is handled (a burst beyond the batch finds
+    receives posted); every answer lands and ends its request."""
+    answerer = _Answerer(world)
+    t = answerer.transport
     sender, inbox = world.agent(world.a, VENDOR)
     calls = _spy_posts(monkeypatch, world.b, t._h_qp)
+    seen: list[list[tuple[str, int]]] = []
+    answerer.on_recv = lambda: seen.append(list(calls))
     gate = threading.Event()
     world.mgr.queues.completion.post(gate.wait)  # the receive batch waits on B
     reqs = [MadSend(mad(VENDOR, GET, (sender.hi_tid << 32) | (0x100 + i)), to(world.b),
@@ -743,6 +750,7 @@ def test_the_answers_to_a_receive_batch_leave_with_one_post_send(
     bad = other_in.recv().mad
     assert bad[3] == GET_RESP and int.from_bytes(bad[4:6], "big") != 0  # a status, not data
     assert calls == [("recv", 11), ("send", 11)]
+    assert seen[0] == [("recv", 11)]  # the slots were back before the first MAD was handled
 
 
 def test_a_batch_the_provider_refuses_part_of_loses_only_that_part(
