@@ -18,7 +18,6 @@ from ibal.transport.wc import make_wc
 from ibal.types import (
     AccessFlags,
     BindWr,
-    MrAttr,
     MrKeys,
     MrModMask,
     QpType,
@@ -33,6 +32,9 @@ _CONNECTED = (QpType.RC, QpType.UC)
 
 class MemoryVerbs(CaState):
     """``register_mr`` ... ``destroy_mw``."""
+
+    def _readonly(self, mr: Mr) -> bool:
+        return mr.view.readonly
 
     def _install(self, mr: Mr, acc: int, key: int | None = None) -> MrKeys:
         key = self.keys.new_key() if key is None else key
@@ -52,11 +54,6 @@ class MemoryVerbs(CaState):
         return self._install(mr, acc)
 
     @serialized
-    def query_mr(self, h_mr: Any) -> MrAttr:
-        mr = self._h_mr(h_mr)
-        return checks.mr_attr(mr.vaddr, mr.length, mr.access, mr.lkey, mr.rkey)
-
-    @serialized
     def modify_mr(
         self,
         h_mr: Any,
@@ -66,13 +63,7 @@ class MemoryVerbs(CaState):
         access: AccessFlags | None,
         h_pd: Any | None,
     ) -> MrKeys:
-        mr = self._h_mr(h_mr)
-        m = checks.mr_mod_mask(mask)
-        checks.check_mr_idle(mr.windows, mr.shares)
-        pd = self._h_pd(h_pd) if m & int(MrModMask.PD) else mr.pd
-        acc, mv = checks.check_reregistration(
-            m, buffer, vaddr, access, mr.access, mr.view.readonly, self.attr
-        )
+        mr, pd, acc, mv = self._rereg_region(h_mr, mask, buffer, vaddr, access, h_pd)
         self.keys.remove(mr.lkey)
         self._repin(mr, pd)
         if mv is not None:
