@@ -245,6 +245,14 @@ class SoftCa:
         )
         return mr, pd, acc, mv
 
+    def _bind_region(self, bind: Any, mw: Any, qp: Any) -> tuple[Any, int]:
+        """``bind_mw``'s region (``None``: an unbind) and the window's remote access bits."""
+        if not bind.length:
+            return None, 0
+        mr = self._h_mr(bind.mr)
+        return mr, checks.check_bind_region(bind, int(mr.access), mr.vaddr, mr.length,
+                                            mr.pd is qp.pd and mw.pd is qp.pd)
+
     def _modify_target(self, h_qp: Any, mod: QpMod) -> Any:
         """``modify_qp``'s QP, with ``mod`` a transition its state table allows."""
         qp = self._h_qp(h_qp)

@@ -266,12 +266,8 @@ class MemoryVerbs(CaState):
         qp = self._h_qp(h_qp)
         checks.check_bind(bind, qp.qp_type, qp.transport is not QpType.UD, qp.state,
                           len(qp.sq) >= qp.caps.sq_depth, mw.mw_type, mw.rkey)
-        mr: MockMr | None = None
-        acc = 0
-        if bind.length:
-            mr = self._h_mr(bind.mr)
-            acc = checks.check_bind_region(bind, mr.acc, mr.vaddr, mr.length,
-                                           mr.pd is qp.pd and mw.pd is qp.pd)
+        mr: MockMr | None
+        mr, acc = self._bind_region(bind, mw, qp)
         # Type 1 binds take effect when posted; the WQE gives the completion in order.
         old = mw.rkey
         new = self._rekey(old)

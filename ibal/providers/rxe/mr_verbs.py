@@ -115,12 +115,8 @@ class MemoryVerbs(CaState):
         qp = self._h_qp(h_qp)
         checks.check_bind(bind, qp.qp_type, qp.qp_type in _CONNECTED, qp.state,
                           len(qp.core.req.sq) >= qp.caps.sq_depth, mw.mw_type, mw.rkey)
-        mr: Mr | None = None
-        acc = 0
-        if bind.length:
-            mr = self._h_mr(bind.mr)
-            acc = checks.check_bind_region(bind, mr.access, mr.vaddr, mr.length,
-                                           mr.pd is qp.pd and mw.pd is qp.pd)
+        mr: Mr | None
+        mr, acc = self._bind_region(bind, mw, qp)
         # A type 1 bind takes effect when posted (rxe executes it in the requester
         # too; nothing is on the wire), and completes at once.
         new = self.keys.next_variant(mw.rkey)
