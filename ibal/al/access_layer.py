@@ -100,18 +100,18 @@ class AccessLayer(AlObject):
         await asyncio.to_thread(self.close)
 
     def _unlink(self) -> None:
-        self._mgr._als.pop(self, None)
+        self._mgr.forget_al(self)
 
     # ------------------------------------------------------------------ CAs
     def _cicas(self) -> list[CiCa]:
         with self._lock:
-            return [c for c in self._mgr._cas.values() if not c.removing]
+            return self._mgr.live_cas()
 
     def _cica(self, guid: object) -> CiCa:
         if not isinstance(guid, int) or isinstance(guid, bool):
             raise InvalidParameter(f"a CA GUID is an int, not {type(guid).__name__}")
-        cica = self._mgr._cas.get(guid)
-        if cica is None or cica.removing:
+        cica = self._mgr.find_ca(guid)
+        if cica is None:
             raise InvalidGuid(f"no CA with GUID 0x{guid:x}")
         return cica
 
@@ -241,8 +241,8 @@ class AccessLayer(AlObject):
         done = threading.Event() if sync else None
         with self._lock:
             reg._attach()
-            self._mgr._pnp_regs[reg] = None
-            pnp_engine.replay(reg, [c for c in self._mgr._cas.values() if not c.removing], done)
+            self._mgr.add_pnp_reg(reg)
+            pnp_engine.replay(reg, self._mgr.live_cas(), done)
         reg._activate(InvalidAlHandle)
         if done is not None:
             done.wait()
@@ -258,3 +258,8 @@ class AccessLayer(AlObject):
         """
         self._check()
         self._mgr.io_devices.reject(self, rec)
+
+
+def hand_over_manager(al: AccessLayer) -> None:
+    """``al`` owns its manager: closing it closes the manager (``ibal.open_al``'s AL)."""
+    al._owns_manager = True

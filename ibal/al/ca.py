@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ibal.al import cq as cq_mod
 from ibal.al.cq import CompCallback, Cq
 from ibal.al.obj import (
     AlObject,
@@ -210,11 +211,11 @@ class Ca(CaObject):
         check_callback(comp_cb, "comp_cb")
         check_callback(event_cb, "event_cb")
         cq = Cq(self, comp_cb, event_cb, context)
-        cq._check_size(size)
+        cq_mod.check_size(cq, size)
 
         def make() -> None:
             created = self._ci.create_cq(self._h, size, cq)
-            cq._h, cq._size = created.handle, created.size
+            cq_mod.created(cq, created.handle, created.size)
 
         return self._spawn(cq, make)
 

@@ -15,11 +15,13 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+from ibal.al import cq as cq_mod
+from ibal.al import qp as qp_mod
 from ibal.al.cq import Cq
 from ibal.al.dispatcher import call_user
 from ibal.al.mad_port import SplQpTransport
 from ibal.al.mad_sends import SendCqContext
-from ibal.al.obj import ALIVE, AlObject
+from ibal.al.obj import AlObject
 from ibal.al.qp import Qp
 from ibal.al.srq import Srq
 from ibal.ci.interface import Capabilities, ChannelInterface
@@ -92,10 +94,8 @@ class CiCa:
     # ------------------------------------------------------------------ CI upcalls
     def completion_cb(self, cq_context: Any) -> None:
         """``ci_completion_cb_t``: queue the CQ's completion callback (provider's stack)."""
-        if isinstance(cq_context, Cq) and cq_context._cica is self and cq_context._state in ALIVE:
-            if cq_context._sync_waiters:  # cq.wait() callers: no consumer code, wake now
-                cq_context._wake_sync_waiters()
-            self.post_completion(cq_context._on_completion)
+        if isinstance(cq_context, Cq):
+            cq_mod.completion_upcall(cq_context, self)
         elif isinstance(cq_context, SplQpTransport) and cq_context.cica is self:
             self.post_completion(cq_context.on_completion)  # the AL's own QP0/QP1
         elif isinstance(cq_context, SendCqContext) and cq_context.transport.cica is self:
@@ -104,8 +104,8 @@ class CiCa:
     def async_event_cb(self, record: EventRecord) -> None:
         """``ci_async_event_cb_t``: queue the event; it is routed on the misc queue."""
         ctx = record.context
-        if isinstance(ctx, Qp) and ctx._cica is self:  # the QP's state moves now, not later
-            ctx._observe_event(AsyncEvent(record.code))
+        if isinstance(ctx, Qp):
+            qp_mod.observe_event(ctx, self, AsyncEvent(record.code))
         self.mgr.queues.misc.post(self._route_event, record)
 
     def _route_event(self, record: EventRecord) -> None:
@@ -125,12 +125,12 @@ class CiCa:
         for ca in list(self.cas):
             deliver_event(ca, code, record)
         if code in PORT_EVENTS:
-            self.mgr._pnp_port_change(self, code, record.port_num)
+            self.mgr.pnp_port_change(self, code, record.port_num)
 
 
 def _notify_listeners(qp: Qp, code: AsyncEvent, record: EventRecord) -> None:
     """Run the QP's ``add_event_listener`` functions (misc queue), while it is alive."""
-    listeners = qp._event_listeners()
+    listeners = qp_mod.event_listeners(qp)
     if not listeners or not qp._enter():
         return
     try:

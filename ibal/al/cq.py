@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ibal.al.dispatcher import call_user, log
-from ibal.al.obj import READY, CaObject, DestroyCallback, SyncDestroy, busy_if
+from ibal.al.obj import ALIVE, READY, CaObject, DestroyCallback, SyncDestroy, busy_if
 from ibal.status import InvalidCqHandle, InvalidCqSize, InvalidParameter
 from ibal.types import AsyncEventRec, Wc, WcStatus
 
@@ -129,6 +129,15 @@ class Cq(CaObject):
         finally:
             self._unuse()
         return self._size
+
+    def _created(self, handle: Any, size: int) -> None:
+        self._h, self._size = handle, size
+
+    def _upcall(self, cica: object) -> None:
+        if self._cica is cica and self._state in ALIVE:
+            if self._sync_waiters:  # cq.wait() callers: no consumer code, wake now
+                self._wake_sync_waiters()
+            self._cica.post_completion(self._on_completion)
 
     def _check_size(self, size: object) -> None:
         if type(size) is not int:
@@ -277,3 +286,20 @@ class Cq(CaObject):
                     if entry in self._waiters:
                         self._waiters.remove(entry)
         return got
+
+
+def check_size(cq: Cq, size: object) -> None:
+    """A CQ size against the CA's ``max_cqes`` (before the provider sees it)."""
+    cq._check_size(size)
+
+
+def created(cq: Cq, handle: Any, size: int) -> None:
+    """The provider made ``cq``: its handle and the size it granted."""
+    cq._created(handle, size)
+
+
+def completion_upcall(cq: Cq, cica: object) -> None:
+    """The provider's completion upcall for ``cq`` (on the provider's stack): wake
+    ``wait()`` callers at once, queue the completion callback; ignored unless ``cq``
+    is a live CQ of ``cica``."""
+    cq._upcall(cica)

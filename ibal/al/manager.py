@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from ibal.al import pnp, pnp_engine
-from ibal.al.access_layer import AccessLayer
+from ibal.al.access_layer import AccessLayer, hand_over_manager
 from ibal.al.cica import CiCa
 from ibal.al.dispatcher import CallbackQueues, log
 from ibal.al.pnp import PnpRegistration
@@ -253,7 +253,7 @@ class AlManager:
             cica.closed.set()
             self._cond.notify_all()
 
-    def _pnp_port_change(self, cica: CiCa, code: AsyncEvent, port_num: int) -> None:
+    def pnp_port_change(self, cica: CiCa, code: AsyncEvent, port_num: int) -> None:
         """Misc-queue task: a port event arrived; PnP events for what changed.
 
         Attributes come from a fresh ``query_ca``; the event itself says which
@@ -302,7 +302,37 @@ class AlManager:
     def ca_guids(self) -> list[int]:
         """The registered CAs, in registration order."""
         with self._lock:
-            return [g for g, c in self._cas.items() if not c.removing]
+            return [c.guid for c in self.live_cas()]
+
+    # ------------------------------------- what the other access-layer modules use
+    @property
+    def cond(self) -> threading.Condition:
+        """The condition on the manager lock that AL objects' phase changes notify."""
+        return self._cond
+
+    def live_cas(self) -> list[CiCa]:
+        """The registered CAs not being withdrawn, in registration order (take the lock)."""
+        return [c for c in self._cas.values() if not c.removing]
+
+    def find_ca(self, guid: int) -> CiCa | None:
+        """Registered CA ``guid``, unless absent or being withdrawn."""
+        cica = self._cas.get(guid)
+        return None if cica is None or cica.removing else cica
+
+    def forget_al(self, al: AccessLayer) -> None:
+        """``al`` is closed: the manager no longer closes it."""
+        self._als.pop(al, None)
+
+    def add_pnp_reg(self, reg: PnpRegistration) -> None:
+        """A PnP registration joins, after those before it (take the lock)."""
+        self._pnp_regs[reg] = None
+
+    def drop_pnp_reg(self, reg: PnpRegistration) -> None:
+        self._pnp_regs.pop(reg, None)
+
+    def pnp_regs(self) -> list[PnpRegistration]:
+        """The PnP registrations, in registration order (take the lock)."""
+        return list(self._pnp_regs)
 
     # ------------------------------------------------------------------ ALs
     def open_al(self) -> AccessLayer:
@@ -445,5 +475,5 @@ def open_al(
     except BaseException:
         mgr.close()
         raise
-    al._owns_manager = True
+    hand_over_manager(al)
     return al

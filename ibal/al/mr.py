@@ -416,3 +416,13 @@ class Mw(CaObject):
         if self._bound_mr is not None:
             self._bound_mr._bound_mws.pop(self, None)
             self._bound_mr = None
+
+
+def set_keys(mr: Mr, keys: MrKeys) -> None:
+    """The provider registered ``mr``: its handle, keys and bounds."""
+    mr._set_keys(keys)
+
+
+def forget_export(mr: Mr) -> None:
+    """A registration that failed: ``mr`` no longer holds the buffer's export."""
+    mr._export = None

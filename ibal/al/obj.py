@@ -249,7 +249,7 @@ class AlObject:
         """Run the cleanup if a destroying object has nothing left on it."""
         with self._lock:
             if self._sync_waiting:
-                self._mgr._cond.notify_all()
+                self._mgr.cond.notify_all()
             if (
                 self._refs
                 or self._inuse
@@ -501,7 +501,7 @@ class AlObject:
             self._sync_waiting = True
             try:
                 while self._refs > 1 or self._inuse:  # calls in progress elsewhere
-                    self._mgr._cond.wait()
+                    self._mgr.cond.wait()
             finally:
                 self._sync_waiting = False
         try:
@@ -652,3 +652,8 @@ def check_handle(obj: object, cls: type[_T], al: AlObject, cica: CiCa | None = N
     if cica is not None and getattr(obj, "_cica", cica) is not cica:
         raise cls._invalid(f"{cls._kind} handle is on another CA")
     return obj
+
+
+def set_handle(obj: AlObject, handle: Any) -> None:
+    """The provider made ``obj``: the handle its verbs pass on (set inside ``_spawn``'s make)."""
+    obj._h = handle

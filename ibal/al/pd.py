@@ -5,13 +5,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, overload
 
 from ibal.al import mad_port
+from ibal.al import mr as mr_mod
+from ibal.al import qp as qp_mod
+from ibal.al import srq as srq_mod
 from ibal.al.alias import AliasQp
 from ibal.al.av import Av, check_av_attr
 from ibal.al.bases import PdBase
 from ibal.al.cq import Cq
 from ibal.al.fmr import EmulatedFmr, Fmr
 from ibal.al.mr import Mr, Mw, check_access, check_phys_create, pin_buffer
-from ibal.al.obj import DestroyCallback, SyncDestroy, check_callback, check_handle
+from ibal.al.obj import DestroyCallback, SyncDestroy, check_callback, check_handle, set_handle
 from ibal.al.qp import EventCallback, Qp, QpCreate, check_qp_create
 from ibal.al.shmid import open_segment
 from ibal.al.srq import Srq, check_srq_attr
@@ -70,7 +73,7 @@ class Pd(PdBase):
         av = Av(self)
 
         def make() -> None:
-            av._h = self._ci.create_av(self._h, attr)
+            set_handle(av, self._ci.create_av(self._h, attr))
 
         return self._spawn(av, make)
 
@@ -115,7 +118,7 @@ class Pd(PdBase):
                 bool(create.sq_signaled),
                 qp,
             )
-            qp._created(created.handle, created.attr)
+            qp_mod.created(qp, created.handle, created.attr)
 
         return self._spawn(qp, make, pins)
 
@@ -186,7 +189,7 @@ class Pd(PdBase):
                 self._h, port.port_num, qp_type, create.caps(), send_cq.ci_handle,
                 recv_cq.ci_handle, qp,
             )
-            qp._created(created.handle, created.attr)
+            qp_mod.created(qp, created.handle, created.attr)
 
         return self._spawn(qp, make, (send_cq, recv_cq))
 
@@ -222,7 +225,7 @@ class Pd(PdBase):
 
         def make() -> None:
             created = self._ci.create_srq(self._h, attr, srq)
-            srq._h, srq._attr = created.handle, created.attr
+            srq_mod.created(srq, created.handle, created.attr)
 
         return self._spawn(srq, make)
 
@@ -235,7 +238,7 @@ class Pd(PdBase):
         mr = Mr(self, view, export, flags)
 
         def make() -> None:
-            mr._set_keys(self._ci.register_mr(self._h, view, vaddr, flags))
+            mr_mod.set_keys(mr, self._ci.register_mr(self._h, view, vaddr, flags))
 
         return self._spawn(mr, make)
 
@@ -251,7 +254,7 @@ class Pd(PdBase):
         mr = Mr(self, None, list(create.pages), flags)
 
         def make() -> None:
-            mr._set_keys(self._ci.register_pmr(self._h, create, vaddr))
+            mr_mod.set_keys(mr, self._ci.register_pmr(self._h, create, vaddr))
 
         return self._spawn(mr, make)
 
@@ -273,12 +276,12 @@ class Pd(PdBase):
         mr = Mr(self, view, export, flags, on_free=seg.close)
 
         def make() -> None:
-            mr._set_keys(self._ci.register_mr(self._h, view, vaddr, flags))
+            mr_mod.set_keys(mr, self._ci.register_mr(self._h, view, vaddr, flags))
 
         try:
             return self._spawn(mr, make)
         except BaseException:
-            mr._export = None
+            mr_mod.forget_export(mr)
             view.release()
             seg.close()
             raise
@@ -299,7 +302,7 @@ class Pd(PdBase):
         fmr = Fmr(self, create, native)
 
         def make() -> None:
-            fmr._h = self._ci.alloc_fmr(self._h, create) if native else EmulatedFmr(create)
+            set_handle(fmr, self._ci.alloc_fmr(self._h, create) if native else EmulatedFmr(create))
 
         return self._spawn(fmr, make)
 
@@ -322,6 +325,7 @@ class Pd(PdBase):
             # a CA of contract version 1 takes no type: type 1 is asked the old way
             args = (self._h,) if mw_type == 1 else (self._h, mw_type)
             created = self._ci.create_mw(*args)
-            mw._h, mw.rkey = created.handle, created.rkey
+            set_handle(mw, created.handle)
+            mw.rkey = created.rkey
 
         return self._spawn(mw, make)

@@ -277,16 +277,16 @@ class PnpRegistration(AlObject):
             return
         # Queued callbacks are dropped (destroying); wait out the one running, if any.
         with self._lock:
-            if not self._mgr._cond.wait_for(lambda: self._state is DESTROYED, timeout):
+            if not self._mgr.cond.wait_for(lambda: self._state is DESTROYED, timeout):
                 raise Timeout(f"PnP callback still running after {timeout} s")
 
     def _unlink(self) -> None:
-        self._mgr._pnp_regs.pop(self, None)
+        self._mgr.drop_pnp_reg(self)
 
     def _finish(self) -> None:
         super()._finish()
         with self._lock:
-            self._mgr._cond.notify_all()
+            self._mgr.cond.notify_all()
 
     def _reject(self, key: DeviceKey) -> None:
         """No more events for ``key`` until it is removed (PnP queue)."""
@@ -378,3 +378,13 @@ __all__ = [
     "PnpRegistration",
     "port_state_event",
 ]
+
+
+def delivering(reg: PnpRegistration, rec: object) -> bool:
+    """Whether ``reg``'s callback is running for ``rec`` now."""
+    return reg._current is rec
+
+
+def reject(reg: PnpRegistration, key: DeviceKey) -> None:
+    """``reg`` gets no more events for device ``key`` (``reject_ioc``); on the PnP queue."""
+    reg._reject(key)

@@ -256,7 +256,7 @@ class IoDevices:
             raise InvalidParameter("reject_ioc takes the PnpRec of an IOC_ADD callback")
         reg = rec.registration
         if (rec.event is not PnpEvent.IOC_ADD or reg is None or reg.al is not al
-                or reg._current is not rec or not self._mgr.queues.pnp.is_current()
+                or not pnp.delivering(reg, rec) or not self._mgr.queues.pnp.is_current()
                 or rec.ioc is None):
             raise InvalidHandle("reject_ioc is valid only inside the callback of its IOC_ADD")
         guid = rec.ioc.ioc_guid
@@ -264,10 +264,10 @@ class IoDevices:
         with self._lock:
             if guid in self._iocs:  # else removed meanwhile: its queued REMOVE ends this
                 self._rejected.setdefault(guid, set()).add(al)
-            mine = [r for r in self._mgr._pnp_regs if r.al is al and r.pnp_class is PnpClass.IOC]
+            mine = [r for r in self._mgr.pnp_regs() if r.al is al and r.pnp_class is PnpClass.IOC]
             listeners = list(self._reject_listeners)
         for r in mine:  # PnP thread: no delivery of theirs runs concurrently
-            r._reject(key)
+            pnp.reject(r, key)
         for fn in listeners:
             try:
                 fn(guid, al)
@@ -276,7 +276,7 @@ class IoDevices:
 
     # ------------------------------------------------------------------ engine
     def _regs(self, cls: PnpClass) -> list[PnpRegistration]:
-        return [r for r in pnp.ordered(self._mgr._pnp_regs) if r.pnp_class is cls]
+        return [r for r in pnp.ordered(self._mgr.pnp_regs()) if r.pnp_class is cls]
 
     def replay(self, reg: PnpRegistration) -> None:
         """The current IOUs (IOU class) or IOCs and their paths (IOC class) for a new reg."""
@@ -286,7 +286,7 @@ class IoDevices:
         elif reg.pnp_class is PnpClass.IOC:
             for ioc in self._iocs.values():
                 if reg.al in self._rejected.get(ioc.ioc_guid, ()):
-                    reg._mgr.queues.pnp.post(reg._reject, ("ioc", ioc.ioc_guid))
+                    self._mgr.queues.pnp.post(pnp.reject, reg, ("ioc", ioc.ioc_guid))
                     continue
                 self._ioc_event(reg, ioc, PnpEvent.IOC_ADD)
                 for p in self._paths[ioc.ioc_guid].values():

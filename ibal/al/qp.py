@@ -313,6 +313,10 @@ class Qp(QpWork):
 
         return remove
 
+    def _observe_event_of(self, cica: object, code: AsyncEvent) -> None:
+        if self._cica is cica:
+            self._observe_event(code)
+
     def _event_listeners(self) -> tuple[EventCallback, ...]:
         """The listeners ``add_event_listener`` added (read by the CA's event routing)."""
         return self._listeners
@@ -513,3 +517,19 @@ class McastAttachment(CaObject):
 
     def _cleanup(self) -> None:
         self._ci.detach_mcast(self._h)
+
+
+def created(qp: Qp, handle: Any, attr: QpAttr) -> None:
+    """The provider made ``qp``: its handle and the attributes it granted."""
+    qp._created(handle, attr)
+
+
+def observe_event(qp: Qp, cica: object, code: AsyncEvent) -> None:
+    """The CA's event upcall (provider's thread): ``qp``'s state moves now, not when
+    the event is routed; ignored unless ``qp`` is ``cica``'s."""
+    qp._observe_event_of(cica, code)
+
+
+def event_listeners(qp: Qp) -> tuple[EventCallback, ...]:
+    """What ``add_event_listener`` added to ``qp`` (read by the CA's event routing)."""
+    return qp._event_listeners()

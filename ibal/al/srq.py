@@ -42,6 +42,9 @@ class Srq(CaObject):
         self._event_cb = event_cb
         self._attr = SrqAttr()
 
+    def _created(self, handle: Any, attr: SrqAttr) -> None:
+        self._h, self._attr = handle, attr
+
     @property
     def pd(self) -> Pd:
         return self._pd
@@ -92,3 +95,8 @@ class Srq(CaObject):
 
     def _cleanup(self) -> None:
         self._ci.destroy_srq(self._h)
+
+
+def created(srq: Srq, handle: Any, attr: SrqAttr) -> None:
+    """The provider made ``srq``: its handle and the attributes it granted."""
+    srq._created(handle, attr)

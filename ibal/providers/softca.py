@@ -4,8 +4,9 @@
 the live-resource counts against the CA's limits, the references a resource
 holds on its PD, CQs and SRQ, and the verbs whose whole body is that
 bookkeeping (``create_srq``, ``modify_srq``, ``query_srq``, ``resize_cq``,
-``query_cq``, ``query_av``, ``query_mw``, ``unmap_fmr``, ``dealloc_fmr``), and
-the common front of ``create_qp`` and ``register_mr``.  One copy, so both CAs
+``query_cq``, ``query_av``, ``query_mr``, ``query_mw``, ``unmap_fmr``,
+``dealloc_fmr``), and the common front of ``create_qp``, ``modify_qp``,
+``create_cq``, ``register_mr`` and the re-registrations.  One copy, so both CAs
 count and refuse alike.  A shared verb
 runs under the provider's own verb discipline, :meth:`SoftCa._verb` (the
 mock's fabric lock with verb faults, rxe's CA lock); the providers' other
@@ -18,10 +19,22 @@ import functools
 from collections.abc import Callable, Container
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
+from ibal import qp_fsm
 from ibal.ci import Capabilities, SrqCreated
 from ibal.providers import checks
-from ibal.status import IbError, InsufficientResources, ResourceBusy
-from ibal.types import AccessFlags, AvAttr, MrKeys, QpCaps, QpType, SrqAttr, SrqAttrMask
+from ibal.status import IbError, InsufficientResources, InvalidParameter, ResourceBusy
+from ibal.types import (
+    AccessFlags,
+    AvAttr,
+    MrAttr,
+    MrKeys,
+    MrModMask,
+    QpCaps,
+    QpMod,
+    QpType,
+    SrqAttr,
+    SrqAttrMask,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -36,6 +49,8 @@ class Limits(checks.Limits, Protocol):
     def max_srqs(self) -> int: ...
     @property
     def max_mrs(self) -> int: ...
+    @property
+    def max_cqs(self) -> int: ...
 
 
 class Users(Protocol):
@@ -77,7 +92,16 @@ class SoftCa:
     def _make_srq(self, pd: Any, attr: SrqAttr, context: Any) -> Any:
         raise NotImplementedError
 
+    def _h_ca(self, h: Any) -> Any:
+        raise NotImplementedError
+
     def _h_pd(self, h: Any) -> Any:
+        raise NotImplementedError
+
+    def _h_qp(self, h: Any) -> Any:
+        raise NotImplementedError
+
+    def _h_mr(self, h: Any) -> Any:
         raise NotImplementedError
 
     def _h_cq(self, h: Any) -> Any:
@@ -98,6 +122,10 @@ class SoftCa:
     def _drop_mapping(self, fmr: Any) -> None:
         raise NotImplementedError
 
+    def _readonly(self, mr: Any) -> bool:
+        """Whether any of the region's pages is a read-only buffer."""
+        raise NotImplementedError
+
     # ----------------------------------------------------------- bookkeeping
     def _own(self, h: Any, kind: type[H], error: type[IbError], what: str) -> H:
         """``h`` if it is a live ``kind`` of this CA, else ``error``."""
@@ -108,6 +136,14 @@ class SoftCa:
     def _check_count(self, kind: str, limit: int) -> None:
         if self._n[kind] >= limit:
             raise InsufficientResources(f"{self.name}: no more {kind.upper()}s (limit {limit})")
+
+    def _close(self, h_ca: Any) -> None:
+        """``close_ca``'s check: the open handle dies only with no resource left."""
+        h = self._h_ca(h_ca)
+        busy = {k: v for k, v in self._n.items() if v}
+        if busy:
+            raise ResourceBusy(f"{self.name} still has {busy}")
+        h.alive = False
 
     def _adopt(self, kind: str, pd: Users | None = None) -> None:
         """Count a new resource of ``kind``, pinning its PD."""
@@ -191,6 +227,47 @@ class SoftCa:
         self._check_count("mr", self._lim.max_mrs)
         return pd, acc, mv
 
+    def _rereg_target(self, h_mr: Any, mask: MrModMask, h_pd: Any) -> tuple[Any, int, Any]:
+        """A re-registration's region, mask bits and PD: (MR, mask, PD), the region idle."""
+        mr = self._h_mr(h_mr)
+        m = checks.mr_mod_mask(mask)
+        checks.check_mr_idle(mr.windows, mr.shares)
+        pd = self._h_pd(h_pd) if m & int(MrModMask.PD) else mr.pd
+        return mr, m, pd
+
+    def _rereg_region(self, h_mr: Any, mask: MrModMask, buffer: Any, vaddr: int | None,
+                      access: AccessFlags | None,
+                      h_pd: Any) -> tuple[Any, Any, int, memoryview | None]:
+        """``modify_mr``'s checks: (MR, PD, new access bits, new byte view or ``None``)."""
+        mr, m, pd = self._rereg_target(h_mr, mask, h_pd)
+        acc, mv = checks.check_reregistration(
+            m, buffer, vaddr, access, int(mr.access), self._readonly(mr), self._lim
+        )
+        return mr, pd, acc, mv
+
+    def _bind_region(self, bind: Any, mw: Any, qp: Any) -> tuple[Any, int]:
+        """``bind_mw``'s region (``None``: an unbind) and the window's remote access bits."""
+        if not bind.length:
+            return None, 0
+        mr = self._h_mr(bind.mr)
+        return mr, checks.check_bind_region(bind, int(mr.access), mr.vaddr, mr.length,
+                                            mr.pd is qp.pd and mw.pd is qp.pd)
+
+    def _modify_target(self, h_qp: Any, mod: QpMod) -> Any:
+        """``modify_qp``'s QP, with ``mod`` a transition its state table allows."""
+        qp = self._h_qp(h_qp)
+        if not isinstance(mod, QpMod):
+            raise InvalidParameter("modify_qp needs a QpMod")
+        qp_fsm.check_modify(qp.qp_type, qp.state, mod)
+        return qp
+
+    def _take_cq(self, h_ca: Any, size: int) -> None:
+        """``create_cq``'s checks and count: an open CA, a size, room for a CQ."""
+        self._h_ca(h_ca)
+        checks.check_cq_size(size, self._lim)
+        self._check_count("cq", self._lim.max_cqs)
+        self._adopt("cq")
+
     @staticmethod
     def _keys_of(mr: Any, handle: Any = None) -> MrKeys:
         """What registering ``mr`` returns (``handle``: an FMR mapping it, else ``mr``)."""
@@ -234,6 +311,11 @@ class SoftCa:
     @shared
     def query_cq(self, h_cq: Any) -> int:
         return int(self._h_cq(h_cq).size)
+
+    @shared
+    def query_mr(self, h_mr: Any) -> MrAttr:
+        mr = self._h_mr(h_mr)
+        return checks.mr_attr(mr.vaddr, mr.length, int(mr.access), mr.lkey, mr.rkey)
 
     @shared
     def query_mw(self, h_mw: Any) -> int:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ibal.al import Dependent, DestroyCallback, StashKey
 from ibal.sa import inform_fsm as fsm
 from ibal.sa.inform_fsm import ALL_TRAPS, InformInfo, Notice, SubPhase
+from ibal.sa.pinned import PinnedUntilAnswered
 from ibal.sa.port import SaPort
 from ibal.sa.portwatch import REREGISTER_EVENTS, PortWatch
 from ibal.sa.txn import SaAnswer, SaRequestLike
@@ -116,7 +117,7 @@ class SubReq:
     class_mgr_name: str | None = None
 
 
-class Subscription(Dependent):
+class Subscription(PinnedUntilAnswered):
     """``ib_sub_handle_t``: one InformInfo subscription of one port (module docstring)."""
 
     _kind = "subscription"
@@ -205,15 +206,7 @@ class Subscription(Dependent):
         ``InvalidHandle``); the destroy callback runs once the SA answered the
         Set or the request gave up (:attr:`unsubscribe_status` says which).
         """
-        pin = self.use()  # raises InvalidHandle when already going
-        pin.__enter__()  # cleanup and destroy_cb wait for the Set's answer
-        with self._mlock:
-            self._leave_pin = pin
-        try:
-            self.destroy(destroy_cb, wait=wait, timeout=timeout)
-        except BaseException:
-            self._unpin()
-            raise
+        self._destroy_pinned(destroy_cb, wait, timeout)  # cleanup waits for the Set's answer
 
     # ------------------------------------------------------------------ life cycle
     def _start(self) -> None:
@@ -333,12 +326,6 @@ class Subscription(Dependent):
             self.stats["malformed_notices"] += 1
             return
         self._input(lambda: self._machine.report(notice))
-
-    def _unpin(self) -> None:
-        with self._mlock:
-            pin, self._leave_pin = self._leave_pin, None
-        if pin is not None:
-            pin.__exit__(None, None, None)
 
 
 # ---------------------------------------------------------------------- renewals

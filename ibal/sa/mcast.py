@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ibal.al import Ca, Dependent, DestroyCallback, McastAttachment, Qp, StashKey
 from ibal.sa import mcast_fsm as fsm
 from ibal.sa.mcast_fsm import JoinState, McastPhase, MemberRec, Scope
+from ibal.sa.pinned import PinnedUntilAnswered
 from ibal.sa.port import SaPort
 from ibal.sa.portwatch import REREGISTER_EVENTS, PortWatch
 from ibal.sa.txn import SaAnswer, SaRequester, SaRequestLike
@@ -69,7 +70,7 @@ REJOIN_EVENTS = REREGISTER_EVENTS
 """Port events after which the SA may have forgotten the port's memberships."""
 
 
-class McastMembership(Dependent):
+class McastMembership(PinnedUntilAnswered):
     """``ib_mcast_handle_t``: one port's (and QP's) membership of one group."""
 
     _invalid = InvalidMcastHandle
@@ -148,15 +149,7 @@ class McastMembership(Dependent):
         ``InvalidMcastHandle``); the destroy callback runs once the SA answered
         the Delete or the request gave up (``leave_status`` says which).
         """
-        pin = self.use()  # raises InvalidMcastHandle when already leaving
-        pin.__enter__()  # the cleanup (and destroy_cb) wait for the Delete's answer
-        with self._mlock:
-            self._leave_pin = pin
-        try:
-            self.destroy(destroy_cb, wait=wait, timeout=timeout)
-        except BaseException:
-            self._unpin()
-            raise
+        self._destroy_pinned(destroy_cb, wait, timeout)  # cleanup waits for the Delete's answer
 
     # ------------------------------------------------------------------ life cycle
     def _start(self) -> None:
@@ -273,11 +266,6 @@ class McastMembership(Dependent):
             self._release_sa()  # destroyed already: nothing else will
         self._unpin()
 
-    def _unpin(self) -> None:
-        with self._mlock:
-            pin, self._leave_pin = self._leave_pin, None
-        if pin is not None:
-            pin.__exit__(None, None, None)
 
     def _deliver(self, rep: fsm.Deliver) -> None:
         ok = rep.status is Status.SUCCESS

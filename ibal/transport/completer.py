@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ibal.transport.policy import RXE_POLICY, TransportPolicy
 from ibal.transport.psn import PSN_MASK, psn_diff
-from ibal.transport.qp import Counters, QpConfig, SendWqe
+from ibal.transport.qp import Counters, QpConfig, SendWqe, scatter
 from ibal.transport.requester import Requester
 from ibal.transport.rules import NAK_WC_STATUS
 from ibal.transport.timers import INFINITE_RETRY, ack_timeout_seconds, rnr_seconds
@@ -154,19 +154,7 @@ class Completer:
     @staticmethod
     def _scatter(w: SendWqe, off: int, data: bytes | memoryview) -> None:
         assert w.targets is not None
-        pos = 0
-        n = len(data)
-        for t in w.targets:
-            tl = len(t)
-            if off >= tl:
-                off -= tl
-                continue
-            take = min(tl - off, n - pos)
-            t[off : off + take] = data[pos : pos + take]
-            pos += take
-            off = 0
-            if pos >= n:
-                return
+        scatter(w.targets, off, data)
 
     # ---------------------------------------------------------------- progress
     def _progress(self, psn: int, now: float) -> None:

@@ -51,6 +51,23 @@ class MemoryAccess(Protocol):
         ...
 
 
+def scatter(views: Sequence[memoryview], off: int, data: bytes | memoryview) -> None:
+    """Write ``data`` at byte ``off`` of ``views`` laid end to end (a WQE's SGEs)."""
+    pos = 0
+    n = len(data)
+    for v in views:
+        vl = len(v)
+        if off >= vl:
+            off -= vl
+            continue
+        take = min(vl - off, n - pos)
+        v[off : off + take] = data[pos : pos + take]
+        pos += take
+        off = 0
+        if pos >= n:
+            return
+
+
 class RecvSource(Protocol):
     """Where the responder takes receive WQEs: the QP's receive queue or its SRQ."""
 

@@ -18,7 +18,15 @@ from collections.abc import Callable, Sequence
 
 from ibal.transport.policy import RXE_POLICY, TransportPolicy
 from ibal.transport.psn import PSN_MASK, packets_for, psn_diff
-from ibal.transport.qp import MAX_MSG, Counters, MemoryAccess, Output, QpConfig, RecvSource
+from ibal.transport.qp import (
+    MAX_MSG,
+    Counters,
+    MemoryAccess,
+    Output,
+    QpConfig,
+    RecvSource,
+    scatter,
+)
 from ibal.transport.responses import ResponseQueue
 from ibal.transport.rules import NakCode, atomic_result
 from ibal.transport.scatter import Range
@@ -72,20 +80,8 @@ class RecvTarget:
 
     def write(self, data: bytes | memoryview) -> None:
         off = self.off
-        n = len(data)
-        self.off = off + n
-        pos = 0
-        for v in self.views:
-            vl = len(v)
-            if off >= vl:
-                off -= vl
-                continue
-            take = min(vl - off, n - pos)
-            v[off : off + take] = data[pos : pos + take]
-            pos += take
-            off = 0
-            if pos >= n:
-                return
+        self.off = off + len(data)
+        scatter(self.views, off, data)
 
 
 def resolve_recv(mem: MemoryAccess, wr_id: int, sges: Sequence[Sge]) -> RecvTarget | None:

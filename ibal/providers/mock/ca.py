@@ -230,11 +230,7 @@ class MockCa(
         with fab.lock:
             if fab.verb_faults_armed:
                 fab.faults.check_verb("close_ca", self)
-            h = self._h_ca(h_ca)
-            busy = {k: v for k, v in self._n.items() if v}
-            if busy:
-                raise ResourceBusy(f"{self.name} still has {busy}")
-            h.alive = False
+            self._close(h_ca)
             self.opened = None
         fab.callback_barrier()
 

@@ -12,7 +12,6 @@ from ibal.ci.interface import (
     CqCreated,
     Handle,
 )
-from ibal.providers import checks
 from ibal.providers.mock.objects import (
     MockCq,
 )
@@ -38,10 +37,7 @@ class CqVerbs(CaState):
 
     @verb
     def create_cq(self, h_ca: Handle, size: int, cq_context: Any) -> CqCreated:
-        self._h_ca(h_ca)
-        checks.check_cq_size(size, self.limits)
-        self._check_count("cq", self.limits.max_cqs)
-        self._adopt("cq")
+        self._take_cq(h_ca, size)
         cq = MockCq(self, size, cq_context)
         return CqCreated(cq, size)
 

@@ -25,7 +25,6 @@ from ibal.status import (
 from ibal.types import (
     AccessFlags,
     BindWr,
-    MrAttr,
     MrKeys,
     MrModMask,
     PhysCreate,
@@ -48,13 +47,16 @@ _ACCESS: Final = int(MrModMask.ACCESS)
 _ADDR_OR_ACCESS: Final = int(MrModMask.ADDR | MrModMask.ACCESS)
 
 
-def _readonly(mr: MockMr) -> bool:
+def _pages_readonly(mr: MockMr) -> bool:
     """Whether any of the region's pages is a read-only buffer."""
     return (mr.mv is not None and mr.mv.readonly) or any(p.readonly for p in mr.pages)
 
 
 class MemoryVerbs(CaState):
     """Memory regions (virtual, physical, shared) and type 1 memory windows."""
+
+    def _readonly(self, mr: MockMr) -> bool:
+        return _pages_readonly(mr)
 
     def _install_keys(self, mr: MockMr, acc: int, key: int | None = None) -> None:
         key = self._new_key() if key is None else key
@@ -148,10 +150,7 @@ class MemoryVerbs(CaState):
         vaddr: int,
         h_pd: Handle | None,
     ) -> MrKeys:
-        mr = self._h_mr(h_mr)
-        m = checks.mr_mod_mask(mask)
-        checks.check_mr_idle(mr.windows, mr.shares)
-        pd = self._h_pd(h_pd) if m & int(MrModMask.PD) else mr.pd
+        mr, m, pd = self._rereg_target(h_mr, mask, h_pd)
         if m & _ADDR_OR_ACCESS and not isinstance(create, PhysCreate):
             raise InvalidParameter("modify_pmr needs a PhysCreate unless only the PD changes")
         acc = checks.check_access(create.access) if create and m & _ACCESS else mr.acc
@@ -159,7 +158,7 @@ class MemoryVerbs(CaState):
         if create and m & int(MrModMask.ADDR):
             pages = self._phys_pages(create, acc)
             assigned = self._phys_vaddr(create, vaddr)
-        elif acc & checks.ANY_WRITE and _readonly(mr):
+        elif acc & checks.ANY_WRITE and _pages_readonly(mr):
             raise InvalidPermission("write access requested on read-only pages")
         # apply: a deregistration and a physical registration, with new keys
         del self.keys[mr.lkey]
@@ -171,11 +170,6 @@ class MemoryVerbs(CaState):
         return self._keys_of(mr)
 
     @verb
-    def query_mr(self, h_mr: Handle) -> MrAttr:
-        mr = self._h_mr(h_mr)
-        return checks.mr_attr(mr.vaddr, mr.length, mr.acc, mr.lkey, mr.rkey)
-
-    @verb
     def modify_mr(
         self,
         h_mr: Handle,
@@ -185,13 +179,7 @@ class MemoryVerbs(CaState):
         access: AccessFlags | None,
         h_pd: Handle | None,
     ) -> MrKeys:
-        mr = self._h_mr(h_mr)
-        m = checks.mr_mod_mask(mask)
-        checks.check_mr_idle(mr.windows, mr.shares)
-        pd = self._h_pd(h_pd) if m & int(MrModMask.PD) else mr.pd
-        acc, mv = checks.check_reregistration(
-            m, buffer, vaddr, access, mr.acc, _readonly(mr), self.limits
-        )
+        mr, pd, acc, mv = self._rereg_region(h_mr, mask, buffer, vaddr, access, h_pd)
         # apply: a deregistration and a registration, with new keys
         del self.keys[mr.lkey]
         self._repin(mr, pd)
@@ -212,7 +200,7 @@ class MemoryVerbs(CaState):
     def register_smr(self, h_mr: Handle, h_pd: Handle, access: AccessFlags, vaddr: int) -> MrKeys:
         src = self._h_mr(h_mr)
         pd = self._h_pd(h_pd)
-        acc = checks.check_shared(access, _readonly(src), vaddr)
+        acc = checks.check_shared(access, _pages_readonly(src), vaddr)
         self._check_count("mr", self.limits.max_mrs)
         mr = MockMr(self, pd)
         mr.vaddr = checks.shared_vaddr(vaddr, src.vaddr, src.page_size or 4096)
@@ -278,12 +266,8 @@ class MemoryVerbs(CaState):
         qp = self._h_qp(h_qp)
         checks.check_bind(bind, qp.qp_type, qp.transport is not QpType.UD, qp.state,
                           len(qp.sq) >= qp.caps.sq_depth, mw.mw_type, mw.rkey)
-        mr: MockMr | None = None
-        acc = 0
-        if bind.length:
-            mr = self._h_mr(bind.mr)
-            acc = checks.check_bind_region(bind, mr.acc, mr.vaddr, mr.length,
-                                           mr.pd is qp.pd and mw.pd is qp.pd)
+        mr: MockMr | None
+        mr, acc = self._bind_region(bind, mw, qp)
         # Type 1 binds take effect when posted; the WQE gives the completion in order.
         old = mw.rkey
         new = self._rekey(old)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ibal import qp_fsm
 from ibal.ci.interface import (
     Handle,
     QpCreated,
@@ -23,7 +22,6 @@ from ibal.providers.mock.objects import (
 from ibal.status import (
     InvalidApmState,
     InvalidMaxWrs,
-    InvalidParameter,
     InvalidPkey,
     InvalidPort,
     InvalidServiceType,
@@ -174,10 +172,7 @@ class QpVerbs(CaState):
 
     @verb
     def modify_qp(self, h_qp: Handle, mod: QpMod) -> QpAttr:
-        qp = self._h_qp(h_qp)
-        if not isinstance(mod, QpMod):
-            raise InvalidParameter("modify_qp needs a QpMod")
-        qp_fsm.check_modify(qp.qp_type, qp.state, mod)
+        qp: MockQp = self._modify_target(h_qp, mod)
         # ------------------------------------------------ validate everything first
         lim = self.limits
         port = qp.port

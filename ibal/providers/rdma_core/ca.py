@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
 from ipaddress import IPv6Address
 from typing import Any
 
@@ -60,7 +59,6 @@ from ibal.types import (
     Gid,
     LinkLayer,
     MadAgentSpec,
-    MadSend,
     NodeType,
     PdType,
     QpCaps,
@@ -75,7 +73,8 @@ def _bswap64(v: int) -> int:
     return int.from_bytes(v.to_bytes(8, "little"), "big")
 
 
-class RdmaCoreCa(QpVerbs, SrqVerbs, CqVerbs, MemoryVerbs, CaState, ChannelInterface):
+class RdmaCoreCa(QpVerbs, SrqVerbs, CqVerbs, MemoryVerbs, CaState, umad.AgentVerbs,
+                 ChannelInterface):
     """A device seen through pyverbs; see the module docstring.
 
     The verbs are grouped by responsibility: the CA itself, events, PDs, AVs,
@@ -185,17 +184,8 @@ class RdmaCoreCa(QpVerbs, SrqVerbs, CqVerbs, MemoryVerbs, CaState, ChannelInterf
             agents = self._umad
         return agents.register(spec)
 
-    def send_mad(self, h_agent: Handle, send: MadSend) -> None:
-        agents, agent = umad.agent_of(self._umad, h_agent)
-        agents.send(agent, send)
-
-    def send_mad_many(self, h_agent: Handle, sends: Sequence[MadSend]) -> int:
-        agents, agent = umad.agent_of(self._umad, h_agent)
-        return agents.send_many(agent, sends)
-
-    def unregister_mad_agent(self, h_agent: Handle) -> None:
-        agents, agent = umad.agent_of(self._umad, h_agent)
-        agents.unregister(agent)
+    def _agent_table(self) -> umad.UmadAgents | None:
+        return self._umad
 
     # ------------------------------------------------------------- events
     def _read_async(self) -> AsyncDispatch | None:

@@ -878,6 +878,26 @@ def _read_addr(a: _MadAddr) -> MadAddr:
     )
 
 
+class AgentVerbs:
+    """``send_mad``, ``send_mad_many`` and ``unregister_mad_agent`` of both CA kinds
+    (verbs and MAD-only), over the CA's agent table (``None``: none, or closed)."""
+
+    def _agent_table(self) -> UmadAgents | None:
+        raise NotImplementedError
+
+    def send_mad(self, h_agent: object, send: MadSend) -> None:
+        agents, agent = agent_of(self._agent_table(), h_agent)
+        agents.send(agent, send)
+
+    def send_mad_many(self, h_agent: object, sends: Sequence[MadSend]) -> int:
+        agents, agent = agent_of(self._agent_table(), h_agent)
+        return agents.send_many(agent, sends)
+
+    def unregister_mad_agent(self, h_agent: object) -> None:
+        agents, agent = agent_of(self._agent_table(), h_agent)
+        agents.unregister(agent)
+
+
 def agent_of(agents: UmadAgents | None, h_agent: object) -> tuple[UmadAgents, UmadAgent]:
     """``h_agent`` with the agent table of the CA it must belong to.
 
@@ -891,6 +911,7 @@ def agent_of(agents: UmadAgents | None, h_agent: object) -> tuple[UmadAgents, Um
 
 
 __all__ = [
+    "AgentVerbs",
     "UmadAgent",
     "UmadAgents",
     "UmadCaInfo",

@@ -152,7 +152,7 @@ def _attr_from_umad(p: umad.UmadPortInfo) -> PortAttr:
     )  # fmt: skip
 
 
-class UmadCa(ChannelInterface):
+class UmadCa(umad.AgentVerbs, ChannelInterface):
     """One libibumad CA without a verbs device; see the module docstring."""
 
     provider_name = "rdma_core"
@@ -401,17 +401,8 @@ class UmadCa(ChannelInterface):
             raise InvalidCaHandle(f"{self.name} is closed")
         return agents.register(spec)
 
-    def send_mad(self, h_agent: Handle, send: MadSend) -> None:
-        agents, agent = umad.agent_of(self._agents, h_agent)
-        agents.send(agent, send)
-
-    def send_mad_many(self, h_agent: Handle, sends: Sequence[MadSend]) -> int:
-        agents, agent = umad.agent_of(self._agents, h_agent)
-        return agents.send_many(agent, sends)
-
-    def unregister_mad_agent(self, h_agent: Handle) -> None:
-        agents, agent = umad.agent_of(self._agents, h_agent)
-        agents.unregister(agent)
+    def _agent_table(self) -> umad.UmadAgents | None:
+        return self._agents
 
     # ------------------------------------------------------------ PDs
     def allocate_pd(self, h_ca: Handle, pd_type: PdType) -> Handle:

@@ -23,7 +23,6 @@ from ibal.ci import (
     CompletionCallback,
     CqCreated,
 )
-from ibal.providers import checks
 from ibal.providers.rxe.cq import Cq
 from ibal.providers.rxe.device import Device, DeviceEvent
 from ibal.providers.rxe.engine import Engine
@@ -347,11 +346,7 @@ class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
 
     @serialized
     def close_ca(self, h_ca: Any) -> None:
-        h = self._h_ca(h_ca)
-        busy = {k: v for k, v in self._n.items() if v}
-        if busy:
-            raise ResourceBusy(f"{self.name} still has {busy}")
-        h.alive = False
+        self._close(h_ca)
         self._open = None
         self.device.set_receiver(None)
         self.device.io.rx_fast = None
@@ -406,10 +401,7 @@ class RxeCa(QpVerbs, MemoryVerbs, FmrVerbs, ChannelInterface):
     # -------------------------------------------------------------------- CQ
     @serialized
     def create_cq(self, h_ca: Any, size: int, cq_context: Any) -> CqCreated:
-        self._h_ca(h_ca)
-        checks.check_cq_size(size, self.attr)
-        self._check_count("cq", self.attr.max_cqs)
-        self._adopt("cq")
+        self._take_cq(h_ca, size)
         return CqCreated(Cq(self, size, cq_context), size)
 
     @serialized

@@ -18,7 +18,6 @@ from ibal.transport.wc import make_wc
 from ibal.types import (
     AccessFlags,
     BindWr,
-    MrAttr,
     MrKeys,
     MrModMask,
     QpType,
@@ -33,6 +32,9 @@ _CONNECTED = (QpType.RC, QpType.UC)
 
 class MemoryVerbs(CaState):
     """``register_mr`` ... ``destroy_mw``."""
+
+    def _readonly(self, mr: Mr) -> bool:
+        return mr.view.readonly
 
     def _install(self, mr: Mr, acc: int, key: int | None = None) -> MrKeys:
         key = self.keys.new_key() if key is None else key
@@ -52,11 +54,6 @@ class MemoryVerbs(CaState):
         return self._install(mr, acc)
 
     @serialized
-    def query_mr(self, h_mr: Any) -> MrAttr:
-        mr = self._h_mr(h_mr)
-        return checks.mr_attr(mr.vaddr, mr.length, mr.access, mr.lkey, mr.rkey)
-
-    @serialized
     def modify_mr(
         self,
         h_mr: Any,
@@ -66,13 +63,7 @@ class MemoryVerbs(CaState):
         access: AccessFlags | None,
         h_pd: Any | None,
     ) -> MrKeys:
-        mr = self._h_mr(h_mr)
-        m = checks.mr_mod_mask(mask)
-        checks.check_mr_idle(mr.windows, mr.shares)
-        pd = self._h_pd(h_pd) if m & int(MrModMask.PD) else mr.pd
-        acc, mv = checks.check_reregistration(
-            m, buffer, vaddr, access, mr.access, mr.view.readonly, self.attr
-        )
+        mr, pd, acc, mv = self._rereg_region(h_mr, mask, buffer, vaddr, access, h_pd)
         self.keys.remove(mr.lkey)
         self._repin(mr, pd)
         if mv is not None:
@@ -125,12 +116,8 @@ class MemoryVerbs(CaState):
         qp = self._h_qp(h_qp)
         checks.check_bind(bind, qp.qp_type, qp.qp_type in _CONNECTED, qp.state,
                           len(qp.core.req.sq) >= qp.caps.sq_depth, mw.mw_type, mw.rkey)
-        mr: Mr | None = None
-        acc = 0
-        if bind.length:
-            mr = self._h_mr(bind.mr)
-            acc = checks.check_bind_region(bind, mr.access, mr.vaddr, mr.length,
-                                           mr.pd is qp.pd and mw.pd is qp.pd)
+        mr: Mr | None
+        mr, acc = self._bind_region(bind, mw, qp)
         # A type 1 bind takes effect when posted (rxe executes it in the requester
         # too; nothing is on the wire), and completes at once.
         new = self.keys.next_variant(mw.rkey)

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ibal import qp_fsm
 from ibal.ci import QpCreated
 from ibal.providers import checks
 from ibal.providers.rxe import wire
@@ -173,10 +172,7 @@ class QpVerbs(CaState):
 
     @serialized
     def modify_qp(self, h_qp: Any, mod: QpMod) -> QpAttr:
-        qp = self._h_qp(h_qp)
-        if not isinstance(mod, QpMod):
-            raise InvalidParameter("modify_qp needs a QpMod")
-        qp_fsm.check_modify(qp.qp_type, qp.state, mod)
+        qp: Qp = self._modify_target(h_qp, mod)
         if mod.port_num is not None and mod.port_num != PORT:
             raise InvalidPort(f"{self.name} has no port {mod.port_num}")
         path = self._path(mod.primary_av) if mod.primary_av is not None else None

@@ -52,6 +52,7 @@ from ibal.ulp.nvme.controller import (
     Step,
     Subsystem,
 )
+from ibal.ulp.owned import live_owned, release_owned
 
 __all__ = ["Target", "TargetQueue"]
 
@@ -224,26 +225,13 @@ class TargetQueue:
         self.target._gone(self)
 
     def owned(self) -> list[object]:
-        objs = (getattr(self, n, None) for n in _OWNED)
-        return [o for o in objs if o is not None and o.alive]
+        return live_owned(self, _OWNED)
 
     def _release(self) -> None:
         conn = getattr(self, "conn", None)
         if conn is not None:
             conn.connection.close()
-        for name in _OWNED:
-            obj = getattr(self, name, None)
-            if obj is None or not obj.alive:
-                continue
-            with contextlib.suppress(IbError):
-                if name == "qp" or name == "cq":
-                    obj.destroy(wait=True)
-                elif name == "pd":
-                    obj.dealloc(wait=True)
-                else:
-                    obj.dereg()
-        if self.ca.alive:
-            self.ca.close(wait=True)
+        release_owned(self, _OWNED)
 
 
 class _QueueEnded(Exception):

@@ -40,6 +40,7 @@ from ibal.types import (
     WcType,
     WrType,
 )
+from ibal.ulp.owned import live_owned, release_owned
 from ibal.ulp.srp import wire as w
 from ibal.wire.mad.sa import PATH_RECORD
 
@@ -79,6 +80,10 @@ class ScsiResult:
     sense: bytes
     resp: bytes
     residual: int
+
+
+_OWNED = ("qp", "iu_mr", "rmr", "dmr", "cq", "pd")
+"""What an initiator holds, in release order."""
 
 
 class SrpInitiator:
@@ -343,8 +348,7 @@ class SrpInitiator:
     # ------------------------------------------------------------ teardown
 
     def owned(self) -> list[object]:
-        objs = (getattr(self, n, None) for n in ("qp", "iu_mr", "rmr", "dmr", "cq", "pd"))
-        return [o for o in objs if o is not None and o.alive]
+        return live_owned(self, _OWNED)
 
     def close(self) -> None:
         """Log out (disconnect) and release everything registered."""
@@ -354,19 +358,7 @@ class SrpInitiator:
                 with contextlib.suppress(IbError):
                     conn.disconnect(timeout=min(self.timeout, 5.0))
             conn.close()
-        for name in ("qp", "iu_mr", "rmr", "dmr", "cq", "pd"):
-            obj = getattr(self, name, None)
-            if obj is None or not obj.alive:
-                continue
-            with contextlib.suppress(IbError):
-                if name in ("qp", "cq"):
-                    obj.destroy(wait=True)
-                elif name == "pd":
-                    obj.dealloc(wait=True)
-                else:
-                    obj.dereg()
-        if self.ca.alive:
-            self.ca.close(wait=True)
+        release_owned(self, _OWNED)
 
     def __enter__(self) -> SrpInitiator:
         return self
