@@ -51,7 +51,7 @@ class MemoryAccess(Protocol):
         ...
 
 
-def scatter(views: Sequence[memoryview], off: int, data: bytes | memoryview) -> None:
+def scatter(views: Sequence[Range], off: int, data: bytes | memoryview) -> None:
     """Write ``data`` at byte ``off`` of ``views`` laid end to end (a WQE's SGEs)."""
     pos = 0
     n = len(data)
