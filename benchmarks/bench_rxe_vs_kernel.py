@@ -240,6 +240,14 @@ class Pair:
         srv = b.guest_start(s_argv, env=s_env, cwd=str(REPO), timeout=self.args.fig_timeout)
         try:
             deadline = time.monotonic() + self.args.fig_timeout
+            # Both tools print this just before they listen: starting the client
+            # earlier costs a whole interpreter start per refused try in a starved guest.
+            seen = b""
+            while b"Waiting for client" not in seen and not srv.done():
+                if time.monotonic() > deadline:
+                    break
+                seen += srv.read_new("stdout")
+                time.sleep(0.2)
             while True:
                 cli = a.run(c_argv, env=c_env, cwd=str(REPO), timeout=self.args.fig_timeout)
                 if cli.returncode == 0 or srv.done() or time.monotonic() > deadline:
@@ -323,7 +331,7 @@ def two_guests_main(args: argparse.Namespace) -> int:
                 cells.append(f"{'failed':>14} {'':6}")
                 continue
             ratio = figs[n] / base[n] if base.get(n) else float("nan")
-            cells.append(f"{figs[n]:14.4f} {ratio:6.3f}")
+            cells.append(f"{figs[n]:14.6g} {ratio:6.3f}")
         print(f"{label:34} " + " ".join(cells))
     for label, figs_failed in failed.items():
         for n, why in figs_failed.items():
