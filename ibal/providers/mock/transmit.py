@@ -25,6 +25,7 @@ from ibal.providers.mock.packets import (
 )
 from ibal.providers.mock.pma import XMIT_DISCARDS, wire_cost
 from ibal.providers.mock.topology import Link, MockPort, Route, Switch
+from ibal.transport.qp import scatter
 from ibal.transport.scatter import Range
 from ibal.types import (
     LinkState,
@@ -105,21 +106,8 @@ class Transmit(EngineCore):
                 return WcStatus.LOCAL_PROTECTION_ERR
             targets.append(got)
         for off, data in writes:
-            src = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-            pos = 0
-            n = len(src)
-            skip = off
-            for t in targets:
-                if pos >= n:
-                    break
-                length = len(t)
-                if skip >= length:
-                    skip -= length
-                    continue
-                take = min(length - skip, n - pos)
-                t[skip : skip + take] = src[pos : pos + take]
-                pos += take
-                skip = 0
+            src = data if isinstance(data, bytes) else memoryview(data).cast("B")
+            scatter(targets, off, src)
         return _OK
 
     # ================================================================ routing
