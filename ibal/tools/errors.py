@@ -23,7 +23,7 @@ from ibal.mad.rpc import MadClient, MadError
 from ibal.records import record
 from ibal.tools.cliopts import node_name_map_option
 from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
-from ibal.tools.links import Fabric, link_text, port_lid, read_links, remote_text
+from ibal.tools.links import Fabric, link_text, load_fabric, port_lid, read_links, remote_text
 from ibal.wire.mad.consts import PerfAttr
 
 __all__ = ["ERROR_COUNTERS", "Report", "check_errors", "ibqueryerrors_cmd", "read_thresholds"]
@@ -399,6 +399,8 @@ def summary(rep: Report, thresholds_text: str | None, suppressed: Sequence[str])
               help="The details of PortXmitDiscards and PortRcvErrors too.")
 @click.option("--counters", "counters_only", is_flag=True, help="Only the data counters.")
 @click.option("-R", "nop", is_flag=True, hidden=True)
+@click.option("--load-cache", "load_cache", type=click.Path(path_type=Path),
+              help="The fabric of this ibnetdiscover cache file (no sweep).")  # fmt: skip
 @node_name_map_option
 @fabric_options(via="agent")
 def ibqueryerrors_cmd(suppress: str | None, suppress_common: bool, port_guid: str | None,
@@ -406,7 +408,7 @@ def ibqueryerrors_cmd(suppress: str | None, suppress_common: bool, port_guid: st
                       report_port: bool, threshold_file: Path, only_switch: bool,
                       only_ca: bool, only_router: bool, clear_errors: bool, clear_counts: bool,
                       data: bool, details: bool, counters_only: bool, nop: bool,
-                      node_name_map: Path | None, as_json: bool,
+                      load_cache: Path | None, node_name_map: Path | None, as_json: bool,
                       **kw: Any) -> None:  # fmt: skip
     """ibqueryerrors: the ports of the fabric whose error counters are over a threshold."""
     from ibal.mad.rpc import PortId, parse_dr_path
@@ -422,8 +424,12 @@ def ibqueryerrors_cmd(suppress: str | None, suppress_common: bool, port_guid: st
     types = {t for t, on in (("switch", only_switch), ("ca", only_ca),
                              ("router", only_router)) if on}  # fmt: skip
     label = port_guid or port_guid_s
+    if dr_path is not None and load_cache is not None:
+        raise click.ClickException("Cannot specify cache and direct route path")
+    # a cache stands for the sweep only: the counters are still read from the PMAs
+    cached = load_fabric(load_cache) if load_cache is not None else None
     with fabric_client("ibqueryerrors", kw) as client:
-        fab = read_links(client)
+        fab = cached if cached is not None else read_links(client)
         nodemap.apply(fab.topology, nodemap.load(node_name_map))
         nodes = fab.nodes()
         target = int(label, 0) if label else None

@@ -24,8 +24,8 @@ from ibal.wire.mad import smp
 from ibal.wire.mad.consts import SmpAttr
 
 __all__ = ["DIFF_CHECKS", "Fabric", "diff_checks", "iblinkinfo_cmd", "iblinkinfo_diff",
-           "iblinkinfo_json", "iblinkinfo_text", "link_text", "port_lid", "read_links",
-           "remote_text"]  # fmt: skip
+           "iblinkinfo_json", "iblinkinfo_text", "link_text", "load_fabric", "port_lid",
+           "read_links", "remote_text"]  # fmt: skip
 
 _CAP_EXT_SPEEDS: Final = int(smp.CapabilityMask.IS_EXTENDED_SPEEDS_SUPPORTED)
 _DOWN: Final = 1
@@ -52,7 +52,7 @@ class Fabric:
         return int(pi["capability_mask"]) if pi else 0
 
 
-def _cached(path: Path, why: str = "loading cached fabric failed") -> Fabric:
+def load_fabric(path: Path, why: str = "loading cached fabric failed") -> Fabric:
     """A cache file's fabric: its topology and the PortInfo it keeps of every port."""
     from ibal.tools.cache import CacheError, load, to_topology
 
@@ -403,15 +403,15 @@ def iblinkinfo_cmd(by_guid: str | None, port_guid: str | None, dr_path: str | No
     except ValueError as exc:
         raise click.ClickException(f"invalid diff check key: {exc}") from None
     names = nodemap.load(node_name_map)
-    diff = _cached(diff_cache, "loading cached fabric for diff failed") if diff_cache else None
-    down = (_cached(filter_cache, "loading cached fabric for filterdownports failed")
+    diff = load_fabric(diff_cache, "loading cached fabric for diff failed") if diff_cache else None
+    down = (load_fabric(filter_cache, "loading cached fabric for filterdownports failed")
             if filter_cache else None)  # fmt: skip
     label = by_guid or port_guid
     target = None
     if load_cache is not None:
         if dr_path is not None:
             raise click.ClickException("Cannot specify cache and direct route path")
-        fab = _cached(load_cache)
+        fab = load_fabric(load_cache)
     else:
         with fabric_client("iblinkinfo", kw) as client:
             fab = read_links(client, window=window)

@@ -10,6 +10,7 @@ its NodeInfo, NodeDescription and PortInfo.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -22,8 +23,8 @@ from ibal.tools.diagcli import emit_json, fabric_client, fabric_options, guid
 from ibal.wire.mad import smp
 from ibal.wire.mad.consts import SmpAttr
 
-__all__ = ["Hop", "McHop", "ibtracert_cmd", "mcast_text", "partial_text", "trace", "trace_mcast",
-           "trace_text"]
+__all__ = ["Hop", "McHop", "ibtracert_cmd", "mcast_text", "partial_text", "port_pairs", "trace",
+           "trace_mcast", "trace_text"]
 
 MAX_HOPS: Final = 63
 _TYPES: Final = {1: "ca", 2: "switch", 3: "router"}
@@ -325,70 +326,154 @@ def _named(hops: list[Hop], names: dict[int, str] | None) -> list[Hop]:
     return hops
 
 
+_SPACE: Final = " \t\n\v\f\r"
+_FGETS: Final = 79  # ibtracert reads the file through an 80-byte fgets buffer
+_TOKEN: Final = 20  # and each end with sscanf's %20s
+
+
+def _tokens(text: str) -> list[str]:
+    """What ``sscanf("%20s %20s")`` takes of a line: at most two words of 20 characters
+    (a longer word goes on as the next one)."""
+    out: list[str] = []
+    i = 0
+    while len(out) < 2:
+        while i < len(text) and text[i] in _SPACE:
+            i += 1
+        if i == len(text):
+            break
+        j = i
+        while j < len(text) and j - i < _TOKEN and text[j] not in _SPACE:
+            j += 1
+        out.append(text[i:j])
+        i = j
+    return out
+
+
+def port_pairs(text: str) -> Iterator[tuple[int, tuple[str, str] | None]]:
+    """``--ports-file``'s pairs as ibtracert reads them: (line number, (src, dst)), or
+    ``None`` for a line that is no pair; blank, all-space and ``#`` lines are skipped.
+    A line is each fgets read, so a line longer than 79 characters counts as more."""
+    pos = line = 0
+    while pos < len(text):
+        nl = text.find("\n", pos)
+        end = min(len(text) if nl < 0 else nl + 1, pos + _FGETS)
+        chunk, pos = text[pos:end], end
+        line += 1
+        body = chunk.split("\n", 1)[0]
+        lead = body.lstrip(_SPACE)
+        if not lead or lead.startswith("#"):
+            continue
+        words = _tokens(body)
+        yield line, (words[0], words[1]) if len(words) == 2 else None
+
+
 @click.command("ibtracert")
-@click.argument("src")
-@click.argument("dst")
+@click.argument("src", required=False)
+@click.argument("dst", required=False)
 @click.option("-n", "--no_info", "brief", is_flag=True, help="GUIDs and ports only.")
 @click.option("-m", "mlid", metavar="MLID", help="The multicast route of this MLID.")
 @click.option("-f", "--force", is_flag=True,
               help="Force the route: a port with the destination's LID ends it too.")
 @click.option("-G", "--Guid", "by_guid", is_flag=True, help="SRC and DST are port GUIDs.")
+@click.option("--ports-file", "ports_file", type=click.Path(path_type=Path),
+              help="Trace each SRC DST pair of this file's lines (SRC and DST are ignored).")
 @node_name_map_option
 @fabric_options()
-def ibtracert_cmd(src: str, dst: str, brief: bool, mlid: str | None, force: bool,
-                  by_guid: bool, node_name_map: Path | None, as_json: bool,
-                  **kw: Any) -> None:  # fmt: skip
+def ibtracert_cmd(src: str | None, dst: str | None, brief: bool, mlid: str | None, force: bool,
+                  by_guid: bool, ports_file: Path | None, node_name_map: Path | None,
+                  as_json: bool, **kw: Any) -> None:  # fmt: skip
     """ibtracert: the route from port SRC to port DST (LIDs, or -G port GUIDs); -m MLID:
-    the multicast route."""
-    from ibal.tools import cliopts, nodemap
+    the multicast route; --ports-file: the route of each pair a file lists."""
+    from ibal.tools import nodemap
 
+    if ports_file is None and dst is None:
+        raise click.UsageError("SRC and DST are needed (or --ports-file)")
     names = nodemap.load(node_name_map)
+    group = None
     if mlid is not None:
-        return _mcast_cmd(src, dst, mlid, brief, by_guid, names, as_json, kw)
-    found: list[Hop] = []
-    with fabric_client("ibtracert", kw) as client:
-        ends = [cliopts.resolve_target(client, t, False, by_guid) for t in (src, dst)]
         try:
-            hops = trace(client, *ends, force=force, hops=found)
-        except MadError as exc:
-            if not as_json:
-                click.echo(partial_text(_named(found, names), brief=brief), nl=False)
-            raise click.ClickException(f"{exc}; failed to find route") from exc
-    hops = _named(hops, names)
-    if as_json:
-        emit_json(_json(hops))
+            group = int(mlid, 0)
+        except ValueError:
+            raise click.ClickException(f"bad MLID {mlid}") from None
+    if ports_file is None:
+        assert src is not None and dst is not None
+        with fabric_client("ibtracert", kw) as client:
+            text, data = _one(client, src, dst, brief=brief, mlid=group, force=force,
+                              by_guid=by_guid, names=names, as_json=as_json)  # fmt: skip
+        if as_json:
+            emit_json(data)
+        else:
+            click.echo(text, nl=False)
         return
-    click.echo(trace_text(hops, brief=brief), nl=False)
-
-
-def _mcast_cmd(src: str, dst: str, mlid_text: str, brief: bool, by_guid: bool,
-               names: dict[int, str] | None, as_json: bool,
-               kw: dict[str, Any]) -> None:  # fmt: skip
-    from ibal.tools import cliopts, nodemap
-
     try:
-        mlid = int(mlid_text, 0)
-    except ValueError:
-        raise click.ClickException(f"bad MLID {mlid_text}") from None
+        raw = ports_file.read_bytes().decode("latin-1")
+    except OSError:
+        raise click.ClickException(f"cannot open ports-file {ports_file}") from None
+    routes = []
+    count = 0
+    with fabric_client("ibtracert", kw) as client:
+        for line, pair in port_pairs(raw):
+            if pair is None:
+                raise click.ClickException(f"ports-file, {ports_file}, at line {line} "
+                                           "contains bad data")  # fmt: skip
+            count += 1
+            try:
+                text, data = _one(client, *pair, brief=brief, mlid=group, force=force,
+                                  by_guid=by_guid, names=names, as_json=as_json)  # fmt: skip
+            except click.ClickException as exc:
+                exc.message += f" at line {line}"
+                raise
+            if as_json:
+                routes.append({"Source": pair[0], "Destination": pair[1], **data})
+            else:
+                # each route as it is found, as the C tool prints it
+                click.echo(text, nl=False)
+    if as_json:
+        emit_json({"routes": routes})
+    else:
+        click.echo(f"{count} lid/guid pairs processed from {ports_file}")
+
+
+def _one(client: MadClient, src: str, dst: str, *, brief: bool, mlid: int | None, force: bool,
+         by_guid: bool, names: dict[int, str] | None,
+         as_json: bool) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    """One route's text and ``--json`` data (an error: ``ClickException``, the route found
+    so far echoed first)."""
+    from ibal.tools import cliopts
+
+    ends = [cliopts.resolve_target(client, t, False, by_guid) for t in (src, dst)]
+    if mlid is not None:
+        return _mcast(client, ends[0], ends[1], mlid, brief, names)
+    found: list[Hop] = []
+    try:
+        hops = trace(client, *ends, force=force, hops=found)
+    except MadError as exc:
+        if not as_json:
+            click.echo(partial_text(_named(found, names), brief=brief), nl=False)
+        raise click.ClickException(f"{exc}; failed to find route") from exc
+    hops = _named(hops, names)
+    return trace_text(hops, brief=brief), _json(hops)
+
+
+def _mcast(client: MadClient, src: PortId, dst: PortId, mlid: int, brief: bool,
+           names: dict[int, str] | None) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    from ibal.tools import nodemap
+
     if mlid < 0xC000:
         click.echo("ibtracert: invalid MLID; must be 0xc000 or larger", err=True)
-    with fabric_client("ibtracert", kw) as client:
-        ends = [cliopts.resolve_target(client, t, False, by_guid) for t in (src, dst)]
-        try:
-            end = trace_mcast(client, ends[0], ends[1], mlid)
-        except MadError as exc:
-            raise click.ClickException(f"{exc}; failed to find route") from exc
+    try:
+        end = trace_mcast(client, src, dst, mlid)
+    except MadError as exc:
+        raise click.ClickException(f"{exc}; failed to find route") from exc
     n: McHop | None = end
     hops = []
     while n is not None:
         n.hop.desc = nodemap.remap(names, n.hop.node_guid, n.hop.desc)
         hops.append(n)
         n = n.up
-    if as_json:
-        emit_json({"hops": [{"NodeType": {1: "CA", 2: "Switch", 3: "Router"}.get(
-            m.hop.node_type, "??"), "NodeGUID": guid(m.hop.node_guid),
-            "PortGUID": guid(m.hop.port_guid), "PortNum": m.up_port or m.hop.port_num,
-            "LID": m.hop.lid, "LMC": m.hop.lmc, "NodeDescription": m.hop.desc,
-            "OutPort": m.out_port or None} for m in reversed(hops)]})  # fmt: skip
-        return
-    click.echo(mcast_text(end, brief=brief), nl=False)
+    data = {"hops": [{"NodeType": {1: "CA", 2: "Switch", 3: "Router"}.get(
+        m.hop.node_type, "??"), "NodeGUID": guid(m.hop.node_guid),
+        "PortGUID": guid(m.hop.port_guid), "PortNum": m.up_port or m.hop.port_num,
+        "LID": m.hop.lid, "LMC": m.hop.lmc, "NodeDescription": m.hop.desc,
+        "OutPort": m.out_port or None} for m in reversed(hops)]}  # fmt: skip
+    return mcast_text(end, brief=brief), data
