@@ -370,7 +370,10 @@ def iblinkinfo_json(fab: Fabric, nodes: Iterable[DiscNode]) -> dict[str, Any]:
 @click.option("-S", "--switch", "by_guid", metavar="GUID", help="Only the node of this port GUID.")
 @click.option("-G", "--port-guid", "port_guid", metavar="GUID", help="Same as -S.")
 @click.option("-D", "--Direct", "dr_path", metavar="DR_PATH", help="Only the node at DR_PATH.")
-@click.option("-a", "--all", "all_nodes", is_flag=True, help="With -S/-D: every node all the same.")
+@click.option("-a", "--all", "all_nodes", is_flag=True,
+              help="With -D: every node the partial scan found; with -S: every node.")
+@click.option("-n", "--hops", "hops", type=int, default=0,
+              help="Hops to scan away from the -D node (default 1), or from here.")
 @click.option("-d", "--down", "down_only", is_flag=True, help="Only down links.")
 @click.option("-l", "--line", "line_mode", is_flag=True, help="One line per link.")
 @click.option("-p", "--additional", is_flag=True, help="HOQ life and VL stall count too.")
@@ -390,7 +393,7 @@ def iblinkinfo_json(fab: Fabric, nodes: Iterable[DiscNode]) -> dict[str, Any]:
 @node_name_map_option
 @fabric_options(via="agent")
 def iblinkinfo_cmd(by_guid: str | None, port_guid: str | None, dr_path: str | None,
-                   all_nodes: bool, down_only: bool, line_mode: bool, additional: bool,
+                   all_nodes: bool, hops: int, down_only: bool, line_mode: bool, additional: bool,
                    switches_only: bool, cas_only: bool, window: int, nop: bool,
                    load_cache: Path | None, diff_cache: Path | None, diffcheck: str | None,
                    filter_cache: Path | None, node_name_map: Path | None, as_json: bool,
@@ -414,12 +417,19 @@ def iblinkinfo_cmd(by_guid: str | None, port_guid: str | None, dr_path: str | No
         fab = load_fabric(load_cache)
     else:
         with fabric_client("iblinkinfo", kw) as client:
-            fab = read_links(client, window=window)
-            if dr_path is not None and not all_nodes:
+            if dr_path is not None or (hops and label is None):
                 from ibal.mad.rpc import parse_dr_path
+                from ibal.tools.hopscan import hop_scan
 
+                start = parse_dr_path(dr_path) if dr_path is not None else ()
+                # as the C tool: a -D scan goes one hop unless told
+                fab = hop_scan(client, start, hops or (1 if dr_path is not None else 0),
+                               window=window)  # fmt: skip
+            else:
+                fab = read_links(client, window=window)
+            if dr_path is not None and not all_nodes:
                 ni = smp.NODE_INFO.decode(client.smp_get(SmpAttr.NODE_INFO,
-                                                         PortId(dr_path=parse_dr_path(dr_path))))
+                                                         PortId(dr_path=start)))
                 target = int(ni["port_guid"])
     if label is not None and not all_nodes:
         target = int(label, 0)

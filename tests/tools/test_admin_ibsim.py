@@ -266,9 +266,10 @@ def _sorted_blocks(text: str, head: str) -> list[str]:
 
 @pytest.mark.timeout(900)
 def test_tools_match_on_a_fat_tree(ibsim_factory: Any, tmp_path: Path) -> None:
-    """Six switches, twelve hosts: dump_lfts, iblinkinfo, ibhosts/ibswitches, ibqueryerrors
-    and ibtracert between hosts on different leaves (three switch hops), against the C
-    tools.  Lines whose order depends on when answers arrived are compared sorted."""
+    """Six switches, twelve hosts: dump_lfts, iblinkinfo (``-n``: partial scans, from here
+    and from a host on another leaf), ibhosts/ibswitches, ibqueryerrors and ibtracert
+    between hosts on different leaves (three switch hops), against the C tools.  Lines
+    whose order depends on when answers arrived are compared sorted."""
     tree = fat_tree(tmp_path / "fat.net", spines=2, leaves=4, hosts_per_leaf=3)
     fabric = ibsim_factory(tree.path)
     node = tree.hosts[0]
@@ -277,7 +278,8 @@ def test_tools_match_on_a_fat_tree(ibsim_factory: Any, tmp_path: Path) -> None:
     far_lid = addr.split()[2]
     me = tool(fabric, ["ibaddr", "-L"], node).split()[2]
     cases = [["dump_lfts"], ["iblinkinfo"], ["ibhosts"], ["ibswitches"], ["ibqueryerrors"],
-             ["ibtracert", me, far_lid], ["ibtracert", far_lid, me], ["iblinkinfo", "-l"]]
+             ["ibtracert", me, far_lid], ["ibtracert", far_lid, me], ["iblinkinfo", "-l"],
+             ["iblinkinfo", "-n", "2"], ["iblinkinfo", "-D", "0,1,4,2,1", "-a", "-n", "2"]]
     ours = ibal(fabric, cases, node)
     for args, res in zip(cases, ours, strict=True):
         theirs = tool(fabric, args, node)
@@ -286,12 +288,14 @@ def test_tools_match_on_a_fat_tree(ibsim_factory: Any, tmp_path: Path) -> None:
             assert _sorted_blocks(res["stdout"], head) == _sorted_blocks(theirs, head)
         elif args == ["iblinkinfo"]:
             assert sorted(res["stdout"].splitlines()) == sorted(theirs.splitlines())
-        elif args[0] in ("ibtracert", "ibqueryerrors"):
+        elif args[0] in ("ibtracert", "ibqueryerrors") or "-n" in args:  # -n: in scan order
             assert res["stdout"] == theirs, args
         else:
             assert sorted(res["stdout"].splitlines()) == sorted(theirs.splitlines()), args
     assert ours[5]["stdout"].count(" -> switch port ") == 3  # leaf, spine, leaf
     assert ours[0]["stdout"].count("Unicast lids") == 6
+    # two hops from a host: its leaf, the leaf's hosts and spines, and one path further
+    assert ours[8]["stdout"].count("Switch: ") == 4 and ours[8]["stdout"].count("CA: ") == 3
 
 
 @pytest.mark.timeout(600)

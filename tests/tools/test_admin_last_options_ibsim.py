@@ -126,3 +126,29 @@ def test_ibtracert_ports_file_matches(ibsim_module_fabric: Fabric, tmp_path: Pat
         assert why in res["stderr"] and why in err, (f, res["stderr"], err)
     missing = ibal(fabric, [["ibtracert", "--ports-file", str(tmp_path / "none")]], ok=False)
     assert missing[0]["code"] == 1 and "cannot open ports-file" in missing[0]["stderr"]
+
+
+def _heads(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith(("CA: ", "Switch: "))]
+
+
+@pytest.mark.timeout(600)
+def test_iblinkinfo_hops_matches(ibsim_module_fabric: Fabric) -> None:
+    """``-n`` from here and with ``-D``/``-a``, from the switch and from CAs two hops away
+    (a CA is left backwards, a hop too): the C tool's partial scans, node for node."""
+    fabric = ibsim_module_fabric
+    cases = [["-n", "1"], ["-n", "2"], ["-n", "1", "-l"], ["-D", "0,1", "-a"],
+             ["-D", "0,1", "-a", "-n", "3"], ["-D", "0,1,1", "-a"], ["-D", "0,1,3", "-a"],
+             ["-D", "0,1,3", "-a", "-n", "2", "-p"], ["-D", "0,1,3", "-n", "1"],
+             ["-D", "0", "-a", "--switches-only"]]  # fmt: skip
+    mine = ibal(fabric, [["iblinkinfo", *a] for a in cases])
+    for args, res in zip(cases, mine, strict=True):
+        assert res["stdout"] == tool(fabric, ["iblinkinfo", *args]), args
+    # one hop from Host reaches Switch1, and the first path one hop further still goes:
+    # one of SmHca and Peer is found, the other's port is not available
+    one = mine[0]["stdout"]
+    assert len(_heads(one)) == 3 and one.count('"Port not available"') == 1
+    assert len(_heads(mine[1]["stdout"])) == 4  # the whole fabric
+    # from Peer: back to Switch1 is the one hop, then one more path only
+    assert len(_heads(mine[6]["stdout"])) == 3
+    assert _heads(mine[8]["stdout"]) == ["CA: Peer:"]
