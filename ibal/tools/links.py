@@ -372,7 +372,7 @@ def iblinkinfo_json(fab: Fabric, nodes: Iterable[DiscNode]) -> dict[str, Any]:
 @click.option("-D", "--Direct", "dr_path", metavar="DR_PATH", help="Only the node at DR_PATH.")
 @click.option("-a", "--all", "all_nodes", is_flag=True,
               help="With -D: every node the partial scan found; with -S: every node.")
-@click.option("-n", "--hops", "hops", type=int, default=0,
+@click.option("-n", "--hops", "hops", type=click.IntRange(min=0), default=0,
               help="Hops to scan away from the -D node (default 1), or from here.")
 @click.option("-d", "--down", "down_only", is_flag=True, help="Only down links.")
 @click.option("-l", "--line", "line_mode", is_flag=True, help="One line per link.")
