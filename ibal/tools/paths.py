@@ -421,8 +421,8 @@ def ibtracert_cmd(src: str | None, dst: str | None, brief: bool, mlid: str | Non
                 text, data = _one(client, *pair, brief=brief, mlid=group, force=force,
                                   by_guid=by_guid, names=names, as_json=as_json)  # fmt: skip
             except click.ClickException as exc:
-                exc.message += f" at line {line}"
-                raise
+                # a new exception: click 8.4 types ``message`` as final
+                raise click.ClickException(f"{exc.message} at line {line}") from None
             if as_json:
                 routes.append({"Source": pair[0], "Destination": pair[1], **data})
             else:
