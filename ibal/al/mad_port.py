@@ -444,11 +444,7 @@ class SplQpTransport(MadTransport):
         mad = bytearray(send.mad)
         request = not mad_is_response(mad)
         with self._lock:
-            agent = self._agents.get(key.agent_id) if isinstance(key, _SplAgent) else None
-            if agent is None or agent is not key:
-                raise InvalidHandle("MAD agent is not registered here")
-            if not self._open:
-                raise InvalidHandle("the port's MAD QP is closed")
+            agent = self._live_agent(key)
             out = self._new_out(agent, mad, send, request)
             batch: list[_Out] | None = getattr(self._tls, "batch", None)
             if batch is not None:
@@ -463,6 +459,15 @@ class SplQpTransport(MadTransport):
                 self._arm(out)
         if batch is None:
             self._reap_sends(poster=True)
+
+    def _live_agent(self, key: Any) -> _SplAgent:
+        """The agent ``key`` names, registered here on an open port (under the lock)."""
+        agent = self._agents.get(key.agent_id) if isinstance(key, _SplAgent) else None
+        if agent is None or agent is not key:
+            raise InvalidHandle("MAD agent is not registered here")
+        if not self._open:
+            raise InvalidHandle("the port's MAD QP is closed")
+        return agent
 
     def _new_out(self, agent: _SplAgent, mad: bytearray, send: MadSend, request: bool) -> _Out:
         """``send`` as an :class:`_Out` of ``agent``, pending (under the lock)."""
@@ -480,11 +485,7 @@ class SplQpTransport(MadTransport):
             return super().send_many(key, sends)
         outs: list[_Out] = []
         with self._lock:
-            agent = self._agents.get(key.agent_id) if isinstance(key, _SplAgent) else None
-            if agent is None or agent is not key:
-                raise InvalidHandle("MAD agent is not registered here")
-            if not self._open:
-                raise InvalidHandle("the port's MAD QP is closed")
+            agent = self._live_agent(key)
             for send in sends:
                 mad = bytearray(send.mad)
                 request = not mad_is_response(mad)
