@@ -172,6 +172,20 @@ def node_name_map_option(fn: Any) -> Any:
 
 
 @contextmanager
+def _client_on(port: Any, timeout_ms: int, m_key: int) -> Iterator[Any]:
+    """A MadClient on ``port`` for the ``with`` block; its MadError exits with status 1."""
+    from ibal.mad.rpc import MadClient, MadError
+
+    client = MadClient(port, timeout_ms=timeout_ms, m_key=m_key)
+    try:
+        yield client
+    except MadError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        client.close()
+
+
+@contextmanager
 def mad_client(
     providers: tuple[str, ...], options: tuple[str, ...], ca_name: str | None,
     port_num: int | None, timeout_ms: int, via: str, *, lean: bool = True,
@@ -187,7 +201,7 @@ def mad_client(
     a caller that needs the port's AL CA, e.g. a ping server).  ``m_key``: ``-y``'s
     text, the M_Key of every SMP.
     """
-    from ibal.mad.rpc import MadClient, MadError, pick_port
+    from ibal.mad.rpc import MadError, pick_port
 
     key = m_key_value(m_key)
 
@@ -202,26 +216,16 @@ def mad_client(
             except MadError as exc:
                 raise click.ClickException(str(exc)) from exc
             if umad_port is not None:
-                client = MadClient(umad_port, timeout_ms=timeout_ms, m_key=key)
-                try:
+                with _client_on(umad_port, timeout_ms, key) as client:
                     yield client
-                except MadError as exc:
-                    raise click.ClickException(str(exc)) from exc
-                finally:
-                    client.close()
                 return
     with open_al(tool_providers(providers), parse_options(options)) as (_, al):
         try:
             port = pick_port(al, ca_name, port_num, via=via)
         except MadError as exc:
             raise click.ClickException(str(exc)) from exc
-        client = MadClient(port, timeout_ms=timeout_ms, m_key=key)
-        try:
+        with _client_on(port, timeout_ms, key) as client:
             yield client
-        except MadError as exc:
-            raise click.ClickException(str(exc)) from exc
-        finally:
-            client.close()
 
 
 def resolve_target(client: Any, text: str, directed: bool, by_guid: bool) -> Any:
