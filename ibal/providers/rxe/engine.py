@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ibal.providers.rxe.cq import Cq
@@ -38,6 +38,14 @@ shortest RNR wait and ACK timeout are one jiffy): a 10 us RNR timer cannot spin.
 MCAST_QPN = 0xFFFFFF
 """The destination QPN of a multicast datagram (IBA 10.5.2.3)."""
 
+
+
+def _to_local(pkts: Iterable[Packet], dst: bytes, local: deque[Packet]) -> None:
+    """A record's packets, for delivery to a device of this engine (source filled in)."""
+    for q in pkts:
+        if not q.src_ip:
+            q.src_ip = dst
+        local.append(q)
 
 class Engine:
     """Routes packets into cores, runs their timers, drains their output."""
@@ -194,10 +202,7 @@ class Engine:
                 if isinstance(p, WqeRun):
                     dst = bytes(p.dst_ip)
                     if dst in own:
-                        for q in p.packets():
-                            if not q.src_ip:
-                                q.src_ip = dst
-                            local.append(q)
+                        _to_local(p.packets(), dst, local)
                         continue
                     try:
                         io.send_run(p, dst, p.src_port)
@@ -208,10 +213,7 @@ class Engine:
                     dst = bytes(p.head.dst_ip)
                     if dst in own or send_train is None:
                         # loopback delivery takes separate packets
-                        for q in p.packets():
-                            if not q.src_ip:
-                                q.src_ip = dst
-                            local.append(q)
+                        _to_local(p.packets(), dst, local)
                         continue
                     try:
                         send_train(p, dst, p.head.src_port)
