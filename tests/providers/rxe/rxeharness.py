@@ -6,10 +6,12 @@ can drop, duplicate, reorder or rewrite packets through a ``fault`` hook.
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 
 from ibal.providers.rxe import wire
 from ibal.transport.core import QpCore
@@ -344,3 +346,11 @@ def send_wr(
         rkey=remote.rkey if remote is not None else 0,
         compare_add=compare_add, swap=swap, ud=ud,
     )
+
+
+def plain_tests(module: ModuleType) -> list[tuple[str, Callable[[], None]]]:
+    """The ``test_`` functions of ``module`` that take no fixture and carry no mark,
+    to run once more under another mode of this harness (trains, whole-WQE runs)."""
+    return [(name, fn) for name, fn in vars(module).items()
+            if name.startswith("test_") and inspect.isfunction(fn)
+            and not inspect.signature(fn).parameters and not hasattr(fn, "pytestmark")]  # fmt: skip

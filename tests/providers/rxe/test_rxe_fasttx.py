@@ -8,8 +8,7 @@ socket layer sends for those packets.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,15 +26,10 @@ from ibal.types import QpType, WcStatus, WrType
 from ibal.wire import iba
 from ibal.wire.packet import Opcode, Packet, WqeRun
 
-
-def _core_tests() -> Iterator[tuple[str, Callable[[], None]]]:
-    for name, fn in vars(test_rxe_core).items():
-        if (name.startswith("test_") and inspect.isfunction(fn)
-                and not inspect.signature(fn).parameters and not hasattr(fn, "pytestmark")):
-            yield name, fn
+CORE_TESTS = rxeharness.plain_tests(test_rxe_core)
 
 
-@pytest.mark.parametrize("name,fn", list(_core_tests()), ids=[n for n, _ in _core_tests()])
+@pytest.mark.parametrize("name,fn", CORE_TESTS, ids=[n for n, _ in CORE_TESTS])
 def test_core_suite_with_wqe_runs(name: str, fn: Callable[[], None],
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rxeharness, "RUNS", True)

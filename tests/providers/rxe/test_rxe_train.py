@@ -7,9 +7,8 @@ layer must put the same bytes on the wire for a train as for its packets.
 
 from __future__ import annotations
 
-import inspect
 import ipaddress
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,15 +24,10 @@ from ibal.wire import iba
 from ibal.wire.packet import Opcode, Packet, Train
 from ibal.wire.pcap import PcapWriter
 
-
-def _core_tests() -> Iterator[tuple[str, Callable[[], None]]]:
-    for name, fn in vars(test_rxe_core).items():
-        if (name.startswith("test_") and inspect.isfunction(fn)
-                and not inspect.signature(fn).parameters and not hasattr(fn, "pytestmark")):
-            yield name, fn
+CORE_TESTS = rxeharness.plain_tests(test_rxe_core)
 
 
-@pytest.mark.parametrize("name,fn", list(_core_tests()), ids=[n for n, _ in _core_tests()])
+@pytest.mark.parametrize("name,fn", CORE_TESTS, ids=[n for n, _ in CORE_TESTS])
 def test_core_suite_with_trains(name: str, fn: Callable[[], None],
                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rxeharness, "TRAINS", True)
